@@ -1,0 +1,201 @@
+//! The one error type of the substrate. Every public entry returns [`Result`]; messages say
+//! what was wrong and how to fix it, because they reach agents and operators verbatim (the
+//! HTTP layer maps variants to status codes, never rewrites the text).
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// `Result` with the substrate's [`Error`] as the default error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the substrate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Input that is well-formed but not acceptable (bad id, empty text, NaN embedding …).
+    #[error("invalid {field}: {reason}")]
+    Invalid {
+        /// The field or argument at fault, e.g. `text` or `session_id`.
+        field: String,
+        /// What was wrong and how to fix it.
+        reason: String,
+    },
+    /// Input over a configured size limit.
+    #[error("{field} is too large: {size} bytes, the limit is {limit}; {hint}")]
+    TooLarge {
+        /// The field or argument at fault.
+        field: String,
+        /// The size that was sent.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+        /// How to get under the limit.
+        hint: String,
+    },
+    /// An embedding whose dimension differs from the store's.
+    #[error(
+        "embedding has {got} dimensions but this store was created with {expected}; \
+         send {expected}-dimensional vectors, or run `shadowbrain reindex` to rebuild the \
+         store's indexes for the new embedder"
+    )]
+    DimensionMismatch {
+        /// Dimension of the vector that was offered.
+        got: usize,
+        /// Dimension recorded in the store.
+        expected: usize,
+    },
+    /// A record, session or recall that does not exist (or lives in another namespace).
+    #[error("{what} `{id}` not found")]
+    NotFound {
+        /// What kind of thing was looked up (`memory`, `session`, `recall`).
+        what: &'static str,
+        /// The id that was asked for.
+        id: String,
+    },
+    /// A policy file that does not compile; every problem is listed.
+    #[error(transparent)]
+    Policy(#[from] PolicyErrors),
+    /// The ordered key-value store failed.
+    #[error("storage error ({backend}): {message}")]
+    Storage {
+        /// `sled` or `lmdb`.
+        backend: &'static str,
+        /// The backend's own message.
+        message: String,
+    },
+    /// A derived index (vector or keyword) failed; it can be rebuilt from the store.
+    #[error("{index} index error: {message}; if it persists, run `shadowbrain reindex`")]
+    Index {
+        /// `vector` or `keyword`.
+        index: &'static str,
+        /// The index's own message.
+        message: String,
+    },
+    /// The data directory was written by another on-disk format version.
+    #[error(
+        "the data directory uses on-disk format {found}, this build reads format {expected}; \
+         use a matching shadowbrain version, or export with it and import here"
+    )]
+    FormatVersion {
+        /// The version found on disk.
+        found: u32,
+        /// The version this build writes.
+        expected: u32,
+    },
+    /// Stored bytes that do not decode: a bug or on-disk damage.
+    #[error("corrupt data under key {key}: {message}")]
+    Corrupt {
+        /// The key (printable form) whose value would not decode.
+        key: String,
+        /// The decoder's message.
+        message: String,
+    },
+    /// An embedding or LLM provider failed after its retries.
+    #[error("provider `{provider}` failed: {message}")]
+    Provider {
+        /// Provider name (`openai`, `hash` …).
+        provider: String,
+        /// What happened, never including secrets.
+        message: String,
+    },
+    /// A file-system operation failed.
+    #[error("I/O error at {}: {source}", path.display())]
+    Io {
+        /// The path that was being read or written.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The store is shutting down or its writer thread is gone.
+    #[error("the store is closed; reopen the data directory")]
+    Closed,
+}
+
+impl Error {
+    /// Shorthand for [`Error::Invalid`].
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::Index`].
+    pub fn index(index: &'static str, message: impl fmt::Display) -> Self {
+        Error::Index {
+            index,
+            message: message.to_string(),
+        }
+    }
+
+    /// Shorthand for [`Error::Io`].
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// One problem found while compiling a policy file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyIssue {
+    /// The file the policy came from (or `<inline>` / `<default>`).
+    pub file: String,
+    /// The dotted key at fault, e.g. `scoring.recency_half_life`.
+    pub key: String,
+    /// What was wrong and how to fix it.
+    pub reason: String,
+}
+
+impl fmt::Display for PolicyIssue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: `{}`: {}", self.file, self.key, self.reason)
+    }
+}
+
+/// Every problem found in one policy file: compilation never stops at the first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyErrors(pub Vec<PolicyIssue>);
+
+impl fmt::Display for PolicyErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0.len();
+        write!(f, "policy has {n} error{}", if n == 1 { "" } else { "s" })?;
+        for issue in &self.0 {
+            write!(f, "\n  - {issue}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for PolicyErrors {}
+
+impl From<sled::Error> for Error {
+    fn from(e: sled::Error) -> Self {
+        Error::Storage {
+            backend: "sled",
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<heed::Error> for Error {
+    fn from(e: heed::Error) -> Self {
+        Error::Storage {
+            backend: "lmdb",
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<arroy::Error> for Error {
+    fn from(e: arroy::Error) -> Self {
+        Error::index("vector", e)
+    }
+}
+
+impl From<tantivy::TantivyError> for Error {
+    fn from(e: tantivy::TantivyError) -> Self {
+        Error::index("keyword", e)
+    }
+}

@@ -1,0 +1,215 @@
+//! Every key the store writes, built by named constructors in this one module (as arroy's
+//! `key.rs` does). Keys are big-endian so that prefix scans walk a session or a namespace
+//! in time order and records in id order. The first byte names the family; strings
+//! (namespace, session) are validated ids that never contain `0x00`, which ends them.
+
+use crate::clock::Timestamp;
+use crate::model::MemoryId;
+
+/// Key families (first byte).
+pub mod family {
+    /// Store metadata: format version, dimension, counters.
+    pub const META: u8 = 0x00;
+    /// A record (without its embedding), by id.
+    pub const RECORD: u8 = 0x01;
+    /// A record's embedding, by id.
+    pub const EMBEDDING: u8 = 0x02;
+    /// Per-session listing: namespace, session, time, id.
+    pub const SESSION_LIST: u8 = 0x03;
+    /// Per-namespace listing: namespace, time, id.
+    pub const NAMESPACE_LIST: u8 = 0x04;
+    /// Per-session statistics.
+    pub const SESSION_STATS: u8 = 0x05;
+    /// Audit log: id, sequence.
+    pub const AUDIT: u8 = 0x06;
+    /// Durable work queues: queue, id.
+    pub const QUEUE: u8 = 0x07;
+    /// Index change log: sequence.
+    pub const CHANGE: u8 = 0x08;
+    /// Free for later issues (knowledge graph, recalls, quarantine).
+    pub const RESERVED_FIRST: u8 = 0x10;
+}
+
+/// Metadata key names.
+pub mod meta {
+    /// On-disk format version (u32 BE).
+    pub const FORMAT_VERSION: &str = "format_version";
+    /// Embedding dimension (u32 BE).
+    pub const DIMENSION: &str = "dimension";
+    /// Name of the embedder that made the stored embeddings.
+    pub const EMBEDDER: &str = "embedder";
+    /// Next record id to hand out (u32 BE), so purged ids are never reused.
+    pub const NEXT_ID: &str = "next_id";
+    /// Next sequence number for the change log and the audit log (u64 BE).
+    pub const NEXT_SEQ: &str = "next_seq";
+}
+
+/// Timestamps are signed; flipping the sign bit makes their big-endian bytes sort in time
+/// order across the epoch.
+fn time_bytes(t: Timestamp) -> [u8; 8] {
+    ((t as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+/// Inverse of [`time_bytes`].
+pub fn time_from_bytes(b: [u8; 8]) -> Timestamp {
+    (u64::from_be_bytes(b) ^ (1 << 63)) as i64
+}
+
+/// A metadata key.
+pub fn meta(name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + name.len());
+    k.push(family::META);
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+/// A record key.
+pub fn record(id: MemoryId) -> [u8; 5] {
+    id_key(family::RECORD, id)
+}
+
+/// An embedding key.
+pub fn embedding(id: MemoryId) -> [u8; 5] {
+    id_key(family::EMBEDDING, id)
+}
+
+fn id_key(family: u8, id: MemoryId) -> [u8; 5] {
+    let mut k = [family; 5];
+    k[1..].copy_from_slice(&id.0.to_be_bytes());
+    k
+}
+
+/// The id in a record, embedding or listing key (its last four bytes).
+pub fn id_from_key(key: &[u8]) -> Option<MemoryId> {
+    let tail: [u8; 4] = key.get(key.len().checked_sub(4)?..)?.try_into().ok()?;
+    Some(MemoryId(u32::from_be_bytes(tail)))
+}
+
+/// The prefix of one session's listing.
+pub fn session_prefix(namespace: &str, session: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(3 + namespace.len() + session.len());
+    k.push(family::SESSION_LIST);
+    k.extend_from_slice(namespace.as_bytes());
+    k.push(0);
+    k.extend_from_slice(session.as_bytes());
+    k.push(0);
+    k
+}
+
+/// A session listing entry: sorts by event time, then id.
+pub fn session_entry(namespace: &str, session: &str, time: Timestamp, id: MemoryId) -> Vec<u8> {
+    let mut k = session_prefix(namespace, session);
+    k.extend_from_slice(&time_bytes(time));
+    k.extend_from_slice(&id.0.to_be_bytes());
+    k
+}
+
+/// The prefix of one namespace's listing.
+pub fn namespace_prefix(namespace: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(2 + namespace.len());
+    k.push(family::NAMESPACE_LIST);
+    k.extend_from_slice(namespace.as_bytes());
+    k.push(0);
+    k
+}
+
+/// A namespace listing entry.
+pub fn namespace_entry(namespace: &str, time: Timestamp, id: MemoryId) -> Vec<u8> {
+    let mut k = namespace_prefix(namespace);
+    k.extend_from_slice(&time_bytes(time));
+    k.extend_from_slice(&id.0.to_be_bytes());
+    k
+}
+
+/// A listing key bound at `time` (inclusive lower bound when used as a start).
+pub fn listing_at(prefix: &[u8], time: Timestamp) -> Vec<u8> {
+    let mut k = prefix.to_vec();
+    k.extend_from_slice(&time_bytes(time));
+    k
+}
+
+/// The time and id at the end of a listing entry.
+pub fn listing_time_id(key: &[u8]) -> Option<(Timestamp, MemoryId)> {
+    let n = key.len().checked_sub(12)?;
+    let t: [u8; 8] = key[n..n + 8].try_into().ok()?;
+    Some((time_from_bytes(t), id_from_key(key)?))
+}
+
+/// Prefix of every session-stats key of a namespace.
+pub fn session_stats_prefix(namespace: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(2 + namespace.len());
+    k.push(family::SESSION_STATS);
+    k.extend_from_slice(namespace.as_bytes());
+    k.push(0);
+    k
+}
+
+/// A session's statistics key.
+pub fn session_stats(namespace: &str, session: &str) -> Vec<u8> {
+    let mut k = session_stats_prefix(namespace);
+    k.extend_from_slice(session.as_bytes());
+    k
+}
+
+/// The prefix of one record's audit log.
+pub fn audit_prefix(id: MemoryId) -> [u8; 5] {
+    id_key(family::AUDIT, id)
+}
+
+/// One audit entry: record id, then a global sequence so entries keep their order.
+pub fn audit(id: MemoryId, seq: u64) -> [u8; 13] {
+    let mut k = [0u8; 13];
+    k[..5].copy_from_slice(&audit_prefix(id));
+    k[5..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// The prefix of one work queue.
+pub fn queue_prefix(queue: u8) -> [u8; 2] {
+    [family::QUEUE, queue]
+}
+
+/// A work-queue item: one per record and queue.
+pub fn queue_item(queue: u8, id: MemoryId) -> [u8; 6] {
+    let mut k = [0u8; 6];
+    k[..2].copy_from_slice(&queue_prefix(queue));
+    k[2..].copy_from_slice(&id.0.to_be_bytes());
+    k
+}
+
+/// A change-log entry.
+pub fn change(seq: u64) -> [u8; 9] {
+    let mut k = [family::CHANGE; 9];
+    k[1..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// The sequence number of a change-log key.
+pub fn change_seq(key: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(key.get(1..9)?.try_into().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listing_keys_sort_by_time_across_the_epoch() {
+        let a = session_entry("ns", "s", -5, MemoryId(9));
+        let b = session_entry("ns", "s", 0, MemoryId(1));
+        let c = session_entry("ns", "s", 7, MemoryId(0));
+        assert!(a < b && b < c);
+        assert_eq!(listing_time_id(&a), Some((-5, MemoryId(9))));
+        assert!(a.starts_with(&session_prefix("ns", "s")));
+        // A session whose name extends another's never shares its prefix.
+        assert!(!session_entry("ns", "s2", 0, MemoryId(0)).starts_with(&session_prefix("ns", "s")));
+    }
+
+    #[test]
+    fn ids_and_sequences_round_trip() {
+        assert_eq!(id_from_key(&record(MemoryId(77))), Some(MemoryId(77)));
+        assert_eq!(change_seq(&change(1 << 40)), Some(1 << 40));
+        assert!(record(MemoryId(1)) < record(MemoryId(256)));
+        assert!(audit(MemoryId(1), 5).starts_with(&audit_prefix(MemoryId(1))));
+    }
+}

@@ -1,0 +1,1 @@
+//! The keyword index (STUB: being written).

@@ -1,0 +1,1 @@
+//! Policies (STUB: being written).

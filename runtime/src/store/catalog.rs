@@ -1,0 +1,156 @@
+//! The in-memory catalog: roaring bitmaps of record ids by namespace, session, agent, tier,
+//! kind and recallability. Recall builds its candidate set from these (scoped vector and
+//! keyword search take a bitmap), so a session-scoped query never even looks at another
+//! session's records. Rebuilt from record headers when the store opens; updated by the
+//! commit thread only after a write is durable, so nothing unacknowledged is ever visible.
+
+use std::collections::HashMap;
+
+use roaring::RoaringBitmap;
+
+use super::codec::Header;
+use crate::model::{MemoryId, Status, Tier};
+
+/// Who may be returned: the scope and filters of one query.
+#[derive(Debug, Clone, Default)]
+pub struct Filter<'a> {
+    /// Namespace (required: nothing crosses namespaces).
+    pub namespace: &'a str,
+    /// Only this session.
+    pub session: Option<&'a str>,
+    /// Only this agent.
+    pub agent: Option<&'a str>,
+    /// Only these tiers (all when `None`).
+    pub tiers: Option<&'a [Tier]>,
+    /// Only these kinds (all when `None`).
+    pub kinds: Option<&'a [String]>,
+    /// Only active and pinned records (what recall may return).
+    pub recallable_only: bool,
+}
+
+/// Bitmaps of record ids.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    recallable: RoaringBitmap,
+    tiers: [RoaringBitmap; 3],
+    namespaces: HashMap<String, Scoped>,
+}
+
+#[derive(Debug, Default)]
+struct Scoped {
+    all: RoaringBitmap,
+    sessions: HashMap<String, RoaringBitmap>,
+    agents: HashMap<String, RoaringBitmap>,
+    kinds: HashMap<String, RoaringBitmap>,
+}
+
+fn tier_index(t: Tier) -> usize {
+    match t {
+        Tier::Episodic => 0,
+        Tier::Condensed => 1,
+        Tier::Knowledge => 2,
+    }
+}
+
+impl Catalog {
+    /// Adds a record.
+    pub fn insert(&mut self, id: MemoryId, h: &Header) {
+        let n = id.0;
+        if h.status.recallable() {
+            self.recallable.insert(n);
+        } else {
+            self.recallable.remove(n);
+        }
+        self.tiers[tier_index(h.tier)].insert(n);
+        let ns = self.namespaces.entry(h.namespace.clone()).or_default();
+        ns.all.insert(n);
+        ns.sessions
+            .entry(h.session_id.clone())
+            .or_default()
+            .insert(n);
+        if let Some(a) = &h.agent_id {
+            ns.agents.entry(a.clone()).or_default().insert(n);
+        }
+        ns.kinds.entry(h.kind.clone()).or_default().insert(n);
+    }
+
+    /// Records a status change.
+    pub fn set_status(&mut self, id: MemoryId, status: Status) {
+        if status.recallable() {
+            self.recallable.insert(id.0);
+        } else {
+            self.recallable.remove(id.0);
+        }
+    }
+
+    /// Removes a purged record.
+    pub fn remove(&mut self, id: MemoryId, h: &Header) {
+        let n = id.0;
+        self.recallable.remove(n);
+        self.tiers[tier_index(h.tier)].remove(n);
+        if let Some(ns) = self.namespaces.get_mut(&h.namespace) {
+            ns.all.remove(n);
+            if let Some(s) = ns.sessions.get_mut(&h.session_id) {
+                s.remove(n);
+            }
+            if let Some(a) = h.agent_id.as_ref().and_then(|a| ns.agents.get_mut(a)) {
+                a.remove(n);
+            }
+            if let Some(k) = ns.kinds.get_mut(&h.kind) {
+                k.remove(n);
+            }
+        }
+    }
+
+    /// The ids a query may see.
+    pub fn candidates(&self, f: &Filter<'_>) -> RoaringBitmap {
+        let Some(ns) = self.namespaces.get(f.namespace) else {
+            return RoaringBitmap::new();
+        };
+        let mut set = match (f.session, f.agent) {
+            (Some(s), _) => ns.sessions.get(s).cloned().unwrap_or_default(),
+            (None, Some(a)) => ns.agents.get(a).cloned().unwrap_or_default(),
+            (None, None) => ns.all.clone(),
+        };
+        if let (Some(_), Some(a)) = (f.session, f.agent) {
+            set &= ns.agents.get(a).cloned().unwrap_or_default();
+        }
+        if let Some(tiers) = f.tiers {
+            let mut allowed = RoaringBitmap::new();
+            for t in tiers {
+                allowed |= &self.tiers[tier_index(*t)];
+            }
+            set &= allowed;
+        }
+        if let Some(kinds) = f.kinds {
+            let mut allowed = RoaringBitmap::new();
+            for k in kinds {
+                if let Some(b) = ns.kinds.get(k) {
+                    allowed |= b;
+                }
+            }
+            set &= allowed;
+        }
+        if f.recallable_only {
+            set &= &self.recallable;
+        }
+        set
+    }
+
+    /// Number of records known.
+    pub fn len(&self) -> u64 {
+        self.tiers.iter().map(|t| t.len()).sum()
+    }
+
+    /// Whether the catalog is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every namespace with records.
+    pub fn namespaces(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.namespaces.keys().cloned().collect();
+        v.sort();
+        v
+    }
+}

@@ -1,0 +1,396 @@
+//! Group commit. One thread owns every write to the store: it takes the first waiting
+//! write set, gathers whatever else arrived meanwhile, encodes them all, commits them in one
+//! durable backend commit (one fsync), then updates the catalog and answers every writer.
+//! Owning all writes in one thread also makes read-modify-write tables (session stats,
+//! sequence counters) race-free without locks.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+
+use tokio::sync::oneshot;
+
+use super::catalog::Catalog;
+use super::codec::{self, Header};
+use super::{Change, Mutation, Queue, SessionStats, WriteSet};
+use crate::error::{Error, Result};
+use crate::keys::{self, family, meta};
+use crate::kv::{Kv, Op, Range, Visit};
+use crate::model::{MemoryId, Status, Tier};
+
+/// Most write sets folded into one commit: bounds the latency a single large group adds.
+const MAX_GROUP: usize = 512;
+
+/// Cumulative group-commit counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Durable backend commits (fsyncs).
+    pub commits: u64,
+    /// Write sets committed; `write_sets / commits` is the average group size.
+    pub write_sets: u64,
+}
+
+type Reply = oneshot::Sender<Result<()>>;
+
+struct Request {
+    writes: WriteSet,
+    reply: Reply,
+}
+
+#[derive(Debug)]
+pub(super) struct Committer {
+    tx: Mutex<Option<mpsc::Sender<Request>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    next_seq: Arc<AtomicU64>,
+    commits: Arc<AtomicU64>,
+    write_sets: Arc<AtomicU64>,
+}
+
+enum CatalogOp {
+    Insert(MemoryId, Header),
+    Status(MemoryId, Status),
+    Remove(MemoryId, Header),
+}
+
+struct Worker {
+    kv: Arc<dyn Kv>,
+    catalog: Arc<RwLock<Catalog>>,
+    next_id: Arc<AtomicU32>,
+    next_seq: u64,
+    shared_seq: Arc<AtomicU64>,
+    stats: HashMap<Vec<u8>, SessionStats>,
+    commits: Arc<AtomicU64>,
+    write_sets: Arc<AtomicU64>,
+}
+
+impl Committer {
+    pub(super) fn start(
+        kv: Arc<dyn Kv>,
+        catalog: Arc<RwLock<Catalog>>,
+        next_id: Arc<AtomicU32>,
+        next_seq: u64,
+    ) -> Result<Self> {
+        let (tx, rx) = mpsc::channel::<Request>();
+        let shared_seq = Arc::new(AtomicU64::new(next_seq));
+        let commits = Arc::new(AtomicU64::new(0));
+        let write_sets = Arc::new(AtomicU64::new(0));
+        let mut worker = Worker {
+            kv,
+            catalog,
+            next_id,
+            next_seq,
+            shared_seq: shared_seq.clone(),
+            stats: HashMap::new(),
+            commits: commits.clone(),
+            write_sets: write_sets.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("store-commit".into())
+            .spawn(move || worker.run(rx))
+            .map_err(|e| Error::io("store-commit thread", e))?;
+        Ok(Committer {
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+            next_seq: shared_seq,
+            commits,
+            write_sets,
+        })
+    }
+
+    pub(super) fn submit(&self, writes: WriteSet) -> Result<oneshot::Receiver<Result<()>>> {
+        let (reply, rx) = oneshot::channel();
+        let guard = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = guard.as_ref().ok_or(Error::Closed)?;
+        tx.send(Request { writes, reply })
+            .map_err(|_| Error::Closed)?;
+        Ok(rx)
+    }
+
+    pub(super) fn next_seq(&self) -> u64 {
+        self.next_seq.load(Ordering::SeqCst)
+    }
+
+    pub(super) fn stats(&self) -> CommitStats {
+        CommitStats {
+            commits: self.commits.load(Ordering::Relaxed),
+            write_sets: self.write_sets.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        // Closing the channel lets the thread finish what it holds and exit; joining makes
+        // "the store is dropped" mean "every accepted write is on disk".
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Worker {
+    fn run(&mut self, rx: mpsc::Receiver<Request>) {
+        while let Ok(first) = rx.recv() {
+            let mut group = vec![first];
+            while group.len() < MAX_GROUP {
+                match rx.try_recv() {
+                    Ok(r) => group.push(r),
+                    Err(_) => break,
+                }
+            }
+            self.commit_group(group);
+        }
+    }
+
+    fn commit_group(&mut self, group: Vec<Request>) {
+        let seq_before = self.next_seq;
+        let mut accepted: Vec<(Reply, Vec<Op>, Vec<CatalogOp>)> = Vec::with_capacity(group.len());
+        for req in group {
+            match self.encode(req.writes) {
+                Ok((ops, cat)) => accepted.push((req.reply, ops, cat)),
+                Err(e) => {
+                    let _ = req.reply.send(Err(e));
+                }
+            }
+        }
+        if accepted.is_empty() {
+            return;
+        }
+        let counters = vec![
+            Op::Put(
+                keys::meta(meta::NEXT_SEQ),
+                self.next_seq.to_be_bytes().to_vec(),
+            ),
+            Op::Put(
+                keys::meta(meta::NEXT_ID),
+                self.next_id.load(Ordering::SeqCst).to_be_bytes().to_vec(),
+            ),
+        ];
+        let mut batches: Vec<&[Op]> = accepted.iter().map(|(_, ops, _)| ops.as_slice()).collect();
+        batches.push(&counters);
+        match self.kv.commit(&batches) {
+            Ok(()) => {
+                self.shared_seq.store(self.next_seq, Ordering::SeqCst);
+                self.commits.fetch_add(1, Ordering::Relaxed);
+                self.write_sets
+                    .fetch_add(accepted.len() as u64, Ordering::Relaxed);
+                {
+                    let mut catalog = self.catalog.write().unwrap_or_else(|p| p.into_inner());
+                    for (_, _, cat) in &accepted {
+                        for op in cat {
+                            match op {
+                                CatalogOp::Insert(id, h) => catalog.insert(*id, h),
+                                CatalogOp::Status(id, s) => catalog.set_status(*id, *s),
+                                CatalogOp::Remove(id, h) => catalog.remove(*id, h),
+                            }
+                        }
+                    }
+                }
+                for (reply, _, _) in accepted {
+                    let _ = reply.send(Ok(()));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "store commit failed; nothing in this group was written");
+                self.next_seq = seq_before;
+                self.stats.clear();
+                let message = e.to_string();
+                for (reply, _, _) in accepted {
+                    let _ = reply.send(Err(Error::Storage {
+                        backend: self.kv.backend().as_str(),
+                        message: message.clone(),
+                    }));
+                }
+            }
+        }
+    }
+
+    fn seq(&mut self) -> u64 {
+        let s = self.next_seq;
+        self.next_seq += 1;
+        s
+    }
+
+    fn stats_entry(&mut self, namespace: &str, session: &str) -> Result<&mut SessionStats> {
+        let key = keys::session_stats(namespace, session);
+        if !self.stats.contains_key(&key) {
+            let current = match self.kv.get(&key)? {
+                Some(v) => codec::decode(&key, &v)?,
+                None => SessionStats {
+                    session_id: session.to_string(),
+                    events: 0,
+                    memories: 0,
+                    first_active: i64::MAX,
+                    last_active: i64::MIN,
+                },
+            };
+            // Bound the cache: session stats are small but sessions are many.
+            if self.stats.len() > 100_000 {
+                self.stats.clear();
+            }
+            self.stats.insert(key.clone(), current);
+        }
+        Ok(self.stats.get_mut(&key).expect("inserted above"))
+    }
+
+    fn encode(&mut self, writes: WriteSet) -> Result<(Vec<Op>, Vec<CatalogOp>)> {
+        let mut touched: Vec<Vec<u8>> = Vec::new();
+        let result = self.encode_into(writes, &mut touched);
+        if result.is_err() {
+            // The cached stats were changed for a write set that will not be committed.
+            for key in &touched {
+                self.stats.remove(key);
+            }
+        }
+        result
+    }
+
+    fn encode_into(
+        &mut self,
+        writes: WriteSet,
+        touched: &mut Vec<Vec<u8>>,
+    ) -> Result<(Vec<Op>, Vec<CatalogOp>)> {
+        let mut ops = Vec::new();
+        let mut cat = Vec::new();
+        for m in writes.0 {
+            match m {
+                Mutation::Insert(r) => {
+                    let id = r.id;
+                    ops.push(Op::Put(keys::record(id).to_vec(), codec::encode_record(&r)));
+                    if let Some(e) = &r.embedding {
+                        ops.push(Op::Put(
+                            keys::embedding(id).to_vec(),
+                            codec::encode_embedding(e),
+                        ));
+                    }
+                    ops.push(Op::Put(
+                        keys::session_entry(&r.namespace, &r.session_id, r.event_time, id),
+                        Vec::new(),
+                    ));
+                    ops.push(Op::Put(
+                        keys::namespace_entry(&r.namespace, r.event_time, id),
+                        Vec::new(),
+                    ));
+                    let stats = self.stats_entry(&r.namespace, &r.session_id)?;
+                    stats.memories += 1;
+                    if r.tier == Tier::Episodic {
+                        stats.events += 1;
+                    }
+                    stats.first_active = stats.first_active.min(r.recorded_time);
+                    stats.last_active = stats.last_active.max(r.recorded_time);
+                    touched.push(keys::session_stats(&r.namespace, &r.session_id));
+                    let seq = self.seq();
+                    ops.push(Op::Put(
+                        keys::change(seq).to_vec(),
+                        codec::encode(&Change::Upsert(id)),
+                    ));
+                    cat.push(CatalogOp::Insert(id, codec::header_of(&r)));
+                }
+                Mutation::Update { record: r, reindex } => {
+                    let id = r.id;
+                    ops.push(Op::Put(keys::record(id).to_vec(), codec::encode_record(&r)));
+                    if reindex {
+                        match &r.embedding {
+                            Some(e) => ops.push(Op::Put(
+                                keys::embedding(id).to_vec(),
+                                codec::encode_embedding(e),
+                            )),
+                            None => ops.push(Op::Delete(keys::embedding(id).to_vec())),
+                        }
+                        let seq = self.seq();
+                        ops.push(Op::Put(
+                            keys::change(seq).to_vec(),
+                            codec::encode(&Change::Upsert(id)),
+                        ));
+                    }
+                    cat.push(CatalogOp::Status(id, r.status));
+                }
+                Mutation::Purge(r) => {
+                    let id = r.id;
+                    ops.push(Op::Delete(keys::record(id).to_vec()));
+                    ops.push(Op::Delete(keys::embedding(id).to_vec()));
+                    ops.push(Op::Delete(keys::session_entry(
+                        &r.namespace,
+                        &r.session_id,
+                        r.event_time,
+                        id,
+                    )));
+                    ops.push(Op::Delete(keys::namespace_entry(
+                        &r.namespace,
+                        r.event_time,
+                        id,
+                    )));
+                    for q in [Queue::Enrich, Queue::Evaluate, Queue::Condense] {
+                        ops.push(Op::Delete(keys::queue_item(q as u8, id).to_vec()));
+                    }
+                    let stats = self.stats_entry(&r.namespace, &r.session_id)?;
+                    stats.memories = stats.memories.saturating_sub(1);
+                    if r.tier == Tier::Episodic {
+                        stats.events = stats.events.saturating_sub(1);
+                    }
+                    touched.push(keys::session_stats(&r.namespace, &r.session_id));
+                    let seq = self.seq();
+                    ops.push(Op::Put(
+                        keys::change(seq).to_vec(),
+                        codec::encode(&Change::Remove(id)),
+                    ));
+                    cat.push(CatalogOp::Remove(id, codec::header_of(&r)));
+                }
+                Mutation::Audit(id, entry) => {
+                    let seq = self.seq();
+                    ops.push(Op::Put(
+                        keys::audit(id, seq).to_vec(),
+                        codec::encode(&entry),
+                    ));
+                }
+                Mutation::Enqueue(q, id) => {
+                    ops.push(Op::Put(keys::queue_item(q as u8, id).to_vec(), Vec::new()));
+                }
+                Mutation::Dequeue(q, id) => {
+                    ops.push(Op::Delete(keys::queue_item(q as u8, id).to_vec()));
+                }
+                Mutation::TruncateChanges(upto) => {
+                    let start = keys::change(0);
+                    let end = keys::change(upto.saturating_add(1));
+                    self.kv
+                        .scan(Range::between(&start, &end), false, &mut |k, _| {
+                            ops.push(Op::Delete(k.to_vec()));
+                            Ok(Visit::Continue)
+                        })?;
+                }
+                Mutation::PutRaw(k, v) => {
+                    check_raw(&k)?;
+                    ops.push(Op::Put(k, v));
+                }
+                Mutation::DeleteRaw(k) => {
+                    check_raw(&k)?;
+                    ops.push(Op::Delete(k));
+                }
+            }
+        }
+        touched.sort();
+        touched.dedup();
+        for key in touched.iter() {
+            if let Some(s) = self.stats.get(key) {
+                ops.push(Op::Put(key.clone(), codec::encode(s)));
+            }
+        }
+        Ok((ops, cat))
+    }
+}
+
+fn check_raw(key: &[u8]) -> Result<()> {
+    match key.first() {
+        Some(f) if *f >= family::RESERVED_FIRST => Ok(()),
+        _ => Err(Error::invalid(
+            "raw key",
+            format!(
+                "raw keys must start with a family byte >= {:#04x}; lower families belong to the store",
+                family::RESERVED_FIRST
+            ),
+        )),
+    }
+}

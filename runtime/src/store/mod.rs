@@ -1,0 +1,688 @@
+//! The store: shadowbrain's system of record, over the ordered-KV seam ([`crate::kv`]).
+//!
+//! It owns records, their embeddings, per-session and per-namespace listings in time order,
+//! session statistics, the append-only audit log, durable work queues and the index change
+//! log, plus the on-disk format version. Every write goes through [`Store::write`], which
+//! returns only after the data is flushed to disk; a single commit thread gathers the
+//! writes that arrive while a flush is running and commits them together (group commit), so
+//! concurrent writers share one fsync. The derived indexes (vectors, keywords) are *not*
+//! here: they follow the change log and can be rebuilt from the store at any time.
+
+mod catalog;
+pub mod codec;
+mod commit;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, RwLock};
+
+use serde::{Deserialize, Serialize};
+
+pub use catalog::{Catalog, Filter};
+pub use commit::CommitStats;
+
+use crate::clock::Timestamp;
+use crate::error::{Error, Result};
+use crate::keys::{self, family, meta};
+use crate::kv::{self, Backend, Kv, Range, Visit};
+use crate::model::{AuditEntry, MemoryId, MemoryRecord, Status};
+
+/// The on-disk format this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Durable work queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[repr(u8)]
+pub enum Queue {
+    /// Records waiting to be embedded and indexed.
+    Enrich = 1,
+    /// Records waiting to be scored by an external evaluator.
+    Evaluate = 2,
+    /// Sessions or records waiting for condensation.
+    Condense = 3,
+}
+
+/// One change the derived indexes must follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Change {
+    /// The record's text or embedding is new or changed: (re)index it.
+    Upsert(MemoryId),
+    /// The record is gone: drop it from the indexes.
+    Remove(MemoryId),
+}
+
+/// Per-session statistics.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionStats {
+    /// The session id.
+    pub session_id: String,
+    /// Episodic records written (one per event).
+    pub events: u64,
+    /// Records of every tier that belong to the session.
+    pub memories: u64,
+    /// When the first record was written (runtime clock).
+    pub first_active: Timestamp,
+    /// When the latest record was written (runtime clock).
+    pub last_active: Timestamp,
+}
+
+/// One mutation inside a [`WriteSet`].
+#[derive(Debug, Clone)]
+pub enum Mutation {
+    /// A new record: record, embedding, listings, session stats, catalog, change log.
+    Insert(Box<MemoryRecord>),
+    /// A changed record. `reindex` when its text or embedding changed.
+    Update {
+        /// The record as it is now.
+        record: Box<MemoryRecord>,
+        /// Whether the derived indexes must see it again.
+        reindex: bool,
+    },
+    /// Remove a record for good (its audit log stays).
+    Purge(Box<MemoryRecord>),
+    /// Append to a record's audit log.
+    Audit(MemoryId, AuditEntry),
+    /// Put a record on a work queue.
+    Enqueue(Queue, MemoryId),
+    /// Take a record off a work queue.
+    Dequeue(Queue, MemoryId),
+    /// Drop change-log entries up to and including this sequence.
+    TruncateChanges(u64),
+    /// A raw key for tables owned by later layers (family ≥ 0x10).
+    PutRaw(Vec<u8>, Vec<u8>),
+    /// Delete a raw key (family ≥ 0x10).
+    DeleteRaw(Vec<u8>),
+}
+
+/// Mutations that become durable together, atomically.
+#[derive(Debug, Clone, Default)]
+pub struct WriteSet(pub Vec<Mutation>);
+
+impl WriteSet {
+    /// An empty write set.
+    pub fn new() -> Self {
+        WriteSet(Vec::new())
+    }
+
+    /// Adds a mutation.
+    pub fn push(&mut self, m: Mutation) -> &mut Self {
+        self.0.push(m);
+        self
+    }
+
+    /// Whether there is nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Options for [`Store::open`].
+#[derive(Debug, Clone, Default)]
+pub struct StoreOptions {
+    /// Which ordered-KV backend.
+    pub backend: Backend,
+}
+
+/// The system of record. Cheap to clone; every clone talks to the same commit thread.
+#[derive(Debug, Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    kv: Arc<dyn Kv>,
+    dir: PathBuf,
+    catalog: Arc<RwLock<Catalog>>,
+    next_id: Arc<AtomicU32>,
+    committer: commit::Committer,
+    _lock: File,
+}
+
+const LOCK_FILE: &str = "LOCK";
+
+fn detect_backend(dir: &Path) -> Option<Backend> {
+    if dir.join("data.mdb").exists() {
+        Some(Backend::Lmdb)
+    } else if dir.join("conf").exists() || dir.join("db").exists() {
+        Some(Backend::Sled)
+    } else {
+        None
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir`. Refuses a directory held by another process, a
+    /// directory made with the other backend, and another on-disk format version.
+    pub fn open(dir: &Path, opts: StoreOptions) -> Result<Store> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| Error::io(&lock_path, e))?;
+        if lock.try_lock().is_err() {
+            return Err(Error::invalid(
+                "data directory",
+                format!(
+                    "{} is in use by another shadowbrain process; stop it (or point this one \
+                     at another --data directory) and try again",
+                    dir.display()
+                ),
+            ));
+        }
+        if let Some(found) = detect_backend(dir)
+            && found != opts.backend
+        {
+            return Err(Error::invalid(
+                "backend",
+                format!(
+                    "{} holds a {} store but {} was asked for; open it with --backend {}",
+                    dir.display(),
+                    found.as_str(),
+                    opts.backend.as_str(),
+                    found.as_str()
+                ),
+            ));
+        }
+        let kv: Arc<dyn Kv> = Arc::from(kv::open(opts.backend, dir)?);
+        check_format(kv.as_ref())?;
+
+        let mut catalog = Catalog::default();
+        let mut max_id: Option<u32> = None;
+        let prefix = [family::RECORD];
+        let mut end = Vec::new();
+        kv.scan(Range::prefix(&prefix, &mut end), false, &mut |k, v| {
+            let id = keys::id_from_key(k).ok_or_else(|| Error::Corrupt {
+                key: format!("{k:02x?}"),
+                message: "record key without an id".into(),
+            })?;
+            let header = codec::decode_header(k, v)?;
+            catalog.insert(id, &header);
+            max_id = Some(id.0);
+            Ok(Visit::Continue)
+        })?;
+        let stored_next = read_u32(kv.as_ref(), meta::NEXT_ID)?.unwrap_or(0);
+        let next_id = stored_next.max(max_id.map_or(0, |m| m + 1));
+        let next_seq = read_u64(kv.as_ref(), meta::NEXT_SEQ)?.unwrap_or(1);
+
+        let catalog = Arc::new(RwLock::new(catalog));
+        let next_id = Arc::new(AtomicU32::new(next_id));
+        let committer =
+            commit::Committer::start(kv.clone(), catalog.clone(), next_id.clone(), next_seq)?;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                kv,
+                dir: dir.to_path_buf(),
+                catalog,
+                next_id,
+                committer,
+                _lock: lock,
+            }),
+        })
+    }
+
+    /// The backend in use.
+    pub fn backend(&self) -> Backend {
+        self.inner.kv.backend()
+    }
+
+    /// The directory the store lives in.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// Hands out `n` fresh record ids. Ids of writes that never commit are skipped, never
+    /// reused.
+    pub fn allocate_ids(&self, n: usize) -> Result<Vec<MemoryId>> {
+        let n32 = u32::try_from(n).map_err(|_| Error::invalid("batch", "too many records"))?;
+        let first = self
+            .inner
+            .next_id
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
+                cur.checked_add(n32)
+            })
+            .map_err(|_| Error::Storage {
+                backend: self.backend().as_str(),
+                message: "record ids exhausted (2^32)".into(),
+            })?;
+        Ok((first..first + n32).map(MemoryId).collect())
+    }
+
+    /// Applies `writes` atomically and returns once they are durable. Blocks the calling
+    /// thread; async code calls [`Store::write_async`].
+    pub fn write(&self, writes: WriteSet) -> Result<()> {
+        self.inner
+            .committer
+            .submit(writes)?
+            .blocking_recv()
+            .unwrap_or(Err(Error::Closed))
+    }
+
+    /// [`Store::write`] for async callers: awaits the durable commit without blocking.
+    pub async fn write_async(&self, writes: WriteSet) -> Result<()> {
+        self.inner
+            .committer
+            .submit(writes)?
+            .await
+            .unwrap_or(Err(Error::Closed))
+    }
+
+    /// Reads one record with its embedding.
+    pub fn get(&self, id: MemoryId) -> Result<Option<MemoryRecord>> {
+        let key = keys::record(id);
+        let Some(bytes) = self.inner.kv.get(&key)? else {
+            return Ok(None);
+        };
+        let embedding = self.embedding(id)?;
+        codec::decode_record(id, &key, &bytes, embedding).map(Some)
+    }
+
+    /// Reads one record without its embedding (cheaper; for listings and rendering).
+    pub fn get_light(&self, id: MemoryId) -> Result<Option<MemoryRecord>> {
+        let key = keys::record(id);
+        match self.inner.kv.get(&key)? {
+            Some(bytes) => codec::decode_record(id, &key, &bytes, None).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Reads a record only if it lives in `namespace`: namespace isolation is enforced here,
+    /// so no caller can read across tenants by guessing an id.
+    pub fn get_in(&self, namespace: &str, id: MemoryId) -> Result<MemoryRecord> {
+        match self.get(id)? {
+            Some(r) if r.namespace == namespace => Ok(r),
+            _ => Err(Error::NotFound {
+                what: "memory",
+                id: id.to_string(),
+            }),
+        }
+    }
+
+    /// A record's embedding, if it has one.
+    pub fn embedding(&self, id: MemoryId) -> Result<Option<Vec<f32>>> {
+        let key = keys::embedding(id);
+        match self.inner.kv.get(&key)? {
+            Some(bytes) => codec::decode_embedding(&key, &bytes).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn listing(
+        &self,
+        prefix: &[u8],
+        before: Option<(Timestamp, MemoryId)>,
+        limit: usize,
+    ) -> Result<Vec<MemoryId>> {
+        let mut end_buf = Vec::new();
+        let bound;
+        let range = match before {
+            Some((t, id)) => {
+                bound = {
+                    let mut k = keys::listing_at(prefix, t);
+                    k.extend_from_slice(&id.0.to_be_bytes());
+                    k
+                };
+                Range::between(prefix, &bound)
+            }
+            None => Range::prefix(prefix, &mut end_buf),
+        };
+        let mut ids = Vec::new();
+        if limit == 0 {
+            return Ok(ids);
+        }
+        self.inner.kv.scan(range, true, &mut |k, _| {
+            if let Some((_, id)) = keys::listing_time_id(k) {
+                ids.push(id);
+            }
+            Ok(if ids.len() >= limit {
+                Visit::Stop
+            } else {
+                Visit::Continue
+            })
+        })?;
+        Ok(ids)
+    }
+
+    /// A session's record ids, newest event first, optionally only those before
+    /// `(time, id)` (for paging).
+    pub fn session_ids(
+        &self,
+        namespace: &str,
+        session: &str,
+        before: Option<(Timestamp, MemoryId)>,
+        limit: usize,
+    ) -> Result<Vec<MemoryId>> {
+        self.listing(&keys::session_prefix(namespace, session), before, limit)
+    }
+
+    /// A namespace's record ids, newest event first.
+    pub fn namespace_ids(
+        &self,
+        namespace: &str,
+        before: Option<(Timestamp, MemoryId)>,
+        limit: usize,
+    ) -> Result<Vec<MemoryId>> {
+        self.listing(&keys::namespace_prefix(namespace), before, limit)
+    }
+
+    /// A session's records, newest first (without embeddings).
+    pub fn timeline(
+        &self,
+        namespace: &str,
+        session: &str,
+        before: Option<(Timestamp, MemoryId)>,
+        limit: usize,
+    ) -> Result<Vec<MemoryRecord>> {
+        let ids = self.session_ids(namespace, session, before, limit)?;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(r) = self.get_light(id)? {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Statistics of one session.
+    pub fn session_stats(&self, namespace: &str, session: &str) -> Result<Option<SessionStats>> {
+        let key = keys::session_stats(namespace, session);
+        match self.inner.kv.get(&key)? {
+            Some(v) => codec::decode(&key, &v).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Every session of a namespace, by session id.
+    pub fn sessions(&self, namespace: &str) -> Result<Vec<SessionStats>> {
+        let prefix = keys::session_stats_prefix(namespace);
+        let mut end = Vec::new();
+        let mut out = Vec::new();
+        self.inner
+            .kv
+            .scan(Range::prefix(&prefix, &mut end), false, &mut |k, v| {
+                out.push(codec::decode(k, v)?);
+                Ok(Visit::Continue)
+            })?;
+        Ok(out)
+    }
+
+    /// A record's audit log, oldest first. It outlives the record: purges are audited.
+    pub fn history(&self, id: MemoryId) -> Result<Vec<AuditEntry>> {
+        let prefix = keys::audit_prefix(id);
+        let mut end = Vec::new();
+        let mut out = Vec::new();
+        self.inner
+            .kv
+            .scan(Range::prefix(&prefix, &mut end), false, &mut |k, v| {
+                out.push(codec::decode(k, v)?);
+                Ok(Visit::Continue)
+            })?;
+        Ok(out)
+    }
+
+    /// Up to `limit` records waiting on `queue`, oldest id first.
+    pub fn queued(&self, queue: Queue, limit: usize) -> Result<Vec<MemoryId>> {
+        let prefix = keys::queue_prefix(queue as u8);
+        let mut end = Vec::new();
+        let mut out = Vec::new();
+        if limit == 0 {
+            return Ok(out);
+        }
+        self.inner
+            .kv
+            .scan(Range::prefix(&prefix, &mut end), false, &mut |k, _| {
+                if let Some(id) = keys::id_from_key(k) {
+                    out.push(id);
+                }
+                Ok(if out.len() >= limit {
+                    Visit::Stop
+                } else {
+                    Visit::Continue
+                })
+            })?;
+        Ok(out)
+    }
+
+    /// Change-log entries with a sequence above `after`, oldest first, at most `limit`.
+    pub fn changes_after(&self, after: u64, limit: usize) -> Result<Vec<(u64, Change)>> {
+        let start = keys::change(after.saturating_add(1));
+        let end = [family::CHANGE + 1];
+        let mut out = Vec::new();
+        if limit == 0 {
+            return Ok(out);
+        }
+        self.inner
+            .kv
+            .scan(Range::between(&start, &end), false, &mut |k, v| {
+                let seq = keys::change_seq(k).ok_or_else(|| Error::Corrupt {
+                    key: format!("{k:02x?}"),
+                    message: "change key without a sequence".into(),
+                })?;
+                out.push((seq, codec::decode(k, v)?));
+                Ok(if out.len() >= limit {
+                    Visit::Stop
+                } else {
+                    Visit::Continue
+                })
+            })?;
+        Ok(out)
+    }
+
+    /// The oldest change-log sequence still kept, if any.
+    pub fn first_change(&self) -> Result<Option<u64>> {
+        Ok(self.changes_after(0, 1)?.first().map(|(s, _)| *s))
+    }
+
+    /// The sequence the next change will get (so `last_seq() == next - 1`).
+    pub fn next_seq(&self) -> u64 {
+        self.inner.committer.next_seq()
+    }
+
+    /// Visits every record id in id order (for rebuilds and exports).
+    pub fn for_each_id(&self, mut f: impl FnMut(MemoryId) -> Result<Visit>) -> Result<()> {
+        let prefix = [family::RECORD];
+        let mut end = Vec::new();
+        self.inner
+            .kv
+            .scan(
+                Range::prefix(&prefix, &mut end),
+                false,
+                &mut |k, _| match keys::id_from_key(k) {
+                    Some(id) => f(id),
+                    None => Ok(Visit::Continue),
+                },
+            )
+    }
+
+    /// Visits every stored embedding in id order.
+    pub fn for_each_embedding(
+        &self,
+        mut f: impl FnMut(MemoryId, Vec<f32>) -> Result<Visit>,
+    ) -> Result<()> {
+        let prefix = [family::EMBEDDING];
+        let mut end = Vec::new();
+        self.inner
+            .kv
+            .scan(
+                Range::prefix(&prefix, &mut end),
+                false,
+                &mut |k, v| match keys::id_from_key(k) {
+                    Some(id) => f(id, codec::decode_embedding(k, v)?),
+                    None => Ok(Visit::Continue),
+                },
+            )
+    }
+
+    /// Reads a raw key of a table owned by a later layer.
+    pub fn get_raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.inner.kv.get(key)
+    }
+
+    /// Scans raw keys under `prefix` (family ≥ 0x10).
+    pub fn scan_raw(
+        &self,
+        prefix: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<Visit>,
+    ) -> Result<()> {
+        let mut end = Vec::new();
+        self.inner
+            .kv
+            .scan(Range::prefix(prefix, &mut end), false, visit)
+    }
+
+    /// The ids a query may see (see [`Filter`]).
+    pub fn candidates(&self, filter: &Filter<'_>) -> roaring::RoaringBitmap {
+        self.inner
+            .catalog
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .candidates(filter)
+    }
+
+    /// Number of records in the store.
+    pub fn len(&self) -> u64 {
+        self.inner
+            .catalog
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// Whether the store holds no records.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every namespace with records.
+    pub fn namespaces(&self) -> Vec<String> {
+        self.inner
+            .catalog
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .namespaces()
+    }
+
+    /// The embedding dimension recorded in the store, if any embedding was ever stored.
+    pub fn dimension(&self) -> Result<Option<usize>> {
+        Ok(read_u32(self.inner.kv.as_ref(), meta::DIMENSION)?.map(|d| d as usize))
+    }
+
+    /// The name of the embedder recorded in the store.
+    pub fn embedder_name(&self) -> Result<Option<String>> {
+        Ok(self
+            .inner
+            .kv
+            .get(&keys::meta(meta::EMBEDDER))?
+            .map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
+    /// Records the embedder's name and dimension on first use, and refuses a different
+    /// dimension later (the error names `shadowbrain reindex`).
+    pub fn ensure_dimension(&self, dimension: usize, embedder: &str) -> Result<()> {
+        match self.dimension()? {
+            Some(d) if d == dimension => Ok(()),
+            Some(d) => Err(Error::DimensionMismatch {
+                got: dimension,
+                expected: d,
+            }),
+            None => {
+                let ops = vec![
+                    kv::Op::Put(
+                        keys::meta(meta::DIMENSION),
+                        (dimension as u32).to_be_bytes().to_vec(),
+                    ),
+                    kv::Op::Put(keys::meta(meta::EMBEDDER), embedder.as_bytes().to_vec()),
+                ];
+                self.inner.kv.commit(&[&ops])
+            }
+        }
+    }
+
+    /// Replaces the recorded dimension and embedder (only `reindex` does this, after it
+    /// re-embedded every record).
+    pub fn reset_dimension(&self, dimension: usize, embedder: &str) -> Result<()> {
+        let ops = vec![
+            kv::Op::Put(
+                keys::meta(meta::DIMENSION),
+                (dimension as u32).to_be_bytes().to_vec(),
+            ),
+            kv::Op::Put(keys::meta(meta::EMBEDDER), embedder.as_bytes().to_vec()),
+        ];
+        self.inner.kv.commit(&[&ops])
+    }
+
+    /// Bytes on disk (the store's files only).
+    pub fn disk_bytes(&self) -> Result<u64> {
+        self.inner.kv.disk_bytes()
+    }
+
+    /// Group-commit counters: commits and writes so far.
+    pub fn commit_stats(&self) -> CommitStats {
+        self.inner.committer.stats()
+    }
+
+    /// Count of records per status in a namespace (for metrics and tests).
+    pub fn status_counts(&self, namespace: &str) -> Result<HashMap<Status, u64>> {
+        let mut counts = HashMap::new();
+        let ids = self.candidates(&Filter {
+            namespace,
+            ..Default::default()
+        });
+        for id in ids {
+            if let Some(r) = self.get_light(MemoryId(id))? {
+                *counts.entry(r.status).or_insert(0) += 1;
+            }
+        }
+        Ok(counts)
+    }
+}
+
+fn read_u32(kv: &dyn Kv, name: &str) -> Result<Option<u32>> {
+    let key = keys::meta(name);
+    match kv.get(&key)? {
+        Some(v) => {
+            let b: [u8; 4] = v.as_slice().try_into().map_err(|_| Error::Corrupt {
+                key: name.into(),
+                message: format!("expected 4 bytes, found {}", v.len()),
+            })?;
+            Ok(Some(u32::from_be_bytes(b)))
+        }
+        None => Ok(None),
+    }
+}
+
+fn read_u64(kv: &dyn Kv, name: &str) -> Result<Option<u64>> {
+    let key = keys::meta(name);
+    match kv.get(&key)? {
+        Some(v) => {
+            let b: [u8; 8] = v.as_slice().try_into().map_err(|_| Error::Corrupt {
+                key: name.into(),
+                message: format!("expected 8 bytes, found {}", v.len()),
+            })?;
+            Ok(Some(u64::from_be_bytes(b)))
+        }
+        None => Ok(None),
+    }
+}
+
+fn check_format(kv: &dyn Kv) -> Result<()> {
+    match read_u32(kv, meta::FORMAT_VERSION)? {
+        Some(FORMAT_VERSION) => Ok(()),
+        Some(found) => Err(Error::FormatVersion {
+            found,
+            expected: FORMAT_VERSION,
+        }),
+        None => {
+            let op = kv::Op::Put(
+                keys::meta(meta::FORMAT_VERSION),
+                FORMAT_VERSION.to_be_bytes().to_vec(),
+            );
+            kv.commit(&[&[op]])
+        }
+    }
+}

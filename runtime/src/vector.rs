@@ -1,0 +1,1 @@
+//! The vector index (STUB: being written).
