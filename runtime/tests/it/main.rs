@@ -1,0 +1,3 @@
+//! Integration tests of the substrate, in one binary so the crate links once.
+
+mod store_model;

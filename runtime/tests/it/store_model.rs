@@ -1,0 +1,335 @@
+//! Model test of the store: random operations — insert, status changes, archive, purge and
+//! reopen — applied to a real store (LMDB and sled in temp dirs) and to a `BTreeMap`
+//! reference; after every step the two must agree on records, listings, catalog and stats.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use proptest::prelude::*;
+use shadowbrain_runtime::kv::Backend;
+use shadowbrain_runtime::model::{
+    Kind, MemoryId, MemoryRecord, PolicyStamp, Status, Tier, Utility,
+};
+use shadowbrain_runtime::store::{Filter, Mutation, Store, StoreOptions, WriteSet};
+
+#[derive(Debug, Clone)]
+enum Step {
+    Insert {
+        session: u8,
+        ns: u8,
+        text: String,
+        with_embedding: bool,
+    },
+    SetStatus {
+        pick: usize,
+        status: Status,
+    },
+    Purge {
+        pick: usize,
+    },
+    Reopen,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        5 => (0u8..4, 0u8..2, "[a-z ]{1,30}", any::<bool>()).prop_map(|(session, ns, text, with_embedding)| Step::Insert { session, ns, text, with_embedding }),
+        2 => (any::<usize>(), prop_oneof![Just(Status::Active), Just(Status::Pinned), Just(Status::Obsolete), Just(Status::Archived)])
+            .prop_map(|(pick, status)| Step::SetStatus { pick, status }),
+        1 => any::<usize>().prop_map(|pick| Step::Purge { pick }),
+        1 => Just(Step::Reopen),
+    ]
+}
+
+fn record(id: MemoryId, ns: u8, session: u8, text: String, t: i64, emb: bool) -> MemoryRecord {
+    MemoryRecord {
+        id,
+        namespace: format!("ns{ns}"),
+        session_id: format!("s{session}"),
+        agent_id: Some(format!("agent{}", session % 2)),
+        tier: Tier::Episodic,
+        kind: Kind::new("observation").unwrap(),
+        text,
+        content: serde_json::json!({"n": id.0}),
+        metadata: serde_json::Value::Null,
+        parent_id: None,
+        event_time: t,
+        recorded_time: t,
+        importance: 3.0,
+        strength: 1.0,
+        strength_at: t,
+        reinforcements: 0,
+        utility: Utility::default(),
+        status: Status::Active,
+        status_at: t,
+        sources: vec![],
+        policy: PolicyStamp {
+            name: "default".into(),
+            hash: "abc".into(),
+        },
+        embedding: emb.then(|| vec![id.0 as f32 + 1.0, 0.5, -0.25]),
+    }
+}
+
+pub(crate) fn open_store(dir: &Path, backend: Backend) -> Store {
+    // sled's background threads may hold its lock for a moment after a drop.
+    let mut last = None;
+    for _ in 0..50 {
+        match Store::open(dir, StoreOptions { backend }) {
+            Ok(s) => return s,
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("store did not reopen: {last:?}");
+}
+
+fn check(store: &Store, model: &BTreeMap<u32, MemoryRecord>) {
+    for (id, want) in model {
+        let got = store
+            .get(MemoryId(*id))
+            .unwrap()
+            .expect("record in the model is in the store");
+        assert_eq!(&got, want);
+    }
+    assert_eq!(store.len(), model.len() as u64);
+    for ns in 0..2u8 {
+        let ns_name = format!("ns{ns}");
+        for session in 0..4u8 {
+            let s_name = format!("s{session}");
+            let mut want: Vec<&MemoryRecord> = model
+                .values()
+                .filter(|r| r.namespace == ns_name && r.session_id == s_name)
+                .collect();
+            want.sort_by_key(|r| std::cmp::Reverse((r.event_time, r.id)));
+            let got = store
+                .session_ids(&ns_name, &s_name, None, usize::MAX)
+                .unwrap();
+            assert_eq!(got, want.iter().map(|r| r.id).collect::<Vec<_>>());
+            let stats = store.session_stats(&ns_name, &s_name).unwrap();
+            assert_eq!(stats.map_or(0, |s| s.memories), want.len() as u64);
+            let recallable: Vec<u32> = want
+                .iter()
+                .filter(|r| r.status.recallable())
+                .map(|r| r.id.0)
+                .collect();
+            let mut cands: Vec<u32> = store
+                .candidates(&Filter {
+                    namespace: &ns_name,
+                    session: Some(&s_name),
+                    recallable_only: true,
+                    ..Default::default()
+                })
+                .iter()
+                .collect();
+            cands.sort();
+            let mut recallable = recallable;
+            recallable.sort();
+            assert_eq!(cands, recallable, "{ns_name}/{s_name}");
+        }
+    }
+}
+
+fn run(backend: Backend, steps: Vec<Step>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open_store(dir.path(), backend);
+    let mut model: BTreeMap<u32, MemoryRecord> = BTreeMap::new();
+    let mut t = 1_000i64;
+    for step in steps {
+        t += 7;
+        match step {
+            Step::Insert {
+                session,
+                ns,
+                text,
+                with_embedding,
+            } => {
+                let id = store.allocate_ids(1).unwrap()[0];
+                // Event times are not monotonic: agents send their own.
+                let r = record(
+                    id,
+                    ns,
+                    session,
+                    text,
+                    t - (id.0 as i64 % 3) * 5,
+                    with_embedding,
+                );
+                store
+                    .write(WriteSet(vec![Mutation::Insert(Box::new(r.clone()))]))
+                    .unwrap();
+                model.insert(id.0, r);
+            }
+            Step::SetStatus { pick, status } => {
+                if model.is_empty() {
+                    continue;
+                }
+                let key = *model.keys().nth(pick % model.len()).unwrap();
+                let r = model.get_mut(&key).unwrap();
+                r.status = status;
+                r.status_at = t;
+                store
+                    .write(WriteSet(vec![Mutation::Update {
+                        record: Box::new(r.clone()),
+                        reindex: false,
+                    }]))
+                    .unwrap();
+            }
+            Step::Purge { pick } => {
+                if model.is_empty() {
+                    continue;
+                }
+                let key = *model.keys().nth(pick % model.len()).unwrap();
+                let r = model.remove(&key).unwrap();
+                store
+                    .write(WriteSet(vec![Mutation::Purge(Box::new(r.clone()))]))
+                    .unwrap();
+                assert!(store.get(r.id).unwrap().is_none());
+            }
+            Step::Reopen => {
+                drop(store);
+                store = open_store(dir.path(), backend);
+            }
+        }
+        check(&store, &model);
+    }
+    // Ids are never reused, even after purges and reopens.
+    let fresh = store.allocate_ids(1).unwrap()[0];
+    assert!(model.keys().all(|k| *k < fresh.0));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn lmdb_store_matches_the_model(steps in proptest::collection::vec(step(), 1..40)) {
+        run(Backend::Lmdb, steps);
+    }
+
+    #[test]
+    fn sled_store_matches_the_model(steps in proptest::collection::vec(step(), 1..40)) {
+        run(Backend::Sled, steps);
+    }
+}
+
+#[test]
+fn concurrent_writers_share_flushes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path(), Backend::Lmdb);
+    let threads: Vec<_> = (0..8u8)
+        .map(|s| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for i in 0..50 {
+                    let id = store.allocate_ids(1).unwrap()[0];
+                    let r = record(id, 0, s % 4, format!("event {i}"), 10 + i, true);
+                    store
+                        .write(WriteSet(vec![Mutation::Insert(Box::new(r))]))
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let stats = store.commit_stats();
+    assert_eq!(stats.write_sets, 400);
+    assert!(stats.commits <= stats.write_sets);
+    assert_eq!(store.len(), 400);
+    let total: u64 = store
+        .sessions("ns0")
+        .unwrap()
+        .iter()
+        .map(|s| s.events)
+        .sum();
+    assert_eq!(total, 400);
+}
+
+#[test]
+fn a_second_opener_is_refused_politely() {
+    let dir = tempfile::tempdir().unwrap();
+    let _store = open_store(dir.path(), Backend::Lmdb);
+    let err = Store::open(
+        dir.path(),
+        StoreOptions {
+            backend: Backend::Lmdb,
+        },
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("in use by another shadowbrain process"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_other_backend_is_refused_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(open_store(dir.path(), Backend::Lmdb));
+    let err = Store::open(
+        dir.path(),
+        StoreOptions {
+            backend: Backend::Sled,
+        },
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("--backend lmdb"), "{err}");
+}
+
+#[test]
+fn audit_log_and_queues_and_changes_are_durable() {
+    use shadowbrain_runtime::model::{AuditAction, AuditEntry};
+    use shadowbrain_runtime::store::{Change, Queue};
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path(), Backend::Lmdb);
+    let id = store.allocate_ids(1).unwrap()[0];
+    let r = record(id, 0, 0, "hello".into(), 5, false);
+    let entry = |action, detail: &str| AuditEntry {
+        at: 5,
+        action,
+        by: "test".into(),
+        detail: detail.into(),
+    };
+    store
+        .write(WriteSet(vec![
+            Mutation::Insert(Box::new(r.clone())),
+            Mutation::Audit(id, entry(AuditAction::Created, "by test")),
+            Mutation::Enqueue(Queue::Enrich, id),
+        ]))
+        .unwrap();
+    let first_seq = store.changes_after(0, 10).unwrap();
+    assert_eq!(first_seq.len(), 1);
+    assert_eq!(first_seq[0].1, Change::Upsert(id));
+    assert_eq!(store.queued(Queue::Enrich, 10).unwrap(), vec![id]);
+    store
+        .write(WriteSet(vec![
+            Mutation::Dequeue(Queue::Enrich, id),
+            Mutation::Purge(Box::new(r)),
+            Mutation::Audit(id, entry(AuditAction::Purged, "gone")),
+        ]))
+        .unwrap();
+    drop(store);
+    let store = open_store(dir.path(), Backend::Lmdb);
+    let history: Vec<AuditAction> = store
+        .history(id)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.action)
+        .collect();
+    assert_eq!(history, vec![AuditAction::Created, AuditAction::Purged]);
+    assert!(store.queued(Queue::Enrich, 10).unwrap().is_empty());
+    let changes = store.changes_after(0, 10).unwrap();
+    assert_eq!(
+        changes.iter().map(|c| c.1).collect::<Vec<_>>(),
+        vec![Change::Upsert(id), Change::Remove(id)]
+    );
+    store
+        .write(WriteSet(vec![Mutation::TruncateChanges(changes[0].0)]))
+        .unwrap();
+    assert_eq!(store.first_change().unwrap(), Some(changes[1].0));
+    // Raw keys of lower families are refused: they belong to the store.
+    let err = store
+        .write(WriteSet(vec![Mutation::PutRaw(vec![0x01, 0], vec![])]))
+        .unwrap_err();
+    assert!(err.to_string().contains("family"), "{err}");
+}
