@@ -12,6 +12,7 @@ pub mod keyword;
 pub mod kv;
 pub mod model;
 pub mod policy;
+pub mod retrieval;
 pub mod store;
 pub mod text;
 pub mod vector;

@@ -1,0 +1,351 @@
+//! The pure half of recall: fusing the candidate paths, diversifying (MMR), trimming to a
+//! token budget and rendering the context block. No I/O here — the substrate gathers the
+//! candidates and records, this module decides their order and shape, so every rule is
+//! table-tested without a store.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::{self, Timestamp};
+use crate::model::{MemoryId, MemoryRecord, Tier};
+use crate::text;
+
+/// RRF's damping constant (Cormack et al. 2009): ranks past ~60 barely matter.
+pub const RRF_K: f32 = 60.0;
+
+/// Where recall looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// The calling session only (default).
+    #[default]
+    Session,
+    /// Every session of the calling agent.
+    Agent,
+    /// The whole namespace.
+    Namespace,
+}
+
+/// How the candidate paths are fused into one relevance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FusionMethod {
+    /// Reciprocal-rank fusion of the vector and keyword ranks.
+    Rrf,
+    /// Weighted sum of normalised scores (cosine, BM25 / best BM25).
+    Weighted,
+}
+
+/// What each path said about one candidate.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Evidence {
+    /// Rank (0 = best) and cosine similarity in the vector path.
+    pub vector: Option<(usize, f32)>,
+    /// Rank and BM25 score in the keyword path.
+    pub keyword: Option<(usize, f32)>,
+    /// Rank in the session's most-recent path.
+    pub recent: Option<usize>,
+    /// Exact cosine similarity with the query, when the record has an embedding.
+    pub similarity: Option<f32>,
+}
+
+/// Collects the evidence of every path per id.
+#[derive(Debug, Default)]
+pub struct Candidates {
+    /// Evidence per id, in first-seen order.
+    pub by_id: HashMap<MemoryId, Evidence>,
+}
+
+impl Candidates {
+    /// Adds a ranked vector-path list (best first).
+    pub fn add_vector(&mut self, hits: &[(u32, f32)]) {
+        for (rank, (id, sim)) in hits.iter().enumerate() {
+            let e = self.by_id.entry(MemoryId(*id)).or_default();
+            if e.vector.is_none_or(|(r, _)| rank < r) {
+                e.vector = Some((rank, *sim));
+            }
+        }
+    }
+
+    /// Adds a ranked keyword-path list (best first).
+    pub fn add_keyword(&mut self, hits: &[(u32, f32)]) {
+        for (rank, (id, score)) in hits.iter().enumerate() {
+            let e = self.by_id.entry(MemoryId(*id)).or_default();
+            if e.keyword.is_none_or(|(r, _)| rank < r) {
+                e.keyword = Some((rank, *score));
+            }
+        }
+    }
+
+    /// Adds the session's most recent records (newest first).
+    pub fn add_recent(&mut self, ids: &[MemoryId]) {
+        for (rank, id) in ids.iter().enumerate() {
+            self.by_id
+                .entry(*id)
+                .or_default()
+                .recent
+                .get_or_insert(rank);
+        }
+    }
+}
+
+/// Relevance in 0..=1 for every candidate.
+///
+/// RRF sums 1/(60 + rank) over the vector and keyword paths and divides by the best possible
+/// sum, so a candidate ranked first by both gets 1. Weighted fusion averages the cosine
+/// similarity (negative counts as 0) and the BM25 score divided by the best BM25 score of
+/// this query. A candidate found only through the recent path gets its exact similarity
+/// (weighted) or nothing (RRF): recency, not relevance, is why it is there.
+pub fn fuse(c: &Candidates, method: FusionMethod, vector_weight: f32) -> HashMap<MemoryId, f32> {
+    let kw_weight = 1.0 - vector_weight;
+    let best_bm25 = c
+        .by_id
+        .values()
+        .filter_map(|e| e.keyword.map(|(_, s)| s))
+        .fold(0.0f32, f32::max);
+    c.by_id
+        .iter()
+        .map(|(id, e)| {
+            let r = match method {
+                FusionMethod::Rrf => {
+                    let v = e
+                        .vector
+                        .map_or(0.0, |(r, _)| 1.0 / (RRF_K + 1.0 + r as f32));
+                    let k = e
+                        .keyword
+                        .map_or(0.0, |(r, _)| 1.0 / (RRF_K + 1.0 + r as f32));
+                    (vector_weight * v + kw_weight * k) * (RRF_K + 1.0)
+                }
+                FusionMethod::Weighted => {
+                    let sim = e.similarity.or(e.vector.map(|(_, s)| s)).unwrap_or(0.0);
+                    let kw = match e.keyword {
+                        Some((_, s)) if best_bm25 > 0.0 => s / best_bm25,
+                        _ => 0.0,
+                    };
+                    vector_weight * sim.max(0.0) + kw_weight * kw
+                }
+            };
+            (*id, r.clamp(0.0, 1.0))
+        })
+        .collect()
+}
+
+/// Cosine similarity of two vectors (0 when either is all zero).
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let (mut dot, mut na, mut nb) = (0.0f32, 0.0f32, 0.0f32);
+    for (x, y) in a.iter().zip(b) {
+        dot += x * y;
+        na += x * x;
+        nb += y * y;
+    }
+    if na == 0.0 || nb == 0.0 {
+        0.0
+    } else {
+        dot / (na.sqrt() * nb.sqrt())
+    }
+}
+
+/// Maximal marginal relevance: picks `k` of `scores` (index-aligned with `embeddings`),
+/// each time the item maximising `λ·score − (1−λ)·max similarity to those already picked`.
+/// Scores are divided by the best one so λ weighs like against like. Items without an
+/// embedding are never penalised. Returns indexes in pick order.
+pub fn mmr(scores: &[f32], embeddings: &[Option<&[f32]>], lambda: f32, k: usize) -> Vec<usize> {
+    let best = scores
+        .iter()
+        .copied()
+        .fold(f32::MIN, f32::max)
+        .max(f32::EPSILON);
+    let mut picked: Vec<usize> = Vec::with_capacity(k.min(scores.len()));
+    let mut left: Vec<usize> = (0..scores.len()).collect();
+    while picked.len() < k && !left.is_empty() {
+        let (pos, _) = left
+            .iter()
+            .enumerate()
+            .map(|(pos, &i)| {
+                let redundancy = match embeddings[i] {
+                    Some(e) => picked
+                        .iter()
+                        .filter_map(|&j| embeddings[j].map(|f| cosine(e, f)))
+                        .fold(0.0f32, f32::max),
+                    None => 0.0,
+                };
+                (pos, lambda * scores[i] / best - (1.0 - lambda) * redundancy)
+            })
+            .fold((0, f32::MIN), |acc, x| if x.1 > acc.1 { x } else { acc });
+        picked.push(left.remove(pos));
+    }
+    picked
+}
+
+/// One line of the rendered context for a record.
+pub fn render_line(r: &MemoryRecord) -> String {
+    let tier = match r.tier {
+        Tier::Episodic => String::new(),
+        t => format!(" [{}]", t.as_str()),
+    };
+    let text: String = r.text.split_whitespace().collect::<Vec<_>>().join(" ");
+    format!(
+        "- {} {}{}: {}",
+        clock::to_human(r.event_time),
+        r.kind,
+        tier,
+        text
+    )
+}
+
+/// Keeps the longest prefix of `ranked` whose rendered lines fit in `budget` tokens
+/// (estimated as [`text::estimate_tokens`] does). Returns how many fit.
+pub fn fit_budget(ranked: &[&MemoryRecord], budget: Option<usize>) -> usize {
+    let Some(budget) = budget else {
+        return ranked.len();
+    };
+    let mut used = text::estimate_tokens(CONTEXT_HEADER);
+    for (i, r) in ranked.iter().enumerate() {
+        used += text::estimate_tokens(&render_line(r));
+        if used > budget {
+            return i;
+        }
+    }
+    ranked.len()
+}
+
+const CONTEXT_HEADER: &str = "Relevant memories (oldest first):";
+
+/// The context block: the chosen records in time order, with dates and kinds, ready to
+/// paste into a prompt. Empty when nothing was recalled.
+pub fn render_context(records: &[&MemoryRecord]) -> String {
+    if records.is_empty() {
+        return String::new();
+    }
+    let mut sorted: Vec<&&MemoryRecord> = records.iter().collect();
+    sorted.sort_by_key(|r| (r.event_time, r.id));
+    let mut out = String::from(CONTEXT_HEADER);
+    for r in sorted {
+        out.push('\n');
+        out.push_str(&render_line(r));
+    }
+    out
+}
+
+/// Whether `t` lies inside the optional `[since, until]` window.
+pub fn in_window(t: Timestamp, since: Option<Timestamp>, until: Option<Timestamp>) -> bool {
+    since.is_none_or(|s| t >= s) && until.is_none_or(|u| t <= u)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Kind, PolicyStamp, Status, Utility};
+
+    fn rec(id: u32, t: Timestamp, kind: &str, text: &str) -> MemoryRecord {
+        MemoryRecord {
+            id: MemoryId(id),
+            namespace: "ns".into(),
+            session_id: "s".into(),
+            agent_id: None,
+            tier: Tier::Episodic,
+            kind: Kind::new(kind).unwrap(),
+            text: text.into(),
+            content: serde_json::Value::Null,
+            metadata: serde_json::Value::Null,
+            parent_id: None,
+            event_time: t,
+            recorded_time: t,
+            importance: 3.0,
+            strength: 1.0,
+            strength_at: t,
+            reinforcements: 0,
+            utility: Utility::default(),
+            status: Status::Active,
+            status_at: t,
+            sources: vec![],
+            policy: PolicyStamp::default(),
+            embedding: None,
+        }
+    }
+
+    #[test]
+    fn rrf_rewards_agreement_between_paths() {
+        let mut c = Candidates::default();
+        c.add_vector(&[(1, 0.9), (2, 0.8), (3, 0.1)]);
+        c.add_keyword(&[(2, 12.0), (4, 3.0)]);
+        c.add_recent(&[MemoryId(5)]);
+        let r = fuse(&c, FusionMethod::Rrf, 0.5);
+        // Found by both paths beats first in one path only.
+        assert!(r[&MemoryId(2)] > r[&MemoryId(1)]);
+        assert!(r[&MemoryId(1)] > r[&MemoryId(4)]);
+        assert_eq!(r[&MemoryId(5)], 0.0);
+        // First in both paths is the maximum, 1.0.
+        let mut both = Candidates::default();
+        both.add_vector(&[(7, 0.5)]);
+        both.add_keyword(&[(7, 1.0)]);
+        assert!((fuse(&both, FusionMethod::Rrf, 0.5)[&MemoryId(7)] - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn weighted_fusion_normalises_bm25_by_the_best_hit() {
+        let mut c = Candidates::default();
+        c.add_vector(&[(1, 0.8), (2, -0.3)]);
+        c.add_keyword(&[(2, 10.0), (3, 5.0)]);
+        let r = fuse(&c, FusionMethod::Weighted, 0.5);
+        assert!((r[&MemoryId(1)] - 0.4).abs() < 1e-6);
+        assert!(
+            (r[&MemoryId(2)] - 0.5).abs() < 1e-6,
+            "negative cosine counts as 0"
+        );
+        assert!((r[&MemoryId(3)] - 0.25).abs() < 1e-6);
+    }
+
+    #[test]
+    fn mmr_skips_near_duplicates() {
+        let a = [1.0, 0.0];
+        let a2 = [0.99, 0.01];
+        let b = [0.0, 1.0];
+        let scores = [1.0, 0.95, 0.6];
+        let embs = [Some(&a[..]), Some(&a2[..]), Some(&b[..])];
+        assert_eq!(mmr(&scores, &embs, 1.0, 2), vec![0, 1]);
+        assert_eq!(mmr(&scores, &embs, 0.5, 2), vec![0, 2]);
+        assert_eq!(mmr(&scores, &embs, 0.5, 10).len(), 3);
+    }
+
+    #[test]
+    fn context_is_time_ordered_with_dates_and_kinds() {
+        let a = rec(
+            1,
+            1_683_554_160_000,
+            "observation",
+            "the build failed\n  on arm64",
+        );
+        let b = rec(2, 1_683_550_000_000, "goal", "ship the release");
+        let ctx = render_context(&[&a, &b]);
+        assert_eq!(
+            ctx,
+            "Relevant memories (oldest first):\n\
+             - 2023-05-08 12:46 goal: ship the release\n\
+             - 2023-05-08 13:56 observation: the build failed on arm64"
+        );
+        assert_eq!(render_context(&[]), "");
+    }
+
+    #[test]
+    fn budget_keeps_a_prefix_that_fits() {
+        let long = "word ".repeat(200);
+        let a = rec(1, 0, "thought", "short one");
+        let b = rec(2, 0, "thought", &long);
+        let c = rec(3, 0, "thought", "another short one");
+        let ranked = [&a, &b, &c];
+        assert_eq!(fit_budget(&ranked, None), 3);
+        assert_eq!(fit_budget(&ranked, Some(40)), 1);
+        assert_eq!(fit_budget(&ranked, Some(100_000)), 3);
+        assert_eq!(fit_budget(&ranked, Some(1)), 0);
+    }
+
+    #[test]
+    fn window_bounds_are_inclusive() {
+        assert!(in_window(5, Some(5), Some(5)));
+        assert!(!in_window(4, Some(5), None));
+        assert!(!in_window(6, None, Some(5)));
+        assert!(in_window(6, None, None));
+    }
+}
