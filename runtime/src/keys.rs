@@ -26,6 +26,8 @@ pub mod family {
     pub const QUEUE: u8 = 0x07;
     /// Index change log: sequence.
     pub const CHANGE: u8 = 0x08;
+    /// Which namespace a purged record belonged to, so its audit log stays isolated.
+    pub const TOMBSTONE: u8 = 0x09;
     /// Free for later issues (knowledge graph, recalls, quarantine).
     pub const RESERVED_FIRST: u8 = 0x10;
 }
@@ -83,6 +85,11 @@ fn id_key(family: u8, id: MemoryId) -> [u8; 5] {
 pub fn id_from_key(key: &[u8]) -> Option<MemoryId> {
     let tail: [u8; 4] = key.get(key.len().checked_sub(4)?..)?.try_into().ok()?;
     Some(MemoryId(u32::from_be_bytes(tail)))
+}
+
+/// A purged record's tombstone.
+pub fn tombstone(id: MemoryId) -> [u8; 5] {
+    id_key(family::TOMBSTONE, id)
 }
 
 /// The prefix of one session's listing.

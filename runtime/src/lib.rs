@@ -7,6 +7,7 @@
 pub mod clock;
 pub mod embed;
 pub mod error;
+pub mod eval;
 pub mod keys;
 pub mod keyword;
 pub mod kv;
@@ -14,6 +15,7 @@ pub mod model;
 pub mod policy;
 pub mod retrieval;
 pub mod store;
+pub mod substrate;
 pub mod text;
 pub mod vector;
 

@@ -312,6 +312,10 @@ impl Worker {
                     let id = r.id;
                     ops.push(Op::Delete(keys::record(id).to_vec()));
                     ops.push(Op::Delete(keys::embedding(id).to_vec()));
+                    ops.push(Op::Put(
+                        keys::tombstone(id).to_vec(),
+                        r.namespace.as_bytes().to_vec(),
+                    ));
                     ops.push(Op::Delete(keys::session_entry(
                         &r.namespace,
                         &r.session_id,

@@ -303,6 +303,18 @@ impl Store {
         }
     }
 
+    /// The namespace a record belongs to — or belonged to, if it was purged.
+    pub fn owner(&self, id: MemoryId) -> Result<Option<String>> {
+        if let Some(bytes) = self.inner.kv.get(&keys::record(id))? {
+            return Ok(Some(codec::decode_header(&keys::record(id), &bytes)?.namespace));
+        }
+        Ok(self
+            .inner
+            .kv
+            .get(&keys::tombstone(id))?
+            .map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
     /// A record's embedding, if it has one.
     pub fn embedding(&self, id: MemoryId) -> Result<Option<Vec<f32>>> {
         let key = keys::embedding(id);

@@ -1,3 +1,5 @@
 //! Integration tests of the substrate, in one binary so the crate links once.
 
+mod crash;
+mod recall;
 mod store_model;

@@ -1,0 +1,1077 @@
+//! The substrate: one handle over the store, the derived indexes, the embedder, the policy
+//! and the clock, with the operations every layer above needs — record, enrich, index,
+//! recall, change status, archive, purge, reindex. Synchronous where the work is storage,
+//! async where a provider may be remote. No actors here: the actor runtime calls these.
+//!
+//! Indexing model: every write appends to the store's change log; the indexer applies
+//! changes to the indexes' in-memory tails (searchable at once) and builds / commits them
+//! in debounced batches, recording the change sequence as the index watermark. Opening a
+//! substrate replays the log from the watermarks, or rebuilds an index from the store when
+//! it is missing or older than the kept log — so an index is never a second source of truth.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::{Clock, SystemClock, Timestamp};
+use crate::embed::Embedder;
+use crate::error::{Error, Result};
+use crate::keyword::KeywordIndex;
+use crate::kv::{Backend, Visit};
+use crate::model::{
+    AuditAction, AuditEntry, Limits, MemoryId, MemoryRecord, NewMemory, Status, Tier, Utility,
+    validate_embedding, validate_id,
+};
+use crate::policy::Policy;
+use crate::retrieval::{self, Candidates, FusionMethod, Scope};
+use crate::store::{Change, Filter, Mutation, Queue, Store, StoreOptions, WriteSet};
+use crate::vector::{VectorIndex, VectorOptions};
+
+/// When the indexer builds.
+#[derive(Debug, Clone)]
+pub struct IndexingOptions {
+    /// Run the indexer on a background thread (off only in tests that drive it by hand).
+    pub background: bool,
+    /// Changes read from the log per pass.
+    pub batch: usize,
+    /// Build as soon as this many changes are staged.
+    pub build_every: usize,
+    /// ...or when the oldest staged change is this old.
+    pub debounce: Duration,
+}
+
+impl Default for IndexingOptions {
+    fn default() -> Self {
+        IndexingOptions {
+            background: true,
+            batch: 5_000,
+            build_every: 20_000,
+            debounce: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Everything [`Substrate::open`] needs; [`SubstrateOptions::default`] is the embedded,
+/// key-free setup (LMDB, hash embedder, default policy, system clock).
+#[derive(Debug, Clone)]
+pub struct SubstrateOptions {
+    /// Store backend.
+    pub backend: Backend,
+    /// The active policy.
+    pub policy: Policy,
+    /// The embedder.
+    pub embedder: Arc<dyn Embedder>,
+    /// The runtime clock.
+    pub clock: Arc<dyn Clock>,
+    /// Input limits.
+    pub limits: Limits,
+    /// Vector index tuning.
+    pub vector: VectorOptions,
+    /// Indexer behaviour.
+    pub indexing: IndexingOptions,
+    /// How many of the session's newest records the recent path contributes.
+    pub recent_n: usize,
+}
+
+impl Default for SubstrateOptions {
+    fn default() -> Self {
+        SubstrateOptions {
+            backend: Backend::default(),
+            policy: Policy::default_policy(),
+            embedder: Arc::new(crate::embed::hash::HashEmbedder::default()),
+            clock: Arc::new(SystemClock),
+            limits: Limits::default(),
+            vector: VectorOptions::default(),
+            indexing: IndexingOptions::default(),
+            recent_n: 8,
+        }
+    }
+}
+
+/// A recall question.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RecallRequest {
+    /// Namespace (nothing crosses it).
+    pub namespace: String,
+    /// The asking session (scope `session`, and the recent path).
+    pub session_id: String,
+    /// The asking agent (scope `agent`).
+    pub agent_id: Option<String>,
+    /// What to remember about.
+    pub query: String,
+    /// A precomputed query vector (the embedder is skipped).
+    pub query_embedding: Option<Vec<f32>>,
+    /// How many memories to return.
+    pub k: usize,
+    /// Where to look.
+    pub scope: Scope,
+    /// Only these kinds.
+    pub kinds: Option<Vec<String>>,
+    /// Only events at or after this time.
+    pub since: Option<Timestamp>,
+    /// Only events at or before this time.
+    pub until: Option<Timestamp>,
+    /// Also search the namespace knowledge pool.
+    pub include_knowledge: bool,
+    /// Trim the result to fit this many tokens.
+    pub token_budget: Option<usize>,
+    /// Strengthen what is returned (the policy's `reinforce_on_recall`).
+    pub reinforce: bool,
+}
+
+impl RecallRequest {
+    /// A session-scoped question with defaults (k = 10, knowledge included, reinforcing).
+    pub fn new(namespace: &str, session_id: &str, query: &str) -> Self {
+        RecallRequest {
+            namespace: namespace.into(),
+            session_id: session_id.into(),
+            agent_id: None,
+            query: query.into(),
+            query_embedding: None,
+            k: 10,
+            scope: Scope::Session,
+            kinds: None,
+            since: None,
+            until: None,
+            include_knowledge: true,
+            token_budget: None,
+            reinforce: true,
+        }
+    }
+}
+
+/// Why a memory ranked where it did: each policy component's weighted contribution.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Why {
+    /// Query relevance (fused vector + keyword).
+    pub relevance: f32,
+    /// Recency.
+    pub recency: f32,
+    /// Importance.
+    pub importance: f32,
+    /// Utility.
+    pub utility: f32,
+}
+
+/// One recalled memory.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Recalled {
+    /// The record (without its embedding).
+    pub record: MemoryRecord,
+    /// Total score.
+    pub score: f32,
+    /// The breakdown of the score.
+    pub why: Why,
+}
+
+/// What recall answers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RecallResult {
+    /// The policy that ranked the result.
+    pub policy: crate::model::PolicyStamp,
+    /// Best first.
+    pub memories: Vec<Recalled>,
+    /// The rendered context block (time-ordered).
+    pub context: String,
+}
+
+/// The substrate handle. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Substrate {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    store: Store,
+    vectors: VectorIndex,
+    keywords: KeywordIndex,
+    embedder: Arc<dyn Embedder>,
+    policy: RwLock<Arc<Policy>>,
+    clock: Arc<dyn Clock>,
+    limits: Limits,
+    indexing: IndexingOptions,
+    recent_n: usize,
+    /// Highest change sequence applied to both indexes' tails.
+    applied: AtomicU64,
+    /// When the oldest change not yet built was applied.
+    staged_since: Mutex<Option<Instant>>,
+    /// Serialises indexing passes (one writer per index).
+    index_lock: Mutex<()>,
+    wake: Mutex<Option<mpsc::Sender<()>>>,
+    indexer: Mutex<Option<JoinHandle<()>>>,
+    closed: AtomicBool,
+}
+
+/// Counts from one indexing pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexPass {
+    /// Changes applied to the tails.
+    pub applied: usize,
+    /// Whether the indexes were built / committed.
+    pub built: bool,
+}
+
+impl Substrate {
+    /// Opens the data directory `dir` (store in `dir/store`, vectors in `dir/vectors`,
+    /// keywords in `dir/keywords`), checks the embedder's dimension against the store's,
+    /// reconciles the indexes with the store and starts the indexer.
+    pub fn open(dir: &Path, opts: SubstrateOptions) -> Result<Substrate> {
+        let store = Store::open(
+            &dir.join("store"),
+            StoreOptions {
+                backend: opts.backend,
+            },
+        )?;
+        let dims = opts.embedder.dimensions();
+        store.ensure_dimension(dims, opts.embedder.name())?;
+        let vectors = VectorIndex::open(&dir.join("vectors"), dims, opts.vector.clone())?;
+        let keywords = KeywordIndex::open(&dir.join("keywords"))?;
+        let inner = Arc::new(Inner {
+            dir: dir.to_path_buf(),
+            store,
+            vectors,
+            keywords,
+            embedder: opts.embedder,
+            policy: RwLock::new(Arc::new(opts.policy)),
+            clock: opts.clock,
+            limits: opts.limits,
+            indexing: opts.indexing,
+            recent_n: opts.recent_n,
+            applied: AtomicU64::new(0),
+            staged_since: Mutex::new(None),
+            index_lock: Mutex::new(()),
+            wake: Mutex::new(None),
+            indexer: Mutex::new(None),
+            closed: AtomicBool::new(false),
+        });
+        let sub = Substrate { inner };
+        sub.reconcile()?;
+        if sub.inner.indexing.background {
+            sub.start_indexer()?;
+        }
+        Ok(sub)
+    }
+
+    /// The store (system of record).
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// The vector index.
+    pub fn vectors(&self) -> &VectorIndex {
+        &self.inner.vectors
+    }
+
+    /// The keyword index.
+    pub fn keywords(&self) -> &KeywordIndex {
+        &self.inner.keywords
+    }
+
+    /// The embedder.
+    pub fn embedder(&self) -> &Arc<dyn Embedder> {
+        &self.inner.embedder
+    }
+
+    /// The runtime clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// The input limits.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// The active policy.
+    pub fn policy(&self) -> Arc<Policy> {
+        self.inner
+            .policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Makes `policy` the active one (later decisions carry its name and hash).
+    pub fn set_policy(&self, policy: Policy) {
+        *self.inner.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
+    }
+
+    // ----- ingest -------------------------------------------------------------------------
+
+    /// Validates `events`, writes them as episodic records of `session` and returns their ids
+    /// once they are durable. Importance comes from the event or the policy's rules; events
+    /// without an embedding are embedded inline by a local embedder, or queued for
+    /// enrichment. An invalid event rejects the whole call before anything is written.
+    pub async fn record(
+        &self,
+        namespace: &str,
+        session: &str,
+        events: Vec<NewMemory>,
+    ) -> Result<Vec<MemoryId>> {
+        let (records, writes) = self.prepare(namespace, session, events).await?;
+        self.inner.store.write_async(writes).await?;
+        self.after_write(&records);
+        Ok(records.iter().map(|r| r.id).collect())
+    }
+
+    /// [`Substrate::record`] for synchronous callers with a local embedder or precomputed
+    /// embeddings (benchmarks, the crash-test writer). Must not be called inside an async
+    /// runtime.
+    pub fn record_blocking(
+        &self,
+        namespace: &str,
+        session: &str,
+        events: Vec<NewMemory>,
+    ) -> Result<Vec<MemoryId>> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .map_err(|e| Error::io("tokio runtime", e))?;
+        let (records, writes) = rt.block_on(self.prepare(namespace, session, events))?;
+        self.inner.store.write(writes)?;
+        self.after_write(&records);
+        Ok(records.iter().map(|r| r.id).collect())
+    }
+
+    async fn prepare(
+        &self,
+        namespace: &str,
+        session: &str,
+        events: Vec<NewMemory>,
+    ) -> Result<(Vec<MemoryRecord>, WriteSet)> {
+        validate_id("namespace", namespace)?;
+        validate_id("session_id", session)?;
+        let limits = &self.inner.limits;
+        if events.is_empty() {
+            return Err(Error::invalid("events", "no events sent; send at least one"));
+        }
+        if events.len() > limits.max_events_per_call {
+            return Err(Error::TooLarge {
+                field: "events".into(),
+                size: events.len(),
+                limit: limits.max_events_per_call,
+                hint: "send them in several calls".into(),
+            });
+        }
+        let dims = self.inner.embedder.dimensions();
+        let mut valid = Vec::with_capacity(events.len());
+        for (i, e) in events.into_iter().enumerate() {
+            valid.push(e.validate(limits, Some(dims)).map_err(|err| at_event(i, err))?);
+        }
+        // A local embedder costs microseconds: embed now so the acknowledged record is
+        // complete. A remote one would make ingest wait on the network: queue instead.
+        let mut embeddings: Vec<Option<Vec<f32>>> =
+            valid.iter_mut().map(|v| v.embedding.take()).collect();
+        if self.inner.embedder.is_local() {
+            let missing: Vec<usize> = (0..valid.len()).filter(|i| embeddings[*i].is_none()).collect();
+            if !missing.is_empty() {
+                let texts: Vec<String> = missing.iter().map(|i| valid[*i].text.clone()).collect();
+                let vecs = self.inner.embedder.embed(&texts).await?;
+                for (i, v) in missing.into_iter().zip(vecs) {
+                    embeddings[i] = Some(v);
+                }
+            }
+        }
+        let policy = self.policy();
+        let stamp = policy.stamp();
+        let now = self.inner.clock.now();
+        let ids = self.inner.store.allocate_ids(valid.len())?;
+        let mut records = Vec::with_capacity(valid.len());
+        let mut writes = WriteSet::new();
+        for ((v, id), embedding) in valid.into_iter().zip(ids).zip(embeddings) {
+            let (importance, scored_by) = match v.importance {
+                Some(i) => (i, "client".to_string()),
+                None => {
+                    let d = policy.importance(v.kind.as_str(), &v.text);
+                    let by = match d.rule {
+                        Some(r) => format!("rule {}", r + 1),
+                        None => "default_importance".to_string(),
+                    };
+                    (d.importance, by)
+                }
+            };
+            let record = MemoryRecord {
+                id,
+                namespace: namespace.to_string(),
+                session_id: session.to_string(),
+                agent_id: v.agent_id,
+                tier: Tier::Episodic,
+                kind: v.kind,
+                text: v.text,
+                content: v.content,
+                metadata: v.metadata,
+                parent_id: v.parent_id,
+                event_time: v.timestamp.unwrap_or(now),
+                recorded_time: now,
+                importance,
+                strength: policy.initial_strength(importance),
+                strength_at: now,
+                reinforcements: 0,
+                utility: Utility::default(),
+                status: Status::Active,
+                status_at: now,
+                sources: Vec::new(),
+                policy: stamp.clone(),
+                embedding,
+            };
+            let by = record.agent_id.clone().unwrap_or_else(|| "client".into());
+            writes.push(Mutation::Audit(
+                id,
+                AuditEntry {
+                    at: now,
+                    action: AuditAction::Created,
+                    by,
+                    detail: format!("{} in session {}", record.kind, record.session_id),
+                },
+            ));
+            writes.push(Mutation::Audit(
+                id,
+                AuditEntry {
+                    at: now,
+                    action: AuditAction::Scored,
+                    by: stamp.name.clone(),
+                    detail: format!("importance {importance} ({scored_by})"),
+                },
+            ));
+            if record.embedding.is_none() {
+                writes.push(Mutation::Enqueue(Queue::Enrich, id));
+            }
+            writes.push(Mutation::Insert(Box::new(record.clone())));
+            records.push(record);
+        }
+        Ok((records, writes))
+    }
+
+    /// Makes freshly acknowledged records searchable at once and wakes the indexer.
+    fn after_write(&self, records: &[MemoryRecord]) {
+        let docs: Vec<(u32, String)> = records.iter().map(|r| (r.id.0, r.text.clone())).collect();
+        self.inner.keywords.upsert(&docs);
+        let vecs: Vec<(u32, Vec<f32>)> = records
+            .iter()
+            .filter_map(|r| r.embedding.clone().map(|e| (r.id.0, e)))
+            .collect();
+        if !vecs.is_empty() {
+            self.inner.vectors.upsert(&vecs);
+        }
+        self.wake_indexer();
+    }
+
+    /// Embeds up to `max` queued records (oldest first) and hands them to the indexes.
+    /// Returns how many were enriched. A crash in the middle loses nothing: the queue items
+    /// are removed in the same write that stores the embeddings.
+    pub async fn enrich_pending(&self, max: usize) -> Result<usize> {
+        let ids = self.inner.store.queued(Queue::Enrich, max)?;
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let mut records = Vec::with_capacity(ids.len());
+        let mut writes = WriteSet::new();
+        for id in ids {
+            match self.inner.store.get_light(id)? {
+                Some(r) => records.push(r),
+                // Purged while queued.
+                None => {
+                    writes.push(Mutation::Dequeue(Queue::Enrich, id));
+                }
+            }
+        }
+        let texts: Vec<String> = records.iter().map(|r| r.text.clone()).collect();
+        let vecs = if texts.is_empty() {
+            Vec::new()
+        } else {
+            self.inner.embedder.embed(&texts).await?
+        };
+        let now = self.inner.clock.now();
+        for (mut r, v) in records.iter().cloned().zip(vecs) {
+            validate_embedding(&v, Some(self.inner.embedder.dimensions()))?;
+            r.embedding = Some(v);
+            writes.push(Mutation::Audit(
+                r.id,
+                AuditEntry {
+                    at: now,
+                    action: AuditAction::Embedded,
+                    by: self.inner.embedder.name().to_string(),
+                    detail: format!("{} dimensions", self.inner.embedder.dimensions()),
+                },
+            ));
+            writes.push(Mutation::Dequeue(Queue::Enrich, r.id));
+            writes.push(Mutation::Update {
+                record: Box::new(r),
+                reindex: true,
+            });
+        }
+        let n = records.len();
+        self.inner.store.write_async(writes).await?;
+        self.wake_indexer();
+        Ok(n)
+    }
+
+    // ----- indexing -----------------------------------------------------------------------
+
+    fn reconcile(&self) -> Result<()> {
+        let store = &self.inner.store;
+        let vec_wm = self.inner.vectors.watermark()?;
+        let kw_wm = self.inner.keywords.watermark()?;
+        let first = store.first_change()?;
+        let last = store.next_seq().saturating_sub(1);
+        // An index older than the oldest kept change (lost, or from before a truncation)
+        // cannot be caught up from the log: rebuild it from the store.
+        let stale = |wm: u64| wm < last && first.is_none_or(|f| wm + 1 < f);
+        let vec_stale = stale(vec_wm) || (vec_wm == 0 && !store.is_empty() && self.inner.vectors.len()? == 0 && first != Some(1));
+        let kw_stale = stale(kw_wm) || (kw_wm == 0 && !store.is_empty() && self.inner.keywords.len()? == 0 && first != Some(1));
+        if vec_stale || kw_stale {
+            tracing::warn!(vec_wm, kw_wm, ?first, last, "an index is behind the kept change log; rebuilding it from the store");
+            self.rebuild(vec_stale, kw_stale)?;
+        }
+        let from = self.inner.vectors.watermark()?.min(self.inner.keywords.watermark()?);
+        self.inner.applied.store(from, Ordering::SeqCst);
+        while self.index_pass(true)?.applied > 0 {}
+        Ok(())
+    }
+
+    /// Rebuilds the chosen indexes from the store (what `shadowbrain reindex` runs).
+    pub fn rebuild(&self, vectors: bool, keywords: bool) -> Result<()> {
+        let _one_writer = self.inner.index_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let store = &self.inner.store;
+        // Changes written from here on are replayed on top of the rebuild.
+        let upto = store.next_seq().saturating_sub(1);
+        if vectors {
+            self.inner.vectors.clear()?;
+            let mut batch = Vec::with_capacity(10_000);
+            store.for_each_embedding(|id, v| {
+                batch.push((id.0, v));
+                if batch.len() >= 10_000 {
+                    self.inner.vectors.upsert(&batch);
+                    batch.clear();
+                }
+                Ok(Visit::Continue)
+            })?;
+            self.inner.vectors.upsert(&batch);
+            self.inner.vectors.build(upto)?;
+        }
+        if keywords {
+            self.inner.keywords.clear()?;
+            let mut batch = Vec::with_capacity(10_000);
+            store.for_each_id(|id| {
+                if let Some(r) = store.get_light(id)? {
+                    batch.push((id.0, r.text));
+                }
+                if batch.len() >= 10_000 {
+                    self.inner.keywords.upsert(&batch);
+                    batch.clear();
+                }
+                Ok(Visit::Continue)
+            })?;
+            self.inner.keywords.upsert(&batch);
+            self.inner.keywords.commit(upto)?;
+        }
+        Ok(())
+    }
+
+    /// Applies waiting changes to the index tails and builds when due (or when `force`).
+    pub fn index_pass(&self, force: bool) -> Result<IndexPass> {
+        let _one_writer = self.inner.index_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let store = &self.inner.store;
+        let from = self.inner.applied.load(Ordering::SeqCst);
+        let changes = store.changes_after(from, self.inner.indexing.batch)?;
+        let mut pass = IndexPass::default();
+        if let Some((last, _)) = changes.last() {
+            let mut docs = Vec::new();
+            let mut vecs = Vec::new();
+            let mut removed = Vec::new();
+            for (_, change) in &changes {
+                match change {
+                    Change::Upsert(id) => match store.get(*id)? {
+                        Some(r) => {
+                            if let Some(e) = r.embedding {
+                                vecs.push((id.0, e));
+                            }
+                            docs.push((id.0, r.text));
+                        }
+                        None => removed.push(id.0),
+                    },
+                    Change::Remove(id) => removed.push(id.0),
+                }
+            }
+            self.inner.keywords.upsert(&docs);
+            self.inner.vectors.upsert(&vecs);
+            if !removed.is_empty() {
+                self.inner.keywords.remove(&removed);
+                self.inner.vectors.remove(&removed);
+            }
+            self.inner.applied.store(*last, Ordering::SeqCst);
+            pass.applied = changes.len();
+            self.inner
+                .staged_since
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(Instant::now);
+        }
+        let staged = self.inner.vectors.pending().max(self.inner.keywords.pending());
+        let since = *self.inner.staged_since.lock().unwrap_or_else(|p| p.into_inner());
+        let due = staged >= self.inner.indexing.build_every
+            || since.is_some_and(|s| s.elapsed() >= self.inner.indexing.debounce);
+        let behind = self.inner.vectors.watermark()? < self.inner.applied.load(Ordering::SeqCst)
+            || self.inner.keywords.watermark()? < self.inner.applied.load(Ordering::SeqCst);
+        if (force || due) && (staged > 0 || behind) {
+            let upto = self.inner.applied.load(Ordering::SeqCst);
+            self.inner.vectors.build(upto)?;
+            self.inner.keywords.commit(upto)?;
+            *self.inner.staged_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            store.write(WriteSet(vec![Mutation::TruncateChanges(upto)]))?;
+            pass.built = true;
+        }
+        Ok(pass)
+    }
+
+    /// Applies every waiting change and builds both indexes now.
+    pub fn flush_indexes(&self) -> Result<()> {
+        loop {
+            let pass = self.index_pass(true)?;
+            if pass.applied == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Whether both indexes have built everything the store has logged.
+    pub fn indexes_caught_up(&self) -> Result<bool> {
+        let last = self.inner.store.next_seq().saturating_sub(1);
+        Ok(self.inner.vectors.watermark()? >= last && self.inner.keywords.watermark()? >= last)
+    }
+
+    fn wake_indexer(&self) {
+        if let Some(tx) = self.inner.wake.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            let _ = tx.send(());
+        }
+    }
+
+    fn start_indexer(&self) -> Result<()> {
+        let (tx, rx) = mpsc::channel::<()>();
+        *self.inner.wake.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        // The thread holds only a weak handle, so dropping every Substrate ends it.
+        let weak = Arc::downgrade(&self.inner);
+        let debounce = self.inner.indexing.debounce;
+        let handle = std::thread::Builder::new()
+            .name("indexer".into())
+            .spawn(move || {
+                loop {
+                    match rx.recv_timeout(debounce) {
+                        Ok(()) => while rx.try_recv().is_ok() {},
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    }
+                    let Some(inner) = weak.upgrade() else { return };
+                    if inner.closed.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let sub = Substrate { inner };
+                    loop {
+                        match sub.index_pass(false) {
+                            Ok(p) if p.applied > 0 => continue,
+                            Ok(_) => break,
+                            Err(e) => {
+                                tracing::error!(error = %e, "indexing pass failed; will retry");
+                                break;
+                            }
+                        }
+                    }
+                }
+            })
+            .map_err(|e| Error::io("indexer thread", e))?;
+        *self.inner.indexer.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+        Ok(())
+    }
+
+    /// Stops the indexer and builds everything that is staged, so the next open starts
+    /// with nothing to replay.
+    pub fn close(&self) -> Result<()> {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner.wake.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = self.inner.indexer.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = h.join();
+        }
+        self.flush_indexes()
+    }
+
+    // ----- recall ---------------------------------------------------------------------------
+
+    /// Answers "what should I remember now?": candidates from the vector, keyword, recent and
+    /// knowledge paths, fused and ranked by the policy, diversified, trimmed to the token
+    /// budget and rendered. Obsolete and archived records are never returned.
+    pub async fn recall(&self, req: &RecallRequest) -> Result<RecallResult> {
+        validate_id("namespace", &req.namespace)?;
+        validate_id("session_id", &req.session_id)?;
+        if let Some(a) = &req.agent_id {
+            validate_id("agent_id", a)?;
+        }
+        if req.k == 0 || req.k > 200 {
+            return Err(Error::invalid(
+                "k",
+                format!("{} is out of range; ask for 1 to 200 memories", req.k),
+            ));
+        }
+        if req.query.len() > self.inner.limits.max_text_bytes {
+            return Err(Error::TooLarge {
+                field: "query".into(),
+                size: req.query.len(),
+                limit: self.inner.limits.max_text_bytes,
+                hint: "ask a shorter question".into(),
+            });
+        }
+        if let (Some(s), Some(u)) = (req.since, req.until)
+            && s > u
+        {
+            return Err(Error::invalid("since", "is after `until`; swap them"));
+        }
+        let query_vec = match &req.query_embedding {
+            Some(v) => {
+                validate_embedding(v, Some(self.inner.embedder.dimensions()))?;
+                Some(v.clone())
+            }
+            None if req.query.trim().is_empty() => None,
+            None => self
+                .inner
+                .embedder
+                .embed(std::slice::from_ref(&req.query))
+                .await?
+                .pop(),
+        };
+        let policy = self.policy();
+        let sub = self.clone();
+        let req2 = req.clone();
+        let (result, reinforce) = tokio::task::spawn_blocking(move || {
+            sub.rank(&req2, query_vec.as_deref(), &policy)
+        })
+        .await
+        .map_err(|e| Error::invalid("recall", format!("recall task failed: {e}")))??;
+        if req.reinforce && !reinforce.0.is_empty() {
+            self.inner.store.write_async(reinforce).await?;
+        }
+        Ok(result)
+    }
+
+    /// The synchronous core of recall; also returns the reinforcement writes to make.
+    pub fn rank(
+        &self,
+        req: &RecallRequest,
+        query_vec: Option<&[f32]>,
+        policy: &Policy,
+    ) -> Result<(RecallResult, WriteSet)> {
+        let store = &self.inner.store;
+        let episodic = [Tier::Episodic, Tier::Condensed];
+        let (session, agent) = match req.scope {
+            Scope::Session => (Some(req.session_id.as_str()), None),
+            Scope::Agent => (
+                None,
+                Some(req.agent_id.as_deref().ok_or_else(|| {
+                    Error::invalid("scope", "`agent` scope needs an agent_id; send one or use `session`")
+                })?),
+            ),
+            Scope::Namespace => (None, None),
+        };
+        let mut allowed = store.candidates(&Filter {
+            namespace: &req.namespace,
+            session,
+            agent,
+            tiers: Some(&episodic),
+            kinds: req.kinds.as_deref(),
+            recallable_only: true,
+        });
+        if req.include_knowledge {
+            allowed |= store.candidates(&Filter {
+                namespace: &req.namespace,
+                tiers: Some(&[Tier::Knowledge]),
+                kinds: req.kinds.as_deref(),
+                recallable_only: true,
+                ..Default::default()
+            });
+        }
+        if req.since.is_some() || req.until.is_some() {
+            allowed &= self.window_ids(req, session)?;
+        }
+        let depth = (req.k * 4).max(50);
+        let mut cands = Candidates::default();
+        if !allowed.is_empty() {
+            if let Some(q) = query_vec {
+                cands.add_vector(&self.inner.vectors.search(q, depth, Some(&allowed))?);
+            }
+            cands.add_keyword(&self.inner.keywords.search(&req.query, depth, Some(&allowed))?);
+            if req.scope == Scope::Session {
+                let recent: Vec<MemoryId> = store
+                    .session_ids(&req.namespace, &req.session_id, None, self.inner.recent_n * 4)?
+                    .into_iter()
+                    .filter(|id| allowed.contains(id.0))
+                    .take(self.inner.recent_n)
+                    .collect();
+                cands.add_recent(&recent);
+            }
+        }
+        // Load the candidates and their exact similarity to the query.
+        let mut loaded: Vec<(MemoryRecord, Option<Vec<f32>>)> = Vec::with_capacity(cands.by_id.len());
+        for (id, ev) in cands.by_id.iter_mut() {
+            let Some(mut r) = store.get(*id)? else { continue };
+            if !r.recallable() || r.namespace != req.namespace {
+                continue;
+            }
+            let emb = r.embedding.take();
+            if let (Some(q), Some(e)) = (query_vec, emb.as_deref()) {
+                ev.similarity = Some(retrieval::cosine(q, e));
+            }
+            loaded.push((r, emb));
+        }
+        let fusion = match policy.scoring.fusion {
+            crate::policy::Fusion::Rrf => FusionMethod::Rrf,
+            crate::policy::Fusion::Weighted => FusionMethod::Weighted,
+        };
+        let relevance = retrieval::fuse(&cands, fusion, 0.5);
+        let now = self.inner.clock.now();
+        let mut scored: Vec<(f32, Why, usize)> = loaded
+            .iter()
+            .enumerate()
+            .map(|(i, (r, _))| {
+                let b = policy.score(&crate::policy::ScoreInput {
+                    relevance: relevance.get(&r.id).copied().unwrap_or(0.0),
+                    age_ms: now - r.event_time,
+                    importance: r.importance,
+                    utility: r.utility.mean(),
+                    strength: policy.strength_at(r, now),
+                });
+                let why = Why {
+                    relevance: b.relevance,
+                    recency: b.recency,
+                    importance: b.importance,
+                    utility: b.utility,
+                };
+                (b.total, why, i)
+            })
+            .collect();
+        scored.sort_by(|a, b| {
+            b.0.total_cmp(&a.0)
+                .then_with(|| loaded[b.2].0.event_time.cmp(&loaded[a.2].0.event_time))
+                .then_with(|| loaded[a.2].0.id.cmp(&loaded[b.2].0.id))
+        });
+        let lambda = policy.scoring.mmr_lambda;
+        let order: Vec<usize> = if lambda < 1.0 {
+            let pool = &scored[..scored.len().min(req.k * 4)];
+            let scores: Vec<f32> = pool.iter().map(|s| s.0).collect();
+            let embs: Vec<Option<&[f32]>> = pool.iter().map(|s| loaded[s.2].1.as_deref()).collect();
+            retrieval::mmr(&scores, &embs, lambda, req.k)
+                .into_iter()
+                .map(|i| pool[i].2)
+                .collect()
+        } else {
+            scored.iter().take(req.k).map(|s| s.2).collect()
+        };
+        let ranked: Vec<&MemoryRecord> = order.iter().map(|&i| &loaded[i].0).collect();
+        let keep = retrieval::fit_budget(&ranked, req.token_budget);
+        let context = retrieval::render_context(&ranked[..keep]);
+        let why_of = |i: usize| scored.iter().find(|s| s.2 == i).map(|s| (s.0, s.1));
+        let mut memories = Vec::with_capacity(keep);
+        let mut reinforce = WriteSet::new();
+        let amount = policy.scoring.reinforce_on_recall;
+        for &i in order.iter().take(keep) {
+            let (score, why) = why_of(i).expect("ordered from scored");
+            let record = loaded[i].0.clone();
+            if amount > 0.0 {
+                let mut updated = record.clone();
+                updated.embedding = loaded[i].1.clone();
+                updated.strength = policy.reinforce(&record, now, amount);
+                updated.strength_at = now;
+                updated.reinforcements += 1;
+                reinforce.push(Mutation::Audit(
+                    record.id,
+                    AuditEntry {
+                        at: now,
+                        action: AuditAction::Reinforced,
+                        by: "recall".into(),
+                        detail: format!("strength {:.3} -> {:.3}", record.strength, updated.strength),
+                    },
+                ));
+                reinforce.push(Mutation::Update {
+                    record: Box::new(updated),
+                    reindex: false,
+                });
+            }
+            memories.push(Recalled { record, score, why });
+        }
+        Ok((
+            RecallResult {
+                policy: policy.stamp(),
+                memories,
+                context,
+            },
+            reinforce,
+        ))
+    }
+
+    fn window_ids(&self, req: &RecallRequest, session: Option<&str>) -> Result<roaring::RoaringBitmap> {
+        let store = &self.inner.store;
+        let mut ids = roaring::RoaringBitmap::new();
+        // Listings are time-ordered: walk back from `until` and stop at `since`.
+        let before = req.until.map(|u| (u.saturating_add(1), MemoryId(0)));
+        let mut cursor = before;
+        loop {
+            let page = match session {
+                Some(s) => store.session_ids(&req.namespace, s, cursor, 4096)?,
+                None => store.namespace_ids(&req.namespace, cursor, 4096)?,
+            };
+            if page.is_empty() {
+                break;
+            }
+            let mut done = false;
+            let mut last = None;
+            for id in &page {
+                let Some(r) = store.get_light(*id)? else { continue };
+                last = Some((r.event_time, r.id));
+                if req.since.is_some_and(|s| r.event_time < s) {
+                    done = true;
+                    break;
+                }
+                ids.insert(id.0);
+            }
+            if done || page.len() < 4096 {
+                break;
+            }
+            cursor = last;
+        }
+        // Knowledge records are namespace-wide: their own window check.
+        if req.include_knowledge {
+            let k = store.candidates(&Filter {
+                namespace: &req.namespace,
+                tiers: Some(&[Tier::Knowledge]),
+                ..Default::default()
+            });
+            for id in k {
+                if let Some(r) = store.get_light(MemoryId(id))?
+                    && retrieval::in_window(r.event_time, req.since, req.until)
+                {
+                    ids.insert(id);
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    // ----- lifecycle ------------------------------------------------------------------------
+
+    /// Reads a record of `namespace` (another namespace's ids are not found).
+    pub fn get(&self, namespace: &str, id: MemoryId) -> Result<MemoryRecord> {
+        self.inner.store.get_in(namespace, id)
+    }
+
+    /// Changes a record's status (`active`, `pinned`, `obsolete`, `archived`), audited.
+    pub fn set_status(&self, namespace: &str, id: MemoryId, status: Status, by: &str) -> Result<MemoryRecord> {
+        let mut r = self.inner.store.get_in(namespace, id)?;
+        if r.status == status {
+            return Ok(r);
+        }
+        let now = self.inner.clock.now();
+        let action = if status == Status::Archived {
+            AuditAction::Archived
+        } else {
+            AuditAction::StatusChanged
+        };
+        let detail = format!("{} -> {}", r.status.as_str(), status.as_str());
+        r.status = status;
+        r.status_at = now;
+        self.inner.store.write(WriteSet(vec![
+            Mutation::Audit(
+                id,
+                AuditEntry {
+                    at: now,
+                    action,
+                    by: by.into(),
+                    detail,
+                },
+            ),
+            Mutation::Update {
+                record: Box::new(r.clone()),
+                reindex: false,
+            },
+        ]))?;
+        Ok(r)
+    }
+
+    /// Archives a record (soft delete: never recalled, recoverable until purged).
+    pub fn archive(&self, namespace: &str, id: MemoryId, by: &str) -> Result<MemoryRecord> {
+        self.set_status(namespace, id, Status::Archived, by)
+    }
+
+    /// Removes a record for good; its audit log keeps a `purged` entry.
+    pub fn purge(&self, namespace: &str, id: MemoryId, by: &str) -> Result<()> {
+        let r = self.inner.store.get_in(namespace, id)?;
+        let now = self.inner.clock.now();
+        self.inner.store.write(WriteSet(vec![
+            Mutation::Audit(
+                id,
+                AuditEntry {
+                    at: now,
+                    action: AuditAction::Purged,
+                    by: by.into(),
+                    detail: format!("purged after {} as {}", r.status.as_str(), r.kind),
+                },
+            ),
+            Mutation::Purge(Box::new(r)),
+        ]))?;
+        self.inner.keywords.remove(&[id.0]);
+        self.inner.vectors.remove(&[id.0]);
+        self.wake_indexer();
+        Ok(())
+    }
+
+    /// A record's audit log (namespace-checked; kept after a purge).
+    pub fn history(&self, namespace: &str, id: MemoryId) -> Result<Vec<AuditEntry>> {
+        // Purged records keep a tombstone naming their namespace, so history stays isolated.
+        match self.inner.store.owner(id)? {
+            Some(owner) if owner == namespace => self.inner.store.history(id),
+            _ => Err(Error::NotFound {
+                what: "memory",
+                id: id.to_string(),
+            }),
+        }
+    }
+
+    /// Disk use of the whole data directory.
+    pub fn disk_bytes(&self) -> Result<u64> {
+        crate::kv::dir_disk_bytes(&self.inner.dir)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.wake.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}
+
+fn at_event(i: usize, err: Error) -> Error {
+    match err {
+        Error::Invalid { field, reason } => Error::Invalid {
+            field: format!("events[{i}].{field}"),
+            reason,
+        },
+        Error::TooLarge {
+            field,
+            size,
+            limit,
+            hint,
+        } => Error::TooLarge {
+            field: format!("events[{i}].{field}"),
+            size,
+            limit,
+            hint,
+        },
+        other => other,
+    }
+}
