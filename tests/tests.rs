@@ -1,1 +1,3 @@
+//! Integration tests of the `shadowbrain` package (one binary; modules below).
 
+mod cli;

@@ -540,6 +540,58 @@ impl Substrate {
         Ok(())
     }
 
+    /// Re-embeds every record with `opts.embedder`, records its dimension in the store and
+    /// rebuilds both indexes — the way out of a dimension mismatch after changing embedders.
+    /// `progress(done, total)` is called as records are re-embedded.
+    pub async fn reindex(
+        dir: &Path,
+        opts: SubstrateOptions,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<Substrate> {
+        let embedder = opts.embedder.clone();
+        {
+            let store = Store::open(&dir.join("store"), StoreOptions { backend: opts.backend })?;
+            let total = store.len();
+            let mut ids = Vec::with_capacity(total as usize);
+            store.for_each_id(|id| {
+                ids.push(id);
+                Ok(Visit::Continue)
+            })?;
+            let mut done = 0u64;
+            for chunk in ids.chunks(256) {
+                let mut records = Vec::with_capacity(chunk.len());
+                for id in chunk {
+                    if let Some(r) = store.get_light(*id)? {
+                        records.push(r);
+                    }
+                }
+                let texts: Vec<String> = records.iter().map(|r| r.text.clone()).collect();
+                let vecs = embedder.embed(&texts).await?;
+                let mut writes = WriteSet::new();
+                for (mut r, v) in records.into_iter().zip(vecs) {
+                    r.embedding = Some(v);
+                    writes.push(Mutation::Dequeue(Queue::Enrich, r.id));
+                    writes.push(Mutation::Update {
+                        record: Box::new(r),
+                        reindex: true,
+                    });
+                }
+                store.write_async(writes).await?;
+                done += chunk.len() as u64;
+                progress(done, total);
+            }
+            store.reset_dimension(embedder.dimensions(), embedder.name())?;
+        }
+        for sub in ["vectors", "keywords"] {
+            let p = dir.join(sub);
+            if p.exists() {
+                std::fs::remove_dir_all(&p).map_err(|e| Error::io(&p, e))?;
+            }
+        }
+        // Opening finds both indexes missing and rebuilds them from the store.
+        Substrate::open(dir, opts)
+    }
+
     /// Rebuilds the chosen indexes from the store (what `shadowbrain reindex` runs).
     pub fn rebuild(&self, vectors: bool, keywords: bool) -> Result<()> {
         let _one_writer = self.inner.index_lock.lock().unwrap_or_else(|p| p.into_inner());
