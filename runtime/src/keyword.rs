@@ -1,1 +1,0 @@
-//! The keyword index (STUB: being written).

@@ -1,0 +1,584 @@
+//! The keyword index: BM25 over record text, on tantivy.
+//!
+//! It owns one tantivy index directory (schema: `id` u64 indexed + fast, `text` indexed with
+//! the shared analyzer, not stored) and a staged tail of upserts and removals that are
+//! searchable at once and written to tantivy by [`KeywordIndex::commit`], which records the
+//! caller's watermark as tantivy's commit payload.
+//!
+//! The index is **derived**: the store is the system of record. A crash loses at most the
+//! staged tail, which the store replays from [`KeywordIndex::watermark`]; `reindex` rebuilds
+//! everything after [`KeywordIndex::clear`]. So this module must never hold anything the store
+//! does not (it does not even store the text), and it must never tokenise on its own: every
+//! term comes from [`crate::text`], so the index and the embedder agree on terms. Queries are
+//! bags of analysed terms, never tantivy's query syntax, so no user text can make them fail.
+
+mod tail;
+
+#[cfg(test)]
+mod tests;
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use roaring::RoaringBitmap;
+use tantivy::collector::Count;
+use tantivy::directory::MmapDirectory;
+use tantivy::fieldnorm::FieldNormReader;
+use tantivy::query::{
+    Bm25StatisticsProvider, Bm25Weight, BooleanQuery, EnableScoring, Occur, Query, TermQuery,
+    TermSetQuery,
+};
+use tantivy::schema::{
+    Field, IndexRecordOption, NumericOptions, Schema, TextFieldIndexing, TextOptions,
+};
+use tantivy::tokenizer::{MAX_TOKEN_LEN, TokenizerManager};
+use tantivy::{
+    Index, IndexReader, IndexWriter, ReloadPolicy, Score, Searcher, TantivyDocument, Term,
+};
+
+use crate::error::{Error, Result};
+use crate::text::{ANALYZER_NAME, analyze, analyzer};
+use tail::{StagedDoc, Tail};
+
+const ID_FIELD: &str = "id";
+const TEXT_FIELD: &str = "text";
+
+/// One indexing thread: the machine is shared with the store and the actors, and the
+/// indexer commits in batches, so a second thread would buy little.
+const WRITER_THREADS: usize = 1;
+/// Enough for ~100k short documents per segment without flushing mid-batch.
+const WRITER_HEAP_BYTES: usize = 50_000_000;
+
+/// The BM25 keyword index over record text. `Send + Sync`; every method takes `&self`.
+///
+/// Writes are staged ([`upsert`](Self::upsert), [`remove`](Self::remove)) and visible to
+/// [`search`](Self::search) at once; [`commit`](Self::commit) makes them durable in tantivy.
+pub struct KeywordIndex {
+    dir: PathBuf,
+    index: Index,
+    reader: IndexReader,
+    /// The single tantivy writer; holding its lock also serialises commits and clears.
+    writer: Mutex<IndexWriter>,
+    /// Staged operations. Searches hold it shared while they read the searcher, and commits
+    /// reload the reader under it exclusively, so no search ever sees a document twice or
+    /// not at all while a commit lands.
+    tail: RwLock<Tail>,
+    id_field: Field,
+    text_field: Field,
+    watermark: AtomicU64,
+}
+
+impl fmt::Debug for KeywordIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeywordIndex")
+            .field("dir", &self.dir)
+            .field("pending", &self.pending())
+            .field("watermark", &self.watermark.load(AtomicOrdering::Acquire))
+            .finish_non_exhaustive()
+    }
+}
+
+fn schema() -> (Schema, Field, Field) {
+    let mut builder = Schema::builder();
+    let id_field =
+        builder.add_u64_field(ID_FIELD, NumericOptions::default().set_indexed().set_fast());
+    let text_field = builder.add_text_field(
+        TEXT_FIELD,
+        TextOptions::default().set_indexing_options(
+            TextFieldIndexing::default()
+                .set_tokenizer(ANALYZER_NAME)
+                .set_index_option(IndexRecordOption::WithFreqs)
+                .set_fieldnorms(true),
+        ),
+    );
+    (builder.build(), id_field, text_field)
+}
+
+fn parse_watermark(payload: Option<&str>) -> Result<u64> {
+    match payload {
+        None => Ok(0),
+        Some(p) => p.trim().parse().map_err(|_| {
+            Error::index(
+                "keyword",
+                format!(
+                    "the last commit's payload `{p}` is not a watermark (an unsigned integer); \
+                     the index was not written by shadowbrain or is damaged"
+                ),
+            )
+        }),
+    }
+}
+
+impl KeywordIndex {
+    /// Opens the index in `dir`, creating the directory and an empty index when missing.
+    ///
+    /// Fails when another `KeywordIndex` (in this or another process) holds `dir`, or when
+    /// `dir` holds an index with another schema.
+    pub fn open(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let directory = MmapDirectory::open(dir).map_err(|e| {
+            Error::index(
+                "keyword",
+                format!("cannot open the index directory {}: {e}", dir.display()),
+            )
+        })?;
+        let (schema, id_field, text_field) = schema();
+        let tokenizers = TokenizerManager::default();
+        tokenizers.register(ANALYZER_NAME, analyzer());
+        let index = Index::builder()
+            .schema(schema)
+            .tokenizers(tokenizers)
+            .open_or_create(directory)
+            .map_err(|e| match e {
+                tantivy::TantivyError::SchemaError(_) => Error::index(
+                    "keyword",
+                    format!(
+                        "{} holds a keyword index with another schema ({e}); delete that \
+                         directory so it is rebuilt from the store",
+                        dir.display()
+                    ),
+                ),
+                other => Error::index(
+                    "keyword",
+                    format!("cannot open the index in {}: {other}", dir.display()),
+                ),
+            })?;
+        let writer = index
+            .writer_with_num_threads(WRITER_THREADS, WRITER_HEAP_BYTES)
+            .map_err(|e| match e {
+                tantivy::TantivyError::LockFailure(..) => Error::index(
+                    "keyword",
+                    format!(
+                        "{} is already open by another keyword index (in this process or \
+                         another one); close it first or use another data directory",
+                        dir.display()
+                    ),
+                ),
+                other => other.into(),
+            })?;
+        let reader = index
+            .reader_builder()
+            .reload_policy(ReloadPolicy::Manual)
+            .try_into()?;
+        let watermark = parse_watermark(index.load_metas()?.payload.as_deref())?;
+        Ok(KeywordIndex {
+            dir: dir.to_path_buf(),
+            index,
+            reader,
+            writer: Mutex::new(writer),
+            tail: RwLock::new(Tail::default()),
+            id_field,
+            text_field,
+            watermark: AtomicU64::new(watermark),
+        })
+    }
+
+    // A panic while holding a lock leaves nothing half-written that matters more than the
+    // index itself, which is derived and rebuildable; so a poisoned lock is used as is.
+    fn read_tail(&self) -> RwLockReadGuard<'_, Tail> {
+        self.tail.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write_tail(&self) -> RwLockWriteGuard<'_, Tail> {
+        self.tail.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_writer(&self) -> MutexGuard<'_, IndexWriter> {
+        self.writer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stages `(id, text)` documents, replacing any earlier version of each id. They are
+    /// searchable as soon as this returns; [`commit`](Self::commit) makes them durable.
+    /// Within one call the last document for an id wins.
+    pub fn upsert(&self, docs: &[(u32, String)]) {
+        if docs.is_empty() {
+            return;
+        }
+        // Analyse before taking the lock: searches and commits never wait for tokenising.
+        let staged: Vec<(u32, StagedDoc)> = docs
+            .iter()
+            .map(|(id, text)| (*id, StagedDoc::new(text)))
+            .collect();
+        let mut tail = self.write_tail();
+        for (id, doc) in staged {
+            tail.stage(id, Some(doc));
+        }
+    }
+
+    /// Stages the removal of `ids`: they disappear from search results at once and from
+    /// the committed index at the next [`commit`](Self::commit). Unknown ids are ignored.
+    pub fn remove(&self, ids: &[u32]) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut tail = self.write_tail();
+        for &id in ids {
+            tail.stage(id, None);
+        }
+    }
+
+    /// Number of staged (uncommitted) upserts and removals.
+    pub fn pending(&self) -> usize {
+        self.read_tail().len()
+    }
+
+    /// Writes every staged operation to tantivy and commits durably with `watermark` as the
+    /// commit payload, then reloads the reader and drops the committed entries from the tail.
+    /// Operations staged while the commit runs stay staged for the next one.
+    ///
+    /// On failure nothing is dropped from the tail and the writer is rolled back to the last
+    /// commit, so retrying is always safe.
+    pub fn commit(&self, watermark: u64) -> Result<()> {
+        let mut writer = self.lock_writer();
+        let snapshot = self.read_tail().snapshot();
+        if snapshot.is_empty() && watermark == self.watermark.load(AtomicOrdering::Acquire) {
+            return Ok(());
+        }
+        let written = (|| -> tantivy::Result<()> {
+            for (id, _, text) in &snapshot {
+                writer.delete_term(Term::from_field_u64(self.id_field, u64::from(*id)));
+                if let Some(text) = text {
+                    let mut doc = TantivyDocument::new();
+                    doc.add_u64(self.id_field, u64::from(*id));
+                    doc.add_text(self.text_field, &**text);
+                    writer.add_document(doc)?;
+                }
+            }
+            let mut prepared = writer.prepare_commit()?;
+            prepared.set_payload(&watermark.to_string());
+            prepared.commit()?;
+            Ok(())
+        })();
+        if let Err(e) = written {
+            let rolled_back = writer.rollback();
+            return Err(Error::index(
+                "keyword",
+                match rolled_back {
+                    Ok(_) => format!("commit failed, staged writes kept for a retry: {e}"),
+                    Err(r) => format!(
+                        "commit failed ({e}) and so did the rollback ({r}); reopen the index"
+                    ),
+                },
+            ));
+        }
+        self.watermark.store(watermark, AtomicOrdering::Release);
+        let mut tail = self.write_tail();
+        // If the reload fails the tail keeps its entries, which still shadow the stale
+        // committed view, so searches stay right; the next commit reloads again.
+        self.reader.reload()?;
+        tail.drop_committed(&snapshot);
+        Ok(())
+    }
+
+    /// The watermark of the last commit (0 for a new or cleared index): everything the store
+    /// wrote up to it is in the committed index.
+    pub fn watermark(&self) -> Result<u64> {
+        Ok(self.watermark.load(AtomicOrdering::Acquire))
+    }
+
+    /// The `k` best documents for `query` by BM25, best first, as `(id, score)`; only ids in
+    /// `candidates` when given. Staged documents are scored with the same statistics as
+    /// committed ones (committed plus staged doc count, token count and document
+    /// frequencies), so the two kinds of score compare directly.
+    ///
+    /// `query` is plain user text: it is analysed like the indexed text and its terms are
+    /// OR-ed, so quotes, colons or brackets are just characters. A query without index terms
+    /// (only stop words or punctuation) has no results.
+    pub fn search(
+        &self,
+        query: &str,
+        k: usize,
+        candidates: Option<&RoaringBitmap>,
+    ) -> Result<Vec<(u32, f32)>> {
+        if k == 0 || candidates.is_some_and(RoaringBitmap::is_empty) {
+            return Ok(Vec::new());
+        }
+        let mut words = analyze(query);
+        words.retain(|w| w.len() <= MAX_TOKEN_LEN);
+        // A repeated query word is not more important than a single one.
+        words.sort_unstable();
+        words.dedup();
+        if words.is_empty() {
+            return Ok(Vec::new());
+        }
+
+        let tail = self.read_tail();
+        let searcher = self.reader.searcher();
+        let stats = Stats::new(&searcher, &tail, self.text_field)?;
+        if stats.docs == 0 {
+            return Ok(Vec::new());
+        }
+        let mut top = TopK::new(k, stats.docs);
+        let terms: Vec<Term> = words
+            .iter()
+            .map(|w| Term::from_field_text(self.text_field, w))
+            .collect();
+
+        if tail.live_docs() > 0 {
+            score_tail(&tail, &stats, &words, &terms, candidates, &mut top)?;
+        }
+
+        if searcher.num_docs() > 0 {
+            let query = BooleanQuery::new(
+                terms
+                    .into_iter()
+                    .map(|t| {
+                        let q: Box<dyn Query> =
+                            Box::new(TermQuery::new(t, IndexRecordOption::WithFreqs));
+                        (Occur::Should, q)
+                    })
+                    .collect(),
+            );
+            let weight = query.weight(EnableScoring::enabled_from_statistics_provider(
+                &stats, &searcher,
+            ))?;
+            let hidden = tail.staged_ids();
+            for segment in searcher.segment_readers() {
+                let ids = segment.fast_fields().u64(ID_FIELD)?;
+                let alive = segment.alive_bitset();
+                // Filtering inside the pruning loop keeps block-WAND's skipping for whatever
+                // the filter lets through, and a filtered doc never raises the threshold.
+                weight.for_each_pruning(top.threshold(), segment, &mut |doc, score| {
+                    let visible = !alive.is_some_and(|a| a.is_deleted(doc));
+                    if let Some(id) = ids.first(doc).and_then(|id| u32::try_from(id).ok())
+                        && visible
+                        && !hidden.contains(id)
+                        && candidates.is_none_or(|c| c.contains(id))
+                    {
+                        top.push(score, id);
+                    }
+                    top.threshold()
+                })?;
+            }
+        }
+        Ok(top.into_sorted())
+    }
+
+    /// Number of searchable documents: committed ones not shadowed by the tail, plus staged
+    /// upserts.
+    pub fn len(&self) -> Result<u64> {
+        let tail = self.read_tail();
+        let searcher = self.reader.searcher();
+        let committed = searcher.num_docs();
+        let shadowed = if tail.len() == 0 || committed == 0 {
+            0
+        } else {
+            let terms = tail
+                .staged_ids()
+                .iter()
+                .map(|id| Term::from_field_u64(self.id_field, u64::from(id)));
+            searcher.search(&TermSetQuery::new(terms), &Count)? as u64
+        };
+        Ok(committed - shadowed + tail.live_docs())
+    }
+
+    /// Whether no document is searchable.
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Deletes every document, committed and staged, and commits with watermark 0, so a
+    /// `reindex` that crashes half-way starts again from the beginning. Operations staged
+    /// while the clear runs survive it.
+    pub fn clear(&self) -> Result<()> {
+        let mut writer = self.lock_writer();
+        let upto = self.read_tail().next_seq();
+        let cleared = (|| -> tantivy::Result<()> {
+            writer.delete_all_documents()?;
+            let mut prepared = writer.prepare_commit()?;
+            prepared.set_payload("0");
+            prepared.commit()?;
+            Ok(())
+        })();
+        if let Err(e) = cleared {
+            let _ = writer.rollback();
+            return Err(Error::index(
+                "keyword",
+                format!("clearing the index failed, nothing was deleted: {e}"),
+            ));
+        }
+        self.watermark.store(0, AtomicOrdering::Release);
+        let mut tail = self.write_tail();
+        self.reader.reload()?;
+        tail.drop_before(upto);
+        Ok(())
+    }
+
+    /// The directory this index lives in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The tantivy index, for diagnostics (segment counts, space usage).
+    pub fn tantivy_index(&self) -> &Index {
+        &self.index
+    }
+}
+
+/// BM25 statistics of the committed index plus the staged tail, so both are scored alike.
+struct Stats<'a> {
+    searcher: &'a Searcher,
+    tail: &'a Tail,
+    text_field: Field,
+    /// Committed documents (tantivy counts deleted ones until a merge) plus staged ones.
+    docs: u64,
+    /// Tokens of the text field, committed plus staged.
+    tokens: u64,
+}
+
+impl<'a> Stats<'a> {
+    fn new(searcher: &'a Searcher, tail: &'a Tail, text_field: Field) -> Result<Self> {
+        let docs = Bm25StatisticsProvider::total_num_docs(searcher)? + tail.live_docs();
+        let tokens =
+            Bm25StatisticsProvider::total_num_tokens(searcher, text_field)? + tail.total_tokens();
+        Ok(Stats {
+            searcher,
+            tail,
+            text_field,
+            docs,
+            tokens,
+        })
+    }
+}
+
+impl Bm25StatisticsProvider for Stats<'_> {
+    fn total_num_tokens(&self, field: Field) -> tantivy::Result<u64> {
+        if field == self.text_field {
+            Ok(self.tokens)
+        } else {
+            Bm25StatisticsProvider::total_num_tokens(self.searcher, field)
+        }
+    }
+
+    fn total_num_docs(&self) -> tantivy::Result<u64> {
+        Ok(self.docs)
+    }
+
+    fn doc_freq(&self, term: &Term) -> tantivy::Result<u64> {
+        let committed = self.searcher.doc_freq(term)?;
+        let staged = if term.field() == self.text_field {
+            term.value().as_str().map_or(0, |t| self.tail.doc_freq(t))
+        } else {
+            0
+        };
+        Ok(committed + staged)
+    }
+}
+
+/// Scores the staged documents that contain at least one query term, exactly as tantivy's
+/// `TermQuery` scores committed ones: same weights, same quantised field norms.
+fn score_tail(
+    tail: &Tail,
+    stats: &Stats<'_>,
+    words: &[String],
+    terms: &[Term],
+    candidates: Option<&RoaringBitmap>,
+    top: &mut TopK,
+) -> Result<()> {
+    let mut weights: Vec<(&str, Bm25Weight)> = Vec::with_capacity(words.len());
+    let mut matching = RoaringBitmap::new();
+    for (word, term) in words.iter().zip(terms) {
+        if let Some(ids) = tail.postings(word) {
+            matching |= ids;
+            weights.push((
+                word,
+                Bm25Weight::for_terms(stats, std::slice::from_ref(term))?,
+            ));
+        }
+    }
+    if let Some(candidates) = candidates {
+        matching &= candidates;
+    }
+    for id in &matching {
+        let Some(doc) = tail.doc(id) else { continue };
+        let norm = FieldNormReader::fieldnorm_to_id(doc.num_tokens);
+        let score: Score = weights
+            .iter()
+            .map(|(word, weight)| match doc.term_freq(word) {
+                0 => 0.0,
+                tf => weight.score(norm, tf),
+            })
+            .sum();
+        top.push(score, id);
+    }
+    Ok(())
+}
+
+/// A scored id; greater means better (higher score, then lower id).
+#[derive(Clone, Copy, Debug)]
+struct Hit {
+    score: Score,
+    id: u32,
+}
+
+impl Ord for Hit {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.score
+            .total_cmp(&other.score)
+            .then_with(|| other.id.cmp(&self.id))
+    }
+}
+
+impl PartialOrd for Hit {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Hit {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Hit {}
+
+/// The `k` best hits seen so far, in a min-heap whose root is the one to beat: it gives
+/// block-WAND an exact threshold after every push.
+struct TopK {
+    k: usize,
+    heap: BinaryHeap<Reverse<Hit>>,
+}
+
+impl TopK {
+    fn new(k: usize, docs: u64) -> Self {
+        // `k` comes from the caller and may be huge; never reserve more than can be found.
+        let capacity = k.min(usize::try_from(docs).unwrap_or(usize::MAX));
+        TopK {
+            k,
+            heap: BinaryHeap::with_capacity(capacity),
+        }
+    }
+
+    /// The score a new hit must exceed to enter.
+    fn threshold(&self) -> Score {
+        match self.heap.peek() {
+            Some(Reverse(worst)) if self.heap.len() >= self.k => worst.score,
+            _ => Score::MIN,
+        }
+    }
+
+    fn push(&mut self, score: Score, id: u32) {
+        let hit = Hit { score, id };
+        if self.heap.len() < self.k {
+            self.heap.push(Reverse(hit));
+        } else if let Some(mut worst) = self.heap.peek_mut()
+            && hit > worst.0
+        {
+            *worst = Reverse(hit);
+        }
+    }
+
+    /// Best first.
+    fn into_sorted(self) -> Vec<(u32, f32)> {
+        self.heap
+            .into_sorted_vec()
+            .into_iter()
+            .map(|Reverse(hit)| (hit.id, hit.score))
+            .collect()
+    }
+}

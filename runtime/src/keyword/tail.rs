@@ -1,0 +1,258 @@
+//! The staged tail of the keyword index: upserts and removals that are searchable at once but
+//! not yet committed to tantivy, with the statistics BM25 needs (doc count, token count,
+//! document frequency per term) kept incrementally so a query never rescans the tail.
+//!
+//! It owns only in-memory state. It must never touch tantivy's files, and it must never count
+//! a term differently from the index: every term comes from [`crate::text::analyze`], minus
+//! the over-long tokens tantivy's indexer drops.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use roaring::RoaringBitmap;
+use tantivy::tokenizer::MAX_TOKEN_LEN;
+
+use crate::text::analyze;
+
+/// One staged document, analysed once at upsert time.
+pub(super) struct StagedDoc {
+    /// The text, shared with the commit snapshot so committing never copies it again.
+    pub(super) text: Arc<str>,
+    /// Tokens in the document: tantivy's field norm before quantisation.
+    pub(super) num_tokens: u32,
+    /// Distinct terms with their frequency, sorted by term for binary search.
+    terms: Box<[(Arc<str>, u32)]>,
+}
+
+impl StagedDoc {
+    /// Analyses `text` with the shared analyzer.
+    pub(super) fn new(text: &str) -> Self {
+        let mut tokens = analyze(text);
+        // tantivy's postings writer silently drops such tokens; so must we, or the field
+        // norms of the tail and the committed index would disagree.
+        tokens.retain(|t| t.len() <= MAX_TOKEN_LEN);
+        let num_tokens = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
+        tokens.sort_unstable();
+        let mut terms: Vec<(Arc<str>, u32)> = Vec::new();
+        for token in tokens {
+            match terms.last_mut() {
+                Some((last, n)) if **last == *token => *n += 1,
+                _ => terms.push((Arc::from(token), 1)),
+            }
+        }
+        StagedDoc {
+            text: Arc::from(text),
+            num_tokens,
+            terms: terms.into_boxed_slice(),
+        }
+    }
+
+    /// How often `term` occurs in the document (0 when absent).
+    pub(super) fn term_freq(&self, term: &str) -> u32 {
+        self.terms
+            .binary_search_by(|(t, _)| (**t).cmp(term))
+            .map_or(0, |i| self.terms[i].1)
+    }
+}
+
+/// A staged operation: `doc` is `Some` for an upsert and `None` for a removal.
+pub(super) struct Staged {
+    /// Stage order; a commit drops only the entries it saw, by matching this number.
+    pub(super) seq: u64,
+    /// The new document, or `None` when the id is being removed.
+    pub(super) doc: Option<StagedDoc>,
+}
+
+/// What a commit writes: `(id, seq, text)`, `text` being `None` for a removal.
+pub(super) type Snapshot = Vec<(u32, u64, Option<Arc<str>>)>;
+
+/// Staged operations with their BM25 statistics.
+#[derive(Default)]
+pub(super) struct Tail {
+    next_seq: u64,
+    entries: HashMap<u32, Staged>,
+    /// Every id with an entry: their committed versions are stale and must stay hidden.
+    staged: RoaringBitmap,
+    /// Term -> staged documents containing it; its length is the tail's document frequency.
+    postings: HashMap<Arc<str>, RoaringBitmap>,
+    live_docs: u64,
+    total_tokens: u64,
+}
+
+impl Tail {
+    /// Stages `doc` (or a removal) for `id`, replacing whatever was staged for it.
+    pub(super) fn stage(&mut self, id: u32, doc: Option<StagedDoc>) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if let Some(old) = self.entries.remove(&id) {
+            self.unaccount(id, old.doc.as_ref());
+        }
+        if let Some(doc) = &doc {
+            self.live_docs += 1;
+            self.total_tokens += u64::from(doc.num_tokens);
+            for (term, _) in doc.terms.iter() {
+                self.postings.entry(term.clone()).or_default().insert(id);
+            }
+        }
+        self.staged.insert(id);
+        self.entries.insert(id, Staged { seq, doc });
+    }
+
+    fn unaccount(&mut self, id: u32, doc: Option<&StagedDoc>) {
+        let Some(doc) = doc else { return };
+        self.live_docs -= 1;
+        self.total_tokens -= u64::from(doc.num_tokens);
+        for (term, _) in doc.terms.iter() {
+            if let Some(ids) = self.postings.get_mut(&**term) {
+                ids.remove(id);
+                if ids.is_empty() {
+                    self.postings.remove(&**term);
+                }
+            }
+        }
+    }
+
+    /// Removes `id`'s entry if it is still the one staged as `seq` (a newer one stays).
+    fn unstage_if(&mut self, id: u32, seq: u64) {
+        if self.entries.get(&id).is_some_and(|e| e.seq == seq) {
+            if let Some(old) = self.entries.remove(&id) {
+                self.unaccount(id, old.doc.as_ref());
+            }
+            self.staged.remove(id);
+        }
+        if self.entries.is_empty() {
+            self.reset();
+        }
+    }
+
+    /// Drops the entries a commit wrote, unless they were re-staged since the snapshot.
+    pub(super) fn drop_committed(&mut self, snapshot: &Snapshot) {
+        for &(id, seq, _) in snapshot {
+            self.unstage_if(id, seq);
+        }
+    }
+
+    /// Drops every entry staged before `seq` (what a `clear` has wiped).
+    pub(super) fn drop_before(&mut self, seq: u64) {
+        let old: Vec<(u32, u64)> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.seq < seq)
+            .map(|(id, e)| (*id, e.seq))
+            .collect();
+        for (id, seq) in old {
+            self.unstage_if(id, seq);
+        }
+    }
+
+    /// Forgets everything but keeps counting sequence numbers, and gives a large batch's
+    /// memory back once it is committed.
+    fn reset(&mut self) {
+        *self = Tail {
+            next_seq: self.next_seq,
+            ..Tail::default()
+        };
+    }
+
+    /// Every staged operation, for a commit to write.
+    pub(super) fn snapshot(&self) -> Snapshot {
+        self.entries
+            .iter()
+            .map(|(id, e)| (*id, e.seq, e.doc.as_ref().map(|d| d.text.clone())))
+            .collect()
+    }
+
+    /// The sequence number the next staged entry will get.
+    pub(super) fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Number of staged operations (upserts and removals).
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Ids whose committed version must be hidden.
+    pub(super) fn staged_ids(&self) -> &RoaringBitmap {
+        &self.staged
+    }
+
+    /// Staged documents (upserts only).
+    pub(super) fn live_docs(&self) -> u64 {
+        self.live_docs
+    }
+
+    /// Tokens over all staged documents.
+    pub(super) fn total_tokens(&self) -> u64 {
+        self.total_tokens
+    }
+
+    /// Staged documents containing `term`.
+    pub(super) fn postings(&self, term: &str) -> Option<&RoaringBitmap> {
+        self.postings.get(term)
+    }
+
+    /// Number of staged documents containing `term`.
+    pub(super) fn doc_freq(&self, term: &str) -> u64 {
+        self.postings(term).map_or(0, RoaringBitmap::len)
+    }
+
+    /// The staged document for `id`, if `id` is staged as an upsert.
+    pub(super) fn doc(&self, id: u32) -> Option<&StagedDoc> {
+        self.entries.get(&id).and_then(|e| e.doc.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The index term of one word under whatever analyzer `text` ships.
+    fn term(word: &str) -> String {
+        analyze(word).pop().expect("test words are not stop words")
+    }
+
+    fn tokens(text: &str) -> u64 {
+        analyze(text).len() as u64
+    }
+
+    #[test]
+    fn statistics_follow_replacements_and_removals() {
+        let mut tail = Tail::default();
+        tail.stage(1, Some(StagedDoc::new("alpha beta beta")));
+        tail.stage(2, Some(StagedDoc::new("beta gamma")));
+        assert_eq!(tail.live_docs(), 2);
+        assert_eq!(tail.total_tokens(), tokens("alpha beta beta beta gamma"));
+        assert_eq!(tail.doc_freq(&term("beta")), 2);
+        assert_eq!(tail.doc(1).map(|d| d.term_freq(&term("beta"))), Some(2));
+
+        tail.stage(1, Some(StagedDoc::new("delta")));
+        assert_eq!(tail.live_docs(), 2);
+        assert_eq!(tail.total_tokens(), tokens("delta beta gamma"));
+        assert_eq!(tail.doc_freq(&term("beta")), 1);
+        assert_eq!(tail.doc_freq(&term("alpha")), 0);
+
+        tail.stage(2, None);
+        assert_eq!(tail.live_docs(), 1);
+        assert_eq!(tail.doc_freq(&term("gamma")), 0);
+        assert_eq!(tail.len(), 2, "a removal stays staged until committed");
+        assert!(tail.staged_ids().contains(2));
+    }
+
+    #[test]
+    fn drop_committed_keeps_entries_restaged_after_the_snapshot() {
+        let mut tail = Tail::default();
+        tail.stage(1, Some(StagedDoc::new("quokka")));
+        tail.stage(2, Some(StagedDoc::new("platypus")));
+        let snapshot = tail.snapshot();
+        tail.stage(1, Some(StagedDoc::new("wombat")));
+        tail.drop_committed(&snapshot);
+        assert_eq!(tail.len(), 1);
+        assert_eq!(tail.doc_freq(&term("wombat")), 1);
+        assert_eq!(tail.doc_freq(&term("quokka")), 0);
+        assert_eq!(tail.doc_freq(&term("platypus")), 0);
+        assert!(tail.staged_ids().contains(1));
+        assert!(!tail.staged_ids().contains(2));
+        assert_eq!(tail.total_tokens(), tokens("wombat"));
+    }
+}

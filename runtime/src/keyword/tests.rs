@@ -1,0 +1,514 @@
+//! Tests of the keyword index against a real tantivy index in a temporary directory. Every
+//! query word appears verbatim in the documents it must find, so the tests hold whatever the
+//! shared analyzer does (stemming, stop words, CJK bigrams).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use roaring::RoaringBitmap;
+use tempfile::TempDir;
+
+use super::KeywordIndex;
+use crate::text::analyze;
+
+fn open() -> (TempDir, KeywordIndex) {
+    let dir = TempDir::new().expect("temp dir");
+    let index = KeywordIndex::open(&dir.path().join("keyword")).expect("open keyword index");
+    (dir, index)
+}
+
+fn docs(items: &[(u32, &str)]) -> Vec<(u32, String)> {
+    items.iter().map(|(id, t)| (*id, t.to_string())).collect()
+}
+
+fn ids(hits: &[(u32, f32)]) -> Vec<u32> {
+    hits.iter().map(|(id, _)| *id).collect()
+}
+
+fn corpus() -> Vec<(u32, String)> {
+    docs(&[
+        (
+            1,
+            "the deploy pipeline failed with a timeout on the database migration",
+        ),
+        (2, "user asked about the weather in Paris tomorrow"),
+        (
+            3,
+            "database migration finished, the database is healthy again",
+        ),
+        (4, "agent wrote a poem about autumn leaves"),
+        (5, "remember to rotate the database credentials every month"),
+    ])
+}
+
+#[test]
+fn bm25_ranks_the_relevant_doc_first() {
+    let (_dir, index) = open();
+    index.upsert(&corpus());
+    index.commit(5).unwrap();
+
+    let hits = index.search("database migration", 10, None).unwrap();
+    assert_eq!(
+        ids(&hits)[..2],
+        [3, 1],
+        "both words, `database` twice, wins: {hits:?}"
+    );
+    assert_eq!(ids(&hits)[2], 5, "one word only ranks last: {hits:?}");
+    assert_eq!(
+        hits.len(),
+        3,
+        "docs without either word are not results: {hits:?}"
+    );
+    assert!(
+        hits.windows(2).all(|w| w[0].1 >= w[1].1),
+        "best first: {hits:?}"
+    );
+    assert!(hits.iter().all(|(_, s)| s.is_finite() && *s > 0.0));
+
+    assert_eq!(ids(&index.search("poem", 10, None).unwrap()), [4]);
+    assert!(
+        index
+            .search("nonexistentword", 10, None)
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        index.search("database", 1, None).unwrap().len(),
+        1,
+        "k is honoured"
+    );
+}
+
+#[test]
+fn staged_writes_are_searchable_before_commit() {
+    let (_dir, index) = open();
+    index.upsert(&corpus());
+    assert_eq!(index.pending(), 5);
+    assert_eq!(index.len().unwrap(), 5);
+
+    let hits = index.search("database migration", 10, None).unwrap();
+    assert_eq!(ids(&hits), [3, 1, 5], "the tail alone ranks like the index");
+
+    index.commit(1).unwrap();
+    assert_eq!(index.pending(), 0);
+    let committed = index.search("database migration", 10, None).unwrap();
+    assert_eq!(ids(&committed), [3, 1, 5]);
+    for ((_, staged), (_, committed)) in hits.iter().zip(&committed) {
+        assert!(
+            (staged - committed).abs() < 1e-4,
+            "a staged doc scores as it will once committed: {hits:?} vs {committed:?}"
+        );
+    }
+}
+
+#[test]
+fn staged_and_committed_docs_rank_together() {
+    let (_dir, index) = open();
+    let text = "kubernetes pod restarted after an out of memory kill";
+    index.upsert(&docs(&[
+        (10, text),
+        (11, "kubernetes dashboard colour theme"),
+        (12, "lunch menu for friday"),
+    ]));
+    index.commit(3).unwrap();
+    // Same text as a committed doc, a better staged one, and a weaker staged one.
+    index.upsert(&docs(&[
+        (20, text),
+        (
+            21,
+            "memory kill: kubernetes pod memory limit, pod restarted twice",
+        ),
+        (22, "kubernetes"),
+    ]));
+
+    let hits = index
+        .search("kubernetes pod memory kill", 10, None)
+        .unwrap();
+    let order = ids(&hits);
+    assert_eq!(order.len(), 5, "{hits:?}");
+    assert_eq!(
+        order[0], 21,
+        "the best staged doc beats every committed one: {hits:?}"
+    );
+    let score = |id: u32| hits.iter().find(|(h, _)| *h == id).unwrap().1;
+    assert!(
+        (score(10) - score(20)).abs() < 1e-4,
+        "identical text scores the same staged or committed: {hits:?}"
+    );
+    assert!(score(20) > score(11), "{hits:?}");
+    assert!(!order.contains(&12));
+}
+
+fn sorted(mut v: Vec<u32>) -> Vec<u32> {
+    v.sort_unstable();
+    v
+}
+
+#[test]
+fn removal_hides_at_once_after_commit_and_after_reopen() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("kw");
+    {
+        let index = KeywordIndex::open(&path).unwrap();
+        index.upsert(&corpus());
+        index.commit(5).unwrap();
+        index.remove(&[3, 99]);
+        let hits = index.search("database", 10, None).unwrap();
+        assert_eq!(sorted(ids(&hits)), [1, 5], "hidden before commit: {hits:?}");
+        assert_eq!(index.len().unwrap(), 4);
+        index.commit(6).unwrap();
+        let hits = index.search("database", 10, None).unwrap();
+        assert_eq!(sorted(ids(&hits)), [1, 5], "gone after commit: {hits:?}");
+        assert_eq!(index.len().unwrap(), 4);
+        assert_eq!(index.pending(), 0);
+
+        // A staged removal also hides a staged upsert of the same id.
+        index.upsert(&docs(&[(7, "database replica lag")]));
+        index.remove(&[7]);
+        assert_eq!(
+            sorted(ids(&index.search("database", 10, None).unwrap())),
+            [1, 5]
+        );
+        index.commit(7).unwrap();
+    }
+    let index = KeywordIndex::open(&path).unwrap();
+    let hits = index.search("database", 10, None).unwrap();
+    assert_eq!(sorted(ids(&hits)), [1, 5], "gone after reopen: {hits:?}");
+    assert_eq!(index.len().unwrap(), 4);
+}
+
+#[test]
+fn upsert_replaces_the_previous_text() {
+    let (_dir, index) = open();
+    index.upsert(&docs(&[
+        (1, "postgres connection refused"),
+        (2, "postgres vacuum"),
+    ]));
+    index.commit(1).unwrap();
+
+    index.upsert(&docs(&[(1, "redis eviction storm")]));
+    assert_eq!(
+        ids(&index.search("refused", 10, None).unwrap()),
+        Vec::<u32>::new()
+    );
+    assert_eq!(ids(&index.search("postgres", 10, None).unwrap()), [2]);
+    assert_eq!(ids(&index.search("redis", 10, None).unwrap()), [1]);
+    assert_eq!(index.len().unwrap(), 2, "a replaced doc is counted once");
+
+    index.commit(2).unwrap();
+    assert_eq!(
+        ids(&index.search("postgres refused", 10, None).unwrap()),
+        [2]
+    );
+    assert_eq!(ids(&index.search("redis", 10, None).unwrap()), [1]);
+    assert_eq!(index.len().unwrap(), 2);
+
+    // Within one call the last version wins.
+    index.upsert(&docs(&[(3, "first draft"), (3, "final version")]));
+    assert!(index.search("draft", 10, None).unwrap().is_empty());
+    assert_eq!(ids(&index.search("final", 10, None).unwrap()), [3]);
+    index.commit(3).unwrap();
+    assert!(index.search("draft", 10, None).unwrap().is_empty());
+    assert_eq!(ids(&index.search("final", 10, None).unwrap()), [3]);
+}
+
+#[test]
+fn candidate_filter_never_leaks() {
+    let (_dir, index) = open();
+    // 3,000 docs outside the bitmap match far better than the few inside it.
+    let mut all: Vec<(u32, String)> = (0..3_000u32)
+        .map(|i| (i, format!("latency latency latency spike in service s{i}")))
+        .collect();
+    all.extend(docs(&[
+        (
+            5_000,
+            "a long note that mentions latency once among many other words here",
+        ),
+        (5_001, "latency budget for the session"),
+        (5_002, "nothing relevant in this one"),
+    ]));
+    index.upsert(&all);
+    index.commit(1).unwrap();
+    // ...and staged ones too, inside and outside.
+    index.upsert(&docs(&[
+        (5_003, "latency regression after the upgrade"),
+        (6_000, "latency latency latency latency"),
+    ]));
+
+    let session: RoaringBitmap = [5_000u32, 5_001, 5_002, 5_003].into_iter().collect();
+    let hits = index.search("latency", 3, Some(&session)).unwrap();
+    assert_eq!(hits.len(), 3, "the session's own top-k is found: {hits:?}");
+    assert!(hits.iter().all(|(id, _)| session.contains(*id)), "{hits:?}");
+    assert_eq!(
+        sorted(ids(&hits)),
+        [5_000, 5_001, 5_003],
+        "every matching candidate, committed or staged: {hits:?}"
+    );
+
+    let hits = index
+        .search("latency", 10, Some(&RoaringBitmap::new()))
+        .unwrap();
+    assert!(hits.is_empty(), "an empty scope has no results");
+
+    let unfiltered = index.search("latency", 3, None).unwrap();
+    assert!(unfiltered.iter().all(|(id, _)| !session.contains(*id)));
+    assert_eq!(unfiltered[0].0, 6_000, "{unfiltered:?}");
+}
+
+#[test]
+fn watermark_persists_across_reopen_and_the_tail_does_not() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("kw");
+    {
+        let index = KeywordIndex::open(&path).unwrap();
+        assert_eq!(index.watermark().unwrap(), 0, "a new index has watermark 0");
+        index.upsert(&docs(&[(1, "committed text")]));
+        index.commit(42).unwrap();
+        assert_eq!(index.watermark().unwrap(), 42);
+        // Staged after the last commit: lost with the process, replayed by the store.
+        index.upsert(&docs(&[(2, "staged text")]));
+    }
+    let index = KeywordIndex::open(&path).unwrap();
+    assert_eq!(index.watermark().unwrap(), 42);
+    assert_eq!(ids(&index.search("committed", 10, None).unwrap()), [1]);
+    assert!(index.search("staged", 10, None).unwrap().is_empty());
+    assert_eq!(index.pending(), 0);
+
+    // A commit with nothing staged still moves the watermark durably.
+    index.commit(43).unwrap();
+    drop(index);
+    assert_eq!(KeywordIndex::open(&path).unwrap().watermark().unwrap(), 43);
+}
+
+#[test]
+fn query_syntax_characters_are_plain_text() {
+    let (_dir, index) = open();
+    index.upsert(&docs(&[(1, "foo bar baz"), (2, "quux")]));
+    for q in [
+        r#""foo:bar (baz" AND"#,
+        "foo:",
+        "(((",
+        "bar^2 OR -baz +[a TO z]",
+        "\"*?~",
+    ] {
+        let hits = index
+            .search(q, 10, None)
+            .unwrap_or_else(|e| panic!("{q}: {e}"));
+        let expect_match = q.contains("foo") || q.contains("bar") || q.contains("baz");
+        assert_eq!(
+            ids(&hits),
+            if expect_match { vec![1] } else { vec![] },
+            "query {q:?}"
+        );
+    }
+    index.commit(1).unwrap();
+    let hits = index.search(r#""foo:bar (baz" AND"#, 10, None).unwrap();
+    assert_eq!(ids(&hits), [1]);
+}
+
+#[test]
+fn a_query_without_index_terms_has_no_results() {
+    let (_dir, index) = open();
+    index.upsert(&docs(&[(1, "the cat and the hat"), (2, "a dog is of it")]));
+    index.commit(1).unwrap();
+    for q in ["", "   ", "?! ... ---", "«»"] {
+        assert!(index.search(q, 10, None).unwrap().is_empty(), "{q:?}");
+    }
+    // Whether these are stop words is the analyzer's call; the index must follow it.
+    let stop_words = "the and a of is it";
+    let hits = index.search(stop_words, 10, None).unwrap();
+    assert_eq!(hits.is_empty(), analyze(stop_words).is_empty(), "{hits:?}");
+}
+
+#[test]
+fn cjk_text_is_found_by_a_cjk_query() {
+    let (_dir, index) = open();
+    index.upsert(&docs(&[
+        (1, "会议 记录：東京 オフィス の 移転"),
+        (2, "会议 记录：大阪 支店"),
+        (3, "我喜欢吃苹果"),
+    ]));
+    for round in ["staged", "committed"] {
+        let hits = index.search("東京", 10, None).unwrap();
+        assert_eq!(ids(&hits), [1], "{round}: {hits:?}");
+        let hits = index.search("大阪", 10, None).unwrap();
+        assert_eq!(ids(&hits), [2], "{round}: {hits:?}");
+
+        // Unsegmented Chinese is found exactly when the analyzer splits it into terms the
+        // query shares (CJK bigrams do; a whitespace tokenizer does not).
+        let doc_terms = analyze("我喜欢吃苹果");
+        let shared = analyze("苹果").iter().all(|t| doc_terms.contains(t));
+        let hits = index.search("苹果", 10, None).unwrap();
+        assert_eq!(ids(&hits), if shared { vec![3] } else { vec![] }, "{round}");
+        index.commit(1).unwrap();
+    }
+}
+
+#[test]
+fn len_counts_committed_and_staged_docs_once() {
+    let (_dir, index) = open();
+    assert_eq!(index.len().unwrap(), 0);
+    assert!(index.is_empty().unwrap());
+    index.upsert(&docs(&[(1, "a1"), (2, "a2"), (3, "a3")]));
+    index.commit(1).unwrap();
+    index.upsert(&docs(&[(3, "b3"), (4, "b4")]));
+    index.remove(&[1, 77]);
+    assert_eq!(index.pending(), 4);
+    assert_eq!(index.len().unwrap(), 3, "2, 3 (replaced) and 4");
+    index.commit(2).unwrap();
+    assert_eq!(index.len().unwrap(), 3);
+    assert_eq!(index.pending(), 0);
+}
+
+#[test]
+fn clear_empties_the_index_and_resets_the_watermark() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("kw");
+    {
+        let index = KeywordIndex::open(&path).unwrap();
+        index.upsert(&corpus());
+        index.commit(9).unwrap();
+        index.upsert(&docs(&[(8, "database staged")]));
+        index.clear().unwrap();
+        assert_eq!(index.len().unwrap(), 0);
+        assert_eq!(index.pending(), 0);
+        assert_eq!(index.watermark().unwrap(), 0);
+        assert!(index.search("database", 10, None).unwrap().is_empty());
+
+        index.upsert(&docs(&[(1, "rebuilt database")]));
+        index.commit(3).unwrap();
+        assert_eq!(ids(&index.search("database", 10, None).unwrap()), [1]);
+    }
+    let index = KeywordIndex::open(&path).unwrap();
+    assert_eq!(index.watermark().unwrap(), 3);
+    assert_eq!(index.len().unwrap(), 1);
+}
+
+#[test]
+fn odd_k_values_do_not_panic() {
+    let (_dir, index) = open();
+    index.upsert(&corpus());
+    assert!(index.search("database", 0, None).unwrap().is_empty());
+    assert_eq!(index.search("database", usize::MAX, None).unwrap().len(), 3);
+    index.commit(1).unwrap();
+    assert_eq!(index.search("database", usize::MAX, None).unwrap().len(), 3);
+}
+
+#[test]
+fn a_second_open_of_the_same_directory_is_a_clear_error() {
+    let (dir, _index) = open();
+    let err = KeywordIndex::open(&dir.path().join("keyword")).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("already open"), "{msg}");
+}
+
+#[test]
+fn the_index_is_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<KeywordIndex>();
+}
+
+/// Writes racing commits: every staged doc is visible exactly once at every moment, and
+/// entries staged while a commit runs survive it.
+#[test]
+fn concurrent_upserts_and_commits_never_lose_or_duplicate_a_doc() {
+    use std::sync::atomic::AtomicU64;
+    let (_dir, index) = open();
+    let index = Arc::new(index);
+    let done = Arc::new(AtomicBool::new(false));
+    let commits = Arc::new(AtomicU64::new(0));
+    let committer = {
+        let (index, done, commits) = (index.clone(), done.clone(), commits.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Acquire) {
+                let n = commits.fetch_add(1, Ordering::AcqRel) + 1;
+                index.commit(n).unwrap();
+            }
+        })
+    };
+    let mut written = 0u32;
+    // Keep writing until several commits have raced the writes (bounded, in case a commit
+    // hangs: the assertion below then reports it).
+    while (written < 400 || commits.load(Ordering::Acquire) < 5) && written < 20_000 {
+        let i = written;
+        let word = format!("uniq{i}");
+        index.upsert(&[(i, format!("{word} shared"))]);
+        let hits = index.search(&word, 10, None).unwrap();
+        assert_eq!(ids(&hits), [i], "doc {i} just written");
+        if i % 97 == 0 {
+            let hits = index.search("shared", 100_000, None).unwrap();
+            assert_eq!(sorted(ids(&hits)), (0..=i).collect::<Vec<_>>(), "after {i}");
+        }
+        written += 1;
+    }
+    done.store(true, Ordering::Release);
+    committer.join().unwrap();
+    assert!(commits.load(Ordering::Acquire) >= 5, "commits raced the writes");
+    index.commit(u64::MAX).unwrap();
+    assert_eq!(index.pending(), 0);
+    assert_eq!(index.len().unwrap(), u64::from(written));
+    let all = index.search("shared", 100_000, None).unwrap();
+    assert_eq!(sorted(ids(&all)), (0..written).collect::<Vec<_>>());
+}
+
+/// Run with `cargo test -p shadowbrain-runtime --release keyword::tests::speed -- --ignored
+/// --nocapture` to see commit and search times over 100k short docs.
+#[test]
+#[ignore = "timing, not correctness"]
+fn speed() {
+    use std::time::Instant;
+    let (_dir, index) = open();
+    let words = [
+        "agent", "deploy", "database", "timeout", "memory", "user", "session", "error", "retry",
+        "cache", "latency", "token", "vector", "search", "policy", "queue", "actor", "graph",
+        "summary", "feedback", "budget", "network", "disk", "cpu", "shard", "replica", "lease",
+        "schema", "index", "metric",
+    ];
+    let n = 100_000u32;
+    let docs: Vec<(u32, String)> = (0..n)
+        .map(|i| {
+            let text = (0..25u32)
+                .map(|j| {
+                    words[((i.wrapping_mul(31) + j * 7 + j * j) % words.len() as u32) as usize]
+                })
+                .collect::<Vec<_>>()
+                .join(" ");
+            (i, format!("{text} doc{i}"))
+        })
+        .collect();
+    let t = Instant::now();
+    index.upsert(&docs);
+    let staged = t.elapsed();
+    let t = Instant::now();
+    index.commit(u64::from(n)).unwrap();
+    let committed = t.elapsed();
+    let queries = [
+        "database timeout",
+        "agent memory retry",
+        "doc777 latency",
+        "shard",
+    ];
+    let rounds = 200;
+    let t = Instant::now();
+    for _ in 0..rounds {
+        for q in queries {
+            assert!(!index.search(q, 10, None).unwrap().is_empty());
+        }
+    }
+    let per_query = t.elapsed() / (rounds * queries.len() as u32);
+    let scope: RoaringBitmap = (0..n).step_by(1000).collect();
+    let t = Instant::now();
+    for _ in 0..rounds {
+        assert!(
+            !index
+                .search("database", 10, Some(&scope))
+                .unwrap()
+                .is_empty()
+        );
+    }
+    let scoped = t.elapsed() / rounds;
+    println!(
+        "upsert {n}: {staged:?}, commit: {committed:?}, search: {per_query:?}/query, \
+         scoped: {scoped:?}/query"
+    );
+}
