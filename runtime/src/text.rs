@@ -619,6 +619,26 @@ mod tests {
         assert_eq!(hits("\"failed because the database\""), [2]);
     }
 
+    proptest::proptest! {
+        /// Any text, any script mix: no panic, offsets on char boundaries and in order,
+        /// positions strictly increasing, every term non-empty and lower-case.
+        #[test]
+        fn arbitrary_text_tokenizes_sanely(text in "(\\PC|[東京北京でをデータ서울 ,.!'-]){0,80}") {
+            let mut last_pos: Option<usize> = None;
+            let mut last_from = 0;
+            for_each_token(&text, |t| {
+                assert!(text.is_char_boundary(t.offset_from) && text.is_char_boundary(t.offset_to));
+                assert!(t.offset_from < t.offset_to && t.offset_from >= last_from);
+                assert!(last_pos.is_none_or(|p| t.position > p));
+                assert!(!t.text.is_empty());
+                assert_eq!(t.text.to_lowercase(), t.text);
+                last_pos = Some(t.position);
+                last_from = t.offset_from;
+            });
+            let _ = estimate_tokens(&text);
+        }
+    }
+
     #[test]
     fn token_estimates() {
         assert_eq!(estimate_tokens(""), 0);

@@ -533,3 +533,479 @@ fn read_api_key(var: &str) -> Result<String> {
     }
     Ok(key)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Instant;
+
+    use axum::Json;
+    use axum::extract::State;
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::response::{IntoResponse, Response};
+    use axum::routing::post;
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::embed::{EmbedderKind, HashEmbedder};
+
+    /// What the scripted server does with one request.
+    enum Reply {
+        /// Embeddings of the configured dimension (scaled, so normalisation is observable).
+        Vectors,
+        /// Embeddings of this dimension.
+        WrongDim(usize),
+        /// This status with an OpenAI-style error body.
+        Status(u16),
+        /// Sleep this long, then answer normally.
+        Hang(Duration),
+    }
+
+    type Script = dyn Fn(usize) -> Reply + Send + Sync;
+
+    /// A real OpenAI-compatible `/v1/embeddings` endpoint on 127.0.0.1, scripted per request
+    /// number, recording what arrives.
+    struct Server {
+        dims: usize,
+        script: Box<Script>,
+        requests: AtomicUsize,
+        in_flight: AtomicUsize,
+        max_in_flight: AtomicUsize,
+        bodies: Mutex<Vec<Value>>,
+        auth: Mutex<Vec<Option<String>>>,
+        /// Per-request service time, so concurrent requests overlap.
+        delay: Duration,
+    }
+
+    impl Server {
+        fn requests(&self) -> usize {
+            self.requests.load(Ordering::SeqCst)
+        }
+    }
+
+    /// The vector the server returns for `text`: a deterministic unit vector times 3, so the
+    /// client has to normalise it.
+    fn server_vector(text: &str, dims: usize) -> Vec<f32> {
+        HashEmbedder::new(dims)
+            .unwrap()
+            .embed_one(text)
+            .into_iter()
+            .map(|x| x * 3.0)
+            .collect()
+    }
+
+    fn expected(text: &str, dims: usize) -> Vec<f32> {
+        HashEmbedder::new(dims).unwrap().embed_one(text)
+    }
+
+    async fn handle(
+        State(s): State<Arc<Server>>,
+        headers: HeaderMap,
+        Json(body): Json<Value>,
+    ) -> Response {
+        let n = s.requests.fetch_add(1, Ordering::SeqCst);
+        let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        s.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        s.auth.lock().unwrap().push(
+            headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+        );
+        s.bodies.lock().unwrap().push(body.clone());
+        tokio::time::sleep(s.delay).await;
+
+        let reply = (s.script)(n);
+        let dims = match reply {
+            Reply::Vectors => s.dims,
+            Reply::WrongDim(d) => d,
+            Reply::Hang(d) => {
+                tokio::time::sleep(d).await;
+                s.dims
+            }
+            Reply::Status(code) => {
+                s.in_flight.fetch_sub(1, Ordering::SeqCst);
+                let status = StatusCode::from_u16(code).unwrap();
+                let body = json!({"error": {"message": format!("scripted {code}"),
+                    "type": "scripted", "param": null, "code": null}});
+                return (status, Json(body)).into_response();
+            }
+        };
+        let inputs: Vec<String> = body["input"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect();
+        // Reverse order with correct `index` fields: clients must sort by index.
+        let data: Vec<Value> = inputs
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(i, t)| json!({"object": "embedding", "index": i, "embedding": server_vector(t, dims)}))
+            .collect();
+        s.in_flight.fetch_sub(1, Ordering::SeqCst);
+        Json(json!({
+            "object": "list",
+            "model": body["model"],
+            "data": data,
+            "usage": {"prompt_tokens": inputs.len(), "total_tokens": inputs.len()},
+        }))
+        .into_response()
+    }
+
+    async fn start(
+        dims: usize,
+        delay: Duration,
+        script: impl Fn(usize) -> Reply + Send + Sync + 'static,
+    ) -> (Arc<Server>, String) {
+        let server = Arc::new(Server {
+            dims,
+            script: Box::new(script),
+            requests: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+            bodies: Mutex::new(Vec::new()),
+            auth: Mutex::new(Vec::new()),
+            delay,
+        });
+        let app = axum::Router::new()
+            .route("/v1/embeddings", post(handle))
+            .with_state(Arc::clone(&server));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (server, format!("http://{addr}/v1"))
+    }
+
+    fn config(base_url: &str, dims: usize) -> EmbedderConfig {
+        EmbedderConfig {
+            kind: EmbedderKind::Openai,
+            base_url: Some(base_url.to_owned()),
+            model: Some("test-embed".to_owned()),
+            dimensions: Some(dims),
+            api_key_env: "SHADOWBRAIN_TEST_SURELY_UNSET_KEY_7F3A".to_owned(),
+            timeout: "2s".to_owned(),
+            ..EmbedderConfig::default()
+        }
+    }
+
+    fn embedder(cfg: &EmbedderConfig) -> OpenAiEmbedder {
+        OpenAiEmbedder::new(cfg)
+            .unwrap()
+            .with_backoff(Duration::from_millis(10), Duration::from_millis(40))
+    }
+
+    fn texts(n: usize) -> Vec<String> {
+        (0..n)
+            .map(|i| format!("memory {i}: topic {}", i % 5))
+            .collect()
+    }
+
+    fn provider_message(e: Error) -> String {
+        match e {
+            Error::Provider { provider, message } => {
+                assert_eq!(provider, "openai");
+                message
+            }
+            other => panic!("expected a provider error, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn vectors_come_back_in_order_and_normalised() {
+        let (server, url) = start(8, Duration::ZERO, |_| Reply::Vectors).await;
+        let e = embedder(&config(&url, 8));
+        let input = texts(5);
+        let got = e.embed(&input).await.unwrap();
+
+        assert_eq!(server.requests(), 1);
+        assert_eq!(got.len(), 5);
+        for (t, v) in input.iter().zip(&got) {
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            assert!((norm - 1.0).abs() < 1e-5, "norm {norm}");
+            let want = expected(t, 8);
+            assert!(
+                v.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5),
+                "{t}"
+            );
+        }
+        let body = server.bodies.lock().unwrap()[0].clone();
+        assert_eq!(body["model"], "test-embed");
+        assert_eq!(body["input"], json!(input));
+        // Not asked for: most non-OpenAI servers reject the parameter.
+        assert!(body.get("dimensions").is_none());
+        assert_eq!((e.name(), e.dimensions()), ("openai:test-embed", 8));
+        assert!(e.embed(&[]).await.unwrap().is_empty());
+        assert_eq!(
+            server.requests(),
+            1,
+            "an empty call must not hit the server"
+        );
+    }
+
+    #[tokio::test]
+    async fn batches_are_split_bounded_and_reassembled() {
+        let (server, url) = start(4, Duration::from_millis(40), |_| Reply::Vectors).await;
+        let cfg = EmbedderConfig {
+            batch_size: 16,
+            max_concurrency: 3,
+            ..config(&url, 4)
+        };
+        let e = embedder(&cfg);
+        let input = texts(100);
+        let got = e.embed(&input).await.unwrap();
+
+        assert_eq!(server.requests(), 7, "100 texts in batches of 16");
+        let sizes: Vec<usize> = server
+            .bodies
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|b| b["input"].as_array().unwrap().len())
+            .collect();
+        assert_eq!(sizes.iter().sum::<usize>(), 100);
+        assert!(sizes.iter().all(|&n| n == 16 || n == 4), "{sizes:?}");
+        let max = server.max_in_flight.load(Ordering::SeqCst);
+        assert!(max <= 3, "{max} requests in flight, limit 3");
+        assert!(max >= 2, "batches were not sent concurrently");
+        assert_eq!(got.len(), 100);
+        for (t, v) in input.iter().zip(&got) {
+            let want = expected(t, 4);
+            assert!(
+                v.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5),
+                "{t}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_500_is_retried() {
+        let (server, url) = start(4, Duration::ZERO, |n| {
+            if n == 0 {
+                Reply::Status(500)
+            } else {
+                Reply::Vectors
+            }
+        })
+        .await;
+        let got = embedder(&config(&url, 4)).embed(&texts(3)).await.unwrap();
+        assert_eq!(server.requests(), 2);
+        assert_eq!(got.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_429_is_retried() {
+        let (server, url) = start(4, Duration::ZERO, |n| {
+            if n == 0 {
+                Reply::Status(429)
+            } else {
+                Reply::Vectors
+            }
+        })
+        .await;
+        let got = embedder(&config(&url, 4)).embed(&texts(2)).await.unwrap();
+        assert_eq!(server.requests(), 2);
+        let want = expected(&texts(2)[1], 4);
+        assert!(got[1].iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5));
+    }
+
+    #[tokio::test]
+    async fn persistent_5xx_gives_up_after_max_retries() {
+        let (server, url) = start(4, Duration::ZERO, |_| Reply::Status(503)).await;
+        let cfg = EmbedderConfig {
+            max_retries: 2,
+            ..config(&url, 4)
+        };
+        let err = embedder(&cfg).embed(&texts(1)).await.unwrap_err();
+        assert_eq!(server.requests(), 3, "1 attempt + 2 retries");
+        let msg = provider_message(err);
+        assert!(msg.contains("3 attempts") && msg.contains("503"), "{msg}");
+        assert!(msg.contains(&url) && msg.contains("test-embed"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn a_hang_times_out_is_retried_then_fails_clearly() {
+        let (server, url) = start(4, Duration::ZERO, |_| Reply::Hang(Duration::from_secs(5))).await;
+        let cfg = EmbedderConfig {
+            timeout: "200ms".into(),
+            max_retries: 2,
+            ..config(&url, 4)
+        };
+        let started = Instant::now();
+        let err = embedder(&cfg).embed(&texts(2)).await.unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(server.requests(), 3);
+        assert!(took >= Duration::from_millis(600), "{took:?}");
+        assert!(
+            took < Duration::from_secs(3),
+            "timeouts were not enforced: {took:?}"
+        );
+        let msg = provider_message(err);
+        assert!(msg.contains("200ms timeout"), "{msg}");
+        assert!(msg.contains("server is up") && msg.contains(&url), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn a_slow_first_answer_is_retried_successfully() {
+        let (server, url) = start(4, Duration::ZERO, |n| {
+            if n == 0 {
+                Reply::Hang(Duration::from_secs(5))
+            } else {
+                Reply::Vectors
+            }
+        })
+        .await;
+        let cfg = EmbedderConfig {
+            timeout: "200ms".into(),
+            ..config(&url, 4)
+        };
+        let got = embedder(&cfg).embed(&texts(2)).await.unwrap();
+        assert_eq!(server.requests(), 2);
+        assert_eq!(got.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn wrong_dimension_is_a_clear_error_and_not_retried() {
+        let (server, url) = start(8, Duration::ZERO, |_| Reply::WrongDim(5)).await;
+        let err = embedder(&config(&url, 8))
+            .embed(&texts(2))
+            .await
+            .unwrap_err();
+        assert_eq!(server.requests(), 1);
+        let msg = provider_message(err);
+        assert!(msg.contains("returned 5-dimensional"), "{msg}");
+        assert!(
+            msg.contains("dimensions = 8") && msg.contains("dimensions = 5"),
+            "{msg}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_key_comes_from_the_configured_env_var() {
+        // Tests cannot set variables safely (other test threads read the environment), so
+        // this uses one Cargo sets for every test process it runs.
+        let key = std::env::var("CARGO_PKG_NAME").expect("run under cargo");
+        let (server, url) = start(4, Duration::ZERO, |_| Reply::Vectors).await;
+        let cfg = EmbedderConfig {
+            api_key_env: "CARGO_PKG_NAME".into(),
+            ..config(&url, 4)
+        };
+        let e = embedder(&cfg);
+        e.embed(&texts(1)).await.unwrap();
+        assert_eq!(
+            server.auth.lock().unwrap()[0].as_deref(),
+            Some(format!("Bearer {key}").as_str())
+        );
+        assert!(
+            !format!("{e:?}").contains(&key),
+            "the key leaked into Debug"
+        );
+
+        // Unset variable: no key, as local servers expect.
+        let (server, url) = start(4, Duration::ZERO, |_| Reply::Vectors).await;
+        embedder(&config(&url, 4)).embed(&texts(1)).await.unwrap();
+        let auth = server.auth.lock().unwrap()[0].clone().unwrap_or_default();
+        assert_eq!(auth.trim(), "Bearer");
+    }
+
+    #[tokio::test]
+    async fn auth_failures_are_not_retried_and_name_the_variable() {
+        let (server, url) = start(4, Duration::ZERO, |_| Reply::Status(401)).await;
+        let err = embedder(&config(&url, 4))
+            .embed(&texts(1))
+            .await
+            .unwrap_err();
+        assert_eq!(server.requests(), 1);
+        let msg = provider_message(err);
+        assert!(
+            msg.contains("SHADOWBRAIN_TEST_SURELY_UNSET_KEY_7F3A"),
+            "{msg}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_dead_endpoint_is_retried_then_reported() {
+        // Bind and drop: nothing listens on this port any more.
+        let port = {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let url = format!("http://127.0.0.1:{port}/v1");
+        let cfg = EmbedderConfig {
+            max_retries: 1,
+            ..config(&url, 4)
+        };
+        let msg = provider_message(embedder(&cfg).embed(&texts(1)).await.unwrap_err());
+        assert!(msg.contains("2 attempts") && msg.contains(&url), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn a_failing_batch_fails_the_whole_call() {
+        let (_server, url) = start(4, Duration::ZERO, |n| {
+            if n == 2 {
+                Reply::Status(400)
+            } else {
+                Reply::Vectors
+            }
+        })
+        .await;
+        let cfg = EmbedderConfig {
+            batch_size: 2,
+            max_concurrency: 1,
+            ..config(&url, 4)
+        };
+        let msg = provider_message(embedder(&cfg).embed(&texts(8)).await.unwrap_err());
+        assert!(
+            msg.contains("HTTP 400") && msg.contains("scripted 400"),
+            "{msg}"
+        );
+    }
+
+    #[tokio::test]
+    async fn empty_text_is_rejected_before_any_request() {
+        let (server, url) = start(4, Duration::ZERO, |_| Reply::Vectors).await;
+        let input = vec!["fine".to_owned(), String::new()];
+        let err = embedder(&config(&url, 4)).embed(&input).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::Invalid { field, .. } if field == "texts[1]"),
+            "{err}"
+        );
+        assert_eq!(server.requests(), 0);
+    }
+
+    #[test]
+    fn backoff_grows_with_jitter_and_is_capped() {
+        let e = OpenAiEmbedder::new(&config("http://127.0.0.1:9/v1", 4))
+            .unwrap()
+            .with_backoff(Duration::from_millis(100), Duration::from_millis(1000));
+        for attempt in 0..30 {
+            let d = e.inner.backoff(attempt);
+            let full = Duration::from_millis(100 * (1u64 << attempt.min(10)))
+                .min(Duration::from_millis(1000));
+            assert!(
+                d >= full / 2 && d <= full,
+                "attempt {attempt}: {d:?} vs {full:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn base_url_forms() {
+        assert_eq!(base_url(None).unwrap(), DEFAULT_BASE_URL);
+        assert_eq!(
+            base_url(Some(" http://localhost:11434/v1/ ")).unwrap(),
+            "http://localhost:11434/v1"
+        );
+        for bad in [
+            "localhost:11434",
+            "ftp://x",
+            "http://",
+            "http:///v1",
+            "http://a b/v1",
+        ] {
+            assert!(base_url(Some(bad)).is_err(), "{bad}");
+        }
+    }
+}
