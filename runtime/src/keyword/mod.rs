@@ -59,7 +59,6 @@ const WRITER_HEAP_BYTES: usize = 50_000_000;
 /// [`search`](Self::search) at once; [`commit`](Self::commit) makes them durable in tantivy.
 pub struct KeywordIndex {
     dir: PathBuf,
-    index: Index,
     reader: IndexReader,
     /// The single tantivy writer; holding its lock also serialises commits and clears.
     writer: Mutex<IndexWriter>,
@@ -167,7 +166,6 @@ impl KeywordIndex {
         let watermark = parse_watermark(index.load_metas()?.payload.as_deref())?;
         Ok(KeywordIndex {
             dir: dir.to_path_buf(),
-            index,
             reader,
             writer: Mutex::new(writer),
             tail: RwLock::new(Tail::default()),
@@ -234,7 +232,10 @@ impl KeywordIndex {
     /// commit, so retrying is always safe.
     pub fn commit(&self, watermark: u64) -> Result<()> {
         let mut writer = self.lock_writer();
-        let snapshot = self.read_tail().snapshot();
+        let (snapshot, snapshot_seq) = {
+            let tail = self.read_tail();
+            (tail.snapshot(), tail.next_seq())
+        };
         if snapshot.is_empty() && watermark == self.watermark.load(AtomicOrdering::Acquire) {
             return Ok(());
         }
@@ -270,7 +271,7 @@ impl KeywordIndex {
         // If the reload fails the tail keeps its entries, which still shadow the stale
         // committed view, so searches stay right; the next commit reloads again.
         self.reader.reload()?;
-        tail.drop_committed(&snapshot);
+        tail.drop_committed(&snapshot, snapshot_seq);
         Ok(())
     }
 
@@ -411,11 +412,6 @@ impl KeywordIndex {
     /// The directory this index lives in.
     pub fn dir(&self) -> &Path {
         &self.dir
-    }
-
-    /// The tantivy index, for diagnostics (segment counts, space usage).
-    pub fn tantivy_index(&self) -> &Index {
-        &self.index
     }
 }
 

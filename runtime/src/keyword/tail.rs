@@ -125,8 +125,15 @@ impl Tail {
         }
     }
 
-    /// Drops the entries a commit wrote, unless they were re-staged since the snapshot.
-    pub(super) fn drop_committed(&mut self, snapshot: &Snapshot) {
+    /// Drops the entries a commit wrote, unless they were re-staged since the snapshot,
+    /// which was taken when [`next_seq`](Self::next_seq) was `snapshot_seq`.
+    pub(super) fn drop_committed(&mut self, snapshot: &Snapshot, snapshot_seq: u64) {
+        if self.next_seq == snapshot_seq {
+            // Nothing was staged since: the whole tail is committed, and unaccounting a big
+            // batch entry by entry would cost as much as staging it did.
+            self.reset();
+            return;
+        }
         for &(id, seq, _) in snapshot {
             self.unstage_if(id, seq);
         }
@@ -244,9 +251,9 @@ mod tests {
         let mut tail = Tail::default();
         tail.stage(1, Some(StagedDoc::new("quokka")));
         tail.stage(2, Some(StagedDoc::new("platypus")));
-        let snapshot = tail.snapshot();
+        let (snapshot, seq) = (tail.snapshot(), tail.next_seq());
         tail.stage(1, Some(StagedDoc::new("wombat")));
-        tail.drop_committed(&snapshot);
+        tail.drop_committed(&snapshot, seq);
         assert_eq!(tail.len(), 1);
         assert_eq!(tail.doc_freq(&term("wombat")), 1);
         assert_eq!(tail.doc_freq(&term("quokka")), 0);
@@ -254,5 +261,13 @@ mod tests {
         assert!(tail.staged_ids().contains(1));
         assert!(!tail.staged_ids().contains(2));
         assert_eq!(tail.total_tokens(), tokens("wombat"));
+
+        let (snapshot, seq) = (tail.snapshot(), tail.next_seq());
+        tail.drop_committed(&snapshot, seq);
+        assert_eq!(tail.len(), 0);
+        assert_eq!(tail.live_docs(), 0);
+        assert_eq!(tail.total_tokens(), 0);
+        assert!(tail.staged_ids().is_empty());
+        assert_eq!(tail.next_seq(), seq, "sequence numbers never go back");
     }
 }

@@ -435,7 +435,7 @@ fn concurrent_upserts_and_commits_never_lose_or_duplicate_a_doc() {
         index.upsert(&[(i, format!("{word} shared"))]);
         let hits = index.search(&word, 10, None).unwrap();
         assert_eq!(ids(&hits), [i], "doc {i} just written");
-        if i % 97 == 0 {
+        if i.is_multiple_of(97) {
             let hits = index.search("shared", 100_000, None).unwrap();
             assert_eq!(sorted(ids(&hits)), (0..=i).collect::<Vec<_>>(), "after {i}");
         }
@@ -443,7 +443,10 @@ fn concurrent_upserts_and_commits_never_lose_or_duplicate_a_doc() {
     }
     done.store(true, Ordering::Release);
     committer.join().unwrap();
-    assert!(commits.load(Ordering::Acquire) >= 5, "commits raced the writes");
+    assert!(
+        commits.load(Ordering::Acquire) >= 5,
+        "commits raced the writes"
+    );
     index.commit(u64::MAX).unwrap();
     assert_eq!(index.pending(), 0);
     assert_eq!(index.len().unwrap(), u64::from(written));
@@ -465,15 +468,18 @@ fn speed() {
         "schema", "index", "metric",
     ];
     let n = 100_000u32;
+    // xorshift: a fixed, well-mixed word sequence.
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next_word = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        words[(state % words.len() as u64) as usize]
+    };
     let docs: Vec<(u32, String)> = (0..n)
         .map(|i| {
-            let text = (0..25u32)
-                .map(|j| {
-                    words[((i.wrapping_mul(31) + j * 7 + j * j) % words.len() as u32) as usize]
-                })
-                .collect::<Vec<_>>()
-                .join(" ");
-            (i, format!("{text} doc{i}"))
+            let text: Vec<&str> = (0..25).map(|_| next_word()).collect();
+            (i, format!("{} doc{i}", text.join(" ")))
         })
         .collect();
     let t = Instant::now();

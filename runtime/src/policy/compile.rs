@@ -202,8 +202,8 @@ pub(crate) mod defaults {
     pub const MERGE_SIMILARITY: f64 = 0.9;
 
     /// DESIGN's two rules: goals matter most, failed observations next.
-    pub fn rules() -> Vec<super::super::raw::RawRule> {
-        use super::super::raw::RawRule;
+    pub fn rules() -> Vec<crate::policy::raw::RawRule> {
+        use crate::policy::raw::RawRule;
         vec![
             RawRule {
                 kinds: Some(vec!["goal".into()]),

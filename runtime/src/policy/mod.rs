@@ -113,8 +113,8 @@ impl Policy {
         toml: &str,
         env: Option<HashMap<String, String>>,
     ) -> Result<Policy, PolicyErrors> {
-        let env = env.unwrap_or_else(|| std::env::vars().collect());
-        let env_keys = raw::env_keys(Some(&env));
+        let env = env.unwrap_or_else(raw::process_env);
+        let env_keys = raw::env_keys(&env);
         let (partial, mut issues) = RawPolicy::read_partial(file_label, toml, Some(env));
         let Some(raw) = partial else {
             return Err(PolicyErrors(issues));

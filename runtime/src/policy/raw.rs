@@ -275,7 +275,8 @@ impl RawPolicy {
         toml: &str,
         env: Option<HashMap<String, String>>,
     ) -> (Option<RawPolicy>, Vec<PolicyIssue>) {
-        let env_keys = env_keys(env.as_ref());
+        let env = env.unwrap_or_else(process_env);
+        let env_keys = env_keys(&env);
         let issue = |key: String, reason: String| PolicyIssue {
             file: file.to_string(),
             reason: annotate_env(&env_keys, &key, reason),
@@ -291,7 +292,7 @@ impl RawPolicy {
         }
         let built = Config::builder()
             .add_source(File::from_str(toml, FileFormat::Toml))
-            .add_source(environment.source(env))
+            .add_source(environment.source(Some(env)))
             .build();
         let table = match built.and_then(|config| config.collect()) {
             Ok(table) => table,
@@ -327,20 +328,32 @@ impl RawPolicy {
     }
 }
 
-/// The dotted keys set by override variables, each with the variable that set it.
-pub(crate) fn env_keys(env: Option<&HashMap<String, String>>) -> Vec<(String, String)> {
+/// The `SHADOWBRAIN_POLICY__*` variables of the process environment. Names and values
+/// that are not valid Unicode are converted lossily (and then fail validation visibly)
+/// instead of panicking as `std::env::vars` would.
+pub fn process_env() -> HashMap<String, String> {
     let pattern = format!("{ENV_PREFIX}{ENV_SEPARATOR}").to_lowercase();
-    let vars: Vec<(String, String)> = match env {
-        Some(m) => m.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-        None => std::env::vars().collect(),
-    };
-    let mut keys: Vec<(String, String)> = vars
-        .into_iter()
+    std::env::vars_os()
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
+        .filter(|(k, _)| k.to_lowercase().starts_with(&pattern))
+        .collect()
+}
+
+/// The dotted keys set by override variables, each with the variable that set it.
+pub(crate) fn env_keys(env: &HashMap<String, String>) -> Vec<(String, String)> {
+    let pattern = format!("{ENV_PREFIX}{ENV_SEPARATOR}").to_lowercase();
+    let mut keys: Vec<(String, String)> = env
+        .iter()
         .filter(|(_, v)| !v.is_empty())
         .filter_map(|(var, _)| {
             let lower = var.to_lowercase();
             let rest = lower.strip_prefix(&pattern)?;
-            Some((rest.replace(ENV_SEPARATOR, "."), var))
+            Some((rest.replace(ENV_SEPARATOR, "."), var.clone()))
         })
         .collect();
     keys.sort();

@@ -512,7 +512,7 @@ fn the_process_environment_is_read_by_load() {
     std::fs::write(&path, "").unwrap();
     let var = "SHADOWBRAIN_POLICY__PROMOTION__MERGE_SIMILARITY";
     // SAFETY: no other test reads or writes this variable, and `load` reads the environment
-    // only through `std::env::vars`, which is synchronised by the standard library.
+    // only through `std::env::vars_os`, which is synchronised by the standard library.
     unsafe { std::env::set_var(var, "0.75") };
     let loaded = Policy::load(&path);
     unsafe { std::env::remove_var(var) };
