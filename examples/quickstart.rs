@@ -17,13 +17,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             vec![
                 NewMemory::new("goal", "Ship the billing migration by Friday"),
                 NewMemory::new("action", "Ran the migration dry-run against staging"),
-                NewMemory::new("observation", "Dry-run failed: the billing queue consumer exception says TLS handshake error"),
-                NewMemory::new("thought", "The staging load balancer certificate probably expired"),
-                NewMemory::new("user_message", "Please keep the old queue running until the migration is verified"),
+                NewMemory::new(
+                    "observation",
+                    "Dry-run failed: the billing queue consumer exception says TLS handshake error",
+                ),
+                NewMemory::new(
+                    "thought",
+                    "The staging load balancer certificate probably expired",
+                ),
+                NewMemory::new(
+                    "user_message",
+                    "Please keep the old queue running until the migration is verified",
+                ),
             ],
         )
         .await?;
-    println!("recorded {} events durably: {} .. {}", ids.len(), ids[0], ids[ids.len() - 1]);
+    println!(
+        "recorded {} events durably: {} .. {}",
+        ids.len(),
+        ids[0],
+        ids[ids.len() - 1]
+    );
     let mut req = RecallRequest::new("default", "quickstart", "why did the billing dry-run fail?");
     req.k = 3;
     let res = sub.recall(&req).await?;
@@ -31,7 +45,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for m in &res.memories {
         println!(
             "{}  score {:.3}  (relevance {:.3}, recency {:.3}, importance {:.3}, utility {:.3})  {}",
-            m.record.id, m.score, m.why.relevance, m.why.recency, m.why.importance, m.why.utility, m.record.text
+            m.record.id,
+            m.score,
+            m.why.relevance,
+            m.why.recency,
+            m.why.importance,
+            m.why.utility,
+            m.record.text
         );
     }
     println!("\n{}", res.context);

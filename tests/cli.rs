@@ -14,13 +14,23 @@ async fn reindex_moves_a_store_to_another_dimension() {
     let data = dir.path().join("data");
     let sub = Substrate::open(&data, SubstrateOptions::default()).unwrap();
     let id = sub
-        .record("default", "s", vec![NewMemory::new("observation", "the nightly backup job timed out")])
+        .record(
+            "default",
+            "s",
+            vec![NewMemory::new(
+                "observation",
+                "the nightly backup job timed out",
+            )],
+        )
         .await
         .unwrap()[0];
     sub.close().unwrap();
     drop(sub);
 
-    let small = || SubstrateOptions { embedder: Arc::new(HashEmbedder::new(128)), ..SubstrateOptions::default() };
+    let small = || SubstrateOptions {
+        embedder: Arc::new(HashEmbedder::new(128).unwrap()),
+        ..SubstrateOptions::default()
+    };
     let err = Substrate::open(&data, small()).unwrap_err().to_string();
     assert!(err.contains("shadowbrain reindex"), "{err}");
 
@@ -34,15 +44,31 @@ async fn reindex_moves_a_store_to_another_dimension() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("reindexed 1 records") && stdout.contains("128 dimensions"), "{stdout}");
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("reindexed 1 records") && stdout.contains("128 dimensions"),
+        "{stdout}"
+    );
 
     let sub = Substrate::open(&data, small()).unwrap();
     let mut req = RecallRequest::new("default", "elsewhere", "backup job timed out");
     req.scope = Scope::Namespace;
     let res = sub.recall(&req).await.unwrap();
     assert_eq!(res.memories.first().map(|m| m.record.id), Some(id));
-    assert_eq!(sub.store().get(id).unwrap().unwrap().embedding.unwrap().len(), 128);
+    assert_eq!(
+        sub.store()
+            .get(id)
+            .unwrap()
+            .unwrap()
+            .embedding
+            .unwrap()
+            .len(),
+        128
+    );
     sub.close().unwrap();
 }
 

@@ -19,7 +19,9 @@ fn unit(rng: &mut rand::rngs::StdRng, dim: usize) -> Vec<f32> {
 }
 
 fn benches(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let embedder = HashEmbedder::default();
     let text = vec!["the deploy to staging failed because the TLS certificate of the load balancer expired yesterday night".to_string()];
     c.bench_function("hash_embed_one_text", |b| {
@@ -39,16 +41,28 @@ fn benches(c: &mut Criterion) {
                     ..NewMemory::new("observation", format!("event {i} of session {session}"))
                 })
                 .collect();
-            black_box(sub.record_blocking("default", &format!("s{session}"), events).unwrap())
+            black_box(
+                sub.record_blocking("default", &format!("s{session}"), events)
+                    .unwrap(),
+            )
         })
     });
     sub.flush_indexes().unwrap();
     let q = unit(&mut rng, 384);
-    let scoped = sub.store().candidates(&Filter { namespace: "default", session: Some("s1"), recallable_only: true, ..Default::default() });
+    let scoped = sub.store().candidates(&Filter {
+        namespace: "default",
+        session: Some("s1"),
+        recallable_only: true,
+        ..Default::default()
+    });
     c.bench_function("vector_top10_session_scope", |b| {
         b.iter(|| black_box(sub.vectors().search(&q, 10, Some(&scoped)).unwrap()))
     });
-    let all = sub.store().candidates(&Filter { namespace: "default", recallable_only: true, ..Default::default() });
+    let all = sub.store().candidates(&Filter {
+        namespace: "default",
+        recallable_only: true,
+        ..Default::default()
+    });
     c.bench_function("vector_top10_namespace", |b| {
         b.iter(|| black_box(sub.vectors().search(&q, 10, Some(&all)).unwrap()))
     });

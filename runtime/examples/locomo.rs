@@ -15,7 +15,8 @@ use shadowbrain_runtime::policy::Policy;
 use shadowbrain_runtime::substrate::{Substrate, SubstrateOptions};
 
 fn main() {
-    let mut data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/locomo/locomo10.json");
+    let mut data =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/locomo/locomo10.json");
     let mut policy = None;
     let mut range = (0usize, usize::MAX);
     let mut it = std::env::args().skip(1);
@@ -29,10 +30,15 @@ fn main() {
             "--policy" => policy = Some(PathBuf::from(val)),
             "--conversations" => {
                 let (a, b) = val.split_once('-').unwrap_or((&val, &val));
-                range = (a.parse().expect("--conversations A-B"), b.parse().expect("--conversations A-B"));
+                range = (
+                    a.parse().expect("--conversations A-B"),
+                    b.parse().expect("--conversations A-B"),
+                );
             }
             other => {
-                eprintln!("locomo: unknown argument {other}; use --data FILE --policy FILE --conversations A-B");
+                eprintln!(
+                    "locomo: unknown argument {other}; use --data FILE --policy FILE --conversations A-B"
+                );
                 std::process::exit(2);
             }
         }
@@ -41,7 +47,12 @@ fn main() {
         eprintln!("locomo: {e}");
         std::process::exit(1)
     });
-    let convs: Vec<_> = convs.into_iter().enumerate().filter(|(i, _)| *i >= range.0 && *i <= range.1).map(|(_, c)| c).collect();
+    let convs: Vec<_> = convs
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| *i >= range.0 && *i <= range.1)
+        .map(|(_, c)| c)
+        .collect();
     let mut opts = SubstrateOptions::default();
     if let Some(p) = &policy {
         opts.policy = Policy::load(p).unwrap_or_else(|e| {
@@ -51,22 +62,41 @@ fn main() {
     }
     let dir = tempfile::tempdir().unwrap();
     let sub = Substrate::open(dir.path(), opts).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let t = Instant::now();
     let ks = [5, 10, 20];
     let report = rt
-        .block_on(locomo::run(&sub, &convs, &ks, |done, total| eprintln!("locomo: conversation {done}/{total} ({:.1} s)", t.elapsed().as_secs_f64())))
+        .block_on(locomo::run(&sub, &convs, &ks, |done, total| {
+            eprintln!(
+                "locomo: conversation {done}/{total} ({:.1} s)",
+                t.elapsed().as_secs_f64()
+            )
+        }))
         .unwrap();
     let secs = t.elapsed().as_secs_f64();
-    eprintln!("{:<12} {:>6} {:>7} {:>7} {:>7} {:>7}", "category", "n", "R@5", "R@10", "hit@5", "hit@10");
+    eprintln!(
+        "{:<12} {:>6} {:>7} {:>7} {:>7} {:>7}",
+        "category", "n", "R@5", "R@10", "hit@5", "hit@10"
+    );
     let row = |name: &str, f: &locomo::Figures| {
-        eprintln!("{name:<12} {:>6} {:>7.3} {:>7.3} {:>7.3} {:>7.3}", f.questions, f.recall[&5], f.recall[&10], f.hit[&5], f.hit[&10]);
+        eprintln!(
+            "{name:<12} {:>6} {:>7.3} {:>7.3} {:>7.3} {:>7.3}",
+            f.questions, f.recall[&5], f.recall[&10], f.hit[&5], f.hit[&10]
+        );
     };
     for (c, f) in &report.per_category {
         row(&format!("{c}"), f);
     }
     row("cats 1-4", &report.cats_1_4);
-    eprintln!("{} questions in {secs:.1} s, policy {}", report.ranked.len(), sub.policy().name);
+    eprintln!(
+        "{} questions in {secs:.1} s, policy {}",
+        report.ranked.len(),
+        sub.policy().name
+    );
     let per_category: serde_json::Map<String, serde_json::Value> = report
         .per_category
         .iter()

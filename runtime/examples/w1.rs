@@ -30,7 +30,12 @@ struct Args {
 
 fn args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
-    let mut a = Args { data: PathBuf::new(), backend: Backend::Lmdb, work: None, writers: 10 };
+    let mut a = Args {
+        data: PathBuf::new(),
+        backend: Backend::Lmdb,
+        work: None,
+        writers: 10,
+    };
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or(format!("{flag} needs a value"));
         match flag.as_str() {
@@ -38,7 +43,11 @@ fn args() -> Result<Args, String> {
             "--backend" => a.backend = val()?.parse().map_err(|e| format!("{e}"))?,
             "--work" => a.work = Some(PathBuf::from(val()?)),
             "--writers" => a.writers = val()?.parse().map_err(|e| format!("--writers: {e}"))?,
-            other => return Err(format!("unknown argument {other}; use --data DIR [--backend sled|lmdb] [--work DIR] [--writers N]")),
+            other => {
+                return Err(format!(
+                    "unknown argument {other}; use --data DIR [--backend sled|lmdb] [--work DIR] [--writers N]"
+                ));
+            }
         }
     }
     if a.data.as_os_str().is_empty() {
@@ -49,17 +58,23 @@ fn args() -> Result<Args, String> {
 
 fn read_f32(path: &Path) -> Vec<f32> {
     let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 fn read_i64(path: &Path) -> Vec<i64> {
     let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
+    b.chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
 
 fn read_i32(path: &Path) -> Vec<i32> {
     let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
+    b.chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
 
 struct Row {
@@ -112,12 +127,19 @@ fn main() {
             tmp.path().to_path_buf()
         }
     };
-    let opts = SubstrateOptions { backend: a.backend, ..SubstrateOptions::default() };
+    let opts = SubstrateOptions {
+        backend: a.backend,
+        ..SubstrateOptions::default()
+    };
     let sub = Substrate::open(&work, opts.clone()).unwrap();
 
     // Ingest: batches of 1,000 events (10 sessions × 100), several writers at once; each
     // call returns after its events are durable.
-    eprintln!("w1: ingesting {n} events with {} writers ({})", a.writers, a.backend.as_str());
+    eprintln!(
+        "w1: ingesting {n} events with {} writers ({})",
+        a.writers,
+        a.backend.as_str()
+    );
     let rows = Arc::new(rows);
     let emb = Arc::new(emb);
     let sessions = n / 100;
@@ -126,32 +148,42 @@ fn main() {
     let t0 = Instant::now();
     let writers: Vec<_> = (0..a.writers)
         .map(|_| {
-            let (sub, rows, emb, next, id_of) = (sub.clone(), rows.clone(), emb.clone(), next.clone(), id_of.clone());
-            std::thread::spawn(move || loop {
-                let s = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                if s >= sessions {
-                    break;
-                }
-                let range = s * 100..(s + 1) * 100;
-                let events: Vec<NewMemory> = range
-                    .clone()
-                    .map(|i| {
-                        let r = &rows[i];
-                        NewMemory {
-                            kind: r.kind.clone(),
-                            text: Some(r.text.clone()),
-                            importance: Some(r.importance),
-                            timestamp: Some(r.ts_ms),
-                            embedding: Some(emb[i * DIM..(i + 1) * DIM].to_vec()),
-                            metadata: Some(serde_json::json!({ "w1_id": i })),
-                            ..NewMemory::default()
-                        }
-                    })
-                    .collect();
-                let ids = sub.record_blocking("default", &rows[range.start].session, events).unwrap();
-                let mut map = id_of.lock().unwrap();
-                for (i, id) in range.zip(ids) {
-                    map[i] = id;
+            let (sub, rows, emb, next, id_of) = (
+                sub.clone(),
+                rows.clone(),
+                emb.clone(),
+                next.clone(),
+                id_of.clone(),
+            );
+            std::thread::spawn(move || {
+                loop {
+                    let s = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if s >= sessions {
+                        break;
+                    }
+                    let range = s * 100..(s + 1) * 100;
+                    let events: Vec<NewMemory> = range
+                        .clone()
+                        .map(|i| {
+                            let r = &rows[i];
+                            NewMemory {
+                                kind: r.kind.clone(),
+                                text: Some(r.text.clone()),
+                                importance: Some(r.importance),
+                                timestamp: Some(r.ts_ms),
+                                embedding: Some(emb[i * DIM..(i + 1) * DIM].to_vec()),
+                                metadata: Some(serde_json::json!({ "w1_id": i })),
+                                ..NewMemory::default()
+                            }
+                        })
+                        .collect();
+                    let ids = sub
+                        .record_blocking("default", &rows[range.start].session, events)
+                        .unwrap();
+                    let mut map = id_of.lock().unwrap();
+                    for (i, id) in range.zip(ids) {
+                        map[i] = id;
+                    }
                 }
             })
         })
@@ -161,7 +193,10 @@ fn main() {
     }
     let ingest_s = t0.elapsed().as_secs_f64();
     let ingest_per_s = n as f64 / ingest_s;
-    eprintln!("w1: ingest {ingest_per_s:.0} events/s ({ingest_s:.2} s); commits {:?}", sub.store().commit_stats());
+    eprintln!(
+        "w1: ingest {ingest_per_s:.0} events/s ({ingest_s:.2} s); commits {:?}",
+        sub.store().commit_stats()
+    );
     let t1 = Instant::now();
     while !sub.indexes_caught_up().unwrap() {
         std::thread::sleep(Duration::from_millis(20));
@@ -175,41 +210,50 @@ fn main() {
     for (row, id) in id_of.iter().enumerate() {
         back.insert(id.0, row as i64);
     }
-    let run_queries = |name: &str, q: &[f32], gt: &[i64], sessions: Option<&[i32]>| -> (f64, f64, f64) {
-        let nq = gt.len() / 10;
-        let mut lat = Vec::with_capacity(nq);
-        let mut hits = 0usize;
-        let all = sub.store().candidates(&Filter { namespace: "default", recallable_only: true, ..Default::default() });
-        for i in 0..nq {
-            let query = &q[i * DIM..(i + 1) * DIM];
-            let t = Instant::now();
-            let res = match sessions {
-                Some(s) => {
-                    let sid = format!("s{:04}", s[i]);
-                    let cands = sub.store().candidates(&Filter {
-                        namespace: "default",
-                        session: Some(&sid),
-                        recallable_only: true,
-                        ..Default::default()
-                    });
-                    sub.vectors().search(query, 10, Some(&cands)).unwrap()
-                }
-                None => sub.vectors().search(query, 10, Some(&all)).unwrap(),
-            };
-            lat.push(t.elapsed().as_secs_f64() * 1000.0);
-            let want: std::collections::HashSet<i64> = gt[i * 10..(i + 1) * 10].iter().copied().collect();
-            hits += res.iter().filter(|(id, _)| want.contains(&back[id])).count();
-        }
-        lat.sort_by(f64::total_cmp);
-        let recall = hits as f64 / (nq * 10) as f64;
-        eprintln!(
-            "w1: {name} p50 {:.3} ms p95 {:.3} ms p99 {:.3} ms recall@10 {recall:.4}",
-            percentile(&lat, 0.5),
-            percentile(&lat, 0.95),
-            percentile(&lat, 0.99)
-        );
-        (percentile(&lat, 0.5), percentile(&lat, 0.99), recall)
-    };
+    let run_queries =
+        |name: &str, q: &[f32], gt: &[i64], sessions: Option<&[i32]>| -> (f64, f64, f64) {
+            let nq = gt.len() / 10;
+            let mut lat = Vec::with_capacity(nq);
+            let mut hits = 0usize;
+            let all = sub.store().candidates(&Filter {
+                namespace: "default",
+                recallable_only: true,
+                ..Default::default()
+            });
+            for i in 0..nq {
+                let query = &q[i * DIM..(i + 1) * DIM];
+                let t = Instant::now();
+                let res = match sessions {
+                    Some(s) => {
+                        let sid = format!("s{:04}", s[i]);
+                        let cands = sub.store().candidates(&Filter {
+                            namespace: "default",
+                            session: Some(&sid),
+                            recallable_only: true,
+                            ..Default::default()
+                        });
+                        sub.vectors().search(query, 10, Some(&cands)).unwrap()
+                    }
+                    None => sub.vectors().search(query, 10, Some(&all)).unwrap(),
+                };
+                lat.push(t.elapsed().as_secs_f64() * 1000.0);
+                let want: std::collections::HashSet<i64> =
+                    gt[i * 10..(i + 1) * 10].iter().copied().collect();
+                hits += res
+                    .iter()
+                    .filter(|(id, _)| want.contains(&back[id]))
+                    .count();
+            }
+            lat.sort_by(f64::total_cmp);
+            let recall = hits as f64 / (nq * 10) as f64;
+            eprintln!(
+                "w1: {name} p50 {:.3} ms p95 {:.3} ms p99 {:.3} ms recall@10 {recall:.4}",
+                percentile(&lat, 0.5),
+                percentile(&lat, 0.95),
+                percentile(&lat, 0.99)
+            );
+            (percentile(&lat, 0.5), percentile(&lat, 0.99), recall)
+        };
     let q1 = read_f32(&a.data.join("q1.f32"));
     let q1_gt = read_i64(&a.data.join("q1_gt.i64"));
     let q1_s = read_i32(&a.data.join("q1_session.i32"));
@@ -219,11 +263,19 @@ fn main() {
     let (q2_p50, q2_p99, q2_recall) = run_queries("Q2 global top-10", &q2, &q2_gt, None);
 
     // Full recall path (vector + keyword + recent, policy scoring), for context.
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
     let mut recall_lat = Vec::new();
     for i in 0..200 {
         let sid = format!("s{:04}", q1_s[i]);
-        let mut req = shadowbrain_runtime::substrate::RecallRequest::new("default", &sid, &rows[q1_s[i] as usize * 100].text);
+        let mut req = shadowbrain_runtime::substrate::RecallRequest::new(
+            "default",
+            &sid,
+            &rows[q1_s[i] as usize * 100].text,
+        );
         req.query_embedding = Some(q1[i * DIM..(i + 1) * DIM].to_vec());
         req.reinforce = false;
         let t = Instant::now();
@@ -231,7 +283,11 @@ fn main() {
         recall_lat.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     recall_lat.sort_by(f64::total_cmp);
-    eprintln!("w1: full session recall (4 paths, scoring, context) p50 {:.3} ms p99 {:.3} ms", percentile(&recall_lat, 0.5), percentile(&recall_lat, 0.99));
+    eprintln!(
+        "w1: full session recall (4 paths, scoring, context) p50 {:.3} ms p99 {:.3} ms",
+        percentile(&recall_lat, 0.5),
+        percentile(&recall_lat, 0.99)
+    );
 
     let t2 = Instant::now();
     sub.rebuild(true, false).unwrap();
@@ -247,7 +303,10 @@ fn main() {
     assert_eq!(sub.store().len(), n as u64);
     sub.close().unwrap();
     let raw_bytes = (n * DIM * 4) as u64 + text_bytes;
-    eprintln!("w1: reopen {reopen_s:.3} s; disk {disk_bytes} bytes = {:.2}x raw {raw_bytes}", disk_bytes as f64 / raw_bytes as f64);
+    eprintln!(
+        "w1: reopen {reopen_s:.3} s; disk {disk_bytes} bytes = {:.2}x raw {raw_bytes}",
+        disk_bytes as f64 / raw_bytes as f64
+    );
     println!(
         "{}",
         serde_json::json!({

@@ -354,7 +354,10 @@ impl Substrate {
         validate_id("session_id", session)?;
         let limits = &self.inner.limits;
         if events.is_empty() {
-            return Err(Error::invalid("events", "no events sent; send at least one"));
+            return Err(Error::invalid(
+                "events",
+                "no events sent; send at least one",
+            ));
         }
         if events.len() > limits.max_events_per_call {
             return Err(Error::TooLarge {
@@ -367,14 +370,19 @@ impl Substrate {
         let dims = self.inner.embedder.dimensions();
         let mut valid = Vec::with_capacity(events.len());
         for (i, e) in events.into_iter().enumerate() {
-            valid.push(e.validate(limits, Some(dims)).map_err(|err| at_event(i, err))?);
+            valid.push(
+                e.validate(limits, Some(dims))
+                    .map_err(|err| at_event(i, err))?,
+            );
         }
         // A local embedder costs microseconds: embed now so the acknowledged record is
         // complete. A remote one would make ingest wait on the network: queue instead.
         let mut embeddings: Vec<Option<Vec<f32>>> =
             valid.iter_mut().map(|v| v.embedding.take()).collect();
         if self.inner.embedder.is_local() {
-            let missing: Vec<usize> = (0..valid.len()).filter(|i| embeddings[*i].is_none()).collect();
+            let missing: Vec<usize> = (0..valid.len())
+                .filter(|i| embeddings[*i].is_none())
+                .collect();
             if !missing.is_empty() {
                 let texts: Vec<String> = missing.iter().map(|i| valid[*i].text.clone()).collect();
                 let vecs = self.inner.embedder.embed(&texts).await?;
@@ -528,13 +536,31 @@ impl Substrate {
         // An index older than the oldest kept change (lost, or from before a truncation)
         // cannot be caught up from the log: rebuild it from the store.
         let stale = |wm: u64| wm < last && first.is_none_or(|f| wm + 1 < f);
-        let vec_stale = stale(vec_wm) || (vec_wm == 0 && !store.is_empty() && self.inner.vectors.len()? == 0 && first != Some(1));
-        let kw_stale = stale(kw_wm) || (kw_wm == 0 && !store.is_empty() && self.inner.keywords.len()? == 0 && first != Some(1));
+        let vec_stale = stale(vec_wm)
+            || (vec_wm == 0
+                && !store.is_empty()
+                && self.inner.vectors.len()? == 0
+                && first != Some(1));
+        let kw_stale = stale(kw_wm)
+            || (kw_wm == 0
+                && !store.is_empty()
+                && self.inner.keywords.len()? == 0
+                && first != Some(1));
         if vec_stale || kw_stale {
-            tracing::warn!(vec_wm, kw_wm, ?first, last, "an index is behind the kept change log; rebuilding it from the store");
+            tracing::warn!(
+                vec_wm,
+                kw_wm,
+                ?first,
+                last,
+                "an index is behind the kept change log; rebuilding it from the store"
+            );
             self.rebuild(vec_stale, kw_stale)?;
         }
-        let from = self.inner.vectors.watermark()?.min(self.inner.keywords.watermark()?);
+        let from = self
+            .inner
+            .vectors
+            .watermark()?
+            .min(self.inner.keywords.watermark()?);
         self.inner.applied.store(from, Ordering::SeqCst);
         while self.index_pass(true)?.applied > 0 {}
         Ok(())
@@ -550,7 +576,12 @@ impl Substrate {
     ) -> Result<Substrate> {
         let embedder = opts.embedder.clone();
         {
-            let store = Store::open(&dir.join("store"), StoreOptions { backend: opts.backend })?;
+            let store = Store::open(
+                &dir.join("store"),
+                StoreOptions {
+                    backend: opts.backend,
+                },
+            )?;
             let total = store.len();
             let mut ids = Vec::with_capacity(total as usize);
             store.for_each_id(|id| {
@@ -594,7 +625,11 @@ impl Substrate {
 
     /// Rebuilds the chosen indexes from the store (what `shadowbrain reindex` runs).
     pub fn rebuild(&self, vectors: bool, keywords: bool) -> Result<()> {
-        let _one_writer = self.inner.index_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _one_writer = self
+            .inner
+            .index_lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let store = &self.inner.store;
         // Changes written from here on are replayed on top of the rebuild.
         let upto = store.next_seq().saturating_sub(1);
@@ -633,7 +668,11 @@ impl Substrate {
 
     /// Applies waiting changes to the index tails and builds when due (or when `force`).
     pub fn index_pass(&self, force: bool) -> Result<IndexPass> {
-        let _one_writer = self.inner.index_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _one_writer = self
+            .inner
+            .index_lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let store = &self.inner.store;
         let from = self.inner.applied.load(Ordering::SeqCst);
         let changes = store.changes_after(from, self.inner.indexing.batch)?;
@@ -670,8 +709,16 @@ impl Substrate {
                 .unwrap_or_else(|p| p.into_inner())
                 .get_or_insert_with(Instant::now);
         }
-        let staged = self.inner.vectors.pending().max(self.inner.keywords.pending());
-        let since = *self.inner.staged_since.lock().unwrap_or_else(|p| p.into_inner());
+        let staged = self
+            .inner
+            .vectors
+            .pending()
+            .max(self.inner.keywords.pending());
+        let since = *self
+            .inner
+            .staged_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let due = staged >= self.inner.indexing.build_every
             || since.is_some_and(|s| s.elapsed() >= self.inner.indexing.debounce);
         let behind = self.inner.vectors.watermark()? < self.inner.applied.load(Ordering::SeqCst)
@@ -680,7 +727,11 @@ impl Substrate {
             let upto = self.inner.applied.load(Ordering::SeqCst);
             self.inner.vectors.build(upto)?;
             self.inner.keywords.commit(upto)?;
-            *self.inner.staged_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            *self
+                .inner
+                .staged_since
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = None;
             store.write(WriteSet(vec![Mutation::TruncateChanges(upto)]))?;
             pass.built = true;
         }
@@ -704,7 +755,13 @@ impl Substrate {
     }
 
     fn wake_indexer(&self) {
-        if let Some(tx) = self.inner.wake.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        if let Some(tx) = self
+            .inner
+            .wake
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
             let _ = tx.send(());
         }
     }
@@ -750,8 +807,18 @@ impl Substrate {
     /// with nothing to replay.
     pub fn close(&self) -> Result<()> {
         self.inner.closed.store(true, Ordering::SeqCst);
-        self.inner.wake.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(h) = self.inner.indexer.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        self.inner
+            .wake
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(h) = self
+            .inner
+            .indexer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
             let _ = h.join();
         }
         self.flush_indexes()
@@ -803,11 +870,10 @@ impl Substrate {
         let policy = self.policy();
         let sub = self.clone();
         let req2 = req.clone();
-        let (result, reinforce) = tokio::task::spawn_blocking(move || {
-            sub.rank(&req2, query_vec.as_deref(), &policy)
-        })
-        .await
-        .map_err(|e| Error::invalid("recall", format!("recall task failed: {e}")))??;
+        let (result, reinforce) =
+            tokio::task::spawn_blocking(move || sub.rank(&req2, query_vec.as_deref(), &policy))
+                .await
+                .map_err(|e| Error::invalid("recall", format!("recall task failed: {e}")))??;
         if req.reinforce && !reinforce.0.is_empty() {
             self.inner.store.write_async(reinforce).await?;
         }
@@ -828,7 +894,10 @@ impl Substrate {
             Scope::Agent => (
                 None,
                 Some(req.agent_id.as_deref().ok_or_else(|| {
-                    Error::invalid("scope", "`agent` scope needs an agent_id; send one or use `session`")
+                    Error::invalid(
+                        "scope",
+                        "`agent` scope needs an agent_id; send one or use `session`",
+                    )
                 })?),
             ),
             Scope::Namespace => (None, None),
@@ -859,10 +928,20 @@ impl Substrate {
             if let Some(q) = query_vec {
                 cands.add_vector(&self.inner.vectors.search(q, depth, Some(&allowed))?);
             }
-            cands.add_keyword(&self.inner.keywords.search(&req.query, depth, Some(&allowed))?);
+            cands.add_keyword(
+                &self
+                    .inner
+                    .keywords
+                    .search(&req.query, depth, Some(&allowed))?,
+            );
             if req.scope == Scope::Session {
                 let recent: Vec<MemoryId> = store
-                    .session_ids(&req.namespace, &req.session_id, None, self.inner.recent_n * 4)?
+                    .session_ids(
+                        &req.namespace,
+                        &req.session_id,
+                        None,
+                        self.inner.recent_n * 4,
+                    )?
                     .into_iter()
                     .filter(|id| allowed.contains(id.0))
                     .take(self.inner.recent_n)
@@ -871,9 +950,12 @@ impl Substrate {
             }
         }
         // Load the candidates and their exact similarity to the query.
-        let mut loaded: Vec<(MemoryRecord, Option<Vec<f32>>)> = Vec::with_capacity(cands.by_id.len());
+        let mut loaded: Vec<(MemoryRecord, Option<Vec<f32>>)> =
+            Vec::with_capacity(cands.by_id.len());
         for (id, ev) in cands.by_id.iter_mut() {
-            let Some(mut r) = store.get(*id)? else { continue };
+            let Some(mut r) = store.get(*id)? else {
+                continue;
+            };
             if !r.recallable() || r.namespace != req.namespace {
                 continue;
             }
@@ -948,7 +1030,10 @@ impl Substrate {
                         at: now,
                         action: AuditAction::Reinforced,
                         by: "recall".into(),
-                        detail: format!("strength {:.3} -> {:.3}", record.strength, updated.strength),
+                        detail: format!(
+                            "strength {:.3} -> {:.3}",
+                            record.strength, updated.strength
+                        ),
                     },
                 ));
                 reinforce.push(Mutation::Update {
@@ -968,7 +1053,11 @@ impl Substrate {
         ))
     }
 
-    fn window_ids(&self, req: &RecallRequest, session: Option<&str>) -> Result<roaring::RoaringBitmap> {
+    fn window_ids(
+        &self,
+        req: &RecallRequest,
+        session: Option<&str>,
+    ) -> Result<roaring::RoaringBitmap> {
         let store = &self.inner.store;
         let mut ids = roaring::RoaringBitmap::new();
         // Listings are time-ordered: walk back from `until` and stop at `since`.
@@ -985,7 +1074,9 @@ impl Substrate {
             let mut done = false;
             let mut last = None;
             for id in &page {
-                let Some(r) = store.get_light(*id)? else { continue };
+                let Some(r) = store.get_light(*id)? else {
+                    continue;
+                };
                 last = Some((r.event_time, r.id));
                 if req.since.is_some_and(|s| r.event_time < s) {
                     done = true;
@@ -1024,7 +1115,13 @@ impl Substrate {
     }
 
     /// Changes a record's status (`active`, `pinned`, `obsolete`, `archived`), audited.
-    pub fn set_status(&self, namespace: &str, id: MemoryId, status: Status, by: &str) -> Result<MemoryRecord> {
+    pub fn set_status(
+        &self,
+        namespace: &str,
+        id: MemoryId,
+        status: Status,
+        by: &str,
+    ) -> Result<MemoryRecord> {
         let mut r = self.inner.store.get_in(namespace, id)?;
         if r.status == status {
             return Ok(r);

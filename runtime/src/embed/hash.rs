@@ -153,6 +153,10 @@ impl Embedder for HashEmbedder {
         self.dimensions
     }
 
+    fn is_local(&self) -> bool {
+        true
+    }
+
     async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>> {
         let bytes: usize = texts.iter().map(String::len).sum();
         if bytes > INLINE_BATCH_BYTES

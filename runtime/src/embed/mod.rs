@@ -26,6 +26,11 @@ pub trait Embedder: Send + Sync + std::fmt::Debug {
     fn name(&self) -> &str;
     /// Dimension of every vector it returns.
     fn dimensions(&self) -> usize;
+    /// Whether it runs in-process in microseconds, so ingest may embed inline instead of
+    /// queueing the record for background enrichment (remote providers: never).
+    fn is_local(&self) -> bool {
+        false
+    }
     /// One vector per text, in order, unit-normalised.
     async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>>;
 }

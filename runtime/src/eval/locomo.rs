@@ -71,7 +71,11 @@ pub fn parse_date(s: &str) -> Result<Timestamp> {
 pub fn normalise_evidence(raw: &[String]) -> Vec<String> {
     let mut out = Vec::new();
     for item in raw {
-        for part in item.split([';', ',', ' ']).map(str::trim).filter(|p| !p.is_empty()) {
+        for part in item
+            .split([';', ',', ' '])
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+        {
             let p = part.replace("D:", "D");
             let Some((s, t)) = p.strip_prefix('D').and_then(|r| r.split_once(':')) else {
                 continue;
@@ -98,11 +102,16 @@ pub fn load(path: &Path) -> Result<Vec<Conversation>> {
         let mut sessions: Vec<(u32, Timestamp, &Vec<serde_json::Value>)> = Vec::new();
         if let Some(map) = conv.as_object() {
             for (k, v) in map {
-                let Some(n) = k.strip_prefix("session_").and_then(|n| n.parse::<u32>().ok()) else {
+                let Some(n) = k
+                    .strip_prefix("session_")
+                    .and_then(|n| n.parse::<u32>().ok())
+                else {
                     continue;
                 };
                 let Some(turns) = v.as_array() else { continue };
-                let date = conv[format!("session_{n}_date_time")].as_str().unwrap_or("");
+                let date = conv[format!("session_{n}_date_time")]
+                    .as_str()
+                    .unwrap_or("");
                 sessions.push((n, parse_date(date)?, turns));
             }
         }
@@ -205,8 +214,11 @@ pub async fn run(
         progress(ci + 1, conversations.len());
     }
     let figures = |filter: &dyn Fn(u8) -> bool| {
-        let chosen: Vec<&BTreeMap<usize, (f64, bool)>> =
-            per_q.iter().filter(|(c, _)| filter(*c)).map(|(_, a)| a).collect();
+        let chosen: Vec<&BTreeMap<usize, (f64, bool)>> = per_q
+            .iter()
+            .filter(|(c, _)| filter(*c))
+            .map(|(_, a)| a)
+            .collect();
         let mut f = Figures {
             questions: chosen.len(),
             ..Figures::default()

@@ -32,7 +32,25 @@ pub struct CommitStats {
     pub write_sets: u64,
 }
 
-type Reply = oneshot::Sender<Result<()>>;
+/// Where the outcome goes: a blocked thread or an awaiting task.
+pub(super) enum Reply {
+    Blocking(mpsc::SyncSender<Result<()>>),
+    Async(oneshot::Sender<Result<()>>),
+}
+
+impl Reply {
+    fn send(self, r: Result<()>) {
+        // A writer that gave up waiting is not an error for the others.
+        match self {
+            Reply::Blocking(tx) => {
+                let _ = tx.send(r);
+            }
+            Reply::Async(tx) => {
+                let _ = tx.send(r);
+            }
+        }
+    }
+}
 
 struct Request {
     writes: WriteSet,
@@ -99,13 +117,23 @@ impl Committer {
         })
     }
 
-    pub(super) fn submit(&self, writes: WriteSet) -> Result<oneshot::Receiver<Result<()>>> {
-        let (reply, rx) = oneshot::channel();
+    pub(super) fn submit_blocking(&self, writes: WriteSet) -> Result<()> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.submit(writes, Reply::Blocking(tx))?;
+        rx.recv().unwrap_or(Err(Error::Closed))
+    }
+
+    pub(super) async fn submit_async(&self, writes: WriteSet) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.submit(writes, Reply::Async(tx))?;
+        rx.await.unwrap_or(Err(Error::Closed))
+    }
+
+    fn submit(&self, writes: WriteSet, reply: Reply) -> Result<()> {
         let guard = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         let tx = guard.as_ref().ok_or(Error::Closed)?;
         tx.send(Request { writes, reply })
-            .map_err(|_| Error::Closed)?;
-        Ok(rx)
+            .map_err(|_| Error::Closed)
     }
 
     pub(super) fn next_seq(&self) -> u64 {
@@ -152,7 +180,7 @@ impl Worker {
             match self.encode(req.writes) {
                 Ok((ops, cat)) => accepted.push((req.reply, ops, cat)),
                 Err(e) => {
-                    let _ = req.reply.send(Err(e));
+                    req.reply.send(Err(e));
                 }
             }
         }
@@ -190,7 +218,7 @@ impl Worker {
                     }
                 }
                 for (reply, _, _) in accepted {
-                    let _ = reply.send(Ok(()));
+                    reply.send(Ok(()));
                 }
             }
             Err(e) => {
@@ -199,7 +227,7 @@ impl Worker {
                 self.stats.clear();
                 let message = e.to_string();
                 for (reply, _, _) in accepted {
-                    let _ = reply.send(Err(Error::Storage {
+                    reply.send(Err(Error::Storage {
                         backend: self.kv.backend().as_str(),
                         message: message.clone(),
                     }));

@@ -254,22 +254,14 @@ impl Store {
     }
 
     /// Applies `writes` atomically and returns once they are durable. Blocks the calling
-    /// thread; async code calls [`Store::write_async`].
+    /// thread (about a millisecond); async code should prefer [`Store::write_async`].
     pub fn write(&self, writes: WriteSet) -> Result<()> {
-        self.inner
-            .committer
-            .submit(writes)?
-            .blocking_recv()
-            .unwrap_or(Err(Error::Closed))
+        self.inner.committer.submit_blocking(writes)
     }
 
     /// [`Store::write`] for async callers: awaits the durable commit without blocking.
     pub async fn write_async(&self, writes: WriteSet) -> Result<()> {
-        self.inner
-            .committer
-            .submit(writes)?
-            .await
-            .unwrap_or(Err(Error::Closed))
+        self.inner.committer.submit_async(writes).await
     }
 
     /// Reads one record with its embedding.
@@ -306,7 +298,9 @@ impl Store {
     /// The namespace a record belongs to — or belonged to, if it was purged.
     pub fn owner(&self, id: MemoryId) -> Result<Option<String>> {
         if let Some(bytes) = self.inner.kv.get(&keys::record(id))? {
-            return Ok(Some(codec::decode_header(&keys::record(id), &bytes)?.namespace));
+            return Ok(Some(
+                codec::decode_header(&keys::record(id), &bytes)?.namespace,
+            ));
         }
         Ok(self
             .inner

@@ -55,7 +55,9 @@ fn token(n: u64) -> String {
 #[test]
 #[ignore = "the crash tests run this as their child process"]
 fn crash_writer_child() {
-    let Ok(dir) = std::env::var(DIR_VAR) else { return };
+    let Ok(dir) = std::env::var(DIR_VAR) else {
+        return;
+    };
     let backend: Backend = std::env::var(BACKEND_VAR).unwrap().parse().unwrap();
     let start: u64 = std::env::var(START_VAR).unwrap().parse().unwrap();
     let sub = Substrate::open(Path::new(&dir), options(backend, true)).unwrap();
@@ -70,9 +72,16 @@ fn crash_writer_child() {
                 loop {
                     let batch = 1 + (n % 7) as usize;
                     let events: Vec<NewMemory> = (0..batch as u64)
-                        .map(|i| NewMemory::new("observation", format!("crash event {} {}", n + i, token(n + i))))
+                        .map(|i| {
+                            NewMemory::new(
+                                "observation",
+                                format!("crash event {} {}", n + i, token(n + i)),
+                            )
+                        })
                         .collect();
-                    let ids = sub.record_blocking("default", &format!("crash-{t}"), events).unwrap();
+                    let ids = sub
+                        .record_blocking("default", &format!("crash-{t}"), events)
+                        .unwrap();
                     let mut o = out.lock().unwrap();
                     for (i, id) in ids.iter().enumerate() {
                         writeln!(o, "ACK {} {}", id, n + i as u64).unwrap();
@@ -88,10 +97,22 @@ fn crash_writer_child() {
     }
 }
 
-fn run_child(dir: &Path, backend: Backend, start: u64, kill_after: Duration) -> Vec<(MemoryId, u64)> {
+fn run_child(
+    dir: &Path,
+    backend: Backend,
+    start: u64,
+    kill_after: Duration,
+) -> Vec<(MemoryId, u64)> {
     let exe = std::env::current_exe().unwrap();
     let mut child = Command::new(exe)
-        .args(["--exact", "crash::crash_writer_child", "--ignored", "--nocapture", "--test-threads", "1"])
+        .args([
+            "--exact",
+            "crash::crash_writer_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(DIR_VAR, dir)
         .env(BACKEND_VAR, backend.as_str())
         .env(START_VAR, start.to_string())
@@ -108,7 +129,7 @@ fn run_child(dir: &Path, backend: Backend, start: u64, kill_after: Duration) -> 
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if line == "READY" {
+                if line.ends_with("READY") {
                     *ready.lock().unwrap() = Some(Instant::now());
                 }
                 if let Some(rest) = line.strip_prefix("ACK ") {
@@ -136,34 +157,68 @@ fn run_child(dir: &Path, backend: Backend, start: u64, kill_after: Duration) -> 
 }
 
 fn verify(dir: &Path, backend: Backend, acked: &BTreeMap<MemoryId, u64>) {
-    let sub = Substrate::open(dir, options(backend, false)).expect("the store reopens after kill -9");
+    let sub =
+        Substrate::open(dir, options(backend, false)).expect("the store reopens after kill -9");
     let store = sub.store();
-    let all = store.candidates(&Filter { namespace: "default", ..Default::default() });
+    let all = store.candidates(&Filter {
+        namespace: "default",
+        ..Default::default()
+    });
     for (id, n) in acked {
-        let r = store.get(*id).unwrap().unwrap_or_else(|| panic!("acknowledged {id} lost"));
-        assert!(r.text.ends_with(&token(*n)), "{id} holds another record's text: {}", r.text);
-        let emb = r.embedding.clone().expect("acknowledged records carry their embedding");
+        let r = store
+            .get(*id)
+            .unwrap()
+            .unwrap_or_else(|| panic!("acknowledged {id} lost"));
+        assert!(
+            r.text.ends_with(&token(*n)),
+            "{id} holds another record's text: {}",
+            r.text
+        );
+        let emb = r
+            .embedding
+            .clone()
+            .expect("acknowledged records carry their embedding");
         let hits = sub.vectors().search(&emb, 3, Some(&all)).unwrap();
-        assert!(hits.iter().any(|(h, _)| *h == id.0), "{id} not found by vector search: {hits:?}");
+        assert!(
+            hits.iter().any(|(h, _)| *h == id.0),
+            "{id} not found by vector search: {hits:?}"
+        );
         let hits = sub.keywords().search(&token(*n), 3, Some(&all)).unwrap();
-        assert_eq!(hits.first().map(|h| h.0), Some(id.0), "{id} not found by keyword search");
+        assert_eq!(
+            hits.first().map(|h| h.0),
+            Some(id.0),
+            "{id} not found by keyword search"
+        );
     }
     sub.close().unwrap();
 }
 
 fn crash_rounds(backend: Backend) {
-    let rounds: usize = std::env::var("SHADOWBRAIN_CRASH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
-    let seed = std::env::var("SHADOWBRAIN_CRASH_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(7u64);
+    let rounds: usize = std::env::var("SHADOWBRAIN_CRASH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let seed = std::env::var("SHADOWBRAIN_CRASH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(7u64);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
     let mut acked = BTreeMap::new();
     for round in 0..rounds {
         let kill_after = Duration::from_millis(rng.random_range(30..600));
         let got = run_child(dir.path(), backend, round as u64 * 10_000_000, kill_after);
-        assert!(!got.is_empty() || round > 0, "round {round}: the writer acknowledged nothing");
+        assert!(
+            !got.is_empty() || round > 0,
+            "round {round}: the writer acknowledged nothing"
+        );
         acked.extend(got);
         verify(dir.path(), backend, &acked);
-        eprintln!("{} round {round}: killed after {kill_after:?}; {} acknowledged records all present and searchable", backend.as_str(), acked.len());
+        eprintln!(
+            "{} round {round}: killed after {kill_after:?}; {} acknowledged records all present and searchable",
+            backend.as_str(),
+            acked.len()
+        );
     }
 }
 

@@ -6,13 +6,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use shadowbrain_runtime::Error;
 use shadowbrain_runtime::clock::{DAY_MS, VirtualClock};
 use shadowbrain_runtime::embed::hash::HashEmbedder;
 use shadowbrain_runtime::model::{MemoryId, NewMemory, Status};
 use shadowbrain_runtime::policy::Policy;
 use shadowbrain_runtime::retrieval::Scope;
 use shadowbrain_runtime::substrate::{IndexingOptions, RecallRequest, Substrate, SubstrateOptions};
-use shadowbrain_runtime::Error;
 
 const T0: i64 = 1_780_000_000_000;
 
@@ -20,7 +20,10 @@ fn opts(clock: Arc<VirtualClock>) -> SubstrateOptions {
     SubstrateOptions {
         clock,
         // Nothing is built unless a test asks: recall must work from the tails alone.
-        indexing: IndexingOptions { background: false, ..IndexingOptions::default() },
+        indexing: IndexingOptions {
+            background: false,
+            ..IndexingOptions::default()
+        },
         ..SubstrateOptions::default()
     }
 }
@@ -31,7 +34,9 @@ fn open(dir: &Path) -> (Substrate, Arc<VirtualClock>) {
 }
 
 async fn rec(sub: &Substrate, ns: &str, session: &str, kind: &str, text: &str) -> MemoryId {
-    sub.record(ns, session, vec![NewMemory::new(kind, text)]).await.unwrap()[0]
+    sub.record(ns, session, vec![NewMemory::new(kind, text)])
+        .await
+        .unwrap()[0]
 }
 
 fn ids(r: &shadowbrain_runtime::substrate::RecallResult) -> Vec<MemoryId> {
@@ -42,7 +47,14 @@ fn ids(r: &shadowbrain_runtime::substrate::RecallResult) -> Vec<MemoryId> {
 async fn read_your_writes_before_any_index_build() {
     let dir = tempfile::tempdir().unwrap();
     let (sub, _) = open(dir.path());
-    let id = rec(&sub, "default", "s1", "observation", "the deploy to staging failed with a TLS handshake error").await;
+    let id = rec(
+        &sub,
+        "default",
+        "s1",
+        "observation",
+        "the deploy to staging failed with a TLS handshake error",
+    )
+    .await;
     assert_eq!(sub.vectors().watermark().unwrap(), 0, "nothing was built");
     // Namespace scope, so the recent path cannot be what finds it.
     let mut req = RecallRequest::new("default", "other-session", "TLS handshake error on staging");
@@ -51,7 +63,12 @@ async fn read_your_writes_before_any_index_build() {
     assert_eq!(ids(&res), vec![id]);
     let m = &res.memories[0];
     assert!(m.why.relevance > 0.5, "found by both paths: {:?}", m.why);
-    assert!(res.context.contains("observation: the deploy to staging failed"), "{}", res.context);
+    assert!(
+        res.context
+            .contains("observation: the deploy to staging failed"),
+        "{}",
+        res.context
+    );
     assert_eq!(res.policy.name, "default");
     sub.close().unwrap();
 }
@@ -60,11 +77,35 @@ async fn read_your_writes_before_any_index_build() {
 async fn session_scope_and_namespaces_never_leak() {
     let dir = tempfile::tempdir().unwrap();
     let (sub, _) = open(dir.path());
-    let mine = rec(&sub, "acme", "s1", "thought", "the invoice parser breaks on unicode names").await;
-    let other_session = rec(&sub, "acme", "s2", "thought", "the invoice parser breaks on unicode names too").await;
-    let other_ns = rec(&sub, "globex", "s1", "thought", "the invoice parser breaks on unicode names as well").await;
+    let mine = rec(
+        &sub,
+        "acme",
+        "s1",
+        "thought",
+        "the invoice parser breaks on unicode names",
+    )
+    .await;
+    let other_session = rec(
+        &sub,
+        "acme",
+        "s2",
+        "thought",
+        "the invoice parser breaks on unicode names too",
+    )
+    .await;
+    let other_ns = rec(
+        &sub,
+        "globex",
+        "s1",
+        "thought",
+        "the invoice parser breaks on unicode names as well",
+    )
+    .await;
     sub.flush_indexes().unwrap();
-    let res = sub.recall(&RecallRequest::new("acme", "s1", "invoice parser unicode")).await.unwrap();
+    let res = sub
+        .recall(&RecallRequest::new("acme", "s1", "invoice parser unicode"))
+        .await
+        .unwrap();
     assert_eq!(ids(&res), vec![mine]);
     let mut req = RecallRequest::new("acme", "s1", "invoice parser unicode");
     req.scope = Scope::Namespace;
@@ -73,8 +114,14 @@ async fn session_scope_and_namespaces_never_leak() {
     assert_eq!(got, vec![mine, other_session]);
     assert!(!got.contains(&other_ns));
     // Another namespace's id is simply not found, and its history neither.
-    assert!(matches!(sub.get("acme", other_ns), Err(Error::NotFound { .. })));
-    assert!(matches!(sub.history("acme", other_ns), Err(Error::NotFound { .. })));
+    assert!(matches!(
+        sub.get("acme", other_ns),
+        Err(Error::NotFound { .. })
+    ));
+    assert!(matches!(
+        sub.history("acme", other_ns),
+        Err(Error::NotFound { .. })
+    ));
     sub.close().unwrap();
 }
 
@@ -86,7 +133,14 @@ async fn agent_scope_spans_sessions_of_one_agent() {
     e.agent_id = Some("ops-bot".into());
     let a = sub.record("default", "s1", vec![e.clone()]).await.unwrap()[0];
     let b = sub.record("default", "s2", vec![e]).await.unwrap()[0];
-    let _c = rec(&sub, "default", "s3", "action", "rotated the database credentials").await;
+    let _c = rec(
+        &sub,
+        "default",
+        "s3",
+        "action",
+        "rotated the database credentials",
+    )
+    .await;
     let mut req = RecallRequest::new("default", "s9", "database credentials");
     req.scope = Scope::Agent;
     req.agent_id = Some("ops-bot".into());
@@ -104,23 +158,47 @@ async fn breakdown_follows_the_policy() {
     let dir = tempfile::tempdir().unwrap();
     let (sub, clock) = open(dir.path());
     let old = sub
-        .record("default", "s", vec![NewMemory { importance: Some(2.0), ..NewMemory::new("observation", "the cache layer uses redis cluster") }])
+        .record(
+            "default",
+            "s",
+            vec![NewMemory {
+                importance: Some(2.0),
+                ..NewMemory::new("observation", "the cache layer uses redis cluster")
+            }],
+        )
         .await
         .unwrap()[0];
     clock.advance(Duration::from_millis(6 * DAY_MS as u64));
     let new = sub
-        .record("default", "s", vec![NewMemory { importance: Some(9.0), ..NewMemory::new("observation", "the cache layer uses redis cluster mode") }])
+        .record(
+            "default",
+            "s",
+            vec![NewMemory {
+                importance: Some(9.0),
+                ..NewMemory::new("observation", "the cache layer uses redis cluster mode")
+            }],
+        )
         .await
         .unwrap()[0];
-    let res = sub.recall(&RecallRequest::new("default", "s", "redis cluster cache")).await.unwrap();
+    let res = sub
+        .recall(&RecallRequest::new("default", "s", "redis cluster cache"))
+        .await
+        .unwrap();
     assert_eq!(ids(&res), vec![new, old]);
     let (n, o) = (&res.memories[0], &res.memories[1]);
     // Default policy: recency weight 0.5 with a 3-day half-life; importance weight 0.5.
     assert!((n.why.recency - 0.5).abs() < 1e-3, "{:?}", n.why);
-    assert!((o.why.recency - 0.5 * 0.25).abs() < 1e-3, "two half-lives: {:?}", o.why);
+    assert!(
+        (o.why.recency - 0.5 * 0.25).abs() < 1e-3,
+        "two half-lives: {:?}",
+        o.why
+    );
     assert!((n.why.importance - 0.45).abs() < 1e-3);
     assert!((o.why.importance - 0.1).abs() < 1e-3);
-    assert!((n.why.utility - 0.25).abs() < 1e-3, "utility 0.5 with no feedback, weight 0.5");
+    assert!(
+        (n.why.utility - 0.25).abs() < 1e-3,
+        "utility 0.5 with no feedback, weight 0.5"
+    );
     let total = n.why.relevance + n.why.recency + n.why.importance + n.why.utility;
     assert!((n.score - total).abs() < 1e-4);
     sub.close().unwrap();
@@ -131,15 +209,44 @@ async fn mmr_diversifies() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(VirtualClock::new(T0));
     let mut o = opts(clock);
-    o.policy = Policy::from_toml("mmr.toml", "[scoring]\nmmr_lambda = 0.3\nrecency = 0.0\nimportance = 0.0\nutility = 0.0\n").unwrap();
+    o.policy = Policy::from_toml(
+        "mmr.toml",
+        "[scoring]\nmmr_lambda = 0.3\nrecency = 0.0\nimportance = 0.0\nutility = 0.0\n",
+    )
+    .unwrap();
     let sub = Substrate::open(dir.path(), o).unwrap();
-    let a = rec(&sub, "default", "s", "thought", "postgres connection pool exhausted under load").await;
-    let _a2 = rec(&sub, "default", "s", "thought", "postgres connection pool exhausted under load again").await;
-    let b = rec(&sub, "default", "s", "thought", "postgres vacuum settings need tuning for load").await;
+    let a = rec(
+        &sub,
+        "default",
+        "s",
+        "thought",
+        "postgres connection pool exhausted under load",
+    )
+    .await;
+    let _a2 = rec(
+        &sub,
+        "default",
+        "s",
+        "thought",
+        "postgres connection pool exhausted under load again",
+    )
+    .await;
+    let b = rec(
+        &sub,
+        "default",
+        "s",
+        "thought",
+        "postgres vacuum settings need tuning for load",
+    )
+    .await;
     let mut req = RecallRequest::new("default", "s", "postgres connection pool load");
     req.k = 2;
     let got = ids(&sub.recall(&req).await.unwrap());
-    assert_eq!(got, vec![a, b], "the near-duplicate gives way to a different memory");
+    assert_eq!(
+        got,
+        vec![a, b],
+        "the near-duplicate gives way to a different memory"
+    );
     sub.close().unwrap();
 }
 
@@ -147,17 +254,52 @@ async fn mmr_diversifies() {
 async fn filters_statuses_and_budget() {
     let dir = tempfile::tempdir().unwrap();
     let (sub, clock) = open(dir.path());
-    let goal = rec(&sub, "default", "s", "goal", "migrate billing service to the new queue").await;
+    let goal = rec(
+        &sub,
+        "default",
+        "s",
+        "goal",
+        "migrate billing service to the new queue",
+    )
+    .await;
     clock.advance(Duration::from_secs(3600));
-    let obs = rec(&sub, "default", "s", "observation", "billing service queue consumer lags behind").await;
+    let obs = rec(
+        &sub,
+        "default",
+        "s",
+        "observation",
+        "billing service queue consumer lags behind",
+    )
+    .await;
     clock.advance(Duration::from_secs(3600));
-    let gone = rec(&sub, "default", "s", "observation", "billing service queue was restarted").await;
-    let stale = rec(&sub, "default", "s", "observation", "billing service queue uses the old broker").await;
+    let gone = rec(
+        &sub,
+        "default",
+        "s",
+        "observation",
+        "billing service queue was restarted",
+    )
+    .await;
+    let stale = rec(
+        &sub,
+        "default",
+        "s",
+        "observation",
+        "billing service queue uses the old broker",
+    )
+    .await;
     sub.archive("default", gone, "test").unwrap();
-    sub.set_status("default", stale, Status::Obsolete, "test").unwrap();
+    sub.set_status("default", stale, Status::Obsolete, "test")
+        .unwrap();
     let q = "billing service queue";
-    let got = ids(&sub.recall(&RecallRequest::new("default", "s", q)).await.unwrap());
-    assert!(!got.contains(&gone) && !got.contains(&stale), "archived and obsolete never return: {got:?}");
+    let got = ids(&sub
+        .recall(&RecallRequest::new("default", "s", q))
+        .await
+        .unwrap());
+    assert!(
+        !got.contains(&gone) && !got.contains(&stale),
+        "archived and obsolete never return: {got:?}"
+    );
     assert_eq!(got.len(), 2);
 
     let mut req = RecallRequest::new("default", "s", q);
@@ -172,20 +314,31 @@ async fn filters_statuses_and_budget() {
     assert_eq!(ids(&sub.recall(&req).await.unwrap()), vec![goal]);
 
     let mut req = RecallRequest::new("default", "s", q);
-    req.token_budget = Some(25);
+    req.token_budget = Some(40);
     let res = sub.recall(&req).await.unwrap();
     assert_eq!(res.memories.len(), 1, "{}", res.context);
-    assert!(shadowbrain_runtime::text::estimate_tokens(&res.context) <= 25);
+    assert!(shadowbrain_runtime::text::estimate_tokens(&res.context) <= 40);
 
     let mut req = RecallRequest::new("default", "s", q);
     req.k = 0;
-    assert!(sub.recall(&req).await.unwrap_err().to_string().contains("1 to 200"));
+    assert!(
+        sub.recall(&req)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("1 to 200")
+    );
     req.k = 5;
     req.since = Some(10);
     req.until = Some(5);
     assert!(sub.recall(&req).await.is_err());
     // The history says what happened.
-    let actions: Vec<_> = sub.history("default", gone).unwrap().iter().map(|e| format!("{:?}", e.action)).collect();
+    let actions: Vec<_> = sub
+        .history("default", gone)
+        .unwrap()
+        .iter()
+        .map(|e| format!("{:?}", e.action))
+        .collect();
     assert_eq!(actions, vec!["Created", "Scored", "Archived"]);
     sub.close().unwrap();
 }
@@ -194,14 +347,28 @@ async fn filters_statuses_and_budget() {
 async fn recall_reinforces_what_it_returns() {
     let dir = tempfile::tempdir().unwrap();
     let (sub, clock) = open(dir.path());
-    let id = rec(&sub, "default", "s", "observation", "flaky test in the payments suite").await;
+    let id = rec(
+        &sub,
+        "default",
+        "s",
+        "observation",
+        "flaky test in the payments suite",
+    )
+    .await;
     let before = sub.get("default", id).unwrap();
     clock.advance(Duration::from_secs(86_400));
-    sub.recall(&RecallRequest::new("default", "s", "flaky payments test")).await.unwrap();
+    sub.recall(&RecallRequest::new("default", "s", "flaky payments test"))
+        .await
+        .unwrap();
     let after = sub.get("default", id).unwrap();
     assert_eq!(after.reinforcements, before.reinforcements + 1);
     assert_eq!(after.strength_at, T0 + 86_400_000);
-    assert!(sub.history("default", id).unwrap().iter().any(|e| format!("{:?}", e.action) == "Reinforced"));
+    assert!(
+        sub.history("default", id)
+            .unwrap()
+            .iter()
+            .any(|e| format!("{:?}", e.action) == "Reinforced")
+    );
     sub.close().unwrap();
 }
 
@@ -212,16 +379,42 @@ async fn bad_input_is_rejected_and_nothing_accepted_is_lost() {
     let kept = rec(&sub, "default", "s", "thought", "keep me").await;
     let cases: Vec<(Vec<NewMemory>, &str)> = vec![
         (vec![], "at least one"),
-        (vec![NewMemory::new("thought", "ok"), NewMemory::new("BAD", "x")], "events[1].kind"),
-        (vec![NewMemory { embedding: Some(vec![0.5; 3]), ..NewMemory::new("thought", "x") }], "shadowbrain reindex"),
-        (vec![NewMemory { embedding: Some(vec![f32::INFINITY; 384]), ..NewMemory::new("thought", "x") }], "finite"),
+        (
+            vec![NewMemory::new("thought", "ok"), NewMemory::new("BAD", "x")],
+            "events[1].kind",
+        ),
+        (
+            vec![NewMemory {
+                embedding: Some(vec![0.5; 3]),
+                ..NewMemory::new("thought", "x")
+            }],
+            "shadowbrain reindex",
+        ),
+        (
+            vec![NewMemory {
+                embedding: Some(vec![f32::INFINITY; 384]),
+                ..NewMemory::new("thought", "x")
+            }],
+            "finite",
+        ),
         (vec![NewMemory::new("thought", "")], "non-empty"),
     ];
     for (events, needle) in cases {
-        let err = sub.record("default", "s", events).await.unwrap_err().to_string();
+        let err = sub
+            .record("default", "s", events)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(needle), "{needle}: {err}");
     }
-    let err = sub.record("default", "bad/session", vec![NewMemory::new("thought", "x")]).await.unwrap_err();
+    let err = sub
+        .record(
+            "default",
+            "bad/session",
+            vec![NewMemory::new("thought", "x")],
+        )
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("session_id"), "{err}");
     assert_eq!(sub.store().len(), 1);
     assert_eq!(sub.get("default", kept).unwrap().text, "keep me");
@@ -234,7 +427,14 @@ async fn lost_indexes_rebuild_themselves_and_dimension_is_checked() {
     let clock = Arc::new(VirtualClock::new(T0));
     let id = {
         let sub = Substrate::open(dir.path(), opts(clock.clone())).unwrap();
-        let id = rec(&sub, "default", "s", "observation", "kubernetes node ran out of disk").await;
+        let id = rec(
+            &sub,
+            "default",
+            "s",
+            "observation",
+            "kubernetes node ran out of disk",
+        )
+        .await;
         sub.close().unwrap();
         id
     };
@@ -249,19 +449,32 @@ async fn lost_indexes_rebuild_themselves_and_dimension_is_checked() {
     sub.close().unwrap();
     drop(sub);
     let mut o = opts(clock);
-    o.embedder = Arc::new(HashEmbedder::new(128));
+    o.embedder = Arc::new(HashEmbedder::new(128).unwrap());
     let err = Substrate::open(dir.path(), o).unwrap_err().to_string();
-    assert!(err.contains("128") && err.contains("384") && err.contains("shadowbrain reindex"), "{err}");
+    assert!(
+        err.contains("128") && err.contains("384") && err.contains("shadowbrain reindex"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
 async fn purge_removes_from_store_and_indexes_but_keeps_history() {
     let dir = tempfile::tempdir().unwrap();
     let (sub, _) = open(dir.path());
-    let id = rec(&sub, "default", "s", "observation", "secret rotated at midnight").await;
+    let id = rec(
+        &sub,
+        "default",
+        "s",
+        "observation",
+        "secret rotated at midnight",
+    )
+    .await;
     sub.flush_indexes().unwrap();
     sub.purge("default", id, "test").unwrap();
-    assert!(matches!(sub.get("default", id), Err(Error::NotFound { .. })));
+    assert!(matches!(
+        sub.get("default", id),
+        Err(Error::NotFound { .. })
+    ));
     let mut req = RecallRequest::new("default", "s", "secret rotated midnight");
     req.scope = Scope::Namespace;
     assert!(sub.recall(&req).await.unwrap().memories.is_empty());
