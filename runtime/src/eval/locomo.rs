@@ -38,6 +38,9 @@ pub struct Question {
     pub evidence: Vec<String>,
 }
 
+/// Per k: (recall@k, whether any evidence was in the top k).
+type AtK = BTreeMap<usize, (f64, bool)>;
+
 /// Recall figures for a group of questions.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Figures {
@@ -170,7 +173,8 @@ pub async fn run(
     mut progress: impl FnMut(usize, usize),
 ) -> Result<Report> {
     let kmax = ks.iter().copied().max().unwrap_or(10).max(1);
-    let mut per_q: Vec<(u8, BTreeMap<usize, (f64, bool)>)> = Vec::new();
+    // Per question: its category and, per k, (recall, hit).
+    let mut per_q: Vec<(u8, AtK)> = Vec::new();
     let mut ranked_out = Vec::new();
     for (ci, conv) in conversations.iter().enumerate() {
         let mut dia_of: HashMap<MemoryId, String> = HashMap::new();
@@ -214,7 +218,7 @@ pub async fn run(
         progress(ci + 1, conversations.len());
     }
     let figures = |filter: &dyn Fn(u8) -> bool| {
-        let chosen: Vec<&BTreeMap<usize, (f64, bool)>> = per_q
+        let chosen: Vec<&AtK> = per_q
             .iter()
             .filter(|(c, _)| filter(*c))
             .map(|(_, a)| a)

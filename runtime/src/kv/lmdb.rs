@@ -9,7 +9,7 @@ use std::sync::RwLock;
 use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, WithoutTls};
 
-use super::{Backend, Kv, Op, Range, Visit};
+use super::{Backend, Kv, Op, Range, Visit, Visitor};
 use crate::error::{Error, Result};
 
 /// The map starts here and doubles whenever it fills.
@@ -110,12 +110,7 @@ impl Kv for LmdbKv {
         Ok(self.db.get(&rtxn, key)?.map(<[u8]>::to_vec))
     }
 
-    fn scan(
-        &self,
-        range: Range<'_>,
-        reverse: bool,
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<Visit>,
-    ) -> Result<()> {
+    fn scan(&self, range: Range<'_>, reverse: bool, visit: &mut Visitor<'_>) -> Result<()> {
         let _shared = self.gate.read().unwrap_or_else(|p| p.into_inner());
         let rtxn = self.env.read_txn()?;
         let bounds = (range.start, range.end);

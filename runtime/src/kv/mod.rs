@@ -76,6 +76,9 @@ pub enum Visit {
     Stop,
 }
 
+/// The callback a scan calls for each entry, in order; it may stop the scan.
+pub type Visitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<Visit> + 'a;
+
 /// An ordered byte key-value store with durable batch commits.
 pub trait Kv: Send + Sync + std::fmt::Debug {
     /// `sled` or `lmdb`.
@@ -83,12 +86,7 @@ pub trait Kv: Send + Sync + std::fmt::Debug {
     /// Reads one key.
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>>;
     /// Visits the entries of `range` in key order (or reverse), until the visitor stops.
-    fn scan(
-        &self,
-        range: Range<'_>,
-        reverse: bool,
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<Visit>,
-    ) -> Result<()>;
+    fn scan(&self, range: Range<'_>, reverse: bool, visit: &mut Visitor<'_>) -> Result<()>;
     /// Applies every batch, each atomically, and returns only once all of them are durable
     /// on disk. Callers pass several batches at once to share one flush (group commit).
     fn commit(&self, batches: &[&[Op]]) -> Result<()>;

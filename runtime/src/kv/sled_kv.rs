@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Backend, Kv, Op, Range, Visit};
+use super::{Backend, Kv, Op, Range, Visit, Visitor};
 use crate::error::Result;
 
 /// sled-backed ordered KV.
@@ -39,12 +39,7 @@ impl Kv for SledKv {
         Ok(self.db.get(key)?.map(|v| v.to_vec()))
     }
 
-    fn scan(
-        &self,
-        range: Range<'_>,
-        reverse: bool,
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<Visit>,
-    ) -> Result<()> {
+    fn scan(&self, range: Range<'_>, reverse: bool, visit: &mut Visitor<'_>) -> Result<()> {
         let iter = self.db.range::<&[u8], _>((range.start, range.end));
         let mut step = |item: sled::Result<(sled::IVec, sled::IVec)>| -> Result<Visit> {
             let (k, v) = item?;

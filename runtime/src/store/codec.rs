@@ -170,7 +170,7 @@ pub fn encode_embedding(v: &[f32]) -> Vec<u8> {
 
 /// Decodes an embedding.
 pub fn decode_embedding(key: &[u8], bytes: &[u8]) -> Result<Vec<f32>> {
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return Err(corrupt(key, format!("embedding of {} bytes", bytes.len())));
     }
     Ok(bytes

@@ -26,7 +26,7 @@ pub use commit::CommitStats;
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 use crate::keys::{self, family, meta};
-use crate::kv::{self, Backend, Kv, Range, Visit};
+use crate::kv::{self, Backend, Kv, Range, Visit, Visitor};
 use crate::model::{AuditEntry, MemoryId, MemoryRecord, Status};
 
 /// The on-disk format this build reads and writes.
@@ -530,11 +530,7 @@ impl Store {
     }
 
     /// Scans raw keys under `prefix` (family ≥ 0x10).
-    pub fn scan_raw(
-        &self,
-        prefix: &[u8],
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<Visit>,
-    ) -> Result<()> {
+    pub fn scan_raw(&self, prefix: &[u8], visit: &mut Visitor<'_>) -> Result<()> {
         let mut end = Vec::new();
         self.inner
             .kv

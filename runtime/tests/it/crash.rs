@@ -63,37 +63,36 @@ fn crash_writer_child() {
     let sub = Substrate::open(Path::new(&dir), options(backend, true)).unwrap();
     let out = Arc::new(Mutex::new(std::io::stdout()));
     println!("READY");
-    let threads: Vec<_> = (0..4u64)
-        .map(|t| {
-            let sub = sub.clone();
-            let out = out.clone();
-            std::thread::spawn(move || {
-                let mut n = start + t * 1_000_000;
-                loop {
-                    let batch = 1 + (n % 7) as usize;
-                    let events: Vec<NewMemory> = (0..batch as u64)
-                        .map(|i| {
-                            NewMemory::new(
-                                "observation",
-                                format!("crash event {} {}", n + i, token(n + i)),
-                            )
-                        })
-                        .collect();
-                    let ids = sub
-                        .record_blocking("default", &format!("crash-{t}"), events)
-                        .unwrap();
-                    let mut o = out.lock().unwrap();
-                    for (i, id) in ids.iter().enumerate() {
-                        writeln!(o, "ACK {} {}", id, n + i as u64).unwrap();
-                    }
-                    o.flush().unwrap();
-                    n += batch as u64;
+    for t in 0..4u64 {
+        let sub = sub.clone();
+        let out = out.clone();
+        std::thread::spawn(move || {
+            let mut n = start + t * 1_000_000;
+            loop {
+                let batch = 1 + (n % 7) as usize;
+                let events: Vec<NewMemory> = (0..batch as u64)
+                    .map(|i| {
+                        NewMemory::new(
+                            "observation",
+                            format!("crash event {} {}", n + i, token(n + i)),
+                        )
+                    })
+                    .collect();
+                let ids = sub
+                    .record_blocking("default", &format!("crash-{t}"), events)
+                    .unwrap();
+                let mut o = out.lock().unwrap();
+                for (i, id) in ids.iter().enumerate() {
+                    writeln!(o, "ACK {} {}", id, n + i as u64).unwrap();
                 }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
+                o.flush().unwrap();
+                n += batch as u64;
+            }
+        });
+    }
+    // The writers never stop: the parent kills this process.
+    loop {
+        std::thread::park();
     }
 }
 
