@@ -11,8 +11,11 @@ use crate::clock::{self, Timestamp};
 use crate::model::{MemoryId, MemoryRecord, Tier};
 use crate::text;
 
-/// RRF's damping constant (Cormack et al. 2009): ranks past ~60 barely matter.
-pub const RRF_K: f32 = 60.0;
+/// RRF's damping constant. Cormack et al. (2009) use 60, which only orders; here the fused
+/// value is also the `relevance` the policy weighs against importance and recency, so it
+/// must fall off visibly with rank: with 10, first place in both paths is 1, fifth ≈ 0.69,
+/// tenth ≈ 0.52, first in one path only 0.5.
+pub const RRF_K: f32 = 10.0;
 
 /// Where recall looks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -92,43 +95,47 @@ impl Candidates {
 
 /// Relevance in 0..=1 for every candidate.
 ///
-/// RRF sums 1/(60 + rank) over the vector and keyword paths and divides by the best possible
-/// sum, so a candidate ranked first by both gets 1. Weighted fusion averages the cosine
-/// similarity (negative counts as 0) and the BM25 score divided by the best BM25 score of
-/// this query. A candidate found only through the recent path gets its exact similarity
-/// (weighted) or nothing (RRF): recency, not relevance, is why it is there.
+/// RRF sums 1/(k + 1 + rank) over the vector and keyword paths (see [`RRF_K`]) and scales
+/// the sum so first place in both paths is 1. Weighted fusion averages the cosine similarity (negative
+/// counts as 0) and the BM25 score divided by the best BM25 score of this query. A
+/// candidate found only through the recent path gets its exact similarity (weighted) or
+/// nothing (RRF): recency, not relevance, is why it is there.
 pub fn fuse(c: &Candidates, method: FusionMethod, vector_weight: f32) -> HashMap<MemoryId, f32> {
     let kw_weight = 1.0 - vector_weight;
-    let best_bm25 = c
-        .by_id
-        .values()
-        .filter_map(|e| e.keyword.map(|(_, s)| s))
-        .fold(0.0f32, f32::max);
-    c.by_id
-        .iter()
-        .map(|(id, e)| {
-            let r = match method {
-                FusionMethod::Rrf => {
-                    let v = e
-                        .vector
-                        .map_or(0.0, |(r, _)| 1.0 / (RRF_K + 1.0 + r as f32));
-                    let k = e
-                        .keyword
-                        .map_or(0.0, |(r, _)| 1.0 / (RRF_K + 1.0 + r as f32));
-                    (vector_weight * v + kw_weight * k) * (RRF_K + 1.0)
-                }
-                FusionMethod::Weighted => {
+    let rrf = |rank: Option<usize>| rank.map_or(0.0, |r| 1.0 / (RRF_K + 1.0 + r as f32));
+    match method {
+        FusionMethod::Rrf => c
+            .by_id
+            .iter()
+            .map(|(id, e)| {
+                let v = rrf(e.vector.map(|(r, _)| r));
+                let k = rrf(e.keyword.map(|(r, _)| r));
+                // First place in both paths sums to 1/(k+1): scale that to 1.
+                (*id, (vector_weight * v + kw_weight * k) * (RRF_K + 1.0))
+            })
+            .collect(),
+        FusionMethod::Weighted => {
+            let best_bm25 = c
+                .by_id
+                .values()
+                .filter_map(|e| e.keyword.map(|(_, s)| s))
+                .fold(0.0f32, f32::max);
+            c.by_id
+                .iter()
+                .map(|(id, e)| {
                     let sim = e.similarity.or(e.vector.map(|(_, s)| s)).unwrap_or(0.0);
                     let kw = match e.keyword {
                         Some((_, s)) if best_bm25 > 0.0 => s / best_bm25,
                         _ => 0.0,
                     };
-                    vector_weight * sim.max(0.0) + kw_weight * kw
-                }
-            };
-            (*id, r.clamp(0.0, 1.0))
-        })
-        .collect()
+                    (
+                        *id,
+                        (vector_weight * sim.max(0.0) + kw_weight * kw).clamp(0.0, 1.0),
+                    )
+                })
+                .collect()
+        }
+    }
 }
 
 /// Cosine similarity of two vectors (0 when either is all zero).
@@ -276,7 +283,10 @@ mod tests {
         assert!(r[&MemoryId(2)] > r[&MemoryId(1)]);
         assert!(r[&MemoryId(1)] > r[&MemoryId(4)]);
         assert_eq!(r[&MemoryId(5)], 0.0);
-        // First in both paths is the maximum, 1.0.
+        // First in one path only is half; relevance falls off visibly with rank.
+        assert!((r[&MemoryId(1)] - 0.5).abs() < 1e-6, "{r:?}");
+        assert!(r[&MemoryId(3)] < 0.85 * r[&MemoryId(1)], "{r:?}");
+        // First place in both paths is the maximum, 1.0.
         let mut both = Candidates::default();
         both.add_vector(&[(7, 0.5)]);
         both.add_keyword(&[(7, 1.0)]);
