@@ -206,6 +206,8 @@ struct Inner {
     index_lock: Mutex<()>,
     wake: Mutex<Option<mpsc::Sender<()>>>,
     indexer: Mutex<Option<JoinHandle<()>>>,
+    enrich_wake: Mutex<Option<mpsc::Sender<()>>>,
+    enricher: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
 }
 
@@ -249,12 +251,15 @@ impl Substrate {
             index_lock: Mutex::new(()),
             wake: Mutex::new(None),
             indexer: Mutex::new(None),
+            enrich_wake: Mutex::new(None),
+            enricher: Mutex::new(None),
             closed: AtomicBool::new(false),
         });
         let sub = Substrate { inner };
         sub.reconcile()?;
         if sub.inner.indexing.background {
             sub.start_indexer()?;
+            sub.start_enricher()?;
         }
         Ok(sub)
     }
@@ -461,8 +466,12 @@ impl Substrate {
         Ok((records, writes))
     }
 
-    /// Makes freshly acknowledged records searchable at once and wakes the indexer.
+    /// Makes freshly acknowledged records searchable at once and wakes the indexer (and the
+    /// enricher when some records wait for their embedding).
     fn after_write(&self, records: &[MemoryRecord]) {
+        if records.iter().any(|r| r.embedding.is_none()) {
+            self.wake_enricher();
+        }
         let docs: Vec<(u32, String)> = records.iter().map(|r| (r.id.0, r.text.clone())).collect();
         self.inner.keywords.upsert(&docs);
         let vecs: Vec<(u32, Vec<f32>)> = records
@@ -803,8 +812,80 @@ impl Substrate {
         Ok(())
     }
 
-    /// Stops the indexer and builds everything that is staged, so the next open starts
-    /// with nothing to replay.
+    fn wake_enricher(&self) {
+        if let Some(tx) = self
+            .inner
+            .enrich_wake
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Embeds queued records in the background with the substrate's embedder, on its own
+    /// thread and runtime, backing off while the provider fails. Records wait in the durable
+    /// queue meanwhile, so nothing is lost when it is down or the process dies.
+    fn start_enricher(&self) -> Result<()> {
+        let (tx, rx) = mpsc::channel::<()>();
+        // Work left from a previous run starts at once.
+        let _ = tx.send(());
+        *self
+            .inner
+            .enrich_wake
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        let weak = Arc::downgrade(&self.inner);
+        let handle = std::thread::Builder::new()
+            .name("enricher".into())
+            .spawn(move || {
+                let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build()
+                else {
+                    tracing::error!("the enricher could not start a runtime; queued records wait");
+                    return;
+                };
+                let mut backoff = Duration::from_millis(100);
+                loop {
+                    match rx.recv_timeout(Duration::from_secs(1)) {
+                        Ok(()) => while rx.try_recv().is_ok() {},
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    }
+                    loop {
+                        let Some(inner) = weak.upgrade() else { return };
+                        if inner.closed.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        let sub = Substrate { inner };
+                        match rt.block_on(sub.enrich_pending(64)) {
+                            Ok(0) => {
+                                backoff = Duration::from_millis(100);
+                                break;
+                            }
+                            Ok(_) => continue,
+                            Err(e) => {
+                                tracing::warn!(error = %e, retry_in = ?backoff, "enrichment failed; records stay queued");
+                                drop(sub);
+                                std::thread::sleep(backoff);
+                                backoff = (backoff * 2).min(Duration::from_secs(30));
+                                break;
+                            }
+                        }
+                    }
+                }
+            })
+            .map_err(|e| Error::io("enricher thread", e))?;
+        *self
+            .inner
+            .enricher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(handle);
+        Ok(())
+    }
+
+    /// Stops the background threads and builds everything that is staged, so the next open
+    /// starts with nothing to replay. Records still waiting for enrichment stay queued.
     pub fn close(&self) -> Result<()> {
         self.inner.closed.store(true, Ordering::SeqCst);
         self.inner
@@ -812,14 +893,15 @@ impl Substrate {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        if let Some(h) = self
-            .inner
-            .indexer
+        self.inner
+            .enrich_wake
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            let _ = h.join();
+            .take();
+        for slot in [&self.inner.indexer, &self.inner.enricher] {
+            if let Some(h) = slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                let _ = h.join();
+            }
         }
         self.flush_indexes()
     }
@@ -1200,7 +1282,12 @@ impl Substrate {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // Closing the wake channels ends the background threads.
         self.wake.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.enrich_wake
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
     }
 }
 

@@ -1,5 +1,6 @@
 //! Integration tests of the substrate, in one binary so the crate links once.
 
 mod crash;
+mod enrich;
 mod recall;
 mod store_model;

@@ -1,0 +1,128 @@
+//! Remote embedding through the durable enrichment queue, against a real OpenAI-compatible
+//! HTTP server served by the test on 127.0.0.1: ingest acknowledges without waiting for the
+//! provider, records are embedded in the background, and records queued while the provider
+//! is down (even across a restart) are embedded once it is back.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use shadowbrain_runtime::embed::hash::HashEmbedder;
+use shadowbrain_runtime::embed::{EmbedderConfig, EmbedderKind, build_embedder};
+use shadowbrain_runtime::model::NewMemory;
+use shadowbrain_runtime::retrieval::Scope;
+use shadowbrain_runtime::store::Queue;
+use shadowbrain_runtime::substrate::{RecallRequest, Substrate, SubstrateOptions};
+
+#[derive(Default)]
+struct Provider {
+    up: AtomicBool,
+    requests: AtomicUsize,
+}
+
+async fn embeddings(
+    State(p): State<Arc<Provider>>,
+    Json(body): Json<serde_json::Value>,
+) -> Result<Json<serde_json::Value>, StatusCode> {
+    p.requests.fetch_add(1, Ordering::SeqCst);
+    if !p.up.load(Ordering::SeqCst) {
+        return Err(StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let inputs: Vec<String> = match &body["input"] {
+        serde_json::Value::String(s) => vec![s.clone()],
+        serde_json::Value::Array(a) => a.iter().filter_map(|v| v.as_str().map(String::from)).collect(),
+        _ => return Err(StatusCode::BAD_REQUEST),
+    };
+    // A deterministic "model": the hash embedder, so similar texts land close.
+    let model = HashEmbedder::default();
+    let data: Vec<serde_json::Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| serde_json::json!({"object": "embedding", "index": i, "embedding": model.embed_one(t)}))
+        .collect();
+    Ok(Json(serde_json::json!({
+        "object": "list", "data": data, "model": body["model"],
+        "usage": {"prompt_tokens": 1, "total_tokens": 1}
+    })))
+}
+
+async fn serve(p: Arc<Provider>) -> String {
+    let app = axum::Router::new().route("/v1/embeddings", post(embeddings)).with_state(p);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}/v1")
+}
+
+fn options(base_url: &str) -> SubstrateOptions {
+    let cfg = EmbedderConfig {
+        kind: EmbedderKind::Openai,
+        base_url: Some(base_url.to_string()),
+        model: Some("test-embed".into()),
+        dimensions: Some(384),
+        timeout: "2s".into(),
+        max_retries: 0,
+        ..EmbedderConfig::default()
+    };
+    SubstrateOptions { embedder: build_embedder(&cfg).unwrap(), ..SubstrateOptions::default() }
+}
+
+async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn found_by_vector(sub: &Substrate, query: &str) -> bool {
+    let q = HashEmbedder::default().embed_one(query);
+    let all = sub.store().candidates(&shadowbrain_runtime::store::Filter { namespace: "default", ..Default::default() });
+    !sub.vectors().search(&q, 1, Some(&all)).unwrap().is_empty()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_embeddings_arrive_in_the_background_and_survive_outages() {
+    let provider = Arc::new(Provider::default());
+    let url = serve(provider.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+
+    // Provider down: ingest still acknowledges; the records wait in the durable queue.
+    let sub = Substrate::open(dir.path(), options(&url)).unwrap();
+    let ids = sub
+        .record("default", "s", vec![NewMemory::new("observation", "the certificate of the load balancer expired")])
+        .await
+        .unwrap();
+    assert_eq!(sub.store().queued(Queue::Enrich, 10).unwrap(), ids);
+    wait_until("the enricher tried", || provider.requests.load(Ordering::SeqCst) > 0).await;
+    assert!(sub.store().get(ids[0]).unwrap().unwrap().embedding.is_none());
+    // Keyword search works at once, whatever the provider does.
+    let mut req = RecallRequest::new("default", "other", "load balancer certificate");
+    req.scope = Scope::Namespace;
+    req.query_embedding = Some(HashEmbedder::default().embed_one("load balancer certificate"));
+    assert_eq!(sub.recall(&req).await.unwrap().memories.len(), 1);
+    sub.close().unwrap();
+    drop(sub);
+    reopen_and_finish(dir.path(), &url, &provider, ids[0]).await;
+}
+
+async fn reopen_and_finish(dir: &Path, url: &str, provider: &Provider, id: shadowbrain_runtime::MemoryId) {
+    provider.up.store(true, Ordering::SeqCst);
+    // After a restart the queue is picked up again.
+    let sub = Substrate::open(dir, options(url)).unwrap();
+    wait_until("the queued record is embedded", || sub.store().queued(Queue::Enrich, 10).unwrap().is_empty()).await;
+    let r = sub.store().get(id).unwrap().unwrap();
+    assert_eq!(r.embedding.as_ref().map(Vec::len), Some(384));
+    assert!(found_by_vector(&sub, "load balancer certificate").await);
+    let history: Vec<String> = sub.history("default", id).unwrap().iter().map(|e| format!("{:?}", e.action)).collect();
+    assert!(history.contains(&"Embedded".to_string()), "{history:?}");
+    // New records flow through without a restart.
+    let ids = sub.record("default", "s", vec![NewMemory::new("thought", "rotate the certificate monthly")]).await.unwrap();
+    wait_until("the new record is embedded", || sub.store().get(ids[0]).unwrap().unwrap().embedding.is_some()).await;
+    sub.close().unwrap();
+}
