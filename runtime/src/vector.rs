@@ -16,6 +16,10 @@
 //! records the caller's watermark in the same LMDB write transaction, commits durably, and
 //! only then drops the built changes from the tail. Searches read the tail *before* they
 //! open their read transaction, so a change is always visible in at least one of the two.
+//!
+//! The tail lives in memory only. A failed build leaves it staged for the next build; a
+//! close or crash loses it, which is why the watermark exists: on start-up the caller
+//! re-stages everything the store holds past [`VectorIndex::watermark`].
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -229,6 +233,9 @@ impl VectorIndex {
                 .read_txn_without_tls()
                 .map_size(map_size)
                 .max_dbs(2)
+                // One reader slot per concurrent search; LMDB's default of 126 is too few
+                // for a server whose blocking pool can run hundreds of recalls at once.
+                .max_readers(1024)
                 .open(dir)
         }
         .map_err(|e| match e {
