@@ -60,7 +60,10 @@ type ArroyDb = arroy::Database<'static, Cosine>;
 type MetaDb = heed::Database<'static, Str, Bytes>;
 
 /// Tuning of a [`VectorIndex`]. The defaults were measured on synthetic clustered data
-/// (see `measure_recall_and_latency` in this module's tests).
+/// (`measure_recall_and_latency` in this module's tests: 100k × 384-d, 200 clusters,
+/// release, 2 shared cores): 16 trees × factor 8 gave recall@10 0.9925 at 1.45 ms p50 and a
+/// 22.5 s full build; 8 trees needed factor 16 for 0.9885 at 1.9 ms (13 s build); 32 trees
+/// × factor 4 gave 0.9945 at 1.8 ms (44 s build).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VectorOptions {
     /// Trees in the arroy forest, passed on every build. `None` lets arroy choose (about 150
