@@ -16,6 +16,10 @@
 //! records the caller's watermark in the same LMDB write transaction, commits durably, and
 //! only then drops the built changes from the tail. Searches read the tail *before* they
 //! open their read transaction, so a change is always visible in at least one of the two.
+//!
+//! The tail lives in memory only. A failed build leaves it staged for the next build; a
+//! close or crash loses it, which is why the watermark exists: on start-up the caller
+//! re-stages everything the store holds past [`VectorIndex::watermark`].
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -56,7 +60,10 @@ type ArroyDb = arroy::Database<'static, Cosine>;
 type MetaDb = heed::Database<'static, Str, Bytes>;
 
 /// Tuning of a [`VectorIndex`]. The defaults were measured on synthetic clustered data
-/// (see `measure_recall_and_latency` in this module's tests).
+/// (`measure_recall_and_latency` in this module's tests: 100k × 384-d, 200 clusters,
+/// release, 2 shared cores): 16 trees × factor 8 gave recall@10 0.9925 at 1.45 ms p50 and a
+/// 22.5 s full build; 8 trees needed factor 16 for 0.9885 at 1.9 ms (13 s build); 32 trees
+/// × factor 4 gave 0.9945 at 1.8 ms (44 s build).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VectorOptions {
     /// Trees in the arroy forest, passed on every build. `None` lets arroy choose (about 150
@@ -229,6 +236,9 @@ impl VectorIndex {
                 .read_txn_without_tls()
                 .map_size(map_size)
                 .max_dbs(2)
+                // One reader slot per concurrent search; LMDB's default of 126 is too few
+                // for a server whose blocking pool can run hundreds of recalls at once.
+                .max_readers(1024)
                 .open(dir)
         }
         .map_err(|e| match e {
