@@ -35,7 +35,10 @@ async fn embeddings(
     }
     let inputs: Vec<String> = match &body["input"] {
         serde_json::Value::String(s) => vec![s.clone()],
-        serde_json::Value::Array(a) => a.iter().filter_map(|v| v.as_str().map(String::from)).collect(),
+        serde_json::Value::Array(a) => a
+            .iter()
+            .filter_map(|v| v.as_str().map(String::from))
+            .collect(),
         _ => return Err(StatusCode::BAD_REQUEST),
     };
     // A deterministic "model": the hash embedder, so similar texts land close.
@@ -52,7 +55,9 @@ async fn embeddings(
 }
 
 async fn serve(p: Arc<Provider>) -> String {
-    let app = axum::Router::new().route("/v1/embeddings", post(embeddings)).with_state(p);
+    let app = axum::Router::new()
+        .route("/v1/embeddings", post(embeddings))
+        .with_state(p);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -69,7 +74,10 @@ fn options(base_url: &str) -> SubstrateOptions {
         max_retries: 0,
         ..EmbedderConfig::default()
     };
-    SubstrateOptions { embedder: build_embedder(&cfg).unwrap(), ..SubstrateOptions::default() }
+    SubstrateOptions {
+        embedder: build_embedder(&cfg).unwrap(),
+        ..SubstrateOptions::default()
+    }
 }
 
 async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
@@ -82,7 +90,10 @@ async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 
 async fn found_by_vector(sub: &Substrate, query: &str) -> bool {
     let q = HashEmbedder::default().embed_one(query);
-    let all = sub.store().candidates(&shadowbrain_runtime::store::Filter { namespace: "default", ..Default::default() });
+    let all = sub.store().candidates(&shadowbrain_runtime::store::Filter {
+        namespace: "default",
+        ..Default::default()
+    });
     !sub.vectors().search(&q, 1, Some(&all)).unwrap().is_empty()
 }
 
@@ -95,12 +106,29 @@ async fn remote_embeddings_arrive_in_the_background_and_survive_outages() {
     // Provider down: ingest still acknowledges; the records wait in the durable queue.
     let sub = Substrate::open(dir.path(), options(&url)).unwrap();
     let ids = sub
-        .record("default", "s", vec![NewMemory::new("observation", "the certificate of the load balancer expired")])
+        .record(
+            "default",
+            "s",
+            vec![NewMemory::new(
+                "observation",
+                "the certificate of the load balancer expired",
+            )],
+        )
         .await
         .unwrap();
     assert_eq!(sub.store().queued(Queue::Enrich, 10).unwrap(), ids);
-    wait_until("the enricher tried", || provider.requests.load(Ordering::SeqCst) > 0).await;
-    assert!(sub.store().get(ids[0]).unwrap().unwrap().embedding.is_none());
+    wait_until("the enricher tried", || {
+        provider.requests.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    assert!(
+        sub.store()
+            .get(ids[0])
+            .unwrap()
+            .unwrap()
+            .embedding
+            .is_none()
+    );
     // Keyword search works at once, whatever the provider does.
     let mut req = RecallRequest::new("default", "other", "load balancer certificate");
     req.scope = Scope::Namespace;
@@ -111,18 +139,46 @@ async fn remote_embeddings_arrive_in_the_background_and_survive_outages() {
     reopen_and_finish(dir.path(), &url, &provider, ids[0]).await;
 }
 
-async fn reopen_and_finish(dir: &Path, url: &str, provider: &Provider, id: shadowbrain_runtime::MemoryId) {
+async fn reopen_and_finish(
+    dir: &Path,
+    url: &str,
+    provider: &Provider,
+    id: shadowbrain_runtime::MemoryId,
+) {
     provider.up.store(true, Ordering::SeqCst);
     // After a restart the queue is picked up again.
     let sub = Substrate::open(dir, options(url)).unwrap();
-    wait_until("the queued record is embedded", || sub.store().queued(Queue::Enrich, 10).unwrap().is_empty()).await;
+    wait_until("the queued record is embedded", || {
+        sub.store().queued(Queue::Enrich, 10).unwrap().is_empty()
+    })
+    .await;
     let r = sub.store().get(id).unwrap().unwrap();
     assert_eq!(r.embedding.as_ref().map(Vec::len), Some(384));
     assert!(found_by_vector(&sub, "load balancer certificate").await);
-    let history: Vec<String> = sub.history("default", id).unwrap().iter().map(|e| format!("{:?}", e.action)).collect();
+    let history: Vec<String> = sub
+        .history("default", id)
+        .unwrap()
+        .iter()
+        .map(|e| format!("{:?}", e.action))
+        .collect();
     assert!(history.contains(&"Embedded".to_string()), "{history:?}");
     // New records flow through without a restart.
-    let ids = sub.record("default", "s", vec![NewMemory::new("thought", "rotate the certificate monthly")]).await.unwrap();
-    wait_until("the new record is embedded", || sub.store().get(ids[0]).unwrap().unwrap().embedding.is_some()).await;
+    let ids = sub
+        .record(
+            "default",
+            "s",
+            vec![NewMemory::new("thought", "rotate the certificate monthly")],
+        )
+        .await
+        .unwrap();
+    wait_until("the new record is embedded", || {
+        sub.store()
+            .get(ids[0])
+            .unwrap()
+            .unwrap()
+            .embedding
+            .is_some()
+    })
+    .await;
     sub.close().unwrap();
 }
