@@ -29,7 +29,7 @@ use crate::model::{
 };
 use crate::policy::Policy;
 use crate::retrieval::{self, Candidates, FusionMethod, Scope};
-use crate::store::{Change, Filter, Mutation, Queue, Store, StoreOptions, WriteSet};
+use crate::store::{Change, Filter, Mutation, Queue, RecordPatch, Store, StoreOptions, WriteSet};
 use crate::vector::{VectorIndex, VectorOptions};
 
 /// When the indexer builds.
@@ -510,9 +510,9 @@ impl Substrate {
             self.inner.embedder.embed(&texts).await?
         };
         let now = self.inner.clock.now();
-        for (mut r, v) in records.iter().cloned().zip(vecs) {
+        let mut staged = Vec::with_capacity(records.len());
+        for (r, v) in records.iter().zip(vecs) {
             validate_embedding(&v, Some(self.inner.embedder.dimensions()))?;
-            r.embedding = Some(v);
             writes.push(Mutation::Audit(
                 r.id,
                 AuditEntry {
@@ -523,13 +523,15 @@ impl Substrate {
                 },
             ));
             writes.push(Mutation::Dequeue(Queue::Enrich, r.id));
-            writes.push(Mutation::Update {
-                record: Box::new(r),
-                reindex: true,
-            });
+            // Only the embedding is written: the record may have changed while the provider
+            // was answering, and rewriting it would undo that.
+            writes.push(Mutation::SetEmbedding(r.id, v.clone()));
+            staged.push((r.id.0, v));
         }
         let n = records.len();
         self.inner.store.write_async(writes).await?;
+        // Searchable at once, like a fresh write.
+        self.inner.vectors.upsert(&staged);
         self.wake_indexer();
         Ok(n)
     }
@@ -1101,27 +1103,24 @@ impl Substrate {
             let (score, why) = why_of(i).expect("ordered from scored");
             let record = loaded[i].0.clone();
             if amount > 0.0 {
-                let mut updated = record.clone();
-                updated.embedding = loaded[i].1.clone();
-                updated.strength = policy.reinforce(&record, now, amount);
-                updated.strength_at = now;
-                updated.reinforcements += 1;
+                let strength = policy.reinforce(&record, now, amount);
                 reinforce.push(Mutation::Audit(
                     record.id,
                     AuditEntry {
                         at: now,
                         action: AuditAction::Reinforced,
                         by: "recall".into(),
-                        detail: format!(
-                            "strength {:.3} -> {:.3}",
-                            record.strength, updated.strength
-                        ),
+                        detail: format!("strength {:.3} -> {:.3}", record.strength, strength),
                     },
                 ));
-                reinforce.push(Mutation::Update {
-                    record: Box::new(updated),
-                    reindex: false,
-                });
+                reinforce.push(Mutation::Patch(
+                    record.id,
+                    RecordPatch {
+                        strength: Some((strength, now)),
+                        add_reinforcements: 1,
+                        ..RecordPatch::default()
+                    },
+                ));
             }
             memories.push(Recalled { record, score, why });
         }
@@ -1204,7 +1203,7 @@ impl Substrate {
         status: Status,
         by: &str,
     ) -> Result<MemoryRecord> {
-        let mut r = self.inner.store.get_in(namespace, id)?;
+        let r = self.inner.store.get_in(namespace, id)?;
         if r.status == status {
             return Ok(r);
         }
@@ -1214,9 +1213,6 @@ impl Substrate {
         } else {
             AuditAction::StatusChanged
         };
-        let detail = format!("{} -> {}", r.status.as_str(), status.as_str());
-        r.status = status;
-        r.status_at = now;
         self.inner.store.write(WriteSet(vec![
             Mutation::Audit(
                 id,
@@ -1224,15 +1220,18 @@ impl Substrate {
                     at: now,
                     action,
                     by: by.into(),
-                    detail,
+                    detail: format!("{} -> {}", r.status.as_str(), status.as_str()),
                 },
             ),
-            Mutation::Update {
-                record: Box::new(r.clone()),
-                reindex: false,
-            },
+            Mutation::Patch(
+                id,
+                RecordPatch {
+                    status: Some((status, now)),
+                    ..RecordPatch::default()
+                },
+            ),
         ]))?;
-        Ok(r)
+        self.inner.store.get_in(namespace, id)
     }
 
     /// Archives a record (soft delete: never recalled, recoverable until purged).

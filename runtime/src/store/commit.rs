@@ -79,6 +79,9 @@ struct Worker {
     next_seq: u64,
     shared_seq: Arc<AtomicU64>,
     stats: HashMap<Vec<u8>, SessionStats>,
+    /// Encoded records written earlier in the current group (`None`: purged), so a patch
+    /// later in the same group applies to what it will follow, not to the disk's older copy.
+    overlay: HashMap<MemoryId, Option<Vec<u8>>>,
     commits: Arc<AtomicU64>,
     write_sets: Arc<AtomicU64>,
 }
@@ -101,6 +104,7 @@ impl Committer {
             next_seq,
             shared_seq: shared_seq.clone(),
             stats: HashMap::new(),
+            overlay: HashMap::new(),
             commits: commits.clone(),
             write_sets: write_sets.clone(),
         };
@@ -174,6 +178,11 @@ impl Worker {
     }
 
     fn commit_group(&mut self, group: Vec<Request>) {
+        self.commit_group_inner(group);
+        self.overlay.clear();
+    }
+
+    fn commit_group_inner(&mut self, group: Vec<Request>) {
         let seq_before = self.next_seq;
         let mut accepted: Vec<(Reply, Vec<Op>, Vec<CatalogOp>)> = Vec::with_capacity(group.len());
         for req in group {
@@ -266,20 +275,46 @@ impl Worker {
 
     fn encode(&mut self, writes: WriteSet) -> Result<(Vec<Op>, Vec<CatalogOp>)> {
         let mut touched: Vec<Vec<u8>> = Vec::new();
-        let result = self.encode_into(writes, &mut touched);
+        let mut undo: Vec<(MemoryId, Option<Option<Vec<u8>>>)> = Vec::new();
+        let result = self.encode_into(writes, &mut touched, &mut undo);
         if result.is_err() {
-            // The cached stats were changed for a write set that will not be committed.
+            // The cached stats and the overlay were changed for a write set that will not be
+            // committed: put them back.
             for key in &touched {
                 self.stats.remove(key);
             }
+            for (id, before) in undo.into_iter().rev() {
+                match before {
+                    Some(b) => self.overlay.insert(id, b),
+                    None => self.overlay.remove(&id),
+                };
+            }
         }
         result
+    }
+
+    /// The record as this group will leave it: from the overlay, else from disk.
+    fn current(&self, id: MemoryId) -> Result<Option<Vec<u8>>> {
+        match self.overlay.get(&id) {
+            Some(v) => Ok(v.clone()),
+            None => self.kv.get(&keys::record(id)),
+        }
+    }
+
+    fn set_overlay(
+        &mut self,
+        undo: &mut Vec<(MemoryId, Option<Option<Vec<u8>>>)>,
+        id: MemoryId,
+        v: Option<Vec<u8>>,
+    ) {
+        undo.push((id, self.overlay.insert(id, v)));
     }
 
     fn encode_into(
         &mut self,
         writes: WriteSet,
         touched: &mut Vec<Vec<u8>>,
+        undo: &mut Vec<(MemoryId, Option<Option<Vec<u8>>>)>,
     ) -> Result<(Vec<Op>, Vec<CatalogOp>)> {
         let mut ops = Vec::new();
         let mut cat = Vec::new();
@@ -287,7 +322,9 @@ impl Worker {
             match m {
                 Mutation::Insert(r) => {
                     let id = r.id;
-                    ops.push(Op::Put(keys::record(id).to_vec(), codec::encode_record(&r)));
+                    let bytes = codec::encode_record(&r);
+                    self.set_overlay(undo, id, Some(bytes.clone()));
+                    ops.push(Op::Put(keys::record(id).to_vec(), bytes));
                     if let Some(e) = &r.embedding {
                         ops.push(Op::Put(
                             keys::embedding(id).to_vec(),
@@ -319,7 +356,9 @@ impl Worker {
                 }
                 Mutation::Update { record: r, reindex } => {
                     let id = r.id;
-                    ops.push(Op::Put(keys::record(id).to_vec(), codec::encode_record(&r)));
+                    let bytes = codec::encode_record(&r);
+                    self.set_overlay(undo, id, Some(bytes.clone()));
+                    ops.push(Op::Put(keys::record(id).to_vec(), bytes));
                     if reindex {
                         match &r.embedding {
                             Some(e) => ops.push(Op::Put(
@@ -338,6 +377,7 @@ impl Worker {
                 }
                 Mutation::Purge(r) => {
                     let id = r.id;
+                    self.set_overlay(undo, id, None);
                     ops.push(Op::Delete(keys::record(id).to_vec()));
                     ops.push(Op::Delete(keys::embedding(id).to_vec()));
                     ops.push(Op::Put(
@@ -370,6 +410,36 @@ impl Worker {
                         codec::encode(&Change::Remove(id)),
                     ));
                     cat.push(CatalogOp::Remove(id, codec::header_of(&r)));
+                }
+                Mutation::Patch(id, patch) => {
+                    let key = keys::record(id);
+                    // A record purged meanwhile has nothing left to patch.
+                    let Some(bytes) = self.current(id)? else {
+                        continue;
+                    };
+                    let mut r = codec::decode_record(id, &key, &bytes, None)?;
+                    let status_before = r.status;
+                    patch.apply(&mut r);
+                    let bytes = codec::encode_record(&r);
+                    self.set_overlay(undo, id, Some(bytes.clone()));
+                    ops.push(Op::Put(key.to_vec(), bytes));
+                    if r.status != status_before {
+                        cat.push(CatalogOp::Status(id, r.status));
+                    }
+                }
+                Mutation::SetEmbedding(id, embedding) => {
+                    if self.current(id)?.is_none() {
+                        continue;
+                    }
+                    ops.push(Op::Put(
+                        keys::embedding(id).to_vec(),
+                        codec::encode_embedding(&embedding),
+                    ));
+                    let seq = self.seq();
+                    ops.push(Op::Put(
+                        keys::change(seq).to_vec(),
+                        codec::encode(&Change::Upsert(id)),
+                    ));
                 }
                 Mutation::Audit(id, entry) => {
                     let seq = self.seq();

@@ -82,6 +82,12 @@ pub enum Mutation {
     },
     /// Remove a record for good (its audit log stays).
     Purge(Box<MemoryRecord>),
+    /// Change some fields of a record as it is *at commit time* (read-modify-write in the
+    /// commit thread), so concurrent writers never lose each other's updates.
+    Patch(MemoryId, RecordPatch),
+    /// Store a record's embedding (and have the indexes follow) without rewriting the
+    /// record; skipped if the record was purged meanwhile.
+    SetEmbedding(MemoryId, Vec<f32>),
     /// Append to a record's audit log.
     Audit(MemoryId, AuditEntry),
     /// Put a record on a work queue.
@@ -94,6 +100,49 @@ pub enum Mutation {
     PutRaw(Vec<u8>, Vec<u8>),
     /// Delete a raw key (family ≥ 0x10).
     DeleteRaw(Vec<u8>),
+}
+
+/// Field changes applied to a record at commit time ([`Mutation::Patch`]). Unset fields are
+/// left alone; counters are added to.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RecordPatch {
+    /// New status, and when it changed.
+    pub status: Option<(Status, Timestamp)>,
+    /// New strength, and the time it holds at.
+    pub strength: Option<(f32, Timestamp)>,
+    /// Reinforcements to add.
+    pub add_reinforcements: u32,
+    /// Successes to add to utility.
+    pub add_successes: u32,
+    /// Failures to add to utility.
+    pub add_failures: u32,
+    /// New importance.
+    pub importance: Option<f32>,
+    /// The policy that made this decision.
+    pub policy: Option<crate::model::PolicyStamp>,
+}
+
+impl RecordPatch {
+    /// Applies the patch to `r`.
+    pub fn apply(&self, r: &mut MemoryRecord) {
+        if let Some((s, at)) = self.status {
+            r.status = s;
+            r.status_at = at;
+        }
+        if let Some((s, at)) = self.strength {
+            r.strength = s;
+            r.strength_at = at;
+        }
+        r.reinforcements = r.reinforcements.saturating_add(self.add_reinforcements);
+        r.utility.successes = r.utility.successes.saturating_add(self.add_successes);
+        r.utility.failures = r.utility.failures.saturating_add(self.add_failures);
+        if let Some(i) = self.importance {
+            r.importance = i;
+        }
+        if let Some(p) = &self.policy {
+            r.policy = p.clone();
+        }
+    }
 }
 
 /// Mutations that become durable together, atomically.

@@ -10,7 +10,7 @@ use shadowbrain_runtime::kv::Backend;
 use shadowbrain_runtime::model::{
     Kind, MemoryId, MemoryRecord, PolicyStamp, Status, Tier, Utility,
 };
-use shadowbrain_runtime::store::{Filter, Mutation, Store, StoreOptions, WriteSet};
+use shadowbrain_runtime::store::{Filter, Mutation, RecordPatch, Store, StoreOptions, WriteSet};
 
 #[derive(Debug, Clone)]
 enum Step {
@@ -166,12 +166,22 @@ fn run(backend: Backend, steps: Vec<Step>) {
                 let r = model.get_mut(&key).unwrap();
                 r.status = status;
                 r.status_at = t;
-                store
-                    .write(WriteSet(vec![Mutation::Update {
+                // Odd picks rewrite the record; even ones patch it at commit time.
+                let m = if pick % 2 == 1 {
+                    Mutation::Update {
                         record: Box::new(r.clone()),
                         reindex: false,
-                    }]))
-                    .unwrap();
+                    }
+                } else {
+                    Mutation::Patch(
+                        r.id,
+                        RecordPatch {
+                            status: Some((status, t)),
+                            ..RecordPatch::default()
+                        },
+                    )
+                };
+                store.write(WriteSet(vec![m])).unwrap();
             }
             Step::Purge { pick } => {
                 if model.is_empty() {
