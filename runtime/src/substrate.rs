@@ -1053,7 +1053,7 @@ impl Substrate {
             crate::policy::Fusion::Rrf => FusionMethod::Rrf,
             crate::policy::Fusion::Weighted => FusionMethod::Weighted,
         };
-        let relevance = retrieval::fuse(&cands, fusion, 0.5);
+        let relevance = retrieval::fuse(&cands, fusion, policy.scoring.vector_weight);
         let now = self.inner.clock.now();
         let mut scored: Vec<(f32, Why, usize)> = loaded
             .iter()

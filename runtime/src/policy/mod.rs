@@ -209,6 +209,7 @@ impl Policy {
                     RecencyBasis::LastAccess => "last_access",
                 },
                 "fusion": match s.fusion { Fusion::Rrf => "rrf", Fusion::Weighted => "weighted" },
+                "vector_weight": s.vector_weight,
                 "mmr_lambda": s.mmr_lambda,
                 "reinforce_on_recall": s.reinforce_on_recall,
             },

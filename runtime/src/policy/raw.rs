@@ -82,6 +82,9 @@ pub struct RawScoring {
     /// `"rrf"` or `"weighted"`.
     #[serde(default)]
     pub fusion: Option<String>,
+    /// Share of the vector path in fused relevance (the keyword path gets the rest).
+    #[serde(default, deserialize_with = "number")]
+    pub vector_weight: Option<f64>,
     /// MMR trade-off; below 1.0 turns on diversity re-ranking.
     #[serde(default, deserialize_with = "number")]
     pub mmr_lambda: Option<f64>,
