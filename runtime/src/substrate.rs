@@ -37,21 +37,25 @@ use crate::vector::{VectorIndex, VectorOptions};
 pub struct IndexingOptions {
     /// Run the indexer on a background thread (off only in tests that drive it by hand).
     pub background: bool,
-    /// Changes read from the log per pass.
+    /// Changes read from the log at a time.
     pub batch: usize,
-    /// Build as soon as this many changes are staged.
+    /// Build as soon as this many changes are staged (the tails are scanned exactly, so
+    /// this bounds the cost a large unbuilt tail adds to namespace-wide search).
     pub build_every: usize,
-    /// ...or when the oldest staged change is this old.
+    /// ...or once no change has arrived for this long (a quiet period)...
     pub debounce: Duration,
+    /// ...or when the oldest staged change is this old, however busy ingest is.
+    pub max_delay: Duration,
 }
 
 impl Default for IndexingOptions {
     fn default() -> Self {
         IndexingOptions {
             background: true,
-            batch: 5_000,
-            build_every: 20_000,
-            debounce: Duration::from_millis(500),
+            batch: 2_000,
+            build_every: 50_000,
+            debounce: Duration::from_millis(300),
+            max_delay: Duration::from_secs(10),
         }
     }
 }
@@ -200,10 +204,12 @@ struct Inner {
     recent_n: usize,
     /// Highest change sequence applied to both indexes' tails.
     applied: AtomicU64,
-    /// When the oldest change not yet built was applied.
-    staged_since: Mutex<Option<Instant>>,
-    /// Serialises indexing passes (one writer per index).
-    index_lock: Mutex<()>,
+    /// When the oldest and the newest change not yet built were applied.
+    staged_times: Mutex<(Option<Instant>, Option<Instant>)>,
+    /// Serialises applying changes to the tails.
+    apply_lock: Mutex<()>,
+    /// Serialises builds (one writer per index).
+    build_lock: Mutex<()>,
     wake: Mutex<Option<mpsc::Sender<()>>>,
     indexer: Mutex<Option<JoinHandle<()>>>,
     enrich_wake: Mutex<Option<mpsc::Sender<()>>>,
@@ -247,8 +253,9 @@ impl Substrate {
             indexing: opts.indexing,
             recent_n: opts.recent_n,
             applied: AtomicU64::new(0),
-            staged_since: Mutex::new(None),
-            index_lock: Mutex::new(()),
+            staged_times: Mutex::new((None, None)),
+            apply_lock: Mutex::new(()),
+            build_lock: Mutex::new(()),
             wake: Mutex::new(None),
             indexer: Mutex::new(None),
             enrich_wake: Mutex::new(None),
@@ -466,20 +473,12 @@ impl Substrate {
         Ok((records, writes))
     }
 
-    /// Makes freshly acknowledged records searchable at once and wakes the indexer (and the
-    /// enricher when some records wait for their embedding).
+    /// Wakes the indexer (and the enricher when some records wait for their embedding).
+    /// The write is already in the change log, so recall's catch-up sees it even before the
+    /// indexer does; ingest does no index work itself.
     fn after_write(&self, records: &[MemoryRecord]) {
         if records.iter().any(|r| r.embedding.is_none()) {
             self.wake_enricher();
-        }
-        let docs: Vec<(u32, String)> = records.iter().map(|r| (r.id.0, r.text.clone())).collect();
-        self.inner.keywords.upsert(&docs);
-        let vecs: Vec<(u32, Vec<f32>)> = records
-            .iter()
-            .filter_map(|r| r.embedding.clone().map(|e| (r.id.0, e)))
-            .collect();
-        if !vecs.is_empty() {
-            self.inner.vectors.upsert(&vecs);
         }
         self.wake_indexer();
     }
@@ -510,7 +509,6 @@ impl Substrate {
             self.inner.embedder.embed(&texts).await?
         };
         let now = self.inner.clock.now();
-        let mut staged = Vec::with_capacity(records.len());
         for (r, v) in records.iter().zip(vecs) {
             validate_embedding(&v, Some(self.inner.embedder.dimensions()))?;
             writes.push(Mutation::Audit(
@@ -525,13 +523,10 @@ impl Substrate {
             writes.push(Mutation::Dequeue(Queue::Enrich, r.id));
             // Only the embedding is written: the record may have changed while the provider
             // was answering, and rewriting it would undo that.
-            writes.push(Mutation::SetEmbedding(r.id, v.clone()));
-            staged.push((r.id.0, v));
+            writes.push(Mutation::SetEmbedding(r.id, v));
         }
         let n = records.len();
         self.inner.store.write_async(writes).await?;
-        // Searchable at once, like a fresh write.
-        self.inner.vectors.upsert(&staged);
         self.wake_indexer();
         Ok(n)
     }
@@ -573,7 +568,7 @@ impl Substrate {
             .watermark()?
             .min(self.inner.keywords.watermark()?);
         self.inner.applied.store(from, Ordering::SeqCst);
-        while self.index_pass(true)?.applied > 0 {}
+        self.index_pass(true)?;
         Ok(())
     }
 
@@ -636,9 +631,15 @@ impl Substrate {
 
     /// Rebuilds the chosen indexes from the store (what `shadowbrain reindex` runs).
     pub fn rebuild(&self, vectors: bool, keywords: bool) -> Result<()> {
-        let _one_writer = self
+        // Nothing may apply or build meanwhile (same lock order as `index_pass`).
+        let _no_applier = self
             .inner
-            .index_lock
+            .apply_lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let _one_builder = self
+            .inner
+            .build_lock
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let store = &self.inner.store;
@@ -677,18 +678,23 @@ impl Substrate {
         Ok(())
     }
 
-    /// Applies waiting changes to the index tails and builds when due (or when `force`).
-    pub fn index_pass(&self, force: bool) -> Result<IndexPass> {
-        let _one_writer = self
+    /// Applies every change the store has logged since the last call to the indexes'
+    /// in-memory tails, where search sees them at once. Recall calls this first, so it
+    /// never misses an acknowledged write even if the indexer thread is behind.
+    pub fn catch_up(&self) -> Result<usize> {
+        let _one_applier = self
             .inner
-            .index_lock
+            .apply_lock
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let store = &self.inner.store;
-        let from = self.inner.applied.load(Ordering::SeqCst);
-        let changes = store.changes_after(from, self.inner.indexing.batch)?;
-        let mut pass = IndexPass::default();
-        if let Some((last, _)) = changes.last() {
+        let mut total = 0;
+        loop {
+            let from = self.inner.applied.load(Ordering::SeqCst);
+            let changes = store.changes_after(from, self.inner.indexing.batch)?;
+            let Some((last, _)) = changes.last() else {
+                return Ok(total);
+            };
             let mut docs = Vec::new();
             let mut vecs = Vec::new();
             let mut removed = Vec::new();
@@ -713,50 +719,71 @@ impl Substrate {
                 self.inner.vectors.remove(&removed);
             }
             self.inner.applied.store(*last, Ordering::SeqCst);
-            pass.applied = changes.len();
-            self.inner
-                .staged_since
+            total += changes.len();
+            let now = Instant::now();
+            let mut times = self
+                .inner
+                .staged_times
                 .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert_with(Instant::now);
+                .unwrap_or_else(|p| p.into_inner());
+            times.0.get_or_insert(now);
+            times.1 = Some(now);
         }
+    }
+
+    /// Catches the tails up, then builds both indexes when due — this many changes staged,
+    /// or a quiet period after the last change, or the oldest staged change too old — or
+    /// at once when `force`.
+    pub fn index_pass(&self, force: bool) -> Result<IndexPass> {
+        let pass_applied = self.catch_up()?;
+        let _one_builder = self
+            .inner
+            .build_lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut pass = IndexPass {
+            applied: pass_applied,
+            built: false,
+        };
         let staged = self
             .inner
             .vectors
             .pending()
             .max(self.inner.keywords.pending());
-        let since = *self
+        let (oldest, newest) = *self
             .inner
-            .staged_since
+            .staged_times
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let due = staged >= self.inner.indexing.build_every
-            || since.is_some_and(|s| s.elapsed() >= self.inner.indexing.debounce);
-        let behind = self.inner.vectors.watermark()? < self.inner.applied.load(Ordering::SeqCst)
-            || self.inner.keywords.watermark()? < self.inner.applied.load(Ordering::SeqCst);
+        let opts = &self.inner.indexing;
+        let due = staged >= opts.build_every
+            || newest.is_some_and(|t| t.elapsed() >= opts.debounce)
+            || oldest.is_some_and(|t| t.elapsed() >= opts.max_delay);
+        let upto = self.inner.applied.load(Ordering::SeqCst);
+        let behind =
+            self.inner.vectors.watermark()? < upto || self.inner.keywords.watermark()? < upto;
         if (force || due) && (staged > 0 || behind) {
-            let upto = self.inner.applied.load(Ordering::SeqCst);
-            self.inner.vectors.build(upto)?;
-            self.inner.keywords.commit(upto)?;
+            // Changes applied after `upto` was read may be built too; their watermark stays
+            // lower, so a restart replays them (applying a change twice is harmless).
             *self
                 .inner
-                .staged_since
+                .staged_times
                 .lock()
-                .unwrap_or_else(|p| p.into_inner()) = None;
-            store.write(WriteSet(vec![Mutation::TruncateChanges(upto)]))?;
+                .unwrap_or_else(|p| p.into_inner()) = (None, None);
+            self.inner.vectors.build(upto)?;
+            self.inner.keywords.commit(upto)?;
+            self.inner
+                .store
+                .write(WriteSet(vec![Mutation::TruncateChanges(upto)]))?;
             pass.built = true;
         }
         Ok(pass)
     }
 
-    /// Applies every waiting change and builds both indexes now.
+    /// Applies every waiting change and builds both indexes now (one build).
     pub fn flush_indexes(&self) -> Result<()> {
-        loop {
-            let pass = self.index_pass(true)?;
-            if pass.applied == 0 {
-                return Ok(());
-            }
-        }
+        self.index_pass(true)?;
+        Ok(())
     }
 
     /// Whether both indexes have built everything the store has logged.
@@ -971,6 +998,8 @@ impl Substrate {
         query_vec: Option<&[f32]>,
         policy: &Policy,
     ) -> Result<(RecallResult, WriteSet)> {
+        // Read-your-writes: whatever was acknowledged is in the tails before we search.
+        self.catch_up()?;
         let store = &self.inner.store;
         let episodic = [Tier::Episodic, Tier::Condensed];
         let (session, agent) = match req.scope {
@@ -1255,8 +1284,6 @@ impl Substrate {
             ),
             Mutation::Purge(Box::new(r)),
         ]))?;
-        self.inner.keywords.remove(&[id.0]);
-        self.inner.vectors.remove(&[id.0]);
         self.wake_indexer();
         Ok(())
     }

@@ -45,6 +45,9 @@ use crate::text::{ANALYZER_NAME, analyze, analyzer};
 use tail::{StagedDoc, Tail};
 
 const ID_FIELD: &str = "id";
+
+/// Scopes up to this many ids are scored by looking their docs up (see `search`).
+const SCOPED_LOOKUP_MAX: u64 = 4096;
 const TEXT_FIELD: &str = "text";
 
 /// One indexing thread: the machine is shared with the store and the actors, and the
@@ -338,6 +341,51 @@ impl KeywordIndex {
                 &stats, &searcher,
             ))?;
             let hidden = tail.staged_ids();
+            if let Some(c) = candidates
+                && c.len() <= SCOPED_LOOKUP_MAX
+            {
+                // A small scope (a session): look its docs up by id and score only them,
+                // instead of scoring every doc that shares a query term and filtering.
+                for segment in searcher.segment_readers() {
+                    let mut docs = Vec::with_capacity(c.len() as usize);
+                    let ids_index = segment.inverted_index(self.id_field)?;
+                    let alive = segment.alive_bitset();
+                    use tantivy::DocSet as _;
+                    for id in c.iter().filter(|id| !hidden.contains(*id)) {
+                        let term = Term::from_field_u64(self.id_field, u64::from(id));
+                        let postings = ids_index
+                            .read_postings(&term, IndexRecordOption::Basic)
+                            .map_err(|e| Error::index("keyword", e))?;
+                        if let Some(mut p) = postings {
+                            let mut doc = p.doc();
+                            while doc != tantivy::TERMINATED {
+                                if !alive.is_some_and(|a| a.is_deleted(doc)) {
+                                    docs.push((doc, id));
+                                }
+                                doc = p.advance();
+                            }
+                        }
+                    }
+                    if docs.is_empty() {
+                        continue;
+                    }
+                    docs.sort_unstable();
+                    let mut scorer = weight.scorer(segment, 1.0)?;
+                    use tantivy::DocSet;
+                    for (doc, id) in docs {
+                        if scorer.doc() == tantivy::TERMINATED {
+                            break;
+                        }
+                        if scorer.doc() < doc {
+                            scorer.seek(doc);
+                        }
+                        if scorer.doc() == doc {
+                            top.push(scorer.score(), id);
+                        }
+                    }
+                }
+                return Ok(top.into_sorted());
+            }
             for segment in searcher.segment_readers() {
                 let ids = segment.fast_fields().u64(ID_FIELD)?;
                 let alive = segment.alive_bitset();

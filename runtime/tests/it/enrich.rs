@@ -89,6 +89,7 @@ async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 }
 
 async fn found_by_vector(sub: &Substrate, query: &str) -> bool {
+    sub.catch_up().unwrap();
     let q = HashEmbedder::default().embed_one(query);
     let all = sub.store().candidates(&shadowbrain_runtime::store::Filter {
         namespace: "default",

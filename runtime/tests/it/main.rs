@@ -2,5 +2,6 @@
 
 mod crash;
 mod enrich;
+mod locomo;
 mod recall;
 mod store_model;

@@ -480,6 +480,7 @@ async fn purge_removes_from_store_and_indexes_but_keeps_history() {
     assert!(sub.recall(&req).await.unwrap().memories.is_empty());
     sub.flush_indexes().unwrap();
     assert_eq!(sub.vectors().len().unwrap(), 0);
+    assert_eq!(sub.keywords().len().unwrap(), 0);
     let last = sub.history("default", id).unwrap().pop().unwrap();
     assert_eq!(format!("{:?}", last.action), "Purged");
     sub.close().unwrap();
