@@ -27,6 +27,8 @@ struct Args {
     work: Option<PathBuf>,
     writers: usize,
     defer_index: bool,
+    trees: Option<usize>,
+    search_k_factor: Option<usize>,
 }
 
 fn args() -> Result<Args, String> {
@@ -37,6 +39,8 @@ fn args() -> Result<Args, String> {
         work: None,
         writers: 10,
         defer_index: false,
+        trees: None,
+        search_k_factor: None,
     };
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or(format!("{flag} needs a value"));
@@ -45,6 +49,14 @@ fn args() -> Result<Args, String> {
             "--backend" => a.backend = val()?.parse().map_err(|e| format!("{e}"))?,
             "--work" => a.work = Some(PathBuf::from(val()?)),
             "--defer-index" => a.defer_index = true,
+            "--trees" => a.trees = Some(val()?.parse().map_err(|e| format!("--trees: {e}"))?),
+            "--search-k-factor" => {
+                a.search_k_factor = Some(
+                    val()?
+                        .parse()
+                        .map_err(|e| format!("--search-k-factor: {e}"))?,
+                )
+            }
             "--writers" => a.writers = val()?.parse().map_err(|e| format!("--writers: {e}"))?,
             other => {
                 return Err(format!(
@@ -136,6 +148,12 @@ fn main() {
     };
     // --defer-index: nothing indexes during ingest; the catch-up is one flush afterwards.
     opts.indexing.background = !a.defer_index;
+    if let Some(t) = a.trees {
+        opts.vector.n_trees = Some(t);
+    }
+    if let Some(f) = a.search_k_factor {
+        opts.vector.search_k_factor = f;
+    }
     let sub = Substrate::open(&work, opts.clone()).unwrap();
 
     // Ingest: batches of 1,000 events (10 sessions × 100), several writers at once; each
@@ -297,6 +315,16 @@ fn main() {
         percentile(&recall_lat, 0.99)
     );
 
+    // Footprint of the workload as ingested and indexed (a forced rebuild below leaves
+    // LMDB free pages behind, which is not what the workload costs).
+    sub.flush_indexes().unwrap();
+    let disk_bytes = shadowbrain_runtime::kv::dir_disk_bytes(&work).unwrap();
+    for part in ["store", "vectors", "keywords"] {
+        eprintln!(
+            "w1: {part}/ {} MB",
+            shadowbrain_runtime::kv::dir_disk_bytes(&work.join(part)).unwrap() / 1_000_000
+        );
+    }
     let t2 = Instant::now();
     sub.rebuild(true, false).unwrap();
     let build_100k_s = t2.elapsed().as_secs_f64();
@@ -305,7 +333,6 @@ fn main() {
 
     sub.close().unwrap();
     drop(sub);
-    let disk_bytes = shadowbrain_runtime::kv::dir_disk_bytes(&work).unwrap();
     let t3 = Instant::now();
     let sub = Substrate::open(&work, opts).unwrap();
     let reopen_s = t3.elapsed().as_secs_f64();

@@ -332,10 +332,10 @@ impl Substrate {
         session: &str,
         events: Vec<NewMemory>,
     ) -> Result<Vec<MemoryId>> {
-        let (records, writes) = self.prepare(namespace, session, events).await?;
+        let (ids, queued, writes) = self.prepare(namespace, session, events).await?;
         self.inner.store.write_async(writes).await?;
-        self.after_write(&records);
-        Ok(records.iter().map(|r| r.id).collect())
+        self.after_write(queued);
+        Ok(ids)
     }
 
     /// [`Substrate::record`] for synchronous callers with a local embedder or precomputed
@@ -350,10 +350,10 @@ impl Substrate {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .map_err(|e| Error::io("tokio runtime", e))?;
-        let (records, writes) = rt.block_on(self.prepare(namespace, session, events))?;
+        let (ids, queued, writes) = rt.block_on(self.prepare(namespace, session, events))?;
         self.inner.store.write(writes)?;
-        self.after_write(&records);
-        Ok(records.iter().map(|r| r.id).collect())
+        self.after_write(queued);
+        Ok(ids)
     }
 
     async fn prepare(
@@ -361,7 +361,7 @@ impl Substrate {
         namespace: &str,
         session: &str,
         events: Vec<NewMemory>,
-    ) -> Result<(Vec<MemoryRecord>, WriteSet)> {
+    ) -> Result<(Vec<MemoryId>, bool, WriteSet)> {
         validate_id("namespace", namespace)?;
         validate_id("session_id", session)?;
         let limits = &self.inner.limits;
@@ -407,7 +407,8 @@ impl Substrate {
         let stamp = policy.stamp();
         let now = self.inner.clock.now();
         let ids = self.inner.store.allocate_ids(valid.len())?;
-        let mut records = Vec::with_capacity(valid.len());
+        let mut out = Vec::with_capacity(valid.len());
+        let mut queued = false;
         let mut writes = WriteSet::new();
         for ((v, id), embedding) in valid.into_iter().zip(ids).zip(embeddings) {
             let (importance, scored_by) = match v.importance {
@@ -467,17 +468,18 @@ impl Substrate {
             if record.embedding.is_none() {
                 writes.push(Mutation::Enqueue(Queue::Enrich, id));
             }
-            writes.push(Mutation::Insert(Box::new(record.clone())));
-            records.push(record);
+            queued |= record.embedding.is_none();
+            out.push(record.id);
+            writes.push(Mutation::Insert(Box::new(record)));
         }
-        Ok((records, writes))
+        Ok((out, queued, writes))
     }
 
     /// Wakes the indexer (and the enricher when some records wait for their embedding).
     /// The write is already in the change log, so recall's catch-up sees it even before the
     /// indexer does; ingest does no index work itself.
-    fn after_write(&self, records: &[MemoryRecord]) {
-        if records.iter().any(|r| r.embedding.is_none()) {
+    fn after_write(&self, queued: bool) {
+        if queued {
             self.wake_enricher();
         }
         self.wake_indexer();

@@ -40,6 +40,8 @@ use tantivy::{
     Index, IndexReader, IndexWriter, ReloadPolicy, Score, Searcher, TantivyDocument, Term,
 };
 
+use tantivy::DocSet;
+
 use crate::error::{Error, Result};
 use crate::text::{ANALYZER_NAME, analyze, analyzer};
 use tail::{StagedDoc, Tail};
@@ -350,7 +352,6 @@ impl KeywordIndex {
                     let mut docs = Vec::with_capacity(c.len() as usize);
                     let ids_index = segment.inverted_index(self.id_field)?;
                     let alive = segment.alive_bitset();
-                    use tantivy::DocSet as _;
                     for id in c.iter().filter(|id| !hidden.contains(*id)) {
                         let term = Term::from_field_u64(self.id_field, u64::from(id));
                         let postings = ids_index
@@ -371,7 +372,6 @@ impl KeywordIndex {
                     }
                     docs.sort_unstable();
                     let mut scorer = weight.scorer(segment, 1.0)?;
-                    use tantivy::DocSet;
                     for (doc, id) in docs {
                         if scorer.doc() == tantivy::TERMINATED {
                             break;
