@@ -12,7 +12,6 @@ mod catalog;
 pub mod codec;
 mod commit;
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -675,21 +674,6 @@ impl Store {
     /// Group-commit counters: commits and writes so far.
     pub fn commit_stats(&self) -> CommitStats {
         self.inner.committer.stats()
-    }
-
-    /// Count of records per status in a namespace (for metrics and tests).
-    pub fn status_counts(&self, namespace: &str) -> Result<HashMap<Status, u64>> {
-        let mut counts = HashMap::new();
-        let ids = self.candidates(&Filter {
-            namespace,
-            ..Default::default()
-        });
-        for id in ids {
-            if let Some(r) = self.get_light(MemoryId(id))? {
-                *counts.entry(r.status).or_insert(0) += 1;
-            }
-        }
-        Ok(counts)
     }
 }
 
