@@ -40,6 +40,8 @@ pub mod meta {
     pub const DIMENSION: &str = "dimension";
     /// Name of the embedder that made the stored embeddings.
     pub const EMBEDDER: &str = "embedder";
+    /// Version of the text analyzer the keyword index was built with (u32 BE).
+    pub const ANALYZER: &str = "analyzer";
     /// Next record id to hand out (u32 BE), so purged ids are never reused.
     pub const NEXT_ID: &str = "next_id";
     /// Next sequence number for the change log and the audit log (u64 BE).

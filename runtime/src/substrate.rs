@@ -263,6 +263,7 @@ impl Substrate {
             closed: AtomicBool::new(false),
         });
         let sub = Substrate { inner };
+        sub.check_analyzer()?;
         sub.reconcile()?;
         if sub.inner.indexing.background {
             sub.start_indexer()?;
@@ -629,6 +630,25 @@ impl Substrate {
         }
         // Opening finds both indexes missing and rebuilds them from the store.
         Substrate::open(dir, opts)
+    }
+
+    /// Rebuilds the keyword index when it was built by another analyzer version.
+    fn check_analyzer(&self) -> Result<()> {
+        let store = &self.inner.store;
+        match store.analyzer_version()? {
+            Some(v) if v == crate::text::ANALYZER_VERSION => return Ok(()),
+            Some(v) => {
+                tracing::warn!(
+                    from = v,
+                    to = crate::text::ANALYZER_VERSION,
+                    "the text analyzer changed; rebuilding the keyword index from the store"
+                );
+                self.rebuild(false, true)?;
+            }
+            None if !store.is_empty() => self.rebuild(false, true)?,
+            None => {}
+        }
+        store.set_analyzer_version(crate::text::ANALYZER_VERSION)
     }
 
     /// Rebuilds the chosen indexes from the store (what `shadowbrain reindex` runs).

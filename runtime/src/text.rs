@@ -18,6 +18,11 @@ use tantivy::tokenizer::{
     TokenStream, Tokenizer,
 };
 
+/// Version of what [`analyzer`] produces. Bump it with any change to tokenisation, stop
+/// words or stemming: the substrate then rebuilds the keyword index from the store on open,
+/// since terms indexed by the old analyzer would no longer match queries.
+pub const ANALYZER_VERSION: u32 = 1;
+
 /// Name under which [`analyzer`] is registered in tantivy.
 pub const ANALYZER_NAME: &str = "shadowbrain";
 

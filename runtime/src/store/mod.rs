@@ -632,10 +632,22 @@ impl Store {
     }
 
     /// Records the embedder's name and dimension on first use, and refuses a different
-    /// dimension later (the error names `shadowbrain reindex`).
+    /// dimension — or, at the same dimension, another embedder, whose vectors cannot be
+    /// compared with the stored ones — later (the errors name `shadowbrain reindex`).
     pub fn ensure_dimension(&self, dimension: usize, embedder: &str) -> Result<()> {
         match self.dimension()? {
-            Some(d) if d == dimension => Ok(()),
+            Some(d) if d == dimension => match self.embedder_name()? {
+                Some(stored) if stored != embedder => Err(Error::invalid(
+                    "embedder",
+                    format!(
+                        "this store's embeddings were made by `{stored}` but `{embedder}` is \
+                         configured, and vectors of different models cannot be compared; \
+                         configure `{stored}` again, or run `shadowbrain reindex` to re-embed \
+                         every record with `{embedder}`"
+                    ),
+                )),
+                _ => Ok(()),
+            },
             Some(d) => Err(Error::DimensionMismatch {
                 got: dimension,
                 expected: d,
@@ -651,6 +663,17 @@ impl Store {
                 self.inner.kv.commit(&[&ops])
             }
         }
+    }
+
+    /// The text-analyzer version the keyword index was built with, if recorded.
+    pub fn analyzer_version(&self) -> Result<Option<u32>> {
+        read_u32(self.inner.kv.as_ref(), meta::ANALYZER)
+    }
+
+    /// Records the text-analyzer version (after the keyword index was rebuilt with it).
+    pub fn set_analyzer_version(&self, version: u32) -> Result<()> {
+        let op = kv::Op::Put(keys::meta(meta::ANALYZER), version.to_be_bytes().to_vec());
+        self.inner.kv.commit(&[&[op]])
     }
 
     /// Replaces the recorded dimension and embedder (only `reindex` does this, after it

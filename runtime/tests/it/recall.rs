@@ -485,3 +485,46 @@ async fn purge_removes_from_store_and_indexes_but_keeps_history() {
     assert_eq!(format!("{:?}", last.action), "Purged");
     sub.close().unwrap();
 }
+
+/// The hash embedder under another name: same dimension, "another model".
+#[derive(Debug)]
+struct Renamed(HashEmbedder);
+
+#[async_trait::async_trait]
+impl shadowbrain_runtime::embed::Embedder for Renamed {
+    fn name(&self) -> &str {
+        "other-model"
+    }
+    fn dimensions(&self) -> usize {
+        shadowbrain_runtime::embed::Embedder::dimensions(&self.0)
+    }
+    async fn embed(&self, texts: &[String]) -> shadowbrain_runtime::Result<Vec<Vec<f32>>> {
+        self.0.embed(texts).await
+    }
+}
+
+#[tokio::test]
+async fn another_model_of_the_same_dimension_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new(T0));
+    let sub = Substrate::open(dir.path(), opts(clock.clone())).unwrap();
+    rec(
+        &sub,
+        "default",
+        "s",
+        "thought",
+        "vectors of different models do not mix",
+    )
+    .await;
+    sub.close().unwrap();
+    drop(sub);
+    let mut o = opts(clock);
+    o.embedder = Arc::new(Renamed(HashEmbedder::default()));
+    let err = Substrate::open(dir.path(), o).unwrap_err().to_string();
+    assert!(
+        err.contains("`hash`")
+            && err.contains("`other-model`")
+            && err.contains("shadowbrain reindex"),
+        "{err}"
+    );
+}
