@@ -14,8 +14,8 @@ use std::cell::RefCell;
 use std::sync::LazyLock;
 
 use tantivy::tokenizer::{
-    AsciiFoldingFilter, Language, RemoveLongFilter, Stemmer, StopWordFilter, TextAnalyzer, Token,
-    TokenStream, Tokenizer,
+    AsciiFoldingFilter, Language, LowerCaser, RemoveLongFilter, Stemmer, StopWordFilter,
+    TextAnalyzer, Token, TokenStream, Tokenizer,
 };
 
 /// Version of what [`analyzer`] produces. Bump it with any change to tokenisation, stop
@@ -192,6 +192,9 @@ pub const ENGLISH_STOP_WORDS: &[&str] = &[
 static ANALYZER: LazyLock<TextAnalyzer> = LazyLock::new(|| {
     TextAnalyzer::builder(CjkAwareTokenizer::default())
         .filter(AsciiFoldingFilter)
+        // Folding can yield capitals from caseless letters (mathematical 𝖸 folds to `Y`),
+        // so lower-case once more after it.
+        .filter(LowerCaser)
         .filter(RemoveLongFilter::limit(MAX_TERM_BYTES))
         .filter(StopWordFilter::remove(
             ENGLISH_STOP_WORDS.iter().map(|w| (*w).to_owned()),
@@ -622,6 +625,22 @@ mod tests {
         // "failed because the database": `because` and `the` are stop words, yet the phrase
         // matches, because removed words keep their positions.
         assert_eq!(hits("\"failed because the database\""), [2]);
+    }
+
+    #[test]
+    fn folding_never_leaves_capitals() {
+        // Some caseless letters fold to ASCII capitals (found by the property test below):
+        // every term of every single letter or digit must come out lower-case.
+        let bad: Vec<char> = (0..=0x2FFFFu32)
+            .filter_map(char::from_u32)
+            .filter(|c| c.is_alphanumeric() && !is_cjk(*c))
+            .filter(|c| {
+                analyze(&format!("{c}x"))
+                    .iter()
+                    .any(|t| t.to_lowercase() != *t)
+            })
+            .collect();
+        assert!(bad.is_empty(), "{bad:?}");
     }
 
     proptest::proptest! {
