@@ -271,6 +271,43 @@ pub struct MemoryRecord {
 }
 
 impl MemoryRecord {
+    /// A fresh, active episodic record written at `at`: no agent, content, metadata, parent,
+    /// sources or embedding; importance 0, strength 1, no feedback. Callers override what
+    /// they know with struct-update syntax.
+    pub fn episodic(
+        id: MemoryId,
+        namespace: impl Into<String>,
+        session_id: impl Into<String>,
+        kind: Kind,
+        text: impl Into<String>,
+        at: Timestamp,
+    ) -> Self {
+        MemoryRecord {
+            id,
+            namespace: namespace.into(),
+            session_id: session_id.into(),
+            agent_id: None,
+            tier: Tier::Episodic,
+            kind,
+            text: text.into(),
+            content: serde_json::Value::Null,
+            metadata: serde_json::Value::Null,
+            parent_id: None,
+            event_time: at,
+            recorded_time: at,
+            importance: 0.0,
+            strength: 1.0,
+            strength_at: at,
+            reinforcements: 0,
+            utility: Utility::default(),
+            status: Status::Active,
+            status_at: at,
+            sources: Vec::new(),
+            policy: PolicyStamp::default(),
+            embedding: None,
+        }
+    }
+
     /// Whether recall may return it.
     pub fn recallable(&self) -> bool {
         self.status.recallable()

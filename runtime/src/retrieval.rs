@@ -243,32 +243,12 @@ pub fn in_window(t: Timestamp, since: Option<Timestamp>, until: Option<Timestamp
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Kind, PolicyStamp, Status, Utility};
+    use crate::model::Kind;
 
     fn rec(id: u32, t: Timestamp, kind: &str, text: &str) -> MemoryRecord {
         MemoryRecord {
-            id: MemoryId(id),
-            namespace: "ns".into(),
-            session_id: "s".into(),
-            agent_id: None,
-            tier: Tier::Episodic,
-            kind: Kind::new(kind).unwrap(),
-            text: text.into(),
-            content: serde_json::Value::Null,
-            metadata: serde_json::Value::Null,
-            parent_id: None,
-            event_time: t,
-            recorded_time: t,
             importance: 3.0,
-            strength: 1.0,
-            strength_at: t,
-            reinforcements: 0,
-            utility: Utility::default(),
-            status: Status::Active,
-            status_at: t,
-            sources: vec![],
-            policy: PolicyStamp::default(),
-            embedding: None,
+            ..MemoryRecord::episodic(MemoryId(id), "ns", "s", Kind::new(kind).unwrap(), text, t)
         }
     }
 

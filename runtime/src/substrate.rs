@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::keyword::KeywordIndex;
 use crate::kv::{Backend, Visit};
 use crate::model::{
-    AuditAction, AuditEntry, Limits, MemoryId, MemoryRecord, NewMemory, Status, Tier, Utility,
+    AuditAction, AuditEntry, Limits, MemoryId, MemoryRecord, NewMemory, Status, Tier,
     validate_embedding, validate_id,
 };
 use crate::policy::Policy;
@@ -424,28 +424,16 @@ impl Substrate {
                 }
             };
             let record = MemoryRecord {
-                id,
-                namespace: namespace.to_string(),
-                session_id: session.to_string(),
                 agent_id: v.agent_id,
-                tier: Tier::Episodic,
-                kind: v.kind,
-                text: v.text,
                 content: v.content,
                 metadata: v.metadata,
                 parent_id: v.parent_id,
                 event_time: v.timestamp.unwrap_or(now),
-                recorded_time: now,
                 importance,
                 strength: policy.initial_strength(importance),
-                strength_at: now,
-                reinforcements: 0,
-                utility: Utility::default(),
-                status: Status::Active,
-                status_at: now,
-                sources: Vec::new(),
                 policy: stamp.clone(),
                 embedding,
+                ..MemoryRecord::episodic(id, namespace, session, v.kind, v.text, now)
             };
             let by = record.agent_id.clone().unwrap_or_else(|| "client".into());
             writes.push(Mutation::Audit(

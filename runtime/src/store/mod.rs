@@ -652,16 +652,7 @@ impl Store {
                 got: dimension,
                 expected: d,
             }),
-            None => {
-                let ops = vec![
-                    kv::Op::Put(
-                        keys::meta(meta::DIMENSION),
-                        (dimension as u32).to_be_bytes().to_vec(),
-                    ),
-                    kv::Op::Put(keys::meta(meta::EMBEDDER), embedder.as_bytes().to_vec()),
-                ];
-                self.inner.kv.commit(&[&ops])
-            }
+            None => self.reset_dimension(dimension, embedder),
         }
     }
 
@@ -676,8 +667,8 @@ impl Store {
         self.inner.kv.commit(&[&[op]])
     }
 
-    /// Replaces the recorded dimension and embedder (only `reindex` does this, after it
-    /// re-embedded every record).
+    /// Records the dimension and embedder, replacing what was there (first use, and
+    /// `reindex` after it re-embedded every record).
     pub fn reset_dimension(&self, dimension: usize, embedder: &str) -> Result<()> {
         let ops = vec![
             kv::Op::Put(

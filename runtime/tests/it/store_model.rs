@@ -7,9 +7,7 @@ use std::path::Path;
 
 use proptest::prelude::*;
 use shadowbrain_runtime::kv::Backend;
-use shadowbrain_runtime::model::{
-    Kind, MemoryId, MemoryRecord, PolicyStamp, Status, Tier, Utility,
-};
+use shadowbrain_runtime::model::{Kind, MemoryId, MemoryRecord, PolicyStamp, Status};
 use shadowbrain_runtime::store::{Filter, Mutation, RecordPatch, Store, StoreOptions, WriteSet};
 
 #[derive(Debug, Clone)]
@@ -41,32 +39,17 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 fn record(id: MemoryId, ns: u8, session: u8, text: String, t: i64, emb: bool) -> MemoryRecord {
+    let kind = Kind::new("observation").unwrap();
     MemoryRecord {
-        id,
-        namespace: format!("ns{ns}"),
-        session_id: format!("s{session}"),
         agent_id: Some(format!("agent{}", session % 2)),
-        tier: Tier::Episodic,
-        kind: Kind::new("observation").unwrap(),
-        text,
         content: serde_json::json!({"n": id.0}),
-        metadata: serde_json::Value::Null,
-        parent_id: None,
-        event_time: t,
-        recorded_time: t,
         importance: 3.0,
-        strength: 1.0,
-        strength_at: t,
-        reinforcements: 0,
-        utility: Utility::default(),
-        status: Status::Active,
-        status_at: t,
-        sources: vec![],
         policy: PolicyStamp {
             name: "default".into(),
             hash: "abc".into(),
         },
         embedding: emb.then(|| vec![id.0 as f32 + 1.0, 0.5, -0.25]),
+        ..MemoryRecord::episodic(id, format!("ns{ns}"), format!("s{session}"), kind, text, t)
     }
 }
 
