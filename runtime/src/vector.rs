@@ -17,12 +17,19 @@
 //! only then drops the built changes from the tail. Searches read the tail *before* they
 //! open their read transaction, so a change is always visible in at least one of the two.
 //!
+//! Built vectors are also kept in a bounded in-memory *hot cache* (insertion-ordered,
+//! evicted oldest first), filled by builds and by exact searches that had to read a vector
+//! from LMDB. A session-scoped search scores about a hundred vectors; reading each from LMDB
+//! costs ~1 µs of B-tree descent, a cached one a few nanoseconds. The cache only ever holds
+//! what the built index holds: it changes under the tail's lock together with the tail, and
+//! a search caches what it read only if no build or clear committed in between.
+//!
 //! The tail lives in memory only. A failed build leaves it staged for the next build; a
 //! close or crash loses it, which is why the watermark exists: on start-up the caller
 //! re-stages everything the store holds past [`VectorIndex::watermark`].
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
@@ -59,13 +66,19 @@ const META_WATERMARK: &str = "watermark";
 type ArroyDb = arroy::Database<'static, Cosine>;
 type MetaDb = heed::Database<'static, Str, Bytes>;
 
-/// Tuning of a [`VectorIndex`]. The defaults were measured on synthetic clustered data
-/// (`measure_recall_and_latency` in this module's tests: 100k × 384-d, 200 clusters,
-/// release, 2 shared cores): 16 trees × factor 8 gave recall@10 0.9925 at 1.45 ms p50 and a
-/// 22.5 s full build; 8 trees needed factor 16 for 0.9885 at 1.9 ms (13 s build); 32 trees
-/// × factor 4 gave 0.9945 at 1.8 ms (44 s build). On W1 (`runtime/examples/w1.rs`), whose
-/// clusters are harder, factor 8 gave 0.972 at 1.19 ms p50 and factor 12 (the default) 0.992 at
-/// 1.99 ms p50 / 3.4 ms p99: recall ≥ 0.99 is kept, the latency is what it costs.
+/// Tuning of a [`VectorIndex`]. The defaults were measured on W1 (`runtime/examples/w1.rs`:
+/// 100k × 384-d clustered vectors, release, 2 shared cores). Recall@10 against exact search
+/// and Q2 (namespace-wide top-10) latency:
+///
+/// | trees × factor | recall@10 | p50 | p99 | 100k build |
+/// |---|---|---|---|---|
+/// | 16 × 10 | 0.985 | 1.38 ms | 2.58 ms | 9.3 s |
+/// | 16 × 12 | 0.991 | 1.67 ms | 3.17 ms | 10.0 s |
+/// | 24 × 6 | 0.987 | 1.06 ms | 1.91 ms | 13.5 s |
+/// | **24 × 7** (default) | 0.994 | 1.34 ms | 2.33 ms | 13.8 s |
+///
+/// More trees with a smaller factor reach the same recall with fewer items scored (each
+/// costs an LMDB read); the tree count is bounded by the 15 s budget for a 100k build.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VectorOptions {
     /// Trees in the arroy forest, passed on every build. `None` lets arroy choose (about 150
@@ -78,6 +91,9 @@ pub struct VectorOptions {
     /// A scoped search whose candidate bitmap holds at most this many ids scores every
     /// candidate exactly instead of walking the trees (session scope is the common case).
     pub exact_threshold: u64,
+    /// Memory for the hot cache of built vectors (see the module docs), in bytes; `0`
+    /// turns it off. The default holds about 170,000 384-dimensional vectors.
+    pub hot_cache_bytes: usize,
     /// Initial LMDB map size in bytes. The map doubles whenever it fills, so this only saves
     /// a few resizes; it is reserved address space, not disk.
     pub initial_map_size: usize,
@@ -92,9 +108,10 @@ pub struct VectorOptions {
 impl Default for VectorOptions {
     fn default() -> Self {
         VectorOptions {
-            n_trees: Some(16),
-            search_k_factor: 12,
+            n_trees: Some(24),
+            search_k_factor: 7,
             exact_threshold: 2_000,
+            hot_cache_bytes: 256 << 20,
             initial_map_size: 256 << 20,
             build_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
@@ -141,7 +158,7 @@ struct Staged {
     change: Change,
 }
 
-/// Changes not yet written into arroy.
+/// Changes not yet written into arroy, and the hot cache of what is built.
 #[derive(Debug, Default)]
 struct Tail {
     entries: HashMap<u32, Staged>,
@@ -149,9 +166,30 @@ struct Tail {
     /// built index.
     ids: RoaringBitmap,
     next_seq: u64,
+    hot: Hot,
+    /// Bumped by every commit that changes the built index (build, clear), so a search that
+    /// read vectors from LMDB can tell whether they are still what is built.
+    generation: u64,
 }
 
 impl Tail {
+    fn new(hot_budget: usize) -> Self {
+        Tail {
+            hot: Hot {
+                budget: hot_budget,
+                ..Hot::default()
+            },
+            ..Tail::default()
+        }
+    }
+
+    /// Forgets everything staged and cached, after a clear committed.
+    fn reset(&mut self) {
+        let generation = self.generation + 1;
+        *self = Tail::new(self.hot.budget);
+        self.generation = generation;
+    }
+
     fn stage(&mut self, id: u32, change: Change) {
         self.next_seq += 1;
         let staged = Staged {
@@ -160,6 +198,63 @@ impl Tail {
         };
         self.entries.insert(id, staged);
         self.ids.insert(id);
+    }
+}
+
+/// Built vectors kept in memory, bounded by `budget` bytes and evicted in insertion order.
+#[derive(Debug, Default)]
+struct Hot {
+    /// Each vector with the insertion number its `order` entry carries.
+    map: HashMap<u32, (Arc<StagedVector>, u64)>,
+    /// Insertion order; entries whose number no longer matches `map` are stale and skipped.
+    order: VecDeque<(u32, u64)>,
+    bytes: usize,
+    budget: usize,
+    inserted: u64,
+}
+
+impl Hot {
+    fn cost(v: &StagedVector) -> usize {
+        // The values plus the map, queue and allocation overhead of one entry.
+        v.values.len() * std::mem::size_of::<f32>() + 64
+    }
+
+    fn get(&self, id: u32) -> Option<&Arc<StagedVector>> {
+        self.map.get(&id).map(|(v, _)| v)
+    }
+
+    fn insert(&mut self, id: u32, v: Arc<StagedVector>) {
+        let cost = Self::cost(&v);
+        if cost > self.budget {
+            self.remove(id);
+            return;
+        }
+        self.inserted += 1;
+        if let Some((old, _)) = self.map.insert(id, (v, self.inserted)) {
+            self.bytes -= Self::cost(&old);
+        }
+        self.bytes += cost;
+        self.order.push_back((id, self.inserted));
+        while self.bytes > self.budget {
+            let Some((old_id, n)) = self.order.pop_front() else {
+                break;
+            };
+            if self.map.get(&old_id).is_some_and(|(_, m)| *m == n) {
+                self.remove(old_id);
+            }
+        }
+        // Replaced entries leave stale queue slots behind; drop them before they pile up.
+        if self.order.len() > 2 * self.map.len() + 1024 {
+            let map = &self.map;
+            self.order
+                .retain(|(id, n)| map.get(id).is_some_and(|(_, m)| m == n));
+        }
+    }
+
+    fn remove(&mut self, id: u32) {
+        if let Some((old, _)) = self.map.remove(&id) {
+            self.bytes -= Self::cost(&old);
+        }
     }
 }
 
@@ -275,8 +370,8 @@ impl VectorIndex {
             meta,
             dir: dir.to_path_buf(),
             dimensions,
+            tail: RwLock::new(Tail::new(opts.hot_cache_bytes)),
             opts,
-            tail: RwLock::new(Tail::default()),
             writer: Mutex::new(()),
             gate: RwLock::new(()),
             grow_ahead: true,
@@ -429,7 +524,12 @@ impl VectorIndex {
 
         {
             let mut tail = self.tail_write();
+            tail.generation += 1;
             for (id, written) in &batch {
+                match &written.change {
+                    Change::Upsert(v) => tail.hot.insert(*id, v.clone()),
+                    Change::Remove => tail.hot.remove(*id),
+                }
                 if tail.entries.get(id).is_some_and(|s| s.seq == written.seq) {
                     tail.entries.remove(id);
                     tail.ids.remove(*id);
@@ -460,11 +560,30 @@ impl VectorIndex {
         let mut writer = Writer::<Cosine>::new(self.arroy, ARROY_INDEX, self.dimensions);
         // The builder spills tree nodes to temporary files; keep them on the index's disk.
         writer.set_tmpdir(self.dir.clone());
+        // Items past the largest one are appended (`MDB_APPEND`): LMDB then fills pages,
+        // where inserting at the end splits them in half and leaves one 1.5 KB vector per
+        // 4 KB page (measured: 20k vectors on 10.7k pages instead of 20.3k).
+        let mut largest = match Reader::<Cosine>::open(wtxn, ARROY_INDEX, self.arroy) {
+            Ok(reader) => reader.item_ids().max(),
+            Err(arroy::Error::MissingMetadata(_)) => None,
+            Err(e) => return Err(e),
+        };
         let mut changed = false;
         for (id, staged) in batch {
             match &staged.change {
                 Change::Upsert(v) => {
-                    writer.add_item(wtxn, *id, &v.values)?;
+                    if largest.is_none_or(|l| *id > l) {
+                        match writer.append_item(wtxn, *id, &v.values) {
+                            // arroy checks against the table's last key; never fail on it.
+                            Err(arroy::Error::InvalidItemAppend) => {
+                                writer.add_item(wtxn, *id, &v.values)?
+                            }
+                            other => other?,
+                        }
+                        largest = Some(*id);
+                    } else {
+                        writer.add_item(wtxn, *id, &v.values)?;
+                    }
                     changed = true;
                 }
                 Change::Remove => changed |= writer.del_item(wtxn, *id)?,
@@ -528,9 +647,12 @@ impl VectorIndex {
         if k == 0 || candidates.is_some_and(RoaringBitmap::is_empty) {
             return Ok(Vec::new());
         }
+        if let Some(c) = candidates.filter(|c| c.len() <= self.opts.exact_threshold) {
+            return self.search_exact(query, query_norm, k, c);
+        }
         // The tail is read before the read transaction opens (module docs say why).
         let (mut hits, shadowed) = self.search_tail(query, query_norm, k, candidates);
-        let built = self.search_built(query, query_norm, k, candidates, &shadowed)?;
+        let built = self.search_built(query, k, candidates, &shadowed)?;
         hits.extend(built);
         keep_best(&mut hits, k);
         Ok(hits)
@@ -582,41 +704,91 @@ impl VectorIndex {
         (hits, shadowed)
     }
 
+    /// Scores every candidate exactly: staged and hot vectors from memory, the rest read
+    /// from LMDB (and then cached). A session-sized scope is cheaper this way than opening
+    /// a reader, which decodes the whole item bitmap, and walking trees.
+    fn search_exact(
+        &self,
+        query: &[f32],
+        query_norm: f32,
+        k: usize,
+        candidates: &RoaringBitmap,
+    ) -> Result<Vec<(u32, f32)>> {
+        let mut hits = Vec::with_capacity(candidates.len() as usize);
+        let mut misses = Vec::new();
+        let generation = {
+            let tail = self.tail_read();
+            for id in candidates {
+                let vector = match tail.entries.get(&id) {
+                    Some(Staged {
+                        change: Change::Upsert(v),
+                        ..
+                    }) => v,
+                    Some(_) => continue,
+                    None => match tail.hot.get(id) {
+                        Some(v) => v,
+                        None => {
+                            misses.push(id);
+                            continue;
+                        }
+                    },
+                };
+                let (dot, _) = dot_and_norm2(query, &vector.values);
+                hits.push((id, cosine(dot, query_norm, vector.norm)));
+            }
+            tail.generation
+        };
+        if !misses.is_empty() {
+            // The tail was read before this transaction opens (module docs say why).
+            let mut fetched = Vec::with_capacity(misses.len());
+            {
+                let _shared = self.gate_read();
+                let rtxn = self.env.read_txn()?;
+                let writer = Writer::<Cosine>::new(self.arroy, ARROY_INDEX, self.dimensions);
+                for id in misses {
+                    if let Some(v) = writer.item_vector(&rtxn, id)? {
+                        let (dot, norm2) = dot_and_norm2(query, &v);
+                        let norm = norm2.sqrt();
+                        hits.push((id, cosine(dot, query_norm, norm)));
+                        fetched.push((id, staged_vector(&v, norm)));
+                    }
+                }
+            }
+            if self.opts.hot_cache_bytes > 0 && !fetched.is_empty() {
+                let mut tail = self.tail_write();
+                // A build or clear since the tail was read may have changed what is built.
+                if tail.generation == generation {
+                    for (id, v) in fetched {
+                        if !tail.entries.contains_key(&id) && tail.hot.get(id).is_none() {
+                            tail.hot.insert(id, v);
+                        }
+                    }
+                }
+            }
+        }
+        keep_best(&mut hits, k);
+        Ok(hits)
+    }
+
     /// Searches the last committed build, never returning an id in `shadowed`.
     fn search_built(
         &self,
         query: &[f32],
-        query_norm: f32,
         k: usize,
         candidates: Option<&RoaringBitmap>,
         shadowed: &RoaringBitmap,
     ) -> Result<Vec<(u32, f32)>> {
         let _shared = self.gate_read();
         let rtxn = self.env.read_txn()?;
-        if let Some(c) = candidates.filter(|c| c.len() <= self.opts.exact_threshold) {
-            // Reading a few vectors by key beats opening a reader (which decodes the whole
-            // item bitmap) and walking trees for a session-sized scope.
-            let writer = Writer::<Cosine>::new(self.arroy, ARROY_INDEX, self.dimensions);
-            let mut hits = Vec::with_capacity(c.len() as usize);
-            for id in c {
-                if shadowed.contains(id) {
-                    continue;
-                }
-                if let Some(v) = writer.item_vector(&rtxn, id)? {
-                    let (dot, norm2) = dot_and_norm2(query, &v);
-                    hits.push((id, cosine(dot, query_norm, norm2.sqrt())));
-                }
-            }
-            keep_best(&mut hits, k);
-            return Ok(hits);
-        }
-
         let reader = match Reader::<Cosine>::open(&rtxn, ARROY_INDEX, self.arroy) {
             Ok(reader) => reader,
             Err(arroy::Error::MissingMetadata(_)) => return Ok(Vec::new()),
             Err(e) => return Err(e.into()),
         };
         let filter: Option<Cow<'_, RoaringBitmap>> = match candidates {
+            // A scope that covers the whole index (one namespace) filters nothing; arroy
+            // would still intersect every leaf bucket it visits with it.
+            Some(c) if shadowed.is_empty() && reader.item_ids().is_subset(c) => None,
             Some(c) if shadowed.is_empty() => Some(Cow::Borrowed(c)),
             Some(c) => Some(Cow::Owned(c - shadowed)),
             None if reader.item_ids().is_disjoint(shadowed) => None,
@@ -649,18 +821,24 @@ impl VectorIndex {
             write_u64(self.meta, wtxn, META_WATERMARK, 0)?;
             Ok(Ok(()))
         })?;
-        *tail = Tail::default();
+        tail.reset();
         Ok(())
     }
 
     /// The vector currently indexed for `id`: the staged one if any (`None` when a removal
     /// is staged), else the built one.
     pub fn get(&self, id: u32) -> Result<Option<Vec<f32>>> {
-        if let Some(staged) = self.tail_read().entries.get(&id) {
-            return Ok(match &staged.change {
-                Change::Upsert(v) => Some(v.values.to_vec()),
-                Change::Remove => None,
-            });
+        {
+            let tail = self.tail_read();
+            if let Some(staged) = tail.entries.get(&id) {
+                return Ok(match &staged.change {
+                    Change::Upsert(v) => Some(v.values.to_vec()),
+                    Change::Remove => None,
+                });
+            }
+            if let Some(v) = tail.hot.get(id) {
+                return Ok(Some(v.values.to_vec()));
+            }
         }
         let _shared = self.gate_read();
         let rtxn = self.env.read_txn()?;
@@ -893,10 +1071,10 @@ fn keep_best(hits: &mut Vec<(u32, f32)>, k: usize) {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashSet;
+    use std::collections::{BTreeMap, HashSet};
 
     use rand::RngExt;
-    use tempfile::TempDir;
+    use tempfile::{TempDir, tempdir};
 
     use super::*;
 
@@ -1128,6 +1306,86 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The hot cache must never change an answer: random upserts, re-upserts, removals,
+    /// builds, clears and reopens, with a cache too small for the data (so it evicts all the
+    /// time) and with none, against a brute-force reference.
+    #[test]
+    fn the_hot_cache_never_changes_an_answer() {
+        let dims = 8;
+        let budget = 5 * Hot::cost(&staged_vector(&axis(dims, 0), 1.0));
+        let (dir_hot, dir_cold) = (tempdir().unwrap(), tempdir().unwrap());
+        let opts = |hot_cache_bytes| VectorOptions {
+            hot_cache_bytes,
+            build_threads: 1,
+            ..VectorOptions::default()
+        };
+        let mut hot = VectorIndex::open(dir_hot.path(), dims, opts(budget)).unwrap();
+        let mut cold = VectorIndex::open(dir_cold.path(), dims, opts(0)).unwrap();
+        let mut reference: BTreeMap<u32, Vec<f32>> = BTreeMap::new();
+        let mut rng = StdRng::seed_from_u64(11);
+        for step in 0..400u64 {
+            match rng.random_range(0..20) {
+                0..=7 => {
+                    let id = rng.random_range(0..40);
+                    let v = gaussian(&mut rng, dims, 1.0);
+                    hot.upsert(&[(id, v.clone())]);
+                    cold.upsert(&[(id, v.clone())]);
+                    reference.insert(id, v);
+                }
+                8..=9 => {
+                    let id = rng.random_range(0..40);
+                    hot.remove(&[id]);
+                    cold.remove(&[id]);
+                    reference.remove(&id);
+                }
+                10..=13 => {
+                    hot.build(step).unwrap();
+                    cold.build(step).unwrap();
+                }
+                14 if step % 7 == 0 => {
+                    hot.clear().unwrap();
+                    cold.clear().unwrap();
+                    reference.clear();
+                }
+                15 => {
+                    // Reopening drops the tail and the cache; rebuild like the substrate does.
+                    hot.build(step).unwrap();
+                    cold.build(step).unwrap();
+                    drop((hot, cold));
+                    hot = VectorIndex::open(dir_hot.path(), dims, opts(budget)).unwrap();
+                    cold = VectorIndex::open(dir_cold.path(), dims, opts(0)).unwrap();
+                }
+                _ => {
+                    let candidates: RoaringBitmap =
+                        (0..40).filter(|_| rng.random_bool(0.5)).collect();
+                    let query = gaussian(&mut rng, dims, 1.0);
+                    let items: Vec<(u32, Vec<f32>)> =
+                        reference.iter().map(|(&id, v)| (id, v.clone())).collect();
+                    let want = ids(&brute_force(&items, &query, 5, Some(&candidates)));
+                    let from_hot = hot.search(&query, 5, Some(&candidates)).unwrap();
+                    let from_cold = cold.search(&query, 5, Some(&candidates)).unwrap();
+                    assert_eq!(ids(&from_hot), want, "step {step}: hot cache");
+                    assert_eq!(ids(&from_cold), want, "step {step}: no cache");
+                    for id in 0..40 {
+                        assert_eq!(
+                            hot.get(id).unwrap(),
+                            reference.get(&id).cloned(),
+                            "get {id}"
+                        );
+                    }
+                }
+            }
+            let tail = hot.tail_read();
+            assert!(
+                tail.hot.bytes <= budget,
+                "step {step}: {} bytes cached",
+                tail.hot.bytes
+            );
+            assert!(tail.hot.map.len() <= 5);
+        }
+        assert!(hot.tail_read().hot.inserted > 0, "the cache was never used");
     }
 
     #[test]
