@@ -108,6 +108,23 @@ pub enum Error {
     /// The store is shutting down or its writer thread is gone.
     #[error("the store is closed; reopen the data directory")]
     Closed,
+    /// A part of the actor runtime could not take the request (stopped, restarting or
+    /// shutting down).
+    #[error("{what} is unavailable: {message}; retry, and if it persists check the log")]
+    Unavailable {
+        /// What was asked (e.g. "session `s1`").
+        what: String,
+        /// Why it could not answer.
+        message: String,
+    },
+    /// A request to the actor runtime did not answer in time.
+    #[error("{what} did not answer within {after_ms} ms; retry, or raise the call timeout")]
+    Timeout {
+        /// What was asked.
+        what: String,
+        /// The timeout that expired, in milliseconds.
+        after_ms: u64,
+    },
 }
 
 impl Error {

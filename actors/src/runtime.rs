@@ -1,0 +1,362 @@
+//! The typed [`Runtime`] handle: the only way in. It opens the substrate, starts the
+//! supervision tree, and turns every request into a message with a timeout — callers never
+//! see an `ActorRef`, and every failure comes back as a [`shadowbrain_runtime::Error`].
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use ractor::rpc::CallResult;
+use ractor::{Actor, ActorRef, RpcReplyPort};
+use shadowbrain_runtime::error::{Error, Result};
+use shadowbrain_runtime::model::{MemoryId, MemoryRecord, NewMemory, validate_id};
+use shadowbrain_runtime::substrate::{RecallRequest, RecallResult, Substrate, SubstrateOptions};
+use tokio::task::JoinHandle;
+
+use crate::session::{
+    Registry, SessionKey, SessionMessage, SessionSupervisorMessage, live_actor, read_registry,
+};
+use crate::supervisor::{RootArgs, RootMessage, RootSupervisor};
+
+/// How to open a [`Runtime`].
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// The data directory (`store/`, `vectors/`, `keywords/` inside).
+    pub data_dir: PathBuf,
+    /// Backend, embedder, policy, clock and index tuning.
+    pub substrate: SubstrateOptions,
+    /// A session actor stops after this long without a request (its state is the store,
+    /// so this only bounds memory). Default 5 minutes.
+    pub session_idle: Duration,
+    /// Every request through the handle fails with [`Error::Timeout`] after this long.
+    /// Default 30 seconds.
+    pub call_timeout: Duration,
+}
+
+impl RuntimeConfig {
+    /// Defaults for a data directory.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        RuntimeConfig {
+            data_dir: data_dir.into(),
+            substrate: SubstrateOptions::default(),
+            session_idle: Duration::from_secs(300),
+            call_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The shadowbrain runtime: a substrate and the actors over it. Cheap to clone; every
+/// clone talks to the same actors. Needs a tokio runtime.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    substrate: Substrate,
+    root: ActorRef<RootMessage>,
+    root_task: Mutex<Option<JoinHandle<()>>>,
+    registry: Registry,
+    config: RuntimeConfig,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("data_dir", &self.inner.config.data_dir)
+            .field("live_sessions", &read_registry(&self.inner.registry).len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Runtime {
+    /// Opens the data directory and starts the supervision tree.
+    pub async fn open(config: RuntimeConfig) -> Result<Runtime> {
+        let (dir, opts) = (config.data_dir.clone(), config.substrate.clone());
+        // Opening reads the store and reconciles the indexes: blocking work.
+        let substrate = tokio::task::spawn_blocking(move || Substrate::open(&dir, opts))
+            .await
+            .map_err(|e| Error::Unavailable {
+                what: "the store".into(),
+                message: format!("opening it panicked: {e}"),
+            })??;
+        let registry: Registry = Arc::new(RwLock::new(Default::default()));
+        let args = RootArgs {
+            substrate: substrate.clone(),
+            registry: registry.clone(),
+            session_idle: config.session_idle,
+        };
+        let (root, root_task) = Actor::spawn(None, RootSupervisor, args)
+            .await
+            .map_err(|e| Error::Unavailable {
+                what: "the runtime".into(),
+                message: format!("its supervisor could not start: {e}"),
+            })?;
+        Ok(Runtime {
+            inner: Arc::new(Inner {
+                substrate,
+                root,
+                root_task: Mutex::new(Some(root_task)),
+                registry,
+                config,
+            }),
+        })
+    }
+
+    /// The substrate under the actors (store, indexes, policy, clock).
+    pub fn substrate(&self) -> &Substrate {
+        &self.inner.substrate
+    }
+
+    /// A handle on one session of a namespace. The session needs no creating: its actor
+    /// starts on the first request. Ids are 1–128 characters of `A-Z a-z 0-9 _ . : -`.
+    pub fn session(&self, namespace: &str, session: &str) -> Result<SessionHandle> {
+        validate_id("namespace", namespace)?;
+        validate_id("session_id", session)?;
+        Ok(SessionHandle {
+            runtime: self.clone(),
+            key: SessionKey {
+                namespace: namespace.to_string(),
+                session: session.to_string(),
+            },
+        })
+    }
+
+    /// Session actors alive now (idle ones stop by themselves).
+    pub async fn live_sessions(&self) -> Result<usize> {
+        let sessions = self.sessions_supervisor().await?;
+        let what = "the session supervisor";
+        self.answer(
+            what,
+            sessions
+                .call(
+                    |reply| SessionSupervisorMessage::Stats { reply },
+                    self.timeout(),
+                )
+                .await,
+        )
+        .map(|(live, _)| live)
+    }
+
+    /// How many times a supervisor restarted a child since start.
+    pub async fn restarts(&self) -> Result<u64> {
+        let what = "the root supervisor";
+        let root = &self.inner.root;
+        self.answer(
+            what,
+            root.call(|reply| RootMessage::Restarts { reply }, self.timeout())
+                .await,
+        )
+    }
+
+    /// Stops every actor (each finishes the request in hand; writes already acknowledged
+    /// are on disk), then flushes the indexes and closes the store. Later calls on any clone
+    /// fail with [`Error::Unavailable`] or [`Error::Closed`].
+    pub async fn shutdown(&self) -> Result<()> {
+        let task = self
+            .inner
+            .root_task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(task) = task {
+            self.inner.root.stop(Some("shutdown".into()));
+            let _ = tokio::time::timeout(self.inner.config.call_timeout, task).await;
+        }
+        let substrate = self.inner.substrate.clone();
+        tokio::task::spawn_blocking(move || substrate.close())
+            .await
+            .map_err(|e| Error::Unavailable {
+                what: "the store".into(),
+                message: format!("closing it panicked: {e}"),
+            })?
+    }
+
+    /// Fault injection for supervision tests: makes a session's actor, or the session
+    /// supervisor, panic. Not for production use.
+    #[doc(hidden)]
+    pub async fn inject_panic(&self, session: Option<(&str, &str)>) -> Result<()> {
+        match session {
+            Some((namespace, session)) => {
+                let key = SessionKey {
+                    namespace: namespace.into(),
+                    session: session.into(),
+                };
+                let actor = self.session_actor(&key, false).await?;
+                let _ = actor.send_message(SessionMessage::Panic);
+            }
+            None => {
+                let _ = self.inner.root.send_message(RootMessage::PanicSessions);
+            }
+        }
+        Ok(())
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        Some(self.inner.config.call_timeout)
+    }
+
+    /// Maps a call's outcome to the runtime's errors.
+    fn answer<T, E: std::fmt::Display>(
+        &self,
+        what: &str,
+        outcome: std::result::Result<CallResult<T>, E>,
+    ) -> Result<T> {
+        match outcome {
+            Ok(CallResult::Success(value)) => Ok(value),
+            Ok(CallResult::Timeout) => Err(Error::Timeout {
+                what: what.to_string(),
+                after_ms: self.inner.config.call_timeout.as_millis() as u64,
+            }),
+            Ok(CallResult::SenderError) => Err(Error::Unavailable {
+                what: what.to_string(),
+                message: "it stopped before answering".into(),
+            }),
+            Err(e) => Err(Error::Unavailable {
+                what: what.to_string(),
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    async fn sessions_supervisor(&self) -> Result<ActorRef<SessionSupervisorMessage>> {
+        let root = &self.inner.root;
+        let outcome = root
+            .call(|reply| RootMessage::Sessions { reply }, self.timeout())
+            .await;
+        self.answer("the root supervisor", outcome)
+    }
+
+    /// The live actor of a session: from the registry without a hop when it is there (and
+    /// `fresh` is false), else from the session supervisor, which spawns it.
+    async fn session_actor(
+        &self,
+        key: &SessionKey,
+        fresh: bool,
+    ) -> Result<ActorRef<SessionMessage>> {
+        if let Some(actor) = (!fresh)
+            .then(|| live_actor(&self.inner.registry, key))
+            .flatten()
+        {
+            return Ok(actor);
+        }
+        let sessions = self.sessions_supervisor().await?;
+        let outcome = sessions
+            .call(
+                |reply| SessionSupervisorMessage::Get {
+                    key: key.clone(),
+                    reply,
+                },
+                self.timeout(),
+            )
+            .await;
+        self.answer("the session supervisor", outcome)?
+    }
+
+    /// Sends a request to a session's actor. If the actor stopped before taking it (idle
+    /// passivation racing the request, or a restart), the request is sent once more to a
+    /// fresh actor: a request that never reached a handler has had no effect.
+    async fn call_session<T: Send + 'static>(
+        &self,
+        key: &SessionKey,
+        request: impl Fn(RpcReplyPort<Result<T>>) -> SessionMessage,
+    ) -> Result<T> {
+        let mut last = None;
+        for attempt in 0..2 {
+            let actor = self.session_actor(key, attempt > 0).await?;
+            match actor.call(&request, self.timeout()).await {
+                Ok(CallResult::Success(answer)) => return answer,
+                Ok(CallResult::Timeout) => {
+                    return Err(Error::Timeout {
+                        what: key.describe(),
+                        after_ms: self.inner.config.call_timeout.as_millis() as u64,
+                    });
+                }
+                Ok(CallResult::SenderError) => {
+                    last = Some("its actor stopped before answering".to_string())
+                }
+                Err(e) => last = Some(e.to_string()),
+            }
+        }
+        Err(Error::Unavailable {
+            what: key.describe(),
+            message: last.unwrap_or_default(),
+        })
+    }
+}
+
+/// One session of one namespace, as seen by an agent. Cheap to clone.
+#[derive(Clone)]
+pub struct SessionHandle {
+    runtime: Runtime,
+    key: SessionKey,
+}
+
+impl std::fmt::Debug for SessionHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionHandle")
+            .field("namespace", &self.key.namespace)
+            .field("session", &self.key.session)
+            .finish()
+    }
+}
+
+impl SessionHandle {
+    /// The session id.
+    pub fn id(&self) -> &str {
+        &self.key.session
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        &self.key.namespace
+    }
+
+    /// Records one event; returns its id once it is durable.
+    pub async fn record(&self, event: NewMemory) -> Result<MemoryId> {
+        let ids = self.record_batch(vec![event]).await?;
+        ids.into_iter().next().ok_or_else(|| Error::Unavailable {
+            what: self.key.describe(),
+            message: "the write returned no id".into(),
+        })
+    }
+
+    /// Records events in order; returns their ids, in the same order, once all are durable.
+    /// Invalid input rejects the whole batch with an error naming the event and the field.
+    pub async fn record_batch(&self, events: Vec<NewMemory>) -> Result<Vec<MemoryId>> {
+        self.runtime
+            .call_session(&self.key, |reply| SessionMessage::Record {
+                events: events.clone(),
+                reply,
+            })
+            .await
+    }
+
+    /// What this session should remember about `query`: session scope, the policy's
+    /// defaults (k = 10, knowledge included).
+    pub async fn recall(&self, query: &str) -> Result<RecallResult> {
+        let request = RecallRequest::new(&self.key.namespace, &self.key.session, query);
+        self.recall_with(request).await
+    }
+
+    /// A recall with every option. Its namespace and session are this handle's, whatever
+    /// the request says: a session only asks as itself.
+    pub async fn recall_with(&self, mut request: RecallRequest) -> Result<RecallResult> {
+        request.namespace = self.key.namespace.clone();
+        request.session_id = self.key.session.clone();
+        let request = Box::new(request);
+        self.runtime
+            .call_session(&self.key, |reply| SessionMessage::Recall {
+                request: request.clone(),
+                reply,
+            })
+            .await
+    }
+
+    /// The session's newest `limit` records, newest first.
+    pub async fn timeline(&self, limit: usize) -> Result<Vec<MemoryRecord>> {
+        self.runtime
+            .call_session(&self.key, |reply| SessionMessage::Timeline { limit, reply })
+            .await
+    }
+}

@@ -1,0 +1,220 @@
+//! The actor runtime end to end, on a real LMDB store in a temp dir: ordering under
+//! concurrency, passivation and revival, supervision, shutdown and reopen, bad input.
+
+use std::time::{Duration, Instant};
+
+use shadowbrain_actors::substrate::error::Error;
+use shadowbrain_actors::substrate::model::NewMemory;
+use shadowbrain_actors::{Runtime, RuntimeConfig};
+
+fn event(text: &str) -> NewMemory {
+    NewMemory {
+        kind: "observation".into(),
+        text: Some(text.into()),
+        ..NewMemory::default()
+    }
+}
+
+fn config(dir: &tempfile::TempDir) -> RuntimeConfig {
+    let mut config = RuntimeConfig::new(dir.path());
+    config.call_timeout = Duration::from_secs(60);
+    config
+}
+
+/// Polls `cond` until it holds or `deadline` passes.
+async fn eventually<F, Fut>(what: &str, deadline: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !cond().await {
+        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_sessions_keep_their_order_and_exact_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::open(config(&dir)).await.unwrap();
+    let sessions = 10_000;
+    let mut tasks = tokio::task::JoinSet::new();
+    for s in 0..sessions {
+        let session = rt.session("default", &format!("s{s:05}")).unwrap();
+        tasks.spawn(async move {
+            // A batch, then a single event: ids follow the order the actor acknowledged
+            // them in, while 10,000 sessions write at once through one group commit.
+            let batch = session
+                .record_batch(vec![
+                    event(&format!("{s} first")),
+                    event(&format!("{s} second")),
+                ])
+                .await
+                .unwrap();
+            let third = session.record(event(&format!("{s} third"))).await.unwrap();
+            assert!(batch[0] < batch[1] && batch[1] < third);
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    assert_eq!(rt.substrate().store().len(), 3 * sessions as u64);
+    for s in (0..sessions).step_by(97) {
+        let timeline = rt
+            .session("default", &format!("s{s:05}"))
+            .unwrap()
+            .timeline(10)
+            .await
+            .unwrap();
+        let texts: Vec<&str> = timeline.iter().map(|r| r.text.as_str()).collect();
+        let (a, b, c) = (
+            format!("{s} third"),
+            format!("{s} second"),
+            format!("{s} first"),
+        );
+        assert_eq!(
+            texts,
+            vec![a.as_str(), b.as_str(), c.as_str()],
+            "session {s}"
+        );
+    }
+    rt.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_session_actors_stop_and_come_back_with_their_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(&dir);
+    config.session_idle = Duration::from_millis(100);
+    let rt = Runtime::open(config).await.unwrap();
+    let session = rt.session("default", "passivated").unwrap();
+    session.record(event("before the nap")).await.unwrap();
+    assert_eq!(rt.live_sessions().await.unwrap(), 1);
+    eventually(
+        "the idle actor to stop",
+        Duration::from_secs(10),
+        || async { rt.live_sessions().await.unwrap() == 0 },
+    )
+    .await;
+    // Revival: the next request spawns a new actor, which finds everything in the store.
+    session.record(event("after the nap")).await.unwrap();
+    assert_eq!(rt.live_sessions().await.unwrap(), 1);
+    let texts: Vec<String> = session
+        .timeline(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.text)
+        .collect();
+    assert_eq!(texts, vec!["after the nap", "before the nap"]);
+    let recalled = session.recall("nap").await.unwrap();
+    assert_eq!(recalled.memories.len(), 2);
+    rt.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_session_actor_is_replaced_and_nothing_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::open(config(&dir)).await.unwrap();
+    let session = rt.session("default", "fragile").unwrap();
+    let first = session
+        .record(event("written before the fault"))
+        .await
+        .unwrap();
+    rt.inject_panic(Some(("default", "fragile"))).await.unwrap();
+    eventually(
+        "the failed actor to be forgotten",
+        Duration::from_secs(10),
+        || async { rt.live_sessions().await.unwrap() == 0 },
+    )
+    .await;
+    let second = session
+        .record(event("written after the fault"))
+        .await
+        .unwrap();
+    assert!(second > first);
+    assert_eq!(session.timeline(10).await.unwrap().len(), 2);
+    rt.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_supervisor_is_restarted_by_the_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::open(config(&dir)).await.unwrap();
+    let session = rt.session("default", "survivor").unwrap();
+    session
+        .record(event("kept through a restart"))
+        .await
+        .unwrap();
+    assert_eq!(rt.restarts().await.unwrap(), 0);
+    rt.inject_panic(None).await.unwrap();
+    eventually(
+        "the root to restart its child",
+        Duration::from_secs(10),
+        || async { rt.restarts().await.unwrap() == 1 },
+    )
+    .await;
+    // The old session actor died with its supervisor; a request gets a new one.
+    session
+        .record(event("written to the new tree"))
+        .await
+        .unwrap();
+    assert_eq!(session.timeline(10).await.unwrap().len(), 2);
+    assert_eq!(rt.live_sessions().await.unwrap(), 1);
+    rt.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_then_reopen_shows_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::open(config(&dir)).await.unwrap();
+    let mut ids = Vec::new();
+    for s in 0..20 {
+        let session = rt.session("team", &format!("agent-{s}")).unwrap();
+        ids.push(
+            session
+                .record(event(&format!("lesson {s}: retry with backoff")))
+                .await
+                .unwrap(),
+        );
+    }
+    rt.shutdown().await.unwrap();
+    let closed = rt.session("team", "agent-0").unwrap().timeline(1).await;
+    assert!(closed.is_err(), "a shut-down runtime must refuse requests");
+    drop(rt);
+
+    let rt = Runtime::open(config(&dir)).await.unwrap();
+    assert_eq!(rt.substrate().store().len(), 20);
+    let session = rt.session("team", "agent-7").unwrap();
+    let recalled = session.recall("backoff lesson").await.unwrap();
+    assert_eq!(recalled.memories[0].record.id, ids[7]);
+    rt.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_a_clear_error_and_the_session_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::open(config(&dir)).await.unwrap();
+    let err = rt.session("default", "no spaces allowed").unwrap_err();
+    assert!(
+        matches!(err, Error::Invalid { ref field, .. } if field == "session_id"),
+        "{err}"
+    );
+    let session = rt.session("default", "careful").unwrap();
+    let empty = NewMemory {
+        kind: "observation".into(),
+        text: Some("   ".into()),
+        ..NewMemory::default()
+    };
+    let err = session
+        .record_batch(vec![event("fine"), empty])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("text"), "{err}");
+    // The batch was rejected whole, and the actor still serves.
+    assert_eq!(session.timeline(10).await.unwrap().len(), 0);
+    session.record(event("fine now")).await.unwrap();
+    assert_eq!(session.timeline(10).await.unwrap().len(), 1);
+    rt.shutdown().await.unwrap();
+}
