@@ -75,7 +75,7 @@ type MetaDb = heed::Database<'static, Str, Bytes>;
 /// | 16 × 10 | 0.985 | 1.38 ms | 2.58 ms | 9.3 s |
 /// | 16 × 12 | 0.991 | 1.67 ms | 3.17 ms | 10.0 s |
 /// | 24 × 6 | 0.987 | 1.06 ms | 1.91 ms | 13.5 s |
-/// | **24 × 7** (default) | 0.994 | 1.34 ms | 2.33 ms | 13.8 s |
+/// | **24 × 7** (default) | 0.994 | 1.32–1.34 ms | 2.33–2.63 ms | 13.8–15.4 s |
 ///
 /// More trees with a smaller factor reach the same recall with fewer items scored (each
 /// costs an LMDB read); the tree count is bounded by the 15 s budget for a 100k build.
