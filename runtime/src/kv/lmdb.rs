@@ -38,6 +38,9 @@ const TABLES: usize = RAW_FROM as usize + 1;
 /// The single table of the first layout, migrated on open.
 const LEGACY_TABLE: &str = "store";
 
+/// Entries copied per step of that migration.
+const MIGRATION_CHUNK: usize = 10_000;
+
 type Table = Database<'static, Bytes, Bytes>;
 
 /// LMDB-backed ordered KV.
@@ -106,13 +109,24 @@ impl LmdbKv {
                 let mut wtxn = self.env.write_txn()?;
                 let mut moved = 0u64;
                 let mut tails = Tails::default();
-                let entries: Vec<(Vec<u8>, Vec<u8>)> = legacy
-                    .iter(&wtxn)?
-                    .map(|item| item.map(|(k, v)| (k.to_vec(), v.to_vec())))
-                    .collect::<heed::Result<_>>()?;
-                for (k, v) in &entries {
-                    self.put(&mut wtxn, &mut tails, k, v)?;
-                    moved += 1;
+                // In chunks, so a large store is never all in memory at once.
+                let mut after: Option<Vec<u8>> = None;
+                loop {
+                    let start = after.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+                    let chunk: Vec<(Vec<u8>, Vec<u8>)> = legacy
+                        .range(&wtxn, &(start, Bound::Unbounded))?
+                        .take(MIGRATION_CHUNK)
+                        .map(|item| item.map(|(k, v)| (k.to_vec(), v.to_vec())))
+                        .collect::<heed::Result<_>>()?;
+                    let Some((last, _)) = chunk.last() else {
+                        break;
+                    };
+                    let last = last.clone();
+                    for (k, v) in &chunk {
+                        self.put(&mut wtxn, &mut tails, k, v)?;
+                        moved += 1;
+                    }
+                    after = Some(last);
                 }
                 legacy.clear(&mut wtxn)?;
                 wtxn.commit()?;
@@ -401,7 +415,11 @@ mod tests {
     #[test]
     fn a_one_table_store_is_moved_into_family_tables() {
         let dir = tempfile::tempdir().unwrap();
-        let keys: Vec<Vec<u8>> = (0u8..=0x12).map(|f| vec![f, 7, 7]).collect();
+        // More keys than one migration chunk, over every table.
+        let keys: Vec<Vec<u8>> = (0u8..=0x12)
+            .flat_map(|f| (0u16..1_500).map(move |i| [[f].as_slice(), &i.to_be_bytes()].concat()))
+            .collect();
+        assert!(keys.len() > 2 * MIGRATION_CHUNK);
         {
             // The first layout: every key in one table named `store`.
             let env = unsafe { EnvOpenOptions::new().max_dbs(4).open(dir.path()).unwrap() };
