@@ -261,27 +261,21 @@ impl Runtime {
         key: &SessionKey,
         request: impl Fn(RpcReplyPort<Result<T>>) -> SessionMessage,
     ) -> Result<T> {
+        let what = key.describe();
         let mut last = None;
         for attempt in 0..2 {
             let actor = self.session_actor(key, attempt > 0).await?;
-            match actor.call(&request, self.timeout()).await {
-                Ok(CallResult::Success(answer)) => return answer,
-                Ok(CallResult::Timeout) => {
-                    return Err(Error::Timeout {
-                        what: key.describe(),
-                        after_ms: self.inner.config.call_timeout.as_millis() as u64,
-                    });
-                }
-                Ok(CallResult::SenderError) => {
-                    last = Some("its actor stopped before answering".to_string())
-                }
-                Err(e) => last = Some(e.to_string()),
+            match self.answer(&what, actor.call(&request, self.timeout()).await) {
+                Ok(answer) => return answer,
+                // Only a request that never reached a handler is safe to send again.
+                Err(e @ Error::Unavailable { .. }) => last = Some(e),
+                Err(e) => return Err(e),
             }
         }
-        Err(Error::Unavailable {
-            what: key.describe(),
-            message: last.unwrap_or_default(),
-        })
+        Err(last.unwrap_or_else(|| Error::Unavailable {
+            what,
+            message: "no session actor could be reached".into(),
+        }))
     }
 }
 

@@ -15,7 +15,6 @@
 //! Directories written before this layout (one `store` table) are moved into it on open,
 //! in one transaction, with nothing lost.
 
-use std::cmp::Ordering;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
@@ -181,21 +180,20 @@ impl LmdbKv {
     ) -> heed::Result<()> {
         let slot = slot(key);
         let table = self.tables[slot];
-        let last = match &tails.0[slot] {
-            Some(last) => last.clone(),
-            None => {
-                let last = table
+        let last = match &mut tails.0[slot] {
+            Some(last) => last,
+            empty => empty.insert(
+                table
                     .last(wtxn)?
                     .map(|(k, _)| k.to_vec())
-                    .unwrap_or_default();
-                tails.0[slot] = Some(last.clone());
-                last
-            }
+                    .unwrap_or_default(),
+            ),
         };
         // An empty `last` means an empty table (keys are never empty: they carry a family).
-        if key.cmp(&last) == Ordering::Greater {
+        if key > last.as_slice() {
             table.put_with_flags(wtxn, PutFlags::APPEND, key, value)?;
-            tails.0[slot] = Some(key.to_vec());
+            last.clear();
+            last.extend_from_slice(key);
         } else {
             table.put(wtxn, key, value)?;
         }
