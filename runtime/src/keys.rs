@@ -105,6 +105,19 @@ pub fn session_prefix(namespace: &str, session: &str) -> Vec<u8> {
     k
 }
 
+/// Families of the layers above the store, written as raw keys (`Mutation::PutRaw`).
+pub mod layer {
+    /// Per session: the largest episodic record id a condensation has covered.
+    pub const CONDENSED_UPTO: u8 = 0x10;
+}
+
+/// Where a session's condensation stands: the largest record id already condensed.
+pub fn condensed_upto(namespace: &str, session: &str) -> Vec<u8> {
+    let mut k = session_prefix(namespace, session);
+    k[0] = layer::CONDENSED_UPTO;
+    k
+}
+
 /// A session listing entry: sorts by event time, then id.
 pub fn session_entry(namespace: &str, session: &str, time: Timestamp, id: MemoryId) -> Vec<u8> {
     let mut k = session_prefix(namespace, session);

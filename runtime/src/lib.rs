@@ -11,6 +11,7 @@ pub mod eval;
 pub mod keys;
 pub mod keyword;
 pub mod kv;
+pub mod lifecycle;
 pub mod model;
 pub mod policy;
 pub mod retrieval;

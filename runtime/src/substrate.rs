@@ -467,7 +467,7 @@ impl Substrate {
     /// Wakes the indexer (and the enricher when some records wait for their embedding).
     /// The write is already in the change log, so recall's catch-up sees it even before the
     /// indexer does; ingest does no index work itself.
-    fn after_write(&self, queued: bool) {
+    pub(crate) fn after_write(&self, queued: bool) {
         if queued {
             self.wake_enricher();
         }

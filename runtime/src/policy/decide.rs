@@ -273,6 +273,23 @@ impl Policy {
         }
     }
 
+    /// Whether a session's condensation trigger fires: `events` uncondensed episodic
+    /// records, the oldest written at `oldest`. Fires at `every_events`, or at `min_events`
+    /// once the oldest is `max_age` old; never below `min_events` (or with none).
+    pub fn condensation_due(&self, events: u64, oldest: Option<Timestamp>, now: Timestamp) -> bool {
+        let c = &self.condensation;
+        if events == 0 || events < u64::from(c.min_events) {
+            return false;
+        }
+        if events >= u64::from(c.every_events.max(1)) {
+            return true;
+        }
+        match (c.max_age, oldest) {
+            (Some(age), Some(oldest)) => now.saturating_sub(oldest) as f64 >= ms(age),
+            _ => false,
+        }
+    }
+
     /// Whether the record may be promoted into the knowledge pool; `Err` lists every
     /// reason it may not, joined with `; `.
     pub fn promotion(&self, record: &MemoryRecord) -> Result<(), String> {
@@ -759,5 +776,31 @@ mod tests {
             lenient.promotion(&candidate(Tier::Condensed, Status::Active, 0.0, 0, 9)),
             Ok(())
         );
+    }
+
+    #[test]
+    fn condensation_triggers() {
+        let p = policy("[condensation]\nevery_events = 10\nmin_events = 3\nmax_age = \"1h\"\n");
+        let hour = 3_600_000;
+        let now = 100 * hour;
+        let cases = [
+            // (events, oldest written, due)
+            (0, None, false),
+            (2, Some(now - 5 * hour), false), // below min_events, however old
+            (3, Some(now - hour + 1), false), // min_events, not old enough
+            (3, Some(now - hour), true),      // min_events and max_age
+            (9, Some(now), false),
+            (10, Some(now), true), // every_events
+        ];
+        for (events, oldest, due) in cases {
+            assert_eq!(
+                p.condensation_due(events, oldest, now),
+                due,
+                "{events} events, oldest {oldest:?}"
+            );
+        }
+        let never =
+            policy("[condensation]\nevery_events = 10\nmin_events = 3\nmax_age = \"never\"\n");
+        assert!(!never.condensation_due(9, Some(0), now));
     }
 }

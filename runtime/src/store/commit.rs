@@ -14,7 +14,8 @@ use tokio::sync::oneshot;
 
 use super::catalog::Catalog;
 use super::codec::{self, Header};
-use super::{Change, Mutation, Queue, SessionStats, WriteSet};
+use super::{Change, Mutation, Queue, RecordPatch, SessionStats, WriteSet};
+use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 use crate::keys::{self, family, meta};
 use crate::kv::{Kv, Op, Range, Visit};
@@ -310,6 +311,37 @@ impl Worker {
         undo.push((id, self.overlay.insert(id, v)));
     }
 
+    /// Applies a patch to the record as this group leaves it; `false` (nothing written)
+    /// when the record is gone, or when `if_strength_at` is set and no longer matches.
+    fn patch(
+        &mut self,
+        id: MemoryId,
+        patch: &RecordPatch,
+        if_strength_at: Option<Timestamp>,
+        ops: &mut Vec<Op>,
+        cat: &mut Vec<CatalogOp>,
+        undo: &mut Vec<(MemoryId, Option<Option<Vec<u8>>>)>,
+    ) -> Result<bool> {
+        let key = keys::record(id);
+        // A record purged meanwhile has nothing left to patch.
+        let Some(bytes) = self.current(id)? else {
+            return Ok(false);
+        };
+        let mut r = codec::decode_record(id, &key, &bytes, None)?;
+        if if_strength_at.is_some_and(|at| at != r.strength_at) {
+            return Ok(false);
+        }
+        let status_before = r.status;
+        patch.apply(&mut r);
+        let bytes = codec::encode_record(&r);
+        self.set_overlay(undo, id, Some(bytes.clone()));
+        ops.push(Op::Put(key.to_vec(), bytes));
+        if r.status != status_before {
+            cat.push(CatalogOp::Status(id, r.status));
+        }
+        Ok(true)
+    }
+
     fn encode_into(
         &mut self,
         writes: WriteSet,
@@ -412,19 +444,20 @@ impl Worker {
                     cat.push(CatalogOp::Remove(id, codec::header_of(&r)));
                 }
                 Mutation::Patch(id, patch) => {
-                    let key = keys::record(id);
-                    // A record purged meanwhile has nothing left to patch.
-                    let Some(bytes) = self.current(id)? else {
-                        continue;
-                    };
-                    let mut r = codec::decode_record(id, &key, &bytes, None)?;
-                    let status_before = r.status;
-                    patch.apply(&mut r);
-                    let bytes = codec::encode_record(&r);
-                    self.set_overlay(undo, id, Some(bytes.clone()));
-                    ops.push(Op::Put(key.to_vec(), bytes));
-                    if r.status != status_before {
-                        cat.push(CatalogOp::Status(id, r.status));
+                    self.patch(id, &patch, None, &mut ops, &mut cat, undo)?;
+                }
+                Mutation::PatchIf {
+                    id,
+                    if_strength_at,
+                    patch,
+                    audit,
+                } => {
+                    if self.patch(id, &patch, Some(if_strength_at), &mut ops, &mut cat, undo)? {
+                        let seq = self.seq();
+                        ops.push(Op::Put(
+                            keys::audit(id, seq).to_vec(),
+                            codec::encode(&audit),
+                        ));
                     }
                 }
                 Mutation::SetEmbedding(id, embedding) => {

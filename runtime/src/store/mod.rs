@@ -84,6 +84,20 @@ pub enum Mutation {
     /// Change some fields of a record as it is *at commit time* (read-modify-write in the
     /// commit thread), so concurrent writers never lose each other's updates.
     Patch(MemoryId, RecordPatch),
+    /// A decision taken on a snapshot of the record (a decay sweep): the patch and its
+    /// audit entry are applied together, and only if the record's `strength_at` is still
+    /// `if_strength_at` — a reinforcement that committed meanwhile wins, and the sweep's
+    /// decision, now stale, leaves no trace.
+    PatchIf {
+        /// The record.
+        id: MemoryId,
+        /// The `strength_at` the decision was taken on.
+        if_strength_at: crate::clock::Timestamp,
+        /// The change.
+        patch: RecordPatch,
+        /// Why, for the audit log.
+        audit: AuditEntry,
+    },
     /// Store a record's embedding (and have the indexes follow) without rewriting the
     /// record; skipped if the record was purged meanwhile.
     SetEmbedding(MemoryId, Vec<f32>),

@@ -2,6 +2,7 @@
 
 mod crash;
 mod enrich;
+mod lifecycle;
 mod locomo;
 mod recall;
 mod store_model;

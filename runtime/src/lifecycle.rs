@@ -1,0 +1,391 @@
+//! What happens to memories after they are written, as plain calls on the [`Substrate`]:
+//! decay sweeps (strength lowered, archives, purges) and extractive condensation of a
+//! session's window. The actors decide *when* (policy interval, triggers, requests); this
+//! module decides *what*, from the policy and the runtime clock only, so a simulation on
+//! the virtual clock gets the same result every time.
+//!
+//! It never calls an LLM (the `llm` condenser plugs in above), and it never loses a
+//! decision to a race: decay writes are conditional on the snapshot they were decided on
+//! ([`Mutation::PatchIf`]), and a condensation moves its session's watermark in the same
+//! write as the condensed record.
+
+use std::collections::HashMap;
+
+use crate::clock::{Timestamp, to_human};
+use crate::error::Result;
+use crate::keys;
+use crate::kv::Visit;
+use crate::model::{AuditAction, AuditEntry, Kind, MemoryId, MemoryRecord, Status, Tier};
+use crate::policy::ForgetDecision;
+use crate::store::{Mutation, Queue, RecordPatch, WriteSet};
+use crate::substrate::Substrate;
+
+/// Records examined per write during a sweep: one commit per batch keeps a sweep of a
+/// large store from holding one huge transaction.
+const SWEEP_BATCH: usize = 512;
+
+/// At most this many of a window's events are quoted in its condensed record.
+const MAX_PICKS: usize = 5;
+
+/// Quoted events are cut to this many characters.
+const PICK_CHARS: usize = 240;
+
+/// The largest window one condensation covers; older events wait for the next one.
+const MAX_WINDOW: usize = 500;
+
+/// What one decay sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Records looked at.
+    pub examined: u64,
+    /// Records whose stored strength was lowered.
+    pub decayed: u64,
+    /// Records archived (strength under `archive_below`).
+    pub archived: u64,
+    /// Archived records purged (`purge_archived_after` passed).
+    pub purged: u64,
+}
+
+/// A condensed record just written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Condensed {
+    /// Its id.
+    pub id: MemoryId,
+    /// The episodic records it condenses, oldest first.
+    pub sources: Vec<MemoryId>,
+    /// The events quoted in its text.
+    pub picked: Vec<MemoryId>,
+    /// Its text.
+    pub text: String,
+}
+
+impl Substrate {
+    /// One decay sweep over every record, at the runtime clock's `now`, by the active
+    /// policy: lowers strength that fell by at least a step, archives what fell under
+    /// `archive_below`, purges archives older than `purge_archived_after`. Pinned records,
+    /// obsolete ones and protected kinds are left alone. Every change is audited as `by`.
+    pub fn decay_sweep(&self, by: &str) -> Result<SweepReport> {
+        let policy = self.policy();
+        let stamp = policy.stamp();
+        let now = self.clock().now();
+        let store = self.store();
+        let mut ids = Vec::new();
+        store.for_each_id(|id| {
+            ids.push(id);
+            Ok(Visit::Continue)
+        })?;
+        let mut report = SweepReport::default();
+        for chunk in ids.chunks(SWEEP_BATCH) {
+            let mut writes = WriteSet::new();
+            for &id in chunk {
+                let Some(r) = store.get_light(id)? else {
+                    continue;
+                };
+                report.examined += 1;
+                let audit = |action, detail: String| AuditEntry {
+                    at: now,
+                    action,
+                    by: by.to_string(),
+                    detail,
+                };
+                match policy.forgetting(&r, now) {
+                    ForgetDecision::Keep => {}
+                    ForgetDecision::Decay { strength } => {
+                        report.decayed += 1;
+                        writes.push(Mutation::PatchIf {
+                            id,
+                            if_strength_at: r.strength_at,
+                            patch: RecordPatch {
+                                strength: Some((strength, now)),
+                                policy: Some(stamp.clone()),
+                                ..RecordPatch::default()
+                            },
+                            audit: audit(
+                                AuditAction::Decayed,
+                                format!("strength {:.3} -> {strength:.3}", r.strength),
+                            ),
+                        });
+                    }
+                    ForgetDecision::Archive { strength } => {
+                        report.archived += 1;
+                        writes.push(Mutation::PatchIf {
+                            id,
+                            if_strength_at: r.strength_at,
+                            patch: RecordPatch {
+                                status: Some((Status::Archived, now)),
+                                strength: Some((strength, now)),
+                                policy: Some(stamp.clone()),
+                                ..RecordPatch::default()
+                            },
+                            audit: audit(
+                                AuditAction::Archived,
+                                format!(
+                                    "strength {strength:.3} below forgetting.archive_below {}",
+                                    policy.forgetting.archive_below
+                                ),
+                            ),
+                        });
+                    }
+                    ForgetDecision::Purge => {
+                        report.purged += 1;
+                        let detail = format!(
+                            "archived since {}, past forgetting.purge_archived_after",
+                            to_human(r.status_at)
+                        );
+                        writes.push(Mutation::Audit(id, audit(AuditAction::Purged, detail)));
+                        writes.push(Mutation::Purge(Box::new(r)));
+                    }
+                }
+            }
+            if !writes.0.is_empty() {
+                store.write(writes)?;
+            }
+        }
+        if report.purged > 0 {
+            self.after_write(false);
+        }
+        tracing::debug!(?report, "decay sweep");
+        Ok(report)
+    }
+
+    /// The session's episodic records not condensed yet, oldest first (at most
+    /// [`MAX_WINDOW`]), with the largest id ever condensed.
+    fn uncondensed(&self, namespace: &str, session: &str) -> Result<Vec<MemoryRecord>> {
+        let store = self.store();
+        let upto = store
+            .get_raw(&keys::condensed_upto(namespace, session))?
+            .and_then(|b| <[u8; 4]>::try_from(b.as_slice()).ok())
+            .map(u32::from_be_bytes);
+        let mut window = Vec::new();
+        for id in store.session_ids(namespace, session, None, usize::MAX)? {
+            if upto.is_some_and(|u| id.0 <= u) {
+                continue;
+            }
+            if let Some(r) = store.get_light(id)? {
+                if r.tier == Tier::Episodic && r.status.recallable() {
+                    window.push(r);
+                }
+            }
+        }
+        // Ids follow write order; condense in that order, oldest writes first.
+        window.sort_by_key(|r| r.id);
+        window.truncate(MAX_WINDOW);
+        Ok(window)
+    }
+
+    /// How many of the session's episodic records wait for condensation, and when the
+    /// oldest of them was written; with [`Policy::condensation_due`](crate::policy::Policy::condensation_due)
+    /// this says whether to condense now.
+    pub fn condensation_backlog(
+        &self,
+        namespace: &str,
+        session: &str,
+    ) -> Result<(u64, Option<Timestamp>)> {
+        let window = self.uncondensed(namespace, session)?;
+        Ok((
+            window.len() as u64,
+            window.iter().map(|r| r.recorded_time).min(),
+        ))
+    }
+
+    /// Condenses the session's uncondensed episodic records (at least the policy's
+    /// `min_events`; `None` when there are fewer) into one condensed record, extractively:
+    /// the most representative and important events are quoted, in time order. The sources
+    /// are linked and audited (`condensed into`), and the session's watermark moves in the
+    /// same write, so each event is condensed once.
+    ///
+    /// Representativeness is centrality: an event's mean cosine similarity to the rest of
+    /// the window, which favours what the window keeps coming back to over one-off noise.
+    pub async fn condense(
+        &self,
+        namespace: &str,
+        session: &str,
+        by: &str,
+    ) -> Result<Option<Condensed>> {
+        let policy = self.policy();
+        let window = self.uncondensed(namespace, session)?;
+        if window.is_empty() || window.len() < policy.condensation.min_events as usize {
+            return Ok(None);
+        }
+        let store = self.store();
+        let mut embeddings = Vec::with_capacity(window.len());
+        for r in &window {
+            embeddings.push(store.embedding(r.id)?);
+        }
+        let picks = pick_representatives(&window, &embeddings);
+        let now = self.clock().now();
+        let text = summary_text(&window, &picks);
+        let id = store.allocate_ids(1)?[0];
+        let importance = picks
+            .iter()
+            .map(|&i| window[i].importance)
+            .fold(0.0f32, f32::max);
+        let sources: Vec<MemoryId> = window.iter().map(|r| r.id).collect();
+        let picked: Vec<MemoryId> = picks.iter().map(|&i| window[i].id).collect();
+        let embedding = if self.embedder().is_local() {
+            self.embedder()
+                .embed(std::slice::from_ref(&text))
+                .await?
+                .pop()
+        } else {
+            None
+        };
+        let last = window
+            .last()
+            .map_or(now, |r| r.event_time.max(r.recorded_time));
+        let record = MemoryRecord {
+            tier: Tier::Condensed,
+            importance,
+            strength: policy.initial_strength(importance),
+            sources: sources.clone(),
+            event_time: window.iter().map(|r| r.event_time).max().unwrap_or(last),
+            agent_id: common_agent(&window),
+            metadata: serde_json::json!({
+                "condensed": {
+                    "events": window.len(),
+                    "from": window.iter().map(|r| r.event_time).min().unwrap_or(now),
+                    "to": window.iter().map(|r| r.event_time).max().unwrap_or(now),
+                    "picked": picked.iter().map(MemoryId::to_string).collect::<Vec<_>>(),
+                    "mode": "extractive",
+                }
+            }),
+            policy: policy.stamp(),
+            embedding,
+            ..MemoryRecord::episodic(id, namespace, session, summary_kind(), text.clone(), now)
+        };
+        let queued = record.embedding.is_none();
+        let mut writes = WriteSet::new();
+        writes.push(Mutation::Audit(
+            id,
+            AuditEntry {
+                at: now,
+                action: AuditAction::Created,
+                by: by.to_string(),
+                detail: format!("condensed from {} events (extractive)", sources.len()),
+            },
+        ));
+        for &source in &sources {
+            writes.push(Mutation::Audit(
+                source,
+                AuditEntry {
+                    at: now,
+                    action: AuditAction::CondensedInto,
+                    by: by.to_string(),
+                    detail: format!("into {id}"),
+                },
+            ));
+        }
+        let upto = sources.iter().map(|s| s.0).max().unwrap_or(0);
+        writes.push(Mutation::PutRaw(
+            keys::condensed_upto(namespace, session),
+            upto.to_be_bytes().to_vec(),
+        ));
+        if queued {
+            writes.push(Mutation::Enqueue(Queue::Enrich, id));
+        }
+        writes.push(Mutation::Insert(Box::new(record)));
+        store.write_async(writes).await?;
+        self.after_write(queued);
+        Ok(Some(Condensed {
+            id,
+            sources,
+            picked,
+            text,
+        }))
+    }
+}
+
+fn summary_kind() -> Kind {
+    Kind::new("summary").unwrap_or_else(|_| unreachable!("`summary` is a valid kind"))
+}
+
+/// Indexes into `window` of the events to quote, in time order: the best by
+/// `centrality + importance / 10`, about √n of them (1..=[`MAX_PICKS`]).
+fn pick_representatives(window: &[MemoryRecord], embeddings: &[Option<Vec<f32>>]) -> Vec<usize> {
+    let n = window.len();
+    let centrality: Vec<f32> = (0..n)
+        .map(|i| {
+            let Some(a) = &embeddings[i] else {
+                return 0.0;
+            };
+            let (sum, count) = (0..n)
+                .filter(|&j| j != i)
+                .filter_map(|j| embeddings[j].as_ref().map(|b| cosine(a, b)))
+                .fold((0.0f32, 0u32), |(s, c), x| (s + x, c + 1));
+            if count == 0 { 0.0 } else { sum / count as f32 }
+        })
+        .collect();
+    let (lo, hi) = centrality
+        .iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &c| {
+            (lo.min(c), hi.max(c))
+        });
+    let span = hi - lo;
+    let score = |i: usize| {
+        let c = if span > f32::EPSILON {
+            (centrality[i] - lo) / span
+        } else {
+            1.0
+        };
+        c + window[i].importance / 10.0
+    };
+    let want = ((n as f64).sqrt().round() as usize).clamp(1, MAX_PICKS);
+    let mut order: Vec<usize> = (0..n).collect();
+    // Best first; ties keep the earlier event.
+    order.sort_by(|&a, &b| score(b).total_cmp(&score(a)).then(a.cmp(&b)));
+    order.truncate(want);
+    order.sort_by_key(|&i| (window[i].event_time, window[i].id));
+    order
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let (mut dot, mut na, mut nb) = (0.0f32, 0.0f32, 0.0f32);
+    for (x, y) in a.iter().zip(b) {
+        dot += x * y;
+        na += x * x;
+        nb += y * y;
+    }
+    if na <= 0.0 || nb <= 0.0 {
+        0.0
+    } else {
+        dot / (na.sqrt() * nb.sqrt())
+    }
+}
+
+/// "12 events, 2026-03-01 09:00 – 2026-03-01 11:30. goal: …; observation: …"
+fn summary_text(window: &[MemoryRecord], picks: &[usize]) -> String {
+    let from: Timestamp = window.iter().map(|r| r.event_time).min().unwrap_or(0);
+    let to: Timestamp = window.iter().map(|r| r.event_time).max().unwrap_or(0);
+    let quoted: Vec<String> = picks
+        .iter()
+        .map(|&i| {
+            let r = &window[i];
+            let text: String = r.text.chars().take(PICK_CHARS).collect();
+            let cut = if r.text.chars().count() > PICK_CHARS {
+                "…"
+            } else {
+                ""
+            };
+            format!("{}: {}{cut}", r.kind, text.trim())
+        })
+        .collect();
+    format!(
+        "{} events, {} – {}. {}",
+        window.len(),
+        to_human(from),
+        to_human(to),
+        quoted.join("; ")
+    )
+}
+
+/// The agent every event of the window came from, if there is exactly one.
+fn common_agent(window: &[MemoryRecord]) -> Option<String> {
+    let mut agents: HashMap<Option<&str>, usize> = HashMap::new();
+    for r in window {
+        *agents.entry(r.agent_id.as_deref()).or_default() += 1;
+    }
+    match agents.into_iter().collect::<Vec<_>>().as_slice() {
+        [(Some(agent), _)] => Some(agent.to_string()),
+        _ => None,
+    }
+}

@@ -1,0 +1,285 @@
+//! Decay sweeps and extractive condensation on a real store, on the virtual clock.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use shadowbrain_runtime::clock::{Clock, DAY_MS, VirtualClock};
+use shadowbrain_runtime::lifecycle::SweepReport;
+use shadowbrain_runtime::model::{AuditAction, MemoryId, NewMemory, Status, Tier};
+use shadowbrain_runtime::policy::Policy;
+use shadowbrain_runtime::store::{Mutation, RecordPatch, WriteSet};
+use shadowbrain_runtime::substrate::{IndexingOptions, RecallRequest, Substrate, SubstrateOptions};
+
+const T0: i64 = 1_780_000_000_000;
+
+fn open(dir: &Path, policy: Policy) -> (Substrate, Arc<VirtualClock>) {
+    let clock = Arc::new(VirtualClock::new(T0));
+    let opts = SubstrateOptions {
+        clock: clock.clone(),
+        policy,
+        indexing: IndexingOptions {
+            background: false,
+            ..IndexingOptions::default()
+        },
+        ..SubstrateOptions::default()
+    };
+    (Substrate::open(dir, opts).unwrap(), clock)
+}
+
+async fn rec(sub: &Substrate, session: &str, kind: &str, text: &str) -> MemoryId {
+    sub.record("default", session, vec![NewMemory::new(kind, text)])
+        .await
+        .unwrap()[0]
+}
+
+fn actions(sub: &Substrate, id: MemoryId) -> Vec<AuditAction> {
+    sub.history("default", id)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.action)
+        .collect()
+}
+
+/// The default policy: half-life 30 days, archive under 0.05, purge archives after 180
+/// days, goals protected. An observation of importance 3 starts at strength 0.65.
+#[tokio::test]
+async fn decay_archives_then_purges_on_the_virtual_clock_and_spares_the_protected() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sub, clock) = open(dir.path(), Policy::default_policy());
+    let fading = rec(
+        &sub,
+        "s",
+        "observation",
+        "the cafeteria serves soup on tuesdays",
+    )
+    .await;
+    let goal = rec(&sub, "s", "goal", "ship the billing migration").await;
+    let pinned = rec(
+        &sub,
+        "s",
+        "observation",
+        "the on-call phone number is 555-0100",
+    )
+    .await;
+    sub.set_status("default", pinned, Status::Pinned, "test")
+        .unwrap();
+    assert_eq!(sub.get("default", fading).unwrap().strength, 0.65);
+
+    clock.advance(Duration::from_millis(60 * DAY_MS as u64));
+    let report = sub.decay_sweep("decay").unwrap();
+    assert_eq!(
+        report,
+        SweepReport {
+            examined: 3,
+            decayed: 1,
+            archived: 0,
+            purged: 0
+        }
+    );
+    let r = sub.get("default", fading).unwrap();
+    assert!(
+        (r.strength - 0.1625).abs() < 1e-4,
+        "two half-lives: {}",
+        r.strength
+    );
+    assert_eq!(r.strength_at, clock.now());
+
+    // 150 days in all: 0.65 / 2^5 = 0.020 < 0.05.
+    clock.advance(Duration::from_millis(90 * DAY_MS as u64));
+    let report = sub.decay_sweep("decay").unwrap();
+    assert_eq!((report.archived, report.purged), (1, 0));
+    assert_eq!(sub.get("default", fading).unwrap().status, Status::Archived);
+    let mut req = RecallRequest::new("default", "s", "cafeteria soup tuesdays");
+    req.reinforce = false;
+    let recalled = sub.recall(&req).await.unwrap();
+    assert!(
+        recalled.memories.iter().all(|m| m.record.id != fading),
+        "archived records are never recalled"
+    );
+
+    // A sweep before purge_archived_after keeps the archive; after it, the record is gone.
+    clock.advance(Duration::from_millis(179 * DAY_MS as u64));
+    assert_eq!(sub.decay_sweep("decay").unwrap().purged, 0);
+    clock.advance(Duration::from_millis(DAY_MS as u64));
+    assert_eq!(sub.decay_sweep("decay").unwrap().purged, 1);
+    assert!(sub.get("default", fading).is_err());
+    assert_eq!(
+        actions(&sub, fading),
+        vec![
+            AuditAction::Created,
+            AuditAction::Scored,
+            AuditAction::Decayed,
+            AuditAction::Archived,
+            AuditAction::Purged
+        ]
+    );
+    // Protected kinds and pinned records never decay, however long it takes.
+    for id in [goal, pinned] {
+        let r = sub.get("default", id).unwrap();
+        assert_eq!(r.status.recallable(), true);
+        assert!(r.strength >= 0.65, "{id}: {}", r.strength);
+        assert!(!actions(&sub, id).contains(&AuditAction::Decayed));
+    }
+}
+
+/// A decision taken on a snapshot does not overwrite a change that committed after it.
+#[tokio::test]
+async fn a_stale_decay_decision_leaves_no_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sub, clock) = open(dir.path(), Policy::default_policy());
+    let id = rec(
+        &sub,
+        "s",
+        "observation",
+        "reinforced while the sweep decided",
+    )
+    .await;
+    let snapshot = sub.get("default", id).unwrap();
+    clock.advance(Duration::from_millis(DAY_MS as u64));
+    // A reinforcement commits first (strength_at moves)...
+    sub.store()
+        .write(WriteSet(vec![Mutation::Patch(
+            id,
+            RecordPatch {
+                strength: Some((0.9, clock.now())),
+                add_reinforcements: 1,
+                ..RecordPatch::default()
+            },
+        )]))
+        .unwrap();
+    // ...then the sweep's decision, taken on the older snapshot, arrives.
+    sub.store()
+        .write(WriteSet(vec![Mutation::PatchIf {
+            id,
+            if_strength_at: snapshot.strength_at,
+            patch: RecordPatch {
+                strength: Some((0.1, clock.now())),
+                ..RecordPatch::default()
+            },
+            audit: shadowbrain_runtime::model::AuditEntry {
+                at: clock.now(),
+                action: AuditAction::Decayed,
+                by: "decay".into(),
+                detail: "stale".into(),
+            },
+        }]))
+        .unwrap();
+    assert_eq!(sub.get("default", id).unwrap().strength, 0.9);
+    assert!(!actions(&sub, id).contains(&AuditAction::Decayed));
+}
+
+#[tokio::test]
+async fn condensation_quotes_the_recurring_theme_links_sources_and_condenses_each_event_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = Policy::from_toml(
+        "<test>",
+        "[condensation]\nevery_events = 12\nmin_events = 3\nmax_age = \"never\"\n",
+    )
+    .unwrap();
+    let (sub, clock) = open(dir.path(), policy.clone());
+    let texts = [
+        "the payment service timed out calling the bank gateway",
+        "lunch order placed for the team",
+        "retried the payment service call, the bank gateway timed out again",
+        "the bank gateway timeout hits the payment service under load",
+        "someone renamed the wiki page about holidays",
+        "raised the payment service timeout for the bank gateway to 30 seconds",
+        "the printer on floor two is out of toner",
+        "payment service calls to the bank gateway succeed with the longer timeout",
+        "coffee machine descaled",
+        "the bank gateway latency dashboard shows p99 of 12 seconds",
+        "weather is nice today",
+        "payment service and bank gateway healthy after the timeout change",
+    ];
+    let mut ids = Vec::new();
+    for t in texts {
+        clock.advance(Duration::from_secs(60));
+        ids.push(rec(&sub, "ops", "observation", t).await);
+    }
+    let (events, oldest) = sub.condensation_backlog("default", "ops").unwrap();
+    assert_eq!(events, 12);
+    assert!(policy.condensation_due(events, oldest, clock.now()));
+
+    let condensed = sub
+        .condense("default", "ops", "condenser")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(condensed.sources, ids);
+    assert!(!condensed.picked.is_empty() && condensed.picked.len() <= 5);
+    assert!(
+        condensed.text.starts_with("12 events, "),
+        "{}",
+        condensed.text
+    );
+    assert!(
+        condensed.text.contains("bank gateway"),
+        "{}",
+        condensed.text
+    );
+    for noise in ["lunch", "toner", "coffee", "weather", "wiki"] {
+        assert!(
+            !condensed.text.contains(noise),
+            "quoted noise `{noise}`: {}",
+            condensed.text
+        );
+    }
+    let record = sub.get("default", condensed.id).unwrap();
+    assert_eq!(record.tier, Tier::Condensed);
+    assert_eq!(record.sources, ids);
+    assert_eq!(record.session_id, "ops");
+    for id in &ids {
+        assert!(
+            actions(&sub, *id).contains(&AuditAction::CondensedInto),
+            "{id}"
+        );
+    }
+
+    // Nothing new: nothing to condense, and the trigger is quiet.
+    assert_eq!(
+        sub.condense("default", "ops", "condenser").await.unwrap(),
+        None
+    );
+    assert_eq!(sub.condensation_backlog("default", "ops").unwrap().0, 0);
+    // New events are condensed on their own, once there are min_events of them.
+    let mut later = Vec::new();
+    for t in [
+        "deploy of payment service v2 started",
+        "deploy of payment service v2 finished",
+    ] {
+        later.push(rec(&sub, "ops", "observation", t).await);
+    }
+    assert_eq!(
+        sub.condense("default", "ops", "condenser").await.unwrap(),
+        None,
+        "below min_events"
+    );
+    later.push(
+        rec(
+            &sub,
+            "ops",
+            "observation",
+            "payment service v2 smoke tests passed",
+        )
+        .await,
+    );
+    let second = sub
+        .condense("default", "ops", "condenser")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.sources, later);
+
+    // The condensed record is recalled like any memory.
+    let mut req = RecallRequest::new("default", "elsewhere", "bank gateway timeout payment");
+    req.scope = shadowbrain_runtime::retrieval::Scope::Namespace;
+    req.reinforce = false;
+    let recalled = sub.recall(&req).await.unwrap();
+    assert!(
+        recalled
+            .memories
+            .iter()
+            .any(|m| m.record.id == condensed.id)
+    );
+}
