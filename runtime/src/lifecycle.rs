@@ -161,10 +161,11 @@ impl Substrate {
             if upto.is_some_and(|u| id.0 <= u) {
                 continue;
             }
-            if let Some(r) = store.get_light(id)? {
-                if r.tier == Tier::Episodic && r.status.recallable() {
-                    window.push(r);
-                }
+            if let Some(r) = store.get_light(id)?
+                && r.tier == Tier::Episodic
+                && r.status.recallable()
+            {
+                window.push(r);
             }
         }
         // Ids follow write order; condense in that order, oldest writes first.
