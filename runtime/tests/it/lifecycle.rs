@@ -117,7 +117,7 @@ async fn decay_archives_then_purges_on_the_virtual_clock_and_spares_the_protecte
     // Protected kinds and pinned records never decay, however long it takes.
     for id in [goal, pinned] {
         let r = sub.get("default", id).unwrap();
-        assert_eq!(r.status.recallable(), true);
+        assert!(r.status.recallable(), "{id} stays recallable");
         assert!(r.strength >= 0.65, "{id}: {}", r.strength);
         assert!(!actions(&sub, id).contains(&AuditAction::Decayed));
     }
