@@ -9,14 +9,18 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef, RpcReplyPort};
 use shadowbrain_runtime::error::{Error, Result};
+use shadowbrain_runtime::lifecycle::{Condensed, SweepReport};
 use shadowbrain_runtime::model::{MemoryId, MemoryRecord, NewMemory, validate_id};
 use shadowbrain_runtime::substrate::{RecallRequest, RecallResult, Substrate, SubstrateOptions};
 use tokio::task::JoinHandle;
 
+use crate::condenser::CondenserMessage;
+use crate::decay::DecayMessage;
+use crate::directory::Directory;
 use crate::session::{
     Registry, SessionKey, SessionMessage, SessionSupervisorMessage, live_actor, read_registry,
 };
-use crate::supervisor::{RootArgs, RootMessage, RootSupervisor};
+use crate::supervisor::{Child, RootArgs, RootMessage, RootSupervisor};
 
 /// How to open a [`Runtime`].
 #[derive(Debug, Clone)]
@@ -31,6 +35,24 @@ pub struct RuntimeConfig {
     /// Every request through the handle fails with [`Error::Timeout`] after this long.
     /// Default 30 seconds.
     pub call_timeout: Duration,
+    /// How often the decay actor looks at the runtime clock to see whether the policy's
+    /// `forgetting.interval` has passed; `None` sweeps only on
+    /// [`Runtime::decay_now`] (exact replays). Default 1 second.
+    pub decay_check: Option<Duration>,
+}
+
+/// An actor to make fail, for supervision tests ([`Runtime::inject_panic`]).
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub enum Fault {
+    /// The actor of this (namespace, session).
+    Session(String, String),
+    /// The session supervisor.
+    SessionSupervisor,
+    /// The condenser.
+    Condenser,
+    /// The decay actor.
+    Decay,
 }
 
 impl RuntimeConfig {
@@ -41,6 +63,7 @@ impl RuntimeConfig {
             substrate: SubstrateOptions::default(),
             session_idle: Duration::from_secs(300),
             call_timeout: Duration::from_secs(30),
+            decay_check: Some(Duration::from_secs(1)),
         }
     }
 }
@@ -57,6 +80,7 @@ struct Inner {
     root: ActorRef<RootMessage>,
     root_task: Mutex<Option<JoinHandle<()>>>,
     registry: Registry,
+    directory: Directory,
     config: RuntimeConfig,
 }
 
@@ -81,10 +105,13 @@ impl Runtime {
                 message: format!("opening it panicked: {e}"),
             })??;
         let registry: Registry = Arc::new(RwLock::new(Default::default()));
+        let directory = Directory::default();
         let args = RootArgs {
             substrate: substrate.clone(),
             registry: registry.clone(),
+            directory: directory.clone(),
             session_idle: config.session_idle,
+            decay_check: config.decay_check,
         };
         let (root, root_task) = Actor::spawn(None, RootSupervisor, args)
             .await
@@ -98,6 +125,7 @@ impl Runtime {
                 root,
                 root_task: Mutex::new(Some(root_task)),
                 registry,
+                directory,
                 config,
             }),
         })
@@ -124,7 +152,7 @@ impl Runtime {
 
     /// Session actors alive now (idle ones stop by themselves).
     pub async fn live_sessions(&self) -> Result<usize> {
-        let sessions = self.sessions_supervisor().await?;
+        let sessions = self.inner.directory.sessions()?;
         let what = "the session supervisor";
         self.answer(
             what,
@@ -172,23 +200,31 @@ impl Runtime {
             })?
     }
 
-    /// Fault injection for supervision tests: makes a session's actor, or the session
-    /// supervisor, panic. Not for production use.
+    /// Runs a decay sweep now, at the runtime clock's time, whatever the policy interval
+    /// says (simulations call this at fixed virtual times for exact replays).
+    pub async fn decay_now(&self) -> Result<SweepReport> {
+        let decay = self.inner.directory.decay()?;
+        let outcome = decay
+            .call(|reply| DecayMessage::SweepNow { reply }, self.timeout())
+            .await;
+        self.answer("the decay actor", outcome)?
+    }
+
+    /// Fault injection for supervision tests: makes an actor panic. Not for production.
     #[doc(hidden)]
-    pub async fn inject_panic(&self, session: Option<(&str, &str)>) -> Result<()> {
-        match session {
-            Some((namespace, session)) => {
-                let key = SessionKey {
-                    namespace: namespace.into(),
-                    session: session.into(),
-                };
+    pub async fn inject_panic(&self, fault: Fault) -> Result<()> {
+        let child = match fault {
+            Fault::Session(namespace, session) => {
+                let key = SessionKey { namespace, session };
                 let actor = self.session_actor(&key, false).await?;
                 let _ = actor.send_message(SessionMessage::Panic);
+                return Ok(());
             }
-            None => {
-                let _ = self.inner.root.send_message(RootMessage::PanicSessions);
-            }
-        }
+            Fault::SessionSupervisor => Child::Sessions,
+            Fault::Condenser => Child::Condenser,
+            Fault::Decay => Child::Decay,
+        };
+        let _ = self.inner.root.send_message(RootMessage::Panic(child));
         Ok(())
     }
 
@@ -219,14 +255,6 @@ impl Runtime {
         }
     }
 
-    async fn sessions_supervisor(&self) -> Result<ActorRef<SessionSupervisorMessage>> {
-        let root = &self.inner.root;
-        let outcome = root
-            .call(|reply| RootMessage::Sessions { reply }, self.timeout())
-            .await;
-        self.answer("the root supervisor", outcome)
-    }
-
     /// The live actor of a session: from the registry without a hop when it is there (and
     /// `fresh` is false), else from the session supervisor, which spawns it.
     async fn session_actor(
@@ -240,7 +268,7 @@ impl Runtime {
         {
             return Ok(actor);
         }
-        let sessions = self.sessions_supervisor().await?;
+        let sessions = self.inner.directory.sessions()?;
         let outcome = sessions
             .call(
                 |reply| SessionSupervisorMessage::Get {
@@ -345,6 +373,22 @@ impl SessionHandle {
                 reply,
             })
             .await
+    }
+
+    /// Condenses the session's uncondensed events now (at least the policy's
+    /// `min_events`), whatever the trigger says; `None` when there are too few.
+    pub async fn condense(&self) -> Result<Option<Condensed>> {
+        let condenser = self.runtime.inner.directory.condenser()?;
+        let outcome = condenser
+            .call(
+                |reply| CondenserMessage::Condense {
+                    key: self.key.clone(),
+                    reply: Some(reply),
+                },
+                self.runtime.timeout(),
+            )
+            .await;
+        self.runtime.answer("the condenser", outcome)?
     }
 
     /// The session's newest `limit` records, newest first.

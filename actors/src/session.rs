@@ -13,6 +13,11 @@
 //! is not restarted eagerly: the next request for the session spawns a new one, which is the
 //! same recovery with no idle actor kept around.
 //!
+//! It also tells the Condenser when the policy's trigger fires: it counts the session's
+//! uncondensed events (read from the store when it starts, then kept up to date) and checks
+//! `every_events` after each write and `max_age` on its idle ticks. An idle session that
+//! stops with a backlog below the trigger is condensed after its next write.
+//!
 //! Idle time is measured on tokio's clock, not the runtime clock: passivation manages
 //! memory in this process, it decides nothing about memories (a simulation on the virtual
 //! clock still wants idle actors gone in real time).
@@ -22,11 +27,15 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use shadowbrain_runtime::clock::Timestamp;
 use shadowbrain_runtime::error::{Error, Result};
 use shadowbrain_runtime::model::{MemoryId, MemoryRecord, NewMemory};
 use shadowbrain_runtime::substrate::{RecallRequest, RecallResult, Substrate};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+
+use crate::condenser::CondenserMessage;
+use crate::directory::Directory;
 
 /// A session's identity: sessions of different namespaces never share an actor.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -56,6 +65,8 @@ pub(crate) struct SessionArgs {
     pub key: SessionKey,
     /// Stop after this long without a request.
     pub idle: Duration,
+    /// Where the condenser is.
+    pub directory: Directory,
 }
 
 /// A session actor's state.
@@ -63,6 +74,38 @@ pub(crate) struct SessionState {
     args: SessionArgs,
     last_active: Instant,
     idle_ticker: Option<JoinHandle<()>>,
+    /// Uncondensed episodic events, and when the oldest was written (runtime clock).
+    backlog: (u64, Option<Timestamp>),
+}
+
+impl SessionState {
+    /// Tells the condenser if the policy's trigger fires, and starts a new count.
+    fn condense_if_due(&mut self) {
+        let substrate = &self.args.substrate;
+        let (events, oldest) = self.backlog;
+        if !substrate
+            .policy()
+            .condensation_due(events, oldest, substrate.clock().now())
+        {
+            return;
+        }
+        let sent = self.args.directory.condenser().and_then(|condenser| {
+            condenser
+                .send_message(CondenserMessage::Condense {
+                    key: self.args.key.clone(),
+                    reply: None,
+                })
+                .map_err(|e| Error::Unavailable {
+                    what: "the condenser".into(),
+                    message: e.to_string(),
+                })
+        });
+        match sent {
+            Ok(()) => self.backlog = (0, None),
+            // Kept: the next write or tick asks again.
+            Err(e) => tracing::warn!(error = %e, "condensation trigger not delivered"),
+        }
+    }
 }
 
 /// The protocol of a session actor.
@@ -101,11 +144,15 @@ impl Actor for SessionActor {
     ) -> std::result::Result<SessionState, ActorProcessingErr> {
         // Check a few times per idle period, so an idle actor lives at most 1.25 × idle.
         let period = (args.idle / 4).max(Duration::from_millis(10));
+        let backlog = args
+            .substrate
+            .condensation_backlog(&args.key.namespace, &args.key.session)?;
         let ticker = myself.send_interval(period, || SessionMessage::IdleCheck);
         Ok(SessionState {
             args,
             last_active: Instant::now(),
             idle_ticker: Some(ticker),
+            backlog,
         })
     }
 
@@ -132,8 +179,15 @@ impl Actor for SessionActor {
             SessionMessage::Record { events, reply } => {
                 state.last_active = Instant::now();
                 let result = substrate.record(&key.namespace, &key.session, events).await;
+                let written = result.as_ref().map_or(0, Vec::len) as u64;
+                let now = substrate.clock().now();
                 // The caller may have timed out and gone; the write stands either way.
                 let _ = reply.send(result);
+                if written > 0 {
+                    state.backlog.0 += written;
+                    state.backlog.1.get_or_insert(now);
+                    state.condense_if_due();
+                }
             }
             SessionMessage::Recall { request, reply } => {
                 state.last_active = Instant::now();
@@ -147,7 +201,9 @@ impl Actor for SessionActor {
                 let _ = reply.send(result);
             }
             SessionMessage::IdleCheck => {
+                state.condense_if_due();
                 if state.last_active.elapsed() >= state.args.idle {
+                    let key = &state.args.key;
                     tracing::debug!(session = %key.session, namespace = %key.namespace, "session actor idle, stopping");
                     myself.stop(Some("idle".into()));
                 }
@@ -165,6 +221,7 @@ pub(crate) struct SessionSupervisor;
 pub(crate) struct SessionSupervisorArgs {
     pub substrate: Substrate,
     pub registry: Registry,
+    pub directory: Directory,
     pub idle: Duration,
 }
 
@@ -271,6 +328,7 @@ impl SessionSupervisorState {
             substrate: self.args.substrate.clone(),
             key: key.clone(),
             idle: self.args.idle,
+            directory: self.args.directory.clone(),
         };
         let (actor, _) = Actor::spawn_linked(None, SessionActor, args, myself.get_cell())
             .await

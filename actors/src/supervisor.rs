@@ -2,27 +2,39 @@
 //!
 //! ```text
 //! RootSupervisor
-//!  └─ SessionSupervisor ─ SessionActor × N   (one per live session, passivated when idle)
-//!     (to come, each a child of the root: Evaluator, Condenser, Decay, KnowledgeGraph,
-//!      Indexer — today the substrate's own threads index and enrich)
+//!  ├─ Condenser            (one for all sessions: windows → condensed records)
+//!  ├─ Decay                (sweeps every policy interval of the runtime clock)
+//!  └─ SessionSupervisor
+//!      └─ SessionActor × N (one per live session, passivated when idle)
+//!  (to come: Evaluator for `llm`/`hybrid` scoring, KnowledgeGraph, Indexer — today the
+//!   substrate's own threads index and enrich, and rules score at write time)
 //! ```
 //!
 //! Restart policy, child by child — what a restart recovers:
-//! - **SessionSupervisor** fails → the root starts a new one. Its session actors died with
-//!   it; the new one starts with an empty registry, and every session's next request spawns
-//!   a fresh actor. Nothing is lost: acknowledged writes are in the store, and a request
-//!   that was in a dead mailbox gets an error (the handle retries it once on a new actor).
-//! - **SessionActor** fails → its supervisor forgets it (see `session.rs`); the next request
-//!   for the session starts a new one, whose state is the store.
+//! - **Condenser** → started again. Its state is the store (each session's condensation
+//!   watermark moves with the condensed record); a request lost in its mailbox is made
+//!   again by the session's next trigger, or fails at the handle with a clear error.
+//! - **Decay** → started again; it reads the time of the last sweep from the store, so it
+//!   neither sweeps early nor forgets a sweep that is due.
+//! - **SessionSupervisor** → started again. Its session actors died with it; the new one
+//!   starts with an empty registry, and each session's next request spawns a fresh actor.
+//!   Acknowledged writes are in the store; a request that was in a dead mailbox gets an
+//!   error, which the handle retries once on a new actor.
+//! - **SessionActor** → forgotten by its supervisor (see `session.rs`); the next request for
+//!   the session starts a new one, whose state is the store.
 //!
-//! The root never stops because a child ended — ractor's default would — only when the
+//! Every restart updates the [`Directory`], so senders reach the new actor at once. The
+//! root never stops because a child ended — ractor's default would — only when the
 //! `Runtime` shuts down.
 
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use shadowbrain_runtime::substrate::Substrate;
 
+use crate::condenser::{Condenser, CondenserMessage};
+use crate::decay::{Decay, DecayArgs, DecayMessage};
+use crate::directory::Directory;
 use crate::session::{
     Registry, SessionSupervisor, SessionSupervisorArgs, SessionSupervisorMessage,
 };
@@ -34,42 +46,73 @@ pub(crate) struct RootSupervisor;
 pub(crate) struct RootArgs {
     pub substrate: Substrate,
     pub registry: Registry,
+    pub directory: Directory,
     pub session_idle: Duration,
+    pub decay_check: Option<Duration>,
+}
+
+/// The children, to tell which one ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Child {
+    Sessions,
+    Condenser,
+    Decay,
 }
 
 /// The root's state.
 pub(crate) struct RootState {
     args: RootArgs,
-    sessions: ActorRef<SessionSupervisorMessage>,
+    children: Vec<(ActorCell, Child)>,
     /// Children restarted since start.
     restarts: u64,
 }
 
 /// The protocol of the root supervisor.
 pub(crate) enum RootMessage {
-    /// The current session supervisor (it changes when it is restarted).
-    Sessions {
-        reply: RpcReplyPort<ActorRef<SessionSupervisorMessage>>,
-    },
-    /// How many children were restarted since start.
+    /// How many children were restarted since start (session actors not counted: they
+    /// are replaced on demand).
     Restarts { reply: RpcReplyPort<u64> },
-    /// Fault injection for supervision tests: the session supervisor panics.
-    PanicSessions,
+    /// Fault injection for supervision tests: the child panics.
+    Panic(Child),
 }
 
 impl RootSupervisor {
-    async fn spawn_sessions(
+    async fn start(
         myself: &ActorRef<RootMessage>,
-        args: &RootArgs,
-    ) -> Result<ActorRef<SessionSupervisorMessage>, ActorProcessingErr> {
-        let child = SessionSupervisorArgs {
-            substrate: args.substrate.clone(),
-            registry: args.registry.clone(),
-            idle: args.session_idle,
-        };
-        let (sessions, _) =
-            Actor::spawn_linked(None, SessionSupervisor, child, myself.get_cell()).await?;
-        Ok(sessions)
+        state_args: &RootArgs,
+        child: Child,
+    ) -> Result<ActorCell, ActorProcessingErr> {
+        let args = state_args;
+        let parent = myself.get_cell();
+        Ok(match child {
+            Child::Sessions => {
+                let child_args = SessionSupervisorArgs {
+                    substrate: args.substrate.clone(),
+                    registry: args.registry.clone(),
+                    directory: args.directory.clone(),
+                    idle: args.session_idle,
+                };
+                let (actor, _) =
+                    Actor::spawn_linked(None, SessionSupervisor, child_args, parent).await?;
+                args.directory.set_sessions(actor.clone());
+                actor.get_cell()
+            }
+            Child::Condenser => {
+                let (actor, _) =
+                    Actor::spawn_linked(None, Condenser, args.substrate.clone(), parent).await?;
+                args.directory.set_condenser(actor.clone());
+                actor.get_cell()
+            }
+            Child::Decay => {
+                let child_args = DecayArgs {
+                    substrate: args.substrate.clone(),
+                    check: args.decay_check,
+                };
+                let (actor, _) = Actor::spawn_linked(None, Decay, child_args, parent).await?;
+                args.directory.set_decay(actor.clone());
+                actor.get_cell()
+            }
+        })
     }
 }
 
@@ -83,12 +126,25 @@ impl Actor for RootSupervisor {
         myself: ActorRef<Self::Msg>,
         args: RootArgs,
     ) -> Result<RootState, ActorProcessingErr> {
-        let sessions = Self::spawn_sessions(&myself, &args).await?;
+        // The condenser first: session actors send to it.
+        let mut children = Vec::new();
+        for child in [Child::Condenser, Child::Decay, Child::Sessions] {
+            children.push((Self::start(&myself, &args, child).await?, child));
+        }
         Ok(RootState {
             args,
-            sessions,
+            children,
             restarts: 0,
         })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut RootState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.args.directory.clear();
+        Ok(())
     }
 
     async fn handle(
@@ -98,16 +154,20 @@ impl Actor for RootSupervisor {
         state: &mut RootState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            RootMessage::Sessions { reply } => {
-                let _ = reply.send(state.sessions.clone());
-            }
             RootMessage::Restarts { reply } => {
                 let _ = reply.send(state.restarts);
             }
-            RootMessage::PanicSessions => {
-                state
-                    .sessions
-                    .send_message(SessionSupervisorMessage::Panic)?;
+            RootMessage::Panic(child) => {
+                let directory = &state.args.directory;
+                match child {
+                    Child::Sessions => directory
+                        .sessions()?
+                        .send_message(SessionSupervisorMessage::Panic)?,
+                    Child::Condenser => directory
+                        .condenser()?
+                        .send_message(CondenserMessage::Panic)?,
+                    Child::Decay => directory.decay()?.send_message(DecayMessage::Panic)?,
+                }
             }
         }
         Ok(())
@@ -126,11 +186,17 @@ impl Actor for RootSupervisor {
             SupervisionEvent::ActorFailed(cell, err) => (cell, err.to_string()),
             _ => return Ok(()),
         };
-        if cell.get_id() == state.sessions.get_id() {
-            tracing::warn!(reason = %why, "session supervisor ended; starting a new one");
-            state.sessions = Self::spawn_sessions(&myself, &state.args).await?;
-            state.restarts += 1;
-        }
+        let Some(i) = state
+            .children
+            .iter()
+            .position(|(c, _)| c.get_id() == cell.get_id())
+        else {
+            return Ok(());
+        };
+        let child = state.children[i].1;
+        tracing::warn!(?child, reason = %why, "child ended; starting a new one");
+        state.children[i].0 = Self::start(&myself, &state.args, child).await?;
+        state.restarts += 1;
         Ok(())
     }
 }

@@ -1,11 +1,12 @@
 //! The actor runtime end to end, on a real LMDB store in a temp dir: ordering under
 //! concurrency, passivation and revival, supervision, shutdown and reopen, bad input.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shadowbrain_actors::substrate::error::Error;
 use shadowbrain_actors::substrate::model::NewMemory;
-use shadowbrain_actors::{Runtime, RuntimeConfig};
+use shadowbrain_actors::{Fault, Runtime, RuntimeConfig};
 
 fn event(text: &str) -> NewMemory {
     NewMemory {
@@ -122,7 +123,9 @@ async fn a_failed_session_actor_is_replaced_and_nothing_is_lost() {
         .record(event("written before the fault"))
         .await
         .unwrap();
-    rt.inject_panic(Some(("default", "fragile"))).await.unwrap();
+    rt.inject_panic(Fault::Session("default".into(), "fragile".into()))
+        .await
+        .unwrap();
     eventually(
         "the failed actor to be forgotten",
         Duration::from_secs(10),
@@ -148,7 +151,7 @@ async fn the_session_supervisor_is_restarted_by_the_root() {
         .await
         .unwrap();
     assert_eq!(rt.restarts().await.unwrap(), 0);
-    rt.inject_panic(None).await.unwrap();
+    rt.inject_panic(Fault::SessionSupervisor).await.unwrap();
     eventually(
         "the root to restart its child",
         Duration::from_secs(10),
@@ -216,5 +219,159 @@ async fn bad_input_is_a_clear_error_and_the_session_keeps_serving() {
     assert_eq!(session.timeline(10).await.unwrap().len(), 0);
     session.record(event("fine now")).await.unwrap();
     assert_eq!(session.timeline(10).await.unwrap().len(), 1);
+    rt.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_condenser_and_decay_actors_are_restarted_and_keep_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::open(config(&dir)).await.unwrap();
+    let session = rt.session("default", "busy").unwrap();
+    for i in 0..6 {
+        session
+            .record(event(&format!("deploy step {i} done")))
+            .await
+            .unwrap();
+    }
+    rt.inject_panic(Fault::Condenser).await.unwrap();
+    rt.inject_panic(Fault::Decay).await.unwrap();
+    eventually("both restarts", Duration::from_secs(10), || async {
+        rt.restarts().await.unwrap() == 2
+    })
+    .await;
+    let condensed = session
+        .condense()
+        .await
+        .unwrap()
+        .expect("six events, min_events 5");
+    assert_eq!(condensed.sources.len(), 6);
+    assert_eq!(rt.decay_now().await.unwrap().examined, 7);
+    rt.shutdown().await.unwrap();
+}
+
+/// Everything a run leaves behind that a person would compare: text, tier, status,
+/// strength (rounded) and sources of every record, in id order.
+fn digest(rt: &Runtime) -> Vec<String> {
+    let store = rt.substrate().store();
+    let mut ids = Vec::new();
+    store
+        .for_each_id(|id| {
+            ids.push(id);
+            Ok(shadowbrain_actors::substrate::kv::Visit::Continue)
+        })
+        .unwrap();
+    ids.into_iter()
+        .filter_map(|id| store.get_light(id).unwrap())
+        .map(|r| {
+            format!(
+                "{} {:?} {} {:.4} {:?} {}",
+                r.id,
+                r.tier,
+                r.status.as_str(),
+                r.strength,
+                r.sources,
+                r.text
+            )
+        })
+        .collect()
+}
+
+/// Record on the virtual clock until the policy's `every_events` trigger condenses the
+/// session by itself, then let 60 simulated days pass and sweep: what is left is what the
+/// policy says, and the same run twice leaves the same thing.
+async fn simulated_run(dir: &tempfile::TempDir) -> Vec<String> {
+    use shadowbrain_actors::substrate::clock::{DAY_MS, VirtualClock};
+    use shadowbrain_actors::substrate::policy::Policy;
+    let clock = Arc::new(VirtualClock::new(1_780_000_000_000));
+    let mut config = config(dir);
+    config.substrate.clock = clock.clone();
+    config.substrate.policy = Policy::from_toml(
+        "<test>",
+        "[condensation]\nevery_events = 8\nmin_events = 4\nmax_age = \"never\"\n\
+         [forgetting]\nhalf_life = \"10d\"\narchive_below = 0.05\nprotect_kinds = [\"goal\"]\n",
+    )
+    .unwrap();
+    // Exact replays: sweeps only when asked.
+    config.decay_check = None;
+    let rt = Runtime::open(config).await.unwrap();
+    let session = rt.session("sim", "agent-1").unwrap();
+    session
+        .record(NewMemory::new(
+            "goal",
+            "keep the payment service under 1% errors",
+        ))
+        .await
+        .unwrap();
+    for i in 0..7 {
+        clock.advance(Duration::from_secs(600));
+        let text = if i % 2 == 0 {
+            format!("payment service error rate {i}% after the gateway timeout")
+        } else {
+            format!("unrelated chatter number {i}")
+        };
+        session.record(event(&text)).await.unwrap();
+    }
+    let condensed = || async { digest(&rt).iter().any(|line| line.contains(" Condensed ")) };
+    eventually(
+        "the trigger to condense the session",
+        Duration::from_secs(10),
+        condensed,
+    )
+    .await;
+
+    clock.advance(Duration::from_millis(60 * DAY_MS as u64));
+    let report = rt.decay_now().await.unwrap();
+    // Six half-lives: every active observation falls under 0.05; the goal is protected.
+    assert_eq!(report.archived, 8, "{report:?}");
+    let out = digest(&rt);
+    rt.shutdown().await.unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_to_end_on_the_virtual_clock_condenses_decays_and_replays_identically() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let first = simulated_run(&a).await;
+    let second = simulated_run(&b).await;
+    assert_eq!(
+        first, second,
+        "the same run twice must leave the same records"
+    );
+    let condensed: Vec<&String> = first.iter().filter(|l| l.contains(" Condensed ")).collect();
+    assert_eq!(condensed.len(), 1);
+    assert!(condensed[0].contains("payment service"), "{}", condensed[0]);
+    assert!(
+        first
+            .iter()
+            .any(|l| l.contains(" Episodic active ") && l.contains("keep the payment"))
+    );
+    assert_eq!(first.iter().filter(|l| l.contains(" archived ")).count(), 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decay_sweeps_by_itself_when_an_interval_of_runtime_time_passes() {
+    use shadowbrain_actors::substrate::clock::VirtualClock;
+    use shadowbrain_actors::substrate::model::AuditAction;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new(1_780_000_000_000));
+    let mut config = config(&dir);
+    config.substrate.clock = clock.clone();
+    config.decay_check = Some(Duration::from_millis(20));
+    let rt = Runtime::open(config).await.unwrap();
+    let session = rt.session("default", "slow").unwrap();
+    let id = session.record(event("a fading thought")).await.unwrap();
+    // Real time passes, runtime time does not: no sweep.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let decayed = || {
+        rt.substrate()
+            .history("default", id)
+            .unwrap()
+            .iter()
+            .any(|e| e.action == AuditAction::Decayed)
+    };
+    assert!(!decayed());
+    // Ten simulated days (the default interval is 1h, half-life 30d): the ticker sweeps.
+    clock.advance(Duration::from_secs(10 * 86_400));
+    eventually("a sweep", Duration::from_secs(10), || async { decayed() }).await;
     rt.shutdown().await.unwrap();
 }

@@ -109,6 +109,13 @@ pub fn session_prefix(namespace: &str, session: &str) -> Vec<u8> {
 pub mod layer {
     /// Per session: the largest episodic record id a condensation has covered.
     pub const CONDENSED_UPTO: u8 = 0x10;
+    /// Runtime-clock time of the last decay sweep.
+    pub const DECAY: u8 = 0x11;
+}
+
+/// When the last decay sweep ran (runtime clock).
+pub fn last_decay_sweep() -> Vec<u8> {
+    vec![layer::DECAY, b'l', b'a', b's', b't']
 }
 
 /// Where a session's condensation stands: the largest record id already condensed.

@@ -1,0 +1,80 @@
+//! Where each singleton actor is now. The root writes an entry every time it starts (or
+//! restarts) a child; the handle and the session actors read it on every send, so a
+//! restarted actor is reached at once and nobody keeps an address that died.
+
+use std::sync::{Arc, RwLock};
+
+use ractor::ActorRef;
+use shadowbrain_runtime::error::{Error, Result};
+
+use crate::condenser::CondenserMessage;
+use crate::decay::DecayMessage;
+use crate::session::SessionSupervisorMessage;
+
+/// The current addresses (shared; cheap to clone).
+#[derive(Clone, Default)]
+pub(crate) struct Directory {
+    entries: Arc<RwLock<Entries>>,
+}
+
+#[derive(Default)]
+struct Entries {
+    sessions: Option<ActorRef<SessionSupervisorMessage>>,
+    condenser: Option<ActorRef<CondenserMessage>>,
+    decay: Option<ActorRef<DecayMessage>>,
+}
+
+fn missing(what: &str) -> Error {
+    Error::Unavailable {
+        what: what.to_string(),
+        message: "it is not running (starting, restarting or shut down)".into(),
+    }
+}
+
+impl Directory {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Entries> {
+        self.entries.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Entries> {
+        self.entries.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn sessions(&self) -> Result<ActorRef<SessionSupervisorMessage>> {
+        self.read()
+            .sessions
+            .clone()
+            .ok_or_else(|| missing("the session supervisor"))
+    }
+
+    pub fn condenser(&self) -> Result<ActorRef<CondenserMessage>> {
+        self.read()
+            .condenser
+            .clone()
+            .ok_or_else(|| missing("the condenser"))
+    }
+
+    pub fn decay(&self) -> Result<ActorRef<DecayMessage>> {
+        self.read()
+            .decay
+            .clone()
+            .ok_or_else(|| missing("the decay actor"))
+    }
+
+    pub fn set_sessions(&self, actor: ActorRef<SessionSupervisorMessage>) {
+        self.write().sessions = Some(actor);
+    }
+
+    pub fn set_condenser(&self, actor: ActorRef<CondenserMessage>) {
+        self.write().condenser = Some(actor);
+    }
+
+    pub fn set_decay(&self, actor: ActorRef<DecayMessage>) {
+        self.write().decay = Some(actor);
+    }
+
+    /// Forgets every address (shutdown).
+    pub fn clear(&self) {
+        *self.write() = Entries::default();
+    }
+}
