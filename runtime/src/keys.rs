@@ -111,6 +111,52 @@ pub mod layer {
     pub const CONDENSED_UPTO: u8 = 0x10;
     /// Runtime-clock time of the last decay sweep.
     pub const DECAY: u8 = 0x11;
+    /// Per recall: what it returned, so feedback can name the recall.
+    pub const RECALL: u8 = 0x12;
+    /// Knowledge-graph edges, per namespace.
+    pub const GRAPH_EDGE: u8 = 0x13;
+    /// Per condensed record: the knowledge record it was promoted (or merged) into.
+    pub const PROMOTED: u8 = 0x14;
+}
+
+/// All knowledge-graph edges of a namespace start with this.
+pub fn graph_edge_prefix(namespace: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(2 + namespace.len());
+    k.push(layer::GRAPH_EDGE);
+    k.extend_from_slice(namespace.as_bytes());
+    k.push(0);
+    k
+}
+
+/// One edge: `from` —`relation`→ `to`.
+pub fn graph_edge(namespace: &str, from: MemoryId, relation: u8, to: MemoryId) -> Vec<u8> {
+    let mut k = graph_edge_prefix(namespace);
+    k.extend_from_slice(&from.0.to_be_bytes());
+    k.push(relation);
+    k.extend_from_slice(&to.0.to_be_bytes());
+    k
+}
+
+/// Splits an edge key into (from, relation, to).
+pub fn graph_edge_parts(key: &[u8]) -> Option<(MemoryId, u8, MemoryId)> {
+    let tail = key.get(key.len().checked_sub(9)?..)?;
+    let from = u32::from_be_bytes(tail[0..4].try_into().ok()?);
+    let to = u32::from_be_bytes(tail[5..9].try_into().ok()?);
+    Some((MemoryId(from), tail[4], MemoryId(to)))
+}
+
+/// Which knowledge record a condensed record went into.
+pub fn promoted(id: MemoryId) -> [u8; 5] {
+    let mut k = [layer::PROMOTED, 0, 0, 0, 0];
+    k[1..].copy_from_slice(&id.0.to_be_bytes());
+    k
+}
+
+/// What a recall returned (its id is a number from the record id sequence).
+pub fn recall(id: u32) -> [u8; 5] {
+    let mut k = [layer::RECALL, 0, 0, 0, 0];
+    k[1..].copy_from_slice(&id.to_be_bytes());
+    k
 }
 
 /// When the last decay sweep ran (runtime clock).

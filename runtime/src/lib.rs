@@ -10,6 +10,7 @@ pub mod error;
 pub mod eval;
 pub mod keys;
 pub mod keyword;
+pub mod knowledge;
 pub mod kv;
 pub mod lifecycle;
 pub mod model;

@@ -1,6 +1,6 @@
 //! What happens to memories after they are written, as plain calls on the [`Substrate`]:
-//! decay sweeps (strength lowered, archives, purges) and extractive condensation of a
-//! session's window. The actors decide *when* (policy interval, triggers, requests); this
+//! decay sweeps (strength lowered, archives, purges), extractive condensation of a
+//! session's window, and feedback (utility and strength from how using memories went). The actors decide *when* (policy interval, triggers, requests); this
 //! module decides *what*, from the policy and the runtime clock only, so a simulation on
 //! the virtual clock gets the same result every time.
 //!
@@ -12,12 +12,12 @@
 use std::collections::HashMap;
 
 use crate::clock::{Timestamp, to_human};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::keys;
 use crate::kv::Visit;
 use crate::model::{AuditAction, AuditEntry, Kind, MemoryId, MemoryRecord, Status, Tier};
 use crate::policy::ForgetDecision;
-use crate::store::{Mutation, Queue, RecordPatch, WriteSet};
+use crate::store::{Mutation, Queue, RecordPatch, WriteSet, codec};
 use crate::substrate::Substrate;
 
 /// Records examined per write during a sweep: one commit per batch keeps a sweep of a
@@ -388,5 +388,160 @@ fn common_agent(window: &[MemoryRecord]) -> Option<String> {
     match agents.into_iter().collect::<Vec<_>>().as_slice() {
         [(Some(agent), _)] => Some(agent.to_string()),
         _ => None,
+    }
+}
+
+/// What a recall returned, kept so feedback can name the recall instead of its records.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct RememberedRecall {
+    namespace: String,
+    session: String,
+    at: Timestamp,
+    ids: Vec<MemoryId>,
+}
+
+/// The recall id for a result, and the write that remembers what it returned.
+pub(crate) fn remember_recall(
+    sub: &Substrate,
+    req: &crate::substrate::RecallRequest,
+    result: &crate::substrate::RecallResult,
+) -> Result<(String, Mutation)> {
+    let n = sub.store().allocate_ids(1)?[0].0;
+    let remembered = RememberedRecall {
+        namespace: req.namespace.clone(),
+        session: req.session_id.clone(),
+        at: sub.clock().now(),
+        ids: result.memories.iter().map(|m| m.record.id).collect(),
+    };
+    Ok((
+        format!("rcl-{n:08x}"),
+        Mutation::PutRaw(keys::recall(n).to_vec(), codec::encode(&remembered)),
+    ))
+}
+
+/// What feedback is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FeedbackTarget {
+    /// Every memory a recall returned (its `recall_id`).
+    Recall(String),
+    /// These memories.
+    Memories(Vec<MemoryId>),
+}
+
+/// How it went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Using the memories helped.
+    Success,
+    /// Using them did not.
+    Failure,
+}
+
+/// What feedback changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FeedbackReport {
+    /// Memories whose utility was updated.
+    pub updated: usize,
+    /// Condensed memories that the promotion policy now admits into the knowledge pool.
+    pub promotable: Vec<MemoryId>,
+}
+
+impl Substrate {
+    /// Records how using some memories went: a success or failure is added to each one's
+    /// utility, a success also reinforces its strength (by the policy's
+    /// `reinforce_on_recall`), and both are audited. Unknown ids (or a recall of another
+    /// namespace) are an error and change nothing.
+    pub async fn feedback(
+        &self,
+        namespace: &str,
+        target: &FeedbackTarget,
+        outcome: Outcome,
+        by: &str,
+    ) -> Result<FeedbackReport> {
+        let (ids, source) = match target {
+            FeedbackTarget::Recall(recall_id) => (
+                self.recalled(namespace, recall_id)?,
+                format!("recall {recall_id}"),
+            ),
+            FeedbackTarget::Memories(ids) => (ids.clone(), "memory ids".to_string()),
+        };
+        let policy = self.policy();
+        let now = self.clock().now();
+        let mut records = Vec::with_capacity(ids.len());
+        for id in ids {
+            // Validate everything before writing anything.
+            records.push(self.get(namespace, id)?);
+        }
+        let mut writes = WriteSet::new();
+        for r in &records {
+            let success = outcome == Outcome::Success;
+            let strength =
+                success.then(|| policy.reinforce(r, now, policy.scoring.reinforce_on_recall));
+            writes.push(Mutation::Audit(
+                r.id,
+                AuditEntry {
+                    at: now,
+                    action: AuditAction::Reinforced,
+                    by: by.to_string(),
+                    detail: match strength {
+                        Some(s) => {
+                            format!("success ({source}); strength {:.3} -> {s:.3}", r.strength)
+                        }
+                        None => format!("failure ({source})"),
+                    },
+                },
+            ));
+            writes.push(Mutation::Patch(
+                r.id,
+                RecordPatch {
+                    strength: strength.map(|s| (s, now)),
+                    add_reinforcements: u32::from(success),
+                    add_successes: u32::from(success),
+                    add_failures: u32::from(!success),
+                    ..RecordPatch::default()
+                },
+            ));
+        }
+        if !writes.0.is_empty() {
+            self.store().write_async(writes).await?;
+        }
+        let mut promotable = Vec::new();
+        for r in &records {
+            if let Ok(now) = self.get(namespace, r.id)
+                && policy.promotion(&now).is_ok()
+            {
+                promotable.push(now.id);
+            }
+        }
+        Ok(FeedbackReport {
+            updated: records.len(),
+            promotable,
+        })
+    }
+
+    /// The ids a recall returned.
+    fn recalled(&self, namespace: &str, recall_id: &str) -> Result<Vec<MemoryId>> {
+        let unknown = || Error::NotFound {
+            what: "recall",
+            id: recall_id.to_string(),
+        };
+        let n = recall_id
+            .strip_prefix("rcl-")
+            .filter(|hex| hex.len() == 8)
+            .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+            .ok_or_else(|| {
+                Error::invalid(
+                    "recall_id",
+                    format!("`{recall_id}` is not a recall id; use the `recall_id` a recall answered (rcl- and 8 hex digits)"),
+                )
+            })?;
+        let key = keys::recall(n);
+        let bytes = self.store().get_raw(&key)?.ok_or_else(unknown)?;
+        let remembered: RememberedRecall = codec::decode(&key, &bytes)?;
+        if remembered.namespace != namespace {
+            return Err(unknown());
+        }
+        Ok(remembered.ids)
     }
 }

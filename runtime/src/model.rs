@@ -340,6 +340,8 @@ pub enum AuditAction {
     Purged,
     /// Set aside because processing it kept failing.
     Quarantined,
+    /// Linked to another record in the knowledge graph.
+    Linked,
 }
 
 /// One entry of a record's append-only audit log.

@@ -182,6 +182,9 @@ pub struct RecallResult {
     pub memories: Vec<Recalled>,
     /// The rendered context block (time-ordered).
     pub context: String,
+    /// Names this recall for feedback ([`Substrate::feedback`]); `None` from
+    /// [`Substrate::rank`], which remembers nothing.
+    pub recall_id: Option<String>,
 }
 
 /// The substrate handle. Cheap to clone.
@@ -991,12 +994,27 @@ impl Substrate {
         let policy = self.policy();
         let sub = self.clone();
         let req2 = req.clone();
-        let (result, reinforce) =
+        let (mut result, mut writes) =
             tokio::task::spawn_blocking(move || sub.rank(&req2, query_vec.as_deref(), &policy))
                 .await
                 .map_err(|e| Error::invalid("recall", format!("recall task failed: {e}")))??;
-        if req.reinforce && !reinforce.0.is_empty() {
-            self.inner.store.write_async(reinforce).await?;
+        if !req.reinforce {
+            writes.0.clear();
+        }
+        let (recall_id, remember) = crate::lifecycle::remember_recall(self, req, &result)?;
+        result.recall_id = Some(recall_id);
+        writes.push(remember);
+        if req.reinforce {
+            self.inner.store.write_async(writes).await?;
+        } else {
+            // Nothing the caller sees depends on this write; do not make it wait for the
+            // flush (a crash before it only makes feedback on this recall unknown).
+            let store = self.inner.store.clone();
+            tokio::spawn(async move {
+                if let Err(e) = store.write_async(writes).await {
+                    tracing::warn!(error = %e, "could not remember a recall for feedback");
+                }
+            });
         }
         Ok(result)
     }
@@ -1168,6 +1186,7 @@ impl Substrate {
                 policy: policy.stamp(),
                 memories,
                 context,
+                recall_id: None,
             },
             reinforce,
         ))

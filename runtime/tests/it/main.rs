@@ -2,6 +2,7 @@
 
 mod crash;
 mod enrich;
+mod knowledge;
 mod lifecycle;
 mod locomo;
 mod recall;

@@ -1,0 +1,248 @@
+//! Feedback, promotion into the namespace knowledge pool, merging, and graph queries, on a
+//! real store.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use shadowbrain_runtime::Error;
+use shadowbrain_runtime::clock::VirtualClock;
+use shadowbrain_runtime::knowledge::{Edge, KNOWLEDGE_SESSION, Promotion, Relation};
+use shadowbrain_runtime::lifecycle::{FeedbackTarget, Outcome};
+use shadowbrain_runtime::model::{MemoryId, NewMemory, Tier};
+use shadowbrain_runtime::policy::Policy;
+use shadowbrain_runtime::retrieval::Scope;
+use shadowbrain_runtime::substrate::{IndexingOptions, RecallRequest, Substrate, SubstrateOptions};
+
+const POLICY: &str = "[condensation]\nevery_events = 50\nmin_events = 3\n\
+                      [promotion]\nmin_importance = 6\nmin_utility = 0.6\nmin_successes = 1\nmerge_similarity = 0.8\n";
+
+fn open(dir: &Path) -> Substrate {
+    let opts = SubstrateOptions {
+        clock: Arc::new(VirtualClock::new(1_780_000_000_000)),
+        policy: Policy::from_toml("<test>", POLICY).unwrap(),
+        indexing: IndexingOptions {
+            background: false,
+            ..IndexingOptions::default()
+        },
+        ..SubstrateOptions::default()
+    };
+    Substrate::open(dir, opts).unwrap()
+}
+
+/// Writes a session about one lesson and condenses it.
+async fn condensed_lesson(sub: &Substrate, ns: &str, session: &str, lesson: &str) -> MemoryId {
+    let events: Vec<NewMemory> = [
+        format!("tried it: {lesson}"),
+        format!("it worked: {lesson}"),
+        format!("note for next time: {lesson}"),
+    ]
+    .into_iter()
+    .map(|text| NewMemory {
+        importance: Some(8.0),
+        ..NewMemory::new("observation", text)
+    })
+    .collect();
+    sub.record(ns, session, events).await.unwrap();
+    sub.condense(ns, session, "condenser")
+        .await
+        .unwrap()
+        .unwrap()
+        .id
+}
+
+#[tokio::test]
+async fn a_proven_lesson_is_promoted_merged_and_recalled_by_other_sessions_only_in_its_namespace() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = open(dir.path());
+    let lesson = "retry the bank gateway with exponential backoff and jitter";
+    let c1 = condensed_lesson(&sub, "acme", "agent-a", lesson).await;
+
+    // Not proven yet: no success, utility 0.5.
+    let not_yet = sub.promote("acme", c1, "kg").await.unwrap();
+    assert!(
+        matches!(&not_yet, Promotion::NotEligible(why) if why.contains("min_utility")),
+        "{not_yet:?}"
+    );
+
+    // The agent recalls it, uses it, and says it worked.
+    let recall = sub
+        .recall(&RecallRequest::new(
+            "acme",
+            "agent-a",
+            "bank gateway retry backoff",
+        ))
+        .await
+        .unwrap();
+    assert!(recall.memories.iter().any(|m| m.record.id == c1));
+    let recall_id = recall.recall_id.clone().unwrap();
+    let report = sub
+        .feedback(
+            "acme",
+            &FeedbackTarget::Recall(recall_id.clone()),
+            Outcome::Success,
+            "agent-a",
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.updated, recall.memories.len());
+    assert_eq!(report.promotable, vec![c1]);
+    assert_eq!(sub.get("acme", c1).unwrap().utility.successes, 1);
+
+    let Promotion::Created { knowledge, edges } = sub.promote("acme", c1, "kg").await.unwrap()
+    else {
+        panic!("expected a new knowledge record");
+    };
+    assert_eq!(
+        edges[0],
+        Edge {
+            from: knowledge,
+            to: c1,
+            relation: Relation::DerivedFrom
+        }
+    );
+    let k = sub.get("acme", knowledge).unwrap();
+    assert_eq!(
+        (k.tier, k.session_id.as_str(), k.sources.clone()),
+        (Tier::Knowledge, KNOWLEDGE_SESSION, vec![c1])
+    );
+    assert_eq!(
+        sub.promote("acme", c1, "kg").await.unwrap(),
+        Promotion::AlreadyPromoted { knowledge }
+    );
+
+    // A second agent proves the same lesson: merged, support 2, no duplicate.
+    let c2 = condensed_lesson(&sub, "acme", "agent-b", lesson).await;
+    sub.feedback(
+        "acme",
+        &FeedbackTarget::Memories(vec![c2]),
+        Outcome::Success,
+        "agent-b",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        sub.promote("acme", c2, "kg").await.unwrap(),
+        Promotion::Merged {
+            knowledge,
+            support: 2
+        }
+    );
+    assert_eq!(sub.get("acme", knowledge).unwrap().sources, vec![c1, c2]);
+
+    // A misleading lesson that failed is never admitted.
+    let bad = condensed_lesson(
+        &sub,
+        "acme",
+        "agent-c",
+        "disable TLS verification to fix handshake errors",
+    )
+    .await;
+    let report = sub
+        .feedback(
+            "acme",
+            &FeedbackTarget::Memories(vec![bad]),
+            Outcome::Failure,
+            "agent-c",
+        )
+        .await
+        .unwrap();
+    assert!(report.promotable.is_empty());
+    assert!(matches!(
+        sub.promote("acme", bad, "kg").await.unwrap(),
+        Promotion::NotEligible(_)
+    ));
+
+    // A new agent of the namespace gets the knowledge; another namespace does not.
+    let mut ask = RecallRequest::new("acme", "agent-new", "how to call the bank gateway reliably");
+    ask.scope = Scope::Session;
+    let found = sub.recall(&ask).await.unwrap();
+    assert_eq!(
+        found.memories.first().map(|m| m.record.id),
+        Some(knowledge),
+        "{:?}",
+        found.context
+    );
+    let mut other = ask.clone();
+    other.namespace = "globex".into();
+    let none = sub.recall(&other).await.unwrap();
+    assert!(none.memories.iter().all(|m| m.record.id != knowledge));
+
+    // The graph around the knowledge record.
+    let graph = sub.knowledge_graph("acme").unwrap();
+    let (nodes, edges) = graph.neighbourhood(knowledge, 1);
+    assert_eq!(nodes, vec![knowledge, c1, c2]);
+    assert_eq!(edges.len(), 2);
+    assert!(
+        edges
+            .iter()
+            .all(|e| e.relation == Relation::DerivedFrom && e.from == knowledge)
+    );
+    assert!(sub.knowledge_graph("globex").unwrap().edges().is_empty());
+
+    // Explicit links, and the depth limit.
+    sub.link(
+        "acme",
+        Edge {
+            from: bad,
+            to: knowledge,
+            relation: Relation::Contradicts,
+        },
+        "reviewer",
+    )
+    .unwrap();
+    let graph = sub.knowledge_graph("acme").unwrap();
+    assert_eq!(graph.neighbourhood(c1, 1).0, vec![c1, knowledge]);
+    assert_eq!(graph.neighbourhood(c1, 2).0.len(), 4);
+}
+
+#[tokio::test]
+async fn feedback_on_unknown_or_foreign_ids_is_a_clear_error_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = open(dir.path());
+    let id = sub
+        .record("acme", "s", vec![NewMemory::new("observation", "kept")])
+        .await
+        .unwrap()[0];
+    let recall = sub
+        .recall(&RecallRequest::new("acme", "s", "kept"))
+        .await
+        .unwrap();
+    let foreign = sub
+        .feedback(
+            "globex",
+            &FeedbackTarget::Recall(recall.recall_id.clone().unwrap()),
+            Outcome::Success,
+            "x",
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(foreign, Error::NotFound { what: "recall", .. }),
+        "{foreign}"
+    );
+    let malformed = sub
+        .feedback(
+            "acme",
+            &FeedbackTarget::Recall("r-1".into()),
+            Outcome::Success,
+            "x",
+        )
+        .await
+        .unwrap_err();
+    assert!(malformed.to_string().contains("recall_id"), "{malformed}");
+    let unknown = sub
+        .feedback(
+            "acme",
+            &FeedbackTarget::Memories(vec![id, MemoryId(999_999)]),
+            Outcome::Failure,
+            "x",
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(unknown, Error::NotFound { .. }), "{unknown}");
+    assert_eq!(
+        sub.get("acme", id).unwrap().utility.failures,
+        0,
+        "nothing was applied"
+    );
+}
