@@ -6,13 +6,16 @@
 //! [`Substrate::condense`] (extractive, no LLM); the `llm` mode of a later issue plugs in
 //! here. Its state is the store — the per-session watermark moves with each condensed
 //! record — so a restart loses only requests still in the mailbox, and those are asked
-//! again by the next trigger.
+//! again by the next trigger. Each condensed record is offered to the knowledge graph at
+//! once (a policy may admit condensed records without feedback).
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use shadowbrain_runtime::error::Result;
 use shadowbrain_runtime::lifecycle::Condensed;
 use shadowbrain_runtime::substrate::Substrate;
 
+use crate::directory::Directory;
+use crate::knowledge::KnowledgeMessage;
 use crate::session::SessionKey;
 
 /// Who the audit log names for condensations.
@@ -24,6 +27,7 @@ pub(crate) struct Condenser;
 /// Its state: the substrate it writes to.
 pub(crate) struct CondenserState {
     substrate: Substrate,
+    directory: Directory,
 }
 
 /// The condenser's protocol.
@@ -41,14 +45,17 @@ pub(crate) enum CondenserMessage {
 impl Actor for Condenser {
     type Msg = CondenserMessage;
     type State = CondenserState;
-    type Arguments = Substrate;
+    type Arguments = (Substrate, Directory);
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        substrate: Substrate,
+        (substrate, directory): (Substrate, Directory),
     ) -> std::result::Result<CondenserState, ActorProcessingErr> {
-        Ok(CondenserState { substrate })
+        Ok(CondenserState {
+            substrate,
+            directory,
+        })
     }
 
     async fn handle(
@@ -63,6 +70,18 @@ impl Actor for Condenser {
                     .substrate
                     .condense(&key.namespace, &key.session, BY)
                     .await;
+                if let Ok(Some(condensed)) = &result {
+                    let offer = state.directory.knowledge().map(|kg| {
+                        kg.send_message(KnowledgeMessage::Promote {
+                            namespace: key.namespace.clone(),
+                            ids: vec![condensed.id],
+                            reply: None,
+                        })
+                    });
+                    if !matches!(offer, Ok(Ok(()))) {
+                        tracing::warn!(id = %condensed.id, "could not offer a condensed record for promotion");
+                    }
+                }
                 match (reply, result) {
                     (Some(reply), result) => {
                         let _ = reply.send(result);

@@ -9,6 +9,7 @@ use shadowbrain_runtime::error::{Error, Result};
 
 use crate::condenser::CondenserMessage;
 use crate::decay::DecayMessage;
+use crate::knowledge::KnowledgeMessage;
 use crate::session::SessionSupervisorMessage;
 
 /// The current addresses (shared; cheap to clone).
@@ -22,6 +23,7 @@ struct Entries {
     sessions: Option<ActorRef<SessionSupervisorMessage>>,
     condenser: Option<ActorRef<CondenserMessage>>,
     decay: Option<ActorRef<DecayMessage>>,
+    knowledge: Option<ActorRef<KnowledgeMessage>>,
 }
 
 fn missing(what: &str) -> Error {
@@ -59,6 +61,17 @@ impl Directory {
             .decay
             .clone()
             .ok_or_else(|| missing("the decay actor"))
+    }
+
+    pub fn knowledge(&self) -> Result<ActorRef<KnowledgeMessage>> {
+        self.read()
+            .knowledge
+            .clone()
+            .ok_or_else(|| missing("the knowledge graph"))
+    }
+
+    pub fn set_knowledge(&self, actor: ActorRef<KnowledgeMessage>) {
+        self.write().knowledge = Some(actor);
     }
 
     pub fn set_sessions(&self, actor: ActorRef<SessionSupervisorMessage>) {

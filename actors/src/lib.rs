@@ -3,16 +3,18 @@
 //!
 //! Built so far: the root supervisor; the session supervisor and session actors (ordered,
 //! durable writes; session recall; idle passivation; condensation triggers); the condenser
-//! (extractive) and the decay actor (sweeps on the runtime clock). The evaluator for LLM
-//! scoring, the knowledge graph and the indexer actor come next (see `supervisor.rs`).
+//! (extractive); the decay actor (sweeps on the runtime clock); the knowledge graph
+//! (promotion, merging, edges, neighbourhood queries); feedback. The evaluator for LLM
+//! scoring and an indexer actor come next (see `supervisor.rs`).
 #![warn(missing_docs)]
 
 mod condenser;
 mod decay;
 mod directory;
+mod knowledge;
 mod runtime;
 mod session;
 mod supervisor;
 
-pub use runtime::{Fault, Runtime, RuntimeConfig, SessionHandle};
+pub use runtime::{Fault, KnowledgeHandle, Runtime, RuntimeConfig, SessionHandle};
 pub use shadowbrain_runtime as substrate;

@@ -9,7 +9,10 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef, RpcReplyPort};
 use shadowbrain_runtime::error::{Error, Result};
-use shadowbrain_runtime::lifecycle::{Condensed, SweepReport};
+use shadowbrain_runtime::knowledge::{Edge, KNOWLEDGE_SESSION, Promotion};
+use shadowbrain_runtime::lifecycle::{
+    Condensed, FeedbackReport, FeedbackTarget, Outcome, SweepReport,
+};
 use shadowbrain_runtime::model::{MemoryId, MemoryRecord, NewMemory, validate_id};
 use shadowbrain_runtime::substrate::{RecallRequest, RecallResult, Substrate, SubstrateOptions};
 use tokio::task::JoinHandle;
@@ -17,6 +20,7 @@ use tokio::task::JoinHandle;
 use crate::condenser::CondenserMessage;
 use crate::decay::DecayMessage;
 use crate::directory::Directory;
+use crate::knowledge::KnowledgeMessage;
 use crate::session::{
     Registry, SessionKey, SessionMessage, SessionSupervisorMessage, live_actor, read_registry,
 };
@@ -53,6 +57,8 @@ pub enum Fault {
     Condenser,
     /// The decay actor.
     Decay,
+    /// The knowledge graph.
+    Knowledge,
 }
 
 impl RuntimeConfig {
@@ -200,6 +206,15 @@ impl Runtime {
             })?
     }
 
+    /// A namespace's knowledge pool: search, graph queries, links, promotion.
+    pub fn knowledge(&self, namespace: &str) -> Result<KnowledgeHandle> {
+        validate_id("namespace", namespace)?;
+        Ok(KnowledgeHandle {
+            runtime: self.clone(),
+            namespace: namespace.to_string(),
+        })
+    }
+
     /// Runs a decay sweep now, at the runtime clock's time, whatever the policy interval
     /// says (simulations call this at fixed virtual times for exact replays).
     pub async fn decay_now(&self) -> Result<SweepReport> {
@@ -223,6 +238,7 @@ impl Runtime {
             Fault::SessionSupervisor => Child::Sessions,
             Fault::Condenser => Child::Condenser,
             Fault::Decay => Child::Decay,
+            Fault::Knowledge => Child::Knowledge,
         };
         let _ = self.inner.root.send_message(RootMessage::Panic(child));
         Ok(())
@@ -375,6 +391,23 @@ impl SessionHandle {
             .await
     }
 
+    /// Records how using memories went — every memory of a recall (its `recall_id`), or
+    /// the memories named — and offers what the promotion policy now admits to the
+    /// knowledge graph.
+    pub async fn feedback(
+        &self,
+        target: FeedbackTarget,
+        outcome: Outcome,
+    ) -> Result<FeedbackReport> {
+        self.runtime
+            .call_session(&self.key, |reply| SessionMessage::Feedback {
+                target: target.clone(),
+                outcome,
+                reply,
+            })
+            .await
+    }
+
     /// Condenses the session's uncondensed events now (at least the policy's
     /// `min_events`), whatever the trigger says; `None` when there are too few.
     pub async fn condense(&self) -> Result<Option<Condensed>> {
@@ -396,5 +429,87 @@ impl SessionHandle {
         self.runtime
             .call_session(&self.key, |reply| SessionMessage::Timeline { limit, reply })
             .await
+    }
+}
+
+/// A namespace's knowledge pool, as seen by an agent. Cheap to clone.
+#[derive(Clone)]
+pub struct KnowledgeHandle {
+    runtime: Runtime,
+    namespace: String,
+}
+
+impl std::fmt::Debug for KnowledgeHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KnowledgeHandle")
+            .field("namespace", &self.namespace)
+            .finish()
+    }
+}
+
+impl KnowledgeHandle {
+    /// Recall over the knowledge tier only (like a session's recall, ranked by the same
+    /// policy).
+    pub async fn search(&self, query: &str, k: usize) -> Result<RecallResult> {
+        // The knowledge session holds only knowledge records, so a recall asked as that
+        // session, with the knowledge path on, sees the knowledge tier and nothing else.
+        let mut request = RecallRequest::new(&self.namespace, KNOWLEDGE_SESSION, query);
+        request.k = k;
+        request.include_knowledge = true;
+        self.runtime.substrate().recall(&request).await
+    }
+
+    /// The records within `depth` edges of `around`, and the edges among them.
+    pub async fn graph(
+        &self,
+        around: MemoryId,
+        depth: usize,
+    ) -> Result<(Vec<MemoryId>, Vec<Edge>)> {
+        let kg = self.runtime.inner.directory.knowledge()?;
+        let outcome = kg
+            .call(
+                |reply| KnowledgeMessage::Neighbourhood {
+                    namespace: self.namespace.clone(),
+                    around,
+                    depth,
+                    reply,
+                },
+                self.runtime.timeout(),
+            )
+            .await;
+        self.runtime.answer("the knowledge graph", outcome)?
+    }
+
+    /// Adds an edge between two records of the namespace.
+    pub async fn link(&self, edge: Edge) -> Result<()> {
+        let kg = self.runtime.inner.directory.knowledge()?;
+        let outcome = kg
+            .call(
+                |reply| KnowledgeMessage::Link {
+                    namespace: self.namespace.clone(),
+                    edge,
+                    reply,
+                },
+                self.runtime.timeout(),
+            )
+            .await;
+        self.runtime.answer("the knowledge graph", outcome)?
+    }
+
+    /// Promotes condensed records now (each admitted by the policy, merged, or refused
+    /// with the reason).
+    pub async fn promote(&self, ids: Vec<MemoryId>) -> Result<Vec<Promotion>> {
+        let kg = self.runtime.inner.directory.knowledge()?;
+        let outcome = kg
+            .call(
+                |reply| KnowledgeMessage::Promote {
+                    namespace: self.namespace.clone(),
+                    ids: ids.clone(),
+                    reply: Some(reply),
+                },
+                self.runtime.timeout(),
+            )
+            .await;
+        self.runtime.answer("the knowledge graph", outcome)?
     }
 }

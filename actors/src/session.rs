@@ -29,6 +29,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use shadowbrain_runtime::clock::Timestamp;
 use shadowbrain_runtime::error::{Error, Result};
+use shadowbrain_runtime::lifecycle::{FeedbackReport, FeedbackTarget, Outcome};
 use shadowbrain_runtime::model::{MemoryId, MemoryRecord, NewMemory};
 use shadowbrain_runtime::substrate::{RecallRequest, RecallResult, Substrate};
 use tokio::task::JoinHandle;
@@ -36,6 +37,7 @@ use tokio::time::Instant;
 
 use crate::condenser::CondenserMessage;
 use crate::directory::Directory;
+use crate::knowledge::KnowledgeMessage;
 
 /// A session's identity: sessions of different namespaces never share an actor.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -126,6 +128,13 @@ pub(crate) enum SessionMessage {
         limit: usize,
         reply: RpcReplyPort<Result<Vec<MemoryRecord>>>,
     },
+    /// How using some memories went; answers what changed. Candidates the promotion
+    /// policy now admits are offered to the knowledge graph.
+    Feedback {
+        target: FeedbackTarget,
+        outcome: Outcome,
+        reply: RpcReplyPort<Result<FeedbackReport>>,
+    },
     /// Sent by the actor's own ticker: stop if idle for long enough.
     IdleCheck,
     /// Fault injection for supervision tests: the handler panics.
@@ -198,6 +207,33 @@ impl Actor for SessionActor {
                 let result = substrate
                     .store()
                     .timeline(&key.namespace, &key.session, None, limit);
+                let _ = reply.send(result);
+            }
+            SessionMessage::Feedback {
+                target,
+                outcome,
+                reply,
+            } => {
+                state.last_active = Instant::now();
+                let result = substrate
+                    .feedback(&key.namespace, &target, outcome, &key.session)
+                    .await;
+                if let Ok(report) = &result
+                    && !report.promotable.is_empty()
+                {
+                    let offer = state.args.directory.knowledge().map(|kg| {
+                        kg.send_message(KnowledgeMessage::Promote {
+                            namespace: key.namespace.clone(),
+                            ids: report.promotable.clone(),
+                            reply: None,
+                        })
+                    });
+                    if !matches!(offer, Ok(Ok(()))) {
+                        tracing::warn!(
+                            "could not offer promotable memories to the knowledge graph"
+                        );
+                    }
+                }
                 let _ = reply.send(result);
             }
             SessionMessage::IdleCheck => {

@@ -4,9 +4,10 @@
 //! RootSupervisor
 //!  ├─ Condenser            (one for all sessions: windows → condensed records)
 //!  ├─ Decay                (sweeps every policy interval of the runtime clock)
+//!  ├─ KnowledgeGraph       (the namespace knowledge pools: promotion, merging, edges)
 //!  └─ SessionSupervisor
 //!      └─ SessionActor × N (one per live session, passivated when idle)
-//!  (to come: Evaluator for `llm`/`hybrid` scoring, KnowledgeGraph, Indexer — today the
+//!  (to come: Evaluator for `llm`/`hybrid` scoring, Indexer — today the
 //!   substrate's own threads index and enrich, and rules score at write time)
 //! ```
 //!
@@ -14,6 +15,10 @@
 //! - **Condenser** → started again. Its state is the store (each session's condensation
 //!   watermark moves with the condensed record); a request lost in its mailbox is made
 //!   again by the session's next trigger, or fails at the handle with a clear error.
+//! - **KnowledgeGraph** → started again; it loads each namespace's graph from the store on
+//!   first use. Knowledge records, edges and promotion markers are written in one commit,
+//!   so a crash mid-promotion leaves either all of it or none; a candidate whose promotion
+//!   was lost is offered again by the next success feedback on it.
 //! - **Decay** → started again; it reads the time of the last sweep from the store, so it
 //!   neither sweeps early nor forgets a sweep that is due.
 //! - **SessionSupervisor** → started again. Its session actors died with it; the new one
@@ -35,6 +40,7 @@ use shadowbrain_runtime::substrate::Substrate;
 use crate::condenser::{Condenser, CondenserMessage};
 use crate::decay::{Decay, DecayArgs, DecayMessage};
 use crate::directory::Directory;
+use crate::knowledge::{KnowledgeGraph, KnowledgeMessage};
 use crate::session::{
     Registry, SessionSupervisor, SessionSupervisorArgs, SessionSupervisorMessage,
 };
@@ -57,6 +63,7 @@ pub(crate) enum Child {
     Sessions,
     Condenser,
     Decay,
+    Knowledge,
 }
 
 /// The root's state.
@@ -98,9 +105,16 @@ impl RootSupervisor {
                 actor.get_cell()
             }
             Child::Condenser => {
-                let (actor, _) =
-                    Actor::spawn_linked(None, Condenser, args.substrate.clone(), parent).await?;
+                let child_args = (args.substrate.clone(), args.directory.clone());
+                let (actor, _) = Actor::spawn_linked(None, Condenser, child_args, parent).await?;
                 args.directory.set_condenser(actor.clone());
+                actor.get_cell()
+            }
+            Child::Knowledge => {
+                let (actor, _) =
+                    Actor::spawn_linked(None, KnowledgeGraph, args.substrate.clone(), parent)
+                        .await?;
+                args.directory.set_knowledge(actor.clone());
                 actor.get_cell()
             }
             Child::Decay => {
@@ -126,9 +140,15 @@ impl Actor for RootSupervisor {
         myself: ActorRef<Self::Msg>,
         args: RootArgs,
     ) -> Result<RootState, ActorProcessingErr> {
-        // The condenser first: session actors send to it.
+        // Receivers before senders: sessions send to the condenser, which sends to the
+        // knowledge graph.
         let mut children = Vec::new();
-        for child in [Child::Condenser, Child::Decay, Child::Sessions] {
+        for child in [
+            Child::Knowledge,
+            Child::Condenser,
+            Child::Decay,
+            Child::Sessions,
+        ] {
             children.push((Self::start(&myself, &args, child).await?, child));
         }
         Ok(RootState {
@@ -167,6 +187,9 @@ impl Actor for RootSupervisor {
                         .condenser()?
                         .send_message(CondenserMessage::Panic)?,
                     Child::Decay => directory.decay()?.send_message(DecayMessage::Panic)?,
+                    Child::Knowledge => directory
+                        .knowledge()?
+                        .send_message(KnowledgeMessage::Panic)?,
                 }
             }
         }

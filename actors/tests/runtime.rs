@@ -235,8 +235,9 @@ async fn the_condenser_and_decay_actors_are_restarted_and_keep_working() {
     }
     rt.inject_panic(Fault::Condenser).await.unwrap();
     rt.inject_panic(Fault::Decay).await.unwrap();
-    eventually("both restarts", Duration::from_secs(10), || async {
-        rt.restarts().await.unwrap() == 2
+    rt.inject_panic(Fault::Knowledge).await.unwrap();
+    eventually("three restarts", Duration::from_secs(10), || async {
+        rt.restarts().await.unwrap() == 3
     })
     .await;
     let condensed = session
@@ -246,6 +247,13 @@ async fn the_condenser_and_decay_actors_are_restarted_and_keep_working() {
         .expect("six events, min_events 5");
     assert_eq!(condensed.sources.len(), 6);
     assert_eq!(rt.decay_now().await.unwrap().examined, 7);
+    let (nodes, _) = rt
+        .knowledge("default")
+        .unwrap()
+        .graph(condensed.id, 1)
+        .await
+        .unwrap();
+    assert_eq!(nodes, vec![condensed.id]);
     rt.shutdown().await.unwrap();
 }
 
@@ -276,11 +284,14 @@ fn digest(rt: &Runtime) -> Vec<String> {
         .collect()
 }
 
-/// Record on the virtual clock until the policy's `every_events` trigger condenses the
-/// session by itself, then let 60 simulated days pass and sweep: what is left is what the
-/// policy says, and the same run twice leaves the same thing.
+/// The whole life of a lesson on the virtual clock: recorded, condensed by the policy's
+/// `every_events` trigger, recalled, proven by feedback, promoted into the knowledge pool,
+/// recalled by another agent's session; then 60 simulated days pass and a sweep archives
+/// what the policy says.
 async fn simulated_run(dir: &tempfile::TempDir) -> Vec<String> {
     use shadowbrain_actors::substrate::clock::{DAY_MS, VirtualClock};
+    use shadowbrain_actors::substrate::lifecycle::{FeedbackTarget, Outcome};
+    use shadowbrain_actors::substrate::model::Tier;
     use shadowbrain_actors::substrate::policy::Policy;
     let clock = Arc::new(VirtualClock::new(1_780_000_000_000));
     let mut config = config(dir);
@@ -288,7 +299,8 @@ async fn simulated_run(dir: &tempfile::TempDir) -> Vec<String> {
     config.substrate.policy = Policy::from_toml(
         "<test>",
         "[condensation]\nevery_events = 8\nmin_events = 4\nmax_age = \"never\"\n\
-         [forgetting]\nhalf_life = \"10d\"\narchive_below = 0.05\nprotect_kinds = [\"goal\"]\n",
+         [forgetting]\nhalf_life = \"10d\"\narchive_below = 0.05\nprotect_kinds = [\"goal\"]\n\
+         [promotion]\nmin_importance = 6\nmin_utility = 0.6\nmin_successes = 1\n",
     )
     .unwrap();
     // Exact replays: sweeps only when asked.
@@ -304,32 +316,95 @@ async fn simulated_run(dir: &tempfile::TempDir) -> Vec<String> {
         .unwrap();
     for i in 0..7 {
         clock.advance(Duration::from_secs(600));
-        let text = if i % 2 == 0 {
-            format!("payment service error rate {i}% after the gateway timeout")
+        let event = if i % 2 == 0 {
+            NewMemory {
+                importance: Some(8.0),
+                ..event(&format!(
+                    "payment gateway timeouts fixed by retrying with backoff, try {i}"
+                ))
+            }
         } else {
-            format!("unrelated chatter number {i}")
+            event(&format!("unrelated chatter number {i}"))
         };
-        session.record(event(&text)).await.unwrap();
+        session.record(event).await.unwrap();
     }
-    let condensed = || async { digest(&rt).iter().any(|line| line.contains(" Condensed ")) };
+    let tier_count = |tier: Tier| {
+        let store = rt.substrate().store();
+        let mut n = 0;
+        store
+            .for_each_id(|id| {
+                if store.get_light(id)?.is_some_and(|r| r.tier == tier) {
+                    n += 1;
+                }
+                Ok(shadowbrain_actors::substrate::kv::Visit::Continue)
+            })
+            .unwrap();
+        n
+    };
     eventually(
         "the trigger to condense the session",
         Duration::from_secs(10),
-        condensed,
+        || async { tier_count(Tier::Condensed) == 1 },
     )
     .await;
 
+    let recalled = session
+        .recall("payment gateway timeouts retry")
+        .await
+        .unwrap();
+    assert!(
+        recalled
+            .memories
+            .iter()
+            .any(|m| m.record.tier == Tier::Condensed),
+        "{}",
+        recalled.context
+    );
+    let report = session
+        .feedback(
+            FeedbackTarget::Recall(recalled.recall_id.unwrap()),
+            Outcome::Success,
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.promotable.len(), 1);
+    eventually("the promotion", Duration::from_secs(10), || async {
+        tier_count(Tier::Knowledge) == 1
+    })
+    .await;
+
+    // Another agent's session, which never saw any of it, gets the lesson.
+    let other = rt.session("sim", "agent-2").unwrap();
+    let recalled = other
+        .recall("how do I handle payment gateway timeouts?")
+        .await
+        .unwrap();
+    assert_eq!(
+        recalled.memories[0].record.tier,
+        Tier::Knowledge,
+        "{}",
+        recalled.context
+    );
+    let found = rt
+        .knowledge("sim")
+        .unwrap()
+        .search("payment gateway", 5)
+        .await
+        .unwrap();
+    assert_eq!(found.memories.len(), 1);
+
     clock.advance(Duration::from_millis(60 * DAY_MS as u64));
     let report = rt.decay_now().await.unwrap();
-    // Six half-lives: every active observation falls under 0.05; the goal is protected.
-    assert_eq!(report.archived, 8, "{report:?}");
+    // Six half-lives: every active record but the protected goal falls under 0.05 — the
+    // seven observations, the condensed record and the knowledge.
+    assert_eq!(report.archived, 9, "{report:?}");
     let out = digest(&rt);
     rt.shutdown().await.unwrap();
     out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn end_to_end_on_the_virtual_clock_condenses_decays_and_replays_identically() {
+async fn end_to_end_on_the_virtual_clock_and_replays_identically() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let first = simulated_run(&a).await;
     let second = simulated_run(&b).await;
@@ -339,13 +414,13 @@ async fn end_to_end_on_the_virtual_clock_condenses_decays_and_replays_identicall
     );
     let condensed: Vec<&String> = first.iter().filter(|l| l.contains(" Condensed ")).collect();
     assert_eq!(condensed.len(), 1);
-    assert!(condensed[0].contains("payment service"), "{}", condensed[0]);
+    assert!(condensed[0].contains("payment gateway"), "{}", condensed[0]);
     assert!(
         first
             .iter()
             .any(|l| l.contains(" Episodic active ") && l.contains("keep the payment"))
     );
-    assert_eq!(first.iter().filter(|l| l.contains(" archived ")).count(), 8);
+    assert_eq!(first.iter().filter(|l| l.contains(" archived ")).count(), 9);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
