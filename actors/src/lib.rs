@@ -11,6 +11,7 @@
 mod condenser;
 mod decay;
 mod directory;
+mod indexer;
 mod knowledge;
 mod runtime;
 mod session;

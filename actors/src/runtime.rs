@@ -43,6 +43,9 @@ pub struct RuntimeConfig {
     /// `forgetting.interval` has passed; `None` sweeps only on
     /// [`Runtime::decay_now`] (exact replays). Default 1 second.
     pub decay_check: Option<Duration>,
+    /// Pause between index passes of the Indexer actor (which replaces the substrate's
+    /// indexer thread under the runtime). Default 50 ms.
+    pub index_tick: Duration,
 }
 
 /// An actor to make fail, for supervision tests ([`Runtime::inject_panic`]).
@@ -59,6 +62,8 @@ pub enum Fault {
     Decay,
     /// The knowledge graph.
     Knowledge,
+    /// The indexer.
+    Indexer,
 }
 
 impl RuntimeConfig {
@@ -70,6 +75,7 @@ impl RuntimeConfig {
             session_idle: Duration::from_secs(300),
             call_timeout: Duration::from_secs(30),
             decay_check: Some(Duration::from_secs(1)),
+            index_tick: Duration::from_millis(50),
         }
     }
 }
@@ -102,7 +108,9 @@ impl std::fmt::Debug for Runtime {
 impl Runtime {
     /// Opens the data directory and starts the supervision tree.
     pub async fn open(config: RuntimeConfig) -> Result<Runtime> {
-        let (dir, opts) = (config.data_dir.clone(), config.substrate.clone());
+        let (dir, mut opts) = (config.data_dir.clone(), config.substrate.clone());
+        // The Indexer actor is the one writer of the indexes here, not the substrate's thread.
+        opts.indexing.background = false;
         // Opening reads the store and reconciles the indexes: blocking work.
         let substrate = tokio::task::spawn_blocking(move || Substrate::open(&dir, opts))
             .await
@@ -118,6 +126,7 @@ impl Runtime {
             directory: directory.clone(),
             session_idle: config.session_idle,
             decay_check: config.decay_check,
+            index_tick: config.index_tick,
         };
         let (root, root_task) = Actor::spawn(None, RootSupervisor, args)
             .await
@@ -239,6 +248,7 @@ impl Runtime {
             Fault::Condenser => Child::Condenser,
             Fault::Decay => Child::Decay,
             Fault::Knowledge => Child::Knowledge,
+            Fault::Indexer => Child::Indexer,
         };
         let _ = self.inner.root.send_message(RootMessage::Panic(child));
         Ok(())

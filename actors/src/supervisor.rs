@@ -5,10 +5,11 @@
 //!  ├─ Condenser            (one for all sessions: windows → condensed records)
 //!  ├─ Decay                (sweeps every policy interval of the runtime clock)
 //!  ├─ KnowledgeGraph       (the namespace knowledge pools: promotion, merging, edges)
+//!  ├─ Indexer              (the one writer of the vector and keyword indexes, batched)
 //!  └─ SessionSupervisor
 //!      └─ SessionActor × N (one per live session, passivated when idle)
-//!  (to come: Evaluator for `llm`/`hybrid` scoring, Indexer — today the
-//!   substrate's own threads index and enrich, and rules score at write time)
+//!  (to come: an Evaluator for `llm`/`hybrid` scoring — rules score at write time — and
+//!   an enricher actor; the substrate's own thread embeds for remote embedders)
 //! ```
 //!
 //! Restart policy, child by child — what a restart recovers:
@@ -19,6 +20,8 @@
 //!   first use. Knowledge records, edges and promotion markers are written in one commit,
 //!   so a crash mid-promotion leaves either all of it or none; a candidate whose promotion
 //!   was lost is offered again by the next success feedback on it.
+//! - **Indexer** → started again; the index watermarks live in the indexes, so it resumes
+//!   from the change log where the last committed build left off.
 //! - **Decay** → started again; it reads the time of the last sweep from the store, so it
 //!   neither sweeps early nor forgets a sweep that is due.
 //! - **SessionSupervisor** → started again. Its session actors died with it; the new one
@@ -40,6 +43,7 @@ use shadowbrain_runtime::substrate::Substrate;
 use crate::condenser::{Condenser, CondenserMessage};
 use crate::decay::{Decay, DecayArgs, DecayMessage};
 use crate::directory::Directory;
+use crate::indexer::{Indexer, IndexerArgs, IndexerMessage};
 use crate::knowledge::{KnowledgeGraph, KnowledgeMessage};
 use crate::session::{
     Registry, SessionSupervisor, SessionSupervisorArgs, SessionSupervisorMessage,
@@ -55,6 +59,7 @@ pub(crate) struct RootArgs {
     pub directory: Directory,
     pub session_idle: Duration,
     pub decay_check: Option<Duration>,
+    pub index_tick: Duration,
 }
 
 /// The children, to tell which one ended.
@@ -64,12 +69,15 @@ pub(crate) enum Child {
     Condenser,
     Decay,
     Knowledge,
+    Indexer,
 }
 
 /// The root's state.
 pub(crate) struct RootState {
     args: RootArgs,
     children: Vec<(ActorCell, Child)>,
+    /// The indexer, which nobody sends to but the root.
+    indexer: Option<ActorRef<IndexerMessage>>,
     /// Children restarted since start.
     restarts: u64,
 }
@@ -86,12 +94,21 @@ pub(crate) enum RootMessage {
 impl RootSupervisor {
     async fn start(
         myself: &ActorRef<RootMessage>,
-        state_args: &RootArgs,
+        args: &RootArgs,
+        indexer: &mut Option<ActorRef<IndexerMessage>>,
         child: Child,
     ) -> Result<ActorCell, ActorProcessingErr> {
-        let args = state_args;
         let parent = myself.get_cell();
         Ok(match child {
+            Child::Indexer => {
+                let child_args = IndexerArgs {
+                    substrate: args.substrate.clone(),
+                    tick: args.index_tick,
+                };
+                let (actor, _) = Actor::spawn_linked(None, Indexer, child_args, parent).await?;
+                *indexer = Some(actor.clone());
+                actor.get_cell()
+            }
             Child::Sessions => {
                 let child_args = SessionSupervisorArgs {
                     substrate: args.substrate.clone(),
@@ -143,17 +160,23 @@ impl Actor for RootSupervisor {
         // Receivers before senders: sessions send to the condenser, which sends to the
         // knowledge graph.
         let mut children = Vec::new();
+        let mut indexer = None;
         for child in [
+            Child::Indexer,
             Child::Knowledge,
             Child::Condenser,
             Child::Decay,
             Child::Sessions,
         ] {
-            children.push((Self::start(&myself, &args, child).await?, child));
+            children.push((
+                Self::start(&myself, &args, &mut indexer, child).await?,
+                child,
+            ));
         }
         Ok(RootState {
             args,
             children,
+            indexer,
             restarts: 0,
         })
     }
@@ -190,6 +213,11 @@ impl Actor for RootSupervisor {
                     Child::Knowledge => directory
                         .knowledge()?
                         .send_message(KnowledgeMessage::Panic)?,
+                    Child::Indexer => {
+                        if let Some(indexer) = &state.indexer {
+                            indexer.send_message(IndexerMessage::Panic)?;
+                        }
+                    }
                 }
             }
         }
@@ -218,7 +246,7 @@ impl Actor for RootSupervisor {
         };
         let child = state.children[i].1;
         tracing::warn!(?child, reason = %why, "child ended; starting a new one");
-        state.children[i].0 = Self::start(&myself, &state.args, child).await?;
+        state.children[i].0 = Self::start(&myself, &state.args, &mut state.indexer, child).await?;
         state.restarts += 1;
         Ok(())
     }

@@ -450,3 +450,40 @@ async fn decay_sweeps_by_itself_when_an_interval_of_runtime_time_passes() {
     eventually("a sweep", Duration::from_secs(10), || async { decayed() }).await;
     rt.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_indexer_actor_builds_the_indexes_and_resumes_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::open(config(&dir)).await.unwrap();
+    let session = rt.session("default", "indexed").unwrap();
+    session
+        .record(event("the first batch of notes"))
+        .await
+        .unwrap();
+    let built = || async {
+        let sub = rt.substrate();
+        sub.indexes_caught_up().unwrap() && sub.vectors().watermark().unwrap() > 0
+    };
+    eventually("the first build", Duration::from_secs(20), built).await;
+    let first = rt.substrate().vectors().watermark().unwrap();
+
+    rt.inject_panic(Fault::Indexer).await.unwrap();
+    eventually("the restart", Duration::from_secs(10), || async {
+        rt.restarts().await.unwrap() == 1
+    })
+    .await;
+    session
+        .record(event("written after the restart"))
+        .await
+        .unwrap();
+    eventually(
+        "a build by the new indexer",
+        Duration::from_secs(20),
+        || async {
+            rt.substrate().indexes_caught_up().unwrap()
+                && rt.substrate().vectors().watermark().unwrap() > first
+        },
+    )
+    .await;
+    rt.shutdown().await.unwrap();
+}
