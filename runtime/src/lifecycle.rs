@@ -69,6 +69,8 @@ impl Substrate {
         let stamp = policy.stamp();
         let now = self.clock().now();
         let store = self.store();
+        // Decide on every reinforcement queued so far (recall does not wait for its own).
+        store.write(WriteSet::new())?;
         let mut ids = Vec::new();
         store.for_each_id(|id| {
             ids.push(id);
@@ -461,13 +463,15 @@ impl Substrate {
     ) -> Result<FeedbackReport> {
         let (ids, source) = match target {
             FeedbackTarget::Recall(recall_id) => (
-                self.recalled(namespace, recall_id)?,
+                self.recalled(namespace, recall_id).await?,
                 format!("recall {recall_id}"),
             ),
             FeedbackTarget::Memories(ids) => (ids.clone(), "memory ids".to_string()),
         };
         let policy = self.policy();
         let now = self.clock().now();
+        // Read what recalls have queued (their reinforcement) before deciding on top of it.
+        self.store().sync().await?;
         let mut records = Vec::with_capacity(ids.len());
         for id in ids {
             // Validate everything before writing anything.
@@ -521,7 +525,7 @@ impl Substrate {
     }
 
     /// The ids a recall returned.
-    fn recalled(&self, namespace: &str, recall_id: &str) -> Result<Vec<MemoryId>> {
+    async fn recalled(&self, namespace: &str, recall_id: &str) -> Result<Vec<MemoryId>> {
         let unknown = || Error::NotFound {
             what: "recall",
             id: recall_id.to_string(),
@@ -537,7 +541,15 @@ impl Substrate {
                 )
             })?;
         let key = keys::recall(n);
-        let bytes = self.store().get_raw(&key)?.ok_or_else(unknown)?;
+        let bytes = match self.store().get_raw(&key)? {
+            Some(bytes) => bytes,
+            None => {
+                // Recall queues its memory without waiting for the flush; feedback sent right
+                // after it may arrive first.
+                self.store().sync().await?;
+                self.store().get_raw(&key)?.ok_or_else(unknown)?
+            }
+        };
         let remembered: RememberedRecall = codec::decode(&key, &bytes)?;
         if remembered.namespace != namespace {
             return Err(unknown());

@@ -1004,18 +1004,11 @@ impl Substrate {
         let (recall_id, remember) = crate::lifecycle::remember_recall(self, req, &result)?;
         result.recall_id = Some(recall_id);
         writes.push(remember);
-        if req.reinforce {
-            self.inner.store.write_async(writes).await?;
-        } else {
-            // Nothing the caller sees depends on this write; do not make it wait for the
-            // flush (a crash before it only makes feedback on this recall unknown).
-            let store = self.inner.store.clone();
-            tokio::spawn(async move {
-                if let Err(e) = store.write_async(writes).await {
-                    tracing::warn!(error = %e, "could not remember a recall for feedback");
-                }
-            });
-        }
+        // Nothing the caller sees depends on these writes (reinforcement, the recall's
+        // memory for feedback): queue them for the next group commit and answer now. A
+        // crash before the flush costs a reinforcement and makes feedback on this recall
+        // unknown; it never loses an event.
+        self.inner.store.write_detached(writes)?;
         Ok(result)
     }
 

@@ -37,6 +37,8 @@ pub struct CommitStats {
 pub(super) enum Reply {
     Blocking(mpsc::SyncSender<Result<()>>),
     Async(oneshot::Sender<Result<()>>),
+    /// Nobody waits (side effects such as recall's reinforcement): a failure is logged.
+    Detached,
 }
 
 impl Reply {
@@ -48,6 +50,11 @@ impl Reply {
             }
             Reply::Async(tx) => {
                 let _ = tx.send(r);
+            }
+            Reply::Detached => {
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "a write nobody waited for failed");
+                }
             }
         }
     }
@@ -132,6 +139,10 @@ impl Committer {
         let (tx, rx) = oneshot::channel();
         self.submit(writes, Reply::Async(tx))?;
         rx.await.unwrap_or(Err(Error::Closed))
+    }
+
+    pub(super) fn submit_detached(&self, writes: WriteSet) -> Result<()> {
+        self.submit(writes, Reply::Detached)
     }
 
     fn submit(&self, writes: WriteSet, reply: Reply) -> Result<()> {

@@ -321,6 +321,20 @@ impl Store {
         self.inner.committer.submit_blocking(writes)
     }
 
+    /// Queues `writes` for the next group commit and returns at once, without waiting for
+    /// the flush: for side effects nobody waits on (recall's reinforcement). Writes are
+    /// committed in the order they are queued, so any later [`Store::write`] returning
+    /// means these are durable too; a crash before then loses them.
+    pub fn write_detached(&self, writes: WriteSet) -> Result<()> {
+        self.inner.committer.submit_detached(writes)
+    }
+
+    /// Returns once every write queued before this call (detached ones included) is
+    /// durable.
+    pub async fn sync(&self) -> Result<()> {
+        self.write_async(WriteSet::new()).await
+    }
+
     /// [`Store::write`] for async callers: awaits the durable commit without blocking.
     pub async fn write_async(&self, writes: WriteSet) -> Result<()> {
         self.inner.committer.submit_async(writes).await

@@ -360,6 +360,8 @@ async fn recall_reinforces_what_it_returns() {
     sub.recall(&RecallRequest::new("default", "s", "flaky payments test"))
         .await
         .unwrap();
+    // Recall does not wait for its reinforcement to be flushed; this does.
+    sub.store().sync().await.unwrap();
     let after = sub.get("default", id).unwrap();
     assert_eq!(after.reinforcements, before.reinforcements + 1);
     assert_eq!(after.strength_at, T0 + 86_400_000);

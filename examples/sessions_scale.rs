@@ -1,0 +1,200 @@
+//! Many sessions through the actor runtime: how much memory 100,000 touched sessions cost
+//! (idle session actors passivate), how fast durable writes go with many sessions writing
+//! at once, how long a new session takes to answer its first write, and what a
+//! session-scoped recall costs through the handle (actor hop included).
+//!
+//! ```text
+//! cargo run --release --example sessions_scale -- --sessions 100000 --events 10
+//! ```
+//!
+//! Each session writes its events one call at a time (as an agent does), `--concurrency`
+//! sessions at once. Prints progress on stderr and, last, one JSON line.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use shadowbrain_actors::substrate::model::NewMemory;
+use shadowbrain_actors::{Runtime, RuntimeConfig};
+
+struct Args {
+    sessions: usize,
+    events: usize,
+    concurrency: usize,
+    recalls: usize,
+    idle_ms: u64,
+    data: Option<std::path::PathBuf>,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args {
+        sessions: 100_000,
+        events: 10,
+        concurrency: 1_000,
+        recalls: 2_000,
+        idle_ms: 2_000,
+        data: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut num = || -> Result<usize, String> {
+            it.next()
+                .ok_or(format!("{flag} needs a value"))?
+                .parse()
+                .map_err(|e| format!("{flag}: {e}"))
+        };
+        match flag.as_str() {
+            "--sessions" => a.sessions = num()?,
+            "--events" => a.events = num()?.max(1),
+            "--concurrency" => a.concurrency = num()?.max(1),
+            "--recalls" => a.recalls = num()?,
+            "--idle-ms" => a.idle_ms = num()? as u64,
+            "--data" => {
+                a.data = Some(it.next().ok_or("--data needs a directory")?.into());
+            }
+            other => {
+                return Err(format!(
+                    "unknown argument {other}; use --sessions N --events N --concurrency N \
+                     --recalls N --idle-ms MS --data DIR"
+                ));
+            }
+        }
+    }
+    Ok(a)
+}
+
+/// Peak resident memory of this process, from the kernel (Linux).
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+const TOPICS: [&str; 8] = [
+    "the payment gateway timed out",
+    "the user asked for a refund",
+    "deploy finished on staging",
+    "the search index is stale",
+    "tests failed on the billing module",
+    "the customer prefers email over phone",
+    "retrying with backoff fixed the error",
+    "the report is due on friday",
+];
+
+#[tokio::main]
+async fn main() {
+    let a = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("sessions_scale: {e}");
+            std::process::exit(2);
+        }
+    };
+    let tmp;
+    let dir = match &a.data {
+        Some(d) => d.clone(),
+        None => {
+            tmp = tempfile::tempdir().expect("a temporary directory");
+            tmp.path().to_path_buf()
+        }
+    };
+    let mut config = RuntimeConfig::new(&dir);
+    config.session_idle = Duration::from_millis(a.idle_ms);
+    config.call_timeout = Duration::from_secs(120);
+    let rt = Runtime::open(config).await.expect("open the runtime");
+
+    eprintln!(
+        "sessions_scale: {} sessions × {} events, {} at a time",
+        a.sessions, a.events, a.concurrency
+    );
+    let next = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let t0 = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..a.concurrency {
+        let (rt, next, done) = (rt.clone(), next.clone(), done.clone());
+        let (sessions, events) = (a.sessions, a.events);
+        workers.spawn(async move {
+            let mut first_acks = Vec::new();
+            loop {
+                let s = next.fetch_add(1, Ordering::Relaxed);
+                if s >= sessions {
+                    return first_acks;
+                }
+                let session = rt.session("scale", &format!("s{s:06}")).expect("valid id");
+                for e in 0..events {
+                    let text = format!("{} (session {s}, step {e})", TOPICS[(s + e) % TOPICS.len()]);
+                    let t = Instant::now();
+                    session
+                        .record(NewMemory::new("observation", text))
+                        .await
+                        .expect("a durable write");
+                    if e == 0 {
+                        first_acks.push(t.elapsed().as_secs_f64() * 1000.0);
+                    }
+                }
+                let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+                if n % 10_000 == 0 {
+                    eprintln!(
+                        "sessions_scale: {n} sessions, {:.0} events/s, {} live actors, RSS peak {:.0} MB",
+                        (n * events) as f64 / t0.elapsed().as_secs_f64(),
+                        rt.live_sessions().await.unwrap_or(0),
+                        peak_rss_mb()
+                    );
+                }
+            }
+        });
+    }
+    let mut first_acks = Vec::with_capacity(a.sessions);
+    while let Some(w) = workers.join_next().await {
+        first_acks.extend(w.expect("a worker"));
+    }
+    let ingest_s = t0.elapsed().as_secs_f64();
+    let events = a.sessions * a.events;
+    let events_per_s = events as f64 / ingest_s;
+    first_acks.sort_by(f64::total_cmp);
+    eprintln!("sessions_scale: ingest {events_per_s:.0} events/s ({ingest_s:.1} s)");
+
+    // Session-scoped recall through the handle, over the whole store.
+    let mut lat = Vec::with_capacity(a.recalls);
+    for i in 0..a.recalls {
+        let s = (i * 7_919) % a.sessions;
+        let session = rt.session("scale", &format!("s{s:06}")).expect("valid id");
+        let query = TOPICS[i % TOPICS.len()];
+        let t = Instant::now();
+        session.recall(query).await.expect("a recall");
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    lat.sort_by(f64::total_cmp);
+    let live = rt.live_sessions().await.unwrap_or(0);
+    let peak = peak_rss_mb();
+    eprintln!(
+        "sessions_scale: recall p50 {:.3} ms p99 {:.3} ms; {live} live session actors; peak RSS {peak:.0} MB",
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99)
+    );
+    rt.shutdown().await.expect("a clean shutdown");
+    println!(
+        "{{\"sessions\":{},\"events\":{},\"peak_rss_mb\":{:.0},\"events_per_s\":{:.0},\"first_ack_p50_ms\":{:.3},\"first_ack_p99_ms\":{:.3},\"recall_p50_ms\":{:.3},\"recall_p99_ms\":{:.3},\"live_sessions_at_end\":{live}}}",
+        a.sessions,
+        events,
+        peak,
+        events_per_s,
+        percentile(&first_acks, 0.5),
+        percentile(&first_acks, 0.99),
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99),
+    );
+}
