@@ -192,9 +192,11 @@ impl Runtime {
         )
     }
 
-    /// Stops every actor (each finishes the request in hand; writes already acknowledged
-    /// are on disk), then flushes the indexes and closes the store. Later calls on any clone
-    /// fail with [`Error::Unavailable`] or [`Error::Closed`].
+    /// Stops every actor after it has finished what its mailbox holds (session actors
+    /// first, the indexer last), then flushes the indexes and closes the store. Later calls
+    /// on any clone fail with [`Error::Unavailable`] or [`Error::Closed`]. The data
+    /// directory can be opened again once every clone of the runtime and of its session
+    /// handles is dropped (another process can open it as soon as this one exits).
     pub async fn shutdown(&self) -> Result<()> {
         let task = self
             .inner
@@ -203,8 +205,17 @@ impl Runtime {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         if let Some(task) = task {
+            let timeout = self.inner.config.call_timeout;
+            let drained = self
+                .inner
+                .root
+                .call(|reply| RootMessage::Drain { timeout, reply }, None)
+                .await;
+            if !matches!(drained, Ok(CallResult::Success(()))) {
+                tracing::warn!("the actors did not drain; stopping them");
+            }
             self.inner.root.stop(Some("shutdown".into()));
-            let _ = tokio::time::timeout(self.inner.config.call_timeout, task).await;
+            let _ = tokio::time::timeout(timeout, task).await;
         }
         let substrate = self.inner.substrate.clone();
         tokio::task::spawn_blocking(move || substrate.close())

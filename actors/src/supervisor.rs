@@ -33,7 +33,9 @@
 //!
 //! Every restart updates the [`Directory`], so senders reach the new actor at once. The
 //! root never stops because a child ended — ractor's default would — only when the
-//! `Runtime` shuts down.
+//! `Runtime` shuts down: then it drains its children in dependency order (session actors
+//! first, so their last writes and triggers reach the others; the indexer last) and
+//! restarts nothing.
 
 use std::time::Duration;
 
@@ -80,6 +82,8 @@ pub(crate) struct RootState {
     indexer: Option<ActorRef<IndexerMessage>>,
     /// Children restarted since start.
     restarts: u64,
+    /// Set by [`RootMessage::Drain`]: children that end are not restarted.
+    draining: bool,
 }
 
 /// The protocol of the root supervisor.
@@ -89,6 +93,12 @@ pub(crate) enum RootMessage {
     Restarts { reply: RpcReplyPort<u64> },
     /// Fault injection for supervision tests: the child panics.
     Panic(Child),
+    /// Shutdown: every child finishes what its mailbox holds and stops, in dependency
+    /// order; answers when all have stopped (or `timeout` passed for one of them).
+    Drain {
+        timeout: Duration,
+        reply: RpcReplyPort<()>,
+    },
 }
 
 impl RootSupervisor {
@@ -178,6 +188,7 @@ impl Actor for RootSupervisor {
             children,
             indexer,
             restarts: 0,
+            draining: false,
         })
     }
 
@@ -199,6 +210,29 @@ impl Actor for RootSupervisor {
         match message {
             RootMessage::Restarts { reply } => {
                 let _ = reply.send(state.restarts);
+            }
+            RootMessage::Drain { timeout, reply } => {
+                state.draining = true;
+                for child in [
+                    Child::Sessions,
+                    Child::Condenser,
+                    Child::Knowledge,
+                    Child::Decay,
+                    Child::Indexer,
+                ] {
+                    let Some((cell, _)) = state.children.iter().find(|(_, c)| *c == child) else {
+                        continue;
+                    };
+                    if child == Child::Sessions {
+                        cell.drain_children_and_wait(Some(timeout)).await;
+                    }
+                    if let Err(e) = cell.drain_and_wait(Some(timeout)).await {
+                        tracing::warn!(?child, error = %e, "did not drain in time; stopping it");
+                        cell.stop(Some("shutdown".into()));
+                    }
+                }
+                state.args.directory.clear();
+                let _ = reply.send(());
             }
             RootMessage::Panic(child) => {
                 let directory = &state.args.directory;
@@ -244,6 +278,9 @@ impl Actor for RootSupervisor {
         else {
             return Ok(());
         };
+        if state.draining {
+            return Ok(());
+        }
         let child = state.children[i].1;
         tracing::warn!(?child, reason = %why, "child ended; starting a new one");
         state.children[i].0 = Self::start(&myself, &state.args, &mut state.indexer, child).await?;
