@@ -74,6 +74,10 @@ pub struct KeywordIndex {
     id_field: Field,
     text_field: Field,
     watermark: AtomicU64,
+    /// Every id at or above this was never committed, so its upsert needs no delete:
+    /// tantivy keeps each pending delete as a query until the commit (about 1 KB each,
+    /// 280 MB for a 300k-document commit), and record ids only grow.
+    fresh_from: AtomicU64,
 }
 
 impl fmt::Debug for KeywordIndex {
@@ -169,6 +173,13 @@ impl KeywordIndex {
             .reload_policy(ReloadPolicy::Manual)
             .try_into()?;
         let watermark = parse_watermark(index.load_metas()?.payload.as_deref())?;
+        let mut fresh_from = 0;
+        for segment in reader.searcher().segment_readers() {
+            let ids = segment.fast_fields().u64(ID_FIELD)?;
+            if segment.max_doc() > 0 {
+                fresh_from = fresh_from.max(ids.max_value().saturating_add(1));
+            }
+        }
         Ok(KeywordIndex {
             dir: dir.to_path_buf(),
             reader,
@@ -177,6 +188,7 @@ impl KeywordIndex {
             id_field,
             text_field,
             watermark: AtomicU64::new(watermark),
+            fresh_from: AtomicU64::new(fresh_from),
         })
     }
 
@@ -244,9 +256,12 @@ impl KeywordIndex {
         if snapshot.is_empty() && watermark == self.watermark.load(AtomicOrdering::Acquire) {
             return Ok(());
         }
+        let fresh_from = self.fresh_from.load(AtomicOrdering::Acquire);
         let written = (|| -> tantivy::Result<()> {
             for (id, _, text) in &snapshot {
-                writer.delete_term(Term::from_field_u64(self.id_field, u64::from(*id)));
+                if u64::from(*id) < fresh_from {
+                    writer.delete_term(Term::from_field_u64(self.id_field, u64::from(*id)));
+                }
                 if let Some(text) = text {
                     let mut doc = TantivyDocument::new();
                     doc.add_u64(self.id_field, u64::from(*id));
@@ -272,6 +287,9 @@ impl KeywordIndex {
             ));
         }
         self.watermark.store(watermark, AtomicOrdering::Release);
+        if let Some(max) = snapshot.iter().map(|(id, _, _)| u64::from(*id)).max() {
+            self.fresh_from.fetch_max(max + 1, AtomicOrdering::AcqRel);
+        }
         let mut tail = self.write_tail();
         // If the reload fails the tail keeps its entries, which still shadow the stale
         // committed view, so searches stay right; the next commit reloads again.
@@ -451,6 +469,7 @@ impl KeywordIndex {
             ));
         }
         self.watermark.store(0, AtomicOrdering::Release);
+        self.fresh_from.store(0, AtomicOrdering::Release);
         let mut tail = self.write_tail();
         self.reader.reload()?;
         tail.drop_before(upto);

@@ -209,6 +209,36 @@ fn upsert_replaces_the_previous_text() {
     assert_eq!(ids(&index.search("final", 10, None).unwrap()), [3]);
 }
 
+/// Fresh ids skip the delete; an id committed before a reopen (including the largest and
+/// id 0) is still replaced, not duplicated.
+#[test]
+fn replacing_after_a_reopen_never_duplicates() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let index = KeywordIndex::open(dir.path()).unwrap();
+        index.upsert(&docs(&[(0, "alpha zero"), (5, "alpha five")]));
+        index.commit(1).unwrap();
+    }
+    let index = KeywordIndex::open(dir.path()).unwrap();
+    index.upsert(&docs(&[
+        (0, "beta zero"),
+        (5, "beta five"),
+        (6, "alpha six"),
+    ]));
+    index.commit(2).unwrap();
+    assert_eq!(sorted(ids(&index.search("alpha", 10, None).unwrap())), [6]);
+    assert_eq!(
+        sorted(ids(&index.search("beta", 10, None).unwrap())),
+        [0, 5]
+    );
+    assert_eq!(index.len().unwrap(), 3);
+    // And in the same process, after the commit that made 6 known.
+    index.upsert(&docs(&[(6, "gamma six")]));
+    index.commit(3).unwrap();
+    assert!(index.search("alpha", 10, None).unwrap().is_empty());
+    assert_eq!(index.len().unwrap(), 3);
+}
+
 #[test]
 fn candidate_filter_never_leaks() {
     let (_dir, index) = open();
