@@ -1,6 +1,7 @@
 //! shadowbrain's substrate: the memory model, the durable store (sled or LMDB behind one
 //! ordered-KV trait), the derived vector (arroy) and keyword (tantivy) indexes, policies,
-//! embedders, hybrid recall and the runtime clock. A plain library: no actors, no HTTP —
+//! embedders, hybrid recall, the memory lifecycle (decay, condensation, feedback), the
+//! knowledge pool and the runtime clock. A plain library: no actors, no HTTP —
 //! those live in `shadowbrain-actors` and the root package and call down into this crate.
 #![warn(missing_docs)]
 
