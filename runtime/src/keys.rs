@@ -28,7 +28,7 @@ pub mod family {
     pub const CHANGE: u8 = 0x08;
     /// Which namespace a purged record belonged to, so its audit log stays isolated.
     pub const TOMBSTONE: u8 = 0x09;
-    /// The first family of the layers above the store (see [`layer`]).
+    /// The first family of the layers above the store (see [`super::layer`]).
     pub const RESERVED_FIRST: u8 = 0x10;
 }
 
