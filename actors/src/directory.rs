@@ -9,6 +9,7 @@ use shadowbrain_runtime::error::{Error, Result};
 
 use crate::condenser::CondenserMessage;
 use crate::decay::DecayMessage;
+use crate::evaluator::EvaluatorMessage;
 use crate::knowledge::KnowledgeMessage;
 use crate::session::SessionSupervisorMessage;
 
@@ -22,6 +23,7 @@ pub(crate) struct Directory {
 struct Entries {
     sessions: Option<ActorRef<SessionSupervisorMessage>>,
     condenser: Option<ActorRef<CondenserMessage>>,
+    evaluator: Option<ActorRef<EvaluatorMessage>>,
     decay: Option<ActorRef<DecayMessage>>,
     knowledge: Option<ActorRef<KnowledgeMessage>>,
 }
@@ -54,6 +56,17 @@ impl Directory {
             .condenser
             .clone()
             .ok_or_else(|| missing("the condenser"))
+    }
+
+    pub fn evaluator(&self) -> Result<ActorRef<EvaluatorMessage>> {
+        self.read()
+            .evaluator
+            .clone()
+            .ok_or_else(|| missing("the evaluator"))
+    }
+
+    pub fn set_evaluator(&self, actor: ActorRef<EvaluatorMessage>) {
+        self.write().evaluator = Some(actor);
     }
 
     pub fn decay(&self) -> Result<ActorRef<DecayMessage>> {

@@ -9,17 +9,24 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef, RpcReplyPort};
 use shadowbrain_runtime::error::{Error, Result};
+use shadowbrain_runtime::evaluate::{EvaluationReport, Judge};
 use shadowbrain_runtime::knowledge::{Edge, KNOWLEDGE_SESSION, Promotion};
 use shadowbrain_runtime::lifecycle::{
     Condensed, FeedbackReport, FeedbackTarget, Outcome, SweepReport,
 };
-use shadowbrain_runtime::model::{MemoryId, MemoryRecord, NewMemory, validate_id};
+use shadowbrain_runtime::model::{
+    AuditEntry, MemoryId, MemoryRecord, NewMemory, Status, validate_id,
+};
+use shadowbrain_runtime::policy::Policy;
+use shadowbrain_runtime::quarantine::{MAX_STRIKES, QuarantineEntry, quarantined_error};
+use shadowbrain_runtime::store::SessionStats;
 use shadowbrain_runtime::substrate::{RecallRequest, RecallResult, Substrate, SubstrateOptions};
 use tokio::task::JoinHandle;
 
 use crate::condenser::CondenserMessage;
 use crate::decay::DecayMessage;
 use crate::directory::Directory;
+use crate::evaluator::EvaluatorMessage;
 use crate::knowledge::KnowledgeMessage;
 use crate::session::{
     Registry, SessionKey, SessionMessage, SessionSupervisorMessage, live_actor, read_registry,
@@ -46,6 +53,15 @@ pub struct RuntimeConfig {
     /// Pause between index passes of the Indexer actor (which replaces the substrate's
     /// indexer thread under the runtime). Default 50 ms.
     pub index_tick: Duration,
+    /// The file the policy was read from, so [`Runtime::reload_policy`] can read it
+    /// again; `None` when the policy was built in code. Set by
+    /// [`RuntimeConfig::with_policy_file`].
+    pub policy_file: Option<PathBuf>,
+    /// The judge of `[evaluation] mode = "llm"` / `"hybrid"`. Without one, records queued
+    /// for judging keep the rules' score, and their audit log says why.
+    pub judge: Option<Arc<dyn Judge>>,
+    /// Records per judge call. Default 16.
+    pub evaluation_batch: usize,
 }
 
 /// An actor to make fail, for supervision tests ([`Runtime::inject_panic`]).
@@ -64,6 +80,8 @@ pub enum Fault {
     Knowledge,
     /// The indexer.
     Indexer,
+    /// The evaluator.
+    Evaluator,
 }
 
 impl RuntimeConfig {
@@ -76,7 +94,19 @@ impl RuntimeConfig {
             call_timeout: Duration::from_secs(30),
             decay_check: Some(Duration::from_secs(1)),
             index_tick: Duration::from_millis(50),
+            policy_file: None,
+            judge: None,
+            evaluation_batch: 16,
         }
+    }
+
+    /// Reads the policy from `path` (every error in the file, or none) and remembers the
+    /// path for [`Runtime::reload_policy`].
+    pub fn with_policy_file(mut self, path: impl Into<PathBuf>) -> Result<Self> {
+        let path = path.into();
+        self.substrate.policy = Policy::load(&path)?;
+        self.policy_file = Some(path);
+        Ok(self)
     }
 }
 
@@ -127,6 +157,8 @@ impl Runtime {
             session_idle: config.session_idle,
             decay_check: config.decay_check,
             index_tick: config.index_tick,
+            judge: config.judge.clone(),
+            evaluation_batch: config.evaluation_batch,
         };
         let (root, root_task) = Actor::spawn(None, RootSupervisor, args)
             .await
@@ -235,6 +267,70 @@ impl Runtime {
         })
     }
 
+    /// One record of a namespace: read it, change its status, archive it, read its audit
+    /// log. Another namespace's ids are not found.
+    pub fn memory(&self, namespace: &str, id: MemoryId) -> Result<MemoryHandle> {
+        validate_id("namespace", namespace)?;
+        Ok(MemoryHandle {
+            runtime: self.clone(),
+            namespace: namespace.to_string(),
+            id,
+        })
+    }
+
+    /// Every session of a namespace that has records (live actor or not), by session id.
+    pub async fn sessions(&self, namespace: &str) -> Result<Vec<SessionStats>> {
+        validate_id("namespace", namespace)?;
+        let namespace = namespace.to_string();
+        self.blocking("the session list", move |s| s.store().sessions(&namespace))
+            .await
+    }
+
+    /// The active policy.
+    pub fn policy(&self) -> Arc<Policy> {
+        self.inner.substrate.policy()
+    }
+
+    /// Reads the policy file again and makes it the active policy; decisions from now on
+    /// carry its name and hash. A file with errors changes nothing: the error lists them
+    /// all. Fails when the runtime was opened without a policy file.
+    pub async fn reload_policy(&self) -> Result<Arc<Policy>> {
+        let Some(path) = self.inner.config.policy_file.clone() else {
+            return Err(Error::invalid(
+                "policy",
+                "the runtime was opened without a policy file, so there is nothing to \
+                 reload; open it with `RuntimeConfig::with_policy_file` (or `--policy`)",
+            ));
+        };
+        let policy = self
+            .blocking("the policy file", move |_| Ok(Policy::load(&path)?))
+            .await?;
+        let stamp = policy.stamp();
+        self.inner.substrate.set_policy(policy);
+        tracing::info!(name = %stamp.name, hash = %stamp.hash, "policy reloaded");
+        Ok(self.inner.substrate.policy())
+    }
+
+    /// Records and inputs set aside because processing them kept failing (all namespaces
+    /// when `namespace` is `None`).
+    pub async fn quarantined(&self, namespace: Option<&str>) -> Result<Vec<QuarantineEntry>> {
+        let namespace = namespace.map(str::to_string);
+        self.blocking("the quarantine", move |s| {
+            s.quarantined(namespace.as_deref())
+        })
+        .await
+    }
+
+    /// Has the evaluator judge everything queued now, and answers its totals since it
+    /// (re)started.
+    pub async fn evaluate_now(&self) -> Result<EvaluationReport> {
+        let evaluator = self.inner.directory.evaluator()?;
+        let outcome = evaluator
+            .call(|reply| EvaluatorMessage::Drain { reply }, self.timeout())
+            .await;
+        self.answer("the evaluator", outcome)?
+    }
+
     /// Runs a decay sweep now, at the runtime clock's time, whatever the policy interval
     /// says (simulations call this at fixed virtual times for exact replays).
     pub async fn decay_now(&self) -> Result<SweepReport> {
@@ -260,6 +356,7 @@ impl Runtime {
             Fault::Decay => Child::Decay,
             Fault::Knowledge => Child::Knowledge,
             Fault::Indexer => Child::Indexer,
+            Fault::Evaluator => Child::Evaluator,
         };
         let _ = self.inner.root.send_message(RootMessage::Panic(child));
         Ok(())
@@ -267,6 +364,27 @@ impl Runtime {
 
     fn timeout(&self) -> Option<Duration> {
         Some(self.inner.config.call_timeout)
+    }
+
+    /// Runs blocking store work off the async workers, within the call timeout.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        what: &str,
+        work: impl FnOnce(&Substrate) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let substrate = self.inner.substrate.clone();
+        let task = tokio::task::spawn_blocking(move || work(&substrate));
+        match tokio::time::timeout(self.inner.config.call_timeout, task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(e)) => Err(Error::Panicked {
+                what: what.to_string(),
+                message: e.to_string(),
+            }),
+            Err(_) => Err(Error::Timeout {
+                what: what.to_string(),
+                after_ms: self.inner.config.call_timeout.as_millis() as u64,
+            }),
+        }
     }
 
     /// Maps a call's outcome to the runtime's errors.
@@ -382,13 +500,44 @@ impl SessionHandle {
 
     /// Records events in order; returns their ids, in the same order, once all are durable.
     /// Invalid input rejects the whole batch with an error naming the event and the field.
+    ///
+    /// Input that makes the session actor fail (panic) is tried again on a fresh actor, up
+    /// to `MAX_STRIKES` times; then it is quarantined — kept, with the error, under an id
+    /// of its own — and the call fails with [`Error::Quarantined`] naming that id.
     pub async fn record_batch(&self, events: Vec<NewMemory>) -> Result<Vec<MemoryId>> {
-        self.runtime
-            .call_session(&self.key, |reply| SessionMessage::Record {
-                events: events.clone(),
-                reply,
-            })
-            .await
+        let mut strikes = 0;
+        loop {
+            let outcome = self
+                .runtime
+                .call_session(&self.key, |reply| SessionMessage::Record {
+                    events: events.clone(),
+                    reply,
+                })
+                .await;
+            match outcome {
+                Err(Error::Panicked { message, .. }) => {
+                    strikes += 1;
+                    if strikes < MAX_STRIKES {
+                        continue;
+                    }
+                    let input = serde_json::to_string(&events).unwrap_or_default();
+                    let entry = self
+                        .runtime
+                        .substrate()
+                        .quarantine_input(
+                            &self.key.namespace,
+                            &self.key.session,
+                            "session actor",
+                            &message,
+                            strikes,
+                            input,
+                        )
+                        .await?;
+                    return Err(quarantined_error(&entry));
+                }
+                other => return other,
+            }
+        }
     }
 
     /// What this session should remember about `query`: session scope, the policy's
@@ -449,6 +598,62 @@ impl SessionHandle {
     pub async fn timeline(&self, limit: usize) -> Result<Vec<MemoryRecord>> {
         self.runtime
             .call_session(&self.key, |reply| SessionMessage::Timeline { limit, reply })
+            .await
+    }
+}
+
+/// One record of a namespace ([`Runtime::memory`]). Cheap to clone.
+#[derive(Clone)]
+pub struct MemoryHandle {
+    runtime: Runtime,
+    namespace: String,
+    id: MemoryId,
+}
+
+impl std::fmt::Debug for MemoryHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryHandle")
+            .field("namespace", &self.namespace)
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl MemoryHandle {
+    /// The record's id.
+    pub fn id(&self) -> MemoryId {
+        self.id
+    }
+
+    /// The record, with every field, its status, strength, utility and sources.
+    pub async fn get(&self) -> Result<MemoryRecord> {
+        let (namespace, id) = (self.namespace.clone(), self.id);
+        self.runtime
+            .blocking("the memory", move |s| s.get(&namespace, id))
+            .await
+    }
+
+    /// Sets its status (`active`, `pinned`, `obsolete`, `archived`), audited as done by
+    /// `by`; answers the record as it is now.
+    pub async fn set_status(&self, status: Status, by: &str) -> Result<MemoryRecord> {
+        let (namespace, id, by) = (self.namespace.clone(), self.id, by.to_string());
+        self.runtime
+            .blocking("the memory", move |s| {
+                s.set_status(&namespace, id, status, &by)
+            })
+            .await
+    }
+
+    /// Archives it (soft delete: never recalled, recoverable until purged).
+    pub async fn archive(&self, by: &str) -> Result<MemoryRecord> {
+        self.set_status(Status::Archived, by).await
+    }
+
+    /// Its audit log, oldest first (kept after a purge).
+    pub async fn history(&self) -> Result<Vec<AuditEntry>> {
+        let (namespace, id) = (self.namespace.clone(), self.id);
+        self.runtime
+            .blocking("the memory's history", move |s| s.history(&namespace, id))
             .await
     }
 }

@@ -18,25 +18,36 @@
 //! `every_events` after each write and `max_age` on its idle ticks. An idle session that
 //! stops with a backlog below the trigger is condensed after its next write.
 //!
+//! A panic while writing (a poison input: say, an embedder plugin that crashes on some
+//! text) is caught: the caller gets [`Error::Panicked`], the actor takes itself out of the
+//! registry and fails, and the next request starts a fresh one. Nothing was written, so
+//! the handle may send the input again; after `MAX_STRIKES` failures it quarantines it
+//! (see `SessionHandle::record_batch`).
+//!
 //! Idle time is measured on tokio's clock, not the runtime clock: passivation manages
 //! memory in this process, it decides nothing about memories (a simulation on the virtual
 //! clock still wants idle actors gone in real time).
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use futures::FutureExt;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use shadowbrain_runtime::clock::Timestamp;
 use shadowbrain_runtime::error::{Error, Result};
 use shadowbrain_runtime::lifecycle::{FeedbackReport, FeedbackTarget, Outcome};
 use shadowbrain_runtime::model::{MemoryId, MemoryRecord, NewMemory};
+use shadowbrain_runtime::policy::EvaluationMode;
+use shadowbrain_runtime::quarantine::panic_message;
 use shadowbrain_runtime::substrate::{RecallRequest, RecallResult, Substrate};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::condenser::CondenserMessage;
 use crate::directory::Directory;
+use crate::evaluator::EvaluatorMessage;
 use crate::knowledge::KnowledgeMessage;
 
 /// A session's identity: sessions of different namespaces never share an actor.
@@ -69,6 +80,8 @@ pub(crate) struct SessionArgs {
     pub idle: Duration,
     /// Where the condenser is.
     pub directory: Directory,
+    /// The live actors, to leave at once when it fails.
+    pub registry: Registry,
 }
 
 /// A session actor's state.
@@ -187,7 +200,31 @@ impl Actor for SessionActor {
         match message {
             SessionMessage::Record { events, reply } => {
                 state.last_active = Instant::now();
-                let result = substrate.record(&key.namespace, &key.session, events).await;
+                let write = substrate.record(&key.namespace, &key.session, events);
+                let result = match AssertUnwindSafe(write).catch_unwind().await {
+                    Ok(result) => result,
+                    Err(payload) => {
+                        // Leave the registry before answering, so a retry reaches a fresh
+                        // actor and not this failing one.
+                        let message = panic_message(payload.as_ref());
+                        {
+                            let mut registry = write_registry(&state.args.registry);
+                            if registry
+                                .get(key)
+                                .is_some_and(|a| a.get_id() == myself.get_id())
+                            {
+                                registry.remove(key);
+                            }
+                        }
+                        let _ = reply.send(Err(Error::Panicked {
+                            what: key.describe(),
+                            message: message.clone(),
+                        }));
+                        return Err(
+                            format!("writing to {} panicked: {message}", key.describe()).into()
+                        );
+                    }
+                };
                 let written = result.as_ref().map_or(0, Vec::len) as u64;
                 let now = substrate.clock().now();
                 // The caller may have timed out and gone; the write stands either way.
@@ -195,7 +232,15 @@ impl Actor for SessionActor {
                 if written > 0 {
                     state.backlog.0 += written;
                     state.backlog.1.get_or_insert(now);
+                    let judged = substrate.policy().evaluation.mode != EvaluationMode::Rules;
                     state.condense_if_due();
+                    if judged {
+                        // The records are on the evaluation queue already; a lost wake-up
+                        // only delays them until the evaluator's next tick.
+                        if let Ok(evaluator) = state.args.directory.evaluator() {
+                            let _ = evaluator.send_message(EvaluatorMessage::Wake);
+                        }
+                    }
                 }
             }
             SessionMessage::Recall { request, reply } => {
@@ -365,6 +410,7 @@ impl SessionSupervisorState {
             key: key.clone(),
             idle: self.args.idle,
             directory: self.args.directory.clone(),
+            registry: self.args.registry.clone(),
         };
         let (actor, _) = Actor::spawn_linked(None, SessionActor, args, myself.get_cell())
             .await

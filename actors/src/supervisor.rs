@@ -2,20 +2,24 @@
 //!
 //! ```text
 //! RootSupervisor
+//!  ├─ Evaluator            (importance from a judge in `llm`/`hybrid` modes; rules score inline)
 //!  ├─ Condenser            (one for all sessions: windows → condensed records)
 //!  ├─ Decay                (sweeps every policy interval of the runtime clock)
 //!  ├─ KnowledgeGraph       (the namespace knowledge pools: promotion, merging, edges)
 //!  ├─ Indexer              (the one writer of the vector and keyword indexes, batched)
 //!  └─ SessionSupervisor
 //!      └─ SessionActor × N (one per live session, passivated when idle)
-//!  (to come: an Evaluator for `llm`/`hybrid` scoring — rules score at write time — and
-//!   an enricher actor; the substrate's own thread embeds for remote embedders)
+//!  (the substrate's own thread embeds records for remote embedders)
 //! ```
 //!
 //! Restart policy, child by child — what a restart recovers:
 //! - **Condenser** → started again. Its state is the store (each session's condensation
 //!   watermark moves with the condensed record); a request lost in its mailbox is made
 //!   again by the session's next trigger, or fails at the handle with a clear error.
+//! - **Evaluator** → started again; it drains the store's evaluation queue, so records
+//!   queued before the failure are judged after it. A judge that panicked left strikes
+//!   on the records it was judging; they are judged one at a time and quarantined after
+//!   too many failures (see `evaluator.rs`).
 //! - **KnowledgeGraph** → started again; it loads each namespace's graph from the store on
 //!   first use. Knowledge records, edges and promotion markers are written in one commit,
 //!   so a crash mid-promotion leaves either all of it or none; a candidate whose promotion
@@ -45,6 +49,7 @@ use shadowbrain_runtime::substrate::Substrate;
 use crate::condenser::{Condenser, CondenserMessage};
 use crate::decay::{Decay, DecayArgs, DecayMessage};
 use crate::directory::Directory;
+use crate::evaluator::{Evaluator, EvaluatorArgs, EvaluatorMessage};
 use crate::indexer::{Indexer, IndexerArgs, IndexerMessage};
 use crate::knowledge::{KnowledgeGraph, KnowledgeMessage};
 use crate::session::{
@@ -62,12 +67,15 @@ pub(crate) struct RootArgs {
     pub session_idle: Duration,
     pub decay_check: Option<Duration>,
     pub index_tick: Duration,
+    pub judge: Option<std::sync::Arc<dyn shadowbrain_runtime::evaluate::Judge>>,
+    pub evaluation_batch: usize,
 }
 
 /// The children, to tell which one ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Child {
     Sessions,
+    Evaluator,
     Condenser,
     Decay,
     Knowledge,
@@ -131,6 +139,17 @@ impl RootSupervisor {
                 args.directory.set_sessions(actor.clone());
                 actor.get_cell()
             }
+            Child::Evaluator => {
+                let child_args = EvaluatorArgs {
+                    substrate: args.substrate.clone(),
+                    judge: args.judge.clone(),
+                    batch: args.evaluation_batch,
+                    tick: Duration::from_secs(1),
+                };
+                let (actor, _) = Actor::spawn_linked(None, Evaluator, child_args, parent).await?;
+                args.directory.set_evaluator(actor.clone());
+                actor.get_cell()
+            }
             Child::Condenser => {
                 let child_args = (args.substrate.clone(), args.directory.clone());
                 let (actor, _) = Actor::spawn_linked(None, Condenser, child_args, parent).await?;
@@ -175,6 +194,7 @@ impl Actor for RootSupervisor {
             Child::Indexer,
             Child::Knowledge,
             Child::Condenser,
+            Child::Evaluator,
             Child::Decay,
             Child::Sessions,
         ] {
@@ -215,6 +235,7 @@ impl Actor for RootSupervisor {
                 state.draining = true;
                 for child in [
                     Child::Sessions,
+                    Child::Evaluator,
                     Child::Condenser,
                     Child::Knowledge,
                     Child::Decay,
@@ -240,6 +261,9 @@ impl Actor for RootSupervisor {
                     Child::Sessions => directory
                         .sessions()?
                         .send_message(SessionSupervisorMessage::Panic)?,
+                    Child::Evaluator => directory
+                        .evaluator()?
+                        .send_message(EvaluatorMessage::Panic)?,
                     Child::Condenser => directory
                         .condenser()?
                         .send_message(CondenserMessage::Panic)?,

@@ -487,3 +487,368 @@ async fn the_indexer_actor_builds_the_indexes_and_resumes_after_a_restart() {
     .await;
     rt.shutdown().await.unwrap();
 }
+
+// ----- evaluation, poison input, the record/policy/session handles ----------------------
+
+use shadowbrain_actors::substrate::embed::Embedder;
+use shadowbrain_actors::substrate::embed::hash::HashEmbedder;
+use shadowbrain_actors::substrate::evaluate::{Judge, JudgeItem, Judgement};
+use shadowbrain_actors::substrate::model::{AuditAction, Status};
+use shadowbrain_actors::substrate::policy::Policy;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A judge scripted by the text it sees: `nonsense` gets an impossible score, `POISON`
+/// makes it panic (while `panics_left` lasts), everything else gets 8.5.
+#[derive(Debug, Default)]
+struct ScriptedJudge {
+    calls: AtomicUsize,
+    panics_left: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Judge for ScriptedJudge {
+    fn name(&self) -> &str {
+        "scripted-judge"
+    }
+
+    async fn judge(
+        &self,
+        items: &[JudgeItem],
+    ) -> shadowbrain_actors::substrate::error::Result<Vec<Judgement>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if items.iter().any(|i| i.text.contains("POISON"))
+            && self
+                .panics_left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            panic!("the judge choked on a POISON record");
+        }
+        Ok(items
+            .iter()
+            .map(|i| Judgement {
+                importance: if i.text.contains("nonsense") {
+                    f32::NAN
+                } else {
+                    8.5
+                },
+                reason: format!("looked at {}", i.id),
+            })
+            .collect())
+    }
+}
+
+fn judged_config(
+    dir: &tempfile::TempDir,
+    mode: &str,
+    judge: Option<Arc<ScriptedJudge>>,
+) -> RuntimeConfig {
+    let mut config = config(dir);
+    config.substrate.policy = Policy::from_toml(
+        "<test>",
+        &format!(
+            "[evaluation]\nmode = \"{mode}\"\ndefault_importance = 3\n\
+             [[evaluation.rules]]\nkinds = [\"goal\"]\nimportance = 9\n"
+        ),
+    )
+    .unwrap();
+    config.evaluation_batch = 16;
+    config.judge = judge.map(|j| j as Arc<dyn Judge>);
+    config
+}
+
+fn has_audit(history: &[shadowbrain_actors::substrate::model::AuditEntry], needle: &str) -> bool {
+    history
+        .iter()
+        .any(|e| e.action == AuditAction::Scored && e.detail.contains(needle))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_evaluator_scores_with_the_judge_in_batches_and_falls_back_to_the_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Arc::new(ScriptedJudge::default());
+    let rt = Runtime::open(judged_config(&dir, "llm", Some(judge.clone())))
+        .await
+        .unwrap();
+    let session = rt.session("default", "judged").unwrap();
+    let mut events: Vec<NewMemory> = (0..39).map(|i| event(&format!("note {i}"))).collect();
+    events.push(event("utter nonsense"));
+    let ids = session.record_batch(events).await.unwrap();
+    // The write is acknowledged with the rules' provisional score.
+    eventually("the queue to drain", Duration::from_secs(20), || async {
+        rt.evaluate_now()
+            .await
+            .is_ok_and(|r| r.judged + r.kept_rules == 40)
+    })
+    .await;
+    // 40 records queued in one commit, 16 per call: three calls.
+    assert_eq!(judge.calls.load(Ordering::SeqCst), 3);
+    let first = rt.memory("default", ids[0]).unwrap();
+    assert_eq!(first.get().await.unwrap().importance, 8.5);
+    let history = first.history().await.unwrap();
+    assert!(
+        has_audit(&history, "provisional, queued for the judge"),
+        "{history:?}"
+    );
+    assert!(
+        has_audit(&history, "(judge; was 3 by the rules)"),
+        "{history:?}"
+    );
+    // An impossible score keeps the rules' one, and says why.
+    let odd = rt.memory("default", ids[39]).unwrap();
+    assert_eq!(odd.get().await.unwrap().importance, 3.0);
+    assert!(has_audit(
+        &odd.history().await.unwrap(),
+        "kept from the rules: the judge's importance NaN"
+    ));
+    assert!(rt.substrate().evaluation_queue(10).unwrap().is_empty());
+    rt.shutdown().await.unwrap();
+
+    // Hybrid: only what no rule matched goes to the judge; without a judge, the rules'
+    // score stays and the audit log says so.
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::open(judged_config(&dir, "hybrid", None))
+        .await
+        .unwrap();
+    let session = rt.session("default", "hybrid").unwrap();
+    let ids = session
+        .record_batch(vec![
+            NewMemory::new("goal", "ship the release"),
+            event("the build is green"),
+        ])
+        .await
+        .unwrap();
+    eventually("the queue to drain", Duration::from_secs(20), || async {
+        rt.evaluate_now().await.is_ok_and(|r| r.kept_rules == 1)
+    })
+    .await;
+    let goal = rt
+        .memory("default", ids[0])
+        .unwrap()
+        .history()
+        .await
+        .unwrap();
+    assert!(!has_audit(&goal, "queued for the judge"), "{goal:?}");
+    let plain = rt
+        .memory("default", ids[1])
+        .unwrap()
+        .history()
+        .await
+        .unwrap();
+    assert!(has_audit(&plain, "no judge is configured"), "{plain:?}");
+    rt.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_that_keeps_crashing_the_judge_is_quarantined_and_the_rest_is_judged() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Arc::new(ScriptedJudge::default());
+    judge.panics_left.store(usize::MAX, Ordering::SeqCst);
+    let rt = Runtime::open(judged_config(&dir, "llm", Some(judge.clone())))
+        .await
+        .unwrap();
+    let session = rt.session("default", "poisoned").unwrap();
+    let mut events: Vec<NewMemory> = (0..10).map(|i| event(&format!("fine {i}"))).collect();
+    events.insert(4, event("a POISON pill"));
+    let ids = session.record_batch(events).await.unwrap();
+    eventually(
+        "the poison to be quarantined",
+        Duration::from_secs(30),
+        || async { rt.quarantined(Some("default")).await.unwrap().len() == 1 },
+    )
+    .await;
+    eventually("the queue to drain", Duration::from_secs(20), || async {
+        rt.substrate().evaluation_queue(10).unwrap().is_empty()
+    })
+    .await;
+    let entry = &rt.quarantined(None).await.unwrap()[0];
+    assert_eq!(entry.id, ids[4]);
+    assert_eq!(entry.actor, "evaluator");
+    assert!(
+        entry.error.contains("choked on a POISON record"),
+        "{entry:?}"
+    );
+    // The batch failed once, then the poison alone twice more: three restarts.
+    assert!(rt.restarts().await.unwrap() >= 3);
+    // The poison record is kept, with the rules' score and the reason in its history.
+    let poison = rt.memory("default", ids[4]).unwrap();
+    assert_eq!(poison.get().await.unwrap().importance, 3.0);
+    let history = poison.history().await.unwrap();
+    assert!(
+        history
+            .iter()
+            .any(|e| e.action == AuditAction::Quarantined && e.detail.contains("POISON")),
+        "{history:?}"
+    );
+    // Its neighbours in the failed batch were judged after the restart.
+    for (i, id) in ids.iter().enumerate().filter(|(i, _)| *i != 4) {
+        let r = rt.memory("default", *id).unwrap().get().await.unwrap();
+        assert_eq!(r.importance, 8.5, "record {i}");
+        assert!(rt.substrate().strikes(*id).unwrap().is_none());
+    }
+    // And the runtime keeps serving.
+    session.record(event("after the poison")).await.unwrap();
+    assert!(!session.recall("fine").await.unwrap().memories.is_empty());
+    rt.shutdown().await.unwrap();
+}
+
+/// The default embedder, except that it panics on text containing `POISON` — a buggy
+/// embedder plugin.
+#[derive(Debug, Default)]
+struct PanickyEmbedder(HashEmbedder);
+
+#[async_trait::async_trait]
+impl Embedder for PanickyEmbedder {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn dimensions(&self) -> usize {
+        self.0.dimensions()
+    }
+    fn is_local(&self) -> bool {
+        true
+    }
+    async fn embed(
+        &self,
+        texts: &[String],
+    ) -> shadowbrain_actors::substrate::error::Result<Vec<Vec<f32>>> {
+        assert!(
+            !texts.iter().any(|t| t.contains("POISON")),
+            "the embedder cannot take this text"
+        );
+        self.0.embed(texts).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_that_crashes_the_session_actor_is_quarantined_with_its_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(&dir);
+    config.substrate.embedder = Arc::new(PanickyEmbedder::default());
+    let rt = Runtime::open(config).await.unwrap();
+    let session = rt.session("default", "fragile").unwrap();
+    let before = session.record(event("accepted before")).await.unwrap();
+    let err = session.record(event("a POISON pill")).await.unwrap_err();
+    let Error::Quarantined { id, message } = &err else {
+        panic!("expected a quarantine, got {err:?}");
+    };
+    assert!(message.contains("cannot take this text"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("send it again once the fault is fixed")
+    );
+    let entries = rt.quarantined(Some("default")).await.unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].id.to_string(), *id);
+    assert_eq!(entries[0].strikes, 3);
+    assert_eq!(entries[0].session_id.as_deref(), Some("fragile"));
+    let input = entries[0].input.clone().unwrap();
+    assert!(input.contains("a POISON pill"), "{input}");
+    let history = rt
+        .memory("default", entries[0].id)
+        .unwrap()
+        .history()
+        .await
+        .unwrap();
+    assert_eq!(history[0].action, AuditAction::Quarantined);
+    // Another namespace does not see it.
+    assert!(
+        rt.memory("other", entries[0].id)
+            .unwrap()
+            .history()
+            .await
+            .is_err()
+    );
+    // The session keeps serving, and nothing accepted was lost.
+    let after = session.record(event("accepted after")).await.unwrap();
+    assert!(after > before);
+    let texts: Vec<String> = session
+        .timeline(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.text)
+        .collect();
+    assert_eq!(texts, vec!["accepted after", "accepted before"]);
+    rt.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_sessions_and_the_policy_through_the_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy_path = dir.path().join("policy.toml");
+    std::fs::write(&policy_path, "name = \"first\"\n").unwrap();
+    let config = config(&dir).with_policy_file(&policy_path).unwrap();
+    let rt = Runtime::open(config).await.unwrap();
+    assert_eq!(rt.policy().name, "first");
+
+    let a = rt.session("default", "a").unwrap();
+    let id = a.record(event("keep this one")).await.unwrap();
+    rt.session("default", "b")
+        .unwrap()
+        .record_batch(vec![event("one"), event("two")])
+        .await
+        .unwrap();
+    let sessions = rt.sessions("default").await.unwrap();
+    let summary: Vec<(String, u64)> = sessions
+        .iter()
+        .map(|s| (s.session_id.clone(), s.events))
+        .collect();
+    assert_eq!(summary, vec![("a".to_string(), 1), ("b".to_string(), 2)]);
+    assert!(rt.sessions("other").await.unwrap().is_empty());
+
+    let memory = rt.memory("default", id).unwrap();
+    assert_eq!(memory.get().await.unwrap().text, "keep this one");
+    assert_eq!(
+        memory
+            .set_status(Status::Pinned, "tester")
+            .await
+            .unwrap()
+            .status,
+        Status::Pinned
+    );
+    assert_eq!(
+        memory.archive("tester").await.unwrap().status,
+        Status::Archived
+    );
+    let actions: Vec<AuditAction> = memory
+        .history()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.action)
+        .collect();
+    assert_eq!(
+        actions,
+        vec![
+            AuditAction::Created,
+            AuditAction::Scored,
+            AuditAction::StatusChanged,
+            AuditAction::Archived
+        ]
+    );
+    assert!(matches!(
+        rt.memory("other", id).unwrap().get().await,
+        Err(Error::NotFound { .. })
+    ));
+
+    // Reloading picks up the edited file; a broken file changes nothing.
+    std::fs::write(&policy_path, "name = \"second\"\n").unwrap();
+    assert_eq!(rt.reload_policy().await.unwrap().name, "second");
+    std::fs::write(&policy_path, "name = \"third\"\n[scoring]\nrecency = -1\n").unwrap();
+    let err = rt.reload_policy().await.unwrap_err();
+    assert!(matches!(err, Error::Policy(_)), "{err}");
+    assert_eq!(rt.policy().name, "second");
+    rt.shutdown().await.unwrap();
+
+    // Opened without a file, there is nothing to reload.
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::open(config_plain(&dir)).await.unwrap();
+    let err = rt.reload_policy().await.unwrap_err();
+    assert!(err.to_string().contains("without a policy file"), "{err}");
+    rt.shutdown().await.unwrap();
+}
+
+fn config_plain(dir: &tempfile::TempDir) -> RuntimeConfig {
+    config(dir)
+}

@@ -125,6 +125,26 @@ pub enum Error {
         /// The timeout that expired, in milliseconds.
         after_ms: u64,
     },
+    /// An actor failed (panicked) while handling the request; it was restarted, and the
+    /// request had no effect.
+    #[error("{what} failed while handling the request: {message}; it was restarted, retry")]
+    Panicked {
+        /// What was asked.
+        what: String,
+        /// The panic message.
+        message: String,
+    },
+    /// The input kept making an actor fail and was set aside (see `crate::quarantine`).
+    #[error(
+        "the input was quarantined as `{id}` because processing it kept failing ({message}); \
+         inspect it with the history of `{id}`, and send it again once the fault is fixed"
+    )]
+    Quarantined {
+        /// The id its quarantine entry is kept under.
+        id: String,
+        /// The last error.
+        message: String,
+    },
 }
 
 impl Error {

@@ -117,6 +117,24 @@ pub mod layer {
     pub const GRAPH_EDGE: u8 = 0x13;
     /// Per condensed record: the knowledge record it was promoted (or merged) into.
     pub const PROMOTED: u8 = 0x14;
+    /// Per record: how many times processing it made an actor fail, and the last error.
+    pub const STRIKES: u8 = 0x15;
+    /// Per quarantined record or input: why it was set aside.
+    pub const QUARANTINE: u8 = 0x16;
+}
+
+/// A record's strike count (see `crate::quarantine`).
+pub fn strikes(id: MemoryId) -> [u8; 5] {
+    let mut k = [layer::STRIKES, 0, 0, 0, 0];
+    k[1..].copy_from_slice(&id.0.to_be_bytes());
+    k
+}
+
+/// A quarantine entry, by the id of the record or of the rejected input.
+pub fn quarantine(id: MemoryId) -> [u8; 5] {
+    let mut k = [layer::QUARANTINE, 0, 0, 0, 0];
+    k[1..].copy_from_slice(&id.0.to_be_bytes());
+    k
 }
 
 /// All knowledge-graph edges of a namespace start with this.

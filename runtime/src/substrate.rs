@@ -27,7 +27,7 @@ use crate::model::{
     AuditAction, AuditEntry, Limits, MemoryId, MemoryRecord, NewMemory, Status, Tier,
     validate_embedding, validate_id,
 };
-use crate::policy::Policy;
+use crate::policy::{EvaluationMode, Policy};
 use crate::retrieval::{self, Candidates, FusionMethod, Scope};
 use crate::store::{Change, Filter, Mutation, Queue, RecordPatch, Store, StoreOptions, WriteSet};
 use crate::vector::{VectorIndex, VectorOptions};
@@ -415,16 +415,29 @@ impl Substrate {
         let mut queued = false;
         let mut writes = WriteSet::new();
         for ((v, id), embedding) in valid.into_iter().zip(ids).zip(embeddings) {
-            let (importance, scored_by) = match v.importance {
-                Some(i) => (i, "client".to_string()),
+            // The rules score every event now; in `llm` mode (every event) and `hybrid`
+            // mode (events no rule matched) that score is provisional, and the record
+            // waits on the evaluation queue for the judge (see `crate::evaluate`).
+            let (importance, scored_by, judge) = match v.importance {
+                Some(i) => (i, "client".to_string(), false),
                 None => {
                     let d = policy.importance(v.kind.as_str(), &v.text);
                     let by = match d.rule {
                         Some(r) => format!("rule {}", r + 1),
                         None => "default_importance".to_string(),
                     };
-                    (d.importance, by)
+                    let judge = match policy.evaluation.mode {
+                        EvaluationMode::Rules => false,
+                        EvaluationMode::Llm => true,
+                        EvaluationMode::Hybrid => d.defaulted,
+                    };
+                    (d.importance, by, judge)
                 }
+            };
+            let provisional = if judge {
+                "; provisional, queued for the judge"
+            } else {
+                ""
             };
             let record = MemoryRecord {
                 agent_id: v.agent_id,
@@ -454,9 +467,12 @@ impl Substrate {
                     at: now,
                     action: AuditAction::Scored,
                     by: stamp.name.clone(),
-                    detail: format!("importance {importance} ({scored_by})"),
+                    detail: format!("importance {importance} ({scored_by}{provisional})"),
                 },
             ));
+            if judge {
+                writes.push(Mutation::Enqueue(Queue::Evaluate, id));
+            }
             if record.embedding.is_none() {
                 writes.push(Mutation::Enqueue(Queue::Enrich, id));
             }
@@ -1313,7 +1329,12 @@ impl Substrate {
     /// A record's audit log (namespace-checked; kept after a purge).
     pub fn history(&self, namespace: &str, id: MemoryId) -> Result<Vec<AuditEntry>> {
         // Purged records keep a tombstone naming their namespace, so history stays isolated.
-        match self.inner.store.owner(id)? {
+        // So does a quarantined input that never became a record.
+        let owner = match self.inner.store.owner(id)? {
+            Some(owner) => Some(owner),
+            None => self.quarantine_entry(id)?.map(|q| q.namespace),
+        };
+        match owner {
             Some(owner) if owner == namespace => self.inner.store.history(id),
             _ => Err(Error::NotFound {
                 what: "memory",

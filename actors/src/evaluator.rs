@@ -1,0 +1,215 @@
+//! The Evaluator: importance from a judge, in the background (`llm` / `hybrid` modes).
+//!
+//! The rules score every event inline when it is written — a pure function of the policy,
+//! cheaper than a message hop — so in `rules` mode (the default) this actor has nothing to
+//! do. In `llm` and `hybrid` modes, ingest also puts the records the judge should see on
+//! the store's evaluation queue, in the same commit, and wakes this actor; it drains the
+//! queue in batches of [`EvaluatorArgs::batch`] through [`Substrate::evaluate`], which
+//! writes each judged score and its audit entry, or keeps the rules' score with the reason.
+//! Ingest never waits for it.
+//!
+//! Restart: the queue is in the store, so a restarted evaluator (or a restarted process)
+//! picks up where the last one stopped; a batch that was being judged is judged again.
+//!
+//! Poison input: a judge that panics on some record fails the actor. Before it fails, it
+//! counts a strike against every record of the batch (in the store); after the restart,
+//! records with strikes are judged one at a time, so the culprit is isolated, and a record
+//! with [`MAX_STRIKES`] is quarantined instead of judged (see
+//! `shadowbrain_runtime::quarantine`). The evaluator keeps serving the rest.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use shadowbrain_runtime::error::Result;
+use shadowbrain_runtime::evaluate::{EvaluationReport, Judge};
+use shadowbrain_runtime::model::MemoryId;
+use shadowbrain_runtime::quarantine::{MAX_STRIKES, panic_message};
+use shadowbrain_runtime::store::{Mutation, Queue};
+use shadowbrain_runtime::substrate::Substrate;
+
+/// How the evaluator signs its audit entries and strikes.
+const ACTOR: &str = "evaluator";
+
+/// The evaluator actor.
+pub(crate) struct Evaluator;
+
+/// What it is started with.
+pub(crate) struct EvaluatorArgs {
+    pub substrate: Substrate,
+    /// The judge for `llm`/`hybrid` modes; `None` keeps the rules' scores (audited).
+    pub judge: Option<Arc<dyn Judge>>,
+    /// Records per judge call.
+    pub batch: usize,
+    /// How often it looks at the queue without being woken (records queued by a previous
+    /// process, a wake-up lost in a restart).
+    pub tick: Duration,
+}
+
+/// The evaluator's state: its arguments and what it has done.
+pub(crate) struct EvaluatorState {
+    args: EvaluatorArgs,
+    /// Totals since this actor started.
+    done: EvaluationReport,
+}
+
+/// The evaluator's protocol.
+pub(crate) enum EvaluatorMessage {
+    /// Records were queued: drain the queue.
+    Wake,
+    /// Drain the queue now and answer what was done since start (tests, shutdown).
+    Drain {
+        reply: RpcReplyPort<Result<EvaluationReport>>,
+    },
+    /// Fault injection for supervision tests: the handler panics.
+    Panic,
+}
+
+impl Actor for Evaluator {
+    type Msg = EvaluatorMessage;
+    type State = EvaluatorState;
+    type Arguments = EvaluatorArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: EvaluatorArgs,
+    ) -> std::result::Result<EvaluatorState, ActorProcessingErr> {
+        // Whatever a predecessor left on the queue is judged now, not at the next write.
+        myself.send_message(EvaluatorMessage::Wake)?;
+        myself.send_interval(args.tick, || EvaluatorMessage::Wake);
+        Ok(EvaluatorState {
+            args,
+            done: EvaluationReport::default(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        message: EvaluatorMessage,
+        state: &mut EvaluatorState,
+    ) -> std::result::Result<(), ActorProcessingErr> {
+        match message {
+            EvaluatorMessage::Wake => {
+                if let Err(e) = state.drain().await? {
+                    tracing::warn!(error = %e, "evaluation pass failed; the next tick retries");
+                }
+            }
+            EvaluatorMessage::Drain { reply } => {
+                let result = state.drain().await?;
+                let _ = reply.send(result.map(|()| state.done));
+            }
+            EvaluatorMessage::Panic => panic!("fault injected into the evaluator"),
+        }
+        Ok(())
+    }
+}
+
+impl EvaluatorState {
+    /// Judges everything queued. The outer error fails the actor (a panic in the judge,
+    /// after its strikes are counted); the inner one is a store or judge error to report.
+    async fn drain(&mut self) -> std::result::Result<Result<()>, ActorProcessingErr> {
+        let substrate = self.args.substrate.clone();
+        let batch = self.args.batch.max(1);
+        loop {
+            let queued = match substrate.evaluation_queue(batch) {
+                Ok(q) => q,
+                Err(e) => return Ok(Err(e)),
+            };
+            if queued.is_empty() {
+                return Ok(Ok(()));
+            }
+            // Records that made a judge fail before go alone, and are set aside when
+            // they have failed too often.
+            let mut clean = Vec::with_capacity(queued.len());
+            for id in queued {
+                let strikes = match substrate.strikes(id) {
+                    Ok(s) => s,
+                    Err(e) => return Ok(Err(e)),
+                };
+                match strikes {
+                    None => clean.push(id),
+                    Some(s) if s.count >= MAX_STRIKES => {
+                        if let Err(e) = self.quarantine(id, &s).await {
+                            return Ok(Err(e));
+                        }
+                    }
+                    Some(_) => {
+                        if let Err(e) = self.judge(&[id]).await? {
+                            return Ok(Err(e));
+                        }
+                    }
+                }
+            }
+            if !clean.is_empty()
+                && let Err(e) = self.judge(&clean).await?
+            {
+                return Ok(Err(e));
+            }
+        }
+    }
+
+    /// One judge call over `ids`. A panic inside it counts a strike against each id and
+    /// fails the actor (outer error).
+    async fn judge(
+        &mut self,
+        ids: &[MemoryId],
+    ) -> std::result::Result<Result<()>, ActorProcessingErr> {
+        let substrate = &self.args.substrate;
+        let judge = self.args.judge.as_deref();
+        let outcome = AssertUnwindSafe(substrate.evaluate(ids, judge))
+            .catch_unwind()
+            .await;
+        match outcome {
+            Ok(Ok(report)) => {
+                self.done.judged += report.judged;
+                self.done.kept_rules += report.kept_rules;
+                self.done.gone += report.gone;
+                Ok(Ok(()))
+            }
+            Ok(Err(e)) => Ok(Err(e)),
+            Err(payload) => {
+                let message = panic_message(payload.as_ref());
+                tracing::error!(records = ids.len(), error = %message, "the judge panicked; counting strikes and restarting");
+                substrate.add_strikes(ids, ACTOR, &message).await?;
+                Err(format!("the judge panicked: {message}").into())
+            }
+        }
+    }
+
+    async fn quarantine(
+        &mut self,
+        id: MemoryId,
+        strikes: &shadowbrain_runtime::quarantine::Strikes,
+    ) -> Result<()> {
+        let substrate = &self.args.substrate;
+        let namespace = match substrate.store().owner(id)? {
+            Some(ns) => ns,
+            None => {
+                // Purged meanwhile: nothing to set aside, just take it off the queue.
+                let also = vec![
+                    Mutation::Dequeue(Queue::Evaluate, id),
+                    Substrate::clear_strikes(id),
+                ];
+                return substrate
+                    .store()
+                    .write_async(shadowbrain_runtime::store::WriteSet(also))
+                    .await;
+            }
+        };
+        substrate
+            .quarantine_record(
+                &namespace,
+                id,
+                ACTOR,
+                strikes,
+                vec![Mutation::Dequeue(Queue::Evaluate, id)],
+            )
+            .await?;
+        self.done.quarantined += 1;
+        Ok(())
+    }
+}
