@@ -3,15 +3,22 @@
 //! One actor serves every session, so two condensations of the same session never run at
 //! once (each would quote the same window). Session actors *tell* it when their policy
 //! trigger fires; the handle *asks* it on an explicit request. The work itself is
-//! [`Substrate::condense`] (extractive, no LLM); the `llm` mode of a later issue plugs in
-//! here. Its state is the store — the per-session watermark moves with each condensed
+//! [`Substrate::condense_with`]: extractive, or written by the configured [`Summarizer`] in
+//! the policy's `llm` mode. A summarizer that panics on a window is caught, and that window
+//! is condensed extractively instead (with the panic in the audit log), so a poison window
+//! can never crash the condenser over and over. Its state is the store — the per-session watermark moves with each condensed
 //! record — so a restart loses only requests still in the mailbox, and those are asked
 //! again by the next trigger. Each condensed record is offered to the knowledge graph at
 //! once (a policy may admit condensed records without feedback).
 
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use shadowbrain_runtime::error::Result;
-use shadowbrain_runtime::lifecycle::Condensed;
+use shadowbrain_runtime::lifecycle::{Condensed, Summarizer};
+use shadowbrain_runtime::quarantine::panic_message;
 use shadowbrain_runtime::substrate::Substrate;
 
 use crate::directory::Directory;
@@ -24,11 +31,15 @@ const BY: &str = "condenser";
 /// The condenser actor.
 pub(crate) struct Condenser;
 
-/// Its state: the substrate it writes to.
+/// Its state: the substrate it writes to, where the knowledge graph is, the summarizer.
 pub(crate) struct CondenserState {
     substrate: Substrate,
     directory: Directory,
+    summarizer: Option<Arc<dyn Summarizer>>,
 }
+
+/// What the condenser is started with.
+pub(crate) type CondenserArgs = (Substrate, Directory, Option<Arc<dyn Summarizer>>);
 
 /// The condenser's protocol.
 pub(crate) enum CondenserMessage {
@@ -45,16 +56,17 @@ pub(crate) enum CondenserMessage {
 impl Actor for Condenser {
     type Msg = CondenserMessage;
     type State = CondenserState;
-    type Arguments = (Substrate, Directory);
+    type Arguments = CondenserArgs;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        (substrate, directory): (Substrate, Directory),
+        (substrate, directory, summarizer): CondenserArgs,
     ) -> std::result::Result<CondenserState, ActorProcessingErr> {
         Ok(CondenserState {
             substrate,
             directory,
+            summarizer,
         })
     }
 
@@ -66,10 +78,20 @@ impl Actor for Condenser {
     ) -> std::result::Result<(), ActorProcessingErr> {
         match message {
             CondenserMessage::Condense { key, reply } => {
-                let result = state
-                    .substrate
-                    .condense(&key.namespace, &key.session, BY)
-                    .await;
+                let (ns, session) = (&key.namespace, &key.session);
+                let summarizer = state.summarizer.as_deref();
+                let written = state.substrate.condense_with(ns, session, BY, summarizer);
+                let result = match AssertUnwindSafe(written).catch_unwind().await {
+                    Ok(result) => result,
+                    Err(payload) => {
+                        let panicked = PanickedSummarizer(panic_message(payload.as_ref()));
+                        tracing::error!(session = %session, namespace = %ns, error = %panicked.0, "the summarizer panicked; condensing extractively");
+                        state
+                            .substrate
+                            .condense_with(ns, session, BY, Some(&panicked))
+                            .await
+                    }
+                };
                 if let Ok(Some(condensed)) = &result {
                     let offer = state.directory.knowledge().map(|kg| {
                         kg.send_message(KnowledgeMessage::Promote {
@@ -95,5 +117,28 @@ impl Actor for Condenser {
             CondenserMessage::Panic => panic!("fault injected into the condenser"),
         }
         Ok(())
+    }
+}
+
+/// Stands in for a summarizer that panicked on a window: it fails with the panic message,
+/// so the window is condensed extractively and the audit entry says why.
+#[derive(Debug)]
+struct PanickedSummarizer(String);
+
+#[async_trait::async_trait]
+impl Summarizer for PanickedSummarizer {
+    fn name(&self) -> &str {
+        "the summarizer"
+    }
+
+    async fn summarize(
+        &self,
+        _window: &[shadowbrain_runtime::model::MemoryRecord],
+        _picked: &[shadowbrain_runtime::model::MemoryId],
+    ) -> Result<String> {
+        Err(shadowbrain_runtime::error::Error::Provider {
+            provider: "summarizer".into(),
+            message: format!("it panicked: {}", self.0),
+        })
     }
 }

@@ -12,7 +12,7 @@ use shadowbrain_runtime::error::{Error, Result};
 use shadowbrain_runtime::evaluate::{EvaluationReport, Judge};
 use shadowbrain_runtime::knowledge::{Edge, KNOWLEDGE_SESSION, Promotion};
 use shadowbrain_runtime::lifecycle::{
-    Condensed, FeedbackReport, FeedbackTarget, Outcome, SweepReport,
+    Condensed, FeedbackReport, FeedbackTarget, Outcome, Summarizer, SweepReport,
 };
 use shadowbrain_runtime::model::{
     AuditEntry, MemoryId, MemoryRecord, NewMemory, Status, validate_id,
@@ -62,6 +62,9 @@ pub struct RuntimeConfig {
     pub judge: Option<Arc<dyn Judge>>,
     /// Records per judge call. Default 16.
     pub evaluation_batch: usize,
+    /// The writer of condensed text in `[condensation] mode = "llm"`. Without one (or
+    /// when it fails), condensation is extractive and the audit log says why.
+    pub summarizer: Option<Arc<dyn Summarizer>>,
 }
 
 /// An actor to make fail, for supervision tests ([`Runtime::inject_panic`]).
@@ -97,6 +100,7 @@ impl RuntimeConfig {
             policy_file: None,
             judge: None,
             evaluation_batch: 16,
+            summarizer: None,
         }
     }
 
@@ -159,6 +163,7 @@ impl Runtime {
             index_tick: config.index_tick,
             judge: config.judge.clone(),
             evaluation_batch: config.evaluation_batch,
+            summarizer: config.summarizer.clone(),
         };
         let (root, root_task) = Actor::spawn(None, RootSupervisor, args)
             .await

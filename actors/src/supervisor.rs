@@ -69,6 +69,7 @@ pub(crate) struct RootArgs {
     pub index_tick: Duration,
     pub judge: Option<std::sync::Arc<dyn shadowbrain_runtime::evaluate::Judge>>,
     pub evaluation_batch: usize,
+    pub summarizer: Option<std::sync::Arc<dyn shadowbrain_runtime::lifecycle::Summarizer>>,
 }
 
 /// The children, to tell which one ended.
@@ -151,7 +152,11 @@ impl RootSupervisor {
                 actor.get_cell()
             }
             Child::Condenser => {
-                let child_args = (args.substrate.clone(), args.directory.clone());
+                let child_args = (
+                    args.substrate.clone(),
+                    args.directory.clone(),
+                    args.summarizer.clone(),
+                );
                 let (actor, _) = Actor::spawn_linked(None, Condenser, child_args, parent).await?;
                 args.directory.set_condenser(actor.clone());
                 actor.get_cell()

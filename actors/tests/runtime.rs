@@ -223,7 +223,7 @@ async fn bad_input_is_a_clear_error_and_the_session_keeps_serving() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_condenser_and_decay_actors_are_restarted_and_keep_working() {
+async fn the_condenser_decay_knowledge_and_evaluator_actors_are_restarted_and_keep_working() {
     let dir = tempfile::tempdir().unwrap();
     let rt = Runtime::open(config(&dir)).await.unwrap();
     let session = rt.session("default", "busy").unwrap();
@@ -236,10 +236,12 @@ async fn the_condenser_and_decay_actors_are_restarted_and_keep_working() {
     rt.inject_panic(Fault::Condenser).await.unwrap();
     rt.inject_panic(Fault::Decay).await.unwrap();
     rt.inject_panic(Fault::Knowledge).await.unwrap();
-    eventually("three restarts", Duration::from_secs(10), || async {
-        rt.restarts().await.unwrap() == 3
+    rt.inject_panic(Fault::Evaluator).await.unwrap();
+    eventually("four restarts", Duration::from_secs(10), || async {
+        rt.restarts().await.unwrap() == 4
     })
     .await;
+    assert_eq!(rt.evaluate_now().await.unwrap().judged, 0);
     let condensed = session
         .condense()
         .await
@@ -851,4 +853,97 @@ async fn records_sessions_and_the_policy_through_the_handle() {
 
 fn config_plain(dir: &tempfile::TempDir) -> RuntimeConfig {
     config(dir)
+}
+
+/// A summarizer scripted by the window: a window mentioning `PANIC` makes it panic, one
+/// mentioning `FAIL` makes it fail; otherwise it writes a lesson.
+#[derive(Debug)]
+struct ScriptedSummarizer;
+
+#[async_trait::async_trait]
+impl shadowbrain_actors::substrate::lifecycle::Summarizer for ScriptedSummarizer {
+    fn name(&self) -> &str {
+        "scripted-summarizer"
+    }
+
+    async fn summarize(
+        &self,
+        window: &[shadowbrain_actors::substrate::model::MemoryRecord],
+        picked: &[shadowbrain_actors::substrate::model::MemoryId],
+    ) -> shadowbrain_actors::substrate::error::Result<String> {
+        let all: String = window.iter().map(|r| r.text.as_str()).collect();
+        assert!(!all.contains("PANIC"), "the summarizer fell over");
+        if all.contains("FAIL") {
+            return Err(Error::Provider {
+                provider: "scripted".into(),
+                message: "the model answered garbage".into(),
+            });
+        }
+        Ok(format!(
+            "When the cache is cold, warm it first ({} events, {} picked).",
+            window.len(),
+            picked.len()
+        ))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llm_condensation_uses_the_summarizer_and_falls_back_to_extractive() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(&dir);
+    config.substrate.policy = Policy::from_toml(
+        "<test>",
+        "[condensation]\nmode = \"llm\"\nevery_events = 1000\nmin_events = 2\nmax_age = \"never\"\n",
+    )
+    .unwrap();
+    config.summarizer = Some(Arc::new(ScriptedSummarizer));
+    let rt = Runtime::open(config).await.unwrap();
+    let cases = [
+        (
+            "fine",
+            "written by scripted-summarizer",
+            "When the cache is cold",
+        ),
+        ("failing", "the model answered garbage", "2 events"),
+        (
+            "panicking",
+            "it panicked: the summarizer fell over",
+            "2 events",
+        ),
+    ];
+    for (session, audit, text) in cases {
+        let handle = rt.session("default", session).unwrap();
+        let marker = match session {
+            "failing" => "FAIL",
+            "panicking" => "PANIC",
+            _ => "",
+        };
+        handle
+            .record_batch(vec![
+                event(&format!("the cache was cold {marker}")),
+                event("warming it fixed the latency"),
+            ])
+            .await
+            .unwrap();
+        let condensed = handle
+            .condense()
+            .await
+            .unwrap()
+            .expect("a condensed record");
+        assert!(
+            condensed.text.starts_with(text),
+            "{session}: {}",
+            condensed.text
+        );
+        let history = rt
+            .memory("default", condensed.id)
+            .unwrap()
+            .history()
+            .await
+            .unwrap();
+        assert!(history[0].detail.contains(audit), "{session}: {history:?}");
+    }
+    // The condenser caught the panic itself: nothing was restarted.
+    assert_eq!(rt.restarts().await.unwrap(), 0);
+    rt.shutdown().await.unwrap();
 }

@@ -4,19 +4,23 @@
 //! module decides *what*, from the policy and the runtime clock only, so a simulation on
 //! the virtual clock gets the same result every time.
 //!
-//! It never calls an LLM (the `llm` condenser plugs in above), and it never loses a
+//! It never calls an LLM itself: in `[condensation] mode = "llm"` a [`Summarizer`] passed
+//! in by the caller writes the condensed text, and any failure of it falls back to the
+//! extractive text, with the reason audited. And it never loses a
 //! decision to a race: decay writes are conditional on the snapshot they were decided on
 //! ([`Mutation::PatchIf`]), and a condensation moves its session's watermark in the same
 //! write as the condensed record.
 
 use std::collections::HashMap;
 
+use async_trait::async_trait;
+
 use crate::clock::{Timestamp, to_human};
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::kv::Visit;
 use crate::model::{AuditAction, AuditEntry, Kind, MemoryId, MemoryRecord, Status, Tier};
-use crate::policy::ForgetDecision;
+use crate::policy::{CondensationMode, ForgetDecision};
 use crate::store::{Mutation, Queue, RecordPatch, WriteSet, codec};
 use crate::substrate::Substrate;
 
@@ -191,6 +195,16 @@ impl Substrate {
         ))
     }
 
+    /// [`Substrate::condense_with`] without a summarizer: always extractive.
+    pub async fn condense(
+        &self,
+        namespace: &str,
+        session: &str,
+        by: &str,
+    ) -> Result<Option<Condensed>> {
+        self.condense_with(namespace, session, by, None).await
+    }
+
     /// Condenses the session's uncondensed episodic records (at least the policy's
     /// `min_events`; `None` when there are fewer) into one condensed record, extractively:
     /// the most representative and important events are quoted, in time order. The sources
@@ -199,11 +213,16 @@ impl Substrate {
     ///
     /// Representativeness is centrality: an event's mean cosine similarity to the rest of
     /// the window, which favours what the window keeps coming back to over one-off noise.
-    pub async fn condense(
+    ///
+    /// In `llm` mode, `summarizer` writes the text instead (given the window and the
+    /// extractive picks); when it is missing, fails or answers nothing usable, the
+    /// extractive text is kept and the condensed record's audit entry says why.
+    pub async fn condense_with(
         &self,
         namespace: &str,
         session: &str,
         by: &str,
+        summarizer: Option<&dyn Summarizer>,
     ) -> Result<Option<Condensed>> {
         let policy = self.policy();
         let window = self.uncondensed(namespace, session)?;
@@ -217,7 +236,32 @@ impl Substrate {
         }
         let picks = pick_representatives(&window, &embeddings);
         let now = self.clock().now();
-        let text = summary_text(&window, &picks);
+        let extractive = summary_text(&window, &picks);
+        let (text, mode, how) = match policy.condensation.mode {
+            CondensationMode::Extractive => (extractive, "extractive", "extractive".to_string()),
+            CondensationMode::Llm => {
+                let written = match summarizer {
+                    None => Err("no summarizer is configured for `llm` mode".to_string()),
+                    Some(w) => {
+                        let picked: Vec<MemoryId> = picks.iter().map(|&i| window[i].id).collect();
+                        match w.summarize(&window, &picked).await {
+                            Ok(t) if usable(&t, self.limits().max_text_bytes) => Ok((t, w.name())),
+                            Ok(t) => Err(format!(
+                                "{} wrote {} bytes, not a usable summary (empty or over {})",
+                                w.name(),
+                                t.len(),
+                                self.limits().max_text_bytes
+                            )),
+                            Err(e) => Err(format!("{} failed: {e}", w.name())),
+                        }
+                    }
+                };
+                match written {
+                    Ok((t, name)) => (t.trim().to_string(), "llm", format!("written by {name}")),
+                    Err(why) => (extractive, "extractive", format!("extractive; {why}")),
+                }
+            }
+        };
         let id = store.allocate_ids(1)?[0];
         let importance = picks
             .iter()
@@ -249,7 +293,7 @@ impl Substrate {
                     "from": window.iter().map(|r| r.event_time).min().unwrap_or(now),
                     "to": window.iter().map(|r| r.event_time).max().unwrap_or(now),
                     "picked": picked.iter().map(MemoryId::to_string).collect::<Vec<_>>(),
-                    "mode": "extractive",
+                    "mode": mode,
                 }
             }),
             policy: policy.stamp(),
@@ -264,7 +308,7 @@ impl Substrate {
                 at: now,
                 action: AuditAction::Created,
                 by: by.to_string(),
-                detail: format!("condensed from {} events (extractive)", sources.len()),
+                detail: format!("condensed from {} events ({how})", sources.len()),
             },
         ));
         for &source in &sources {
@@ -296,6 +340,22 @@ impl Substrate {
             text,
         }))
     }
+}
+
+/// Writes a condensed record's text from a window of episodic records (the `llm` mode of
+/// `[condensation]`; the LLM-backed one plugs in here).
+#[async_trait]
+pub trait Summarizer: Send + Sync + std::fmt::Debug {
+    /// Short name for the audit log (`llm:qwen2.5`).
+    fn name(&self) -> &str;
+    /// The condensed text of `window` (time order); `picked` are the events the
+    /// extractive condenser would quote, a hint of what matters.
+    async fn summarize(&self, window: &[MemoryRecord], picked: &[MemoryId]) -> Result<String>;
+}
+
+/// Whether a summarizer's text can be stored: not blank, within the text limit.
+fn usable(text: &str, max_bytes: usize) -> bool {
+    !text.trim().is_empty() && text.len() <= max_bytes
 }
 
 fn summary_kind() -> Kind {
