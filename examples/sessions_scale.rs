@@ -15,6 +15,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use shadowbrain_actors::substrate::model::NewMemory;
+
+// The server binary's allocator, so the figures are the server's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use shadowbrain_actors::{Runtime, RuntimeConfig};
 
 struct Args {
@@ -24,6 +28,8 @@ struct Args {
     recalls: usize,
     idle_ms: u64,
     data: Option<std::path::PathBuf>,
+    build_threads: Option<usize>,
+    build_every: Option<usize>,
 }
 
 fn args() -> Result<Args, String> {
@@ -34,6 +40,8 @@ fn args() -> Result<Args, String> {
         recalls: 2_000,
         idle_ms: 2_000,
         data: None,
+        build_threads: None,
+        build_every: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -49,13 +57,15 @@ fn args() -> Result<Args, String> {
             "--concurrency" => a.concurrency = num()?.max(1),
             "--recalls" => a.recalls = num()?,
             "--idle-ms" => a.idle_ms = num()? as u64,
+            "--build-threads" => a.build_threads = Some(num()?.max(1)),
+            "--build-every" => a.build_every = Some(num()?.max(1)),
             "--data" => {
                 a.data = Some(it.next().ok_or("--data needs a directory")?.into());
             }
             other => {
                 return Err(format!(
                     "unknown argument {other}; use --sessions N --events N --concurrency N \
-                     --recalls N --idle-ms MS --data DIR"
+                     --recalls N --idle-ms MS --data DIR --build-threads N --build-every N"
                 ));
             }
         }
@@ -73,6 +83,35 @@ fn peak_rss_mb() -> f64 {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
         })
         .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// A field of `/proc/self/status` in MB (`RssAnon`, `RssFile`, …).
+fn status_mb(field: &str) -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Peaks of the heap (`RssAnon`) and of mapped file pages (`RssFile`: the LMDB maps,
+/// page cache the kernel may reclaim), sampled every 50 ms: `VmHWM` counts both.
+#[derive(Default)]
+struct Peaks {
+    anon: std::sync::atomic::AtomicU64,
+    file: std::sync::atomic::AtomicU64,
+}
+
+impl Peaks {
+    fn sample(&self) {
+        self.anon
+            .fetch_max(status_mb("RssAnon:") as u64, Ordering::Relaxed);
+        self.file
+            .fetch_max(status_mb("RssFile:") as u64, Ordering::Relaxed);
+    }
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -113,12 +152,28 @@ async fn main() {
     let mut config = RuntimeConfig::new(&dir);
     config.session_idle = Duration::from_millis(a.idle_ms);
     config.call_timeout = Duration::from_secs(120);
+    if let Some(n) = a.build_threads {
+        config.substrate.vector.build_threads = n;
+    }
+    if let Some(n) = a.build_every {
+        config.substrate.indexing.build_every = n;
+    }
     let rt = Runtime::open(config).await.expect("open the runtime");
 
     eprintln!(
         "sessions_scale: {} sessions × {} events, {} at a time",
         a.sessions, a.events, a.concurrency
     );
+    let peaks = Arc::new(Peaks::default());
+    {
+        let peaks = peaks.clone();
+        std::thread::spawn(move || {
+            loop {
+                peaks.sample();
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+    }
     let next = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();
@@ -148,10 +203,14 @@ async fn main() {
                 let n = done.fetch_add(1, Ordering::Relaxed) + 1;
                 if n % 10_000 == 0 {
                     eprintln!(
-                        "sessions_scale: {n} sessions, {:.0} events/s, {} live actors, RSS peak {:.0} MB",
+                        "sessions_scale: {n} sessions, {:.0} events/s, {} live actors, RSS peak {:.0} MB (now: heap {:.0} MB, mapped files {:.0} MB); unbuilt: {} vectors, {} keyword docs",
                         (n * events) as f64 / t0.elapsed().as_secs_f64(),
                         rt.live_sessions().await.unwrap_or(0),
-                        peak_rss_mb()
+                        peak_rss_mb(),
+                        status_mb("RssAnon:"),
+                        status_mb("RssFile:"),
+                        rt.substrate().vectors().pending(),
+                        rt.substrate().keywords().pending(),
                     );
                 }
             }
@@ -165,7 +224,12 @@ async fn main() {
     let events = a.sessions * a.events;
     let events_per_s = events as f64 / ingest_s;
     first_acks.sort_by(f64::total_cmp);
-    eprintln!("sessions_scale: ingest {events_per_s:.0} events/s ({ingest_s:.1} s)");
+    let commits = rt.substrate().store().commit_stats();
+    eprintln!(
+        "sessions_scale: ingest {events_per_s:.0} events/s ({ingest_s:.1} s); {} durable commits, {:.1} writes each",
+        commits.commits,
+        commits.write_sets as f64 / commits.commits.max(1) as f64
+    );
 
     // Session-scoped recall through the handle, over the whole store.
     let mut lat = Vec::with_capacity(a.recalls);
@@ -180,6 +244,11 @@ async fn main() {
     lat.sort_by(f64::total_cmp);
     let live = rt.live_sessions().await.unwrap_or(0);
     let peak = peak_rss_mb();
+    peaks.sample();
+    let (peak_anon, peak_file) = (
+        peaks.anon.load(Ordering::Relaxed),
+        peaks.file.load(Ordering::Relaxed),
+    );
     eprintln!(
         "sessions_scale: recall p50 {:.3} ms p99 {:.3} ms; {live} live session actors; peak RSS {peak:.0} MB",
         percentile(&lat, 0.5),
@@ -187,7 +256,7 @@ async fn main() {
     );
     rt.shutdown().await.expect("a clean shutdown");
     println!(
-        "{{\"sessions\":{},\"events\":{},\"peak_rss_mb\":{:.0},\"events_per_s\":{:.0},\"first_ack_p50_ms\":{:.3},\"first_ack_p99_ms\":{:.3},\"recall_p50_ms\":{:.3},\"recall_p99_ms\":{:.3},\"live_sessions_at_end\":{live}}}",
+        "{{\"sessions\":{},\"events\":{},\"peak_rss_mb\":{:.0},\"events_per_s\":{:.0},\"first_ack_p50_ms\":{:.3},\"first_ack_p99_ms\":{:.3},\"recall_p50_ms\":{:.3},\"recall_p99_ms\":{:.3},\"peak_heap_mb\":{peak_anon},\"peak_mapped_files_mb\":{peak_file},\"live_sessions_at_end\":{live}}}",
         a.sessions,
         events,
         peak,

@@ -799,7 +799,11 @@ impl Substrate {
                 .staged_times
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()) = (None, None);
-            self.inner.vectors.build(upto)?;
+            // Builds may wait for ingest and recall (lower CPU priority): on a busy
+            // machine the index lags behind, in memory and in the change log, and catches
+            // up when ingest pauses; acknowledged writes are searchable meanwhile through
+            // the tails.
+            self.inner.vectors.build_with(upto, true)?;
             self.inner.keywords.commit(upto)?;
             self.inner
                 .store

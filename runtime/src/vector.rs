@@ -285,6 +285,10 @@ pub struct VectorIndex {
     /// build a pure function of (content, watermark), and leaves the other cores to ingest
     /// and recall.
     build_pool: OnceLock<rayon::ThreadPool>,
+    /// The same at a lower CPU priority (`nice` 10), for builds that may wait: on a busy
+    /// machine they take the cores ingest and recall leave over, instead of halving
+    /// ingest throughput (measured: 12k → 19–23k events/s on two cores).
+    background_pool: OnceLock<rayon::ThreadPool>,
 }
 
 impl fmt::Debug for VectorIndex {
@@ -376,6 +380,7 @@ impl VectorIndex {
             gate: RwLock::new(()),
             grow_ahead: true,
             build_pool: OnceLock::new(),
+            background_pool: OnceLock::new(),
         })
     }
 
@@ -494,6 +499,12 @@ impl VectorIndex {
     /// build runs stay staged for the next one. Deterministic: the tree builder's RNG is
     /// seeded from `watermark`. A full LMDB map is grown and the build retried.
     pub fn build(&self, watermark: u64) -> Result<BuildStats> {
+        self.build_with(watermark, false)
+    }
+
+    /// [`VectorIndex::build`], on the lower-priority threads when `background` (a build
+    /// that may wait for ingest and recall; see [`VectorIndex::build`] for the rest).
+    pub fn build_with(&self, watermark: u64, background: bool) -> Result<BuildStats> {
         let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         let started = Instant::now();
         let mut batch: Vec<(u32, Staged)> = self
@@ -516,7 +527,7 @@ impl VectorIndex {
         }
         // LMDB ties a write transaction to its thread: open, fill, build and commit it all
         // on the build thread.
-        let (items, n_trees) = self.build_pool()?.install(|| {
+        let (items, n_trees) = self.build_pool(background)?.install(|| {
             self.write_with_growth_counted(&mut map_resizes, |wtxn| {
                 self.write_batch(wtxn, &batch, watermark).map(Ok)
             })
@@ -958,24 +969,31 @@ impl VectorIndex {
         Ok(())
     }
 
-    fn build_pool(&self) -> Result<&rayon::ThreadPool> {
-        if let Some(pool) = self.build_pool.get() {
+    fn build_pool(&self, background: bool) -> Result<&rayon::ThreadPool> {
+        let cell = if background {
+            &self.background_pool
+        } else {
+            &self.build_pool
+        };
+        if let Some(pool) = cell.get() {
             return Ok(pool);
         }
-        let pool = rayon::ThreadPoolBuilder::new()
+        let mut builder = rayon::ThreadPoolBuilder::new()
             .num_threads(self.opts.build_threads.max(1))
-            .thread_name(|_| "shadowbrain-vector-build".to_string())
-            .build()
-            .map_err(|e| {
-                Error::index(
-                    "vector",
-                    format!(
-                        "cannot start the index build thread ({e}); check the process thread limit"
-                    ),
-                )
-            })?;
+            .thread_name(|_| "shadowbrain-vector-build".to_string());
+        if background {
+            builder = builder.start_handler(|_| lower_priority());
+        }
+        let pool = builder.build().map_err(|e| {
+            Error::index(
+                "vector",
+                format!(
+                    "cannot start the index build thread ({e}); check the process thread limit"
+                ),
+            )
+        })?;
         // Only build() gets here, under the writer mutex: nobody races to set it.
-        Ok(self.build_pool.get_or_init(|| pool))
+        Ok(cell.get_or_init(|| pool))
     }
 
     fn tail_read(&self) -> RwLockReadGuard<'_, Tail> {
@@ -988,6 +1006,17 @@ impl VectorIndex {
 
     fn gate_read(&self) -> RwLockReadGuard<'_, ()> {
         self.gate.read().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Lowers the calling thread's CPU priority to `nice` 10 (Linux: per thread). Failure
+/// only means the build competes at normal priority.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain syscalls on the calling thread's own id, no memory involved.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, 10);
     }
 }
 
