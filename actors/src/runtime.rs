@@ -687,7 +687,14 @@ impl KnowledgeHandle {
         let mut request = RecallRequest::new(&self.namespace, KNOWLEDGE_SESSION, query);
         request.k = k;
         request.include_knowledge = true;
-        self.runtime.substrate().recall(&request).await
+        let search = self.runtime.substrate().recall(&request);
+        match tokio::time::timeout(self.runtime.inner.config.call_timeout, search).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Timeout {
+                what: format!("the knowledge search of namespace `{}`", self.namespace),
+                after_ms: self.runtime.inner.config.call_timeout.as_millis() as u64,
+            }),
+        }
     }
 
     /// The records within `depth` edges of `around`, and the edges among them.
