@@ -81,16 +81,21 @@ pub(super) struct Tail {
 
 impl Tail {
     /// Stages `doc` (or a removal) for `id`, replacing whatever was staged for it.
-    pub(super) fn stage(&mut self, id: u32, doc: Option<StagedDoc>) {
+    pub(super) fn stage(&mut self, id: u32, mut doc: Option<StagedDoc>) {
         let seq = self.next_seq;
         self.next_seq += 1;
         if let Some(old) = self.entries.remove(&id) {
             self.unaccount(id, old.doc.as_ref());
         }
-        if let Some(doc) = &doc {
+        if let Some(doc) = &mut doc {
             self.live_docs += 1;
             self.total_tokens += u64::from(doc.num_tokens);
-            for (term, _) in doc.terms.iter() {
+            for (term, _) in doc.terms.iter_mut() {
+                // Interned: a term the tail already holds is shared, not kept once per
+                // document (a large unbuilt tail is mostly the same few thousand words).
+                if let Some((shared, _)) = self.postings.get_key_value(&**term) {
+                    *term = shared.clone();
+                }
                 self.postings.entry(term.clone()).or_default().insert(id);
             }
         }
