@@ -115,6 +115,12 @@ impl Substrate {
         let policy = self.policy();
         let now = self.clock().now();
         let by = judge.map_or("evaluator", |j| j.name()).to_string();
+        let scored = |detail: String| AuditEntry {
+            at: now,
+            action: AuditAction::Scored,
+            by: by.clone(),
+            detail,
+        };
         for (i, r) in records.iter().enumerate() {
             let verdict = match &verdicts {
                 Ok(v) => valid(&v[i]),
@@ -132,15 +138,10 @@ impl Substrate {
                     ));
                     writes.push(Mutation::Audit(
                         r.id,
-                        AuditEntry {
-                            at: now,
-                            action: AuditAction::Scored,
-                            by: by.clone(),
-                            detail: format!(
-                                "importance {} (judge; was {} by the rules): {}",
-                                j.importance, r.importance, j.reason
-                            ),
-                        },
+                        scored(format!(
+                            "importance {} (judge; was {} by the rules): {}",
+                            j.importance, r.importance, j.reason
+                        )),
                     ));
                     // A record nothing has touched yet starts from the strength its judged
                     // importance gives; one already reinforced or decayed keeps its own.
@@ -155,12 +156,7 @@ impl Substrate {
                                 )),
                                 ..RecordPatch::default()
                             },
-                            audit: AuditEntry {
-                                at: now,
-                                action: AuditAction::Scored,
-                                by: by.clone(),
-                                detail: "initial strength follows the judged importance".into(),
-                            },
+                            audit: scored("initial strength follows the judged importance".into()),
                         });
                     }
                 }
@@ -168,15 +164,10 @@ impl Substrate {
                     report.kept_rules += 1;
                     writes.push(Mutation::Audit(
                         r.id,
-                        AuditEntry {
-                            at: now,
-                            action: AuditAction::Scored,
-                            by: by.clone(),
-                            detail: format!(
-                                "importance {} kept from the rules: {reason}",
-                                r.importance
-                            ),
-                        },
+                        scored(format!(
+                            "importance {} kept from the rules: {reason}",
+                            r.importance
+                        )),
                     ));
                 }
             }
