@@ -780,8 +780,8 @@ async fn records_sessions_and_the_policy_through_the_handle() {
     let dir = tempfile::tempdir().unwrap();
     let policy_path = dir.path().join("policy.toml");
     std::fs::write(&policy_path, "name = \"first\"\n").unwrap();
-    let config = config(&dir).with_policy_file(&policy_path).unwrap();
-    let rt = Runtime::open(config).await.unwrap();
+    let with_file = config(&dir).with_policy_file(&policy_path).unwrap();
+    let rt = Runtime::open(with_file).await.unwrap();
     assert_eq!(rt.policy().name, "first");
 
     let a = rt.session("default", "a").unwrap();
@@ -845,14 +845,10 @@ async fn records_sessions_and_the_policy_through_the_handle() {
 
     // Opened without a file, there is nothing to reload.
     let dir = tempfile::tempdir().unwrap();
-    let rt = Runtime::open(config_plain(&dir)).await.unwrap();
+    let rt = Runtime::open(config(&dir)).await.unwrap();
     let err = rt.reload_policy().await.unwrap_err();
     assert!(err.to_string().contains("without a policy file"), "{err}");
     rt.shutdown().await.unwrap();
-}
-
-fn config_plain(dir: &tempfile::TempDir) -> RuntimeConfig {
-    config(dir)
 }
 
 /// A summarizer scripted by the window: a window mentioning `PANIC` makes it panic, one
