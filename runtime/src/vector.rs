@@ -27,6 +27,14 @@
 //! The tail lives in memory only. A failed build leaves it staged for the next build; a
 //! close or crash loses it, which is why the watermark exists: on start-up the caller
 //! re-stages everything the store holds past [`VectorIndex::watermark`].
+//!
+//! The tail's vectors are bounded by [`VectorOptions::tail_memory_bytes`] once the caller
+//! names a [`VectorSource`] (the store, which keeps every embedding): past the budget only
+//! the id is staged and the vector is read back from the source when a search scores it or
+//! a build writes it. On two cores the trees are built several times slower than ingest
+//! writes, so under a long burst the unbuilt tail grows to hundreds of thousands of items;
+//! holding them all would cost 1.5 KB each (384 dimensions), reading one back costs a store
+//! lookup (a few µs).
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
@@ -103,6 +111,11 @@ pub struct VectorOptions {
     /// debounced build boundaries already depend on timing, so a replayed run does not get
     /// the same forest anyway — exact replays set 1 and flush indexes at fixed points.
     pub build_threads: usize,
+    /// Memory for staged vectors, in bytes, once a [`VectorSource`] is set: past it only
+    /// ids are staged and vectors are read back from the source (see the module docs).
+    /// Without a source every staged vector stays in memory. The default holds about
+    /// 40,000 384-dimensional vectors.
+    pub tail_memory_bytes: usize,
 }
 
 impl Default for VectorOptions {
@@ -114,6 +127,7 @@ impl Default for VectorOptions {
             hot_cache_bytes: 256 << 20,
             initial_map_size: 256 << 20,
             build_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            tail_memory_bytes: 64 << 20,
         }
     }
 }
@@ -137,6 +151,14 @@ pub struct BuildStats {
     pub elapsed: Duration,
 }
 
+/// Where staged vectors past the tail's memory budget are read back from: the system of
+/// record, which keeps every embedding. It answers the id's *current* vector; a later change
+/// of it is staged again anyway, so reading the newer one early is harmless.
+pub trait VectorSource: Send + Sync {
+    /// The vector of `id`, or `None` when the id has none any more.
+    fn vector(&self, id: u32) -> Result<Option<Vec<f32>>>;
+}
+
 /// A staged vector, with its norm computed once so tail scans cost one dot product.
 #[derive(Debug)]
 struct StagedVector {
@@ -147,6 +169,8 @@ struct StagedVector {
 #[derive(Debug, Clone)]
 enum Change {
     Upsert(Arc<StagedVector>),
+    /// An upsert whose vector is in the [`VectorSource`] only (the tail was over budget).
+    Stored,
     Remove,
 }
 
@@ -170,6 +194,8 @@ struct Tail {
     /// Bumped by every commit that changes the built index (build, clear), so a search that
     /// read vectors from LMDB can tell whether they are still what is built.
     generation: u64,
+    /// Memory held by the staged vectors of `entries`, as [`Hot::cost`] counts it.
+    bytes: usize,
 }
 
 impl Tail {
@@ -192,12 +218,33 @@ impl Tail {
 
     fn stage(&mut self, id: u32, change: Change) {
         self.next_seq += 1;
+        if let Change::Upsert(v) = &change {
+            self.bytes += Hot::cost(v);
+        }
         let staged = Staged {
             seq: self.next_seq,
             change,
         };
-        self.entries.insert(id, staged);
+        if let Some(old) = self.entries.insert(id, staged) {
+            self.forget_bytes(&old);
+        }
         self.ids.insert(id);
+    }
+
+    /// Drops the entry of `id` if it is still the one staged as `seq`.
+    fn unstage(&mut self, id: u32, seq: u64) {
+        if self.entries.get(&id).is_some_and(|s| s.seq == seq) {
+            if let Some(old) = self.entries.remove(&id) {
+                self.forget_bytes(&old);
+            }
+            self.ids.remove(id);
+        }
+    }
+
+    fn forget_bytes(&mut self, staged: &Staged) {
+        if let Change::Upsert(v) = &staged.change {
+            self.bytes -= Hot::cost(v);
+        }
     }
 }
 
@@ -289,6 +336,8 @@ pub struct VectorIndex {
     /// machine they take the cores ingest and recall leave over, instead of halving
     /// ingest throughput (measured: 12k → 19–23k events/s on two cores).
     background_pool: OnceLock<rayon::ThreadPool>,
+    /// Where vectors staged past the tail budget are read back from (see the module docs).
+    source: OnceLock<Arc<dyn VectorSource>>,
 }
 
 impl fmt::Debug for VectorIndex {
@@ -381,6 +430,7 @@ impl VectorIndex {
             grow_ahead: true,
             build_pool: OnceLock::new(),
             background_pool: OnceLock::new(),
+            source: OnceLock::new(),
         })
     }
 
@@ -430,6 +480,18 @@ impl VectorIndex {
         &self.opts
     }
 
+    /// Names where vectors staged past [`VectorOptions::tail_memory_bytes`] are read back
+    /// from; until it is called, every staged vector stays in memory. Set once: later calls
+    /// are ignored (the source is the store, which does not change under an open index).
+    pub fn read_back_from(&self, source: Arc<dyn VectorSource>) {
+        let _ = self.source.set(source);
+    }
+
+    /// Memory held by staged vectors, in bytes (ids staged past the budget not counted).
+    pub fn tail_bytes(&self) -> usize {
+        self.tail_read().bytes
+    }
+
     /// Stages vectors; they are searchable at once, and written into the trees by the next
     /// [`build`](Self::build). Re-upserting an id replaces its vector. An item that cannot
     /// be indexed (wrong dimension, a NaN or infinite component, the zero vector) is skipped
@@ -470,9 +532,37 @@ impl VectorIndex {
         if valid.is_empty() {
             return;
         }
+        let budget = self
+            .source
+            .get()
+            .map_or(usize::MAX, |_| self.opts.tail_memory_bytes);
         let mut tail = self.tail_write();
         for (id, vector) in valid {
-            tail.stage(id, Change::Upsert(vector));
+            // Over budget, the store keeps the vector for us; the id alone stays staged.
+            let change = if tail.bytes.saturating_add(Hot::cost(&vector)) > budget {
+                Change::Stored
+            } else {
+                Change::Upsert(vector)
+            };
+            tail.stage(id, change);
+        }
+    }
+
+    /// Reads a staged-by-id vector back from the source, `None` when it is gone or no longer
+    /// valid (then it is skipped, as an invalid upsert would have been).
+    fn read_back(&self, id: u32) -> Result<Option<Arc<StagedVector>>> {
+        let Some(source) = self.source.get() else {
+            return Ok(None);
+        };
+        let Some(values) = source.vector(id)? else {
+            return Ok(None);
+        };
+        match self.check_vector("embedding", &values) {
+            Ok(norm) => Ok(Some(staged_vector(&values, norm))),
+            Err(e) => {
+                tracing::warn!(id, error = %e, "vector index skipped a stored item");
+                Ok(None)
+            }
         }
     }
 
@@ -517,7 +607,7 @@ impl VectorIndex {
         batch.sort_unstable_by_key(|(id, _)| *id);
         let upserted = batch
             .iter()
-            .filter(|(_, s)| matches!(s.change, Change::Upsert(_)))
+            .filter(|(_, s)| !matches!(s.change, Change::Remove))
             .count();
         let removed = batch.len() - upserted;
 
@@ -529,7 +619,7 @@ impl VectorIndex {
         // on the build thread.
         let (items, n_trees) = self.build_pool(background)?.install(|| {
             self.write_with_growth_counted(&mut map_resizes, |wtxn| {
-                self.write_batch(wtxn, &batch, watermark).map(Ok)
+                self.write_batch(wtxn, &batch, watermark)
             })
         })?;
 
@@ -539,12 +629,10 @@ impl VectorIndex {
             for (id, written) in &batch {
                 match &written.change {
                     Change::Upsert(v) => tail.hot.insert(*id, v.clone()),
-                    Change::Remove => tail.hot.remove(*id),
+                    // Not worth keeping: it was read back once and lives in LMDB now.
+                    Change::Stored | Change::Remove => tail.hot.remove(*id),
                 }
-                if tail.entries.get(id).is_some_and(|s| s.seq == written.seq) {
-                    tail.entries.remove(id);
-                    tail.ids.remove(*id);
-                }
+                tail.unstage(*id, written.seq);
             }
         }
 
@@ -567,7 +655,7 @@ impl VectorIndex {
         wtxn: &mut RwTxn<'_>,
         batch: &[(u32, Staged)],
         watermark: u64,
-    ) -> arroy::Result<(u64, usize)> {
+    ) -> arroy::Result<Result<(u64, usize)>> {
         let mut writer = Writer::<Cosine>::new(self.arroy, ARROY_INDEX, self.dimensions);
         // The builder spills tree nodes to temporary files; keep them on the index's disk.
         writer.set_tmpdir(self.dir.clone());
@@ -581,8 +669,17 @@ impl VectorIndex {
         };
         let mut changed = false;
         for (id, staged) in batch {
-            match &staged.change {
-                Change::Upsert(v) => {
+            let vector = match &staged.change {
+                Change::Upsert(v) => Some(v.clone()),
+                // `None` when it is gone from the store: its removal is (or was) logged too.
+                Change::Stored => match self.read_back(*id) {
+                    Ok(v) => v,
+                    Err(e) => return Ok(Err(e)),
+                },
+                Change::Remove => None,
+            };
+            match vector {
+                Some(v) => {
                     if largest.is_none_or(|l| *id > l) {
                         match writer.append_item(wtxn, *id, &v.values) {
                             // arroy checks against the table's last key; never fail on it.
@@ -597,7 +694,7 @@ impl VectorIndex {
                     }
                     changed = true;
                 }
-                Change::Remove => changed |= writer.del_item(wtxn, *id)?,
+                None => changed |= writer.del_item(wtxn, *id)?,
             }
         }
         // arroy refuses to read an index with unbuilt changes, so adding and building must
@@ -612,8 +709,8 @@ impl VectorIndex {
         }
         write_u64(self.meta, wtxn, META_WATERMARK, watermark)?;
         match Reader::<Cosine>::open(wtxn, ARROY_INDEX, self.arroy) {
-            Ok(reader) => Ok((reader.n_items(), reader.n_trees())),
-            Err(arroy::Error::MissingMetadata(_)) => Ok((0, 0)),
+            Ok(reader) => Ok(Ok((reader.n_items(), reader.n_trees()))),
+            Err(arroy::Error::MissingMetadata(_)) => Ok(Ok((0, 0))),
             Err(e) => Err(e),
         }
     }
@@ -662,7 +759,7 @@ impl VectorIndex {
             return self.search_exact(query, query_norm, k, c);
         }
         // The tail is read before the read transaction opens (module docs say why).
-        let (mut hits, shadowed) = self.search_tail(query, query_norm, k, candidates);
+        let (mut hits, shadowed) = self.search_tail(query, query_norm, k, candidates)?;
         let built = self.search_built(query, k, candidates, &shadowed)?;
         hits.extend(built);
         keep_best(&mut hits, k);
@@ -676,14 +773,17 @@ impl VectorIndex {
         query_norm: f32,
         k: usize,
         candidates: Option<&RoaringBitmap>,
-    ) -> (Vec<(u32, f32)>, RoaringBitmap) {
+    ) -> Result<(Vec<(u32, f32)>, RoaringBitmap)> {
         let tail = self.tail_read();
         let mut hits = Vec::new();
-        let mut score = |id: u32, staged: &Staged| {
-            if let Change::Upsert(v) = &staged.change {
+        let mut stored = Vec::new();
+        let mut score = |id: u32, staged: &Staged| match &staged.change {
+            Change::Upsert(v) => {
                 let (dot, _) = dot_and_norm2(query, &v.values);
                 hits.push((id, cosine(dot, query_norm, v.norm)));
             }
+            Change::Stored => stored.push(id),
+            Change::Remove => {}
         };
         let shadowed = match candidates {
             // Walk whichever side is smaller.
@@ -711,8 +811,27 @@ impl VectorIndex {
             }
         };
         drop(tail);
+        // Read back outside the lock, so builds and ingest never wait on the store.
+        self.score_stored(query, query_norm, &stored, &mut hits)?;
         keep_best(&mut hits, k);
-        (hits, shadowed)
+        Ok((hits, shadowed))
+    }
+
+    /// Scores ids staged past the budget, reading their vectors back from the source.
+    fn score_stored(
+        &self,
+        query: &[f32],
+        query_norm: f32,
+        stored: &[u32],
+        hits: &mut Vec<(u32, f32)>,
+    ) -> Result<()> {
+        for &id in stored {
+            if let Some(v) = self.read_back(id)? {
+                let (dot, _) = dot_and_norm2(query, &v.values);
+                hits.push((id, cosine(dot, query_norm, v.norm)));
+            }
+        }
+        Ok(())
     }
 
     /// Scores every candidate exactly: staged and hot vectors from memory, the rest read
@@ -727,6 +846,7 @@ impl VectorIndex {
     ) -> Result<Vec<(u32, f32)>> {
         let mut hits = Vec::with_capacity(candidates.len() as usize);
         let mut misses = Vec::new();
+        let mut stored = Vec::new();
         let generation = {
             let tail = self.tail_read();
             for id in candidates {
@@ -735,6 +855,13 @@ impl VectorIndex {
                         change: Change::Upsert(v),
                         ..
                     }) => v,
+                    Some(Staged {
+                        change: Change::Stored,
+                        ..
+                    }) => {
+                        stored.push(id);
+                        continue;
+                    }
                     Some(_) => continue,
                     None => match tail.hot.get(id) {
                         Some(v) => v,
@@ -749,6 +876,7 @@ impl VectorIndex {
             }
             tail.generation
         };
+        self.score_stored(query, query_norm, &stored, &mut hits)?;
         if !misses.is_empty() {
             // The tail was read before this transaction opens (module docs say why).
             let mut fetched = Vec::with_capacity(misses.len());
@@ -842,10 +970,14 @@ impl VectorIndex {
         {
             let tail = self.tail_read();
             if let Some(staged) = tail.entries.get(&id) {
-                return Ok(match &staged.change {
-                    Change::Upsert(v) => Some(v.values.to_vec()),
-                    Change::Remove => None,
-                });
+                return match &staged.change {
+                    Change::Upsert(v) => Ok(Some(v.values.to_vec())),
+                    Change::Stored => {
+                        drop(tail);
+                        Ok(self.read_back(id)?.map(|v| v.values.to_vec()))
+                    }
+                    Change::Remove => Ok(None),
+                };
             }
             if let Some(v) = tail.hot.get(id) {
                 return Ok(Some(v.values.to_vec()));
@@ -1415,6 +1547,107 @@ mod tests {
             assert!(tail.hot.map.len() <= 5);
         }
         assert!(hot.tail_read().hot.inserted > 0, "the cache was never used");
+    }
+
+    /// The store's side of a spilled tail in these tests: the current vector of every id.
+    #[derive(Default)]
+    struct MapSource(Mutex<BTreeMap<u32, Vec<f32>>>);
+
+    impl VectorSource for MapSource {
+        fn vector(&self, id: u32) -> Result<Option<Vec<f32>>> {
+            Ok(self.0.lock().unwrap().get(&id).cloned())
+        }
+    }
+
+    #[test]
+    fn a_tail_over_budget_reads_vectors_back_and_answers_the_same() {
+        let dims = 8;
+        let budget = 3 * Hot::cost(&staged_vector(&axis(dims, 0), 1.0));
+        let source = Arc::new(MapSource::default());
+        let dirs = [tempdir().unwrap(), tempdir().unwrap()];
+        // Session-sized scopes take the exact path; a zero threshold forces the tail scan
+        // plus the trees.
+        let indexes: Vec<VectorIndex> = [2_000, 0]
+            .into_iter()
+            .zip(&dirs)
+            .map(|(exact_threshold, dir)| {
+                let index = VectorIndex::open(
+                    dir.path(),
+                    dims,
+                    VectorOptions {
+                        exact_threshold,
+                        tail_memory_bytes: budget,
+                        build_threads: 1,
+                        ..VectorOptions::default()
+                    },
+                )
+                .unwrap();
+                index.read_back_from(source.clone());
+                index
+            })
+            .collect();
+        let mut rng = StdRng::seed_from_u64(12);
+        let mut spilled = 0;
+        for step in 0..300u64 {
+            match rng.random_range(0..12) {
+                0..=5 => {
+                    let id = rng.random_range(0..40);
+                    let v = gaussian(&mut rng, dims, 1.0);
+                    source.0.lock().unwrap().insert(id, v.clone());
+                    for index in &indexes {
+                        index.upsert(&[(id, v.clone())]);
+                    }
+                }
+                6 => {
+                    let id = rng.random_range(0..40);
+                    source.0.lock().unwrap().remove(&id);
+                    for index in &indexes {
+                        index.remove(&[id]);
+                    }
+                }
+                7 => {
+                    for index in &indexes {
+                        index.build(step).unwrap();
+                    }
+                }
+                _ => {
+                    let scope: RoaringBitmap = (0..40).filter(|_| rng.random_bool(0.6)).collect();
+                    let candidates = [None, Some(&scope)][rng.random_range(0..2)];
+                    let query = gaussian(&mut rng, dims, 1.0);
+                    let items: Vec<(u32, Vec<f32>)> = source
+                        .0
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .map(|(&id, v)| (id, v.clone()))
+                        .collect();
+                    let want = ids(&brute_force(&items, &query, 5, candidates));
+                    for (n, index) in indexes.iter().enumerate() {
+                        let got = index.search(&query, 5, candidates).unwrap();
+                        assert_eq!(ids(&got), want, "step {step}, index {n}");
+                    }
+                    for id in 0..40 {
+                        let want = source.0.lock().unwrap().get(&id).cloned();
+                        assert_eq!(indexes[0].get(id).unwrap(), want, "get {id}");
+                    }
+                }
+            }
+            for index in &indexes {
+                let tail = index.tail_read();
+                assert!(tail.bytes <= budget, "step {step}: {} bytes", tail.bytes);
+                spilled += tail
+                    .entries
+                    .values()
+                    .filter(|s| matches!(s.change, Change::Stored))
+                    .count();
+            }
+        }
+        assert!(spilled > 0, "nothing was ever staged past the budget");
+        // A build empties the tail and gives its bytes back.
+        for index in &indexes {
+            index.build(1_000).unwrap();
+            assert_eq!((index.pending(), index.tail_bytes()), (0, 0));
+        }
     }
 
     #[test]
