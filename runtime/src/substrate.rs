@@ -39,9 +39,13 @@ pub struct IndexingOptions {
     pub background: bool,
     /// Changes read from the log at a time.
     pub batch: usize,
-    /// Build as soon as this many changes are staged (the tails are scanned exactly, so
-    /// this bounds the cost a large unbuilt tail adds to namespace-wide search).
+    /// Build the vector index as soon as this many changes are staged (the tail is scanned
+    /// exactly, so this bounds the cost a large unbuilt tail adds to namespace-wide search).
     pub build_every: usize,
+    /// Commit the keyword index as soon as this many changes are staged. Commits are cheap
+    /// next to tree builds and run on their own thread, so the keyword tail (about 1.4 KB
+    /// of memory per staged document) stays small however far the vector build lags.
+    pub keyword_every: usize,
     /// ...or once no change has arrived for this long (a quiet period)...
     pub debounce: Duration,
     /// ...or when the oldest staged change is this old, however busy ingest is.
@@ -54,6 +58,7 @@ impl Default for IndexingOptions {
             background: true,
             batch: 2_000,
             build_every: 50_000,
+            keyword_every: 20_000,
             debounce: Duration::from_millis(300),
             max_delay: Duration::from_secs(10),
         }
@@ -207,17 +212,44 @@ struct Inner {
     recent_n: usize,
     /// Highest change sequence applied to both indexes' tails.
     applied: AtomicU64,
-    /// When the oldest and the newest change not yet built were applied.
-    staged_times: Mutex<(Option<Instant>, Option<Instant>)>,
+    /// When the oldest and the newest change not yet built were applied, per index.
+    staged_times: Mutex<[StagedTimes; 2]>,
     /// Serialises applying changes to the tails.
     apply_lock: Mutex<()>,
-    /// Serialises builds (one writer per index).
-    build_lock: Mutex<()>,
-    wake: Mutex<Option<mpsc::Sender<()>>>,
-    indexer: Mutex<Option<JoinHandle<()>>>,
+    /// Serialise the builds of each index (one writer per index; the two run side by side).
+    build_locks: [Mutex<()>; 2],
+    /// The change log is truncated up to here (both indexes have built it).
+    truncated: AtomicU64,
+    wake: Mutex<Vec<mpsc::Sender<()>>>,
+    /// The keyword committer and the vector builder: a tree build takes minutes on a busy
+    /// machine, and keyword commits must not wait for it.
+    indexer: Mutex<Vec<JoinHandle<()>>>,
     enrich_wake: Mutex<Option<mpsc::Sender<()>>>,
     enricher: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
+}
+
+/// The vector index reads the vectors it staged past its memory budget back from here.
+struct StoreVectors(Store);
+
+impl crate::vector::VectorSource for StoreVectors {
+    fn vector(&self, id: u32) -> Result<Option<Vec<f32>>> {
+        self.0.embedding(MemoryId(id))
+    }
+}
+
+/// Which index an indexing pass works on (an index into the per-index fields of `Inner`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IndexKind {
+    Keywords = 0,
+    Vectors = 1,
+}
+
+/// When the oldest and the newest change an index has not built yet were applied.
+#[derive(Debug, Clone, Copy, Default)]
+struct StagedTimes {
+    oldest: Option<Instant>,
+    newest: Option<Instant>,
 }
 
 /// Counts from one indexing pass.
@@ -243,6 +275,7 @@ impl Substrate {
         let dims = opts.embedder.dimensions();
         store.ensure_dimension(dims, opts.embedder.name())?;
         let vectors = VectorIndex::open(&dir.join("vectors"), dims, opts.vector.clone())?;
+        vectors.read_back_from(Arc::new(StoreVectors(store.clone())));
         let keywords = KeywordIndex::open(&dir.join("keywords"))?;
         let inner = Arc::new(Inner {
             dir: dir.to_path_buf(),
@@ -256,11 +289,12 @@ impl Substrate {
             indexing: opts.indexing,
             recent_n: opts.recent_n,
             applied: AtomicU64::new(0),
-            staged_times: Mutex::new((None, None)),
+            staged_times: Mutex::new([StagedTimes::default(); 2]),
             apply_lock: Mutex::new(()),
-            build_lock: Mutex::new(()),
-            wake: Mutex::new(None),
-            indexer: Mutex::new(None),
+            build_locks: [Mutex::new(()), Mutex::new(())],
+            truncated: AtomicU64::new(0),
+            wake: Mutex::new(Vec::new()),
+            indexer: Mutex::new(Vec::new()),
             enrich_wake: Mutex::new(None),
             enricher: Mutex::new(None),
             closed: AtomicBool::new(false),
@@ -666,11 +700,11 @@ impl Substrate {
             .apply_lock
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let _one_builder = self
+        let _builders = self
             .inner
-            .build_lock
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+            .build_locks
+            .each_ref()
+            .map(|l| l.lock().unwrap_or_else(|p| p.into_inner()));
         let store = &self.inner.store;
         // Changes written from here on are replayed on top of the rebuild.
         let upto = store.next_seq().saturating_sub(1);
@@ -755,62 +789,93 @@ impl Substrate {
                 .staged_times
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            times.0.get_or_insert(now);
-            times.1 = Some(now);
+            for t in times.iter_mut() {
+                t.oldest.get_or_insert(now);
+                t.newest = Some(now);
+            }
         }
     }
 
-    /// Catches the tails up, then builds both indexes when due — this many changes staged,
-    /// or a quiet period after the last change, or the oldest staged change too old — or
-    /// at once when `force`.
+    /// Catches the tails up, then commits the keyword index and builds the vector index
+    /// when each is due — its count of staged changes reached, or a quiet period after the
+    /// last change, or the oldest staged change too old — or at once when `force`.
     pub fn index_pass(&self, force: bool) -> Result<IndexPass> {
-        let pass_applied = self.catch_up()?;
-        let _one_builder = self
-            .inner
-            .build_lock
+        let keywords = self.index_pass_for(IndexKind::Keywords, force)?;
+        let vectors = self.index_pass_for(IndexKind::Vectors, force)?;
+        Ok(IndexPass {
+            applied: keywords.applied + vectors.applied,
+            built: keywords.built || vectors.built,
+        })
+    }
+
+    /// One index's share of [`Substrate::index_pass`]; the background threads run one each.
+    fn index_pass_for(&self, kind: IndexKind, force: bool) -> Result<IndexPass> {
+        let applied = self.catch_up()?;
+        let _one_builder = self.inner.build_locks[kind as usize]
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let mut pass = IndexPass {
-            applied: pass_applied,
+            applied,
             built: false,
         };
-        let staged = self
-            .inner
-            .vectors
-            .pending()
-            .max(self.inner.keywords.pending());
-        let (oldest, newest) = *self
+        let opts = &self.inner.indexing;
+        let (staged, every, watermark) = match kind {
+            IndexKind::Keywords => (
+                self.inner.keywords.pending(),
+                opts.keyword_every,
+                self.inner.keywords.watermark()?,
+            ),
+            IndexKind::Vectors => (
+                self.inner.vectors.pending(),
+                opts.build_every,
+                self.inner.vectors.watermark()?,
+            ),
+        };
+        let times = self
             .inner
             .staged_times
             .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let opts = &self.inner.indexing;
-        let due = staged >= opts.build_every
-            || newest.is_some_and(|t| t.elapsed() >= opts.debounce)
-            || oldest.is_some_and(|t| t.elapsed() >= opts.max_delay);
+            .unwrap_or_else(|p| p.into_inner())[kind as usize];
+        let due = staged >= every
+            || times.newest.is_some_and(|t| t.elapsed() >= opts.debounce)
+            || times.oldest.is_some_and(|t| t.elapsed() >= opts.max_delay);
         let upto = self.inner.applied.load(Ordering::SeqCst);
-        let behind =
-            self.inner.vectors.watermark()? < upto || self.inner.keywords.watermark()? < upto;
-        if (force || due) && (staged > 0 || behind) {
+        if (force || due) && (staged > 0 || watermark < upto) {
             // Changes applied after `upto` was read may be built too; their watermark stays
             // lower, so a restart replays them (applying a change twice is harmless).
-            *self
-                .inner
+            self.inner
                 .staged_times
                 .lock()
-                .unwrap_or_else(|p| p.into_inner()) = (None, None);
-            // Builds may wait for ingest and recall (lower CPU priority): on a busy
-            // machine the index lags behind, in memory and in the change log, and catches
-            // up when ingest pauses; acknowledged writes are searchable meanwhile through
-            // the tails.
-            self.inner.vectors.build_with(upto, true)?;
-            self.inner.keywords.commit(upto)?;
-            self.inner
-                .store
-                .write(WriteSet(vec![Mutation::TruncateChanges(upto)]))?;
+                .unwrap_or_else(|p| p.into_inner())[kind as usize] = StagedTimes::default();
+            match kind {
+                IndexKind::Keywords => self.inner.keywords.commit(upto)?,
+                // Builds may wait for ingest and recall (lower CPU priority): on a busy
+                // machine the trees lag behind, and acknowledged writes are searchable
+                // meanwhile through the tail, whose vectors past its memory budget are
+                // read back from the store.
+                IndexKind::Vectors => {
+                    self.inner.vectors.build_with(upto, true)?;
+                }
+            }
+            self.truncate_changes()?;
             pass.built = true;
         }
         Ok(pass)
+    }
+
+    /// Drops the change-log entries both indexes have built.
+    fn truncate_changes(&self) -> Result<()> {
+        let upto = self
+            .inner
+            .vectors
+            .watermark()?
+            .min(self.inner.keywords.watermark()?);
+        if self.inner.truncated.fetch_max(upto, Ordering::SeqCst) < upto {
+            self.inner
+                .store
+                .write(WriteSet(vec![Mutation::TruncateChanges(upto)]))?;
+        }
+        Ok(())
     }
 
     /// Applies every waiting change and builds both indexes now (one build).
@@ -826,51 +891,60 @@ impl Substrate {
     }
 
     fn wake_indexer(&self) {
-        if let Some(tx) = self
+        for tx in self
             .inner
             .wake
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
+            .iter()
         {
             let _ = tx.send(());
         }
     }
 
     fn start_indexer(&self) -> Result<()> {
-        let (tx, rx) = mpsc::channel::<()>();
-        *self.inner.wake.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
-        // The thread holds only a weak handle, so dropping every Substrate ends it.
-        let weak = Arc::downgrade(&self.inner);
-        let debounce = self.inner.indexing.debounce;
-        let handle = std::thread::Builder::new()
-            .name("indexer".into())
-            .spawn(move || {
-                loop {
-                    match rx.recv_timeout(debounce) {
-                        Ok(()) => while rx.try_recv().is_ok() {},
-                        Err(mpsc::RecvTimeoutError::Timeout) => {}
-                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                    }
-                    let Some(inner) = weak.upgrade() else { return };
-                    if inner.closed.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    let sub = Substrate { inner };
+        let mut senders = Vec::new();
+        let mut handles = Vec::new();
+        for (kind, name) in [
+            (IndexKind::Keywords, "keyword-indexer"),
+            (IndexKind::Vectors, "vector-indexer"),
+        ] {
+            let (tx, rx) = mpsc::channel::<()>();
+            senders.push(tx);
+            // The thread holds only a weak handle, so dropping every Substrate ends it.
+            let weak = Arc::downgrade(&self.inner);
+            let debounce = self.inner.indexing.debounce;
+            let handle = std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || {
                     loop {
-                        match sub.index_pass(false) {
-                            Ok(p) if p.applied > 0 => continue,
-                            Ok(_) => break,
-                            Err(e) => {
-                                tracing::error!(error = %e, "indexing pass failed; will retry");
-                                break;
+                        match rx.recv_timeout(debounce) {
+                            Ok(()) => while rx.try_recv().is_ok() {},
+                            Err(mpsc::RecvTimeoutError::Timeout) => {}
+                            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                        }
+                        let Some(inner) = weak.upgrade() else { return };
+                        if inner.closed.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        let sub = Substrate { inner };
+                        loop {
+                            match sub.index_pass_for(kind, false) {
+                                Ok(p) if p.applied > 0 => continue,
+                                Ok(_) => break,
+                                Err(e) => {
+                                    tracing::error!(error = %e, index = ?kind, "indexing pass failed; will retry");
+                                    break;
+                                }
                             }
                         }
                     }
-                }
-            })
-            .map_err(|e| Error::io("indexer thread", e))?;
-        *self.inner.indexer.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+                })
+                .map_err(|e| Error::io("indexer thread", e))?;
+            handles.push(handle);
+        }
+        *self.inner.wake.lock().unwrap_or_else(|p| p.into_inner()) = senders;
+        *self.inner.indexer.lock().unwrap_or_else(|p| p.into_inner()) = handles;
         Ok(())
     }
 
@@ -954,16 +1028,23 @@ impl Substrate {
             .wake
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .take();
+            .clear();
         self.inner
             .enrich_wake
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        for slot in [&self.inner.indexer, &self.inner.enricher] {
-            if let Some(h) = slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                let _ = h.join();
-            }
+        let mut threads =
+            std::mem::take(&mut *self.inner.indexer.lock().unwrap_or_else(|p| p.into_inner()));
+        threads.extend(
+            self.inner
+                .enricher
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
+        for h in threads {
+            let _ = h.join();
         }
         self.flush_indexes()
     }
@@ -1356,7 +1437,7 @@ impl Substrate {
 impl Drop for Inner {
     fn drop(&mut self) {
         // Closing the wake channels ends the background threads.
-        self.wake.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.wake.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.enrich_wake
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -74,6 +74,67 @@ async fn read_your_writes_before_any_index_build() {
 }
 
 #[tokio::test]
+async fn keyword_commits_do_not_wait_for_tree_builds_and_a_spilled_tail_still_recalls() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = opts(Arc::new(VirtualClock::new(T0)));
+    // Every staged vector goes past the budget: the tail holds ids, the store the vectors.
+    o.vector.tail_memory_bytes = 0;
+    o.indexing.keyword_every = 5;
+    o.indexing.build_every = 1_000_000;
+    o.indexing.debounce = Duration::from_secs(3_600);
+    o.indexing.max_delay = Duration::from_secs(3_600);
+    let sub = Substrate::open(dir.path(), o).unwrap();
+    let texts: Vec<String> = (0..12)
+        .map(|i| format!("incident {i}: the cache node number {i} ran out of disk"))
+        .collect();
+    let mut ids_written = Vec::new();
+    for t in &texts {
+        ids_written.push(rec(&sub, "default", "s1", "observation", t).await);
+    }
+    let pass = sub.index_pass(false).unwrap();
+    assert!(pass.built);
+    let last = sub.store().next_seq() - 1;
+    assert_eq!(
+        sub.keywords().watermark().unwrap(),
+        last,
+        "keywords committed"
+    );
+    assert_eq!(sub.keywords().pending(), 0);
+    assert_eq!(
+        sub.vectors().watermark().unwrap(),
+        0,
+        "no tree build was due"
+    );
+    assert_eq!(sub.vectors().pending(), 12);
+    assert_eq!(sub.vectors().tail_bytes(), 0, "nothing held in memory");
+    assert!(
+        sub.store()
+            .first_change()
+            .unwrap()
+            .is_some_and(|f| f + 11 <= last),
+        "the log keeps the 12 changes until the trees have them too"
+    );
+
+    // A vector-only query (no text) finds a spilled record: read back from the store.
+    let embedding = sub.embedder().embed(&texts[7..8]).await.unwrap().remove(0);
+    let mut req = RecallRequest::new("default", "other-session", "");
+    req.query_embedding = Some(embedding.clone());
+    req.scope = Scope::Namespace;
+    req.k = 1;
+    assert_eq!(ids(&sub.recall(&req).await.unwrap()), vec![ids_written[7]]);
+
+    sub.index_pass(true).unwrap();
+    assert_eq!(sub.vectors().pending(), 0);
+    assert!(sub.vectors().watermark().unwrap() >= last);
+    assert!(
+        sub.store().first_change().unwrap().is_none_or(|f| f > last),
+        "both indexes have it: the log is truncated"
+    );
+    assert_eq!(ids(&sub.recall(&req).await.unwrap()), vec![ids_written[7]]);
+    sub.close().unwrap();
+}
+
+#[tokio::test]
 async fn session_scope_and_namespaces_never_leak() {
     let dir = tempfile::tempdir().unwrap();
     let (sub, _) = open(dir.path());
