@@ -1,20 +1,26 @@
 //! The Indexer: the single writer of the vector and keyword indexes under the runtime.
 //!
-//! Each pass ([`Substrate::index_pass`]) applies the store's change log to the indexes'
-//! in-memory tails and, when the debounce says so (a quiet period, a maximum delay, or
-//! enough staged changes), builds both indexes in one batch. Ingest never waits for it:
-//! writes only append to the change log, and recall catches the tails up itself, so a
-//! slow build never hides an acknowledged write. The next pass is scheduled when the
-//! current one ends, so a long build never piles passes up in the mailbox.
+//! Each tick runs a keyword pass ([`Substrate::index_pass_for`]): it applies a bounded share
+//! of the store's change log to both indexes' in-memory tails and commits the keyword index
+//! when enough is staged or the debounce says so. Vector passes build the arroy trees,
+//! which takes minutes on a busy two-core machine; they run as a task of their own, one at
+//! a time, so keyword commits (and with them the keyword tail's memory) never wait for a
+//! tree build. Ingest never waits for either: writes only append to the change log, and
+//! recall catches the tails up itself, so a slow build never hides an acknowledged write.
+//! The next tick is scheduled when the current one ends, at once while the log has more
+//! to apply, so passes never pile up in the mailbox.
 //!
 //! The index watermarks are in the indexes themselves, so a restart just resumes from
-//! them; a pass that failed is retried at the next tick.
+//! them; a pass that failed is retried at the next tick. A vector build still running when
+//! the actor restarts finishes on its own; the new actor's build waits for it on the
+//! index's build lock.
 
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use shadowbrain_runtime::error::Error;
-use shadowbrain_runtime::substrate::Substrate;
+use shadowbrain_runtime::error::{Error, Result};
+use shadowbrain_runtime::substrate::{IndexKind, IndexPass, Substrate};
+use tokio::task::JoinHandle;
 
 /// The indexer actor.
 pub(crate) struct Indexer;
@@ -26,6 +32,12 @@ pub(crate) struct IndexerArgs {
     pub tick: Duration,
 }
 
+/// Its state: the arguments and the vector build in flight, if any.
+pub(crate) struct IndexerState {
+    args: IndexerArgs,
+    vector_pass: Option<JoinHandle<Result<IndexPass>>>,
+}
+
 /// The indexer's protocol.
 pub(crate) enum IndexerMessage {
     /// Run one pass, then schedule the next.
@@ -34,44 +46,66 @@ pub(crate) enum IndexerMessage {
     Panic,
 }
 
+/// Runs one pass of `kind` off the async workers (builds and commits block for seconds).
+fn spawn_pass(substrate: &Substrate, kind: IndexKind) -> JoinHandle<Result<IndexPass>> {
+    let substrate = substrate.clone();
+    tokio::task::spawn_blocking(move || substrate.index_pass_for(kind, false))
+}
+
+fn log_pass(kind: IndexKind, pass: std::result::Result<Result<IndexPass>, tokio::task::JoinError>) {
+    let pass = pass.map_err(|e| Error::Unavailable {
+        what: "an index pass".into(),
+        message: format!("it panicked: {e}"),
+    });
+    match pass {
+        Ok(Ok(pass)) if pass.built => tracing::debug!(?kind, ?pass, "index built"),
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) | Err(e) => {
+            tracing::warn!(?kind, error = %e, "index pass failed; the next tick retries");
+        }
+    }
+}
+
 impl Actor for Indexer {
     type Msg = IndexerMessage;
-    type State = IndexerArgs;
+    type State = IndexerState;
     type Arguments = IndexerArgs;
 
     async fn pre_start(
         &self,
         myself: ActorRef<Self::Msg>,
         args: IndexerArgs,
-    ) -> Result<IndexerArgs, ActorProcessingErr> {
+    ) -> Result<IndexerState, ActorProcessingErr> {
         myself.send_message(IndexerMessage::Pass)?;
-        Ok(args)
+        Ok(IndexerState {
+            args,
+            vector_pass: None,
+        })
     }
 
     async fn handle(
         &self,
         myself: ActorRef<Self::Msg>,
         message: IndexerMessage,
-        state: &mut IndexerArgs,
+        state: &mut IndexerState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
             IndexerMessage::Pass => {
-                let substrate = state.substrate.clone();
-                // Builds take seconds on large batches: keep them off the async workers.
-                let pass = tokio::task::spawn_blocking(move || substrate.index_pass(false))
-                    .await
-                    .map_err(|e| Error::Unavailable {
-                        what: "an index pass".into(),
-                        message: format!("it panicked: {e}"),
-                    });
-                match pass {
-                    Ok(Ok(pass)) if pass.built => tracing::debug!(?pass, "indexes built"),
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) | Err(e) => {
-                        tracing::warn!(error = %e, "index pass failed; the next tick retries");
-                    }
+                let substrate = &state.args.substrate;
+                let keyword_pass = spawn_pass(substrate, IndexKind::Keywords).await;
+                let more = matches!(&keyword_pass, Ok(Ok(p)) if p.applied > 0);
+                log_pass(IndexKind::Keywords, keyword_pass);
+                if let Some(done) = state.vector_pass.take_if(|t| t.is_finished()) {
+                    log_pass(IndexKind::Vectors, done.await);
                 }
-                myself.send_after(state.tick, || IndexerMessage::Pass);
+                if state.vector_pass.is_none() {
+                    state.vector_pass = Some(spawn_pass(substrate, IndexKind::Vectors));
+                }
+                if more {
+                    myself.send_message(IndexerMessage::Pass)?;
+                } else {
+                    myself.send_after(state.args.tick, || IndexerMessage::Pass);
+                }
             }
             IndexerMessage::Panic => panic!("fault injected into the indexer"),
         }

@@ -238,10 +238,12 @@ impl crate::vector::VectorSource for StoreVectors {
     }
 }
 
-/// Which index an indexing pass works on (an index into the per-index fields of `Inner`).
+/// Which index an indexing pass works on ([`Substrate::index_pass_for`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum IndexKind {
+pub enum IndexKind {
+    /// The BM25 keyword index: commits are cheap and frequent.
     Keywords = 0,
+    /// The vector index: tree builds are slow and may lag behind ingest.
     Vectors = 1,
 }
 
@@ -745,6 +747,14 @@ impl Substrate {
     /// in-memory tails, where search sees them at once. Recall calls this first, so it
     /// never misses an acknowledged write even if the indexer thread is behind.
     pub fn catch_up(&self) -> Result<usize> {
+        self.apply_changes(usize::MAX)
+    }
+
+    /// Applies logged changes to the tails, about `max` at most (whole log batches). The
+    /// indexer threads apply a bounded share per pass: under sustained ingest, catching up
+    /// completely may take longer than ingest takes to log more, and their commits must
+    /// not wait for that.
+    fn apply_changes(&self, max: usize) -> Result<usize> {
         let _one_applier = self
             .inner
             .apply_lock
@@ -752,7 +762,7 @@ impl Substrate {
             .unwrap_or_else(|p| p.into_inner());
         let store = &self.inner.store;
         let mut total = 0;
-        loop {
+        while total < max {
             let from = self.inner.applied.load(Ordering::SeqCst);
             let changes = store.changes_after(from, self.inner.indexing.batch)?;
             let Some((last, _)) = changes.last() else {
@@ -794,6 +804,7 @@ impl Substrate {
                 t.newest = Some(now);
             }
         }
+        Ok(total)
     }
 
     /// Catches the tails up, then commits the keyword index and builds the vector index
@@ -808,9 +819,17 @@ impl Substrate {
         })
     }
 
-    /// One index's share of [`Substrate::index_pass`]; the background threads run one each.
-    fn index_pass_for(&self, kind: IndexKind, force: bool) -> Result<IndexPass> {
-        let applied = self.catch_up()?;
+    /// One index's share of [`Substrate::index_pass`]. Indexers run one loop per index, so
+    /// keyword commits never wait for a tree build (which takes minutes on a busy machine);
+    /// without `force` a pass applies a bounded share of the change log, so a pass ends
+    /// even while ingest logs changes faster than they are applied.
+    pub fn index_pass_for(&self, kind: IndexKind, force: bool) -> Result<IndexPass> {
+        let opts = &self.inner.indexing;
+        let applied = if force {
+            self.catch_up()?
+        } else {
+            self.apply_changes(opts.keyword_every.min(opts.build_every))?
+        };
         let _one_builder = self.inner.build_locks[kind as usize]
             .lock()
             .unwrap_or_else(|p| p.into_inner());
@@ -818,7 +837,6 @@ impl Substrate {
             applied,
             built: false,
         };
-        let opts = &self.inner.indexing;
         let (staged, every, watermark) = match kind {
             IndexKind::Keywords => (
                 self.inner.keywords.pending(),
