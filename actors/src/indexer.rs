@@ -7,8 +7,8 @@
 //! a time, so keyword commits (and with them the keyword tail's memory) never wait for a
 //! tree build. Ingest never waits for either: writes only append to the change log, and
 //! recall catches the tails up itself, so a slow build never hides an acknowledged write.
-//! The next tick is scheduled when the current one ends, at once while the log has more
-//! to apply, so passes never pile up in the mailbox.
+//! The next tick is scheduled when the current one ends (at once when the pass stopped at
+//! its bound with more of the log to apply), so passes never pile up in the mailbox.
 //!
 //! The index watermarks are in the indexes themselves, so a restart just resumes from
 //! them; a pass that failed is retried at the next tick. A vector build still running when
@@ -93,7 +93,7 @@ impl Actor for Indexer {
             IndexerMessage::Pass => {
                 let substrate = &state.args.substrate;
                 let keyword_pass = spawn_pass(substrate, IndexKind::Keywords).await;
-                let more = matches!(&keyword_pass, Ok(Ok(p)) if p.applied > 0);
+                let more = matches!(&keyword_pass, Ok(Ok(p)) if p.more);
                 log_pass(IndexKind::Keywords, keyword_pass);
                 if let Some(done) = state.vector_pass.take_if(|t| t.is_finished()) {
                     log_pass(IndexKind::Vectors, done.await);

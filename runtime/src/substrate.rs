@@ -58,7 +58,7 @@ impl Default for IndexingOptions {
             background: true,
             batch: 2_000,
             build_every: 50_000,
-            keyword_every: 20_000,
+            keyword_every: 50_000,
             debounce: Duration::from_millis(300),
             max_delay: Duration::from_secs(10),
         }
@@ -261,6 +261,8 @@ pub struct IndexPass {
     pub applied: usize,
     /// Whether the indexes were built / committed.
     pub built: bool,
+    /// The pass stopped applying at its bound: the log holds more, run the next one now.
+    pub more: bool,
 }
 
 impl Substrate {
@@ -816,6 +818,7 @@ impl Substrate {
         Ok(IndexPass {
             applied: keywords.applied + vectors.applied,
             built: keywords.built || vectors.built,
+            more: keywords.more || vectors.more,
         })
     }
 
@@ -825,10 +828,11 @@ impl Substrate {
     /// even while ingest logs changes faster than they are applied.
     pub fn index_pass_for(&self, kind: IndexKind, force: bool) -> Result<IndexPass> {
         let opts = &self.inner.indexing;
+        let share = opts.keyword_every.min(opts.build_every);
         let applied = if force {
             self.catch_up()?
         } else {
-            self.apply_changes(opts.keyword_every.min(opts.build_every))?
+            self.apply_changes(share)?
         };
         let _one_builder = self.inner.build_locks[kind as usize]
             .lock()
@@ -836,6 +840,7 @@ impl Substrate {
         let mut pass = IndexPass {
             applied,
             built: false,
+            more: !force && applied >= share,
         };
         let (staged, every, watermark) = match kind {
             IndexKind::Keywords => (
@@ -867,12 +872,29 @@ impl Substrate {
                 .unwrap_or_else(|p| p.into_inner())[kind as usize] = StagedTimes::default();
             match kind {
                 IndexKind::Keywords => self.inner.keywords.commit(upto)?,
+                IndexKind::Vectors if force => {
+                    self.inner.vectors.build(upto)?;
+                }
                 // Builds may wait for ingest and recall (lower CPU priority): on a busy
                 // machine the trees lag behind, and acknowledged writes are searchable
                 // meanwhile through the tail, whose vectors past its memory budget are
-                // read back from the store.
+                // read back from the store. One bounded transaction per pass; what it
+                // left is due at once.
                 IndexKind::Vectors => {
-                    self.inner.vectors.build_with(upto, true)?;
+                    let stats = self.inner.vectors.build_with(upto, true)?;
+                    if stats.remaining > 0 {
+                        pass.more = true;
+                        let now = Instant::now();
+                        let mut times = self
+                            .inner
+                            .staged_times
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner());
+                        let t = &mut times[kind as usize];
+                        // As old as `max_delay`: due at the next pass.
+                        t.oldest = Some(now.checked_sub(opts.max_delay).unwrap_or(now));
+                        t.newest.get_or_insert(now);
+                    }
                 }
             }
             self.truncate_changes()?;
@@ -948,7 +970,7 @@ impl Substrate {
                         let sub = Substrate { inner };
                         loop {
                             match sub.index_pass_for(kind, false) {
-                                Ok(p) if p.applied > 0 => continue,
+                                Ok(p) if p.more => continue,
                                 Ok(_) => break,
                                 Err(e) => {
                                     tracing::error!(error = %e, index = ?kind, "indexing pass failed; will retry");

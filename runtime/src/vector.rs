@@ -116,6 +116,11 @@ pub struct VectorOptions {
     /// Without a source every staged vector stays in memory. The default holds about
     /// 40,000 384-dimensional vectors.
     pub tail_memory_bytes: usize,
+    /// Staged changes written by one build transaction at most (lowest ids first). LMDB
+    /// keeps a write transaction's dirty pages in memory until it commits, so a build of
+    /// the hundreds of thousands of items a long burst leaves staged would hold hundreds
+    /// of MB of them. Larger chunks cost fewer tree passes.
+    pub max_build_items: usize,
 }
 
 impl Default for VectorOptions {
@@ -128,6 +133,7 @@ impl Default for VectorOptions {
             initial_map_size: 256 << 20,
             build_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             tail_memory_bytes: 64 << 20,
+            max_build_items: 50_000,
         }
     }
 }
@@ -143,8 +149,11 @@ pub struct BuildStats {
     pub items: u64,
     /// Trees in the forest after the build.
     pub n_trees: usize,
-    /// The watermark now recorded with the index.
+    /// The watermark now recorded with the index (the caller's only once a build wrote
+    /// everything that was staged).
     pub watermark: u64,
+    /// Staged changes this build left for the next one ([`VectorOptions::max_build_items`]).
+    pub remaining: usize,
     /// How many times the LMDB map had to grow during this build.
     pub map_resizes: u32,
     /// Wall time of the whole build, commit included.
@@ -584,16 +593,32 @@ impl VectorIndex {
     }
 
     /// Writes every staged change into arroy, rebuilds the trees and records `watermark`
-    /// (the caller's position in the store) in one LMDB write transaction, commits it
-    /// durably, then drops the written changes from the tail. Changes staged while the
-    /// build runs stay staged for the next one. Deterministic: the tree builder's RNG is
-    /// seeded from `watermark`. A full LMDB map is grown and the build retried.
+    /// (the caller's position in the store), in LMDB write transactions of at most
+    /// [`VectorOptions::max_build_items`] changes, each committed durably before the
+    /// changes it wrote leave the tail. The watermark is written with the last one.
+    /// Changes staged while the build runs stay staged for the next one. Deterministic:
+    /// the tree builder's RNG is seeded from `watermark`. A full LMDB map is grown and the
+    /// build retried. Returns the sums over the transactions.
     pub fn build(&self, watermark: u64) -> Result<BuildStats> {
-        self.build_with(watermark, false)
+        let started = Instant::now();
+        let mut total = self.build_with(watermark, false)?;
+        while total.remaining > 0 {
+            let next = self.build_with(watermark, false)?;
+            total = BuildStats {
+                upserted: total.upserted + next.upserted,
+                removed: total.removed + next.removed,
+                map_resizes: total.map_resizes + next.map_resizes,
+                elapsed: started.elapsed(),
+                ..next
+            };
+        }
+        Ok(total)
     }
 
-    /// [`VectorIndex::build`], on the lower-priority threads when `background` (a build
-    /// that may wait for ingest and recall; see [`VectorIndex::build`] for the rest).
+    /// One transaction of [`VectorIndex::build`]: the first
+    /// [`VectorOptions::max_build_items`] staged changes, on the lower-priority threads when
+    /// `background` (a build that may wait for ingest and recall). `watermark` is recorded
+    /// only when nothing staged was left out (see [`BuildStats::remaining`]).
     pub fn build_with(&self, watermark: u64, background: bool) -> Result<BuildStats> {
         let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         let started = Instant::now();
@@ -605,6 +630,10 @@ impl VectorIndex {
             .collect();
         // Item order decides LMDB page layout and thus the build: sort for determinism.
         batch.sort_unstable_by_key(|(id, _)| *id);
+        let remaining = batch.len().saturating_sub(self.opts.max_build_items.max(1));
+        batch.truncate(batch.len() - remaining);
+        // A partial build keeps the recorded watermark: a restart must replay what is left.
+        let record = (remaining == 0).then_some(watermark);
         let upserted = batch
             .iter()
             .filter(|(_, s)| !matches!(s.change, Change::Remove))
@@ -619,7 +648,7 @@ impl VectorIndex {
         // on the build thread.
         let (items, n_trees) = self.build_pool(background)?.install(|| {
             self.write_with_growth_counted(&mut map_resizes, |wtxn| {
-                self.write_batch(wtxn, &batch, watermark)
+                self.write_batch(wtxn, &batch, watermark, record)
             })
         })?;
 
@@ -641,7 +670,11 @@ impl VectorIndex {
             removed,
             items,
             n_trees,
-            watermark,
+            watermark: match record {
+                Some(w) => w,
+                None => self.watermark()?,
+            },
+            remaining,
             map_resizes,
             elapsed: started.elapsed(),
         };
@@ -654,7 +687,8 @@ impl VectorIndex {
         &self,
         wtxn: &mut RwTxn<'_>,
         batch: &[(u32, Staged)],
-        watermark: u64,
+        seed: u64,
+        record: Option<u64>,
     ) -> arroy::Result<Result<(u64, usize)>> {
         let mut writer = Writer::<Cosine>::new(self.arroy, ARROY_INDEX, self.dimensions);
         // The builder spills tree nodes to temporary files; keep them on the index's disk.
@@ -700,14 +734,17 @@ impl VectorIndex {
         // arroy refuses to read an index with unbuilt changes, so adding and building must
         // share this transaction; an untouched index is not rebuilt at all.
         if changed || writer.need_build(wtxn)? {
-            let mut rng = StdRng::seed_from_u64(BUILD_SEED ^ watermark);
+            let first = batch.first().map_or(0, |(id, _)| u64::from(*id));
+            let mut rng = StdRng::seed_from_u64(BUILD_SEED ^ seed ^ (first << 32));
             let mut builder = writer.builder(&mut rng);
             if let Some(n) = self.opts.n_trees {
                 builder.n_trees(n.max(1));
             }
             builder.build(wtxn)?;
         }
-        write_u64(self.meta, wtxn, META_WATERMARK, watermark)?;
+        if let Some(watermark) = record {
+            write_u64(self.meta, wtxn, META_WATERMARK, watermark)?;
+        }
         match Reader::<Cosine>::open(wtxn, ARROY_INDEX, self.arroy) {
             Ok(reader) => Ok(Ok((reader.n_items(), reader.n_trees()))),
             Err(arroy::Error::MissingMetadata(_)) => Ok(Ok((0, 0))),
@@ -1648,6 +1685,38 @@ mod tests {
             index.build(1_000).unwrap();
             assert_eq!((index.pending(), index.tail_bytes()), (0, 0));
         }
+    }
+
+    #[test]
+    fn builds_go_in_bounded_transactions_and_record_the_watermark_with_the_last() {
+        let dir = tempdir().unwrap();
+        let index = VectorIndex::open(
+            dir.path(),
+            4,
+            VectorOptions {
+                max_build_items: 3,
+                build_threads: 1,
+                ..VectorOptions::default()
+            },
+        )
+        .unwrap();
+        let items: Vec<(u32, Vec<f32>)> = (0..10).map(|i| (i, axis(4, i as usize % 4))).collect();
+        index.upsert(&items);
+        let first = index.build_with(7, true).unwrap();
+        assert_eq!((first.upserted, first.remaining), (3, 7));
+        assert_eq!(
+            first.watermark, 0,
+            "a partial build keeps the old watermark"
+        );
+        assert_eq!((index.pending(), index.len().unwrap()), (7, 3));
+        assert_eq!(index.watermark().unwrap(), 0);
+        // Built or staged, every item is found.
+        let all: RoaringBitmap = (0..10).collect();
+        assert_eq!(index.search(&axis(4, 1), 10, Some(&all)).unwrap().len(), 10);
+        let rest = index.build(7).unwrap();
+        assert_eq!((rest.upserted, rest.remaining, rest.watermark), (7, 0, 7));
+        assert_eq!((index.pending(), index.len().unwrap()), (0, 10));
+        assert_eq!(index.watermark().unwrap(), 7);
     }
 
     #[test]
