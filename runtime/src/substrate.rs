@@ -772,9 +772,20 @@ impl Substrate {
             };
             let mut docs = Vec::new();
             let mut vecs = Vec::new();
+            let mut stored = Vec::new();
             let mut removed = Vec::new();
+            // Past its memory budget the vector tail stages ids only: do not even read the
+            // embeddings then (1.5 KB each at 384 dimensions); builds read them once.
+            let spill = self.inner.vectors.spilling();
             for (_, change) in &changes {
                 match change {
+                    Change::Upsert(id) if spill => match store.get_light(*id)? {
+                        Some(r) => {
+                            stored.push(id.0);
+                            docs.push((id.0, r.text));
+                        }
+                        None => removed.push(id.0),
+                    },
                     Change::Upsert(id) => match store.get(*id)? {
                         Some(r) => {
                             if let Some(e) = r.embedding {
@@ -789,6 +800,7 @@ impl Substrate {
             }
             self.inner.keywords.upsert(&docs);
             self.inner.vectors.upsert(&vecs);
+            self.inner.vectors.stage_stored(&stored);
             if !removed.is_empty() {
                 self.inner.keywords.remove(&removed);
                 self.inner.vectors.remove(&removed);

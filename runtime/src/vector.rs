@@ -496,6 +496,25 @@ impl VectorIndex {
         let _ = self.source.set(source);
     }
 
+    /// Whether new upserts are staged by id only (a source is set and the tail's vectors
+    /// fill their budget): a caller may then skip reading the vectors at all and use
+    /// [`stage_stored`](Self::stage_stored).
+    pub fn spilling(&self) -> bool {
+        self.source.get().is_some() && self.tail_read().bytes >= self.opts.tail_memory_bytes
+    }
+
+    /// Stages upserts whose vectors the source holds (read back when searched or built;
+    /// an id the source has no vector for is skipped then). Ignored without a source.
+    pub fn stage_stored(&self, ids: &[u32]) {
+        if ids.is_empty() || self.source.get().is_none() {
+            return;
+        }
+        let mut tail = self.tail_write();
+        for &id in ids {
+            tail.stage(id, Change::Stored);
+        }
+    }
+
     /// Memory held by staged vectors, in bytes (ids staged past the budget not counted).
     pub fn tail_bytes(&self) -> usize {
         self.tail_read().bytes
