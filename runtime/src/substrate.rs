@@ -724,7 +724,7 @@ impl Substrate {
                 Ok(Visit::Continue)
             })?;
             self.inner.vectors.upsert(&batch);
-            self.inner.vectors.build(upto)?;
+            self.inner.vectors.build_at_once(upto)?;
         }
         if keywords {
             self.inner.keywords.clear()?;

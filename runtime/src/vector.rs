@@ -133,7 +133,7 @@ impl Default for VectorOptions {
             initial_map_size: 256 << 20,
             build_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             tail_memory_bytes: 64 << 20,
-            max_build_items: 50_000,
+            max_build_items: 100_000,
         }
     }
 }
@@ -639,6 +639,22 @@ impl VectorIndex {
     /// `background` (a build that may wait for ingest and recall). `watermark` is recorded
     /// only when nothing staged was left out (see [`BuildStats::remaining`]).
     pub fn build_with(&self, watermark: u64, background: bool) -> Result<BuildStats> {
+        self.build_chunk(watermark, background, self.opts.max_build_items)
+    }
+
+    /// Everything staged in one transaction: the from-scratch path of `reindex`, where
+    /// arroy builds a whole forest faster than it grows one chunk by chunk (LMDB itself
+    /// writes dirty pages out past 512 MB of them).
+    pub fn build_at_once(&self, watermark: u64) -> Result<BuildStats> {
+        self.build_chunk(watermark, false, usize::MAX)
+    }
+
+    fn build_chunk(
+        &self,
+        watermark: u64,
+        background: bool,
+        max_items: usize,
+    ) -> Result<BuildStats> {
         let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         let started = Instant::now();
         let mut batch: Vec<(u32, Staged)> = self
@@ -649,7 +665,7 @@ impl VectorIndex {
             .collect();
         // Item order decides LMDB page layout and thus the build: sort for determinism.
         batch.sort_unstable_by_key(|(id, _)| *id);
-        let remaining = batch.len().saturating_sub(self.opts.max_build_items.max(1));
+        let remaining = batch.len().saturating_sub(max_items.max(1));
         batch.truncate(batch.len() - remaining);
         // A partial build keeps the recorded watermark: a restart must replay what is left.
         let record = (remaining == 0).then_some(watermark);
@@ -665,9 +681,12 @@ impl VectorIndex {
         }
         // LMDB ties a write transaction to its thread: open, fill, build and commit it all
         // on the build thread.
+        // Vectors read back from the source, kept for the hot cache (up to its budget).
+        let mut read_back = HashMap::new();
         let (items, n_trees) = self.build_pool(background)?.install(|| {
             self.write_with_growth_counted(&mut map_resizes, |wtxn| {
-                self.write_batch(wtxn, &batch, watermark, record)
+                read_back.clear();
+                self.write_batch(wtxn, &batch, watermark, record, &mut read_back)
             })
         })?;
 
@@ -677,8 +696,11 @@ impl VectorIndex {
             for (id, written) in &batch {
                 match &written.change {
                     Change::Upsert(v) => tail.hot.insert(*id, v.clone()),
-                    // Not worth keeping: it was read back once and lives in LMDB now.
-                    Change::Stored | Change::Remove => tail.hot.remove(*id),
+                    Change::Stored => match read_back.remove(id) {
+                        Some(v) => tail.hot.insert(*id, v),
+                        None => tail.hot.remove(*id),
+                    },
+                    Change::Remove => tail.hot.remove(*id),
                 }
                 tail.unstage(*id, written.seq);
             }
@@ -708,7 +730,9 @@ impl VectorIndex {
         batch: &[(u32, Staged)],
         seed: u64,
         record: Option<u64>,
+        read_back: &mut HashMap<u32, Arc<StagedVector>>,
     ) -> arroy::Result<Result<(u64, usize)>> {
+        let mut read_back_bytes = 0;
         let mut writer = Writer::<Cosine>::new(self.arroy, ARROY_INDEX, self.dimensions);
         // The builder spills tree nodes to temporary files; keep them on the index's disk.
         writer.set_tmpdir(self.dir.clone());
@@ -726,7 +750,15 @@ impl VectorIndex {
                 Change::Upsert(v) => Some(v.clone()),
                 // `None` when it is gone from the store: its removal is (or was) logged too.
                 Change::Stored => match self.read_back(*id) {
-                    Ok(v) => v,
+                    Ok(v) => {
+                        if let Some(v) = &v
+                            && read_back_bytes < self.opts.hot_cache_bytes
+                        {
+                            read_back_bytes += Hot::cost(v);
+                            read_back.insert(*id, v.clone());
+                        }
+                        v
+                    }
                     Err(e) => return Ok(Err(e)),
                 },
                 Change::Remove => None,
