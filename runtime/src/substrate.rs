@@ -808,11 +808,7 @@ impl Substrate {
             self.inner.applied.store(*last, Ordering::SeqCst);
             total += changes.len();
             let now = Instant::now();
-            let mut times = self
-                .inner
-                .staged_times
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut times = self.staged_times();
             for t in times.iter_mut() {
                 t.oldest.get_or_insert(now);
                 t.newest = Some(now);
@@ -866,11 +862,7 @@ impl Substrate {
                 self.inner.vectors.watermark()?,
             ),
         };
-        let times = self
-            .inner
-            .staged_times
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())[kind as usize];
+        let times = self.staged_times()[kind as usize];
         let due = staged >= every
             || times.newest.is_some_and(|t| t.elapsed() >= opts.debounce)
             || times.oldest.is_some_and(|t| t.elapsed() >= opts.max_delay);
@@ -878,10 +870,7 @@ impl Substrate {
         if (force || due) && (staged > 0 || watermark < upto) {
             // Changes applied after `upto` was read may be built too; their watermark stays
             // lower, so a restart replays them (applying a change twice is harmless).
-            self.inner
-                .staged_times
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())[kind as usize] = StagedTimes::default();
+            self.staged_times()[kind as usize] = StagedTimes::default();
             match kind {
                 IndexKind::Keywords => self.inner.keywords.commit(upto)?,
                 IndexKind::Vectors if force => {
@@ -897,11 +886,7 @@ impl Substrate {
                     if stats.remaining > 0 {
                         pass.more = true;
                         let now = Instant::now();
-                        let mut times = self
-                            .inner
-                            .staged_times
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner());
+                        let mut times = self.staged_times();
                         let t = &mut times[kind as usize];
                         // As old as `max_delay`: due at the next pass.
                         t.oldest = Some(now.checked_sub(opts.max_delay).unwrap_or(now));
@@ -913,6 +898,14 @@ impl Substrate {
             pass.built = true;
         }
         Ok(pass)
+    }
+
+    /// When each index's oldest and newest unbuilt change were applied.
+    fn staged_times(&self) -> std::sync::MutexGuard<'_, [StagedTimes; 2]> {
+        self.inner
+            .staged_times
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Drops the change-log entries both indexes have built.
