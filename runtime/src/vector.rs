@@ -500,7 +500,14 @@ impl VectorIndex {
     /// fill their budget): a caller may then skip reading the vectors at all and use
     /// [`stage_stored`](Self::stage_stored).
     pub fn spilling(&self) -> bool {
-        self.source.get().is_some() && self.tail_read().bytes >= self.opts.tail_memory_bytes
+        self.tail_read().bytes >= self.tail_budget()
+    }
+
+    /// Memory the tail's vectors may take: unbounded until a source can give them back.
+    fn tail_budget(&self) -> usize {
+        self.source
+            .get()
+            .map_or(usize::MAX, |_| self.opts.tail_memory_bytes)
     }
 
     /// Stages upserts whose vectors the source holds (read back when searched or built;
@@ -560,10 +567,7 @@ impl VectorIndex {
         if valid.is_empty() {
             return;
         }
-        let budget = self
-            .source
-            .get()
-            .map_or(usize::MAX, |_| self.opts.tail_memory_bytes);
+        let budget = self.tail_budget();
         let mut tail = self.tail_write();
         for (id, vector) in valid {
             // Over budget, the store keeps the vector for us; the id alone stays staged.
@@ -616,8 +620,8 @@ impl VectorIndex {
     /// [`VectorOptions::max_build_items`] changes, each committed durably before the
     /// changes it wrote leave the tail. The watermark is written with the last one.
     /// Changes staged while the build runs stay staged for the next one. Deterministic:
-    /// the tree builder's RNG is seeded from `watermark`. A full LMDB map is grown and the
-    /// build retried. Returns the sums over the transactions.
+    /// the tree builder's RNG is seeded from `watermark` and each transaction's first id. A
+    /// full LMDB map is grown and the build retried. Returns the sums over the transactions.
     pub fn build(&self, watermark: u64) -> Result<BuildStats> {
         let started = Instant::now();
         let mut total = self.build_with(watermark, false)?;
