@@ -75,14 +75,7 @@ fn args() -> Result<Args, String> {
 
 /// Peak resident memory of this process, from the kernel (Linux).
 fn peak_rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
+    status_mb("VmHWM:")
 }
 
 /// A field of `/proc/self/status` in MB (`RssAnon`, `RssFile`, …).
