@@ -379,16 +379,29 @@ impl Runtime {
     ) -> Result<T> {
         let substrate = self.inner.substrate.clone();
         let task = tokio::task::spawn_blocking(move || work(&substrate));
-        match tokio::time::timeout(self.inner.config.call_timeout, task).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(e)) => Err(Error::Panicked {
-                what: what.to_string(),
-                message: e.to_string(),
-            }),
-            Err(_) => Err(Error::Timeout {
-                what: what.to_string(),
-                after_ms: self.inner.config.call_timeout.as_millis() as u64,
-            }),
+        self.within(what, async {
+            task.await.unwrap_or_else(|e| {
+                Err(Error::Panicked {
+                    what: what.to_string(),
+                    message: e.to_string(),
+                })
+            })
+        })
+        .await
+    }
+
+    /// Awaits `work` for at most the call timeout.
+    async fn within<T>(&self, what: &str, work: impl Future<Output = Result<T>>) -> Result<T> {
+        tokio::time::timeout(self.inner.config.call_timeout, work)
+            .await
+            .unwrap_or_else(|_| Err(self.timed_out(what)))
+    }
+
+    /// The error of a call that took longer than the call timeout.
+    fn timed_out(&self, what: &str) -> Error {
+        Error::Timeout {
+            what: what.to_string(),
+            after_ms: self.inner.config.call_timeout.as_millis() as u64,
         }
     }
 
@@ -400,10 +413,7 @@ impl Runtime {
     ) -> Result<T> {
         match outcome {
             Ok(CallResult::Success(value)) => Ok(value),
-            Ok(CallResult::Timeout) => Err(Error::Timeout {
-                what: what.to_string(),
-                after_ms: self.inner.config.call_timeout.as_millis() as u64,
-            }),
+            Ok(CallResult::Timeout) => Err(self.timed_out(what)),
             Ok(CallResult::SenderError) => Err(Error::Unavailable {
                 what: what.to_string(),
                 message: "it stopped before answering".into(),
@@ -687,14 +697,10 @@ impl KnowledgeHandle {
         let mut request = RecallRequest::new(&self.namespace, KNOWLEDGE_SESSION, query);
         request.k = k;
         request.include_knowledge = true;
-        let search = self.runtime.substrate().recall(&request);
-        match tokio::time::timeout(self.runtime.inner.config.call_timeout, search).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::Timeout {
-                what: format!("the knowledge search of namespace `{}`", self.namespace),
-                after_ms: self.runtime.inner.config.call_timeout.as_millis() as u64,
-            }),
-        }
+        let what = format!("the knowledge search of namespace `{}`", self.namespace);
+        self.runtime
+            .within(&what, self.runtime.substrate().recall(&request))
+            .await
     }
 
     /// The records within `depth` edges of `around`, and the edges among them.
