@@ -53,6 +53,7 @@ use rand::rngs::StdRng;
 use roaring::RoaringBitmap;
 
 use crate::error::{Error, Result};
+use crate::kv::pages::MapRelease;
 
 /// On-disk layout version of the index directory; bumped on any incompatible change.
 const FORMAT_VERSION: u32 = 1;
@@ -332,6 +333,8 @@ pub struct VectorIndex {
     /// Held shared by every transaction and exclusively by a map resize, which LMDB forbids
     /// while any transaction of this process is open.
     gate: RwLock<()>,
+    /// Gives the pages searches map back now and then (see `MapRelease`).
+    release: MapRelease,
     /// Grow the map before a big build instead of discovering `MDB_MAP_FULL` halfway;
     /// tests turn it off to exercise the abort-grow-retry path.
     grow_ahead: bool,
@@ -436,6 +439,7 @@ impl VectorIndex {
             opts,
             writer: Mutex::new(()),
             gate: RwLock::new(()),
+            release: MapRelease::new(dir),
             grow_ahead: true,
             build_pool: OnceLock::new(),
             background_pool: OnceLock::new(),
@@ -693,6 +697,12 @@ impl VectorIndex {
                 self.write_batch(wtxn, &batch, watermark, record, &mut read_back)
             })
         })?;
+        // The build read the whole forest through the map (arroy walks every item and
+        // node): give those pages back now (see `MapRelease`). Releasing while it runs
+        // does not bound them, since a walk maps the forest again within milliseconds.
+        if let Ok(_shared) = self.gate.try_read() {
+            self.release.release_now();
+        }
 
         {
             let mut tail = self.tail_write();
@@ -847,14 +857,18 @@ impl VectorIndex {
         if k == 0 || candidates.is_some_and(RoaringBitmap::is_empty) {
             return Ok(Vec::new());
         }
-        if let Some(c) = candidates.filter(|c| c.len() <= self.opts.exact_threshold) {
-            return self.search_exact(query, query_norm, k, c);
-        }
-        // The tail is read before the read transaction opens (module docs say why).
-        let (mut hits, shadowed) = self.search_tail(query, query_norm, k, candidates)?;
-        let built = self.search_built(query, k, candidates, &shadowed)?;
-        hits.extend(built);
-        keep_best(&mut hits, k);
+        let hits = match candidates.filter(|c| c.len() <= self.opts.exact_threshold) {
+            Some(c) => self.search_exact(query, query_norm, k, c)?,
+            None => {
+                // The tail is read before the read transaction opens (module docs say why).
+                let (mut hits, shadowed) = self.search_tail(query, query_norm, k, candidates)?;
+                let built = self.search_built(query, k, candidates, &shadowed)?;
+                hits.extend(built);
+                keep_best(&mut hits, k);
+                hits
+            }
+        };
+        self.release.tick(&self.gate);
         Ok(hits)
     }
 

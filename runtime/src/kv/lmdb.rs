@@ -22,6 +22,7 @@ use std::sync::RwLock;
 use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, PutFlags, RwTxn, WithoutTls};
 
+use super::pages::MapRelease;
 use super::{Backend, Kv, Op, Range, Visit, Visitor};
 use crate::error::{Error, Result};
 
@@ -51,6 +52,8 @@ pub struct LmdbKv {
     /// Held shared by every transaction and exclusively by a resize: LMDB forbids changing
     /// the map size while any transaction of this process is open.
     gate: RwLock<()>,
+    /// Gives the map's pages back now and then (see [`MapRelease`]).
+    release: MapRelease,
 }
 
 impl LmdbKv {
@@ -93,6 +96,7 @@ impl LmdbKv {
             tables,
             dir: dir.to_path_buf(),
             gate: RwLock::new(()),
+            release: MapRelease::new(dir),
         };
         if let Some(legacy) = legacy {
             kv.migrate(legacy)?;
@@ -150,6 +154,38 @@ impl LmdbKv {
         tracing::info!(from = current, to = next, "growing the LMDB map");
         // SAFETY: the exclusive gate guarantees no transaction of this process is open.
         unsafe { self.env.resize(next)? };
+        Ok(())
+    }
+
+    /// [`Kv::scan`] inside one read transaction.
+    fn scan_shared(&self, range: Range<'_>, reverse: bool, visit: &mut Visitor<'_>) -> Result<()> {
+        let _shared = self.gate.read().unwrap_or_else(|p| p.into_inner());
+        let rtxn = self.env.read_txn()?;
+        let slots = Self::slots(&range);
+        let bounds = (range.start, range.end);
+        let order: Box<dyn Iterator<Item = usize>> = if reverse {
+            Box::new(slots.rev())
+        } else {
+            Box::new(slots)
+        };
+        for slot in order {
+            let table = self.tables[slot];
+            if reverse {
+                for item in table.rev_range(&rtxn, &bounds)? {
+                    let (k, v) = item?;
+                    if visit(k, v)? == Visit::Stop {
+                        return Ok(());
+                    }
+                }
+            } else {
+                for item in table.range(&rtxn, &bounds)? {
+                    let (k, v) = item?;
+                    if visit(k, v)? == Visit::Stop {
+                        return Ok(());
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
@@ -246,47 +282,29 @@ impl Kv for LmdbKv {
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        let _shared = self.gate.read().unwrap_or_else(|p| p.into_inner());
-        let rtxn = self.env.read_txn()?;
-        Ok(self.tables[slot(key)].get(&rtxn, key)?.map(<[u8]>::to_vec))
+        let value = {
+            let _shared = self.gate.read().unwrap_or_else(|p| p.into_inner());
+            let rtxn = self.env.read_txn()?;
+            self.tables[slot(key)].get(&rtxn, key)?.map(<[u8]>::to_vec)
+        };
+        self.release.tick(&self.gate);
+        Ok(value)
     }
 
     fn scan(&self, range: Range<'_>, reverse: bool, visit: &mut Visitor<'_>) -> Result<()> {
-        let _shared = self.gate.read().unwrap_or_else(|p| p.into_inner());
-        let rtxn = self.env.read_txn()?;
-        let slots = Self::slots(&range);
-        let bounds = (range.start, range.end);
-        let order: Box<dyn Iterator<Item = usize>> = if reverse {
-            Box::new(slots.rev())
-        } else {
-            Box::new(slots)
-        };
-        for slot in order {
-            let table = self.tables[slot];
-            if reverse {
-                for item in table.rev_range(&rtxn, &bounds)? {
-                    let (k, v) = item?;
-                    if visit(k, v)? == Visit::Stop {
-                        return Ok(());
-                    }
-                }
-            } else {
-                for item in table.range(&rtxn, &bounds)? {
-                    let (k, v) = item?;
-                    if visit(k, v)? == Visit::Stop {
-                        return Ok(());
-                    }
-                }
-            }
-        }
-        Ok(())
+        let scanned = self.scan_shared(range, reverse, visit);
+        self.release.tick(&self.gate);
+        scanned
     }
 
     fn commit(&self, batches: &[&[Op]]) -> Result<()> {
         // One write transaction (one fsync) for the whole group.
         loop {
             match self.try_commit(batches) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.release.tick(&self.gate);
+                    return Ok(());
+                }
                 Err(e) if is_map_full(&e) => self.grow()?,
                 Err(e) => return Err(Error::from(e)),
             }
@@ -458,5 +476,38 @@ mod tests {
         }
         assert!(kv.env.info().map_size > 64 * 1024);
         assert_eq!(kv.get(&1999u32.to_be_bytes()).unwrap(), Some(value));
+    }
+
+    /// The pages a read maps are given back to the kernel, and every value reads the same
+    /// afterwards (module `pages`).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn released_pages_leave_the_rss_and_read_back_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = LmdbKv::open(dir.path()).unwrap();
+        let value = |i: u32| vec![(i % 251) as u8; 3000];
+        for chunk in 0..8u32 {
+            let ops: Vec<Op> = (chunk * 2000..(chunk + 1) * 2000)
+                .map(|i| Op::Put([&[0x01], &i.to_be_bytes()[..]].concat(), value(i)))
+                .collect();
+            kv.commit(&[&ops]).unwrap();
+        }
+        let read_all = || {
+            for i in 0..16_000u32 {
+                let got = kv.get(&[&[0x01], &i.to_be_bytes()[..]].concat()).unwrap();
+                assert_eq!(got, Some(value(i)));
+            }
+        };
+        read_all();
+        let file = std::fs::canonicalize(dir.path().join("data.mdb")).unwrap();
+        let mapped = super::super::pages::mapped_bytes(&file);
+        assert!(mapped > 16 << 20, "48 MB read, {mapped} bytes mapped");
+        {
+            let _shared = kv.gate.read().unwrap();
+            assert!(kv.release.release_now() >= kv.env.info().map_size);
+        }
+        let after = super::super::pages::mapped_bytes(&file);
+        assert!(after < 1 << 20, "{after} bytes still mapped");
+        read_all();
     }
 }

@@ -11,6 +11,7 @@ use std::str::FromStr;
 use crate::error::{Error, Result};
 
 mod lmdb;
+pub(crate) mod pages;
 mod sled_kv;
 
 pub use lmdb::LmdbKv;
