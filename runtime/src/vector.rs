@@ -3,7 +3,7 @@
 //! searchable the moment they are staged.
 //!
 //! It owns the LMDB environment in its directory (the arroy trees, the item vectors and a
-//! small meta table: format version, dimension, watermark), the staged tail, and the
+//! small meta table: format version, dimension, watermark, shard size and count), the staged tail, and the
 //! single-writer discipline around both. It is **derived** data: the store is the system of
 //! record and keeps every embedding, so this index may always be cleared and rebuilt
 //! (`shadowbrain reindex`). It must therefore never be the only copy of anything, never call
@@ -35,12 +35,21 @@
 //! writes, so under a long burst the unbuilt tail grows to hundreds of thousands of items;
 //! holding them all would cost 1.5 KB each (384 dimensions), reading one back costs a store
 //! lookup (a few µs).
+//!
+//! The built index is **sharded by id range** ([`VectorOptions::shard_items`]): one arroy
+//! forest (arroy's index number) per range of ids. An arroy build walks every item and node
+//! of the forest it changes, so with one forest every build read, and mapped, the whole
+//! index (2.4 GB at 1M 384-dimensional vectors); ids are handed out in order, so new
+//! records land in the last shard and a build reads that one. A search walks each shard
+//! that can hold a candidate and keeps the best `k` of all. Indexes written before shards
+//! record one shard for every id and keep working unchanged.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
@@ -57,8 +66,8 @@ use crate::kv::pages::MapRelease;
 
 /// On-disk layout version of the index directory; bumped on any incompatible change.
 const FORMAT_VERSION: u32 = 1;
-/// arroy can keep several indexes in one database; this one uses exactly one.
-const ARROY_INDEX: u16 = 0;
+/// Shard size recorded for indexes written before shards: one shard holds every id.
+const ONE_SHARD: u64 = 1 << 32;
 /// Base seed of the tree builder: builds are deterministic for a given content and watermark.
 const BUILD_SEED: u64 = 0x5bd1_e995_0f1d_a7a5;
 /// Map sizes stay a multiple of this, which is a multiple of every common page size.
@@ -71,6 +80,8 @@ const ITEM_OVERHEAD: usize = 64;
 const META_FORMAT: &str = "format";
 const META_DIMENSIONS: &str = "dimensions";
 const META_WATERMARK: &str = "watermark";
+const META_SHARD_ITEMS: &str = "shard_items";
+const META_SHARDS: &str = "shards";
 
 type ArroyDb = arroy::Database<'static, Cosine>;
 type MetaDb = heed::Database<'static, Str, Bytes>;
@@ -122,6 +133,14 @@ pub struct VectorOptions {
     /// the hundreds of thousands of items a long burst leaves staged would hold hundreds
     /// of MB of them. Larger chunks cost fewer tree passes.
     pub max_build_items: usize,
+    /// Ids per shard: the index keeps one arroy forest per range of this many ids (arroy's
+    /// index number is the shard). A build walks every item and node of each forest it
+    /// changes, and so maps all of it: with ids handed out in order, new records land in
+    /// the last shard and a build reads that one (2.4 GB of forest at 1M 384-dimensional
+    /// vectors in one shard; about 330 MB per shard of 131,072). Searches over the whole
+    /// index walk every shard's forest, which costs more the more shards there are.
+    /// Recorded on first open; an index written before shards stays one shard.
+    pub shard_items: u32,
 }
 
 impl Default for VectorOptions {
@@ -135,6 +154,7 @@ impl Default for VectorOptions {
             build_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             tail_memory_bytes: 64 << 20,
             max_build_items: 100_000,
+            shard_items: 1 << 17,
         }
     }
 }
@@ -335,6 +355,10 @@ pub struct VectorIndex {
     gate: RwLock<()>,
     /// Gives the pages searches map back now and then (see `MapRelease`).
     release: MapRelease,
+    /// Ids per shard, as recorded in the meta table.
+    shard_items: AtomicU64,
+    /// Shards that may hold built items: `0..shards`.
+    shards: AtomicU32,
     /// Grow the map before a big build instead of discovering `MDB_MAP_FULL` halfway;
     /// tests turn it off to exercise the abort-grow-retry path.
     grow_ahead: bool,
@@ -440,6 +464,8 @@ impl VectorIndex {
             writer: Mutex::new(()),
             gate: RwLock::new(()),
             release: MapRelease::new(dir),
+            shard_items: AtomicU64::new(ONE_SHARD),
+            shards: AtomicU32::new(1),
             grow_ahead: true,
             build_pool: OnceLock::new(),
             background_pool: OnceLock::new(),
@@ -467,10 +493,24 @@ impl VectorIndex {
                     }));
                 }
                 if format.is_some() && stored.is_some() {
-                    return Ok(Ok(false));
+                    if read_u64(self.meta, wtxn, META_SHARD_ITEMS)?.is_none() {
+                        // Written before shards: a built forest holds every id in shard 0.
+                        let shard_items = match Reader::<Cosine>::open(wtxn, 0, self.arroy) {
+                            Ok(_) => ONE_SHARD,
+                            Err(arroy::Error::MissingMetadata(_)) => {
+                                u64::from(self.opts.shard_items.max(1))
+                            }
+                            Err(e) => return Err(e),
+                        };
+                        write_u64(self.meta, wtxn, META_SHARD_ITEMS, shard_items)?;
+                    }
+                    return Ok(Ok(()));
                 }
             } else {
-                Writer::<Cosine>::new(self.arroy, ARROY_INDEX, self.dimensions).clear(wtxn)?;
+                let shards = read_u64(self.meta, wtxn, META_SHARDS)?.unwrap_or(1);
+                for shard in 0..shards {
+                    Writer::<Cosine>::new(self.arroy, shard as u16, self.dimensions).clear(wtxn)?;
+                }
                 self.meta.clear(wtxn)?;
             }
             write_u64(self.meta, wtxn, META_FORMAT, u64::from(FORMAT_VERSION))?;
@@ -478,9 +518,53 @@ impl VectorIndex {
             if reset || read_u64(self.meta, wtxn, META_WATERMARK)?.is_none() {
                 write_u64(self.meta, wtxn, META_WATERMARK, 0)?;
             }
-            Ok(Ok(true))
-        })
-        .map(|_| ())
+            let shard_items = u64::from(self.opts.shard_items.max(1));
+            write_u64(self.meta, wtxn, META_SHARD_ITEMS, shard_items)?;
+            write_u64(self.meta, wtxn, META_SHARDS, 1)?;
+            Ok(Ok(()))
+        })?;
+        let _shared = self.gate_read();
+        let rtxn = self.env.read_txn()?;
+        let shard_items = read_u64(self.meta, &rtxn, META_SHARD_ITEMS)?.unwrap_or(ONE_SHARD);
+        let shards = read_u64(self.meta, &rtxn, META_SHARDS)?.unwrap_or(1);
+        self.shard_items
+            .store(shard_items.max(1), Ordering::Relaxed);
+        self.shards
+            .store(u32::try_from(shards).unwrap_or(u32::MAX), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The shard (arroy index number) that holds `id`; `None` past the last one arroy
+    /// can number (only with a `shard_items` below 65,537).
+    fn shard_of(&self, id: u32) -> Option<u16> {
+        u16::try_from(u64::from(id) / self.shard_items.load(Ordering::Relaxed)).ok()
+    }
+
+    /// Reads the shard count a build recorded.
+    fn reload_shards(&self) -> Result<()> {
+        let _shared = self.gate_read();
+        let rtxn = self.env.read_txn()?;
+        let shards = read_u64(self.meta, &rtxn, META_SHARDS)?.unwrap_or(1);
+        self.shards
+            .store(u32::try_from(shards).unwrap_or(u32::MAX), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The shards that may hold built items.
+    fn shard_range(&self) -> std::ops::Range<u16> {
+        let shards = self
+            .shards
+            .load(Ordering::Relaxed)
+            .min(u32::from(u16::MAX) + 1);
+        0..u16::try_from(shards).unwrap_or(u16::MAX)
+    }
+
+    /// The ids of `shard`.
+    fn shard_ids(&self, shard: u16) -> std::ops::RangeInclusive<u32> {
+        let per = self.shard_items.load(Ordering::Relaxed);
+        let lo = u64::from(shard) * per;
+        let hi = (lo + per - 1).min(u64::from(u32::MAX));
+        u32::try_from(lo).unwrap_or(u32::MAX)..=u32::try_from(hi).unwrap_or(u32::MAX)
     }
 
     /// The dimension every vector and query must have.
@@ -703,6 +787,7 @@ impl VectorIndex {
         if let Ok(_shared) = self.gate.try_read() {
             self.release.release_now();
         }
+        self.reload_shards()?;
 
         {
             let mut tail = self.tail_write();
@@ -747,74 +832,103 @@ impl VectorIndex {
         read_back: &mut HashMap<u32, Arc<StagedVector>>,
     ) -> arroy::Result<Result<(u64, usize)>> {
         let mut read_back_bytes = 0;
-        let mut writer = Writer::<Cosine>::new(self.arroy, ARROY_INDEX, self.dimensions);
-        // The builder spills tree nodes to temporary files; keep them on the index's disk.
-        writer.set_tmpdir(self.dir.clone());
-        // Items past the largest one are appended (`MDB_APPEND`): LMDB then fills pages,
-        // where inserting at the end splits them in half and leaves one 1.5 KB vector per
-        // 4 KB page (measured: 20k vectors on 10.7k pages instead of 20.3k).
-        let mut largest = match Reader::<Cosine>::open(wtxn, ARROY_INDEX, self.arroy) {
-            Ok(reader) => reader.item_ids().max(),
-            Err(arroy::Error::MissingMetadata(_)) => None,
-            Err(e) => return Err(e),
-        };
-        let mut changed = false;
-        for (id, staged) in batch {
-            let vector = match &staged.change {
-                Change::Upsert(v) => Some(v.clone()),
-                // `None` when it is gone from the store: its removal is (or was) logged too.
-                Change::Stored => match self.read_back(*id) {
-                    Ok(v) => {
-                        if let Some(v) = &v
-                            && read_back_bytes < self.opts.hot_cache_bytes
-                        {
-                            read_back_bytes += Hot::cost(v);
-                            read_back.insert(*id, v.clone());
-                        }
-                        v
-                    }
-                    Err(e) => return Ok(Err(e)),
-                },
-                Change::Remove => None,
+        let (mut items, mut n_trees) = (0, 0);
+        // The batch is sorted by id, so each shard's changes are one run of it.
+        let mut rest = batch;
+        let mut shards = u64::from(self.shards.load(Ordering::Relaxed));
+        while let Some((first, _)) = rest.first() {
+            let Some(shard) = self.shard_of(*first) else {
+                return Ok(Err(Error::index(
+                    "vector",
+                    format!(
+                        "id {first} is past the last shard; open the index with a larger \
+                         `shard_items` (65,537 or more covers every id)"
+                    ),
+                )));
             };
-            match vector {
-                Some(v) => {
-                    if largest.is_none_or(|l| *id > l) {
-                        match writer.append_item(wtxn, *id, &v.values) {
-                            // arroy checks against the table's last key; never fail on it.
-                            Err(arroy::Error::InvalidItemAppend) => {
-                                writer.add_item(wtxn, *id, &v.values)?
+            let end = rest
+                .iter()
+                .position(|(id, _)| self.shard_of(*id) != Some(shard))
+                .unwrap_or(rest.len());
+            let (run, next) = rest.split_at(end);
+            rest = next;
+            let mut writer = Writer::<Cosine>::new(self.arroy, shard, self.dimensions);
+            // The builder spills tree nodes to temporary files; keep them on the index's disk.
+            writer.set_tmpdir(self.dir.clone());
+            // Items past the largest one are appended (`MDB_APPEND`): LMDB then fills pages,
+            // where inserting at the end splits them in half and leaves one 1.5 KB vector
+            // per 4 KB page (measured: 20k vectors on 10.7k pages instead of 20.3k).
+            let mut largest = match Reader::<Cosine>::open(wtxn, shard, self.arroy) {
+                Ok(reader) => reader.item_ids().max(),
+                Err(arroy::Error::MissingMetadata(_)) => None,
+                Err(e) => return Err(e),
+            };
+            let mut changed = false;
+            for (id, staged) in run {
+                let vector = match &staged.change {
+                    Change::Upsert(v) => Some(v.clone()),
+                    // `None` when it is gone from the store: its removal is (or was) logged.
+                    Change::Stored => match self.read_back(*id) {
+                        Ok(v) => {
+                            if let Some(v) = &v
+                                && read_back_bytes < self.opts.hot_cache_bytes
+                            {
+                                read_back_bytes += Hot::cost(v);
+                                read_back.insert(*id, v.clone());
                             }
-                            other => other?,
+                            v
                         }
-                        largest = Some(*id);
-                    } else {
-                        writer.add_item(wtxn, *id, &v.values)?;
+                        Err(e) => return Ok(Err(e)),
+                    },
+                    Change::Remove => None,
+                };
+                match vector {
+                    Some(v) => {
+                        if largest.is_none_or(|l| *id > l) {
+                            match writer.append_item(wtxn, *id, &v.values) {
+                                // arroy checks against the table's last key; never fail on it.
+                                Err(arroy::Error::InvalidItemAppend) => {
+                                    writer.add_item(wtxn, *id, &v.values)?
+                                }
+                                other => other?,
+                            }
+                            largest = Some(*id);
+                        } else {
+                            writer.add_item(wtxn, *id, &v.values)?;
+                        }
+                        changed = true;
                     }
-                    changed = true;
+                    None => changed |= writer.del_item(wtxn, *id)?,
                 }
-                None => changed |= writer.del_item(wtxn, *id)?,
             }
-        }
-        // arroy refuses to read an index with unbuilt changes, so adding and building must
-        // share this transaction; an untouched index is not rebuilt at all.
-        if changed || writer.need_build(wtxn)? {
-            let first = batch.first().map_or(0, |(id, _)| u64::from(*id));
-            let mut rng = StdRng::seed_from_u64(BUILD_SEED ^ seed ^ (first << 32));
-            let mut builder = writer.builder(&mut rng);
-            if let Some(n) = self.opts.n_trees {
-                builder.n_trees(n.max(1));
+            // arroy refuses to read an index with unbuilt changes, so adding and building
+            // must share this transaction; an untouched shard is not rebuilt at all.
+            if changed || writer.need_build(wtxn)? {
+                let first = u64::from(*first);
+                let mut rng = StdRng::seed_from_u64(BUILD_SEED ^ seed ^ (first << 32));
+                let mut builder = writer.builder(&mut rng);
+                if let Some(n) = self.opts.n_trees {
+                    builder.n_trees(n.max(1));
+                }
+                builder.build(wtxn)?;
             }
-            builder.build(wtxn)?;
+            shards = shards.max(u64::from(shard) + 1);
         }
+        write_u64(self.meta, wtxn, META_SHARDS, shards)?;
         if let Some(watermark) = record {
             write_u64(self.meta, wtxn, META_WATERMARK, watermark)?;
         }
-        match Reader::<Cosine>::open(wtxn, ARROY_INDEX, self.arroy) {
-            Ok(reader) => Ok(Ok((reader.n_items(), reader.n_trees()))),
-            Err(arroy::Error::MissingMetadata(_)) => Ok(Ok((0, 0))),
-            Err(e) => Err(e),
+        for shard in 0..u16::try_from(shards).unwrap_or(u16::MAX) {
+            match Reader::<Cosine>::open(wtxn, shard, self.arroy) {
+                Ok(reader) => {
+                    items += reader.n_items();
+                    n_trees = n_trees.max(reader.n_trees());
+                }
+                Err(arroy::Error::MissingMetadata(_)) => {}
+                Err(e) => return Err(e),
+            }
         }
+        Ok(Ok((items, n_trees)))
     }
 
     /// The watermark of the last successful build (0 for a new or cleared index).
@@ -828,11 +942,15 @@ impl VectorIndex {
     pub fn len(&self) -> Result<u64> {
         let _shared = self.gate_read();
         let rtxn = self.env.read_txn()?;
-        match Reader::<Cosine>::open(&rtxn, ARROY_INDEX, self.arroy) {
-            Ok(reader) => Ok(reader.n_items()),
-            Err(arroy::Error::MissingMetadata(_)) => Ok(0),
-            Err(e) => Err(e.into()),
+        let mut items = 0;
+        for shard in self.shard_range() {
+            match Reader::<Cosine>::open(&rtxn, shard, self.arroy) {
+                Ok(reader) => items += reader.n_items(),
+                Err(arroy::Error::MissingMetadata(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
+        Ok(items)
     }
 
     /// `true` when nothing is built and nothing is staged.
@@ -868,7 +986,8 @@ impl VectorIndex {
                 hits
             }
         };
-        self.release.tick(&self.gate);
+        // A search reads a few pages per candidate or tree leaf it visits.
+        self.release.tick(&self.gate, 8);
         Ok(hits)
     }
 
@@ -989,8 +1108,11 @@ impl VectorIndex {
             {
                 let _shared = self.gate_read();
                 let rtxn = self.env.read_txn()?;
-                let writer = Writer::<Cosine>::new(self.arroy, ARROY_INDEX, self.dimensions);
                 for id in misses {
+                    let Some(shard) = self.shard_of(id) else {
+                        continue;
+                    };
+                    let writer = Writer::<Cosine>::new(self.arroy, shard, self.dimensions);
                     if let Some(v) = writer.item_vector(&rtxn, id)? {
                         let (dot, norm2) = dot_and_norm2(query, &v);
                         let norm = norm2.sqrt();
@@ -1015,7 +1137,8 @@ impl VectorIndex {
         Ok(hits)
     }
 
-    /// Searches the last committed build, never returning an id in `shadowed`.
+    /// Searches the last committed build, never returning an id in `shadowed`: each
+    /// shard's forest that can hold a candidate, best `k` of all.
     fn search_built(
         &self,
         query: &[f32],
@@ -1025,34 +1148,42 @@ impl VectorIndex {
     ) -> Result<Vec<(u32, f32)>> {
         let _shared = self.gate_read();
         let rtxn = self.env.read_txn()?;
-        let reader = match Reader::<Cosine>::open(&rtxn, ARROY_INDEX, self.arroy) {
-            Ok(reader) => reader,
-            Err(arroy::Error::MissingMetadata(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(e.into()),
-        };
-        let filter: Option<Cow<'_, RoaringBitmap>> = match candidates {
-            // A scope that covers the whole index (one namespace) filters nothing; arroy
-            // would still intersect every leaf bucket it visits with it.
-            Some(c) if shadowed.is_empty() && reader.item_ids().is_subset(c) => None,
-            Some(c) if shadowed.is_empty() => Some(Cow::Borrowed(c)),
-            Some(c) => Some(Cow::Owned(c - shadowed)),
-            None if reader.item_ids().is_disjoint(shadowed) => None,
-            None => Some(Cow::Owned(reader.item_ids() - shadowed)),
-        };
-        let search_k = k
-            .saturating_mul(reader.n_trees().max(1))
-            .saturating_mul(self.opts.search_k_factor.max(1));
-        let mut nns = reader.nns(k);
-        nns.search_k(NonZeroUsize::new(search_k).unwrap_or(NonZeroUsize::MIN));
-        if let Some(filter) = &filter {
-            nns.candidates(filter);
+        let mut hits = Vec::new();
+        for shard in self.shard_range() {
+            if candidates.is_some_and(|c| c.range_cardinality(self.shard_ids(shard)) == 0) {
+                continue;
+            }
+            let reader = match Reader::<Cosine>::open(&rtxn, shard, self.arroy) {
+                Ok(reader) => reader,
+                Err(arroy::Error::MissingMetadata(_)) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let filter: Option<Cow<'_, RoaringBitmap>> = match candidates {
+                // A scope that covers the whole shard (one namespace) filters nothing;
+                // arroy would still intersect every leaf bucket it visits with it.
+                Some(c) if shadowed.is_empty() && reader.item_ids().is_subset(c) => None,
+                Some(c) if shadowed.is_empty() => Some(Cow::Borrowed(c)),
+                Some(c) => Some(Cow::Owned(c - shadowed)),
+                None if reader.item_ids().is_disjoint(shadowed) => None,
+                None => Some(Cow::Owned(reader.item_ids() - shadowed)),
+            };
+            let search_k = k
+                .saturating_mul(reader.n_trees().max(1))
+                .saturating_mul(self.opts.search_k_factor.max(1));
+            let mut nns = reader.nns(k);
+            nns.search_k(NonZeroUsize::new(search_k).unwrap_or(NonZeroUsize::MIN));
+            if let Some(filter) = &filter {
+                nns.candidates(filter);
+            }
+            // arroy's cosine distance is (1 - cos) / 2.
+            hits.extend(
+                nns.by_vector(&rtxn, query)?
+                    .into_iter()
+                    .map(|(id, distance)| (id, (1.0 - 2.0 * distance).clamp(-1.0, 1.0))),
+            );
         }
-        let found = nns.by_vector(&rtxn, query)?;
-        // arroy's cosine distance is (1 - cos) / 2.
-        Ok(found
-            .into_iter()
-            .map(|(id, distance)| (id, (1.0 - 2.0 * distance).clamp(-1.0, 1.0)))
-            .collect())
+        keep_best(&mut hits, k);
+        Ok(hits)
     }
 
     /// Empties the index: built items, staged changes, and the watermark (back to 0). The
@@ -1061,11 +1192,16 @@ impl VectorIndex {
         let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         // Held across the commit so no search sees the cleared tree with the old tail.
         let mut tail = self.tail_write();
+        let shards = self.shard_range();
         self.write_with_growth(|wtxn| {
-            Writer::<Cosine>::new(self.arroy, ARROY_INDEX, self.dimensions).clear(wtxn)?;
+            for shard in shards.clone() {
+                Writer::<Cosine>::new(self.arroy, shard, self.dimensions).clear(wtxn)?;
+            }
             write_u64(self.meta, wtxn, META_WATERMARK, 0)?;
+            write_u64(self.meta, wtxn, META_SHARDS, 1)?;
             Ok(Ok(()))
         })?;
+        self.shards.store(1, Ordering::Relaxed);
         tail.reset();
         Ok(())
     }
@@ -1089,9 +1225,12 @@ impl VectorIndex {
                 return Ok(Some(v.values.to_vec()));
             }
         }
+        let Some(shard) = self.shard_of(id) else {
+            return Ok(None);
+        };
         let _shared = self.gate_read();
         let rtxn = self.env.read_txn()?;
-        let writer = Writer::<Cosine>::new(self.arroy, ARROY_INDEX, self.dimensions);
+        let writer = Writer::<Cosine>::new(self.arroy, shard, self.dimensions);
         Ok(writer.item_vector(&rtxn, id)?)
     }
 
@@ -1204,6 +1343,7 @@ impl VectorIndex {
         tracing::info!(from = current, to = next, dir = %self.dir.display(), "growing the vector index map");
         // SAFETY: the exclusive gate guarantees no transaction of this process is open.
         unsafe { self.env.resize(next)? };
+        self.release.map_moved();
         Ok(())
     }
 
@@ -1754,6 +1894,125 @@ mod tests {
             index.build(1_000).unwrap();
             assert_eq!((index.pending(), index.tail_bytes()), (0, 0));
         }
+    }
+
+    /// Ids spread over many shards answer like one index: exact and tree paths against
+    /// brute force through upserts, removals, builds and a reopen.
+    #[test]
+    fn shards_answer_like_one_index_and_survive_a_reopen() {
+        let dims = 8;
+        let dirs = [tempdir().unwrap(), tempdir().unwrap()];
+        let opts = |exact_threshold| VectorOptions {
+            exact_threshold,
+            shard_items: 16,
+            max_build_items: 30,
+            build_threads: 1,
+            ..VectorOptions::default()
+        };
+        let mut indexes: Vec<VectorIndex> = [2_000, 0]
+            .into_iter()
+            .zip(&dirs)
+            .map(|(t, dir)| VectorIndex::open(dir.path(), dims, opts(t)).unwrap())
+            .collect();
+        let mut rng = StdRng::seed_from_u64(21);
+        let mut truth: HashMap<u32, Vec<f32>> = HashMap::new();
+        for step in 0..400u64 {
+            match rng.random_range(0..12) {
+                0..=5 => {
+                    let id = rng.random_range(0..100);
+                    let v = gaussian(&mut rng, dims, 1.0);
+                    truth.insert(id, v.clone());
+                    for index in &indexes {
+                        index.upsert(&[(id, v.clone())]);
+                    }
+                }
+                6 => {
+                    let id = rng.random_range(0..100);
+                    truth.remove(&id);
+                    for index in &indexes {
+                        index.remove(&[id]);
+                    }
+                }
+                7 => {
+                    for index in &indexes {
+                        index.build(step).unwrap();
+                    }
+                }
+                8 if step % 5 == 0 => {
+                    for index in &indexes {
+                        index.build(step).unwrap();
+                    }
+                    // Closed before reopening: LMDB refuses a second open of a directory.
+                    indexes.clear();
+                    indexes = [2_000, 0]
+                        .into_iter()
+                        .zip(&dirs)
+                        .map(|(t, dir)| VectorIndex::open(dir.path(), dims, opts(t)).unwrap())
+                        .collect();
+                    for index in &indexes {
+                        assert_eq!(index.len().unwrap(), truth.len() as u64, "step {step}");
+                    }
+                }
+                _ => {
+                    let scope: RoaringBitmap = (0..100).filter(|_| rng.random_bool(0.3)).collect();
+                    let candidates = [None, Some(&scope)][rng.random_range(0..2)];
+                    let query = gaussian(&mut rng, dims, 1.0);
+                    let items: Vec<(u32, Vec<f32>)> =
+                        truth.iter().map(|(&id, v)| (id, v.clone())).collect();
+                    let want = ids(&brute_force(&items, &query, 5, candidates));
+                    for (n, index) in indexes.iter().enumerate() {
+                        let got = index.search(&query, 5, candidates).unwrap();
+                        assert_eq!(ids(&got), want, "step {step}, index {n}");
+                    }
+                    for id in 0..100 {
+                        assert_eq!(indexes[1].get(id).unwrap(), truth.get(&id).cloned());
+                    }
+                }
+            }
+        }
+        for index in &indexes {
+            index.build(1_000).unwrap();
+            assert_eq!(index.len().unwrap(), truth.len() as u64);
+            assert!(
+                index.shards.load(Ordering::Relaxed) >= 6,
+                "ids 0..100 in shards of 16"
+            );
+        }
+    }
+
+    /// An index written before shards keeps every id in its one forest.
+    #[test]
+    fn an_index_from_before_shards_stays_one_shard() {
+        let dir = tempdir().unwrap();
+        let dims = 4;
+        {
+            let index = open(&dir, dims);
+            index.upsert(
+                &(0..10)
+                    .map(|i| (i, axis(dims, i as usize % dims)))
+                    .collect::<Vec<_>>(),
+            );
+            index.build(1).unwrap();
+            // What an index of the first format holds: no shard keys in its meta table.
+            index
+                .write_with_growth(|wtxn| {
+                    index.meta.delete(wtxn, META_SHARD_ITEMS)?;
+                    index.meta.delete(wtxn, META_SHARDS)?;
+                    Ok(Ok(()))
+                })
+                .unwrap();
+        }
+        let opts = VectorOptions {
+            shard_items: 4,
+            ..VectorOptions::default()
+        };
+        let index = VectorIndex::open(dir.path(), dims, opts).unwrap();
+        assert_eq!(index.len().unwrap(), 10);
+        index.upsert(&[(50, axis(dims, 1))]);
+        index.build(2).unwrap();
+        assert_eq!(index.shard_of(50), Some(0));
+        assert_eq!(index.len().unwrap(), 11);
+        assert_eq!(index.get(7).unwrap(), Some(axis(dims, 3)));
     }
 
     #[test]

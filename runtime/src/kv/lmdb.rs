@@ -154,6 +154,7 @@ impl LmdbKv {
         tracing::info!(from = current, to = next, "growing the LMDB map");
         // SAFETY: the exclusive gate guarantees no transaction of this process is open.
         unsafe { self.env.resize(next)? };
+        self.release.map_moved();
         Ok(())
     }
 
@@ -287,13 +288,13 @@ impl Kv for LmdbKv {
             let rtxn = self.env.read_txn()?;
             self.tables[slot(key)].get(&rtxn, key)?.map(<[u8]>::to_vec)
         };
-        self.release.tick(&self.gate);
+        self.release.tick(&self.gate, 1);
         Ok(value)
     }
 
     fn scan(&self, range: Range<'_>, reverse: bool, visit: &mut Visitor<'_>) -> Result<()> {
         let scanned = self.scan_shared(range, reverse, visit);
-        self.release.tick(&self.gate);
+        self.release.tick(&self.gate, 1);
         scanned
     }
 
@@ -302,7 +303,9 @@ impl Kv for LmdbKv {
         loop {
             match self.try_commit(batches) {
                 Ok(()) => {
-                    self.release.tick(&self.gate);
+                    // Each write read the B-tree path to its key.
+                    let writes = batches.iter().map(|ops| ops.len() as u64).sum();
+                    self.release.tick(&self.gate, writes);
                     return Ok(());
                 }
                 Err(e) if is_map_full(&e) => self.grow()?,
@@ -485,6 +488,9 @@ mod tests {
     fn released_pages_leave_the_rss_and_read_back_the_same() {
         let dir = tempfile::tempdir().unwrap();
         let kv = LmdbKv::open(dir.path()).unwrap();
+        // Only the explicit release below: 48 MB is within the budget for reads, and a
+        // slow machine must not release by time halfway.
+        kv.release.hold();
         let value = |i: u32| vec![(i % 251) as u8; 3000];
         for chunk in 0..8u32 {
             let ops: Vec<Op> = (chunk * 2000..(chunk + 1) * 2000)
