@@ -65,7 +65,10 @@ use crate::error::{Error, Result};
 use crate::kv::pages::MapRelease;
 
 /// On-disk layout version of the index directory; bumped on any incompatible change.
-const FORMAT_VERSION: u32 = 1;
+const FORMAT_VERSION: u32 = 2;
+/// The format before shards: one arroy forest holds every id. Opened as one shard (and
+/// recorded as format 2, so an older binary refuses it instead of missing shards).
+const FORMAT_ONE_FOREST: u64 = 1;
 /// Shard size recorded for indexes written before shards: one shard holds every id.
 const ONE_SHARD: u64 = 1 << 32;
 /// Base seed of the tree builder: builds are deterministic for a given content and watermark.
@@ -473,14 +476,16 @@ impl VectorIndex {
         })
     }
 
-    /// Checks (or, on first open or `reset`, writes) the format version and dimension.
+    /// Checks (or, on first open or `reset`, writes) the format version, dimension and
+    /// shard size.
     fn init_meta(&self, reset: bool) -> Result<()> {
         let dims = self.dimensions as u64;
         self.write_with_growth(|wtxn| {
             let format = read_u64(self.meta, wtxn, META_FORMAT)?;
             let stored = read_u64(self.meta, wtxn, META_DIMENSIONS)?;
             if !reset {
-                if let Some(found) = format.filter(|&f| f != u64::from(FORMAT_VERSION)) {
+                let known = [u64::from(FORMAT_VERSION), FORMAT_ONE_FOREST];
+                if let Some(found) = format.filter(|f| !known.contains(f)) {
                     return Ok(Err(Error::FormatVersion {
                         found: u32::try_from(found).unwrap_or(u32::MAX),
                         expected: FORMAT_VERSION,
@@ -492,25 +497,26 @@ impl VectorIndex {
                         expected: usize::try_from(expected).unwrap_or(usize::MAX),
                     }));
                 }
+                if format == Some(FORMAT_ONE_FOREST) && stored.is_some() {
+                    // Every id is in index 0; a forest-less index may take shards.
+                    let shard_items = match Reader::<Cosine>::open(wtxn, 0, self.arroy) {
+                        Ok(_) => ONE_SHARD,
+                        Err(arroy::Error::MissingMetadata(_)) => {
+                            u64::from(self.opts.shard_items.max(1))
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    write_u64(self.meta, wtxn, META_SHARD_ITEMS, shard_items)?;
+                    write_u64(self.meta, wtxn, META_SHARDS, 1)?;
+                    write_u64(self.meta, wtxn, META_FORMAT, u64::from(FORMAT_VERSION))?;
+                    return Ok(Ok(()));
+                }
                 if format.is_some() && stored.is_some() {
-                    if read_u64(self.meta, wtxn, META_SHARD_ITEMS)?.is_none() {
-                        // Written before shards: a built forest holds every id in shard 0.
-                        let shard_items = match Reader::<Cosine>::open(wtxn, 0, self.arroy) {
-                            Ok(_) => ONE_SHARD,
-                            Err(arroy::Error::MissingMetadata(_)) => {
-                                u64::from(self.opts.shard_items.max(1))
-                            }
-                            Err(e) => return Err(e),
-                        };
-                        write_u64(self.meta, wtxn, META_SHARD_ITEMS, shard_items)?;
-                    }
                     return Ok(Ok(()));
                 }
             } else {
-                let shards = read_u64(self.meta, wtxn, META_SHARDS)?.unwrap_or(1);
-                for shard in 0..shards {
-                    Writer::<Cosine>::new(self.arroy, shard as u16, self.dimensions).clear(wtxn)?;
-                }
+                // Every forest, whatever the recorded shard count says.
+                self.arroy.clear(wtxn)?;
                 self.meta.clear(wtxn)?;
             }
             write_u64(self.meta, wtxn, META_FORMAT, u64::from(FORMAT_VERSION))?;
@@ -534,36 +540,28 @@ impl VectorIndex {
         Ok(())
     }
 
-    /// The shard (arroy index number) that holds `id`; `None` past the last one arroy
-    /// can number (only with a `shard_items` below 65,537).
-    fn shard_of(&self, id: u32) -> Option<u16> {
-        u16::try_from(u64::from(id) / self.shard_items.load(Ordering::Relaxed)).ok()
-    }
-
-    /// Reads the shard count a build recorded.
-    fn reload_shards(&self) -> Result<()> {
-        let _shared = self.gate_read();
-        let rtxn = self.env.read_txn()?;
-        let shards = read_u64(self.meta, &rtxn, META_SHARDS)?.unwrap_or(1);
-        self.shards
-            .store(u32::try_from(shards).unwrap_or(u32::MAX), Ordering::Relaxed);
-        Ok(())
+    /// The shard (arroy index number) that holds `id`. Ids past the last number arroy
+    /// has (only with a `shard_items` below 65,537) share the last shard.
+    fn shard_of(&self, id: u32) -> u16 {
+        let shard = u64::from(id) / self.shard_items.load(Ordering::Relaxed);
+        u16::try_from(shard).unwrap_or(u16::MAX)
     }
 
     /// The shards that may hold built items.
-    fn shard_range(&self) -> std::ops::Range<u16> {
-        let shards = self
-            .shards
-            .load(Ordering::Relaxed)
-            .min(u32::from(u16::MAX) + 1);
-        0..u16::try_from(shards).unwrap_or(u16::MAX)
+    fn shard_range(&self) -> impl Iterator<Item = u16> + Clone {
+        let shards = self.shards.load(Ordering::Relaxed);
+        (0..shards.min(u32::from(u16::MAX) + 1)).map(|s| u16::try_from(s).unwrap_or(u16::MAX))
     }
 
     /// The ids of `shard`.
     fn shard_ids(&self, shard: u16) -> std::ops::RangeInclusive<u32> {
         let per = self.shard_items.load(Ordering::Relaxed);
         let lo = u64::from(shard) * per;
-        let hi = (lo + per - 1).min(u64::from(u32::MAX));
+        let hi = if shard == u16::MAX {
+            u64::from(u32::MAX)
+        } else {
+            (lo + per - 1).min(u64::from(u32::MAX))
+        };
         u32::try_from(lo).unwrap_or(u32::MAX)..=u32::try_from(hi).unwrap_or(u32::MAX)
     }
 
@@ -775,7 +773,7 @@ impl VectorIndex {
         // on the build thread.
         // Vectors read back from the source, kept for the hot cache (up to its budget).
         let mut read_back = HashMap::new();
-        let (items, n_trees) = self.build_pool(background)?.install(|| {
+        let (items, n_trees, shards) = self.build_pool(background)?.install(|| {
             self.write_with_growth_counted(&mut map_resizes, |wtxn| {
                 read_back.clear();
                 self.write_batch(wtxn, &batch, watermark, record, &mut read_back)
@@ -787,7 +785,8 @@ impl VectorIndex {
         if let Ok(_shared) = self.gate.try_read() {
             self.release.release_now();
         }
-        self.reload_shards()?;
+        // Before the tail lets go of what the build wrote, so a search sees it either way.
+        self.shards.store(shards, Ordering::Relaxed);
 
         {
             let mut tail = self.tail_write();
@@ -830,25 +829,17 @@ impl VectorIndex {
         seed: u64,
         record: Option<u64>,
         read_back: &mut HashMap<u32, Arc<StagedVector>>,
-    ) -> arroy::Result<Result<(u64, usize)>> {
+    ) -> arroy::Result<Result<(u64, usize, u32)>> {
         let mut read_back_bytes = 0;
         let (mut items, mut n_trees) = (0, 0);
         // The batch is sorted by id, so each shard's changes are one run of it.
         let mut rest = batch;
         let mut shards = u64::from(self.shards.load(Ordering::Relaxed));
         while let Some((first, _)) = rest.first() {
-            let Some(shard) = self.shard_of(*first) else {
-                return Ok(Err(Error::index(
-                    "vector",
-                    format!(
-                        "id {first} is past the last shard; open the index with a larger \
-                         `shard_items` (65,537 or more covers every id)"
-                    ),
-                )));
-            };
+            let shard = self.shard_of(*first);
             let end = rest
                 .iter()
-                .position(|(id, _)| self.shard_of(*id) != Some(shard))
+                .position(|(id, _)| self.shard_of(*id) != shard)
                 .unwrap_or(rest.len());
             let (run, next) = rest.split_at(end);
             rest = next;
@@ -858,9 +849,9 @@ impl VectorIndex {
             // Items past the largest one are appended (`MDB_APPEND`): LMDB then fills pages,
             // where inserting at the end splits them in half and leaves one 1.5 KB vector
             // per 4 KB page (measured: 20k vectors on 10.7k pages instead of 20.3k).
-            let mut largest = match Reader::<Cosine>::open(wtxn, shard, self.arroy) {
-                Ok(reader) => reader.item_ids().max(),
-                Err(arroy::Error::MissingMetadata(_)) => None,
+            let (existed, mut largest) = match Reader::<Cosine>::open(wtxn, shard, self.arroy) {
+                Ok(reader) => (true, reader.item_ids().max()),
+                Err(arroy::Error::MissingMetadata(_)) => (false, None),
                 Err(e) => return Err(e),
             };
             let mut changed = false;
@@ -902,7 +893,11 @@ impl VectorIndex {
                 }
             }
             // arroy refuses to read an index with unbuilt changes, so adding and building
-            // must share this transaction; an untouched shard is not rebuilt at all.
+            // must share this transaction; an untouched shard is not rebuilt at all, and
+            // removals alone never create one.
+            if !changed && !existed {
+                continue;
+            }
             if changed || writer.need_build(wtxn)? {
                 let first = u64::from(*first);
                 let mut rng = StdRng::seed_from_u64(BUILD_SEED ^ seed ^ (first << 32));
@@ -928,7 +923,11 @@ impl VectorIndex {
                 Err(e) => return Err(e),
             }
         }
-        Ok(Ok((items, n_trees)))
+        Ok(Ok((
+            items,
+            n_trees,
+            u32::try_from(shards).unwrap_or(u32::MAX),
+        )))
     }
 
     /// The watermark of the last successful build (0 for a new or cleared index).
@@ -1109,9 +1108,7 @@ impl VectorIndex {
                 let _shared = self.gate_read();
                 let rtxn = self.env.read_txn()?;
                 for id in misses {
-                    let Some(shard) = self.shard_of(id) else {
-                        continue;
-                    };
+                    let shard = self.shard_of(id);
                     let writer = Writer::<Cosine>::new(self.arroy, shard, self.dimensions);
                     if let Some(v) = writer.item_vector(&rtxn, id)? {
                         let (dot, norm2) = dot_and_norm2(query, &v);
@@ -1149,6 +1146,9 @@ impl VectorIndex {
         let _shared = self.gate_read();
         let rtxn = self.env.read_txn()?;
         let mut hits = Vec::new();
+        let unshadowed: Option<RoaringBitmap> = candidates
+            .filter(|_| !shadowed.is_empty())
+            .map(|c| c - shadowed);
         for shard in self.shard_range() {
             if candidates.is_some_and(|c| c.range_cardinality(self.shard_ids(shard)) == 0) {
                 continue;
@@ -1162,8 +1162,7 @@ impl VectorIndex {
                 // A scope that covers the whole shard (one namespace) filters nothing;
                 // arroy would still intersect every leaf bucket it visits with it.
                 Some(c) if shadowed.is_empty() && reader.item_ids().is_subset(c) => None,
-                Some(c) if shadowed.is_empty() => Some(Cow::Borrowed(c)),
-                Some(c) => Some(Cow::Owned(c - shadowed)),
+                Some(c) => Some(Cow::Borrowed(unshadowed.as_ref().unwrap_or(c))),
                 None if reader.item_ids().is_disjoint(shadowed) => None,
                 None => Some(Cow::Owned(reader.item_ids() - shadowed)),
             };
@@ -1192,11 +1191,9 @@ impl VectorIndex {
         let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         // Held across the commit so no search sees the cleared tree with the old tail.
         let mut tail = self.tail_write();
-        let shards = self.shard_range();
         self.write_with_growth(|wtxn| {
-            for shard in shards.clone() {
-                Writer::<Cosine>::new(self.arroy, shard, self.dimensions).clear(wtxn)?;
-            }
+            // Every forest, whatever the recorded shard count says.
+            self.arroy.clear(wtxn)?;
             write_u64(self.meta, wtxn, META_WATERMARK, 0)?;
             write_u64(self.meta, wtxn, META_SHARDS, 1)?;
             Ok(Ok(()))
@@ -1225,9 +1222,7 @@ impl VectorIndex {
                 return Ok(Some(v.values.to_vec()));
             }
         }
-        let Some(shard) = self.shard_of(id) else {
-            return Ok(None);
-        };
+        let shard = self.shard_of(id);
         let _shared = self.gate_read();
         let rtxn = self.env.read_txn()?;
         let writer = Writer::<Cosine>::new(self.arroy, shard, self.dimensions);
@@ -1341,9 +1336,10 @@ impl VectorIndex {
             ));
         }
         tracing::info!(from = current, to = next, dir = %self.dir.display(), "growing the vector index map");
+        // Forgotten first: a resize that fails halfway may have unmapped the map already.
+        self.release.map_moved();
         // SAFETY: the exclusive gate guarantees no transaction of this process is open.
         unsafe { self.env.resize(next)? };
-        self.release.map_moved();
         Ok(())
     }
 
@@ -1973,10 +1969,12 @@ mod tests {
         for index in &indexes {
             index.build(1_000).unwrap();
             assert_eq!(index.len().unwrap(), truth.len() as u64);
-            assert!(
-                index.shards.load(Ordering::Relaxed) >= 6,
-                "ids 0..100 in shards of 16"
-            );
+            let shards = index.shards.load(Ordering::Relaxed);
+            assert!(shards >= 6, "ids 0..100 in shards of 16");
+            // Removing an id of an empty shard creates no forest there.
+            index.remove(&[50_000]);
+            index.build(1_001).unwrap();
+            assert_eq!(index.shards.load(Ordering::Relaxed), shards);
         }
     }
 
@@ -1993,11 +1991,12 @@ mod tests {
                     .collect::<Vec<_>>(),
             );
             index.build(1).unwrap();
-            // What an index of the first format holds: no shard keys in its meta table.
+            // What an index of the first format holds: format 1, no shard keys.
             index
                 .write_with_growth(|wtxn| {
                     index.meta.delete(wtxn, META_SHARD_ITEMS)?;
                     index.meta.delete(wtxn, META_SHARDS)?;
+                    write_u64(index.meta, wtxn, META_FORMAT, FORMAT_ONE_FOREST)?;
                     Ok(Ok(()))
                 })
                 .unwrap();
@@ -2010,9 +2009,14 @@ mod tests {
         assert_eq!(index.len().unwrap(), 10);
         index.upsert(&[(50, axis(dims, 1))]);
         index.build(2).unwrap();
-        assert_eq!(index.shard_of(50), Some(0));
+        assert_eq!(index.shard_of(50), 0);
         assert_eq!(index.len().unwrap(), 11);
         assert_eq!(index.get(7).unwrap(), Some(axis(dims, 3)));
+        // Recorded as the current format: a binary from before shards refuses it.
+        assert_eq!(index.watermark().unwrap(), 2);
+        let rtxn = index.env.read_txn().unwrap();
+        let format = read_u64(index.meta, &rtxn, META_FORMAT).unwrap();
+        assert_eq!(format, Some(u64::from(FORMAT_VERSION)));
     }
 
     #[test]

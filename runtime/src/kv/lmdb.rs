@@ -152,9 +152,10 @@ impl LmdbKv {
         let current = self.env.info().map_size;
         let next = round_to_page(current.saturating_mul(2));
         tracing::info!(from = current, to = next, "growing the LMDB map");
+        // Forgotten first: a resize that fails halfway may have unmapped the map already.
+        self.release.map_moved();
         // SAFETY: the exclusive gate guarantees no transaction of this process is open.
         unsafe { self.env.resize(next)? };
-        self.release.map_moved();
         Ok(())
     }
 

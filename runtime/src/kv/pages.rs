@@ -113,7 +113,12 @@ impl MapRelease {
         let mut ranges = self.ranges.lock().unwrap_or_else(|p| p.into_inner());
         if ranges.is_none() {
             match map_ranges(&self.file) {
-                Ok(found) => *ranges = Some(found),
+                Ok(found) => {
+                    if found.is_empty() {
+                        tracing::debug!(file = %self.file.display(), "no mapping of the file in /proc/self/maps");
+                    }
+                    *ranges = Some(found)
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "could not read /proc/self/maps");
                     return 0;
