@@ -3,8 +3,8 @@
 //! searchable the moment they are staged.
 //!
 //! It owns the LMDB environment in its directory (the arroy trees, the item vectors and a
-//! small meta table: format version, dimension, watermark, shard size and count), the staged tail, and the
-//! single-writer discipline around both. It is **derived** data: the store is the system of
+//! small meta table: format version, dimension, watermark, shard size and count), the
+//! staged tail, and the single-writer discipline around both. It is **derived** data: the store is the system of
 //! record and keeps every embedding, so this index may always be cleared and rebuilt
 //! (`shadowbrain reindex`). It must therefore never be the only copy of anything, never call
 //! an embedder, and never decide what a caller is allowed to see — scoping is the caller's
@@ -41,8 +41,9 @@
 //! of the forest it changes, so with one forest every build read, and mapped, the whole
 //! index (2.4 GB at 1M 384-dimensional vectors); ids are handed out in order, so new
 //! records land in the last shard and a build reads that one. A search walks each shard
-//! that can hold a candidate and keeps the best `k` of all. Indexes written before shards
-//! record one shard for every id and keep working unchanged.
+//! that can hold a candidate and keeps the best `k` of all. An index of the format before
+//! shards opens as one shard holding every id and works as before; `shadowbrain reindex`
+//! rebuilds it in shards.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};

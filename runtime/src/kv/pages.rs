@@ -7,18 +7,20 @@
 //! seconds, though each folio is read for a few KB. The RSS then reports the size of the
 //! store, not what the process holds.
 //!
-//! [`MapRelease`] drops the map's pages from the process with `madvise(MADV_DONTNEED)`
+//! [`MapRelease`] drops the map's pages from the process with `madvise(MADV_DONTNEED)`:
 //! every [`RELEASE_INTERVAL`] of activity, and, once the file is larger than
-//! [`MAP_BUDGET`], every [`RELEASE_EVERY_READS`] page-reading operations: as each random
+//! [`MAP_BUDGET`], every [`RELEASE_EVERY_READS`] page-reading operations. As each random
 //! read can map 2 MB, only a count of reads bounds what is mapped (a burst of recalls
 //! mapped 1 GB of a 2.5 GB store within 500 ms). That has a price: reads after a release
-//! fault their pages in again (measured at 1M records: session recall p50 0.45–0.54 →
-//! 0.85 ms), so a file within the budget is never released by count. That is safe for LMDB's map: it is a shared,
-//! read-only mapping of the file (LMDB writes with `pwrite`, never through the map), so a
-//! dropped page is read again from the page cache, with the same bytes, on its next
-//! access — a minor fault of a few µs, not a disk read. The kernel keeps the pages cached
+//! fault their pages in again (at 1M records, session recall p50 went from 0.45–0.54 to
+//! 0.63–0.83 ms), so a file within the budget is only ever released by time.
+//!
+//! It is safe for LMDB's map, a shared read-only mapping of the file: LMDB writes with
+//! `pwrite`, never through the map, so a dropped page is read again from the page cache,
+//! with the same bytes, on its next access (a minor fault of a few µs, not a disk read).
+//! Nothing is written and no transaction is disturbed. The kernel keeps the pages cached
 //! while memory is free; under a memory limit it can drop them without first unmapping
-//! them from this process. Nothing is written, and no transaction is disturbed.
+//! them from this process.
 
 use std::io;
 use std::path::{Path, PathBuf};
