@@ -1,6 +1,6 @@
-//! The `shadowbrain` binary: thin edges over the library. Today it carries `reindex` (the
-//! fix the store's dimension check names); `serve` and the other commands arrive with the
-//! server issue. `main` only parses, runs and maps the error chain to an exit code.
+//! The `shadowbrain` binary: thin edges over the library. It carries `serve` (the HTTP
+//! server of [`shadowbrain::server`]) and `reindex` (the fix the store's dimension check
+//! names). `main` only parses, runs and maps the error chain to an exit code.
 
 mod cli;
 

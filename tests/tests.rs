@@ -1,3 +1,4 @@
 //! Integration tests of the `shadowbrain` package (one binary; modules below).
 
 mod cli;
+mod server;

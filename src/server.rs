@@ -1,0 +1,394 @@
+//! The HTTP edge (`shadowbrain serve`): axum over the actor runtime's [`Runtime`] handle,
+//! implementing the contract of `DESIGN.md` §7 — paths, bodies, status codes and the error
+//! shape `{"error":{"code","message"}}` — for the endpoints listed in [`router`].
+//!
+//! Handlers only translate: they parse and bound the request, call the handle, and map the
+//! answer or the error. Validation of events, ids and limits on text and content lives in
+//! the substrate, so an embedded application gets the same errors; this layer adds what
+//! only HTTP has (body size, malformed JSON, query parameters) and maps each error variant
+//! to a status without rewriting its message, which already says how to fix the request.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use shadowbrain_actors::Runtime;
+use shadowbrain_runtime::clock::{Timestamp, parse_rfc3339, to_rfc3339};
+use shadowbrain_runtime::error::Error;
+use shadowbrain_runtime::model::{MemoryId, MemoryRecord, NewMemory};
+use shadowbrain_runtime::retrieval::Scope;
+use shadowbrain_runtime::substrate::{RecallRequest, RecallResult};
+
+/// The namespace of every request while no API keys are configured.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// Request limits the HTTP layer enforces itself (the substrate bounds text, content and
+/// events per call). Defaults are the contract's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest request body, in bytes (413 above).
+    pub body_bytes: usize,
+    /// Largest `k` of a recall (422 above, or for 0).
+    pub max_k: usize,
+    /// Largest `token_budget` of a recall (422 above).
+    pub max_token_budget: usize,
+    /// Most timeline items one request returns (422 above).
+    pub max_timeline: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            body_bytes: 8 << 20,
+            max_k: 200,
+            max_token_budget: 32_768,
+            max_timeline: 1_000,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    rt: Runtime,
+    limits: Arc<Limits>,
+}
+
+/// The routes: `GET /healthz`, `POST /v1/sessions/{id}/events`,
+/// `POST /v1/sessions/{id}/recall`, `GET /v1/sessions/{id}/timeline`, `GET /v1/memories/{id}`.
+pub fn router(rt: Runtime, limits: Limits) -> Router {
+    let body_limit = limits.body_bytes;
+    let state = AppState {
+        rt,
+        limits: Arc::new(limits),
+    };
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/v1/sessions/{session_id}/events", post(post_events))
+        .route("/v1/sessions/{session_id}/recall", post(post_recall))
+        .route("/v1/sessions/{session_id}/timeline", get(get_timeline))
+        .route("/v1/memories/{id}", get(get_memory))
+        .fallback(no_route)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+/// Serves `rt` on `listener` until `shutdown` completes, then stops accepting, lets the
+/// requests in flight finish, and shuts the runtime down (drain and flush).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    rt: Runtime,
+    limits: Limits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let app = router(rt.clone(), limits);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    rt.shutdown().await?;
+    Ok(())
+}
+
+/// An error answer: a status and the contract's body.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: String,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+
+    fn invalid(field: &str, reason: impl Into<String>) -> Self {
+        let reason = reason.into();
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("invalid_{field}"),
+            format!("invalid {field}: {reason}"),
+        )
+    }
+
+    /// A body axum could not read: too large, or cut off.
+    fn body(rejection: BytesRejection) -> Self {
+        let status = rejection.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            return ApiError::new(
+                status,
+                "body_too_large",
+                "the request body is over the server's limit (8 MiB by default); send fewer \
+                 events per call or shorter texts",
+            );
+        }
+        ApiError::new(status, "unreadable_body", rejection.body_text())
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        let (status, code) = match &e {
+            Error::Invalid { field, .. } => {
+                // `events[3].kind` → `invalid_kind`: the code names the field, the message
+                // says where it is.
+                let name = field.rsplit('.').next().unwrap_or(field);
+                let name = name.split('[').next().unwrap_or(name);
+                let code = format!("invalid_{}", name.replace([' ', '-'], "_"));
+                (StatusCode::UNPROCESSABLE_ENTITY, code)
+            }
+            Error::DimensionMismatch { .. } => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "dimension_mismatch".into(),
+            ),
+            Error::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "too_large".into()),
+            Error::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found".into()),
+            Error::Policy(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_policy".into()),
+            Error::Quarantined { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "quarantined".into()),
+            Error::Closed | Error::Unavailable { .. } => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable".into())
+            }
+            Error::Timeout { .. } => (StatusCode::SERVICE_UNAVAILABLE, "timeout".into()),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal".into()),
+        };
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!(error = %e, "request failed");
+        }
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"code": self.code, "message": self.message}});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// Parses a JSON body: 400 when it is not JSON, with where it broke.
+fn parse_json(body: Result<Bytes, BytesRejection>) -> ApiResult<Value> {
+    let body = body.map_err(ApiError::body)?;
+    serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+            format!("the body is not valid JSON ({e}); send one JSON object"),
+        )
+    })
+}
+
+/// Reads a JSON value into `T`: 422 when it is JSON of the wrong shape.
+fn from_value<T: serde::de::DeserializeOwned>(what: &str, value: Value) -> ApiResult<T> {
+    serde_json::from_value(value).map_err(|e| ApiError::invalid(what, e.to_string()))
+}
+
+async fn healthz() -> Json<Value> {
+    Json(json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")}))
+}
+
+async fn no_route() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no_such_route",
+        "no endpoint at this path and method; see DESIGN.md §7 or GET /openapi.json",
+    )
+}
+
+/// `POST /v1/sessions/{id}/events`: one event, or `{"events":[…]}`; 201 once durable.
+async fn post_events(
+    State(s): State<AppState>,
+    Path(session_id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let mut value = parse_json(body)?;
+    let batch = value.get("kind").is_none();
+    let mut events = match value.get_mut("events") {
+        Some(Value::Array(events)) if batch => std::mem::take(events),
+        Some(_) if batch => {
+            return Err(ApiError::invalid(
+                "events",
+                "`events` must be an array of events; send {\"events\":[{\"kind\":…}]}",
+            ));
+        }
+        _ => vec![value],
+    };
+    for event in &mut events {
+        // The contract's times are RFC 3339; the substrate counts milliseconds.
+        if let Some(t) = event.get_mut("timestamp")
+            && let Value::String(text) = t
+        {
+            *t = json!(parse_rfc3339("timestamp", text)?);
+        }
+    }
+    let events: Vec<NewMemory> = from_value("event", Value::Array(events))?;
+    let session = s.rt.session(DEFAULT_NAMESPACE, &session_id)?;
+    let ids = session.record_batch(events).await?;
+    let ids: Vec<String> = ids.iter().map(MemoryId::to_string).collect();
+    Ok((StatusCode::CREATED, Json(json!({ "ids": ids }))))
+}
+
+/// The body of a recall; only `query` is required.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecallBody {
+    query: String,
+    #[serde(default)]
+    k: Option<usize>,
+    #[serde(default)]
+    scope: Option<Scope>,
+    #[serde(default)]
+    agent_id: Option<String>,
+    #[serde(default)]
+    kinds: Option<Vec<String>>,
+    #[serde(default)]
+    since: Option<Value>,
+    #[serde(default)]
+    until: Option<Value>,
+    #[serde(default)]
+    include_knowledge: Option<bool>,
+    #[serde(default)]
+    token_budget: Option<usize>,
+}
+
+/// `POST /v1/sessions/{id}/recall`.
+async fn post_recall(
+    State(s): State<AppState>,
+    Path(session_id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<Value>> {
+    let body: RecallBody = from_value("recall", parse_json(body)?)?;
+    let limits = &s.limits;
+    let k = body.k.unwrap_or(10);
+    if !(1..=limits.max_k).contains(&k) {
+        return Err(ApiError::invalid(
+            "k",
+            format!(
+                "{k} is out of range; ask for 1 to {} memories",
+                limits.max_k
+            ),
+        ));
+    }
+    if let Some(budget) = body.token_budget.filter(|&b| b > limits.max_token_budget) {
+        return Err(ApiError::invalid(
+            "token_budget",
+            format!(
+                "{budget} is over the limit of {}; ask for a smaller context",
+                limits.max_token_budget
+            ),
+        ));
+    }
+    let session = s.rt.session(DEFAULT_NAMESPACE, &session_id)?;
+    let mut request = RecallRequest::new(DEFAULT_NAMESPACE, &session_id, &body.query);
+    request.k = k;
+    request.scope = body.scope.unwrap_or_default();
+    request.agent_id = body.agent_id;
+    request.kinds = body.kinds;
+    request.since = body.since.map(|t| time("since", t)).transpose()?;
+    request.until = body.until.map(|t| time("until", t)).transpose()?;
+    request.include_knowledge = body.include_knowledge.unwrap_or(true);
+    request.token_budget = body.token_budget;
+    let result = session.recall_with(request).await?;
+    Ok(Json(recall_json(result)?))
+}
+
+/// A time given as RFC 3339 text or as milliseconds since the epoch.
+fn time(field: &str, value: Value) -> ApiResult<Timestamp> {
+    match value {
+        Value::String(text) => Ok(parse_rfc3339(field, &text)?),
+        Value::Number(n) if n.as_i64().is_some() => Ok(n.as_i64().unwrap_or_default()),
+        other => Err(ApiError::invalid(
+            field,
+            format!("{other} is not a time; write RFC 3339, e.g. `2026-05-08T13:56:00Z`"),
+        )),
+    }
+}
+
+/// The contract's recall answer: each memory's record fields, flattened, with its score and
+/// why (the embedding left out).
+fn recall_json(result: RecallResult) -> ApiResult<Value> {
+    let memories = result
+        .memories
+        .into_iter()
+        .map(|m| {
+            let mut item = record_json(&m.record)?;
+            item["score"] = json!(m.score);
+            item["why"] = json!(m.why);
+            Ok(item)
+        })
+        .collect::<ApiResult<Vec<Value>>>()?;
+    Ok(json!({
+        "recall_id": result.recall_id,
+        "policy": result.policy,
+        "memories": memories,
+        "context": result.context,
+    }))
+}
+
+/// A record as JSON, with its event time as `timestamp` in RFC 3339 and without its
+/// embedding (clients that want vectors keep their own).
+fn record_json(record: &MemoryRecord) -> ApiResult<Value> {
+    let mut value = serde_json::to_value(record).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("a record could not be encoded: {e}"),
+        )
+    })?;
+    if let Some(map) = value.as_object_mut() {
+        map.remove("embedding");
+        map.insert("timestamp".into(), json!(to_rfc3339(record.event_time)));
+    }
+    Ok(value)
+}
+
+#[derive(Debug, Deserialize)]
+struct TimelineQuery {
+    limit: Option<usize>,
+}
+
+/// `GET /v1/sessions/{id}/timeline?limit=`: newest first.
+async fn get_timeline(
+    State(s): State<AppState>,
+    Path(session_id): Path<String>,
+    query: Result<Query<TimelineQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<Value>> {
+    let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=s.limits.max_timeline).contains(&limit) {
+        return Err(ApiError::invalid(
+            "limit",
+            format!(
+                "{limit} is out of range; ask for 1 to {} items",
+                s.limits.max_timeline
+            ),
+        ));
+    }
+    let session = s.rt.session(DEFAULT_NAMESPACE, &session_id)?;
+    let items = session
+        .timeline(limit)
+        .await?
+        .iter()
+        .map(record_json)
+        .collect::<ApiResult<Vec<_>>>()?;
+    Ok(Json(json!({ "items": items })))
+}
+
+/// `GET /v1/memories/{id}`.
+async fn get_memory(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+    let id: MemoryId = id.parse()?;
+    let record = s.rt.memory(DEFAULT_NAMESPACE, id)?.get().await?;
+    Ok(Json(record_json(&record)?))
+}

@@ -1,0 +1,400 @@
+//! The HTTP server, spoken to over real sockets: a server on port 0 in this process for the
+//! contract's answers and errors, and the binary itself for a graceful SIGTERM.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use shadowbrain::server::{self, Limits};
+use shadowbrain::{Runtime, RuntimeConfig};
+
+/// One HTTP/1.1 exchange: the status and the body as JSON (`Null` when it is not JSON).
+fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&[u8]>) -> (u16, Value) {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let body = body.unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    // A server may answer (413) before reading the whole body and close: that is fine.
+    let _ = stream.write_all(body);
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("an answer");
+    let text = String::from_utf8_lossy(&raw);
+    let (head, rest) = text.split_once("\r\n\r\n").expect("a header block");
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, tail)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&tail[..n]);
+        rest = &tail[n + 2..];
+    }
+    out
+}
+
+fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+    http(addr, "POST", path, Some(body.to_string().as_bytes()))
+}
+
+fn error_code(answer: &Value) -> &str {
+    answer["error"]["code"]
+        .as_str()
+        .unwrap_or("<no error code>")
+}
+
+/// A server on 127.0.0.1:0 over a fresh data directory; stops when the test ends.
+struct TestServer {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    done: Option<std::thread::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    fn start() -> TestServer {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let done = std::thread::spawn(move || {
+            let tokio = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            tokio.block_on(async move {
+                let rt = Runtime::open(RuntimeConfig::new(&data)).await.unwrap();
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                addr_tx.send(listener.local_addr().unwrap()).unwrap();
+                server::serve(listener, rt, Limits::default(), async {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+            });
+        });
+        let addr = addr_rx.recv_timeout(Duration::from_secs(60)).unwrap();
+        TestServer {
+            addr,
+            stop: Some(stop),
+            done: Some(done),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(done) = self.done.take() {
+            let _ = done.join();
+        }
+    }
+}
+
+#[test]
+fn record_recall_timeline_and_get_follow_the_contract() {
+    let server = TestServer::start();
+    let addr = server.addr;
+
+    let (status, health) = http(addr, "GET", "/healthz", None);
+    assert_eq!((status, health["status"].as_str()), (200, Some("ok")));
+
+    let (status, one) = post(
+        addr,
+        "/v1/sessions/agent-7:run.1/events",
+        &json!({"kind": "observation", "text": "the nightly backup job timed out at 02:00",
+                "timestamp": "2026-05-08T13:56:00Z", "agent_id": "a7"}),
+    );
+    assert_eq!(status, 201, "{one}");
+    assert_eq!(one["ids"].as_array().map(Vec::len), Some(1));
+    let (status, two) = post(
+        addr,
+        "/v1/sessions/agent-7:run.1/events",
+        &json!({"events": [
+            {"kind": "action", "text": "raised the backup timeout to 4 hours"},
+            {"kind": "user_message", "text": "thanks, the backups look healthy now"}
+        ]}),
+    );
+    assert_eq!(status, 201, "{two}");
+    assert_eq!(two["ids"].as_array().map(Vec::len), Some(2));
+
+    let (status, recall) = post(
+        addr,
+        "/v1/sessions/agent-7:run.1/recall",
+        &json!({"query": "why did the backup fail?", "k": 5}),
+    );
+    assert_eq!(status, 200, "{recall}");
+    assert!(recall["recall_id"].is_string(), "{recall}");
+    assert!(recall["policy"]["name"].is_string() && recall["policy"]["hash"].is_string());
+    let memories = recall["memories"].as_array().expect("memories");
+    assert!(!memories.is_empty(), "{recall}");
+    let first = &memories[0];
+    for field in [
+        "id",
+        "tier",
+        "kind",
+        "text",
+        "session_id",
+        "timestamp",
+        "score",
+    ] {
+        assert!(!first[field].is_null(), "`{field}` missing from {first}");
+    }
+    for part in ["relevance", "recency", "importance", "utility"] {
+        assert!(
+            first["why"][part].is_number(),
+            "why.{part} missing from {first}"
+        );
+    }
+    assert!(
+        memories
+            .iter()
+            .any(|m| m["text"].as_str().is_some_and(|t| t.contains("timed out")))
+    );
+    let timed_out = memories
+        .iter()
+        .find(|m| m["text"].as_str().is_some_and(|t| t.contains("timed out")))
+        .unwrap();
+    assert_eq!(timed_out["timestamp"], "2026-05-08T13:56:00.000Z");
+    assert!(
+        recall["context"]
+            .as_str()
+            .is_some_and(|c| c.contains("backup"))
+    );
+
+    let (status, timeline) = http(
+        addr,
+        "GET",
+        "/v1/sessions/agent-7:run.1/timeline?limit=10",
+        None,
+    );
+    assert_eq!(status, 200, "{timeline}");
+    let items = timeline["items"].as_array().expect("items");
+    assert_eq!(items.len(), 3);
+    assert!(
+        items[0]["text"].as_str().unwrap().contains("healthy"),
+        "newest first"
+    );
+
+    let id = one["ids"][0].as_str().unwrap();
+    let (status, record) = http(addr, "GET", &format!("/v1/memories/{id}"), None);
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["id"], id);
+    assert_eq!(record["agent_id"], "a7");
+    assert!(record.get("embedding").is_none());
+}
+
+#[test]
+fn bad_requests_get_the_right_status_and_code_and_the_server_keeps_serving() {
+    let server = TestServer::start();
+    let addr = server.addr;
+    let events = "/v1/sessions/s1/events";
+    let (status, first) = post(addr, events, &json!({"kind": "goal", "text": "ship it"}));
+    assert_eq!(status, 201);
+
+    let cases: Vec<(&str, (u16, Value), u16, &str)> = vec![
+        (
+            "malformed JSON",
+            http(addr, "POST", events, Some(b"{\"kind\": \"goal\", ")),
+            400,
+            "malformed_json",
+        ),
+        (
+            "bad kind",
+            post(addr, events, &json!({"kind": "Not A Kind!", "text": "x"})),
+            422,
+            "invalid_kind",
+        ),
+        (
+            "missing kind",
+            post(addr, events, &json!({"text": "no kind"})),
+            422,
+            "invalid_event",
+        ),
+        (
+            "bad session id",
+            post(
+                addr,
+                "/v1/sessions/bad%20id/events",
+                &json!({"kind": "goal", "text": "x"}),
+            ),
+            422,
+            "invalid_session_id",
+        ),
+        (
+            "oversize text",
+            post(
+                addr,
+                events,
+                &json!({"kind": "goal", "text": "x".repeat(65 * 1024)}),
+            ),
+            413,
+            "too_large",
+        ),
+        (
+            "oversize body",
+            http(addr, "POST", events, Some(&vec![b' '; 9 << 20])),
+            413,
+            "body_too_large",
+        ),
+        (
+            "wrong-dimension embedding",
+            post(
+                addr,
+                events,
+                &json!({"kind": "goal", "text": "x", "embedding": [0.1, 0.2, 0.3]}),
+            ),
+            422,
+            "dimension_mismatch",
+        ),
+        (
+            "k out of range",
+            post(
+                addr,
+                "/v1/sessions/s1/recall",
+                &json!({"query": "ship", "k": 0}),
+            ),
+            422,
+            "invalid_k",
+        ),
+        (
+            "token budget over the limit",
+            post(
+                addr,
+                "/v1/sessions/s1/recall",
+                &json!({"query": "ship", "token_budget": 40_000}),
+            ),
+            422,
+            "invalid_token_budget",
+        ),
+        (
+            "unknown memory",
+            http(addr, "GET", "/v1/memories/mem-0000ffff", None),
+            404,
+            "not_found",
+        ),
+        (
+            "malformed memory id",
+            http(addr, "GET", "/v1/memories/m_0000ffff", None),
+            422,
+            "invalid_memory_id",
+        ),
+        (
+            "unknown route",
+            http(addr, "GET", "/v1/nothing-here", None),
+            404,
+            "no_such_route",
+        ),
+    ];
+    for (what, (status, answer), want_status, want_code) in cases {
+        assert_eq!(status, want_status, "{what}: {answer}");
+        assert_eq!(error_code(&answer), want_code, "{what}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.len() > 20, "{what}: a message that helps: {answer}");
+    }
+
+    // Still serving, and what was accepted is still there.
+    assert_eq!(http(addr, "GET", "/healthz", None).0, 200);
+    let id = first["ids"][0].as_str().unwrap();
+    let (status, record) = http(addr, "GET", &format!("/v1/memories/{id}"), None);
+    assert_eq!((status, record["text"].as_str()), (200, Some("ship it")));
+}
+
+/// Reads the address the binary prints once it listens, then keeps reading its stderr
+/// (into the returned handle's text) so the child never writes to a closed pipe.
+fn wait_for_address(
+    stderr: impl Read + Send + 'static,
+) -> (SocketAddr, std::thread::JoinHandle<String>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut seen = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(addr) = line.split("http://").nth(1) {
+                let _ = tx.send(addr.trim().to_string());
+            }
+            seen.push_str(&line);
+            seen.push('\n');
+        }
+        seen
+    });
+    match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(addr) => (addr.parse().unwrap(), reader),
+        Err(_) => panic!("the server did not listen: {}", reader.join().unwrap()),
+    }
+}
+
+#[test]
+fn sigterm_drains_flushes_and_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
+        .arg(&data)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (addr, stderr) = wait_for_address(child.stderr.take().unwrap());
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let (status, answer) = post(
+            addr,
+            "/v1/sessions/s1/events",
+            &json!({"kind": "observation", "text": format!("event number {i}")}),
+        );
+        assert_eq!(status, 201, "{answer}");
+        ids.push(answer["ids"][0].as_str().unwrap().to_string());
+    }
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let exit = child.wait().unwrap();
+    let said = stderr.join().unwrap();
+    assert_eq!(exit.code(), Some(0), "{exit:?}: {said}");
+    assert!(said.contains("drained and flushed"), "{said}");
+
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    tokio.block_on(async {
+        let rt = Runtime::open(RuntimeConfig::new(&data)).await.unwrap();
+        let timeline = rt
+            .session("default", "s1")
+            .unwrap()
+            .timeline(100)
+            .await
+            .unwrap();
+        let mut found: Vec<String> = timeline.iter().map(|r| r.id.to_string()).collect();
+        found.sort();
+        ids.sort();
+        assert_eq!(found, ids);
+        rt.shutdown().await.unwrap();
+    });
+}
