@@ -23,7 +23,8 @@ use serde_json::{Value, json};
 use shadowbrain_actors::Runtime;
 use shadowbrain_runtime::clock::{Timestamp, parse_rfc3339, to_rfc3339};
 use shadowbrain_runtime::error::Error;
-use shadowbrain_runtime::model::{MemoryId, MemoryRecord, NewMemory};
+use shadowbrain_runtime::lifecycle::{FeedbackTarget, Outcome};
+use shadowbrain_runtime::model::{MemoryId, MemoryRecord, NewMemory, Status};
 use shadowbrain_runtime::retrieval::Scope;
 use shadowbrain_runtime::substrate::{RecallRequest, RecallResult};
 
@@ -61,8 +62,9 @@ struct AppState {
     limits: Arc<Limits>,
 }
 
-/// The routes: `GET /healthz`, `POST /v1/sessions/{id}/events`,
-/// `POST /v1/sessions/{id}/recall`, `GET /v1/sessions/{id}/timeline`, `GET /v1/memories/{id}`.
+/// The routes of `DESIGN.md` §7 but `/metrics`: health, session events, recall, feedback,
+/// condense and timeline, the session list, one memory (get, status, archive, history),
+/// knowledge search and graph, and the policy (get, reload).
 pub fn router(rt: Runtime, limits: Limits) -> Router {
     let body_limit = limits.body_bytes;
     let state = AppState {
@@ -73,8 +75,19 @@ pub fn router(rt: Runtime, limits: Limits) -> Router {
         .route("/healthz", get(healthz))
         .route("/v1/sessions/{session_id}/events", post(post_events))
         .route("/v1/sessions/{session_id}/recall", post(post_recall))
+        .route("/v1/sessions/{session_id}/feedback", post(post_feedback))
+        .route("/v1/sessions/{session_id}/condense", post(post_condense))
         .route("/v1/sessions/{session_id}/timeline", get(get_timeline))
-        .route("/v1/memories/{id}", get(get_memory))
+        .route("/v1/sessions", get(get_sessions))
+        .route(
+            "/v1/memories/{id}",
+            get(get_memory).patch(patch_memory).delete(delete_memory),
+        )
+        .route("/v1/memories/{id}/history", get(get_history))
+        .route("/v1/knowledge/search", post(post_knowledge_search))
+        .route("/v1/knowledge/graph", get(get_knowledge_graph))
+        .route("/v1/policy", get(get_policy))
+        .route("/v1/policy/reload", post(post_policy_reload))
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
@@ -391,4 +404,221 @@ async fn get_memory(State(s): State<AppState>, Path(id): Path<String>) -> ApiRes
     let id: MemoryId = id.parse()?;
     let record = s.rt.memory(DEFAULT_NAMESPACE, id)?.get().await?;
     Ok(Json(record_json(&record)?))
+}
+
+/// Who changed a record, in its history.
+const BY_API: &str = "api";
+
+/// The body of a feedback: a recall or memories, and how it went.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FeedbackBody {
+    #[serde(default)]
+    recall_id: Option<String>,
+    #[serde(default)]
+    memory_ids: Option<Vec<String>>,
+    outcome: Outcome,
+}
+
+/// `POST /v1/sessions/{id}/feedback`.
+async fn post_feedback(
+    State(s): State<AppState>,
+    Path(session_id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<Value>> {
+    let body: FeedbackBody = from_value("feedback", parse_json(body)?)?;
+    let target = match (body.recall_id, body.memory_ids) {
+        (Some(recall), None) => FeedbackTarget::Recall(recall),
+        (None, Some(ids)) => FeedbackTarget::Memories(
+            ids.iter()
+                .map(|id| id.parse())
+                .collect::<Result<_, Error>>()?,
+        ),
+        _ => {
+            return Err(ApiError::invalid(
+                "feedback",
+                "send either `recall_id` (every memory of that recall) or `memory_ids`, \
+                 not both and not neither",
+            ));
+        }
+    };
+    let session = s.rt.session(DEFAULT_NAMESPACE, &session_id)?;
+    let report = session.feedback(target, body.outcome).await?;
+    Ok(Json(json!({ "updated": report.updated })))
+}
+
+/// `POST /v1/sessions/{id}/condense`: the condensed record's id, or `null`.
+async fn post_condense(
+    State(s): State<AppState>,
+    Path(session_id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let session = s.rt.session(DEFAULT_NAMESPACE, &session_id)?;
+    let condensed = session.condense().await?;
+    Ok(Json(
+        json!({ "memory_id": condensed.map(|c| c.id.to_string()) }),
+    ))
+}
+
+/// `GET /v1/sessions`.
+async fn get_sessions(State(s): State<AppState>) -> ApiResult<Json<Value>> {
+    let sessions: Vec<Value> =
+        s.rt.sessions(DEFAULT_NAMESPACE)
+            .await?
+            .into_iter()
+            .map(|stats| {
+                json!({
+                    "session_id": stats.session_id,
+                    "events": stats.events,
+                    "memories": stats.memories,
+                    "last_active": to_rfc3339(stats.last_active),
+                })
+            })
+            .collect();
+    Ok(Json(json!({ "sessions": sessions })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatusBody {
+    status: Status,
+}
+
+/// `PATCH /v1/memories/{id}`: `{"status":"pinned"|"obsolete"|"active"}`.
+async fn patch_memory(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<Value>> {
+    let body: StatusBody = from_value("status", parse_json(body)?)?;
+    if !matches!(
+        body.status,
+        Status::Pinned | Status::Obsolete | Status::Active
+    ) {
+        return Err(ApiError::invalid(
+            "status",
+            "set `pinned`, `obsolete` or `active`; archive with DELETE",
+        ));
+    }
+    let memory = s.rt.memory(DEFAULT_NAMESPACE, id.parse()?)?;
+    let record = memory.set_status(body.status, BY_API).await?;
+    Ok(Json(record_json(&record)?))
+}
+
+/// `DELETE /v1/memories/{id}`: archives it (a soft delete) and answers the record.
+async fn delete_memory(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let memory = s.rt.memory(DEFAULT_NAMESPACE, id.parse()?)?;
+    let record = memory.archive(BY_API).await?;
+    Ok(Json(record_json(&record)?))
+}
+
+/// `GET /v1/memories/{id}/history`.
+async fn get_history(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+    let memory = s.rt.memory(DEFAULT_NAMESPACE, id.parse()?)?;
+    let entries: Vec<Value> = memory
+        .history()
+        .await?
+        .into_iter()
+        .map(|e| {
+            json!({
+                "at": to_rfc3339(e.at),
+                "action": e.action,
+                "by": e.by,
+                "detail": e.detail,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "entries": entries })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KnowledgeSearchBody {
+    query: String,
+    #[serde(default)]
+    k: Option<usize>,
+}
+
+/// `POST /v1/knowledge/search`: like recall, over the knowledge tier only.
+async fn post_knowledge_search(
+    State(s): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<Value>> {
+    let body: KnowledgeSearchBody = from_value("search", parse_json(body)?)?;
+    let k = body.k.unwrap_or(10);
+    if !(1..=s.limits.max_k).contains(&k) {
+        return Err(ApiError::invalid(
+            "k",
+            format!(
+                "{k} is out of range; ask for 1 to {} memories",
+                s.limits.max_k
+            ),
+        ));
+    }
+    let result =
+        s.rt.knowledge(DEFAULT_NAMESPACE)?
+            .search(&body.query, k)
+            .await?;
+    Ok(Json(recall_json(result)?))
+}
+
+#[derive(Debug, Deserialize)]
+struct GraphQuery {
+    around: Option<String>,
+    depth: Option<usize>,
+}
+
+/// Deepest neighbourhood a graph query may ask for.
+const MAX_GRAPH_DEPTH: usize = 5;
+
+/// `GET /v1/knowledge/graph?around={id}&depth=2`: the records within `depth` edges and the
+/// edges among them.
+async fn get_knowledge_graph(
+    State(s): State<AppState>,
+    query: Result<Query<GraphQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<Value>> {
+    let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
+    let Some(around) = query.around else {
+        return Err(ApiError::invalid(
+            "around",
+            "name the record to start from: `?around=mem-…&depth=2`",
+        ));
+    };
+    let depth = query.depth.unwrap_or(2);
+    if depth > MAX_GRAPH_DEPTH {
+        return Err(ApiError::invalid(
+            "depth",
+            format!("{depth} is too deep; ask for 0 to {MAX_GRAPH_DEPTH}"),
+        ));
+    }
+    let (ids, edges) =
+        s.rt.knowledge(DEFAULT_NAMESPACE)?
+            .graph(around.parse()?, depth)
+            .await?;
+    let mut nodes = Vec::with_capacity(ids.len());
+    for id in ids {
+        let record = s.rt.memory(DEFAULT_NAMESPACE, id)?.get().await?;
+        nodes.push(record_json(&record)?);
+    }
+    Ok(Json(json!({ "nodes": nodes, "edges": edges })))
+}
+
+/// The policy answer: its name, hash and compiled form.
+fn policy_json(policy: &shadowbrain_runtime::policy::Policy) -> Value {
+    let stamp = policy.stamp();
+    json!({ "name": stamp.name, "hash": stamp.hash, "policy": policy.to_json() })
+}
+
+/// `GET /v1/policy`.
+async fn get_policy(State(s): State<AppState>) -> Json<Value> {
+    Json(policy_json(&s.rt.policy()))
+}
+
+/// `POST /v1/policy/reload`: the new policy, or 422 with every error of the file (the
+/// running policy stays).
+async fn post_policy_reload(State(s): State<AppState>) -> ApiResult<Json<Value>> {
+    let policy = s.rt.reload_policy().await?;
+    Ok(Json(policy_json(&policy)))
 }

@@ -213,6 +213,157 @@ fn record_recall_timeline_and_get_follow_the_contract() {
 }
 
 #[test]
+fn feedback_condense_sessions_memories_knowledge_and_policy_answer() {
+    let server = TestServer::start();
+    let addr = server.addr;
+    let texts = [
+        "deploys fail when the cache is cold",
+        "warmed the cache before the deploy",
+        "the deploy went through after warming the cache",
+        "note to self: always warm the cache before deploying",
+        "the second deploy of the day was quick with a warm cache",
+        "wrote a runbook step: warm the cache, then deploy",
+    ];
+    let events: Vec<Value> = texts
+        .iter()
+        .map(|t| json!({"kind": "observation", "text": t}))
+        .collect();
+    let (status, recorded) = post(addr, "/v1/sessions/ops/events", &json!({"events": events}));
+    assert_eq!(status, 201, "{recorded}");
+    let id = recorded["ids"][0].as_str().unwrap().to_string();
+
+    let (_, recall) = post(
+        addr,
+        "/v1/sessions/ops/recall",
+        &json!({"query": "deploy cache"}),
+    );
+    let recall_id = recall["recall_id"].as_str().unwrap();
+    let (status, fed) = post(
+        addr,
+        "/v1/sessions/ops/feedback",
+        &json!({"recall_id": recall_id, "outcome": "success"}),
+    );
+    assert_eq!(status, 200, "{fed}");
+    assert!(fed["updated"].as_u64().unwrap() >= 1, "{fed}");
+    let (status, fed) = post(
+        addr,
+        "/v1/sessions/ops/feedback",
+        &json!({"memory_ids": [id], "outcome": "failure"}),
+    );
+    assert_eq!((status, fed["updated"].as_u64()), (200, Some(1)), "{fed}");
+    let (status, both) = post(
+        addr,
+        "/v1/sessions/ops/feedback",
+        &json!({"recall_id": recall_id, "memory_ids": [id], "outcome": "success"}),
+    );
+    assert_eq!(
+        (status, error_code(&both)),
+        (422, "invalid_feedback"),
+        "{both}"
+    );
+
+    let (status, condensed) = post(addr, "/v1/sessions/ops/condense", &json!({}));
+    assert_eq!(status, 200, "{condensed}");
+    let condensed_id = condensed["memory_id"]
+        .as_str()
+        .expect("six events condense (the default policy's minimum is five)");
+    let (status, record) = http(addr, "GET", &format!("/v1/memories/{condensed_id}"), None);
+    assert_eq!(
+        (status, record["tier"].as_str()),
+        (200, Some("condensed")),
+        "{record}"
+    );
+
+    let (status, sessions) = http(addr, "GET", "/v1/sessions", None);
+    assert_eq!(status, 200, "{sessions}");
+    let ops = sessions["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["session_id"] == "ops")
+        .expect("the session is listed");
+    assert_eq!(ops["events"], 6, "{ops}");
+    assert!(ops["last_active"].is_string(), "{ops}");
+
+    let memory = format!("/v1/memories/{id}");
+    let (status, pinned) = http(addr, "PATCH", &memory, Some(br#"{"status":"pinned"}"#));
+    assert_eq!(
+        (status, pinned["status"].as_str()),
+        (200, Some("pinned")),
+        "{pinned}"
+    );
+    let (status, wrong) = http(addr, "PATCH", &memory, Some(br#"{"status":"archived"}"#));
+    assert_eq!(
+        (status, error_code(&wrong)),
+        (422, "invalid_status"),
+        "{wrong}"
+    );
+    let (status, archived) = http(addr, "DELETE", &memory, None);
+    assert_eq!(
+        (status, archived["status"].as_str()),
+        (200, Some("archived"))
+    );
+    let (status, history) = http(addr, "GET", &format!("{memory}/history"), None);
+    assert_eq!(status, 200, "{history}");
+    let entries = history["entries"].as_array().unwrap();
+    assert!(entries.len() >= 3, "recorded, pinned, archived: {history}");
+    assert!(
+        entries
+            .iter()
+            .all(|e| e["at"].is_string() && e["by"].is_string())
+    );
+    assert!(entries.iter().any(|e| e["by"] == "api"), "{history}");
+
+    let (status, knowledge) = post(
+        addr,
+        "/v1/knowledge/search",
+        &json!({"query": "cache deploy", "k": 5}),
+    );
+    assert_eq!(status, 200, "{knowledge}");
+    assert!(knowledge["memories"].is_array(), "{knowledge}");
+    let (status, graph) = http(
+        addr,
+        "GET",
+        &format!("/v1/knowledge/graph?around={condensed_id}&depth=1"),
+        None,
+    );
+    assert_eq!(status, 200, "{graph}");
+    assert!(
+        graph["nodes"].is_array() && graph["edges"].is_array(),
+        "{graph}"
+    );
+    let (status, deep) = http(
+        addr,
+        "GET",
+        &format!("/v1/knowledge/graph?around={condensed_id}&depth=50"),
+        None,
+    );
+    assert_eq!(
+        (status, error_code(&deep)),
+        (422, "invalid_depth"),
+        "{deep}"
+    );
+
+    let (status, policy) = http(addr, "GET", "/v1/policy", None);
+    assert_eq!(status, 200, "{policy}");
+    assert!(policy["name"].is_string() && policy["hash"].is_string());
+    assert!(policy["policy"].is_object(), "{policy}");
+    // Opened without a policy file: nothing to reload, and it says how to get one.
+    let (status, reload) = http(addr, "POST", "/v1/policy/reload", None);
+    assert_eq!(
+        (status, error_code(&reload)),
+        (422, "invalid_policy"),
+        "{reload}"
+    );
+    assert!(
+        reload["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--policy")
+    );
+}
+
+#[test]
 fn bad_requests_get_the_right_status_and_code_and_the_server_keeps_serving() {
     let server = TestServer::start();
     let addr = server.addr;
