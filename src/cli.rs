@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use shadowbrain::server::{self, Limits};
+use shadowbrain::server::{self, ApiKey, Auth, Limits};
 use shadowbrain::{Runtime, RuntimeConfig};
 use shadowbrain_runtime::embed::{EmbedderConfig, build_embedder};
 use shadowbrain_runtime::kv::Backend;
@@ -36,7 +36,7 @@ enum Command {
         /// A policy file (TOML); the built-in default policy without one.
         #[arg(long)]
         policy: Option<PathBuf>,
-        /// A config file whose `[embedder]` section names the embedder (default: `hash`).
+        /// A config file (TOML): `[embedder]` (default: `hash`) and `[[auth.keys]]`.
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -55,13 +55,13 @@ enum Command {
     },
 }
 
-/// Reads the `[embedder]` section of a config file (env overrides `SHADOWBRAIN__EMBEDDER__…`).
-fn embedder_config(path: Option<&Path>) -> anyhow::Result<EmbedderConfig> {
+/// Reads the config file (TOML), with `SHADOWBRAIN__SECTION__KEY` environment overrides.
+fn load_config(path: Option<&Path>) -> anyhow::Result<config::Config> {
     let mut builder = config::Config::builder();
     if let Some(p) = path {
         builder = builder.add_source(config::File::from(p).format(config::FileFormat::Toml));
     }
-    let cfg = builder
+    builder
         .add_source(
             config::Environment::with_prefix("SHADOWBRAIN")
                 .prefix_separator("__")
@@ -69,7 +69,11 @@ fn embedder_config(path: Option<&Path>) -> anyhow::Result<EmbedderConfig> {
                 .try_parsing(true),
         )
         .build()
-        .with_context(|| "reading the config file")?;
+        .with_context(|| "reading the config file")
+}
+
+/// The `[embedder]` section (default: `hash`).
+fn embedder_config(cfg: &config::Config) -> anyhow::Result<EmbedderConfig> {
     match cfg.get::<EmbedderConfig>("embedder") {
         Ok(c) => Ok(c),
         Err(config::ConfigError::NotFound(_)) => Ok(EmbedderConfig::default()),
@@ -77,15 +81,32 @@ fn embedder_config(path: Option<&Path>) -> anyhow::Result<EmbedderConfig> {
     }
 }
 
+/// The `[[auth.keys]]` of the config file (none: no key needed, namespace `default`).
+fn auth(cfg: &config::Config) -> anyhow::Result<Auth> {
+    match cfg.get::<Vec<ApiKey>>("auth.keys") {
+        Ok(keys) => Auth::with_keys(&keys),
+        Err(config::ConfigError::NotFound(_)) => Ok(Auth::open()),
+        Err(e) => Err(anyhow::anyhow!(
+            "the [[auth.keys]] entries are invalid: {e}; each needs `sha256` (hex SHA-256 of \
+             the key) and `namespace`"
+        )),
+    }
+}
+
 /// Opens the runtime, listens, and serves until a shutdown signal.
-async fn serve(addr: SocketAddr, data: &Path, config: RuntimeConfig) -> anyhow::Result<()> {
+async fn serve(
+    addr: SocketAddr,
+    data: &Path,
+    config: RuntimeConfig,
+    auth: Auth,
+) -> anyhow::Result<()> {
     let rt = Runtime::open(config)
         .await
         .with_context(|| format!("opening the data directory {}", data.display()))?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("listening on {addr}; pick another with --addr"))?;
-    if !addr.ip().is_loopback() {
+    if !addr.ip().is_loopback() && !auth.required() {
         tracing::warn!(%addr, "serving beyond this machine without API keys: anyone who can reach the address reads and writes namespace `default`");
     }
     say(format_args!(
@@ -93,7 +114,7 @@ async fn serve(addr: SocketAddr, data: &Path, config: RuntimeConfig) -> anyhow::
         data.display(),
         listener.local_addr()?
     ));
-    server::serve(listener, rt, Limits::default(), shutdown_signal()).await?;
+    server::serve(listener, rt, Limits::default(), auth, shutdown_signal()).await?;
     say(format_args!("drained and flushed; bye"));
     Ok(())
 }
@@ -144,15 +165,17 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     .with_policy_file(&policy)
                     .with_context(|| format!("loading the policy {}", policy.display()))?;
             }
-            rt_config.substrate.embedder = build_embedder(&embedder_config(config.as_deref())?)?;
-            tokio::runtime::Runtime::new()?.block_on(serve(addr, &data, rt_config))
+            let cfg = load_config(config.as_deref())?;
+            rt_config.substrate.embedder = build_embedder(&embedder_config(&cfg)?)?;
+            let auth = auth(&cfg)?;
+            tokio::runtime::Runtime::new()?.block_on(serve(addr, &data, rt_config, auth))
         }
         Command::Reindex {
             data,
             backend,
             config,
         } => {
-            let embedder = build_embedder(&embedder_config(config.as_deref())?)?;
+            let embedder = build_embedder(&embedder_config(&load_config(config.as_deref())?)?)?;
             let opts = SubstrateOptions {
                 backend,
                 embedder: Arc::clone(&embedder),

@@ -8,18 +8,22 @@
 //! only HTTP has (body size, malformed JSON, query parameters) and maps each error variant
 //! to a status without rewriting its message, which already says how to fix the request.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
 use axum::http::StatusCode;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 use shadowbrain_actors::Runtime;
 use shadowbrain_runtime::clock::{Timestamp, parse_rfc3339, to_rfc3339};
 use shadowbrain_runtime::error::Error;
@@ -30,6 +34,112 @@ use shadowbrain_runtime::substrate::{RecallRequest, RecallResult};
 
 /// The namespace of every request while no API keys are configured.
 pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// One API key of the config file's `[[auth.keys]]`: the hex SHA-256 of the key (the file
+/// never holds a key itself) and the namespace it may see.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKey {
+    /// Hex SHA-256 of the bearer token (e.g. `printf %s "$KEY" | sha256sum`).
+    pub sha256: String,
+    /// The namespace requests with this key read and write.
+    pub namespace: String,
+}
+
+/// Who may call `/v1`: nobody needs a key when no keys are configured (namespace
+/// `default`); otherwise every request needs `Authorization: Bearer <key>` of a known key
+/// and sees only that key's namespace.
+#[derive(Debug, Clone, Default)]
+pub struct Auth {
+    /// Namespace by hex SHA-256 of the key.
+    keys: HashMap<String, String>,
+}
+
+impl Auth {
+    /// Every request in namespace `default`, no key needed.
+    pub fn open() -> Self {
+        Auth::default()
+    }
+
+    /// The given keys; errors name each bad entry and how to fix it.
+    pub fn with_keys(keys: &[ApiKey]) -> anyhow::Result<Self> {
+        let mut map = HashMap::new();
+        for (i, key) in keys.iter().enumerate() {
+            let hash = key.sha256.trim().to_ascii_lowercase();
+            if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+                anyhow::bail!(
+                    "auth.keys[{i}].sha256 is not a hex SHA-256 (64 hex digits); write the \
+                     hash of the key, e.g. `printf %s \"$KEY\" | sha256sum`, never the key"
+                );
+            }
+            if !valid_namespace(&key.namespace) {
+                anyhow::bail!(
+                    "auth.keys[{i}].namespace `{}` is not a namespace; use 1 to 128 of \
+                     A-Z a-z 0-9 . _ : -",
+                    key.namespace
+                );
+            }
+            if map.insert(hash, key.namespace.clone()).is_some() {
+                anyhow::bail!("auth.keys[{i}] repeats a key hash; give each key one entry");
+            }
+        }
+        Ok(Auth { keys: map })
+    }
+
+    /// Whether requests need a key.
+    pub fn required(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    fn namespace(&self, authorization: Option<&str>) -> ApiResult<String> {
+        if !self.required() {
+            return Ok(DEFAULT_NAMESPACE.to_string());
+        }
+        let Some(token) = authorization.and_then(|h| h.strip_prefix("Bearer ")) else {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "this server needs an API key: send `Authorization: Bearer <key>`",
+            ));
+        };
+        let hash = hex(&Sha256::digest(token.trim().as_bytes()));
+        self.keys.get(&hash).cloned().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "the API key is not known to this server; check the key, or add its SHA-256 \
+                 to `[[auth.keys]]` in the config file",
+            )
+        })
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Namespaces follow the session id pattern: `[A-Za-z0-9._:-]{1,128}`.
+fn valid_namespace(ns: &str) -> bool {
+    (1..=128).contains(&ns.len())
+        && ns
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".:_-".contains(&b))
+}
+
+/// The namespace a `/v1` request acts in, from its API key (see [`Auth`]).
+struct Namespace(String);
+
+impl FromRequestParts<AppState> for Namespace {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> ApiResult<Self> {
+        let header = parts
+            .headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        s.auth.namespace(header).map(Namespace)
+    }
+}
 
 /// Request limits the HTTP layer enforces itself (the substrate bounds text, content and
 /// events per call). Defaults are the contract's.
@@ -60,16 +170,18 @@ impl Default for Limits {
 struct AppState {
     rt: Runtime,
     limits: Arc<Limits>,
+    auth: Arc<Auth>,
 }
 
 /// The routes of `DESIGN.md` §7 but `/metrics`: health, session events, recall, feedback,
 /// condense and timeline, the session list, one memory (get, status, archive, history),
 /// knowledge search and graph, and the policy (get, reload).
-pub fn router(rt: Runtime, limits: Limits) -> Router {
+pub fn router(rt: Runtime, limits: Limits, auth: Auth) -> Router {
     let body_limit = limits.body_bytes;
     let state = AppState {
         rt,
         limits: Arc::new(limits),
+        auth: Arc::new(auth),
     };
     Router::new()
         .route("/healthz", get(healthz))
@@ -99,9 +211,10 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     rt: Runtime,
     limits: Limits,
+    auth: Auth,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let app = router(rt.clone(), limits);
+    let app = router(rt.clone(), limits, auth);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await?;
@@ -223,6 +336,7 @@ async fn no_route() -> ApiError {
 /// `POST /v1/sessions/{id}/events`: one event, or `{"events":[…]}`; 201 once durable.
 async fn post_events(
     State(s): State<AppState>,
+    ns: Namespace,
     Path(session_id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
@@ -247,7 +361,7 @@ async fn post_events(
         }
     }
     let events: Vec<NewMemory> = from_value("event", Value::Array(events))?;
-    let session = s.rt.session(DEFAULT_NAMESPACE, &session_id)?;
+    let session = s.rt.session(&ns.0, &session_id)?;
     let ids = session.record_batch(events).await?;
     let ids: Vec<String> = ids.iter().map(MemoryId::to_string).collect();
     Ok((StatusCode::CREATED, Json(json!({ "ids": ids }))))
@@ -279,6 +393,7 @@ struct RecallBody {
 /// `POST /v1/sessions/{id}/recall`.
 async fn post_recall(
     State(s): State<AppState>,
+    ns: Namespace,
     Path(session_id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Value>> {
@@ -303,8 +418,8 @@ async fn post_recall(
             ),
         ));
     }
-    let session = s.rt.session(DEFAULT_NAMESPACE, &session_id)?;
-    let mut request = RecallRequest::new(DEFAULT_NAMESPACE, &session_id, &body.query);
+    let session = s.rt.session(&ns.0, &session_id)?;
+    let mut request = RecallRequest::new(&ns.0, &session_id, &body.query);
     request.k = k;
     request.scope = body.scope.unwrap_or_default();
     request.agent_id = body.agent_id;
@@ -375,6 +490,7 @@ struct TimelineQuery {
 /// `GET /v1/sessions/{id}/timeline?limit=`: newest first.
 async fn get_timeline(
     State(s): State<AppState>,
+    ns: Namespace,
     Path(session_id): Path<String>,
     query: Result<Query<TimelineQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Json<Value>> {
@@ -389,7 +505,7 @@ async fn get_timeline(
             ),
         ));
     }
-    let session = s.rt.session(DEFAULT_NAMESPACE, &session_id)?;
+    let session = s.rt.session(&ns.0, &session_id)?;
     let items = session
         .timeline(limit)
         .await?
@@ -400,9 +516,13 @@ async fn get_timeline(
 }
 
 /// `GET /v1/memories/{id}`.
-async fn get_memory(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+async fn get_memory(
+    State(s): State<AppState>,
+    ns: Namespace,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
     let id: MemoryId = id.parse()?;
-    let record = s.rt.memory(DEFAULT_NAMESPACE, id)?.get().await?;
+    let record = s.rt.memory(&ns.0, id)?.get().await?;
     Ok(Json(record_json(&record)?))
 }
 
@@ -423,6 +543,7 @@ struct FeedbackBody {
 /// `POST /v1/sessions/{id}/feedback`.
 async fn post_feedback(
     State(s): State<AppState>,
+    ns: Namespace,
     Path(session_id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Value>> {
@@ -442,7 +563,7 @@ async fn post_feedback(
             ));
         }
     };
-    let session = s.rt.session(DEFAULT_NAMESPACE, &session_id)?;
+    let session = s.rt.session(&ns.0, &session_id)?;
     let report = session.feedback(target, body.outcome).await?;
     Ok(Json(json!({ "updated": report.updated })))
 }
@@ -450,9 +571,10 @@ async fn post_feedback(
 /// `POST /v1/sessions/{id}/condense`: the condensed record's id, or `null`.
 async fn post_condense(
     State(s): State<AppState>,
+    ns: Namespace,
     Path(session_id): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let session = s.rt.session(DEFAULT_NAMESPACE, &session_id)?;
+    let session = s.rt.session(&ns.0, &session_id)?;
     let condensed = session.condense().await?;
     Ok(Json(
         json!({ "memory_id": condensed.map(|c| c.id.to_string()) }),
@@ -460,9 +582,9 @@ async fn post_condense(
 }
 
 /// `GET /v1/sessions`.
-async fn get_sessions(State(s): State<AppState>) -> ApiResult<Json<Value>> {
+async fn get_sessions(State(s): State<AppState>, ns: Namespace) -> ApiResult<Json<Value>> {
     let sessions: Vec<Value> =
-        s.rt.sessions(DEFAULT_NAMESPACE)
+        s.rt.sessions(&ns.0)
             .await?
             .into_iter()
             .map(|stats| {
@@ -486,6 +608,7 @@ struct StatusBody {
 /// `PATCH /v1/memories/{id}`: `{"status":"pinned"|"obsolete"|"active"}`.
 async fn patch_memory(
     State(s): State<AppState>,
+    ns: Namespace,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Value>> {
@@ -499,7 +622,7 @@ async fn patch_memory(
             "set `pinned`, `obsolete` or `active`; archive with DELETE",
         ));
     }
-    let memory = s.rt.memory(DEFAULT_NAMESPACE, id.parse()?)?;
+    let memory = s.rt.memory(&ns.0, id.parse()?)?;
     let record = memory.set_status(body.status, BY_API).await?;
     Ok(Json(record_json(&record)?))
 }
@@ -507,16 +630,21 @@ async fn patch_memory(
 /// `DELETE /v1/memories/{id}`: archives it (a soft delete) and answers the record.
 async fn delete_memory(
     State(s): State<AppState>,
+    ns: Namespace,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let memory = s.rt.memory(DEFAULT_NAMESPACE, id.parse()?)?;
+    let memory = s.rt.memory(&ns.0, id.parse()?)?;
     let record = memory.archive(BY_API).await?;
     Ok(Json(record_json(&record)?))
 }
 
 /// `GET /v1/memories/{id}/history`.
-async fn get_history(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
-    let memory = s.rt.memory(DEFAULT_NAMESPACE, id.parse()?)?;
+async fn get_history(
+    State(s): State<AppState>,
+    ns: Namespace,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let memory = s.rt.memory(&ns.0, id.parse()?)?;
     let entries: Vec<Value> = memory
         .history()
         .await?
@@ -544,6 +672,7 @@ struct KnowledgeSearchBody {
 /// `POST /v1/knowledge/search`: like recall, over the knowledge tier only.
 async fn post_knowledge_search(
     State(s): State<AppState>,
+    ns: Namespace,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Value>> {
     let body: KnowledgeSearchBody = from_value("search", parse_json(body)?)?;
@@ -557,10 +686,7 @@ async fn post_knowledge_search(
             ),
         ));
     }
-    let result =
-        s.rt.knowledge(DEFAULT_NAMESPACE)?
-            .search(&body.query, k)
-            .await?;
+    let result = s.rt.knowledge(&ns.0)?.search(&body.query, k).await?;
     Ok(Json(recall_json(result)?))
 }
 
@@ -577,6 +703,7 @@ const MAX_GRAPH_DEPTH: usize = 5;
 /// edges among them.
 async fn get_knowledge_graph(
     State(s): State<AppState>,
+    ns: Namespace,
     query: Result<Query<GraphQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Json<Value>> {
     let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
@@ -593,13 +720,10 @@ async fn get_knowledge_graph(
             format!("{depth} is too deep; ask for 0 to {MAX_GRAPH_DEPTH}"),
         ));
     }
-    let (ids, edges) =
-        s.rt.knowledge(DEFAULT_NAMESPACE)?
-            .graph(around.parse()?, depth)
-            .await?;
+    let (ids, edges) = s.rt.knowledge(&ns.0)?.graph(around.parse()?, depth).await?;
     let mut nodes = Vec::with_capacity(ids.len());
     for id in ids {
-        let record = s.rt.memory(DEFAULT_NAMESPACE, id)?.get().await?;
+        let record = s.rt.memory(&ns.0, id)?.get().await?;
         nodes.push(record_json(&record)?);
     }
     Ok(Json(json!({ "nodes": nodes, "edges": edges })))
@@ -612,13 +736,13 @@ fn policy_json(policy: &shadowbrain_runtime::policy::Policy) -> Value {
 }
 
 /// `GET /v1/policy`.
-async fn get_policy(State(s): State<AppState>) -> Json<Value> {
+async fn get_policy(State(s): State<AppState>, _ns: Namespace) -> Json<Value> {
     Json(policy_json(&s.rt.policy()))
 }
 
 /// `POST /v1/policy/reload`: the new policy, or 422 with every error of the file (the
 /// running policy stays).
-async fn post_policy_reload(State(s): State<AppState>) -> ApiResult<Json<Value>> {
+async fn post_policy_reload(State(s): State<AppState>, _ns: Namespace) -> ApiResult<Json<Value>> {
     let policy = s.rt.reload_policy().await?;
     Ok(Json(policy_json(&policy)))
 }

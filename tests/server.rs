@@ -7,11 +7,23 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use shadowbrain::server::{self, Limits};
+use shadowbrain::server::{self, ApiKey, Auth, Limits};
 use shadowbrain::{Runtime, RuntimeConfig};
 
 /// One HTTP/1.1 exchange: the status and the body as JSON (`Null` when it is not JSON).
 fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&[u8]>) -> (u16, Value) {
+    http_as(addr, None, method, path, body)
+}
+
+/// The same, with `Authorization: Bearer <key>` when a key is given.
+fn http_as(
+    addr: SocketAddr,
+    key: Option<&str>,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+) -> (u16, Value) {
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
     let mut stream = TcpStream::connect(addr).expect("connect");
     stream
         .set_read_timeout(Some(Duration::from_secs(60)))
@@ -19,7 +31,7 @@ fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&[u8]>) -> (u16
     let body = body.unwrap_or_default();
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
+         {auth}Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).unwrap();
@@ -78,6 +90,10 @@ struct TestServer {
 
 impl TestServer {
     fn start() -> TestServer {
+        TestServer::start_with(Auth::open())
+    }
+
+    fn start_with(auth: Auth) -> TestServer {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
@@ -91,7 +107,7 @@ impl TestServer {
                 let rt = Runtime::open(RuntimeConfig::new(&data)).await.unwrap();
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 addr_tx.send(listener.local_addr().unwrap()).unwrap();
-                server::serve(listener, rt, Limits::default(), async {
+                server::serve(listener, rt, Limits::default(), auth, async {
                     let _ = stopped.await;
                 })
                 .await
@@ -361,6 +377,108 @@ fn feedback_condense_sessions_memories_knowledge_and_policy_answer() {
             .unwrap()
             .contains("--policy")
     );
+}
+
+fn sha256_hex(key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[test]
+fn api_keys_separate_namespaces_and_unknown_keys_get_401() {
+    let keys = [("key-of-acme", "acme"), ("key-of-globex", "globex")].map(|(k, ns)| ApiKey {
+        sha256: sha256_hex(k),
+        namespace: ns.into(),
+    });
+    let server = TestServer::start_with(Auth::with_keys(&keys).unwrap());
+    let addr = server.addr;
+    let event = json!({"kind": "goal", "text": "the acme launch is on friday"});
+    let body = event.to_string();
+    let events = "/v1/sessions/s1/events";
+
+    let (status, none) = http(addr, "POST", events, Some(body.as_bytes()));
+    assert_eq!((status, error_code(&none)), (401, "unauthorized"), "{none}");
+    let (status, wrong) = http_as(
+        addr,
+        Some("not-a-key"),
+        "POST",
+        events,
+        Some(body.as_bytes()),
+    );
+    assert_eq!(
+        (status, error_code(&wrong)),
+        (401, "unauthorized"),
+        "{wrong}"
+    );
+    assert_eq!(
+        http(addr, "GET", "/healthz", None).0,
+        200,
+        "health needs no key"
+    );
+
+    let (status, acme) = http_as(
+        addr,
+        Some("key-of-acme"),
+        "POST",
+        events,
+        Some(body.as_bytes()),
+    );
+    assert_eq!(status, 201, "{acme}");
+    let id = acme["ids"][0].as_str().unwrap();
+    let memory = format!("/v1/memories/{id}");
+    let (status, _) = http_as(addr, Some("key-of-acme"), "GET", &memory, None);
+    assert_eq!(status, 200);
+    let (status, hidden) = http_as(addr, Some("key-of-globex"), "GET", &memory, None);
+    assert_eq!(
+        (status, error_code(&hidden)),
+        (404, "not_found"),
+        "{hidden}"
+    );
+    let (status, hidden) = http_as(addr, Some("key-of-globex"), "DELETE", &memory, None);
+    assert_eq!(status, 404, "{hidden}");
+
+    // The same session id in the other namespace is another session.
+    let recall = json!({"query": "when is the launch?"}).to_string();
+    let (status, theirs) = http_as(
+        addr,
+        Some("key-of-globex"),
+        "POST",
+        "/v1/sessions/s1/recall",
+        Some(recall.as_bytes()),
+    );
+    assert_eq!(status, 200, "{theirs}");
+    assert_eq!(
+        theirs["memories"].as_array().map(Vec::len),
+        Some(0),
+        "{theirs}"
+    );
+    let (_, sessions) = http_as(addr, Some("key-of-globex"), "GET", "/v1/sessions", None);
+    assert!(
+        sessions["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["events"] == 0),
+        "globex has written nothing: {sessions}"
+    );
+    let (_, ours) = http_as(
+        addr,
+        Some("key-of-acme"),
+        "POST",
+        "/v1/sessions/s1/recall",
+        Some(recall.as_bytes()),
+    );
+    assert_eq!(ours["memories"].as_array().map(Vec::len), Some(1), "{ours}");
+
+    let bad = [ApiKey {
+        sha256: "the-key-itself".into(),
+        namespace: "acme".into(),
+    }];
+    let err = Auth::with_keys(&bad).unwrap_err().to_string();
+    assert!(err.contains("sha256sum"), "{err}");
 }
 
 #[test]
