@@ -6,4 +6,5 @@
 pub use shadowbrain_actors::{Fault, KnowledgeHandle, Runtime, RuntimeConfig, SessionHandle};
 pub use shadowbrain_runtime as substrate;
 
+pub mod metrics;
 pub mod server;

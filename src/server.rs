@@ -15,9 +15,11 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
+use axum::extract::{MatchedPath, Request};
 use axum::http::StatusCode;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -25,6 +27,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use shadowbrain_actors::Runtime;
+
+use crate::metrics::Metrics;
 use shadowbrain_runtime::clock::{Timestamp, parse_rfc3339, to_rfc3339};
 use shadowbrain_runtime::error::Error;
 use shadowbrain_runtime::lifecycle::{FeedbackTarget, Outcome};
@@ -171,9 +175,10 @@ struct AppState {
     rt: Runtime,
     limits: Arc<Limits>,
     auth: Arc<Auth>,
+    metrics: Arc<Metrics>,
 }
 
-/// The routes of `DESIGN.md` §7 but `/metrics`: health, session events, recall, feedback,
+/// The routes of `DESIGN.md` §7: health and metrics, session events, recall, feedback,
 /// condense and timeline, the session list, one memory (get, status, archive, history),
 /// knowledge search and graph, and the policy (get, reload).
 pub fn router(rt: Runtime, limits: Limits, auth: Auth) -> Router {
@@ -182,6 +187,7 @@ pub fn router(rt: Runtime, limits: Limits, auth: Auth) -> Router {
         rt,
         limits: Arc::new(limits),
         auth: Arc::new(auth),
+        metrics: Arc::new(Metrics::new()),
     };
     Router::new()
         .route("/healthz", get(healthz))
@@ -200,6 +206,8 @@ pub fn router(rt: Runtime, limits: Limits, auth: Auth) -> Router {
         .route("/v1/knowledge/graph", get(get_knowledge_graph))
         .route("/v1/policy", get(get_policy))
         .route("/v1/policy/reload", post(post_policy_reload))
+        .route("/metrics", get(get_metrics))
+        .route_layer(middleware::from_fn_with_state(state.clone(), track))
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
@@ -321,6 +329,36 @@ fn from_value<T: serde::de::DeserializeOwned>(what: &str, value: Value) -> ApiRe
     serde_json::from_value(value).map_err(|e| ApiError::invalid(what, e.to_string()))
 }
 
+/// Counts every routed request by its route pattern, method and status, with its latency.
+async fn track(
+    State(s): State<AppState>,
+    matched: Option<MatchedPath>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let route = matched.map_or_else(|| "unmatched".to_string(), |m| m.as_str().to_string());
+    let method = request.method().to_string();
+    let started = std::time::Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16();
+    s.metrics
+        .observe(&route, &method, status, started.elapsed().as_secs_f64());
+    response
+}
+
+/// `GET /metrics`: Prometheus text (no key needed, like `/healthz`).
+async fn get_metrics(State(s): State<AppState>) -> Response {
+    let text = s.metrics.render(&s.rt).await;
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
 async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")}))
 }
@@ -363,6 +401,7 @@ async fn post_events(
     let events: Vec<NewMemory> = from_value("event", Value::Array(events))?;
     let session = s.rt.session(&ns.0, &session_id)?;
     let ids = session.record_batch(events).await?;
+    s.metrics.events_ingested(ids.len());
     let ids: Vec<String> = ids.iter().map(MemoryId::to_string).collect();
     Ok((StatusCode::CREATED, Json(json!({ "ids": ids }))))
 }
@@ -429,6 +468,7 @@ async fn post_recall(
     request.include_knowledge = body.include_knowledge.unwrap_or(true);
     request.token_budget = body.token_budget;
     let result = session.recall_with(request).await?;
+    s.metrics.recall();
     Ok(Json(recall_json(result)?))
 }
 

@@ -226,6 +226,50 @@ fn record_recall_timeline_and_get_follow_the_contract() {
     assert_eq!(record["id"], id);
     assert_eq!(record["agent_id"], "a7");
     assert!(record.get("embedding").is_none());
+
+    let metrics = http_text(addr, "/metrics");
+    for line in [
+        "shadowbrain_events_ingested_total 3",
+        "shadowbrain_recalls_total 1",
+        r#"shadowbrain_http_requests_total{route="/v1/sessions/{session_id}/events",method="POST",status="201"} 2"#,
+        "shadowbrain_records 3",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "`{line}` missing from:\n{metrics}"
+        );
+    }
+    for name in [
+        "shadowbrain_http_request_duration_seconds_bucket",
+        "shadowbrain_live_session_actors",
+        "shadowbrain_actor_restarts",
+        "shadowbrain_quarantined_inputs",
+        r#"shadowbrain_index_unbuilt_changes{index="vectors"}"#,
+    ] {
+        assert!(metrics.contains(name), "`{name}` missing from:\n{metrics}");
+    }
+}
+
+/// The raw body of a GET (for the Prometheus text).
+fn http_text(addr: SocketAddr, path: &str) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    }
 }
 
 #[test]
