@@ -711,3 +711,70 @@ fn sigterm_drains_flushes_and_exits_zero() {
         rt.shutdown().await.unwrap();
     });
 }
+
+/// Starts the binary on port 0 over `data`; answers the child and its address.
+fn spawn_server(data: &std::path::Path) -> (std::process::Child, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
+        .arg(data)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (addr, _stderr) = wait_for_address(child.stderr.take().unwrap());
+    (child, addr)
+}
+
+#[test]
+fn kill_9_during_concurrent_ingest_loses_no_acknowledged_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (mut child, addr) = spawn_server(&data);
+    let acknowledged = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let acknowledged = acknowledged.clone();
+            std::thread::spawn(move || {
+                for batch in 0.. {
+                    let events: Vec<Value> = (0..20)
+                        .map(|i| json!({"kind": "observation", "text": format!("writer {w} batch {batch} event {i}")}))
+                        .collect();
+                    let body = json!({ "events": events }).to_string();
+                    // Once the server is killed, connecting or reading fails: stop there.
+                    let answer = std::panic::catch_unwind(|| {
+                        http(addr, "POST", &format!("/v1/sessions/w{w}/events"), Some(body.as_bytes()))
+                    });
+                    match answer {
+                        Ok((201, ids)) => acknowledged.lock().unwrap().extend(
+                            ids["ids"]
+                                .as_array()
+                                .unwrap()
+                                .iter()
+                                .map(|id| id.as_str().unwrap().to_string()),
+                        ),
+                        _ => return,
+                    }
+                }
+            })
+        })
+        .collect();
+    // Let the writers get going, then kill the server with no chance to flush.
+    while acknowledged.lock().unwrap().len() < 2_000 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let acknowledged = acknowledged.lock().unwrap().clone();
+    assert!(acknowledged.len() >= 2_000);
+
+    // Restarted: every acknowledged id is there.
+    let (mut child, addr) = spawn_server(&data);
+    for id in &acknowledged {
+        let (status, record) = http(addr, "GET", &format!("/v1/memories/{id}"), None);
+        assert_eq!(status, 200, "{id} was acknowledged but is gone: {record}");
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
