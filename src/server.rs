@@ -1,6 +1,7 @@
 //! The HTTP edge (`shadowbrain serve`): axum over the actor runtime's [`Runtime`] handle,
 //! implementing the contract of `DESIGN.md` §7 — paths, bodies, status codes and the error
-//! shape `{"error":{"code","message"}}` — for the endpoints listed in [`router`].
+//! shape `{"error":{"code","message"}}` — for the endpoints listed in [`router`], with API
+//! keys that map to namespaces ([`Auth`]) and Prometheus metrics (`crate::metrics`).
 //!
 //! Handlers only translate: they parse and bound the request, call the handle, and map the
 //! answer or the error. Validation of events, ids and limits on text and content lives in
@@ -14,8 +15,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
-use axum::extract::{MatchedPath, Request};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, MatchedPath, Path, Query, Request, State};
 use axum::http::StatusCode;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
@@ -27,14 +27,14 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use shadowbrain_actors::Runtime;
-
-use crate::metrics::Metrics;
 use shadowbrain_runtime::clock::{Timestamp, parse_rfc3339, to_rfc3339};
 use shadowbrain_runtime::error::Error;
 use shadowbrain_runtime::lifecycle::{FeedbackTarget, Outcome};
 use shadowbrain_runtime::model::{MemoryId, MemoryRecord, NewMemory, Status};
 use shadowbrain_runtime::retrieval::Scope;
 use shadowbrain_runtime::substrate::{RecallRequest, RecallResult};
+
+use crate::metrics::Metrics;
 
 /// The namespace of every request while no API keys are configured.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -367,7 +367,7 @@ async fn no_route() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "no_such_route",
-        "no endpoint at this path and method; see DESIGN.md §7 or GET /openapi.json",
+        "no endpoint at this path and method; the README's endpoint table lists them",
     )
 }
 
