@@ -170,6 +170,21 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// A request's `k` (10 when absent), or 422 outside `1..=max_k`.
+    fn k(&self, k: Option<usize>) -> ApiResult<usize> {
+        let k = k.unwrap_or(10);
+        if (1..=self.max_k).contains(&k) {
+            Ok(k)
+        } else {
+            Err(ApiError::invalid(
+                "k",
+                format!("{k} is out of range; ask for 1 to {} memories", self.max_k),
+            ))
+        }
+    }
+}
+
 #[derive(Clone)]
 struct AppState {
     rt: Runtime,
@@ -438,16 +453,7 @@ async fn post_recall(
 ) -> ApiResult<Json<Value>> {
     let body: RecallBody = from_value("recall", parse_json(body)?)?;
     let limits = &s.limits;
-    let k = body.k.unwrap_or(10);
-    if !(1..=limits.max_k).contains(&k) {
-        return Err(ApiError::invalid(
-            "k",
-            format!(
-                "{k} is out of range; ask for 1 to {} memories",
-                limits.max_k
-            ),
-        ));
-    }
+    let k = limits.k(body.k)?;
     if let Some(budget) = body.token_budget.filter(|&b| b > limits.max_token_budget) {
         return Err(ApiError::invalid(
             "token_budget",
@@ -716,16 +722,7 @@ async fn post_knowledge_search(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Value>> {
     let body: KnowledgeSearchBody = from_value("search", parse_json(body)?)?;
-    let k = body.k.unwrap_or(10);
-    if !(1..=s.limits.max_k).contains(&k) {
-        return Err(ApiError::invalid(
-            "k",
-            format!(
-                "{k} is out of range; ask for 1 to {} memories",
-                s.limits.max_k
-            ),
-        ));
-    }
+    let k = s.limits.k(body.k)?;
     let result = s.rt.knowledge(&ns.0)?.search(&body.query, k).await?;
     Ok(Json(recall_json(result)?))
 }
