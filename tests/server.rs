@@ -23,29 +23,40 @@ fn http_as(
     path: &str,
     body: Option<&[u8]>,
 ) -> (u16, Value) {
+    let (status, body) = exchange(addr, key, method, path, body).expect("an answer");
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// The raw exchange: the status and the body text, or the I/O error (a killed server).
+fn exchange(
+    addr: SocketAddr,
+    key: Option<&str>,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+) -> std::io::Result<(u16, String)> {
     let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
     let body = body.unwrap_or_default();
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
          {auth}Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(head.as_bytes())?;
     // A server may answer (413) before reading the whole body and close: that is fine.
     let _ = stream.write_all(body);
     let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).expect("an answer");
+    stream.read_to_end(&mut raw)?;
     let text = String::from_utf8_lossy(&raw);
-    let (head, rest) = text.split_once("\r\n\r\n").expect("a header block");
+    let broken = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP answer");
+    let (head, rest) = text.split_once("\r\n\r\n").ok_or_else(broken)?;
     let status: u16 = head
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .expect("a status line");
+        .ok_or_else(broken)?;
     let body = if head
         .to_ascii_lowercase()
         .contains("transfer-encoding: chunked")
@@ -54,7 +65,7 @@ fn http_as(
     } else {
         rest.to_string()
     };
-    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+    Ok((status, body))
 }
 
 fn dechunk(mut rest: &str) -> String {
@@ -252,24 +263,9 @@ fn record_recall_timeline_and_get_follow_the_contract() {
 
 /// The raw body of a GET (for the Prometheus text).
 fn http_text(addr: SocketAddr, path: &str) -> String {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_string()
-    }
+    let (status, body) = exchange(addr, None, "GET", path, None).expect("an answer");
+    assert_eq!(status, 200, "{body}");
+    body
 }
 
 #[test]
@@ -740,17 +736,24 @@ fn kill_9_during_concurrent_ingest_loses_no_acknowledged_event() {
                         .collect();
                     let body = json!({ "events": events }).to_string();
                     // Once the server is killed, connecting or reading fails: stop there.
-                    let answer = std::panic::catch_unwind(|| {
-                        http(addr, "POST", &format!("/v1/sessions/w{w}/events"), Some(body.as_bytes()))
-                    });
+                    let answer = exchange(
+                        addr,
+                        None,
+                        "POST",
+                        &format!("/v1/sessions/w{w}/events"),
+                        Some(body.as_bytes()),
+                    );
                     match answer {
-                        Ok((201, ids)) => acknowledged.lock().unwrap().extend(
-                            ids["ids"]
-                                .as_array()
-                                .unwrap()
-                                .iter()
-                                .map(|id| id.as_str().unwrap().to_string()),
-                        ),
+                        Ok((201, text)) => {
+                            let ids: Value = serde_json::from_str(&text).unwrap();
+                            acknowledged.lock().unwrap().extend(
+                                ids["ids"]
+                                    .as_array()
+                                    .unwrap()
+                                    .iter()
+                                    .map(|id| id.as_str().unwrap().to_string()),
+                            )
+                        }
                         _ => return,
                     }
                 }
