@@ -22,6 +22,7 @@ pub mod retrieval;
 pub mod store;
 pub mod substrate;
 pub mod text;
+pub mod transfer;
 pub mod vector;
 
 pub use clock::{Clock, SystemClock, Timestamp, VirtualClock};

@@ -717,6 +717,51 @@ impl Store {
     pub fn commit_stats(&self) -> CommitStats {
         self.inner.committer.stats()
     }
+
+    /// The backend a store directory was created with, or `None` when it holds no store
+    /// yet; lets a tool open a directory without being told its backend.
+    pub fn detect_backend(dir: &Path) -> Option<Backend> {
+        detect_backend(dir)
+    }
+
+    /// Whether another process (or another open [`Store`]) holds the directory's lock right
+    /// now. Creates nothing: a missing directory or lock file is not in use. Only a hint for
+    /// a friendlier message before opening — [`Store::open`] takes the lock itself.
+    pub fn in_use(dir: &Path) -> Result<bool> {
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = match File::options().write(true).open(&lock_path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(Error::io(&lock_path, e)),
+        };
+        match lock.try_lock() {
+            // Dropping the file releases the lock at once.
+            Ok(()) => Ok(false),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(true),
+            Err(std::fs::TryLockError::Error(e)) => Err(Error::io(&lock_path, e)),
+        }
+    }
+
+    /// Makes sure ids up to and including `id` are never handed out by
+    /// [`Store::allocate_ids`]: for writers that bring their own ids (an import). The next
+    /// commit persists the counter.
+    pub fn reserve_ids_through(&self, id: MemoryId) -> Result<()> {
+        let next = id.0.checked_add(1).ok_or_else(|| Error::Storage {
+            backend: self.backend().as_str(),
+            message: format!("{id} is the last possible id; no id is left after it"),
+        })?;
+        self.inner.next_id.fetch_max(next, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Whether `id` waits on `queue`.
+    pub fn is_queued(&self, queue: Queue, id: MemoryId) -> Result<bool> {
+        Ok(self
+            .inner
+            .kv
+            .get(&keys::queue_item(queue as u8, id))?
+            .is_some())
+    }
 }
 
 fn read_u32(kv: &dyn Kv, name: &str) -> Result<Option<u32>> {
