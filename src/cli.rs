@@ -1,18 +1,25 @@
-//! Command-line parsing and the commands themselves. Each command opens the data directory
-//! through the library; a directory held by a running process is refused by the store's
-//! lock with a message that says so.
+//! Command-line parsing and the commands themselves: `serve` here, the one-shot commands
+//! in the submodules — [`memory`] (record, recall, timeline, inspect), [`policy`] (policy
+//! check) and [`transfer`] (export, import, reindex). Commands go through the library and
+//! never touch store files themselves. One that opens a data directory first checks that no
+//! other process holds it, and refuses politely instead of failing on the store's lock; a
+//! command that only reads refuses a directory that does not exist rather than creating an
+//! empty one.
+
+mod memory;
+mod policy;
+mod transfer;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use shadowbrain::server::{self, ApiKey, Auth, Limits};
 use shadowbrain::{Runtime, RuntimeConfig};
 use shadowbrain_runtime::embed::{EmbedderConfig, build_embedder};
 use shadowbrain_runtime::kv::Backend;
-use shadowbrain_runtime::substrate::{Substrate, SubstrateOptions};
+use shadowbrain_runtime::store::Store;
 
 /// shadowbrain: long-term memory for LLM agents.
 #[derive(Debug, Parser)]
@@ -20,6 +27,39 @@ use shadowbrain_runtime::substrate::{Substrate, SubstrateOptions};
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+/// Where the data lives.
+#[derive(Debug, Args)]
+struct DataDir {
+    /// The data directory.
+    #[arg(long, env = "SHADOWBRAIN_DATA", default_value = "./shadowbrain-data")]
+    data: PathBuf,
+}
+
+/// What a command that embeds (or checks embeddings) needs: the data directory and the
+/// config file naming the embedder.
+#[derive(Debug, Args)]
+struct StoreArgs {
+    #[command(flatten)]
+    dir: DataDir,
+    /// A config file (TOML) whose `[embedder]` section names the embedder the directory
+    /// was made with (default: `hash`); the same file `serve --config` reads.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+/// What a command that runs the memory runtime needs.
+#[derive(Debug, Args)]
+struct RuntimeArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// The namespace to act in (the one an API key maps to under `serve`).
+    #[arg(long, default_value = server::DEFAULT_NAMESPACE)]
+    namespace: String,
+    /// A policy file (TOML); the built-in default policy without one.
+    #[arg(long)]
+    policy: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -40,19 +80,27 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Record one event into a session and print its id.
+    Record(memory::RecordArgs),
+    /// Ask what a session should remember: the ranked memories with why they ranked, and
+    /// the context block to put in a prompt.
+    Recall(memory::RecallArgs),
+    /// A session's records, newest first.
+    Timeline(memory::TimelineArgs),
+    /// One record with every field, and its audit history.
+    Inspect(memory::InspectArgs),
+    /// Policy files.
+    Policy {
+        #[command(subcommand)]
+        command: policy::PolicyCommand,
+    },
+    /// Write every record of every tier and status as JSON lines (one record per line).
+    Export(transfer::ExportArgs),
+    /// Read JSON lines written by `export` into a data directory (empty or not).
+    Import(transfer::ImportArgs),
     /// Re-embed every record with the configured embedder and rebuild the vector and keyword
     /// indexes (after changing embedders, or if an index is damaged).
-    Reindex {
-        /// The data directory.
-        #[arg(long, env = "SHADOWBRAIN_DATA", default_value = "./shadowbrain-data")]
-        data: PathBuf,
-        /// The store backend the directory was created with.
-        #[arg(long, default_value = "lmdb")]
-        backend: Backend,
-        /// A config file whose `[embedder]` section names the embedder (default: `hash`).
-        #[arg(long)]
-        config: Option<PathBuf>,
-    },
+    Reindex(transfer::ReindexArgs),
 }
 
 /// Reads the config file (TOML), with `SHADOWBRAIN__SECTION__KEY` environment overrides.
@@ -126,6 +174,17 @@ fn say(line: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr(), "shadowbrain: {line}");
 }
 
+/// Writes `text` and a newline to stdout. A closed stdout (`| head`) ends the command
+/// quietly instead of panicking as `println!` would.
+fn out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match writeln!(stdout, "{text}").and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("writing to stdout"),
+        _ => Ok(()),
+    }
+}
+
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.
 async fn shutdown_signal() {
     let interrupt = tokio::signal::ctrl_c();
@@ -170,34 +229,93 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             let auth = auth(&cfg)?;
             tokio::runtime::Runtime::new()?.block_on(serve(addr, &data, rt_config, auth))
         }
-        Command::Reindex {
-            data,
-            backend,
-            config,
-        } => {
-            let embedder = build_embedder(&embedder_config(&load_config(config.as_deref())?)?)?;
-            let opts = SubstrateOptions {
-                backend,
-                embedder: Arc::clone(&embedder),
-                ..SubstrateOptions::default()
-            };
-            let rt = tokio::runtime::Runtime::new()?;
-            let started = std::time::Instant::now();
-            let sub = rt.block_on(Substrate::reindex(&data, opts, |done, total| {
-                if done == total || done % 10_000 < 256 {
-                    eprintln!("reindex: {done}/{total} records re-embedded");
-                }
-            }))?;
-            let n = sub.store().len();
-            sub.close()?;
-            println!(
-                "reindexed {n} records in {} with `{}` ({} dimensions) in {:.1} s",
-                data.display(),
-                embedder.name(),
-                embedder.dimensions(),
-                started.elapsed().as_secs_f64()
-            );
-            Ok(())
-        }
+        Command::Record(args) => memory::record(args),
+        Command::Recall(args) => memory::recall(args),
+        Command::Timeline(args) => memory::timeline(args),
+        Command::Inspect(args) => memory::inspect(args),
+        Command::Policy { command } => policy::run(command),
+        Command::Export(args) => transfer::export(args),
+        Command::Import(args) => transfer::import(args),
+        Command::Reindex(args) => transfer::reindex(args),
     }
+}
+
+/// Refuses a data directory that another process holds (its store's lock is taken), with
+/// the way out. The store checks its lock again when it opens, so a process that starts in
+/// between is still refused, only less kindly.
+fn refuse_if_in_use(data: &Path) -> anyhow::Result<()> {
+    let busy = Store::in_use(&data.join("store"))
+        .with_context(|| format!("checking whether {} is in use", data.display()))?;
+    if busy {
+        anyhow::bail!(
+            "the data directory {} is in use by another shadowbrain process (a running \
+             `shadowbrain serve`?); stop it, or talk to it over HTTP instead",
+            data.display()
+        );
+    }
+    Ok(())
+}
+
+/// Refuses a data directory without a store, for commands that only read: opening would
+/// create an empty one and answer "nothing", hiding a mistyped path.
+fn require_store(data: &Path) -> anyhow::Result<()> {
+    if !data.join("store").is_dir() {
+        anyhow::bail!(
+            "there is no shadowbrain data directory at {}; pass the one `serve` uses with \
+             --data (or SHADOWBRAIN_DATA)",
+            data.display()
+        );
+    }
+    Ok(())
+}
+
+/// The backend the directory's store was made with (a new store gets the default).
+fn backend_of(data: &Path) -> Backend {
+    Store::detect_backend(&data.join("store")).unwrap_or_default()
+}
+
+/// The runtime configuration `serve` would use for these arguments, minus what only a
+/// long-running server wants: no periodic decay sweep (a one-shot command must not forget
+/// on the side; sweeps are the server's job).
+fn runtime_config(args: &RuntimeArgs) -> anyhow::Result<RuntimeConfig> {
+    let data = &args.store.dir.data;
+    let mut config = RuntimeConfig::new(data);
+    if let Some(policy) = &args.policy {
+        config = config
+            .with_policy_file(policy)
+            .with_context(|| format!("loading the policy {}", policy.display()))?;
+    }
+    let cfg = load_config(args.store.config.as_deref())?;
+    config.substrate.embedder = build_embedder(&embedder_config(&cfg)?)?;
+    config.substrate.backend = backend_of(data);
+    config.decay_check = None;
+    Ok(config)
+}
+
+/// Opens the runtime on the data directory, runs `work`, and shuts the runtime down
+/// (flushing every write, reinforcements included) whether `work` succeeded or not.
+fn with_runtime<T>(
+    args: &RuntimeArgs,
+    create: bool,
+    work: impl AsyncFnOnce(&Runtime) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let data = &args.store.dir.data;
+    if !create {
+        require_store(data)?;
+    }
+    refuse_if_in_use(data)?;
+    let config = runtime_config(args)?;
+    tokio::runtime::Runtime::new()?.block_on(async {
+        let rt = Runtime::open(config)
+            .await
+            .with_context(|| format!("opening the data directory {}", data.display()))?;
+        let out = work(&rt).await;
+        let closed = rt
+            .shutdown()
+            .await
+            .with_context(|| format!("closing the data directory {}", data.display()));
+        let out = out?;
+        closed?;
+        Ok(out)
+    })
 }
