@@ -6,5 +6,6 @@
 pub use shadowbrain_actors::{Fault, KnowledgeHandle, Runtime, RuntimeConfig, SessionHandle};
 pub use shadowbrain_runtime as substrate;
 
+pub mod api;
 pub mod metrics;
 pub mod server;

@@ -27,13 +27,18 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use shadowbrain_actors::Runtime;
-use shadowbrain_runtime::clock::{Timestamp, parse_rfc3339, to_rfc3339};
+use shadowbrain_runtime::clock::{Timestamp, parse_rfc3339};
 use shadowbrain_runtime::error::Error;
-use shadowbrain_runtime::lifecycle::{FeedbackTarget, Outcome};
-use shadowbrain_runtime::model::{MemoryId, MemoryRecord, NewMemory, Status};
-use shadowbrain_runtime::retrieval::Scope;
-use shadowbrain_runtime::substrate::{RecallRequest, RecallResult};
+use shadowbrain_runtime::lifecycle::FeedbackTarget;
+use shadowbrain_runtime::model::{MemoryId, NewMemory, Status};
+use shadowbrain_runtime::substrate::RecallRequest;
+use utoipa::OpenApi;
 
+use crate::api::{
+    CondenseOut, ErrorBody, ErrorDetail, EventsIn, FeedbackIn, Graph, Health, History, Ids,
+    KnowledgeSearchIn, Memory, PolicyOut, RecallIn, RecallOut, Sessions, StatusIn, Timeline,
+    Updated,
+};
 use crate::metrics::Metrics;
 
 /// The namespace of every request while no API keys are configured.
@@ -222,6 +227,7 @@ pub fn router(rt: Runtime, limits: Limits, auth: Auth) -> Router {
         .route("/v1/policy", get(get_policy))
         .route("/v1/policy/reload", post(post_policy_reload))
         .route("/metrics", get(get_metrics))
+        .route("/openapi.json", get(get_openapi))
         .route_layer(middleware::from_fn_with_state(state.clone(), track))
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(body_limit))
@@ -320,7 +326,12 @@ impl From<Error> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"code": self.code, "message": self.message}});
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                message: self.message,
+            },
+        };
         (self.status, Json(body)).into_response()
     }
 }
@@ -344,6 +355,23 @@ fn from_value<T: serde::de::DeserializeOwned>(what: &str, value: Value) -> ApiRe
     serde_json::from_value(value).map_err(|e| ApiError::invalid(what, e.to_string()))
 }
 
+/// Reads a JSON body straight into `T` (no intermediate value): 400 when it is not JSON,
+/// 422 when it is JSON of the wrong shape.
+fn from_json<T: serde::de::DeserializeOwned>(
+    what: &str,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<T> {
+    let body = body.map_err(ApiError::body)?;
+    serde_json::from_slice(&body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => ApiError::invalid(what, e.to_string()),
+        _ => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+            format!("the body is not valid JSON ({e}); send one JSON object"),
+        ),
+    })
+}
+
 /// Counts every routed request by its route pattern, method and status, with its latency.
 async fn track(
     State(s): State<AppState>,
@@ -362,6 +390,8 @@ async fn track(
 }
 
 /// `GET /metrics`: Prometheus text (no key needed, like `/healthz`).
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus / OpenMetrics text", content_type = "application/openmetrics-text")))]
 async fn get_metrics(State(s): State<AppState>) -> Response {
     let text = s.metrics.render(&s.rt).await;
     (
@@ -374,8 +404,56 @@ async fn get_metrics(State(s): State<AppState>) -> Response {
         .into_response()
 }
 
-async fn healthz() -> Json<Value> {
-    Json(json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")}))
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "The server answers", body = Health)))]
+async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok",
+        version: env!("CARGO_PKG_VERSION"),
+    })
+}
+
+/// The OpenAPI document of every endpoint, built once from the handlers' annotations and
+/// the wire types of [`crate::api`].
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "shadowbrain",
+        description = "Long-term memory for LLM agents: the HTTP contract of DESIGN.md §7. \
+                       With API keys configured, every /v1 request needs \
+                       `Authorization: Bearer <key>`."
+    ),
+    paths(
+        healthz, get_metrics, get_openapi, post_events, post_recall, post_feedback,
+        post_condense, get_timeline, get_sessions, get_memory, patch_memory, delete_memory,
+        get_history, post_knowledge_search, get_knowledge_graph, get_policy, post_policy_reload
+    ),
+    components(schemas(ErrorBody, ErrorDetail)),
+    tags(
+        (name = "sessions", description = "Events, recall, feedback, condensation, timelines"),
+        (name = "memories", description = "One record: read, status, archive, history"),
+        (name = "knowledge", description = "The namespace's shared knowledge pool"),
+        (name = "policy", description = "The active memory policy"),
+        (name = "operations", description = "Health, metrics, this document"),
+    )
+)]
+pub struct ApiDoc;
+
+/// `GET /openapi.json`: the document, rendered once.
+#[utoipa::path(get, path = "/openapi.json", tag = "operations",
+    responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json")))]
+async fn get_openapi() -> Response {
+    static DOC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let doc = DOC.get_or_init(|| {
+        ApiDoc::openapi()
+            .to_pretty_json()
+            .unwrap_or_else(|e| format!("{{\"error\":\"the document could not be built: {e}\"}}"))
+    });
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        doc.as_str(),
+    )
+        .into_response()
 }
 
 async fn no_route() -> ApiError {
@@ -387,12 +465,22 @@ async fn no_route() -> ApiError {
 }
 
 /// `POST /v1/sessions/{id}/events`: one event, or `{"events":[…]}`; 201 once durable.
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/events", tag = "sessions",
+    params(("session_id" = String, Path, description = "`[A-Za-z0-9._:-]{1,128}`")),
+    request_body = EventsIn,
+    responses(
+        (status = 201, description = "Durable; the ids in the order sent", body = Ids),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 413, description = "Body, text or content over a limit", body = ErrorBody),
+        (status = 422, description = "A field is invalid (`invalid_<field>`, `dimension_mismatch`)", body = ErrorBody),
+    ))]
 async fn post_events(
     State(s): State<AppState>,
     ns: Namespace,
     Path(session_id): Path<String>,
     body: Result<Bytes, BytesRejection>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<Ids>)> {
     let mut value = parse_json(body)?;
     let batch = value.get("kind").is_none();
     let mut events = match value.get_mut("events") {
@@ -417,41 +505,27 @@ async fn post_events(
     let session = s.rt.session(&ns.0, &session_id)?;
     let ids = session.record_batch(events).await?;
     s.metrics.events_ingested(ids.len());
-    let ids: Vec<String> = ids.iter().map(MemoryId::to_string).collect();
-    Ok((StatusCode::CREATED, Json(json!({ "ids": ids }))))
-}
-
-/// The body of a recall; only `query` is required.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RecallBody {
-    query: String,
-    #[serde(default)]
-    k: Option<usize>,
-    #[serde(default)]
-    scope: Option<Scope>,
-    #[serde(default)]
-    agent_id: Option<String>,
-    #[serde(default)]
-    kinds: Option<Vec<String>>,
-    #[serde(default)]
-    since: Option<Value>,
-    #[serde(default)]
-    until: Option<Value>,
-    #[serde(default)]
-    include_knowledge: Option<bool>,
-    #[serde(default)]
-    token_budget: Option<usize>,
+    let ids = ids.iter().map(MemoryId::to_string).collect();
+    Ok((StatusCode::CREATED, Json(Ids { ids })))
 }
 
 /// `POST /v1/sessions/{id}/recall`.
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/recall", tag = "sessions",
+    params(("session_id" = String, Path, description = "`[A-Za-z0-9._:-]{1,128}`")),
+    request_body = RecallIn,
+    responses(
+        (status = 200, description = "Ranked, explained memories and a prompt-ready context", body = RecallOut),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 422, description = "`k`, `token_budget`, `scope`, a time or the session id is invalid", body = ErrorBody),
+    ))]
 async fn post_recall(
     State(s): State<AppState>,
     ns: Namespace,
     Path(session_id): Path<String>,
     body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Json<Value>> {
-    let body: RecallBody = from_value("recall", parse_json(body)?)?;
+) -> ApiResult<Json<RecallOut>> {
+    let body: RecallIn = from_json("recall", body)?;
     let limits = &s.limits;
     let k = limits.k(body.k)?;
     if let Some(budget) = body.token_budget.filter(|&b| b > limits.max_token_budget) {
@@ -475,7 +549,7 @@ async fn post_recall(
     request.token_budget = body.token_budget;
     let result = session.recall_with(request).await?;
     s.metrics.recall();
-    Ok(Json(recall_json(result)?))
+    Ok(Json(result.into()))
 }
 
 /// A time given as RFC 3339 text or as milliseconds since the epoch.
@@ -490,56 +564,27 @@ fn time(field: &str, value: Value) -> ApiResult<Timestamp> {
     }
 }
 
-/// The contract's recall answer: each memory's record fields, flattened, with its score and
-/// why (the embedding left out).
-fn recall_json(result: RecallResult) -> ApiResult<Value> {
-    let memories = result
-        .memories
-        .into_iter()
-        .map(|m| {
-            let mut item = record_json(&m.record)?;
-            item["score"] = json!(m.score);
-            item["why"] = json!(m.why);
-            Ok(item)
-        })
-        .collect::<ApiResult<Vec<Value>>>()?;
-    Ok(json!({
-        "recall_id": result.recall_id,
-        "policy": result.policy,
-        "memories": memories,
-        "context": result.context,
-    }))
-}
-
-/// A record as JSON, with its event time as `timestamp` in RFC 3339 and without its
-/// embedding (clients that want vectors keep their own).
-fn record_json(record: &MemoryRecord) -> ApiResult<Value> {
-    let mut value = serde_json::to_value(record).map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("a record could not be encoded: {e}"),
-        )
-    })?;
-    if let Some(map) = value.as_object_mut() {
-        map.remove("embedding");
-        map.insert("timestamp".into(), json!(to_rfc3339(record.event_time)));
-    }
-    Ok(value)
-}
-
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct TimelineQuery {
+    /// How many records (1..=1000, default 100).
     limit: Option<usize>,
 }
 
 /// `GET /v1/sessions/{id}/timeline?limit=`: newest first.
+#[utoipa::path(get, path = "/v1/sessions/{session_id}/timeline", tag = "sessions",
+    params(("session_id" = String, Path, description = "`[A-Za-z0-9._:-]{1,128}`"), TimelineQuery),
+    responses(
+        (status = 200, description = "Records, newest first", body = Timeline),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 422, description = "`limit` out of range or a bad session id", body = ErrorBody),
+    ))]
 async fn get_timeline(
     State(s): State<AppState>,
     ns: Namespace,
     Path(session_id): Path<String>,
     query: Result<Query<TimelineQuery>, axum::extract::rejection::QueryRejection>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Timeline>> {
     let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
     let limit = query.limit.unwrap_or(100);
     if !(1..=s.limits.max_timeline).contains(&limit) {
@@ -555,45 +600,52 @@ async fn get_timeline(
     let items = session
         .timeline(limit)
         .await?
-        .iter()
-        .map(record_json)
-        .collect::<ApiResult<Vec<_>>>()?;
-    Ok(Json(json!({ "items": items })))
+        .into_iter()
+        .map(Memory::from)
+        .collect();
+    Ok(Json(Timeline { items }))
 }
 
 /// `GET /v1/memories/{id}`.
+#[utoipa::path(get, path = "/v1/memories/{id}", tag = "memories",
+    params(("id" = String, Path, description = "`mem-…`")),
+    responses(
+        (status = 200, description = "The record", body = Memory),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such record in this namespace", body = ErrorBody),
+        (status = 422, description = "Not a `mem-…` id", body = ErrorBody),
+    ))]
 async fn get_memory(
     State(s): State<AppState>,
     ns: Namespace,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Memory>> {
     let id: MemoryId = id.parse()?;
     let record = s.rt.memory(&ns.0, id)?.get().await?;
-    Ok(Json(record_json(&record)?))
+    Ok(Json(record.into()))
 }
 
 /// Who changed a record, in its history.
 const BY_API: &str = "api";
 
-/// The body of a feedback: a recall or memories, and how it went.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FeedbackBody {
-    #[serde(default)]
-    recall_id: Option<String>,
-    #[serde(default)]
-    memory_ids: Option<Vec<String>>,
-    outcome: Outcome,
-}
-
 /// `POST /v1/sessions/{id}/feedback`.
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/feedback", tag = "sessions",
+    params(("session_id" = String, Path, description = "`[A-Za-z0-9._:-]{1,128}`")),
+    request_body = FeedbackIn,
+    responses(
+        (status = 200, description = "Utility and strength updated", body = Updated),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "Unknown recall or memory", body = ErrorBody),
+        (status = 422, description = "Neither or both of `recall_id` and `memory_ids`, or a bad outcome", body = ErrorBody),
+    ))]
 async fn post_feedback(
     State(s): State<AppState>,
     ns: Namespace,
     Path(session_id): Path<String>,
     body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Json<Value>> {
-    let body: FeedbackBody = from_value("feedback", parse_json(body)?)?;
+) -> ApiResult<Json<Updated>> {
+    let body: FeedbackIn = from_json("feedback", body)?;
     let target = match (body.recall_id, body.memory_ids) {
         (Some(recall), None) => FeedbackTarget::Recall(recall),
         (None, Some(ids)) => FeedbackTarget::Memories(
@@ -611,54 +663,65 @@ async fn post_feedback(
     };
     let session = s.rt.session(&ns.0, &session_id)?;
     let report = session.feedback(target, body.outcome).await?;
-    Ok(Json(json!({ "updated": report.updated })))
+    Ok(Json(Updated {
+        updated: report.updated,
+    }))
 }
 
 /// `POST /v1/sessions/{id}/condense`: the condensed record's id, or `null`.
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/condense", tag = "sessions",
+    params(("session_id" = String, Path, description = "`[A-Za-z0-9._:-]{1,128}`")),
+    responses(
+        (status = 200, description = "The condensed record, or null", body = CondenseOut),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 422, description = "A bad session id", body = ErrorBody),
+    ))]
 async fn post_condense(
     State(s): State<AppState>,
     ns: Namespace,
     Path(session_id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<CondenseOut>> {
     let session = s.rt.session(&ns.0, &session_id)?;
     let condensed = session.condense().await?;
-    Ok(Json(
-        json!({ "memory_id": condensed.map(|c| c.id.to_string()) }),
-    ))
+    Ok(Json(CondenseOut {
+        memory_id: condensed.map(|c| c.id.to_string()),
+    }))
 }
 
 /// `GET /v1/sessions`.
-async fn get_sessions(State(s): State<AppState>, ns: Namespace) -> ApiResult<Json<Value>> {
-    let sessions: Vec<Value> =
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
+    responses(
+        (status = 200, description = "The namespace's sessions", body = Sessions),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+    ))]
+async fn get_sessions(State(s): State<AppState>, ns: Namespace) -> ApiResult<Json<Sessions>> {
+    let sessions =
         s.rt.sessions(&ns.0)
             .await?
             .into_iter()
-            .map(|stats| {
-                json!({
-                    "session_id": stats.session_id,
-                    "events": stats.events,
-                    "memories": stats.memories,
-                    "last_active": to_rfc3339(stats.last_active),
-                })
-            })
+            .map(Into::into)
             .collect();
-    Ok(Json(json!({ "sessions": sessions })))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StatusBody {
-    status: Status,
+    Ok(Json(Sessions { sessions }))
 }
 
 /// `PATCH /v1/memories/{id}`: `{"status":"pinned"|"obsolete"|"active"}`.
+#[utoipa::path(patch, path = "/v1/memories/{id}", tag = "memories",
+    params(("id" = String, Path, description = "`mem-…`")),
+    request_body = StatusIn,
+    responses(
+        (status = 200, description = "The record with its new status", body = Memory),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such record in this namespace", body = ErrorBody),
+        (status = 422, description = "Not a status that can be set", body = ErrorBody),
+    ))]
 async fn patch_memory(
     State(s): State<AppState>,
     ns: Namespace,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Json<Value>> {
-    let body: StatusBody = from_value("status", parse_json(body)?)?;
+) -> ApiResult<Json<Memory>> {
+    let body: StatusIn = from_json("status", body)?;
     if !matches!(
         body.status,
         Status::Pinned | Status::Obsolete | Status::Active
@@ -670,66 +733,76 @@ async fn patch_memory(
     }
     let memory = s.rt.memory(&ns.0, id.parse()?)?;
     let record = memory.set_status(body.status, BY_API).await?;
-    Ok(Json(record_json(&record)?))
+    Ok(Json(record.into()))
 }
 
 /// `DELETE /v1/memories/{id}`: archives it (a soft delete) and answers the record.
+#[utoipa::path(delete, path = "/v1/memories/{id}", tag = "memories",
+    params(("id" = String, Path, description = "`mem-…`")),
+    responses(
+        (status = 200, description = "The archived record", body = Memory),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such record in this namespace", body = ErrorBody),
+    ))]
 async fn delete_memory(
     State(s): State<AppState>,
     ns: Namespace,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Memory>> {
     let memory = s.rt.memory(&ns.0, id.parse()?)?;
     let record = memory.archive(BY_API).await?;
-    Ok(Json(record_json(&record)?))
+    Ok(Json(record.into()))
 }
 
 /// `GET /v1/memories/{id}/history`.
+#[utoipa::path(get, path = "/v1/memories/{id}/history", tag = "memories",
+    params(("id" = String, Path, description = "`mem-…`")),
+    responses(
+        (status = 200, description = "Every audited change, oldest first", body = History),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such record in this namespace", body = ErrorBody),
+    ))]
 async fn get_history(
     State(s): State<AppState>,
     ns: Namespace,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<History>> {
     let memory = s.rt.memory(&ns.0, id.parse()?)?;
-    let entries: Vec<Value> = memory
+    let entries = memory
         .history()
         .await?
         .into_iter()
-        .map(|e| {
-            json!({
-                "at": to_rfc3339(e.at),
-                "action": e.action,
-                "by": e.by,
-                "detail": e.detail,
-            })
-        })
+        .map(Into::into)
         .collect();
-    Ok(Json(json!({ "entries": entries })))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct KnowledgeSearchBody {
-    query: String,
-    #[serde(default)]
-    k: Option<usize>,
+    Ok(Json(History { entries }))
 }
 
 /// `POST /v1/knowledge/search`: like recall, over the knowledge tier only.
+#[utoipa::path(post, path = "/v1/knowledge/search", tag = "knowledge",
+    request_body = KnowledgeSearchIn,
+    responses(
+        (status = 200, description = "Ranked knowledge records", body = RecallOut),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 422, description = "`k` out of range", body = ErrorBody),
+    ))]
 async fn post_knowledge_search(
     State(s): State<AppState>,
     ns: Namespace,
     body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Json<Value>> {
-    let body: KnowledgeSearchBody = from_value("search", parse_json(body)?)?;
+) -> ApiResult<Json<RecallOut>> {
+    let body: KnowledgeSearchIn = from_json("search", body)?;
     let k = s.limits.k(body.k)?;
     let result = s.rt.knowledge(&ns.0)?.search(&body.query, k).await?;
-    Ok(Json(recall_json(result)?))
+    Ok(Json(result.into()))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct GraphQuery {
+    /// The record to start from (`mem-…`).
     around: Option<String>,
+    /// How many edges away (0..=5, default 2).
     depth: Option<usize>,
 }
 
@@ -738,11 +811,19 @@ const MAX_GRAPH_DEPTH: usize = 5;
 
 /// `GET /v1/knowledge/graph?around={id}&depth=2`: the records within `depth` edges and the
 /// edges among them.
+#[utoipa::path(get, path = "/v1/knowledge/graph", tag = "knowledge",
+    params(GraphQuery),
+    responses(
+        (status = 200, description = "Nodes and edges", body = Graph),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such record in this namespace", body = ErrorBody),
+        (status = 422, description = "`around` missing or `depth` too deep", body = ErrorBody),
+    ))]
 async fn get_knowledge_graph(
     State(s): State<AppState>,
     ns: Namespace,
     query: Result<Query<GraphQuery>, axum::extract::rejection::QueryRejection>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Graph>> {
     let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
     let Some(around) = query.around else {
         return Err(ApiError::invalid(
@@ -760,26 +841,44 @@ async fn get_knowledge_graph(
     let (ids, edges) = s.rt.knowledge(&ns.0)?.graph(around.parse()?, depth).await?;
     let mut nodes = Vec::with_capacity(ids.len());
     for id in ids {
-        let record = s.rt.memory(&ns.0, id)?.get().await?;
-        nodes.push(record_json(&record)?);
+        nodes.push(s.rt.memory(&ns.0, id)?.get().await?.into());
     }
-    Ok(Json(json!({ "nodes": nodes, "edges": edges })))
+    let edges = edges.into_iter().map(Into::into).collect();
+    Ok(Json(Graph { nodes, edges }))
 }
 
 /// The policy answer: its name, hash and compiled form.
-fn policy_json(policy: &shadowbrain_runtime::policy::Policy) -> Value {
+fn policy_out(policy: &shadowbrain_runtime::policy::Policy) -> PolicyOut {
     let stamp = policy.stamp();
-    json!({ "name": stamp.name, "hash": stamp.hash, "policy": policy.to_json() })
+    PolicyOut {
+        name: stamp.name,
+        hash: stamp.hash,
+        policy: policy.to_json(),
+    }
 }
 
 /// `GET /v1/policy`.
-async fn get_policy(State(s): State<AppState>, _ns: Namespace) -> Json<Value> {
-    Json(policy_json(&s.rt.policy()))
+#[utoipa::path(get, path = "/v1/policy", tag = "policy",
+    responses(
+        (status = 200, description = "The active policy", body = PolicyOut),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+    ))]
+async fn get_policy(State(s): State<AppState>, _ns: Namespace) -> Json<PolicyOut> {
+    Json(policy_out(&s.rt.policy()))
 }
 
 /// `POST /v1/policy/reload`: the new policy, or 422 with every error of the file (the
 /// running policy stays).
-async fn post_policy_reload(State(s): State<AppState>, _ns: Namespace) -> ApiResult<Json<Value>> {
+#[utoipa::path(post, path = "/v1/policy/reload", tag = "policy",
+    responses(
+        (status = 200, description = "The newly active policy", body = PolicyOut),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 422, description = "The file's errors; the running policy stays", body = ErrorBody),
+    ))]
+async fn post_policy_reload(
+    State(s): State<AppState>,
+    _ns: Namespace,
+) -> ApiResult<Json<PolicyOut>> {
     let policy = s.rt.reload_policy().await?;
-    Ok(Json(policy_json(&policy)))
+    Ok(Json(policy_out(&policy)))
 }

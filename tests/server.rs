@@ -781,3 +781,92 @@ fn kill_9_during_concurrent_ingest_loses_no_acknowledged_event() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// The keys of a JSON object, sorted.
+fn keys(value: &Value) -> Vec<String> {
+    let mut keys: Vec<String> = value
+        .as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default();
+    keys.sort();
+    keys
+}
+
+#[test]
+fn openapi_documents_every_route_and_answers_match_its_schemas() {
+    let server = TestServer::start();
+    let addr = server.addr;
+    let (status, doc) = http(addr, "GET", "/openapi.json", None);
+    assert_eq!(status, 200, "{doc}");
+    assert!(
+        doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.")),
+        "{}",
+        doc["openapi"]
+    );
+    // Every route of DESIGN.md §7, and this document itself.
+    let contract = [
+        ("/healthz", "get"),
+        ("/metrics", "get"),
+        ("/openapi.json", "get"),
+        ("/v1/sessions/{session_id}/events", "post"),
+        ("/v1/sessions/{session_id}/recall", "post"),
+        ("/v1/sessions/{session_id}/feedback", "post"),
+        ("/v1/sessions/{session_id}/condense", "post"),
+        ("/v1/sessions", "get"),
+        ("/v1/sessions/{session_id}/timeline", "get"),
+        ("/v1/memories/{id}", "get"),
+        ("/v1/memories/{id}", "patch"),
+        ("/v1/memories/{id}", "delete"),
+        ("/v1/memories/{id}/history", "get"),
+        ("/v1/knowledge/search", "post"),
+        ("/v1/knowledge/graph", "get"),
+        ("/v1/policy", "get"),
+        ("/v1/policy/reload", "post"),
+    ];
+    for (path, method) in contract {
+        assert!(
+            doc["paths"][path][method].is_object(),
+            "{method} {path} is not in /openapi.json"
+        );
+    }
+    let documented: usize = doc["paths"]
+        .as_object()
+        .expect("paths")
+        .values()
+        .map(|ops| ops.as_object().map_or(0, |o| o.len()))
+        .sum();
+    assert_eq!(documented, contract.len(), "an undocumented extra route?");
+
+    // Real answers carry exactly the documented fields.
+    let schemas = &doc["components"]["schemas"];
+    let (status, written) = post(
+        addr,
+        "/v1/sessions/s1/events",
+        &json!({"kind": "observation", "text": "the invoice PDF had the wrong tax rate"}),
+    );
+    assert_eq!(status, 201, "{written}");
+    assert_eq!(keys(&written), keys(&schemas["Ids"]["properties"]));
+    let id = written["ids"][0].as_str().unwrap();
+    let (_, record) = http(addr, "GET", &format!("/v1/memories/{id}"), None);
+    assert_eq!(keys(&record), keys(&schemas["Memory"]["properties"]));
+    let (_, recall) = post(
+        addr,
+        "/v1/sessions/s1/recall",
+        &json!({"query": "tax rate"}),
+    );
+    assert_eq!(keys(&recall), keys(&schemas["RecallOut"]["properties"]));
+    let (status, bad) = post(
+        addr,
+        "/v1/sessions/s1/recall",
+        &json!({"query": "x", "k": 0}),
+    );
+    assert_eq!(status, 422);
+    assert_eq!(keys(&bad), keys(&schemas["ErrorBody"]["properties"]));
+    assert_eq!(
+        keys(&bad["error"]),
+        keys(&schemas["ErrorDetail"]["properties"])
+    );
+    // A request schema: recall's body names its fields, `query` required.
+    let recall_in = &schemas["RecallIn"];
+    assert_eq!(recall_in["required"], json!(["query"]), "{recall_in}");
+}

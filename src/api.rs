@@ -1,0 +1,496 @@
+//! The wire types of the HTTP contract (`DESIGN.md` §7): every request body the handlers
+//! read and every answer they write, as typed structs. The handlers serialize these
+//! directly (no intermediate `serde_json::Value`), and `/openapi.json` is derived from the
+//! same structs, so the published schema cannot drift from what the server sends.
+//!
+//! Runtime types (tiers, statuses, kinds, audit actions) keep their own serde form; their
+//! schema is declared here as strings with the values listed, so the runtime crate does not
+//! depend on the OpenAPI generator.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use shadowbrain_runtime::clock::to_rfc3339;
+use shadowbrain_runtime::knowledge::{Edge, Relation};
+use shadowbrain_runtime::lifecycle::Outcome;
+use shadowbrain_runtime::model::{
+    AuditAction, AuditEntry, Kind, MemoryRecord, PolicyStamp, Status, Tier, Utility,
+};
+use shadowbrain_runtime::retrieval::Scope;
+use shadowbrain_runtime::store::SessionStats;
+use shadowbrain_runtime::substrate::{RecallResult, Why};
+use utoipa::ToSchema;
+
+/// Every error answer: `{"error":{"code","message"}}`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// The code and message of an error answer.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ErrorDetail {
+    /// A stable snake_case code, e.g. `malformed_json`, `invalid_kind`, `not_found`,
+    /// `body_too_large`, `unauthorized`.
+    #[schema(example = "invalid_kind")]
+    pub code: String,
+    /// What was wrong and how to fix it, for a person.
+    pub message: String,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// Always `ok` while the server answers.
+    #[schema(example = "ok")]
+    pub status: &'static str,
+    /// The server's version.
+    pub version: &'static str,
+}
+
+/// One event, as an agent sends it. `kind` is required; `text` is required unless
+/// `content` is given (then `text` is derived from it).
+#[derive(Debug, Deserialize, ToSchema)]
+#[allow(dead_code)] // The handler reads events as JSON values first (RFC 3339 times); this is their schema.
+pub struct EventIn {
+    /// `thought`, `action`, `observation`, `user_message`, `goal`, `feedback`, or any custom
+    /// `[a-z][a-z0-9_]{0,31}`.
+    #[schema(example = "observation", pattern = "^[a-z][a-z0-9_]{0,31}$")]
+    pub kind: String,
+    /// The text (at most 64 KiB by default).
+    #[schema(example = "the nightly backup job timed out")]
+    pub text: Option<String>,
+    /// Structured content (at most 256 KiB encoded by default).
+    #[schema(value_type = Option<Object>)]
+    pub content: Option<Value>,
+    /// The agent that produced it.
+    pub agent_id: Option<String>,
+    /// Free-form metadata.
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Value>,
+    /// The event this one follows from.
+    pub parent_id: Option<String>,
+    /// When it happened, RFC 3339 (default: when the server received it).
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub timestamp: Option<Value>,
+    /// Importance 0..=10 (default: scored by the policy).
+    #[schema(minimum = 0, maximum = 10)]
+    pub importance: Option<f32>,
+    /// A vector the client already has: the store's dimension, finite numbers. The
+    /// embedder is skipped.
+    pub embedding: Option<Vec<f32>>,
+}
+
+/// `POST /v1/sessions/{session_id}/events`: one event, or a batch of at most 1000.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)] // Schema only, as for `EventIn`.
+pub enum EventsIn {
+    /// A single event.
+    One(EventIn),
+    /// Several events, written together.
+    Batch {
+        /// At most 1000 events.
+        events: Vec<EventIn>,
+    },
+}
+
+/// The ids of the events written, in the order sent.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Ids {
+    /// `mem-…` ids.
+    pub ids: Vec<String>,
+}
+
+/// `POST /v1/sessions/{session_id}/recall`; only `query` is required.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecallIn {
+    /// What the agent wants to remember.
+    #[schema(example = "why do deploys fail?")]
+    pub query: String,
+    /// How many memories (1..=200, default 10).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 200, default = 10)]
+    pub k: Option<usize>,
+    /// `session` (default), `agent` (needs `agent_id`) or `namespace`.
+    #[serde(default)]
+    #[schema(value_type = Option<String>, example = "session")]
+    pub scope: Option<Scope>,
+    /// The agent, for `agent` scope.
+    #[serde(default)]
+    pub agent_id: Option<String>,
+    /// Only these kinds.
+    #[serde(default)]
+    pub kinds: Option<Vec<String>>,
+    /// Only events at or after this time (RFC 3339, or milliseconds since the epoch).
+    #[serde(default)]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub since: Option<Value>,
+    /// Only events at or before this time.
+    #[serde(default)]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub until: Option<Value>,
+    /// Also search the namespace's knowledge pool (default true).
+    #[serde(default)]
+    pub include_knowledge: Option<bool>,
+    /// Trim the memories to this many tokens of context (at most 32768).
+    #[serde(default)]
+    #[schema(maximum = 32768)]
+    pub token_budget: Option<usize>,
+}
+
+/// The policy that ranked an answer or decided about a record.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PolicyRef {
+    /// Its `name`.
+    pub name: String,
+    /// The hex content hash of the compiled policy.
+    pub hash: String,
+}
+
+impl From<PolicyStamp> for PolicyRef {
+    fn from(p: PolicyStamp) -> Self {
+        PolicyRef {
+            name: p.name,
+            hash: p.hash,
+        }
+    }
+}
+
+/// Success and failure counts from feedback.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UtilityOut {
+    /// Recalls that returned it and ended in success.
+    pub successes: u32,
+    /// Those that ended in failure.
+    pub failures: u32,
+}
+
+impl From<Utility> for UtilityOut {
+    fn from(u: Utility) -> Self {
+        UtilityOut {
+            successes: u.successes,
+            failures: u.failures,
+        }
+    }
+}
+
+/// A stored record: all fields, status, strength, utility and sources (its embedding is
+/// left out; clients that want vectors keep their own).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Memory {
+    /// `mem-…`.
+    #[schema(example = "mem-0000002a")]
+    pub id: String,
+    /// The namespace (tenant).
+    pub namespace: String,
+    /// The session it belongs to.
+    pub session_id: String,
+    /// The agent that produced it.
+    pub agent_id: Option<String>,
+    /// `episodic`, `condensed` or `knowledge`.
+    #[schema(value_type = String, example = "episodic")]
+    pub tier: Tier,
+    /// The event's kind.
+    #[schema(value_type = String, example = "observation")]
+    pub kind: Kind,
+    /// The text that is embedded, indexed and shown.
+    pub text: String,
+    /// Structured content (`null` when none).
+    #[schema(value_type = Object)]
+    pub content: Value,
+    /// Free-form metadata (`null` when none).
+    #[schema(value_type = Object)]
+    pub metadata: Value,
+    /// The event this one follows from.
+    pub parent_id: Option<String>,
+    /// When it happened, in milliseconds since the epoch.
+    pub event_time: i64,
+    /// `event_time` in RFC 3339.
+    #[schema(format = DateTime)]
+    pub timestamp: String,
+    /// When the store accepted it, in milliseconds since the epoch.
+    pub recorded_time: i64,
+    /// 0..=10.
+    pub importance: f32,
+    /// How alive it is (1 fresh); decays and is reinforced.
+    pub strength: f32,
+    /// When `strength` was last set (milliseconds).
+    pub strength_at: i64,
+    /// Times recall or success reinforced it.
+    pub reinforcements: u32,
+    /// Feedback counts.
+    pub utility: UtilityOut,
+    /// `active`, `pinned`, `obsolete` or `archived`.
+    #[schema(value_type = String, example = "active")]
+    pub status: Status,
+    /// When `status` last changed (milliseconds).
+    pub status_at: i64,
+    /// The records it was made from (condensed and knowledge tiers).
+    pub sources: Vec<String>,
+    /// The policy that last decided about it.
+    pub policy: PolicyRef,
+}
+
+impl From<MemoryRecord> for Memory {
+    fn from(r: MemoryRecord) -> Self {
+        Memory {
+            id: r.id.to_string(),
+            namespace: r.namespace,
+            session_id: r.session_id,
+            agent_id: r.agent_id,
+            tier: r.tier,
+            kind: r.kind,
+            text: r.text,
+            content: r.content,
+            metadata: r.metadata,
+            parent_id: r.parent_id,
+            event_time: r.event_time,
+            timestamp: to_rfc3339(r.event_time),
+            recorded_time: r.recorded_time,
+            importance: r.importance,
+            strength: r.strength,
+            strength_at: r.strength_at,
+            reinforcements: r.reinforcements,
+            utility: r.utility.into(),
+            status: r.status,
+            status_at: r.status_at,
+            sources: r.sources.iter().map(ToString::to_string).collect(),
+            policy: r.policy.into(),
+        }
+    }
+}
+
+/// Why a memory ranked where it did: each policy component's weighted contribution.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WhyOut {
+    /// Query relevance (fused vector and keyword).
+    pub relevance: f32,
+    /// Recency.
+    pub recency: f32,
+    /// Importance.
+    pub importance: f32,
+    /// Utility from feedback.
+    pub utility: f32,
+}
+
+impl From<Why> for WhyOut {
+    fn from(w: Why) -> Self {
+        WhyOut {
+            relevance: w.relevance,
+            recency: w.recency,
+            importance: w.importance,
+            utility: w.utility,
+        }
+    }
+}
+
+/// A recalled memory: the record's fields, its score and why.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Recalled {
+    /// The record.
+    #[serde(flatten)]
+    pub memory: Memory,
+    /// The policy's total score.
+    pub score: f32,
+    /// The score's parts.
+    pub why: WhyOut,
+}
+
+/// A recall's answer (also knowledge search's).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RecallOut {
+    /// Send it back with feedback to credit every memory of this answer.
+    pub recall_id: Option<String>,
+    /// The policy that ranked it.
+    pub policy: PolicyRef,
+    /// Best first.
+    pub memories: Vec<Recalled>,
+    /// The memories rendered for a prompt, in time order, within the token budget.
+    pub context: String,
+}
+
+impl From<RecallResult> for RecallOut {
+    fn from(r: RecallResult) -> Self {
+        RecallOut {
+            recall_id: r.recall_id,
+            policy: r.policy.into(),
+            memories: r
+                .memories
+                .into_iter()
+                .map(|m| Recalled {
+                    memory: m.record.into(),
+                    score: m.score,
+                    why: m.why.into(),
+                })
+                .collect(),
+            context: r.context,
+        }
+    }
+}
+
+/// `POST /v1/sessions/{session_id}/feedback`: a recall or some memories, and the outcome.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FeedbackIn {
+    /// Credit every memory of this recall …
+    #[serde(default)]
+    pub recall_id: Option<String>,
+    /// … or these memories.
+    #[serde(default)]
+    pub memory_ids: Option<Vec<String>>,
+    /// `success` or `failure`.
+    #[schema(value_type = String, example = "success")]
+    pub outcome: Outcome,
+}
+
+/// How many records a feedback changed.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Updated {
+    /// Records updated.
+    pub updated: usize,
+}
+
+/// The condensed record, or `null` when there was nothing to condense.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CondenseOut {
+    /// `mem-…` or `null`.
+    pub memory_id: Option<String>,
+}
+
+/// One session of the namespace.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionOut {
+    /// The session id.
+    pub session_id: String,
+    /// Events written.
+    pub events: u64,
+    /// Records of every tier in the session.
+    pub memories: u64,
+    /// When the latest record was written, RFC 3339.
+    #[schema(format = DateTime)]
+    pub last_active: String,
+}
+
+impl From<SessionStats> for SessionOut {
+    fn from(s: SessionStats) -> Self {
+        SessionOut {
+            session_id: s.session_id,
+            events: s.events,
+            memories: s.memories,
+            last_active: to_rfc3339(s.last_active),
+        }
+    }
+}
+
+/// `GET /v1/sessions`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Sessions {
+    /// Every session of the namespace.
+    pub sessions: Vec<SessionOut>,
+}
+
+/// `GET /v1/sessions/{session_id}/timeline`: newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Timeline {
+    /// Records, newest first.
+    pub items: Vec<Memory>,
+}
+
+/// `PATCH /v1/memories/{id}`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StatusIn {
+    /// `pinned`, `obsolete` or `active` (archive with DELETE).
+    #[schema(value_type = String, example = "pinned")]
+    pub status: Status,
+}
+
+/// One audited change.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HistoryEntry {
+    /// When, RFC 3339.
+    #[schema(format = DateTime)]
+    pub at: String,
+    /// `created`, `scored`, `embedded`, `reinforced`, `status_changed`, …
+    #[schema(value_type = String, example = "created")]
+    pub action: AuditAction,
+    /// Who: `api`, `recall`, a policy stage, …
+    pub by: String,
+    /// What changed.
+    pub detail: String,
+}
+
+impl From<AuditEntry> for HistoryEntry {
+    fn from(e: AuditEntry) -> Self {
+        HistoryEntry {
+            at: to_rfc3339(e.at),
+            action: e.action,
+            by: e.by,
+            detail: e.detail,
+        }
+    }
+}
+
+/// `GET /v1/memories/{id}/history`: oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct History {
+    /// The audit entries.
+    pub entries: Vec<HistoryEntry>,
+}
+
+/// `POST /v1/knowledge/search`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KnowledgeSearchIn {
+    /// What to look for.
+    pub query: String,
+    /// How many (1..=200, default 10).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 200, default = 10)]
+    pub k: Option<usize>,
+}
+
+/// An edge of the knowledge graph.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EdgeOut {
+    /// Where it starts (`mem-…`).
+    pub from: String,
+    /// Where it ends.
+    pub to: String,
+    /// `derived_from`, `similar_to`, `supersedes`, …
+    #[schema(value_type = String, example = "derived_from")]
+    pub relation: Relation,
+}
+
+impl From<Edge> for EdgeOut {
+    fn from(e: Edge) -> Self {
+        EdgeOut {
+            from: e.from.to_string(),
+            to: e.to.to_string(),
+            relation: e.relation,
+        }
+    }
+}
+
+/// `GET /v1/knowledge/graph`: the records within `depth` edges and the edges among them.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Graph {
+    /// The records.
+    pub nodes: Vec<Memory>,
+    /// The edges.
+    pub edges: Vec<EdgeOut>,
+}
+
+/// `GET /v1/policy` and `POST /v1/policy/reload`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PolicyOut {
+    /// The policy's `name`.
+    pub name: String,
+    /// The hex content hash of the compiled policy.
+    pub hash: String,
+    /// The compiled policy, every section resolved.
+    #[schema(value_type = Object)]
+    pub policy: Value,
+}
