@@ -1229,20 +1229,30 @@ impl Substrate {
                 cands.add_recent(&recent);
             }
         }
-        // Load the candidates and their exact similarity to the query.
+        // Load the candidates and their exact similarity to the query. The vector path's
+        // hits carry their exact cosine already; an embedding is read only for the others,
+        // and for every candidate when MMR needs them (embeddings were 7 % of a loaded
+        // server's CPU when read for all).
+        let lambda = policy.scoring.mmr_lambda;
         let mut loaded: Vec<(MemoryRecord, Option<Vec<f32>>)> =
             Vec::with_capacity(cands.by_id.len());
         for (id, ev) in cands.by_id.iter_mut() {
-            let Some(mut r) = store.get(*id)? else {
+            let Some(r) = store.get_light(*id)? else {
                 continue;
             };
             if !r.recallable() || r.namespace != req.namespace {
                 continue;
             }
-            let emb = r.embedding.take();
-            if let (Some(q), Some(e)) = (query_vec, emb.as_deref()) {
-                ev.similarity = Some(retrieval::cosine(q, e));
-            }
+            let known = ev.vector.map(|(_, sim)| sim);
+            let emb = if lambda < 1.0 || (known.is_none() && query_vec.is_some()) {
+                store.embedding(*id)?
+            } else {
+                None
+            };
+            ev.similarity = match (query_vec, emb.as_deref()) {
+                (Some(q), Some(e)) => Some(retrieval::cosine(q, e)),
+                _ => known,
+            };
             loaded.push((r, emb));
         }
         let fusion = match policy.scoring.fusion {
@@ -1276,7 +1286,6 @@ impl Substrate {
                 .then_with(|| loaded[b.2].0.event_time.cmp(&loaded[a.2].0.event_time))
                 .then_with(|| loaded[a.2].0.id.cmp(&loaded[b.2].0.id))
         });
-        let lambda = policy.scoring.mmr_lambda;
         let order: Vec<usize> = if lambda < 1.0 {
             let pool = &scored[..scored.len().min(req.k * 4)];
             let scores: Vec<f32> = pool.iter().map(|s| s.0).collect();
