@@ -1,9 +1,18 @@
-//! The binary, run as a user would: `shadowbrain reindex` after an embedder change.
+//! The binary, run as a user would: `record`, `recall`, `timeline`, `inspect`, `policy
+//! check`, `export` / `import` and `reindex`, their happy paths and their main errors, and
+//! the polite refusal of a data directory a running server holds.
 
-use std::process::Command;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
+use std::time::Duration;
 
+use serde_json::{Value, json};
 use shadowbrain_runtime::embed::hash::HashEmbedder;
+use shadowbrain_runtime::knowledge::Promotion;
+use shadowbrain_runtime::lifecycle::{FeedbackTarget, Outcome};
 use shadowbrain_runtime::model::NewMemory;
 use shadowbrain_runtime::retrieval::Scope;
 use shadowbrain_runtime::substrate::{RecallRequest, Substrate, SubstrateOptions};
@@ -83,4 +92,697 @@ fn reindex_of_a_missing_directory_fails_clearly() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("use `lmdb` or `sled`"), "{stderr}");
+}
+
+/// Runs the binary with `args`, with no `SHADOWBRAIN_*` settings from the environment.
+fn sb(args: &[&str], data: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(args)
+        .arg("--data")
+        .arg(data)
+        .env_remove("SHADOWBRAIN_DATA")
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
+/// Stdout of a run that must succeed.
+fn ok(out: Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Stderr of a run that must fail cleanly: exit code 1 (not a panic's 101, not clap's 2).
+fn fails(out: Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}\n{stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+#[test]
+fn record_recall_timeline_and_inspect_work_on_a_data_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let goal = ok(sb(
+        &[
+            "record",
+            "--session",
+            "s1",
+            "--kind",
+            "goal",
+            "--text",
+            "ship the quarterly report",
+        ],
+        &data,
+    ));
+    let backup = ok(sb(
+        &[
+            "record",
+            "--session",
+            "s1",
+            "--kind",
+            "observation",
+            "--text",
+            "the nightly backup job timed out",
+            "--agent",
+            "ops-bot",
+            "--importance",
+            "8",
+            "--metadata",
+            r#"{"host":"db1"}"#,
+        ],
+        &data,
+    ));
+    let grep = ok(sb(
+        &[
+            "record",
+            "--session",
+            "s1",
+            "--kind",
+            "action",
+            "--content",
+            r#"{"tool":"grep","args":["-r","TODO"]}"#,
+        ],
+        &data,
+    ));
+    let ids: Vec<&str> = [&goal, &backup, &grep].iter().map(|s| s.trim()).collect();
+    assert!(ids.iter().all(|id| id.starts_with("mem-")), "{ids:?}");
+    assert_eq!(ids, ["mem-00000000", "mem-00000001", "mem-00000002"]);
+
+    let recall = ok(sb(
+        &["recall", "--session", "s1", "why did the backup time out?"],
+        &data,
+    ));
+    let first = recall.lines().nth(1).unwrap_or_default();
+    assert!(
+        first.contains(ids[1]) && first.contains("relevance"),
+        "{recall}"
+    );
+    assert!(
+        recall.contains("context:\nRelevant memories")
+            && recall.contains("observation: the nightly backup job timed out"),
+        "{recall}"
+    );
+
+    let answer: Value = serde_json::from_str(&ok(sb(
+        &[
+            "recall",
+            "--session",
+            "s1",
+            "--k",
+            "2",
+            "--json",
+            "grep TODO",
+        ],
+        &data,
+    )))
+    .unwrap();
+    assert_eq!(
+        answer["memories"].as_array().map(Vec::len),
+        Some(2),
+        "{answer}"
+    );
+    assert_eq!(answer["memories"][0]["id"], ids[2], "{answer}");
+    assert!(
+        answer["memories"][0]["why"]["relevance"].is_number(),
+        "{answer}"
+    );
+    assert!(answer["memories"][0].get("embedding").is_none(), "{answer}");
+    assert!(answer["recall_id"].is_string() && answer["context"].is_string());
+
+    // Other namespaces see nothing of `default`.
+    let elsewhere = ok(sb(
+        &[
+            "recall",
+            "--session",
+            "s1",
+            "--namespace",
+            "acme",
+            "--json",
+            "backup",
+        ],
+        &data,
+    ));
+    let elsewhere: Value = serde_json::from_str(&elsewhere).unwrap();
+    assert_eq!(elsewhere["memories"], json!([]), "{elsewhere}");
+
+    let timeline = ok(sb(&["timeline", "--session", "s1", "--limit", "2"], &data));
+    let order: Vec<&str> = timeline
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(order, [ids[2], ids[1]], "{timeline}");
+    let items: Value =
+        serde_json::from_str(&ok(sb(&["timeline", "--session", "s1", "--json"], &data))).unwrap();
+    assert_eq!(items["items"].as_array().map(Vec::len), Some(3), "{items}");
+
+    let inspect = ok(sb(&["inspect", ids[1]], &data));
+    for needle in [
+        "agent_id: ops-bot",
+        "importance: 8.0",
+        r#"metadata: {"host":"db1"}"#,
+        "embedding: 384 dimensions",
+        "created        by ops-bot",
+        "importance 8 (client)",
+        "reinforced",
+    ] {
+        assert!(inspect.contains(needle), "`{needle}` missing:\n{inspect}");
+    }
+    let inspected: Value =
+        serde_json::from_str(&ok(sb(&["inspect", "--json", ids[2]], &data))).unwrap();
+    assert_eq!(
+        inspected["memory"]["content"]["tool"], "grep",
+        "{inspected}"
+    );
+    assert_eq!(inspected["history"][0]["action"], "created", "{inspected}");
+
+    // Errors say what was wrong and how to fix it, and exit 1.
+    let bad_kind = fails(sb(
+        &[
+            "record",
+            "--session",
+            "s1",
+            "--kind",
+            "Bad Kind",
+            "--text",
+            "x",
+        ],
+        &data,
+    ));
+    assert!(bad_kind.contains("[a-z][a-z0-9_]"), "{bad_kind}");
+    let bad_session = fails(sb(
+        &[
+            "record",
+            "--session",
+            "a/b",
+            "--kind",
+            "goal",
+            "--text",
+            "x",
+        ],
+        &data,
+    ));
+    assert!(bad_session.contains("A-Z a-z 0-9"), "{bad_session}");
+    let bad_k = fails(sb(
+        &["recall", "--session", "s1", "--k", "0", "backup"],
+        &data,
+    ));
+    assert!(bad_k.contains("1 to 200"), "{bad_k}");
+    let no_agent = fails(sb(
+        &["recall", "--session", "s1", "--scope", "agent", "backup"],
+        &data,
+    ));
+    assert!(no_agent.contains("agent_id"), "{no_agent}");
+    let unknown = fails(sb(&["inspect", "mem-000000ff"], &data));
+    assert!(unknown.contains("`mem-000000ff` not found"), "{unknown}");
+    let other_ns = fails(sb(&["inspect", "--namespace", "acme", ids[0]], &data));
+    assert!(other_ns.contains("not found"), "{other_ns}");
+    let not_an_id = fails(sb(&["inspect", "42"], &data));
+    assert!(not_an_id.contains("mem-0000002a"), "{not_an_id}");
+    let missing = fails(sb(
+        &["timeline", "--session", "s1"],
+        &dir.path().join("nope"),
+    ));
+    assert!(
+        missing.contains("no shadowbrain data directory"),
+        "{missing}"
+    );
+    assert!(
+        !dir.path().join("nope").exists(),
+        "a read must not create a directory"
+    );
+    // Malformed JSON is a usage error (clap's exit code 2), with the fix.
+    let bad_json = sb(
+        &[
+            "record",
+            "--session",
+            "s1",
+            "--kind",
+            "action",
+            "--content",
+            "{tool",
+        ],
+        &data,
+    );
+    assert_eq!(bad_json.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad_json.stderr).contains("quote it for the shell"));
+
+    // None of the failed writes wrote anything.
+    let items: Value =
+        serde_json::from_str(&ok(sb(&["timeline", "--session", "s1", "--json"], &data))).unwrap();
+    assert_eq!(items["items"].as_array().map(Vec::len), Some(3), "{items}");
+}
+
+#[test]
+fn policy_check_prints_the_compiled_policy_or_every_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let file = dir.path().join("tuned.toml");
+    std::fs::write(
+        &file,
+        "name = \"tuned\"\n[scoring]\nrecency = 0.2\nrecency_half_life = \"72h\"\n\
+         [[evaluation.rules]]\nkinds = [\"observation\"]\nmatches = '(?i)error|\"failed\"'\n\
+         importance = 7\n",
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let toml = ok(run(&["policy", "check", file]));
+    let json: Value = serde_json::from_str(&ok(run(&["policy", "check", "--json", file]))).unwrap();
+    let hash = json["hash"].as_str().unwrap().to_string();
+    assert_eq!(json["name"], "tuned");
+    assert_eq!(
+        json["policy"]["scoring"]["recency_half_life"], "3days",
+        "{json}"
+    );
+    assert!(
+        toml.contains(&format!("policy `tuned`, hash {hash}")),
+        "{toml}"
+    );
+    assert!(
+        toml.contains("[[evaluation.rules]]") && toml.contains("[forgetting]"),
+        "{toml}"
+    );
+    // The resolved text is a complete policy file that compiles to the same policy.
+    let resolved = dir.path().join("resolved.toml");
+    std::fs::write(&resolved, &toml).unwrap();
+    let again: Value = serde_json::from_str(&ok(run(&[
+        "policy",
+        "check",
+        "--json",
+        resolved.to_str().unwrap(),
+    ])))
+    .unwrap();
+    assert_eq!(again, json);
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "surprise = 1\n[scoring]\nrecency_half_life = \"3 fortnights\"\n\
+         [forgetting]\narchive_below = 2\n",
+    )
+    .unwrap();
+    let errors = fails(run(&["policy", "check", bad.to_str().unwrap()]));
+    assert!(errors.contains("policy has 3 errors"), "{errors}");
+    for key in [
+        "`surprise`",
+        "`scoring.recency_half_life`",
+        "`forgetting.archive_below`",
+    ] {
+        assert!(errors.contains(key), "{key} missing: {errors}");
+    }
+    assert!(
+        errors.contains("e.g. \"90s\"") && errors.contains("from 0 to 1"),
+        "{errors}"
+    );
+    let missing = fails(run(&["policy", "check", "no-such-policy.toml"]));
+    assert!(missing.contains("cannot read the policy file"), "{missing}");
+}
+
+/// Writes a store with every tier and several statuses through the library: events in two
+/// namespaces, a condensed record, the knowledge record it was promoted into (with its
+/// `derived_from` edge), an archived event.
+async fn varied_store(data: &Path) {
+    let sub = Substrate::open(data, SubstrateOptions::default()).unwrap();
+    let texts = [
+        "the nightly backup job timed out at 02:00",
+        "raised the backup timeout to four hours",
+        "the backup finished in three hours",
+        "disk usage on db1 is at 91 percent",
+        "rotated the old backups to cold storage",
+        "the user asked for a weekly backup report",
+    ];
+    let events = texts
+        .iter()
+        .map(|t| NewMemory {
+            importance: Some(8.0),
+            ..NewMemory::new("observation", *t)
+        })
+        .collect();
+    let ids = sub.record("default", "s1", events).await.unwrap();
+    sub.record(
+        "acme",
+        "s9",
+        vec![NewMemory::new("goal", "win the acme contract")],
+    )
+    .await
+    .unwrap();
+    let condensed = sub
+        .condense("default", "s1", "test")
+        .await
+        .unwrap()
+        .unwrap();
+    for _ in 0..2 {
+        sub.feedback(
+            "default",
+            &FeedbackTarget::Memories(vec![condensed.id]),
+            Outcome::Success,
+            "test",
+        )
+        .await
+        .unwrap();
+    }
+    let promotion = sub.promote("default", condensed.id, "test").await.unwrap();
+    assert!(
+        matches!(promotion, Promotion::Created { .. }),
+        "{promotion:?}"
+    );
+    sub.archive("default", ids[3], "test").unwrap();
+    sub.close().unwrap();
+}
+
+#[tokio::test]
+async fn export_import_export_is_byte_identical_and_recall_finds_imported_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    varied_store(&a).await;
+    let first = dir.path().join("first.jsonl");
+    let said = sb(&["export", "-o", first.to_str().unwrap()], &a);
+    let stderr = String::from_utf8_lossy(&said.stderr).into_owned();
+    ok(said);
+    assert!(stderr.contains("exported 9 records"), "{stderr}");
+    // Not a terminal: the progress bar stays hidden.
+    assert!(
+        !stderr.contains('\r') && !stderr.contains("\u{1b}["),
+        "{stderr:?}"
+    );
+    let text = std::fs::read_to_string(&first).unwrap();
+    assert_eq!(text.lines().count(), 9);
+    for needle in [
+        r#""tier":"episodic""#,
+        r#""tier":"condensed""#,
+        r#""tier":"knowledge""#,
+        r#""status":"archived""#,
+        r#""namespace":"acme""#,
+        r#""relation":"derived_from""#,
+        r#""promoted_into":"mem-"#,
+        r#""action":"condensed_into""#,
+        r#""embedding":[0."#,
+    ] {
+        assert!(text.contains(needle), "{needle} missing from the export");
+    }
+    // Stdout is the default, for pipes.
+    assert_eq!(ok(sb(&["export"], &a)), text);
+    let acme = ok(sb(&["export", "--namespace", "acme"], &a));
+    assert_eq!(acme.lines().count(), 1, "{acme}");
+
+    let imported = ok(sb(&["import", first.to_str().unwrap()], &b));
+    assert!(
+        imported.contains("9 records imported, 0 already present"),
+        "{imported}"
+    );
+    let second = dir.path().join("second.jsonl");
+    ok(sb(&["export", "--output", second.to_str().unwrap()], &b));
+    assert!(
+        std::fs::read(&first).unwrap() == std::fs::read(&second).unwrap(),
+        "export -> import -> export changed the file"
+    );
+    let again = ok(sb(&["import", first.to_str().unwrap()], &b));
+    assert!(
+        again.contains("0 records imported, 9 already present"),
+        "{again}"
+    );
+
+    // The imported records are indexed: recall finds them, by keyword and vector alike,
+    // and still leaves the archived one out.
+    let answer: Value = serde_json::from_str(&ok(sb(
+        &[
+            "recall",
+            "--session",
+            "s1",
+            "--json",
+            "--k",
+            "20",
+            "backup timed out",
+        ],
+        &b,
+    )))
+    .unwrap();
+    let texts: Vec<&str> = answer["memories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["text"].as_str())
+        .collect();
+    assert_eq!(
+        answer["memories"][0]["text"],
+        "the nightly backup job timed out at 02:00"
+    );
+    assert!(!texts.iter().any(|t| t.contains("disk usage")), "{texts:?}");
+    let tiers: Vec<&str> = answer["memories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["tier"].as_str())
+        .collect();
+    assert!(
+        tiers.contains(&"condensed") && tiers.contains(&"knowledge"),
+        "{tiers:?}"
+    );
+    let acme: Value = serde_json::from_str(&ok(sb(
+        &[
+            "recall",
+            "--namespace",
+            "acme",
+            "--session",
+            "s9",
+            "--json",
+            "contract",
+        ],
+        &b,
+    )))
+    .unwrap();
+    assert_eq!(
+        acme["memories"][0]["text"], "win the acme contract",
+        "{acme}"
+    );
+    // New records get ids after the imported ones.
+    let fresh = ok(sb(
+        &[
+            "record",
+            "--session",
+            "s2",
+            "--kind",
+            "goal",
+            "--text",
+            "later",
+        ],
+        &b,
+    ));
+    assert!(fresh.trim() > "mem-00000008", "{fresh}");
+}
+
+#[tokio::test]
+async fn a_bad_line_stops_the_import_naming_it_and_keeps_the_lines_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    varied_store(&a).await;
+    let text = ok(sb(&["export"], &a));
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let good_third = lines[2].clone();
+    lines[2] = lines[2].replacen(r#""importance":8.0"#, r#""importance":80.0"#, 1);
+    assert_ne!(
+        lines[2], good_third,
+        "the fixture changed: no importance to break"
+    );
+    let file = dir.path().join("bad.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+
+    let err = fails(sb(&["import", file.to_str().unwrap()], &b));
+    assert!(err.contains("line 3 of"), "{err}");
+    assert!(
+        err.contains("record.importance: 80 is out of range"),
+        "{err}"
+    );
+    assert!(
+        err.contains("the 2 records before it are imported"),
+        "{err}"
+    );
+    // Those two are durable and complete.
+    let kept = ok(sb(&["export"], &b));
+    assert_eq!(kept, lines[..2].join("\n") + "\n");
+
+    // Not JSON at all: the line number again.
+    lines[2] = "{\"format\":1,".into();
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let err = fails(sb(&["import", file.to_str().unwrap()], &b));
+    assert!(
+        err.contains("line 3 of") && err.contains("is not JSON"),
+        "{err}"
+    );
+    assert!(
+        err.contains("0 records before it are imported (2 already present"),
+        "{err}"
+    );
+
+    // Fixed, the same import finishes; what was there is skipped, and the result is the
+    // original export.
+    lines[2] = good_third;
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let done = ok(sb(&["import", file.to_str().unwrap()], &b));
+    assert!(
+        done.contains("7 records imported, 2 already present"),
+        "{done}"
+    );
+    assert_eq!(ok(sb(&["export"], &b)), text);
+
+    // A record of another store under an id this one uses is refused, not overwritten.
+    let other = lines[0].replacen("the nightly backup", "a different", 1);
+    std::fs::write(&file, other + "\n").unwrap();
+    let err = fails(sb(&["import", file.to_str().unwrap()], &b));
+    assert!(
+        err.contains("line 1 of") && err.contains("already used"),
+        "{err}"
+    );
+    let missing = fails(sb(&["import", "no-such-export.jsonl"], &b));
+    assert!(
+        missing.contains("opening no-such-export.jsonl"),
+        "{missing}"
+    );
+}
+
+/// One HTTP/1.1 POST with a JSON body: the status and the JSON answer.
+fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+    let body = body.to_string();
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).unwrap();
+    let (head, rest) = raw.split_once("\r\n\r\n").unwrap();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, serde_json::from_str(rest).unwrap_or(Value::Null))
+}
+
+/// The keys of a JSON object, sorted.
+fn keys(v: &Value) -> Vec<String> {
+    let mut k: Vec<String> = v
+        .as_object()
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
+    k.sort();
+    k
+}
+
+#[test]
+fn a_data_directory_held_by_a_server_is_refused_politely() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
+        .arg(&data)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = server.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(addr) = line.split("http://").nth(1) {
+                let _ = tx.send(addr.trim().to_string());
+            }
+        }
+    });
+    let addr: SocketAddr = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the server listens")
+        .parse()
+        .unwrap();
+    let (status, answer) = post(
+        addr,
+        "/v1/sessions/s1/events",
+        &json!({"kind": "observation", "text": "the nightly backup job timed out"}),
+    );
+    assert_eq!(status, 201, "{answer}");
+    let (status, http_recall) = post(addr, "/v1/sessions/s1/recall", &json!({"query": "backup"}));
+    assert_eq!(status, 200, "{http_recall}");
+
+    let export = dir.path().join("x.jsonl");
+    std::fs::write(&export, "").unwrap();
+    let export = export.to_str().unwrap();
+    let commands: [&[&str]; 7] = [
+        &[
+            "record",
+            "--session",
+            "s1",
+            "--kind",
+            "goal",
+            "--text",
+            "must not be written",
+        ],
+        &["recall", "--session", "s1", "backup"],
+        &["timeline", "--session", "s1"],
+        &["inspect", "mem-00000000"],
+        &["export"],
+        &["import", export],
+        &["reindex"],
+    ];
+    for args in commands {
+        let err = fails(sb(args, &data));
+        assert!(
+            err.contains(&format!(
+                "the data directory {} is in use by another shadowbrain process (a running \
+                 `shadowbrain serve`?); stop it, or talk to it over HTTP",
+                data.display()
+            )),
+            "{args:?}: {err}"
+        );
+    }
+    server.kill().unwrap();
+    server.wait().unwrap();
+
+    // Nothing was touched: the one event sent over HTTP, and the refused `record` absent.
+    let timeline: Value =
+        serde_json::from_str(&ok(sb(&["timeline", "--session", "s1", "--json"], &data))).unwrap();
+    let texts: Vec<&str> = timeline["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["text"].as_str())
+        .collect();
+    assert_eq!(texts, ["the nightly backup job timed out"]);
+
+    // `recall --json` answers in the shape of the HTTP API's recall.
+    let cli_recall: Value = serde_json::from_str(&ok(sb(
+        &["recall", "--session", "s1", "--json", "backup"],
+        &data,
+    )))
+    .unwrap();
+    assert_eq!(keys(&cli_recall), keys(&http_recall));
+    assert_eq!(
+        keys(&cli_recall["memories"][0]),
+        keys(&http_recall["memories"][0])
+    );
+    assert_eq!(
+        keys(&cli_recall["memories"][0]["why"]),
+        keys(&http_recall["memories"][0]["why"])
+    );
+    assert_eq!(
+        cli_recall["memories"][0]["id"],
+        http_recall["memories"][0]["id"]
+    );
+    assert_eq!(cli_recall["policy"], http_recall["policy"]);
 }
