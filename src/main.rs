@@ -1,6 +1,7 @@
 //! The `shadowbrain` binary: thin edges over the library. It carries `serve` (the HTTP
-//! server of [`shadowbrain::server`]) and `reindex` (the fix the store's dimension check
-//! names). `main` only parses, runs and maps the error chain to an exit code.
+//! server of [`shadowbrain::server`]) and the one-shot commands over a data directory
+//! (`record`, `recall`, `timeline`, `inspect`, `policy check`, `export`, `import`,
+//! `reindex`; see `cli`). `main` only parses, runs and maps the error chain to an exit code.
 
 mod cli;
 

@@ -2,16 +2,17 @@
 //! `recall`, `timeline` and `inspect`. Each opens the actor runtime, as `serve` does, and
 //! calls its handle, so importance rules, condensation triggers, recall reinforcement and
 //! namespace isolation behave exactly as over HTTP; `--json` prints the HTTP API's body for
-//! the same question, so scripts can move between the two without translating.
+//! the same question (the same [`api`] types), so scripts can move between the two without
+//! translating.
 
-use anyhow::Context;
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
+use shadowbrain::api;
 use shadowbrain::server::Limits;
 use shadowbrain_runtime::clock::{Timestamp, parse_rfc3339, to_human, to_rfc3339};
-use shadowbrain_runtime::model::{AuditEntry, MemoryId, MemoryRecord, NewMemory};
+use shadowbrain_runtime::model::{MemoryId, NewMemory};
 use shadowbrain_runtime::retrieval::Scope;
-use shadowbrain_runtime::substrate::{RecallRequest, RecallResult};
+use shadowbrain_runtime::substrate::RecallRequest;
 
 use super::{RuntimeArgs, out, with_runtime};
 
@@ -149,7 +150,7 @@ fn time_arg(field: &str, s: Option<&str>) -> anyhow::Result<Option<Timestamp>> {
     Ok(s.map(|s| parse_rfc3339(field, s)).transpose()?)
 }
 
-fn out_json(value: &Value) -> anyhow::Result<()> {
+fn out_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     out(&serde_json::to_string_pretty(value)?)
 }
 
@@ -195,7 +196,7 @@ pub(super) fn recall(args: RecallArgs) -> anyhow::Result<()> {
             .await?)
     })?;
     if args.json {
-        return out_json(&recall_json(result)?);
+        return out_json(&api::RecallOut::from(result));
     }
     let n = result.memories.len();
     out(&format!(
@@ -244,11 +245,9 @@ pub(super) fn timeline(args: TimelineArgs) -> anyhow::Result<()> {
         Ok(rt.session(&namespace, &session)?.timeline(limit).await?)
     })?;
     if args.json {
-        let items = records
-            .iter()
-            .map(record_json)
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        return out_json(&json!({ "items": items }));
+        return out_json(&api::Timeline {
+            items: records.iter().cloned().map(api::Memory::from).collect(),
+        });
     }
     if records.is_empty() {
         return out(&format!(
@@ -278,10 +277,10 @@ pub(super) fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         Ok((memory.get().await?, memory.history().await?))
     })?;
     if args.json {
-        let entries: Vec<Value> = history.iter().map(history_json).collect();
-        return out_json(&json!({ "memory": record_json(&record)?, "history": entries }));
+        let history: Vec<api::HistoryEntry> = history.into_iter().map(Into::into).collect();
+        return out_json(&json!({ "memory": api::Memory::from(record), "history": history }));
     }
-    let mut fields = record_json(&record)?;
+    let mut fields = serde_json::to_value(api::Memory::from(record.clone()))?;
     if let Some(map) = fields.as_object_mut() {
         // The vector itself is noise on a terminal; its size says whether it is there.
         let embedding = match &record.embedding {
@@ -319,48 +318,4 @@ fn one_line(text: &str) -> String {
     } else {
         flat
     }
-}
-
-// The HTTP API's shapes. They mirror `server::recall_json` / `record_json`, which the
-// server keeps private; the CLI tests compare both outputs so the two cannot drift apart.
-
-/// The contract's recall answer: each memory's record fields, flattened, with its score and
-/// why (the embedding left out).
-fn recall_json(result: RecallResult) -> anyhow::Result<Value> {
-    let memories = result
-        .memories
-        .into_iter()
-        .map(|m| {
-            let mut item = record_json(&m.record)?;
-            item["score"] = json!(m.score);
-            item["why"] = json!(m.why);
-            Ok(item)
-        })
-        .collect::<anyhow::Result<Vec<Value>>>()?;
-    Ok(json!({
-        "recall_id": result.recall_id,
-        "policy": result.policy,
-        "memories": memories,
-        "context": result.context,
-    }))
-}
-
-/// A record as JSON, with its event time as `timestamp` in RFC 3339 and without its
-/// embedding.
-fn record_json(record: &MemoryRecord) -> anyhow::Result<Value> {
-    let mut value = serde_json::to_value(record).context("encoding a record")?;
-    if let Some(map) = value.as_object_mut() {
-        map.remove("embedding");
-        map.insert("timestamp".into(), json!(to_rfc3339(record.event_time)));
-    }
-    Ok(value)
-}
-
-fn history_json(e: &AuditEntry) -> Value {
-    json!({
-        "at": to_rfc3339(e.at),
-        "action": e.action,
-        "by": e.by,
-        "detail": e.detail,
-    })
 }

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use clap::Subcommand;
-use serde_json::{Value, json};
+use serde_json::Value;
 use shadowbrain_runtime::policy::Policy;
 
 /// `shadowbrain policy …`.
@@ -31,9 +31,11 @@ pub(super) fn run(command: PolicyCommand) -> anyhow::Result<()> {
             let policy = Policy::load(&file)?;
             let compiled = policy.to_json();
             let text = if json {
-                serde_json::to_string_pretty(
-                    &json!({ "name": policy.name, "hash": policy.hash, "policy": compiled }),
-                )?
+                serde_json::to_string_pretty(&shadowbrain::api::PolicyOut {
+                    name: policy.name.clone(),
+                    hash: policy.hash.clone(),
+                    policy: compiled,
+                })?
             } else {
                 format!(
                     "# {} compiles: policy `{}`, hash {}.\n# Every setting, defaults filled \
