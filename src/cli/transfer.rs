@@ -63,7 +63,7 @@ pub struct ReindexArgs {
 fn bar(total: Option<u64>, what: &'static str) -> ProgressBar {
     let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
     let template = match total {
-        Some(_) => "{prefix} [{bar:40}] {percent:>3}% {msg} ({elapsed}, {eta} left)",
+        Some(_) => "{prefix} [{wide_bar}] {percent:>3}% {msg} ({eta} left)",
         None => "{prefix} {spinner} {msg} ({elapsed})",
     };
     if let Ok(style) = ProgressStyle::with_template(template) {
@@ -267,7 +267,7 @@ pub(super) fn reindex(args: ReindexArgs) -> anyhow::Result<()> {
         if progress.length() != Some(total) {
             progress.set_length(total);
             if let Ok(style) = ProgressStyle::with_template(
-                "{prefix} [{bar:40}] {pos}/{len} records re-embedded {msg} ({elapsed}, {eta} left)",
+                "{prefix} [{wide_bar}] {pos}/{len} re-embedded {msg} ({eta} left)",
             ) {
                 progress.set_style(style.progress_chars("=> "));
             }
