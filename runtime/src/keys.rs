@@ -46,6 +46,9 @@ pub mod meta {
     pub const NEXT_ID: &str = "next_id";
     /// Next sequence number for the change log and the audit log (u64 BE).
     pub const NEXT_SEQ: &str = "next_seq";
+    /// The change log has been truncated through this sequence (u64 BE): an index whose
+    /// watermark is below it missed changes that can no longer be replayed.
+    pub const CHANGES_TRUNCATED: &str = "changes_truncated";
 }
 
 /// Timestamps are signed; flipping the sign bit makes their big-endian bytes sort in time

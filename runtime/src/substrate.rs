@@ -220,6 +220,8 @@ struct Inner {
     build_locks: [Mutex<()>; 2],
     /// The change log is truncated up to here (both indexes have built it).
     truncated: AtomicU64,
+    /// Index rebuilds since open (reconcile, `reindex`): a restart should cause none.
+    rebuilds: AtomicU64,
     wake: Mutex<Vec<mpsc::Sender<()>>>,
     /// The keyword committer and the vector builder: a tree build takes minutes on a busy
     /// machine, and keyword commits must not wait for it.
@@ -297,6 +299,7 @@ impl Substrate {
             apply_lock: Mutex::new(()),
             build_locks: [Mutex::new(()), Mutex::new(())],
             truncated: AtomicU64::new(0),
+            rebuilds: AtomicU64::new(0),
             wake: Mutex::new(Vec::new()),
             indexer: Mutex::new(Vec::new()),
             enrich_wake: Mutex::new(None),
@@ -588,8 +591,15 @@ impl Substrate {
         let first = store.first_change()?;
         let last = store.next_seq().saturating_sub(1);
         // An index older than the oldest kept change (lost, or from before a truncation)
-        // cannot be caught up from the log: rebuild it from the store.
-        let stale = |wm: u64| wm < last && first.is_none_or(|f| wm + 1 < f);
+        // cannot be caught up from the log: rebuild it from the store. The truncation mark
+        // says exactly how far the log was dropped; sequences are shared with the audit
+        // log, so without it (stores from before the mark) an index is judged by the first
+        // kept change, and an empty log after audits looked stale on every start.
+        let truncated = store.changes_truncated()?;
+        let stale = |wm: u64| match truncated {
+            Some(t) => wm < t,
+            None => wm < last && first.is_none_or(|f| wm + 1 < f),
+        };
         let vec_stale = stale(vec_wm)
             || (vec_wm == 0
                 && !store.is_empty()
@@ -696,6 +706,11 @@ impl Substrate {
         store.set_analyzer_version(crate::text::ANALYZER_VERSION)
     }
 
+    /// How many times an index was rebuilt from the store since open.
+    pub fn rebuilds(&self) -> u64 {
+        self.inner.rebuilds.load(Ordering::Relaxed)
+    }
+
     /// Rebuilds the chosen indexes from the store (what `shadowbrain reindex` runs).
     pub fn rebuild(&self, vectors: bool, keywords: bool) -> Result<()> {
         // Nothing may apply or build meanwhile (same lock order as `index_pass`).
@@ -709,6 +724,7 @@ impl Substrate {
             .build_locks
             .each_ref()
             .map(|l| l.lock().unwrap_or_else(|p| p.into_inner()));
+        self.inner.rebuilds.fetch_add(1, Ordering::Relaxed);
         let store = &self.inner.store;
         // Changes written from here on are replayed on top of the rebuild.
         let upto = store.next_seq().saturating_sub(1);

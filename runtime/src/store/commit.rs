@@ -506,6 +506,12 @@ impl Worker {
                             ops.push(Op::Delete(k.to_vec()));
                             Ok(Visit::Continue)
                         })?;
+                    // Sequences are shared with the audit log, so an empty log alone does
+                    // not say whether an index saw every change: remember how far it went.
+                    ops.push(Op::Put(
+                        keys::meta(keys::meta::CHANGES_TRUNCATED),
+                        upto.to_be_bytes().to_vec(),
+                    ));
                 }
                 Mutation::PutRaw(k, v) => {
                     check_raw(&k)?;

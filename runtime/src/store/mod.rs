@@ -555,6 +555,22 @@ impl Store {
         Ok(out)
     }
 
+    /// How far the change log has been truncated (`None` for a store that never truncated
+    /// it, or one written before the mark existed).
+    pub fn changes_truncated(&self) -> Result<Option<u64>> {
+        let key = keys::meta(keys::meta::CHANGES_TRUNCATED);
+        match self.inner.kv.get(&key)? {
+            Some(v) => {
+                let bytes: [u8; 8] = v.as_slice().try_into().map_err(|_| Error::Corrupt {
+                    key: keys::meta::CHANGES_TRUNCATED.into(),
+                    message: format!("{} bytes, expected 8", v.len()),
+                })?;
+                Ok(Some(u64::from_be_bytes(bytes)))
+            }
+            None => Ok(None),
+        }
+    }
+
     /// The oldest change-log sequence still kept, if any.
     pub fn first_change(&self) -> Result<Option<u64>> {
         Ok(self.changes_after(0, 1)?.first().map(|(s, _)| *s))

@@ -591,3 +591,45 @@ async fn another_model_of_the_same_dimension_is_refused() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_clean_restart_after_recalls_rebuilds_no_index() {
+    // Recalls write audit entries, which take sequence numbers from the same counter as
+    // the change log; once the log is truncated, the indexes' watermarks sit below the
+    // last sequence. That must not read as "the index missed changes" on the next start.
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (sub, _) = open(dir.path());
+        rec(
+            &sub,
+            "default",
+            "s1",
+            "observation",
+            "the invoice PDF had the wrong tax rate",
+        )
+        .await;
+        sub.flush_indexes().unwrap();
+        let hit = sub
+            .recall(&RecallRequest::new("default", "s1", "tax rate"))
+            .await
+            .unwrap();
+        assert_eq!(hit.memories.len(), 1);
+        sub.flush_indexes().unwrap();
+        sub.close().unwrap();
+    }
+    let (sub, _) = open(dir.path());
+    assert_eq!(sub.rebuilds(), 0, "a clean restart rebuilt an index");
+    let hit = sub
+        .recall(&RecallRequest::new("default", "s1", "tax rate"))
+        .await
+        .unwrap();
+    assert_eq!(hit.memories.len(), 1);
+    sub.close().unwrap();
+    drop(sub);
+
+    // A lost index is still noticed and rebuilt.
+    std::fs::remove_dir_all(dir.path().join("keywords")).unwrap();
+    let (sub, _) = open(dir.path());
+    assert_eq!(sub.rebuilds(), 1, "a missing keyword index was not rebuilt");
+    sub.close().unwrap();
+}
