@@ -8,14 +8,24 @@
 //! Phase 1: the clients write `--events` events in batches of `--batch` (`POST
 //! /v1/sessions/{id}/events`, batch `b` to session `s{b % sessions}`), each answered only
 //! once durable.
-//! Then both indexes are flushed (built). Phase 2: `--recalls` session-scoped recalls (`POST /v1/sessions/{id}/recall`) spread over
-//! the clients. Prints progress on stderr and, last, one JSON line.
+//! Then both indexes are flushed (built). Phase 2 (saturation): `--recalls` session-scoped
+//! recalls (`POST /v1/sessions/{id}/recall`), each client sending the next as soon as the
+//! last is answered. With 32 clients on 2 cores this measures throughput; its latency is
+//! queueing (Little's law: latency ≈ clients / throughput). Phase 3 (paced, `--rates
+//! 500,1000`): for `--paced-secs` each, the clients together send recalls at a fixed rate,
+//! each client on its own schedule, and latency counts from when a request was *due* (so
+//! a slow answer that delays the next request is not hidden). Prints progress on stderr
+//! and, last, one JSON line.
+//!
+//! The clients check each answer's shape without building a JSON tree: they share the
+//! cores with the server, and their own parsing would be counted against it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use serde::de::IgnoredAny;
 use serde_json::{Value, json};
 use shadowbrain::server::{self, Auth, Limits};
 use shadowbrain::{Runtime, RuntimeConfig};
@@ -42,6 +52,8 @@ struct Args {
     events: usize,
     batch: usize,
     recalls: usize,
+    rates: Vec<f64>,
+    paced_secs: f64,
 }
 
 fn args() -> Result<Args, String> {
@@ -51,6 +63,8 @@ fn args() -> Result<Args, String> {
         events: 100_000,
         batch: 100,
         recalls: 2_000,
+        rates: Vec::new(),
+        paced_secs: 10.0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -65,9 +79,20 @@ fn args() -> Result<Args, String> {
             "--events" => a.events = value()?,
             "--batch" => a.batch = value()?.clamp(1, 1000),
             "--recalls" => a.recalls = value()?,
+            "--paced-secs" => a.paced_secs = value()?.max(1) as f64,
+            "--rates" => {
+                a.rates = it
+                    .next()
+                    .unwrap_or_default()
+                    .split(',')
+                    .map(|r| r.trim().parse::<f64>().ok().filter(|r| *r > 0.0))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or("--rates needs positive numbers, e.g. --rates 500,1000")?;
+            }
             other => {
                 return Err(format!(
-                    "unknown flag {other}; use --clients, --sessions, --events, --batch, --recalls"
+                    "unknown flag {other}; use --clients, --sessions, --events, --batch, \
+                     --recalls, --rates, --paced-secs"
                 ));
             }
         }
@@ -91,7 +116,7 @@ impl Client {
         }
     }
 
-    async fn post(&mut self, path: &str, body: &str) -> (u16, Value) {
+    async fn post(&mut self, path: &str, body: &str) -> (u16, Vec<u8>) {
         let head = format!(
             "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
              Content-Length: {}\r\n\r\n",
@@ -121,8 +146,34 @@ impl Client {
         }
         let mut body = vec![0; length];
         self.stream.read_exact(&mut body).await.expect("body");
-        (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+        (status, body)
     }
+
+    /// A recall of session `s`; panics unless it is a 200 with memories.
+    async fn recall(&mut self, session: usize, query: &str) {
+        let body = json!({"query": query, "k": 10}).to_string();
+        let (status, answer) = self
+            .post(&format!("/v1/sessions/s{session}/recall"), &body)
+            .await;
+        let shape = serde_json::from_slice::<Recalled>(&answer);
+        assert!(
+            status == 200 && shape.is_ok_and(|r| !r.memories.is_empty()),
+            "{status} {}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+}
+
+/// What a recall answer must hold, checked without building a JSON tree.
+#[derive(serde::Deserialize)]
+struct Recalled {
+    memories: Vec<IgnoredAny>,
+}
+
+/// What an ingest answer must hold.
+#[derive(serde::Deserialize)]
+struct Written {
+    ids: Vec<IgnoredAny>,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -190,7 +241,12 @@ async fn main() {
                 let (status, answer) = client
                     .post(&format!("/v1/sessions/s{}/events", b % sessions), &body)
                     .await;
-                assert_eq!(status, 201, "{answer}");
+                let shape = serde_json::from_slice::<Written>(&answer);
+                assert!(
+                    status == 201 && shape.is_ok_and(|w| w.ids.len() == n),
+                    "{status} {}",
+                    String::from_utf8_lossy(&answer)
+                );
                 lat.push(t.elapsed().as_secs_f64() * 1000.0);
                 if b % 100 == 0 {
                     eprintln!(
@@ -228,15 +284,13 @@ async fn main() {
             let mut client = Client::connect(addr).await;
             let mut lat = Vec::with_capacity(per_client);
             for i in 0..per_client {
-                let body = json!({"query": TOPICS[(c + i) % TOPICS.len()], "k": 10}).to_string();
                 let t = Instant::now();
-                let (status, answer) = client
-                    .post(
-                        &format!("/v1/sessions/s{}/recall", (c * 7_919 + i * 31) % sessions),
-                        &body,
+                client
+                    .recall(
+                        (c * 7_919 + i * 31) % sessions,
+                        TOPICS[(c + i) % TOPICS.len()],
                     )
                     .await;
-                assert_eq!(status, 200, "{answer}");
                 lat.push(t.elapsed().as_secs_f64() * 1000.0);
             }
             lat
@@ -249,6 +303,33 @@ async fn main() {
     }
     let recall_s = t1.elapsed().as_secs_f64();
     recall_lat.sort_by(f64::total_cmp);
+    // Recall's reinforcement is committed after the answer: how far behind is it?
+    let t_sync = Instant::now();
+    rt.substrate()
+        .store()
+        .sync()
+        .await
+        .expect("the store syncs");
+    let backlog_s = t_sync.elapsed().as_secs_f64();
+    eprintln!("http_load: reinforcement writes caught up {backlog_s:.2} s after the last recall");
+
+    let mut paced = Vec::new();
+    for &rate in &a.rates {
+        let (lat, achieved) =
+            paced_recalls(addr, a.clients, a.sessions.min(batches), rate, a.paced_secs).await;
+        eprintln!(
+            "http_load: paced {rate:.0}/s: achieved {achieved:.0}/s, p50 {:.2} ms, p99 {:.2} ms",
+            percentile(&lat, 0.5),
+            percentile(&lat, 0.99)
+        );
+        paced.push(format!(
+            "{{\"rate\":{rate:.0},\"achieved_per_s\":{achieved:.0},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"p999_ms\":{:.3},\"max_ms\":{:.3}}}",
+            percentile(&lat, 0.5),
+            percentile(&lat, 0.99),
+            percentile(&lat, 0.999),
+            lat.last().copied().unwrap_or(0.0),
+        ));
+    }
 
     let _ = stop.send(());
     tokio::time::timeout(Duration::from_secs(120), served)
@@ -257,7 +338,7 @@ async fn main() {
         .expect("the server task")
         .expect("a clean shutdown");
     println!(
-        "{{\"clients\":{},\"sessions\":{},\"events\":{},\"batch\":{},\"events_per_s\":{:.0},\"batch_p50_ms\":{:.2},\"batch_p99_ms\":{:.2},\"recalls\":{},\"recalls_per_s\":{:.0},\"recall_p50_ms\":{:.3},\"recall_p99_ms\":{:.3}}}",
+        "{{\"clients\":{},\"sessions\":{},\"events\":{},\"batch\":{},\"events_per_s\":{:.0},\"batch_p50_ms\":{:.2},\"batch_p99_ms\":{:.2},\"recalls\":{},\"recalls_per_s\":{:.0},\"recall_p50_ms\":{:.3},\"recall_p99_ms\":{:.3},\"reinforcement_backlog_s\":{:.2},\"paced\":[{}]}}",
         a.clients,
         a.sessions,
         a.events,
@@ -269,5 +350,57 @@ async fn main() {
         recall_lat.len() as f64 / recall_s,
         percentile(&recall_lat, 0.5),
         percentile(&recall_lat, 0.99),
+        backlog_s,
+        paced.join(","),
     );
+}
+
+/// `clients` connections send recalls together at `rate` per second for `secs`: client `c`
+/// is due every `clients / rate` seconds, offset by `c / rate` so the arrivals interleave.
+/// Latency counts from when each request was due if the client was already behind (the
+/// last answer came late), else from when it was sent. Returns the sorted latencies (ms) and
+/// the rate achieved.
+async fn paced_recalls(
+    addr: SocketAddr,
+    clients: usize,
+    sessions: usize,
+    rate: f64,
+    secs: f64,
+) -> (Vec<f64>, f64) {
+    let interval = Duration::from_secs_f64(clients as f64 / rate);
+    let per_client = ((secs * rate) / clients as f64).ceil().max(1.0) as usize;
+    let start = Instant::now() + Duration::from_millis(200);
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..clients {
+        tasks.spawn(async move {
+            let mut client = Client::connect(addr).await;
+            let first = start + Duration::from_secs_f64(c as f64 / rate);
+            let mut lat = Vec::with_capacity(per_client);
+            for i in 0..per_client {
+                let due = first + interval * i as u32;
+                // Late because the last answer was late: count from when it was due.
+                // Late because the timer wheel ticks in milliseconds: that is this
+                // client's slack, not the server's, so count from the send.
+                let behind = Instant::now() > due;
+                tokio::time::sleep_until(due.into()).await;
+                let from = if behind { due } else { Instant::now() };
+                client
+                    .recall(
+                        (c * 7_919 + i * 31) % sessions,
+                        TOPICS[(c + i) % TOPICS.len()],
+                    )
+                    .await;
+                lat.push(from.elapsed().as_secs_f64() * 1000.0);
+            }
+            lat
+        });
+    }
+    let mut lat = Vec::new();
+    while let Some(t) = tasks.join_next().await {
+        lat.extend(t.expect("a paced reader"));
+    }
+    let took = start.elapsed().as_secs_f64();
+    lat.sort_by(f64::total_cmp);
+    let achieved = lat.len() as f64 / took;
+    (lat, achieved)
 }

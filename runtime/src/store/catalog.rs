@@ -103,33 +103,47 @@ impl Catalog {
     }
 
     /// The ids a query may see.
+    ///
+    /// Every step intersects with the (usually small) scope first: a session's few hundred
+    /// ids against a tier, never a union of whole tiers of 100k ids against the session,
+    /// and never a clone of the namespace's bitmap just to narrow it (those copies were a
+    /// visible part of a loaded server's recall CPU).
     pub fn candidates(&self, f: &Filter<'_>) -> RoaringBitmap {
         let Some(ns) = self.namespaces.get(f.namespace) else {
             return RoaringBitmap::new();
         };
-        let mut set = match (f.session, f.agent) {
-            (Some(s), _) => ns.sessions.get(s).cloned().unwrap_or_default(),
-            (None, Some(a)) => ns.agents.get(a).cloned().unwrap_or_default(),
-            (None, None) => ns.all.clone(),
+        let base = match (f.session, f.agent) {
+            (Some(s), _) => ns.sessions.get(s),
+            (None, Some(a)) => ns.agents.get(a),
+            (None, None) => Some(&ns.all),
+        };
+        let Some(base) = base else {
+            return RoaringBitmap::new();
+        };
+        let mut set = match f.tiers {
+            Some(tiers) => {
+                let mut kept = RoaringBitmap::new();
+                for t in tiers {
+                    kept |= base & &self.tiers[tier_index(*t)];
+                }
+                kept
+            }
+            None => base.clone(),
         };
         if let (Some(_), Some(a)) = (f.session, f.agent) {
-            set &= ns.agents.get(a).cloned().unwrap_or_default();
-        }
-        if let Some(tiers) = f.tiers {
-            let mut allowed = RoaringBitmap::new();
-            for t in tiers {
-                allowed |= &self.tiers[tier_index(*t)];
+            match ns.agents.get(a) {
+                Some(agent) => set &= agent,
+                None => set.clear(),
             }
-            set &= allowed;
         }
         if let Some(kinds) = f.kinds {
-            let mut allowed = RoaringBitmap::new();
+            let mut kept = RoaringBitmap::new();
             for k in kinds {
                 if let Some(b) = ns.kinds.get(k) {
-                    allowed |= b;
+                    kept |= &set & b;
                 }
             }
-            set &= allowed;
+            set = kept;
         }
         if f.recallable_only {
             set &= &self.recallable;
