@@ -2,9 +2,11 @@
 //!
 //! Two kinds of figures: those the server counts as requests pass (requests by route,
 //! method and status; their latency; events ingested; recalls), and those read from the
-//! runtime when Prometheus scrapes (live session actors, actor restarts, quarantined
-//! inputs, stored records, changes the indexes have not built yet). Reading the latter at
-//! scrape time keeps the write path free of bookkeeping.
+//! runtime when Prometheus scrapes (live session actors, session messages in flight,
+//! actor restarts, quarantined inputs, records by tier, archived records, work-queue and
+//! commit backlogs, changes the indexes have not built yet, promotions, embedder errors,
+//! index rebuilds). Reading the latter at scrape time keeps the write path free of
+//! bookkeeping.
 
 use std::sync::Mutex;
 
@@ -15,6 +17,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use shadowbrain_actors::Runtime;
+use shadowbrain_runtime::model::Tier;
+use shadowbrain_runtime::store::Queue;
 
 /// A request's route (the path pattern, not the path: ids would explode the label set),
 /// method and status.
@@ -35,6 +39,19 @@ struct IndexLabels {
     index: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TierLabels {
+    tier: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    queue: &'static str,
+}
+
+/// A work queue is counted up to this many items per scrape.
+const QUEUE_COUNT_CAP: usize = 1_000_000;
+
 /// The server's metrics and their registry.
 #[derive(Debug)]
 pub struct Metrics {
@@ -48,6 +65,14 @@ pub struct Metrics {
     quarantined: Gauge,
     records: Gauge,
     unbuilt: Family<IndexLabels, Gauge>,
+    in_flight: Gauge,
+    by_tier: Family<TierLabels, Gauge>,
+    archived: Gauge,
+    queues: Family<QueueLabels, Gauge>,
+    commit_backlog: Gauge,
+    promotions: Counter,
+    provider_errors: Counter,
+    rebuilds: Counter,
 }
 
 impl Default for Metrics {
@@ -109,6 +134,55 @@ impl Metrics {
             "Changes staged in an index's tail and not yet built (enrichment lag)",
             unbuilt.clone(),
         );
+        let in_flight = Gauge::default();
+        registry.register(
+            "session_messages_in_flight",
+            "Messages sent to session actors and not yet answered (their mailboxes' depth)",
+            in_flight.clone(),
+        );
+        let by_tier = Family::<TierLabels, Gauge>::default();
+        registry.register(
+            "records_by_tier",
+            "Records in the store by tier (knowledge: promoted lessons)",
+            by_tier.clone(),
+        );
+        let archived = Gauge::default();
+        registry.register(
+            "archived_records",
+            "Records archived by the forgetting policy or by DELETE, kept until purged",
+            archived.clone(),
+        );
+        let queues = Family::<QueueLabels, Gauge>::default();
+        registry.register(
+            "work_queue_depth",
+            "Records waiting in a durable work queue (enrich: embedding lag; evaluate: the \
+             judge; condense)",
+            queues.clone(),
+        );
+        let commit_backlog = Gauge::default();
+        registry.register(
+            "store_commit_backlog",
+            "Write sets waiting for the store's group commit",
+            commit_backlog.clone(),
+        );
+        let promotions = Counter::default();
+        registry.register(
+            "promotions",
+            "Condensed records promoted into, or merged with, the knowledge pool",
+            promotions.clone(),
+        );
+        let provider_errors = Counter::default();
+        registry.register(
+            "provider_errors",
+            "Embedder (provider) calls that failed",
+            provider_errors.clone(),
+        );
+        let rebuilds = Counter::default();
+        registry.register(
+            "index_rebuilds",
+            "Index rebuilds from the store (a clean restart causes none)",
+            rebuilds.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             requests,
@@ -120,6 +194,14 @@ impl Metrics {
             quarantined,
             records,
             unbuilt,
+            in_flight,
+            by_tier,
+            archived,
+            queues,
+            commit_backlog,
+            promotions,
+            provider_errors,
+            rebuilds,
         }
     }
 
@@ -173,10 +255,51 @@ impl Metrics {
                 .get_or_create(&IndexLabels { index })
                 .set(i64::try_from(pending).unwrap_or(i64::MAX));
         }
+        self.in_flight.set(gauge(rt.session_calls_in_flight()));
+        let store = sub.store();
+        for (tier, t) in [
+            ("episodic", Tier::Episodic),
+            ("condensed", Tier::Condensed),
+            ("knowledge", Tier::Knowledge),
+        ] {
+            self.by_tier
+                .get_or_create(&TierLabels { tier })
+                .set(gauge(store.tier_len(t)));
+        }
+        self.archived.set(gauge(store.archived_len()));
+        for (queue, q) in [
+            ("enrich", Queue::Enrich),
+            ("evaluate", Queue::Evaluate),
+            ("condense", Queue::Condense),
+        ] {
+            if let Ok(n) = store.queue_depth(q, QUEUE_COUNT_CAP) {
+                self.queues
+                    .get_or_create(&QueueLabels { queue })
+                    .set(gauge(n as u64));
+            }
+        }
+        self.commit_backlog.set(gauge(store.commit_backlog()));
+        catch_up(&self.promotions, sub.promotions());
+        catch_up(&self.provider_errors, sub.provider_errors());
+        catch_up(&self.rebuilds, sub.rebuilds());
         let mut text = String::new();
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
         text
+    }
+}
+
+/// A count as a gauge value (saturating: a gauge is an `i64`).
+fn gauge(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Moves a Prometheus counter up to a total the runtime keeps (counters only go up; the
+/// runtime's totals are since open, like the counter's).
+fn catch_up(counter: &Counter, total: u64) {
+    let seen = counter.get();
+    if total > seen {
+        counter.inc_by(total - seen);
     }
 }

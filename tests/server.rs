@@ -370,6 +370,30 @@ fn feedback_condense_sessions_memories_knowledge_and_policy_answer() {
     );
     assert!(entries.iter().any(|e| e["by"] == "api"), "{history}");
 
+    // The runtime's figures, read when scraped.
+    let metrics = http_text(addr, "/metrics");
+    for line in [
+        "shadowbrain_archived_records 1",
+        r#"shadowbrain_records_by_tier{tier="condensed"} 1"#,
+        r#"shadowbrain_records_by_tier{tier="knowledge"} 0"#,
+        "shadowbrain_session_messages_in_flight 0",
+        "shadowbrain_provider_errors_total 0",
+        "shadowbrain_index_rebuilds_total 0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "`{line}` missing from:\n{metrics}"
+        );
+    }
+    for name in [
+        r#"shadowbrain_work_queue_depth{queue="enrich"}"#,
+        r#"shadowbrain_work_queue_depth{queue="condense"}"#,
+        "shadowbrain_store_commit_backlog",
+        "shadowbrain_promotions_total",
+    ] {
+        assert!(metrics.contains(name), "`{name}` missing from:\n{metrics}");
+    }
+
     let (status, knowledge) = post(
         addr,
         "/v1/knowledge/search",

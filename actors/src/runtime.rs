@@ -3,6 +3,7 @@
 //! see an `ActorRef`, and every failure comes back as a [`shadowbrain_runtime::Error`].
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -128,6 +129,9 @@ struct Inner {
     registry: Registry,
     directory: Directory,
     config: RuntimeConfig,
+    /// Session messages sent and not yet answered: the depth of every session mailbox
+    /// together (ractor does not expose a mailbox's length).
+    in_flight: AtomicU64,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -179,6 +183,7 @@ impl Runtime {
                 registry,
                 directory,
                 config,
+                in_flight: AtomicU64::new(0),
             }),
         })
     }
@@ -200,6 +205,12 @@ impl Runtime {
                 session: session.to_string(),
             },
         })
+    }
+
+    /// Session messages sent and not yet answered, over every session: the runtime's
+    /// mailbox depth.
+    pub fn session_calls_in_flight(&self) -> u64 {
+        self.inner.in_flight.load(Ordering::Relaxed)
     }
 
     /// Session actors alive now (idle ones stop by themselves).
@@ -460,6 +471,7 @@ impl Runtime {
         request: impl Fn(RpcReplyPort<Result<T>>) -> SessionMessage,
     ) -> Result<T> {
         let what = key.describe();
+        let _queued = InFlight::enter(&self.inner.in_flight);
         let mut last = None;
         for attempt in 0..2 {
             let actor = self.session_actor(key, attempt > 0).await?;
@@ -474,6 +486,22 @@ impl Runtime {
             what,
             message: "no session actor could be reached".into(),
         }))
+    }
+}
+
+/// Counts one message in flight until dropped (answered, failed or cancelled alike).
+struct InFlight<'a>(&'a AtomicU64);
+
+impl<'a> InFlight<'a> {
+    fn enter(counter: &'a AtomicU64) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        InFlight(counter)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

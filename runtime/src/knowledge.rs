@@ -221,6 +221,17 @@ impl Substrate {
     /// Promotes a condensed record into the namespace knowledge pool, or merges it into a
     /// knowledge record within the policy's `merge_similarity` (see the module docs).
     pub async fn promote(&self, namespace: &str, id: MemoryId, by: &str) -> Result<Promotion> {
+        let promotion = self.promote_once(namespace, id, by).await?;
+        if matches!(
+            promotion,
+            Promotion::Created { .. } | Promotion::Merged { .. }
+        ) {
+            self.count_promotion();
+        }
+        Ok(promotion)
+    }
+
+    async fn promote_once(&self, namespace: &str, id: MemoryId, by: &str) -> Result<Promotion> {
         let store = self.store();
         if let Some(k) = store.get_raw(&keys::promoted(id))? {
             let knowledge = <[u8; 4]>::try_from(k.as_slice())

@@ -222,6 +222,10 @@ struct Inner {
     truncated: AtomicU64,
     /// Index rebuilds since open (reconcile, `reindex`): a restart should cause none.
     rebuilds: AtomicU64,
+    /// Embedder calls that failed since open (each retried later, or the caller told).
+    provider_errors: AtomicU64,
+    /// Condensed records promoted into (or merged with) knowledge since open.
+    promotions: AtomicU64,
     wake: Mutex<Vec<mpsc::Sender<()>>>,
     /// The keyword committer and the vector builder: a tree build takes minutes on a busy
     /// machine, and keyword commits must not wait for it.
@@ -306,6 +310,8 @@ impl Substrate {
             build_locks: [Mutex::new(()), Mutex::new(())],
             truncated: AtomicU64::new(0),
             rebuilds: AtomicU64::new(0),
+            provider_errors: AtomicU64::new(0),
+            promotions: AtomicU64::new(0),
             wake: Mutex::new(Vec::new()),
             indexer: Mutex::new(Vec::new()),
             enrich_wake: Mutex::new(None),
@@ -451,7 +457,7 @@ impl Substrate {
                 .collect();
             if !missing.is_empty() {
                 let texts: Vec<String> = missing.iter().map(|i| valid[*i].text.clone()).collect();
-                let vecs = self.inner.embedder.embed(&texts).await?;
+                let vecs = self.embed(&texts).await?;
                 for (i, v) in missing.into_iter().zip(vecs) {
                     embeddings[i] = Some(v);
                 }
@@ -566,7 +572,7 @@ impl Substrate {
         let vecs = if texts.is_empty() {
             Vec::new()
         } else {
-            self.inner.embedder.embed(&texts).await?
+            self.embed(&texts).await?
         };
         let now = self.inner.clock.now();
         for (r, v) in records.iter().zip(vecs) {
@@ -713,6 +719,29 @@ impl Substrate {
             None => {}
         }
         store.set_analyzer_version(crate::text::ANALYZER_VERSION)
+    }
+
+    /// Embedder calls that failed since open.
+    pub fn provider_errors(&self) -> u64 {
+        self.inner.provider_errors.load(Ordering::Relaxed)
+    }
+
+    /// Promotions into the knowledge pool (new records or merges) since open.
+    pub fn promotions(&self) -> u64 {
+        self.inner.promotions.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_promotion(&self) {
+        self.inner.promotions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The embedder, with its failures counted for the metrics.
+    async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>> {
+        let embedded = self.inner.embedder.embed(texts).await;
+        if embedded.is_err() {
+            self.inner.provider_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        embedded
     }
 
     /// How many times an index was rebuilt from the store since open.
@@ -1155,12 +1184,7 @@ impl Substrate {
                 Some(v.clone())
             }
             None if req.query.trim().is_empty() => None,
-            None => self
-                .inner
-                .embedder
-                .embed(std::slice::from_ref(&req.query))
-                .await?
-                .pop(),
+            None => self.embed(std::slice::from_ref(&req.query)).await?.pop(),
         };
         let policy = self.policy();
         let sub = self.clone();

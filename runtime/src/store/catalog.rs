@@ -32,6 +32,7 @@ pub struct Filter<'a> {
 #[derive(Debug, Default)]
 pub struct Catalog {
     recallable: RoaringBitmap,
+    archived: RoaringBitmap,
     tiers: [RoaringBitmap; 3],
     namespaces: HashMap<String, Scoped>,
 }
@@ -61,6 +62,11 @@ impl Catalog {
         } else {
             self.recallable.remove(n);
         }
+        if h.status == Status::Archived {
+            self.archived.insert(n);
+        } else {
+            self.archived.remove(n);
+        }
         self.tiers[tier_index(h.tier)].insert(n);
         let ns = self.namespaces.entry(h.namespace.clone()).or_default();
         ns.all.insert(n);
@@ -81,12 +87,18 @@ impl Catalog {
         } else {
             self.recallable.remove(id.0);
         }
+        if status == Status::Archived {
+            self.archived.insert(id.0);
+        } else {
+            self.archived.remove(id.0);
+        }
     }
 
     /// Removes a purged record.
     pub fn remove(&mut self, id: MemoryId, h: &Header) {
         let n = id.0;
         self.recallable.remove(n);
+        self.archived.remove(n);
         self.tiers[tier_index(h.tier)].remove(n);
         if let Some(ns) = self.namespaces.get_mut(&h.namespace) {
             ns.all.remove(n);
@@ -149,6 +161,16 @@ impl Catalog {
             set &= &self.recallable;
         }
         set
+    }
+
+    /// Records of one tier.
+    pub fn tier_len(&self, tier: Tier) -> u64 {
+        self.tiers[tier_index(tier)].len()
+    }
+
+    /// Archived records (kept for history until purged).
+    pub fn archived_len(&self) -> u64 {
+        self.archived.len()
     }
 
     /// Number of records known.

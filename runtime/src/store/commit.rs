@@ -72,6 +72,8 @@ pub(super) struct Committer {
     next_seq: Arc<AtomicU64>,
     commits: Arc<AtomicU64>,
     write_sets: Arc<AtomicU64>,
+    /// Write sets submitted and not yet committed (or refused).
+    backlog: Arc<AtomicU64>,
 }
 
 enum CatalogOp {
@@ -92,6 +94,7 @@ struct Worker {
     overlay: HashMap<MemoryId, Option<Vec<u8>>>,
     commits: Arc<AtomicU64>,
     write_sets: Arc<AtomicU64>,
+    backlog: Arc<AtomicU64>,
 }
 
 impl Committer {
@@ -105,6 +108,7 @@ impl Committer {
         let shared_seq = Arc::new(AtomicU64::new(next_seq));
         let commits = Arc::new(AtomicU64::new(0));
         let write_sets = Arc::new(AtomicU64::new(0));
+        let backlog = Arc::new(AtomicU64::new(0));
         let mut worker = Worker {
             kv,
             catalog,
@@ -115,6 +119,7 @@ impl Committer {
             overlay: HashMap::new(),
             commits: commits.clone(),
             write_sets: write_sets.clone(),
+            backlog: backlog.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("store-commit".into())
@@ -126,6 +131,7 @@ impl Committer {
             next_seq: shared_seq,
             commits,
             write_sets,
+            backlog,
         })
     }
 
@@ -148,8 +154,16 @@ impl Committer {
     fn submit(&self, writes: WriteSet, reply: Reply) -> Result<()> {
         let guard = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         let tx = guard.as_ref().ok_or(Error::Closed)?;
-        tx.send(Request { writes, reply })
-            .map_err(|_| Error::Closed)
+        self.backlog.fetch_add(1, Ordering::Relaxed);
+        tx.send(Request { writes, reply }).map_err(|_| {
+            self.backlog.fetch_sub(1, Ordering::Relaxed);
+            Error::Closed
+        })
+    }
+
+    /// Write sets waiting for the commit thread.
+    pub(super) fn backlog(&self) -> u64 {
+        self.backlog.load(Ordering::Relaxed)
     }
 
     pub(super) fn next_seq(&self) -> u64 {
@@ -190,8 +204,10 @@ impl Worker {
     }
 
     fn commit_group(&mut self, group: Vec<Request>) {
+        let n = group.len() as u64;
         self.commit_group_inner(group);
         self.overlay.clear();
+        self.backlog.fetch_sub(n, Ordering::Relaxed);
     }
 
     fn commit_group_inner(&mut self, group: Vec<Request>) {

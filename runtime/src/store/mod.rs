@@ -26,7 +26,7 @@ use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 use crate::keys::{self, family, meta};
 use crate::kv::{self, Backend, Kv, Range, Visit, Visitor};
-use crate::model::{AuditEntry, MemoryId, MemoryRecord, Status};
+use crate::model::{AuditEntry, MemoryId, MemoryRecord, Status, Tier};
 
 /// The on-disk format this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -636,6 +636,44 @@ impl Store {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .candidates(filter)
+    }
+
+    /// Records of one tier.
+    pub fn tier_len(&self, tier: Tier) -> u64 {
+        self.catalog().tier_len(tier)
+    }
+
+    /// Archived records (soft-deleted or faded; kept for history until purged).
+    pub fn archived_len(&self) -> u64 {
+        self.catalog().archived_len()
+    }
+
+    /// Write sets waiting for the commit thread (recall's reinforcement among them).
+    pub fn commit_backlog(&self) -> u64 {
+        self.inner.committer.backlog()
+    }
+
+    /// Items in a work queue, counted up to `cap` (a scrape must stay cheap however far
+    /// behind a queue is).
+    pub fn queue_depth(&self, queue: Queue, cap: usize) -> Result<usize> {
+        let prefix = keys::queue_prefix(queue as u8);
+        let mut end = Vec::new();
+        let mut n = 0;
+        self.inner
+            .kv
+            .scan(Range::prefix(&prefix, &mut end), false, &mut |_, _| {
+                n += 1;
+                Ok(if n >= cap {
+                    Visit::Stop
+                } else {
+                    Visit::Continue
+                })
+            })?;
+        Ok(n)
+    }
+
+    fn catalog(&self) -> std::sync::RwLockReadGuard<'_, Catalog> {
+        self.inner.catalog.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Number of records in the store.

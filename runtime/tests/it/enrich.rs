@@ -122,6 +122,9 @@ async fn remote_embeddings_arrive_in_the_background_and_survive_outages() {
         provider.requests.load(Ordering::SeqCst) > 0
     })
     .await;
+    // What an operator sees: the failure counted, the record waiting in the queue.
+    wait_until("the failure is counted", || sub.provider_errors() > 0).await;
+    assert_eq!(sub.store().queue_depth(Queue::Enrich, 100).unwrap(), 1);
     assert!(
         sub.store()
             .get(ids[0])
@@ -153,6 +156,7 @@ async fn reopen_and_finish(
         sub.store().queued(Queue::Enrich, 10).unwrap().is_empty()
     })
     .await;
+    assert_eq!(sub.store().queue_depth(Queue::Enrich, 100).unwrap(), 0);
     let r = sub.store().get(id).unwrap().unwrap();
     assert_eq!(r.embedding.as_ref().map(Vec::len), Some(384));
     assert!(found_by_vector(&sub, "load balancer certificate").await);

@@ -128,6 +128,9 @@ async fn a_proven_lesson_is_promoted_merged_and_recalled_by_other_sessions_only_
         }
     );
     assert_eq!(sub.get("acme", knowledge).unwrap().sources, vec![c1, c2]);
+    // Created and merged count; "not yet" and "already" do not.
+    assert_eq!(sub.promotions(), 2);
+    assert_eq!(sub.store().tier_len(Tier::Knowledge), 1);
 
     // A misleading lesson that failed is never admitted.
     let bad = condensed_lesson(
