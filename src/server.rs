@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -32,6 +33,7 @@ use shadowbrain_runtime::error::Error;
 use shadowbrain_runtime::lifecycle::FeedbackTarget;
 use shadowbrain_runtime::model::{MemoryId, NewMemory, Status};
 use shadowbrain_runtime::substrate::RecallRequest;
+use tracing::Instrument;
 use utoipa::OpenApi;
 
 use crate::api::{
@@ -379,13 +381,23 @@ async fn track(
     request: Request,
     next: Next,
 ) -> Response {
+    static NEXT_REQUEST: AtomicU64 = AtomicU64::new(1);
     let route = matched.map_or_else(|| "unmatched".to_string(), |m| m.as_str().to_string());
     let method = request.method().to_string();
+    // Everything logged while the request runs (a failed write, a provider error) carries
+    // its id, method and route; `RUST_LOG=shadowbrain=debug` also logs each answer.
+    let span = tracing::info_span!(
+        "request",
+        id = NEXT_REQUEST.fetch_add(1, Ordering::Relaxed),
+        method = %method,
+        route = %route,
+    );
     let started = std::time::Instant::now();
-    let response = next.run(request).await;
+    let response = next.run(request).instrument(span.clone()).await;
     let status = response.status().as_u16();
-    s.metrics
-        .observe(&route, &method, status, started.elapsed().as_secs_f64());
+    let seconds = started.elapsed().as_secs_f64();
+    span.in_scope(|| tracing::debug!(status, ms = seconds * 1e3, "answered"));
+    s.metrics.observe(&route, &method, status, seconds);
     response
 }
 

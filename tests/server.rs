@@ -691,6 +691,7 @@ fn sigterm_drains_flushes_and_exits_zero() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
         .args(["serve", "--addr", "127.0.0.1:0", "--data"])
         .arg(&data)
+        .env("RUST_LOG", "shadowbrain=debug")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -714,6 +715,16 @@ fn sigterm_drains_flushes_and_exits_zero() {
     let said = stderr.join().unwrap();
     assert_eq!(exit.code(), Some(0), "{exit:?}: {said}");
     assert!(said.contains("drained and flushed"), "{said}");
+    // Each request ran in a span naming it, and was logged when answered.
+    let answered = said
+        .lines()
+        .filter(|l| {
+            l.contains("request{id=")
+                && l.contains("method=POST route=/v1/sessions/{session_id}/events")
+                && l.contains("answered status=201")
+        })
+        .count();
+    assert_eq!(answered, 20, "{said}");
 
     let tokio = tokio::runtime::Runtime::new().unwrap();
     tokio.block_on(async {
