@@ -15,10 +15,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use shadowbrain::server::{self, ApiKey, Auth, Limits};
+use shadowbrain::config::ConfigFile;
+use shadowbrain::server;
 use shadowbrain::{Runtime, RuntimeConfig};
 use shadowbrain_runtime::embed::{EmbedderConfig, build_embedder};
 use shadowbrain_runtime::kv::Backend;
+use shadowbrain_runtime::llm::LlmKind;
 use shadowbrain_runtime::store::Store;
 
 /// shadowbrain: long-term memory for LLM agents.
@@ -76,7 +78,8 @@ enum Command {
         /// A policy file (TOML); the built-in default policy without one.
         #[arg(long)]
         policy: Option<PathBuf>,
-        /// A config file (TOML): `[embedder]` (default: `hash`) and `[[auth.keys]]`.
+        /// A config file (TOML): `[embedder]` (default `hash`), `[llm]`, `[[auth.keys]]` and
+        /// `[limits]`; any key can be overridden as `SHADOWBRAIN__SECTION__KEY`.
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -103,42 +106,15 @@ enum Command {
     Reindex(transfer::ReindexArgs),
 }
 
-/// Reads the config file (TOML), with `SHADOWBRAIN__SECTION__KEY` environment overrides.
-fn load_config(path: Option<&Path>) -> anyhow::Result<config::Config> {
-    let mut builder = config::Config::builder();
-    if let Some(p) = path {
-        builder = builder.add_source(config::File::from(p).format(config::FileFormat::Toml));
-    }
-    builder
-        .add_source(
-            config::Environment::with_prefix("SHADOWBRAIN")
-                .prefix_separator("__")
-                .separator("__")
-                .try_parsing(true),
-        )
-        .build()
-        .with_context(|| "reading the config file")
+/// Reads and checks the config file (TOML), with `SHADOWBRAIN__SECTION__KEY` environment
+/// overrides (see [`shadowbrain::config`]).
+fn load_config(path: Option<&Path>) -> anyhow::Result<ConfigFile> {
+    ConfigFile::load(path)
 }
 
 /// The `[embedder]` section (default: `hash`).
-fn embedder_config(cfg: &config::Config) -> anyhow::Result<EmbedderConfig> {
-    match cfg.get::<EmbedderConfig>("embedder") {
-        Ok(c) => Ok(c),
-        Err(config::ConfigError::NotFound(_)) => Ok(EmbedderConfig::default()),
-        Err(e) => Err(anyhow::anyhow!("the [embedder] section is invalid: {e}")),
-    }
-}
-
-/// The `[[auth.keys]]` of the config file (none: no key needed, namespace `default`).
-fn auth(cfg: &config::Config) -> anyhow::Result<Auth> {
-    match cfg.get::<Vec<ApiKey>>("auth.keys") {
-        Ok(keys) => Auth::with_keys(&keys),
-        Err(config::ConfigError::NotFound(_)) => Ok(Auth::open()),
-        Err(e) => Err(anyhow::anyhow!(
-            "the [[auth.keys]] entries are invalid: {e}; each needs `sha256` (hex SHA-256 of \
-             the key) and `namespace`"
-        )),
-    }
+fn embedder_config(cfg: &ConfigFile) -> anyhow::Result<EmbedderConfig> {
+    Ok(cfg.embedder.clone())
 }
 
 /// Opens the runtime, listens, and serves until a shutdown signal.
@@ -146,8 +122,9 @@ async fn serve(
     addr: SocketAddr,
     data: &Path,
     config: RuntimeConfig,
-    auth: Auth,
+    file: ConfigFile,
 ) -> anyhow::Result<()> {
+    let auth = file.auth;
     let rt = Runtime::open(config)
         .await
         .with_context(|| format!("opening the data directory {}", data.display()))?;
@@ -162,7 +139,14 @@ async fn serve(
         data.display(),
         listener.local_addr()?
     ));
-    server::serve(listener, rt, Limits::default(), auth, shutdown_signal()).await?;
+    if file.llm.kind != LlmKind::None {
+        tracing::warn!(
+            "[llm] names an endpoint, but this build has no LLM judge or condenser yet: \
+             importance comes from the policy's rules and condensation is extractive \
+             (each record's history says so)"
+        );
+    }
+    server::serve(listener, rt, file.limits.http(), auth, shutdown_signal()).await?;
     say(format_args!("drained and flushed; bye"));
     Ok(())
 }
@@ -225,9 +209,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     .with_context(|| format!("loading the policy {}", policy.display()))?;
             }
             let cfg = load_config(config.as_deref())?;
-            rt_config.substrate.embedder = build_embedder(&embedder_config(&cfg)?)?;
-            let auth = auth(&cfg)?;
-            tokio::runtime::Runtime::new()?.block_on(serve(addr, &data, rt_config, auth))
+            rt_config.substrate.embedder = build_embedder(&cfg.embedder)?;
+            rt_config.substrate.limits = cfg.limits.input();
+            tokio::runtime::Runtime::new()?.block_on(serve(addr, &data, rt_config, cfg))
         }
         Command::Record(args) => memory::record(args),
         Command::Recall(args) => memory::recall(args),
@@ -286,7 +270,8 @@ fn runtime_config(args: &RuntimeArgs) -> anyhow::Result<RuntimeConfig> {
             .with_context(|| format!("loading the policy {}", policy.display()))?;
     }
     let cfg = load_config(args.store.config.as_deref())?;
-    config.substrate.embedder = build_embedder(&embedder_config(&cfg)?)?;
+    config.substrate.embedder = build_embedder(&cfg.embedder)?;
+    config.substrate.limits = cfg.limits.input();
     config.substrate.backend = backend_of(data);
     config.decay_check = None;
     Ok(config)

@@ -7,5 +7,6 @@ pub use shadowbrain_actors::{Fault, KnowledgeHandle, Runtime, RuntimeConfig, Ses
 pub use shadowbrain_runtime as substrate;
 
 pub mod api;
+pub mod config;
 pub mod metrics;
 pub mod server;

@@ -905,3 +905,82 @@ fn openapi_documents_every_route_and_answers_match_its_schemas() {
     let recall_in = &schemas["RecallIn"];
     assert_eq!(recall_in["required"], json!(["query"]), "{recall_in}");
 }
+
+#[test]
+fn the_config_file_sets_limits_and_keys_with_environment_overrides() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("shadowbrain.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[limits]\nmax_k = 5\ntext_bytes = 64\n\n[[auth.keys]]\nsha256 = \"{}\"\nnamespace = \"acme\"\n",
+            sha256_hex("secret-key")
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
+        .arg(dir.path().join("data"))
+        .arg("--config")
+        .arg(&config)
+        // The environment wins over the file.
+        .env("SHADOWBRAIN__LIMITS__MAX_K", "3")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (addr, _stderr) = wait_for_address(child.stderr.take().unwrap());
+    let key = Some("secret-key");
+    let (status, _) = http(addr, "GET", "/v1/sessions", None);
+    assert_eq!(status, 401, "keys from the file are required");
+    let (status, long) = http_as(
+        addr,
+        key,
+        "POST",
+        "/v1/sessions/s/events",
+        Some(
+            json!({"kind": "observation", "text": "x".repeat(65)})
+                .to_string()
+                .as_bytes(),
+        ),
+    );
+    assert_eq!((status, error_code(&long)), (413, "too_large"), "{long}");
+    let (status, ok) = http_as(
+        addr,
+        key,
+        "POST",
+        "/v1/sessions/s/events",
+        Some(br#"{"kind":"observation","text":"short enough"}"#),
+    );
+    assert_eq!(status, 201, "{ok}");
+    let (status, four) = http_as(
+        addr,
+        key,
+        "POST",
+        "/v1/sessions/s/recall",
+        Some(br#"{"query":"short","k":4}"#),
+    );
+    assert_eq!((status, error_code(&four)), (422, "invalid_k"), "{four}");
+    let (status, three) = http_as(
+        addr,
+        key,
+        "POST",
+        "/v1/sessions/s/recall",
+        Some(br#"{"query":"short","k":3}"#),
+    );
+    assert_eq!(status, 200, "{three}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // A mistake in the file stops the start with what to fix.
+    std::fs::write(&config, "[limits]\nmax_kk = 5\n").unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
+        .arg(dir.path().join("data"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{said}");
+    assert!(said.contains("max_kk"), "{said}");
+}

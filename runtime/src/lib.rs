@@ -15,6 +15,7 @@ pub mod keyword;
 pub mod knowledge;
 pub mod kv;
 pub mod lifecycle;
+pub mod llm;
 pub mod model;
 pub mod policy;
 pub mod quarantine;

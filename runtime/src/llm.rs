@@ -1,0 +1,152 @@
+//! The `[llm]` section of the server configuration (DESIGN §6): which chat-completions
+//! endpoint judges importance and condenses windows when the policy asks for `llm` or
+//! `hybrid` evaluation. This module holds the section's shape and its validation, so a
+//! config file is checked, with every mistake named, when the server starts; the provider
+//! that speaks to the endpoint plugs into the judge seam of [`crate::evaluate`].
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Who answers the judge's and the condenser's prompts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LlmKind {
+    /// No model: rules score importance and condensation is extractive.
+    #[default]
+    None,
+    /// Any OpenAI-compatible chat-completions endpoint (OpenAI, Ollama, vLLM, LM Studio).
+    Openai,
+}
+
+/// The `[llm]` section. Every key is optional; an absent section is `kind = "none"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LlmConfig {
+    /// `none` (default) or `openai`.
+    pub kind: LlmKind,
+    /// `openai`: the API root, e.g. `http://127.0.0.1:11434/v1`.
+    pub base_url: Option<String>,
+    /// `openai`: the model name (required for `openai`).
+    pub model: Option<String>,
+    /// Name of the environment variable holding the API key (the key itself never appears
+    /// in a file or a log). Default `OPENAI_API_KEY`.
+    pub api_key_env: String,
+    /// Per-request timeout, a human duration (`"30s"`). Default `"30s"`.
+    pub timeout: String,
+    /// Requests in flight at once. Default 4.
+    pub max_concurrency: usize,
+    /// Records per judge request. Default 16.
+    pub batch_size: usize,
+    /// Tokens one namespace may spend per hour; over it, rules and extractive condensation
+    /// take over until the hour turns. Default 200,000.
+    pub tokens_per_hour: u64,
+}
+
+impl Default for LlmConfig {
+    fn default() -> Self {
+        LlmConfig {
+            kind: LlmKind::None,
+            base_url: None,
+            model: None,
+            api_key_env: "OPENAI_API_KEY".into(),
+            timeout: "30s".into(),
+            max_concurrency: 4,
+            batch_size: 16,
+            tokens_per_hour: 200_000,
+        }
+    }
+}
+
+impl LlmConfig {
+    /// Checks every key, naming each mistake and how to fix it (all of them, not the first).
+    pub fn validate(&self) -> Result<()> {
+        let mut problems = Vec::new();
+        if self.timeout().is_err() {
+            problems.push(format!(
+                "timeout = {:?} is not a duration; write e.g. \"30s\" or \"1m\"",
+                self.timeout
+            ));
+        }
+        if self.max_concurrency == 0 {
+            problems.push("max_concurrency must be at least 1".to_string());
+        }
+        if !(1..=256).contains(&self.batch_size) {
+            problems.push(format!(
+                "batch_size = {} is out of range; use 1 to 256 records per request",
+                self.batch_size
+            ));
+        }
+        if self.kind == LlmKind::Openai {
+            match self.base_url.as_deref() {
+                None => problems.push(
+                    "kind = \"openai\" needs base_url, e.g. \"http://127.0.0.1:11434/v1\""
+                        .to_string(),
+                ),
+                Some(url) if !(url.starts_with("http://") || url.starts_with("https://")) => {
+                    problems.push(format!(
+                        "base_url = {url:?} must start with http:// or https://"
+                    ))
+                }
+                Some(_) => {}
+            }
+            if self.model.as_deref().is_none_or(|m| m.trim().is_empty()) {
+                problems.push(
+                    "kind = \"openai\" needs model, e.g. \"qwen2.5:7b-instruct\"".to_string(),
+                );
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::invalid("[llm]", problems.join("; ")))
+        }
+    }
+
+    /// The per-request timeout.
+    pub fn timeout(&self) -> Result<Duration> {
+        humantime::parse_duration(&self.timeout).map_err(|e| {
+            Error::invalid(
+                "[llm] timeout",
+                format!("{:?}: {e}; write e.g. \"30s\"", self.timeout),
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_is_no_model_and_valid() {
+        let c = LlmConfig::default();
+        assert_eq!(c.kind, LlmKind::None);
+        c.validate().unwrap();
+        assert_eq!(c.timeout().unwrap(), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn every_mistake_is_named_at_once() {
+        let c = LlmConfig {
+            kind: LlmKind::Openai,
+            base_url: Some("127.0.0.1:11434".into()),
+            timeout: "soon".into(),
+            batch_size: 0,
+            ..LlmConfig::default()
+        };
+        let err = c.validate().unwrap_err().to_string();
+        for part in ["timeout", "batch_size", "base_url", "needs model"] {
+            assert!(err.contains(part), "`{part}` missing from: {err}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let err =
+            serde_json::from_str::<LlmConfig>(r#"{"kind":"openai","modle":"x"}"#).unwrap_err();
+        assert!(err.to_string().contains("modle"), "{err}");
+    }
+}

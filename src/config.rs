@@ -1,0 +1,287 @@
+//! The server's config file (`--config`, TOML; DESIGN §6–7), read with `config` so every
+//! key can be overridden from the environment as `SHADOWBRAIN__SECTION__KEY` (e.g.
+//! `SHADOWBRAIN__LIMITS__MAX_K=50`). Four sections, each optional:
+//!
+//! - `[embedder]`: the embedder (default `hash`, in-process).
+//! - `[llm]`: the judge and condenser endpoint (default `none`: rules and extractive).
+//! - `[[auth.keys]]`: API keys (their hex SHA-256) and the namespace each sees.
+//! - `[limits]`: request limits (defaults: 8 MiB bodies, 1000 events per call, 64 KiB
+//!   text, 256 KiB content, k ≤ 200, token_budget ≤ 32768).
+//!
+//! Every mistake is refused at start-up with what to fix — an unknown section or key, a
+//! value out of range — rather than discovered on the first request.
+
+use std::path::Path;
+
+use anyhow::Context;
+use serde::Deserialize;
+use shadowbrain_runtime::embed::EmbedderConfig;
+use shadowbrain_runtime::llm::LlmConfig;
+use shadowbrain_runtime::model;
+
+use crate::server::{self, ApiKey, Auth};
+
+/// The sections a config file may have.
+const SECTIONS: [&str; 4] = ["embedder", "llm", "auth", "limits"];
+
+/// Most memories one recall may ask for (the ranker's own bound).
+const K_CEILING: usize = 200;
+
+/// The `[limits]` section: every key optional, defaults as in DESIGN §7.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest request body, bytes (413 above).
+    pub body_bytes: usize,
+    /// Most events in one call (413 above).
+    pub events_per_call: usize,
+    /// Longest event `text`, bytes (413 above).
+    pub text_bytes: usize,
+    /// Largest encoded event `content`, bytes (413 above).
+    pub content_bytes: usize,
+    /// Largest encoded event `metadata`, bytes (413 above).
+    pub metadata_bytes: usize,
+    /// Largest recall `k` (422 above; at most 200).
+    pub max_k: usize,
+    /// Largest recall `token_budget` (422 above).
+    pub max_token_budget: usize,
+    /// Most timeline items one request returns (422 above).
+    pub max_timeline: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        let http = server::Limits::default();
+        let input = model::Limits::default();
+        LimitsConfig {
+            body_bytes: http.body_bytes,
+            events_per_call: input.max_events_per_call,
+            text_bytes: input.max_text_bytes,
+            content_bytes: input.max_content_bytes,
+            metadata_bytes: input.max_metadata_bytes,
+            max_k: http.max_k,
+            max_token_budget: http.max_token_budget,
+            max_timeline: http.max_timeline,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// Every value out of range, named (all of them, not the first).
+    fn validate(&self) -> anyhow::Result<()> {
+        let mut problems = Vec::new();
+        for (name, value) in [
+            ("body_bytes", self.body_bytes),
+            ("events_per_call", self.events_per_call),
+            ("text_bytes", self.text_bytes),
+            ("content_bytes", self.content_bytes),
+            ("metadata_bytes", self.metadata_bytes),
+            ("max_k", self.max_k),
+            ("max_token_budget", self.max_token_budget),
+            ("max_timeline", self.max_timeline),
+        ] {
+            if value == 0 {
+                problems.push(format!("{name} must be at least 1"));
+            }
+        }
+        if self.max_k > K_CEILING {
+            problems.push(format!(
+                "max_k = {} is above what recall ranks ({K_CEILING}); use 1 to {K_CEILING}",
+                self.max_k
+            ));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            anyhow::bail!("the [limits] section is invalid: {}", problems.join("; "))
+        }
+    }
+
+    /// The limits the HTTP layer enforces.
+    pub fn http(&self) -> server::Limits {
+        server::Limits {
+            body_bytes: self.body_bytes,
+            max_k: self.max_k,
+            max_token_budget: self.max_token_budget,
+            max_timeline: self.max_timeline,
+        }
+    }
+
+    /// The limits the substrate enforces on every event (HTTP or embedded).
+    pub fn input(&self) -> model::Limits {
+        model::Limits {
+            max_text_bytes: self.text_bytes,
+            max_content_bytes: self.content_bytes,
+            max_metadata_bytes: self.metadata_bytes,
+            max_events_per_call: self.events_per_call,
+        }
+    }
+}
+
+/// A whole config file, checked.
+#[derive(Debug, Clone)]
+pub struct ConfigFile {
+    /// `[embedder]`.
+    pub embedder: EmbedderConfig,
+    /// `[llm]`.
+    pub llm: LlmConfig,
+    /// `[[auth.keys]]`.
+    pub auth: Auth,
+    /// `[limits]`.
+    pub limits: LimitsConfig,
+}
+
+impl ConfigFile {
+    /// Reads `path` (none: defaults) with `SHADOWBRAIN__SECTION__KEY` overrides.
+    pub fn load(path: Option<&Path>) -> anyhow::Result<ConfigFile> {
+        let mut builder = config::Config::builder();
+        if let Some(p) = path {
+            if !p.is_file() {
+                anyhow::bail!(
+                    "the config file {} does not exist; check the path given to --config",
+                    p.display()
+                );
+            }
+            builder = builder.add_source(config::File::from(p).format(config::FileFormat::Toml));
+        }
+        let cfg = builder
+            .add_source(
+                config::Environment::with_prefix("SHADOWBRAIN")
+                    .prefix_separator("__")
+                    .separator("__")
+                    .try_parsing(true),
+            )
+            .build()
+            .with_context(|| match path {
+                Some(p) => format!("reading the config file {}", p.display()),
+                None => "reading SHADOWBRAIN__* settings".to_string(),
+            })?;
+        let top: std::collections::HashMap<String, config::Value> =
+            cfg.clone()
+                .try_deserialize()
+                .context("the config file must be TOML sections such as [embedder]")?;
+        let mut unknown: Vec<&String> = top
+            .keys()
+            .filter(|k| !SECTIONS.contains(&k.as_str()))
+            .collect();
+        if !unknown.is_empty() {
+            unknown.sort();
+            anyhow::bail!(
+                "unknown config section(s) {unknown:?}; the sections are [embedder], [llm], \
+                 [[auth.keys]] and [limits] (see the README)"
+            );
+        }
+        let embedder = section::<EmbedderConfig>(&cfg, "embedder")?.unwrap_or_default();
+        let llm = section::<LlmConfig>(&cfg, "llm")?.unwrap_or_default();
+        llm.validate()?;
+        let auth = match section::<Vec<ApiKey>>(&cfg, "auth.keys")? {
+            Some(keys) => Auth::with_keys(&keys)?,
+            None => Auth::open(),
+        };
+        let limits = section::<LimitsConfig>(&cfg, "limits")?.unwrap_or_default();
+        limits.validate()?;
+        Ok(ConfigFile {
+            embedder,
+            llm,
+            auth,
+            limits,
+        })
+    }
+}
+
+/// One section, `None` when absent, or an error naming the section and the mistake.
+fn section<T: serde::de::DeserializeOwned>(
+    cfg: &config::Config,
+    key: &str,
+) -> anyhow::Result<Option<T>> {
+    match cfg.get::<T>(key) {
+        Ok(v) => Ok(Some(v)),
+        Err(config::ConfigError::NotFound(_)) => Ok(None),
+        Err(e) if key == "auth.keys" => Err(anyhow::anyhow!(
+            "the [[auth.keys]] entries are invalid: {e}; each needs `sha256` (hex SHA-256 of \
+             the key) and `namespace`"
+        )),
+        Err(e) => Err(anyhow::anyhow!("the [{key}] section is invalid: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> anyhow::Result<ConfigFile> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shadowbrain.toml");
+        std::fs::write(&path, text).unwrap();
+        ConfigFile::load(Some(&path))
+    }
+
+    #[test]
+    fn an_absent_file_section_is_the_default() {
+        let c = load("").unwrap();
+        assert_eq!(c.limits, LimitsConfig::default());
+        assert_eq!(c.limits.http(), server::Limits::default());
+        assert_eq!(c.limits.input(), model::Limits::default());
+        assert!(!c.auth.required());
+    }
+
+    #[test]
+    fn every_section_is_read() {
+        let c = load(
+            r#"
+[embedder]
+kind = "hash"
+dimensions = 128
+
+[llm]
+kind = "openai"
+base_url = "http://127.0.0.1:11434/v1"
+model = "qwen2.5:7b-instruct"
+timeout = "10s"
+
+[[auth.keys]]
+sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+namespace = "acme"
+
+[limits]
+max_k = 50
+text_bytes = 1024
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.embedder.dimensions, Some(128));
+        assert_eq!(c.llm.model.as_deref(), Some("qwen2.5:7b-instruct"));
+        assert!(c.auth.required());
+        assert_eq!(c.limits.http().max_k, 50);
+        assert_eq!(c.limits.input().max_text_bytes, 1024);
+        assert_eq!(
+            c.limits.body_bytes,
+            8 << 20,
+            "unset keys keep their default"
+        );
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let typo = load("[limit]\nmax_k = 5\n").unwrap_err().to_string();
+        assert!(
+            typo.contains("limit") && typo.contains("[limits]"),
+            "{typo}"
+        );
+        let key = load("[limits]\nmax_kk = 5\n").unwrap_err().to_string();
+        assert!(key.contains("max_kk"), "{key}");
+        let range = load("[limits]\nmax_k = 500\nevents_per_call = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            range.contains("max_k = 500") && range.contains("events_per_call"),
+            "{range}"
+        );
+        let llm = load("[llm]\nkind = \"openai\"\n").unwrap_err().to_string();
+        assert!(llm.contains("base_url") && llm.contains("model"), "{llm}");
+        let missing = ConfigFile::load(Some(Path::new("/nonexistent/shadowbrain.toml")))
+            .unwrap_err()
+            .to_string();
+        assert!(missing.contains("does not exist"), "{missing}");
+    }
+}
