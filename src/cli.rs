@@ -97,9 +97,14 @@ enum Command {
         #[command(subcommand)]
         command: policy::PolicyCommand,
     },
-    /// Write every record of every tier and status as JSON lines (one record per line).
+    /// Write every record of every tier and status as JSON lines, after a header line.
+    ///
+    /// Then purged records' tombstones, quarantine entries and recalls. The lines go to
+    /// stdout (or --output), the summary to stderr.
     Export(transfer::ExportArgs),
     /// Read JSON lines written by `export` into a data directory (empty or not).
+    ///
+    /// Every id is kept and nothing is ever overwritten; the summary goes to stderr.
     Import(transfer::ImportArgs),
     /// Re-embed every record with the configured embedder and rebuild the vector and keyword
     /// indexes (after changing embedders, or if an index is damaged).
@@ -211,6 +216,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             let cfg = load_config(config.as_deref())?;
             rt_config.substrate.embedder = build_embedder(&cfg.embedder)?;
             rt_config.substrate.limits = cfg.limits.input();
+            // As for the one-shot commands: a directory made with another backend is opened
+            // with it (serve has no --backend to say so).
+            rt_config.substrate.backend = backend_of(&data);
             tokio::runtime::Runtime::new()?.block_on(serve(addr, &data, rt_config, cfg))
         }
         Command::Record(args) => memory::record(args),

@@ -52,15 +52,11 @@ async fn reindex_moves_a_store_to_another_dimension() {
         .arg(&config)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
     assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        stdout.contains("reindexed 1 records") && stdout.contains("128 dimensions"),
-        "{stdout}"
+        stderr.contains("reindexed 1 records") && stderr.contains("128 dimensions"),
+        "{stderr}"
     );
 
     let sub = Substrate::open(&data, small()).unwrap();
@@ -84,14 +80,14 @@ async fn reindex_moves_a_store_to_another_dimension() {
 #[test]
 fn reindex_of_a_missing_directory_fails_clearly() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-        .args(["reindex", "--backend", "nope", "--data"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("use `lmdb` or `sled`"), "{stderr}");
+    let missing = dir.path().join("nope");
+    let err = fails(sb(&["reindex"], &missing));
+    assert!(err.contains("no shadowbrain data directory"), "{err}");
+    assert!(!missing.exists(), "reindex must not create a directory");
+    // A backend clap does not know is a usage error, before any directory is looked at.
+    let bad = sb(&["reindex", "--backend", "nope"], &missing);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("use `lmdb` or `sled`"));
 }
 
 /// Runs the binary with `args`, with no `SHADOWBRAIN_*` settings from the environment.
@@ -115,6 +111,13 @@ fn ok(out: Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
+}
+
+/// Stderr of a run that must succeed (where summaries go).
+fn ok_said(out: Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    stderr
 }
 
 /// Stderr of a run that must fail cleanly: exit code 1 (not a panic's 101, not clap's 2).
@@ -475,14 +478,23 @@ async fn export_import_export_is_byte_identical_and_recall_finds_imported_record
     let said = sb(&["export", "-o", first.to_str().unwrap()], &a);
     let stderr = String::from_utf8_lossy(&said.stderr).into_owned();
     ok(said);
-    assert!(stderr.contains("exported 9 records"), "{stderr}");
+    assert!(
+        stderr.contains("exported 9 records, 0 purged, 0 quarantined and 0 recalls"),
+        "{stderr}"
+    );
     // Not a terminal: the progress bar stays hidden.
     assert!(
         !stderr.contains('\r') && !stderr.contains("\u{1b}["),
         "{stderr:?}"
     );
     let text = std::fs::read_to_string(&first).unwrap();
-    assert_eq!(text.lines().count(), 9);
+    assert_eq!(text.lines().count(), 10);
+    assert!(
+        text.starts_with(
+            r#"{"format":1,"header":{"dimension":384,"embedder":"hash","next_id":9}}"#
+        ),
+        "{text}"
+    );
     for needle in [
         r#""tier":"episodic""#,
         r#""tier":"condensed""#,
@@ -499,11 +511,15 @@ async fn export_import_export_is_byte_identical_and_recall_finds_imported_record
     // Stdout is the default, for pipes.
     assert_eq!(ok(sb(&["export"], &a)), text);
     let acme = ok(sb(&["export", "--namespace", "acme"], &a));
-    assert_eq!(acme.lines().count(), 1, "{acme}");
-
-    let imported = ok(sb(&["import", first.to_str().unwrap()], &b));
+    assert_eq!(acme.lines().count(), 2, "{acme}");
     assert!(
-        imported.contains("9 records imported, 0 already present"),
+        acme.contains(r#""namespace":"acme","next_id":9}}"#),
+        "{acme}"
+    );
+
+    let imported = ok_said(sb(&["import", first.to_str().unwrap()], &b));
+    assert!(
+        imported.contains("9 lines imported, 0 already present"),
         "{imported}"
     );
     let second = dir.path().join("second.jsonl");
@@ -512,10 +528,42 @@ async fn export_import_export_is_byte_identical_and_recall_finds_imported_record
         std::fs::read(&first).unwrap() == std::fs::read(&second).unwrap(),
         "export -> import -> export changed the file"
     );
-    let again = ok(sb(&["import", first.to_str().unwrap()], &b));
+    let again = ok_said(sb(&["import", first.to_str().unwrap()], &b));
     assert!(
-        again.contains("0 records imported, 9 already present"),
+        again.contains("0 lines imported, 9 already present"),
         "{again}"
+    );
+    // The condenser does not condense the imported events again: the watermark came along.
+    {
+        let sub = Substrate::open(&b, SubstrateOptions::default()).unwrap();
+        assert!(
+            sub.condense("default", "s1", "test")
+                .await
+                .unwrap()
+                .is_none(),
+            "imported events were condensed a second time"
+        );
+        sub.close().unwrap();
+    }
+
+    // A newer state of a record already there is reported, not overwritten, and exits 1.
+    let mut changed: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    changed[1]["record"]["strength"] = json!(0.25);
+    let newer = dir.path().join("newer.jsonl");
+    let changed_text: String = changed.iter().map(|v| format!("{v}\n")).collect();
+    std::fs::write(&newer, changed_text).unwrap();
+    let err = fails(sb(&["import", newer.to_str().unwrap()], &b));
+    assert!(
+        err.contains("0 lines imported, 8 already present and skipped, 1 present but different")
+            && err.contains("present but different: 1 (mem-00000000)"),
+        "{err}"
+    );
+    assert!(
+        std::fs::read(&first).unwrap() == ok(sb(&["export"], &b)).into_bytes(),
+        "import overwrote a record"
     );
 
     // The imported records are indexed: recall finds them, by keyword and vector alike,
@@ -594,59 +642,154 @@ async fn a_bad_line_stops_the_import_naming_it_and_keeps_the_lines_before() {
     varied_store(&a).await;
     let text = ok(sb(&["export"], &a));
     let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
-    let good_third = lines[2].clone();
-    lines[2] = lines[2].replacen(r#""importance":8.0"#, r#""importance":80.0"#, 1);
+    // Line 1 is the header; line 4 holds the third record.
+    let good_third = lines[3].clone();
+    lines[3] = lines[3].replacen(r#""importance":8.0"#, r#""importance":80.0"#, 1);
     assert_ne!(
-        lines[2], good_third,
+        lines[3], good_third,
         "the fixture changed: no importance to break"
     );
     let file = dir.path().join("bad.jsonl");
     std::fs::write(&file, lines.join("\n") + "\n").unwrap();
 
     let err = fails(sb(&["import", file.to_str().unwrap()], &b));
-    assert!(err.contains("line 3 of"), "{err}");
+    assert!(err.contains("line 4 of"), "{err}");
     assert!(
         err.contains("record.importance: 80 is out of range"),
         "{err}"
     );
     assert!(
-        err.contains("the 2 records before it are imported"),
+        err.contains("the 2 lines imported before it are durable")
+            && err.contains("Fix or remove the line"),
         "{err}"
     );
-    // Those two are durable and complete.
+    // Those two are durable and complete (the header is the source's: same ids reserved).
     let kept = ok(sb(&["export"], &b));
-    assert_eq!(kept, lines[..2].join("\n") + "\n");
+    assert_eq!(kept, lines[..3].join("\n") + "\n");
 
     // Not JSON at all: the line number again.
-    lines[2] = "{\"format\":1,".into();
+    lines[3] = "{\"format\":1,".into();
     std::fs::write(&file, lines.join("\n") + "\n").unwrap();
     let err = fails(sb(&["import", file.to_str().unwrap()], &b));
     assert!(
-        err.contains("line 3 of") && err.contains("is not JSON"),
+        err.contains("line 4 of") && err.contains("is not JSON"),
         "{err}"
     );
     assert!(
-        err.contains("0 records before it are imported (2 already present"),
+        err.contains("the 0 lines imported before it are durable")
+            && err.contains("(2 already present"),
         "{err}"
     );
 
     // Fixed, the same import finishes; what was there is skipped, and the result is the
     // original export.
-    lines[2] = good_third;
+    lines[3] = good_third;
     std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-    let done = ok(sb(&["import", file.to_str().unwrap()], &b));
+    let done = ok_said(sb(&["import", file.to_str().unwrap()], &b));
     assert!(
-        done.contains("7 records imported, 2 already present"),
+        done.contains("7 lines imported, 2 already present"),
         "{done}"
     );
     assert_eq!(ok(sb(&["export"], &b)), text);
 
     // A record of another store under an id this one uses is refused, not overwritten.
-    let other = lines[0].replacen("the nightly backup", "a different", 1);
-    std::fs::write(&file, other + "\n").unwrap();
+    let other = lines[1].replacen("the nightly backup", "a different", 1);
+    std::fs::write(&file, format!("{}\n{other}\n", lines[0])).unwrap();
     let err = fails(sb(&["import", file.to_str().unwrap()], &b));
     assert!(
-        err.contains("line 1 of") && err.contains("already used"),
+        err.contains("line 2 of") && err.contains("already used"),
+        "{err}"
+    );
+
+    // The same record twice in one file.
+    std::fs::write(
+        &file,
+        format!("{}\n{}\n\n{}\n", lines[0], lines[1], lines[1]),
+    )
+    .unwrap();
+    let err = fails(sb(
+        &["import", file.to_str().unwrap()],
+        &dir.path().join("c"),
+    ));
+    assert!(
+        err.contains("line 4 of") && err.contains("mem-00000000 is also on line 2"),
+        "{err}"
+    );
+
+    // Another embedder's vectors are refused up front, pointing at reindex.
+    let other_embedder = lines[0].replacen(
+        r#""embedder":"hash""#,
+        r#""embedder":"openai:text-embedding-3-small""#,
+        1,
+    );
+    assert_ne!(other_embedder, lines[0]);
+    std::fs::write(&file, format!("{other_embedder}\n{}\n", lines[1])).unwrap();
+    let err = fails(sb(
+        &["import", file.to_str().unwrap()],
+        &dir.path().join("d"),
+    ));
+    assert!(
+        err.contains("line 1 of")
+            && err.contains("made by `openai:text-embedding-3-small`")
+            && err.contains("shadowbrain reindex"),
+        "{err}"
+    );
+    assert!(
+        err.contains("the 0 lines imported before it are durable"),
+        "{err}"
+    );
+
+    // An export without its header (none of this build's exports lacks one) is refused.
+    std::fs::write(&file, format!("{}\n", lines[1])).unwrap();
+    let err = fails(sb(
+        &["import", file.to_str().unwrap()],
+        &dir.path().join("e"),
+    ));
+    assert!(
+        err.contains("line 1 of") && err.contains("header: is missing"),
+        "{err}"
+    );
+
+    // The importing directory's [limits] apply, as for `record`.
+    let config = dir.path().join("small.toml");
+    std::fs::write(&config, "[limits]\ntext_bytes = 20\n").unwrap();
+    let err = fails(sb(
+        &[
+            "import",
+            "--config",
+            config.to_str().unwrap(),
+            &file_str(&text, dir.path()),
+        ],
+        &dir.path().join("f"),
+    ));
+    assert!(
+        err.contains("line 2 of")
+            && err.contains("record.text is too large")
+            && err.contains("the limit is 20"),
+        "{err}"
+    );
+
+    // A line cut from the middle of the file: the reference to it dangles, and import says
+    // so (after importing the rest) with a non-zero exit.
+    let knowledge = text
+        .lines()
+        .position(|l| l.contains(r#""tier":"knowledge""#))
+        .unwrap();
+    let without: String = text
+        .lines()
+        .enumerate()
+        .filter(|(i, _)| *i != knowledge)
+        .map(|(_, l)| format!("{l}\n"))
+        .collect();
+    std::fs::write(&file, without).unwrap();
+    let err = fails(sb(
+        &["import", file.to_str().unwrap()],
+        &dir.path().join("g"),
+    ));
+    assert!(
+        err.contains("8 lines imported")
+            && err.contains("dangling references: 1 (mem-")
+            && err.contains(".promoted_into → mem-"),
         "{err}"
     );
     let missing = fails(sb(&["import", "no-such-export.jsonl"], &b));
@@ -654,6 +797,13 @@ async fn a_bad_line_stops_the_import_naming_it_and_keeps_the_lines_before() {
         missing.contains("opening no-such-export.jsonl"),
         "{missing}"
     );
+}
+
+/// Writes `text` to a file under `dir` and returns its path.
+fn file_str(text: &str, dir: &Path) -> String {
+    let path = dir.join("export-copy.jsonl");
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_string()
 }
 
 /// One HTTP/1.1 POST with a JSON body: the status and the JSON answer.
@@ -785,4 +935,280 @@ fn a_data_directory_held_by_a_server_is_refused_politely() {
         http_recall["memories"][0]["id"]
     );
     assert_eq!(cli_recall["policy"], http_recall["policy"]);
+}
+
+#[tokio::test]
+async fn waiting_queues_survive_export_and_import() {
+    use shadowbrain_runtime::store::{Mutation, Queue, WriteSet};
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let sub = Substrate::open(&a, SubstrateOptions::default()).unwrap();
+    let ids = sub
+        .record(
+            "default",
+            "s1",
+            vec![
+                NewMemory::new("goal", "waits for the judge"),
+                NewMemory::new("goal", "waits for condensation"),
+            ],
+        )
+        .await
+        .unwrap();
+    sub.store()
+        .write(WriteSet(vec![
+            Mutation::Enqueue(Queue::Evaluate, ids[0]),
+            Mutation::Enqueue(Queue::Condense, ids[1]),
+        ]))
+        .unwrap();
+    sub.close().unwrap();
+    drop(sub);
+    let text = ok(sb(&["export"], &a));
+    assert!(text.contains(r#""waiting":["evaluate"]"#), "{text}");
+    let file = file_str(&text, dir.path());
+    ok_said(sb(&["import", &file], &b));
+    let sub = Substrate::open(&b, SubstrateOptions::default()).unwrap();
+    for (queue, id) in [(Queue::Evaluate, ids[0]), (Queue::Condense, ids[1])] {
+        assert!(sub.store().is_queued(queue, id).unwrap(), "{queue:?} {id}");
+    }
+    assert!(!sub.store().is_queued(Queue::Evaluate, ids[1]).unwrap());
+    sub.close().unwrap();
+    drop(sub);
+    assert_eq!(ok(sb(&["export"], &b)), text);
+}
+
+#[tokio::test]
+async fn export_into_a_closed_pipe_or_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let sub = Substrate::open(&data, SubstrateOptions::default()).unwrap();
+    // Far more than a pipe buffers (each line carries a 384-dimension embedding).
+    let events = (0..200)
+        .map(|i| NewMemory::new("observation", format!("event number {i}")))
+        .collect();
+    sub.record("default", "s1", events).await.unwrap();
+    sub.close().unwrap();
+    drop(sub);
+
+    // `export | head -1`: the reader stops early; export ends quietly, exit 0.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(["export", "--data"])
+        .arg(&data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.contains(r#""header""#), "{first}");
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.to_lowercase().contains("broken pipe"), "{stderr}");
+
+    // A directory as --output is refused before anything is written.
+    let target = dir.path().join("exports");
+    std::fs::create_dir(&target).unwrap();
+    let err = fails(sb(&["export", "-o", target.to_str().unwrap()], &data));
+    assert!(err.contains("is a directory; name a file"), "{err}");
+    assert!(!dir.path().join("exports.partial").exists());
+    // A path that cannot be written is refused, and leaves nothing behind.
+    let blocked = dir.path().join("blocked");
+    std::fs::create_dir(&blocked).unwrap();
+    std::fs::write(blocked.join("x"), "").unwrap();
+    let out_file = blocked.join("x").join("export.jsonl");
+    let err = fails(sb(&["export", "-o", out_file.to_str().unwrap()], &data));
+    assert!(err.contains("creating"), "{err}");
+    assert_eq!(std::fs::read_dir(&blocked).unwrap().count(), 1);
+}
+
+#[test]
+fn import_refuses_a_line_longer_than_64_mib() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("huge.jsonl");
+    {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&file).unwrap());
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..65 {
+            f.write_all(&chunk).unwrap();
+        }
+    }
+    let err = fails(sb(
+        &["import", file.to_str().unwrap()],
+        &dir.path().join("data"),
+    ));
+    assert!(
+        err.contains("line 1 of") && err.contains("is over 64 MiB"),
+        "{err}"
+    );
+}
+
+#[test]
+fn serve_opens_a_sled_directory_without_being_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let sub = Substrate::open(
+        &data,
+        SubstrateOptions {
+            backend: shadowbrain_runtime::kv::Backend::Sled,
+            ..SubstrateOptions::default()
+        },
+    )
+    .unwrap();
+    sub.close().unwrap();
+    drop(sub);
+    let mut server = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
+        .arg(&data)
+        .env_remove("SHADOWBRAIN_DATA")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = server.stderr.take().unwrap();
+    let mut said = Vec::new();
+    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+        let serving = line.contains("http://");
+        said.push(line);
+        if serving {
+            break;
+        }
+    }
+    let _ = server.kill();
+    server.wait().unwrap();
+    assert!(
+        said.last().is_some_and(|l| l.contains("serving")),
+        "{}",
+        said.join("\n")
+    );
+}
+
+#[test]
+fn policy_check_writes_valid_toml_for_any_string() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let file = dir.path().join("del.toml");
+    // U+007F must be escaped in TOML (JSON leaves it raw).
+    std::fs::write(
+        &file,
+        "name = \"del\"\n[[evaluation.rules]]\nkinds = [\"observation\"]\n\
+         matches = \"a\\u007Fb\"\nimportance = 7\n",
+    )
+    .unwrap();
+    let toml = ok(run(&["policy", "check", file.to_str().unwrap()]));
+    assert!(!toml.contains('\u{7f}'), "{toml:?}");
+    let resolved = dir.path().join("resolved.toml");
+    std::fs::write(&resolved, &toml).unwrap();
+    let a: Value = serde_json::from_str(&ok(run(&[
+        "policy",
+        "check",
+        "--json",
+        file.to_str().unwrap(),
+    ])))
+    .unwrap();
+    let b: Value = serde_json::from_str(&ok(run(&[
+        "policy",
+        "check",
+        "--json",
+        resolved.to_str().unwrap(),
+    ])))
+    .unwrap();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn recall_and_timeline_limits_come_from_the_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    ok(sb(
+        &["record", "--session", "s1", "--kind", "goal", "--text", "x"],
+        &data,
+    ));
+    let config = dir.path().join("limits.toml");
+    std::fs::write(
+        &config,
+        "[limits]\nmax_timeline = 5\nmax_token_budget = 100\nmax_k = 3\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let err = fails(sb(
+        &[
+            "timeline",
+            "--session",
+            "s1",
+            "--limit",
+            "10",
+            "--config",
+            config,
+        ],
+        &data,
+    ));
+    assert!(err.contains("ask for 1 to 5 records"), "{err}");
+    let err = fails(sb(
+        &[
+            "recall",
+            "--session",
+            "s1",
+            "--k",
+            "1",
+            "--token-budget",
+            "200",
+            "--config",
+            config,
+            "x",
+        ],
+        &data,
+    ));
+    assert!(err.contains("over the limit of 100"), "{err}");
+    let err = fails(sb(
+        &[
+            "recall",
+            "--session",
+            "s1",
+            "--k",
+            "4",
+            "--config",
+            config,
+            "x",
+        ],
+        &data,
+    ));
+    assert!(err.contains("ask for 1 to 3 memories"), "{err}");
+    ok(sb(
+        &[
+            "timeline",
+            "--session",
+            "s1",
+            "--limit",
+            "5",
+            "--config",
+            config,
+        ],
+        &data,
+    ));
+    // Without the file, the defaults.
+    ok(sb(&["timeline", "--session", "s1", "--limit", "10"], &data));
+    let err = fails(sb(
+        &[
+            "record",
+            "--session",
+            "s1",
+            "--kind",
+            "goal",
+            "--text",
+            "x",
+            "--importance",
+            "NaN",
+        ],
+        &data,
+    ));
+    assert!(
+        err.contains("--importance NaN is not a number from 0 to 10") && !err.contains("events[0]"),
+        "{err}"
+    );
 }

@@ -1,36 +1,81 @@
-//! Export and import: a whole store as JSON lines, one record per line ([`Exported`]), of
-//! every tier and status, with what it takes to restore it exactly — the record itself (id,
-//! sources, status, strength, utility, timestamps, metadata, embedding), its audit history,
-//! its knowledge-graph links, the knowledge record it was promoted into, and the work
-//! queues it waits on. Exporting, importing into an empty store and exporting again gives
-//! the same bytes: lines come in id order, and import keeps every id and writes nothing of
-//! its own (no extra audit entry).
+//! Export and import: a whole store (or one namespace) as JSON lines, with what it takes to
+//! restore it exactly. Every line is one JSON object with `"format":1` and one of:
+//!
+//! - `header` — always the first line ([`Header`]): the embedder that made the vectors and
+//!   their dimension, and the source's next id. Import refuses another embedder (vectors of
+//!   different models cannot be compared) and never hands out an id below `next_id`, so a
+//!   recall id, a quarantined input's id or a purged record's id of the source never comes
+//!   back meaning something else.
+//! - `record` — one per record of every tier and status ([`Exported`]), in id order: the
+//!   record itself (id, sources, status, strength, utility, timestamps, metadata, embedding),
+//!   its audit history, its knowledge-graph links, the knowledge record it was promoted
+//!   into, and the work queues it waits on.
+//! - `purged` — a purged record's tombstone ([`Purged`]): its namespace, its audit history
+//!   and the graph edges that still start at it.
+//! - `quarantine` — an entry set aside because processing it kept failing, with the audit
+//!   history of an input that never became a record.
+//! - `recall` — what a recall returned ([`RecallLog`]), so feedback on a recall id given
+//!   before the move keeps working after it.
+//!
+//! What is **not** exported, because it is derived or local to a running process: the
+//! vector and keyword indexes (rebuilt from the records), the change log, strike counts of
+//! records not (yet) quarantined, and the time of the last decay sweep (the importing
+//! server sweeps on its own schedule). Session statistics are rebuilt from the imported
+//! records, so events of records purged before the export are no longer counted.
+//!
+//! Exporting, importing into an empty store and exporting again gives the same bytes: lines
+//! come in a fixed order, the header holds nothing that changes between runs (no export
+//! time, for that reason), and import keeps every id and writes nothing of its own (no extra
+//! audit entry).
 //!
 //! Import goes through the store's ordinary commit path ([`Mutation::Insert`]), so the
 //! catalog, the listings, the session statistics and the change log follow as for any new
 //! record, and the vector and keyword indexes pick the records up from the change log. It
-//! must never overwrite a record: an id already in the store is skipped when it is the same
-//! record (a re-run after an interrupted import) and refused when it is another one.
+//! never overwrites anything: an id already in the store is skipped when it holds the same
+//! thing (a re-run after an interrupted import), reported as [`Outcome::Different`] when it
+//! holds the same record in another state (a newer or older export), and refused when it
+//! is another record altogether.
 
 use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::knowledge::Relation;
 use crate::kv::Visit;
-use crate::model::{AuditEntry, MemoryId, MemoryRecord, Tier, validate_embedding, validate_id};
-use crate::store::{Filter, Mutation, Queue, Store, WriteSet};
+use crate::model::{
+    AuditAction, AuditEntry, MemoryId, MemoryRecord, Tier, validate_embedding, validate_id,
+};
+use crate::quarantine::QuarantineEntry;
+use crate::store::{Filter, Mutation, Queue, Store, WriteSet, codec};
 use crate::substrate::Substrate;
 
 /// The version of the line format this build writes and reads.
 pub const FORMAT: u32 = 1;
 
-/// Records written in one commit by [`Importer`]: large enough that fsyncs do not dominate,
+/// Lines written in one commit by [`Importer`]: large enough that fsyncs do not dominate,
 /// small enough that an interrupted import redoes little.
 const BATCH: usize = 512;
+
+/// The first line of every export: what the importing directory must agree with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Header {
+    /// The name of the embedder that made the exported embeddings (`None` when the source
+    /// never stored one).
+    pub embedder: Option<String>,
+    /// Their dimension.
+    pub dimension: Option<usize>,
+    /// The source's next id: every id below it was handed out there (records, recall ids,
+    /// quarantined inputs, purged records), so the importing store reserves them all.
+    pub next_id: u32,
+    /// The one namespace exported, when `--namespace` chose one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
 
 /// A work queue a record waits on, by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,7 +111,7 @@ pub struct Link {
     pub to: MemoryId,
 }
 
-/// One line of an export: a record and everything attached to it.
+/// A `record` line: a record and everything attached to it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Exported {
@@ -88,13 +133,102 @@ pub struct Exported {
     pub waiting: Vec<Waiting>,
 }
 
-/// What [`Importer::add`] did with a line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Written (durable after the next [`Importer::flush`]).
-    Imported,
-    /// The store already holds this record under this id: left alone.
-    AlreadyPresent,
+/// A `purged` line: what is left of a purged record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Purged {
+    /// Its id (never handed out again).
+    pub id: MemoryId,
+    /// The namespace it belonged to, which alone may read its history.
+    pub namespace: String,
+    /// Its audit log, oldest first (the last entry says why it was purged).
+    pub history: Vec<AuditEntry>,
+    /// Knowledge-graph edges that still start at it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<Link>,
+}
+
+/// A `recall` line: what one recall returned, so feedback can still name it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecallLog {
+    /// The recall id the client was given, `rcl-` and 8 hex digits.
+    pub id: String,
+    /// The namespace that asked.
+    pub namespace: String,
+    /// The session that asked.
+    pub session: String,
+    /// When (runtime clock).
+    pub at: Timestamp,
+    /// The records it returned, best first.
+    pub ids: Vec<MemoryId>,
+}
+
+/// The stored form of a recall. It mirrors `lifecycle::RememberedRecall` field for field
+/// (postcard is positional, so the same fields in the same order are the same bytes); the
+/// round-trip test gives feedback on an imported recall id, which fails if they drift apart.
+#[derive(Debug, Serialize, Deserialize)]
+struct StoredRecall {
+    namespace: String,
+    session: String,
+    at: Timestamp,
+    ids: Vec<MemoryId>,
+}
+
+/// One line of an export.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Line {
+    /// The first line.
+    Header(Header),
+    /// A record.
+    Record(Box<Exported>),
+    /// A purged record's tombstone.
+    Purged(Purged),
+    /// A quarantine entry; `history` is the audit log of an input that never became a
+    /// record (a record's own line carries its history).
+    Quarantine {
+        /// The entry.
+        entry: QuarantineEntry,
+        /// The audit log of an input that never became a record; empty otherwise.
+        history: Vec<AuditEntry>,
+    },
+    /// A recall.
+    Recall(RecallLog),
+}
+
+impl Line {
+    /// The line as JSON, without the newline.
+    pub fn to_json(&self) -> Result<String> {
+        let value = match self {
+            Line::Header(h) => serde_json::json!({"format": FORMAT, "header": h}),
+            Line::Record(e) => serde_json::to_value(e).map_err(json_error)?,
+            Line::Purged(p) => serde_json::json!({"format": FORMAT, "purged": p}),
+            Line::Quarantine { entry, history } if history.is_empty() => {
+                serde_json::json!({"format": FORMAT, "quarantine": entry})
+            }
+            Line::Quarantine { entry, history } => {
+                serde_json::json!({"format": FORMAT, "quarantine": entry, "history": history})
+            }
+            Line::Recall(r) => serde_json::json!({"format": FORMAT, "recall": r}),
+        };
+        serde_json::to_string(&value).map_err(json_error)
+    }
+}
+
+/// A value that did not turn into JSON (cannot happen for these types; kept an error
+/// rather than a panic all the same).
+fn json_error(e: serde_json::Error) -> Error {
+    Error::invalid("line", format!("cannot be written as JSON: {e}"))
+}
+
+/// The header an export of `store` (or of one namespace) starts with.
+pub fn export_header(store: &Store, namespace: Option<&str>) -> Result<Header> {
+    Ok(Header {
+        embedder: store.embedder_name()?,
+        dimension: store.dimension()?,
+        next_id: store.next_id(),
+        namespace: namespace.map(str::to_string),
+    })
 }
 
 /// The ids an export visits, in id order: every record, or one namespace's.
@@ -123,23 +257,7 @@ pub fn export_record(store: &Store, id: MemoryId) -> Result<Option<Exported>> {
         return Ok(None);
     };
     let history = store.history(id)?;
-    // An edge key is the namespace's prefix, `from`, the relation byte and `to`: the
-    // prefix plus `from` selects exactly this record's outgoing edges.
-    let mut prefix = keys::graph_edge_prefix(&record.namespace);
-    prefix.extend_from_slice(&id.0.to_be_bytes());
-    let mut links = Vec::new();
-    store.scan_raw(&prefix, &mut |k, _| {
-        if let Some((from, rel, to)) = keys::graph_edge_parts(k)
-            && from == id
-        {
-            let relation = relation_of(rel).ok_or_else(|| Error::Corrupt {
-                key: format!("{k:02x?}"),
-                message: format!("unknown knowledge-graph relation {rel}"),
-            })?;
-            links.push(Link { relation, to });
-        }
-        Ok(Visit::Continue)
-    })?;
+    let links = links_from(store, &record.namespace, id)?;
     let promoted_into = match store.get_raw(&keys::promoted(id))? {
         Some(v) => Some(MemoryId(u32::from_be_bytes(
             v.as_slice().try_into().map_err(|_| Error::Corrupt {
@@ -165,6 +283,30 @@ pub fn export_record(store: &Store, id: MemoryId) -> Result<Option<Exported>> {
     }))
 }
 
+/// The knowledge-graph edges that start at `id`.
+fn links_from(store: &Store, namespace: &str, id: MemoryId) -> Result<Vec<Link>> {
+    // An edge key is the namespace's prefix, `from`, the relation byte and `to`: the
+    // prefix plus `from` selects exactly this record's outgoing edges.
+    let mut prefix = keys::graph_edge_prefix(namespace);
+    prefix.extend_from_slice(&id.0.to_be_bytes());
+    let mut links = Vec::new();
+    store.scan_raw(&prefix, &mut |k, _| {
+        if let Some((from, rel, to)) = keys::graph_edge_parts(k)
+            && from == id
+        {
+            let relation = relation_of(rel).ok_or_else(|| Error::Corrupt {
+                key: format!("{k:02x?}"),
+                message: format!("unknown knowledge-graph relation {rel}"),
+            })?;
+            links.push(Link { relation, to });
+        }
+        Ok(Visit::Continue)
+    })?;
+    Ok(links)
+}
+
+// `Relation::from_u8` is private to the knowledge module; this is the same mapping, kept
+// honest by `Relation as u8` (a new relation shows up here as "unknown", never as another).
 fn relation_of(b: u8) -> Option<Relation> {
     [
         Relation::DerivedFrom,
@@ -176,18 +318,112 @@ fn relation_of(b: u8) -> Option<Relation> {
     .find(|r| *r as u8 == b)
 }
 
+/// Something an export writes after the records (see [`export_extras`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extra {
+    /// A purged record's tombstone.
+    Purged(MemoryId),
+    /// A quarantine entry.
+    Quarantine(MemoryId),
+    /// A recall, by the number in its id.
+    Recall(u32),
+}
+
+/// What an export writes after the records, in the order it writes them: tombstones,
+/// quarantine entries, recalls (each in id order), all of them or one namespace's.
+pub fn export_extras(store: &Store, namespace: Option<&str>) -> Result<Vec<Extra>> {
+    let wanted = |ns: &str| namespace.is_none_or(|n| n == ns);
+    let mut out = Vec::new();
+    store.for_each_tombstone(|id, ns| {
+        if wanted(&ns) {
+            out.push(Extra::Purged(id));
+        }
+        Ok(Visit::Continue)
+    })?;
+    store.scan_raw(&[keys::layer::QUARANTINE], &mut |k, v| {
+        let entry: QuarantineEntry = codec::decode(k, v)?;
+        if wanted(&entry.namespace) {
+            out.push(Extra::Quarantine(entry.id));
+        }
+        Ok(Visit::Continue)
+    })?;
+    store.scan_raw(&[keys::layer::RECALL], &mut |k, v| {
+        let recall: StoredRecall = codec::decode(k, v)?;
+        if let Some(id) = keys::id_from_key(k)
+            && wanted(&recall.namespace)
+        {
+            out.push(Extra::Recall(id.0));
+        }
+        Ok(Visit::Continue)
+    })?;
+    Ok(out)
+}
+
+/// The line of one [`Extra`]; `None` when it is gone.
+pub fn export_extra(store: &Store, extra: Extra) -> Result<Option<Line>> {
+    Ok(match extra {
+        Extra::Purged(id) => match store.tombstone(id)? {
+            Some(namespace) => Some(Line::Purged(Purged {
+                id,
+                history: store.history(id)?,
+                links: links_from(store, &namespace, id)?,
+                namespace,
+            })),
+            None => None,
+        },
+        Extra::Quarantine(id) => {
+            let key = keys::quarantine(id);
+            match store.get_raw(&key)? {
+                Some(v) => {
+                    let entry: QuarantineEntry = codec::decode(&key, &v)?;
+                    // A record's (or purged record's) line carries its history already.
+                    let history = if store.owner(id)?.is_none() {
+                        store.history(id)?
+                    } else {
+                        Vec::new()
+                    };
+                    Some(Line::Quarantine { entry, history })
+                }
+                None => None,
+            }
+        }
+        Extra::Recall(n) => {
+            let key = keys::recall(n);
+            match store.get_raw(&key)? {
+                Some(v) => {
+                    let r: StoredRecall = codec::decode(&key, &v)?;
+                    Some(Line::Recall(RecallLog {
+                        id: format!("rcl-{n:08x}"),
+                        namespace: r.namespace,
+                        session: r.session,
+                        at: r.at,
+                        ids: r.ids,
+                    }))
+                }
+                None => None,
+            }
+        }
+    })
+}
+
 /// Reads one line of an export. Errors say which field is wrong; the caller adds the line
 /// number.
-pub fn parse_line(text: &str) -> Result<Exported> {
+pub fn parse_line(text: &str) -> Result<Line> {
     let value: Value = serde_json::from_str(text).map_err(|e| {
         Error::invalid(
             "line",
             format!("is not JSON ({e}); every line must be one JSON object as written by `shadowbrain export`"),
         )
     })?;
-    match value.get("format").map(Value::as_u64) {
-        Some(Some(n)) if n == u64::from(FORMAT) => {}
-        Some(Some(n)) => {
+    let Some(object) = value.as_object() else {
+        return Err(Error::invalid(
+            "line",
+            "is not a JSON object; every line of an export is one object with a `format`",
+        ));
+    };
+    match object.get("format") {
+        Some(Value::Number(n)) if n.as_u64() == Some(u64::from(FORMAT)) => {}
+        Some(Value::Number(n)) => {
             return Err(Error::invalid(
                 "format",
                 format!(
@@ -196,37 +432,187 @@ pub fn parse_line(text: &str) -> Result<Exported> {
                 ),
             ));
         }
-        _ => {
+        Some(other) => {
+            return Err(Error::invalid(
+                "format",
+                format!("is {other}, not a number; it must be the number {FORMAT}, unquoted"),
+            ));
+        }
+        None => {
             return Err(Error::invalid(
                 "format",
                 format!(
                     "is missing; lines written by `shadowbrain export` start with \
-                     {{\"format\":{FORMAT},\"record\":{{…}}"
+                     {{\"format\":{FORMAT},…}}"
                 ),
             ));
         }
     }
-    serde_json::from_value(value).map_err(|e| {
+    let kinds = ["header", "record", "purged", "quarantine", "recall"];
+    let present: Vec<&str> = kinds
+        .iter()
+        .copied()
+        .filter(|k| object.contains_key(*k))
+        .collect();
+    let kind = match present.as_slice() {
+        [one] => *one,
+        _ => {
+            return Err(Error::invalid(
+                "line",
+                format!(
+                    "has {}; every line holds exactly one of `{}` as written by `shadowbrain \
+                     export`",
+                    if present.is_empty() {
+                        "none of them".to_string()
+                    } else {
+                        present.join(" and ")
+                    },
+                    kinds.join("`, `")
+                ),
+            ));
+        }
+    };
+    let fields_error = |e: serde_json::Error| {
         Error::invalid(
             "line",
             format!("{e}; fields and their types are those `shadowbrain export` writes"),
         )
+    };
+    let allowed: &[&str] = match kind {
+        "record" => &[],
+        "quarantine" => &["format", "quarantine", "history"],
+        _ => &["format", kind],
+    };
+    if let Some(extra) = object
+        .keys()
+        .find(|k| !allowed.is_empty() && !allowed.contains(&k.as_str()))
+    {
+        return Err(Error::invalid(
+            "line",
+            format!("unknown field `{extra}` beside `{kind}`; remove it"),
+        ));
+    }
+    let inner = &object[kind];
+    Ok(match kind {
+        "header" => Line::Header(Header::deserialize(inner).map_err(|e| in_field("header", e))?),
+        "record" => {
+            let exported = Exported::deserialize(&value).map_err(fields_error)?;
+            // `MemoryRecord` itself ignores unknown fields; an export never has any, so one
+            // here is a typo or a file from another program, and must not vanish silently.
+            let known = serde_json::to_value(&exported.record).map_err(json_error)?;
+            for sub in [None, Some("utility"), Some("policy")] {
+                let (given, known) = match sub {
+                    None => (Some(inner), Some(&known)),
+                    Some(k) => (inner.get(k), known.get(k)),
+                };
+                if let (Some(Value::Object(given)), Some(Value::Object(known))) = (given, known)
+                    && let Some(extra) = given.keys().find(|k| !known.contains_key(*k))
+                {
+                    let path = sub.map_or("record".to_string(), |s| format!("record.{s}"));
+                    return Err(Error::invalid(
+                        path,
+                        format!("has an unknown field `{extra}`; remove it"),
+                    ));
+                }
+            }
+            Line::Record(Box::new(exported))
+        }
+        "purged" => Line::Purged(Purged::deserialize(inner).map_err(|e| in_field("purged", e))?),
+        "quarantine" => {
+            let entry =
+                QuarantineEntry::deserialize(inner).map_err(|e| in_field("quarantine", e))?;
+            let known = serde_json::to_value(&entry).map_err(json_error)?;
+            if let (Value::Object(given), Value::Object(known)) = (inner, &known)
+                && let Some(extra) = given.keys().find(|k| !known.contains_key(*k))
+            {
+                return Err(Error::invalid(
+                    "quarantine",
+                    format!("has an unknown field `{extra}`; remove it"),
+                ));
+            }
+            let history = match object.get("history") {
+                Some(h) => Vec::<AuditEntry>::deserialize(h).map_err(|e| in_field("history", e))?,
+                None => Vec::new(),
+            };
+            Line::Quarantine { entry, history }
+        }
+        _ => Line::Recall(RecallLog::deserialize(inner).map_err(|e| in_field("recall", e))?),
     })
 }
 
-/// Writes exported lines into a substrate, in batches. Call [`Importer::flush`] at the
-/// end (and before giving up on a bad line: what was added before it is then durable).
+fn in_field(field: &str, e: serde_json::Error) -> Error {
+    Error::invalid(
+        field,
+        format!("{e}; fields and their types are those `shadowbrain export` writes"),
+    )
+}
+
+/// What [`Importer::add`] did with a line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Written (durable after the next [`Importer::flush`]).
+    Imported,
+    /// The store already holds exactly this: left alone.
+    AlreadyPresent,
+    /// The store holds this id for the same thing, in another state (later reinforcement,
+    /// decay, feedback, history): the store's version was kept. The id, for the report.
+    Different(String),
+    /// The header: checked, and the source's ids reserved.
+    Header,
+}
+
+/// Why [`Importer::add`] or [`Importer::flush`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// The line is wrong (or clashes with the store); nothing of it was written.
+    #[error("{0}")]
+    Line(Error),
+    /// Reading or writing the data directory failed: the line may be fine.
+    #[error("{0}")]
+    Store(Error),
+}
+
+/// A reference from one imported line to a record that is neither in the store nor in the
+/// file (after the whole file was imported).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dangling {
+    /// The record that refers.
+    pub from: MemoryId,
+    /// What refers: `sources`, `links` or `promoted_into`.
+    pub field: &'static str,
+    /// The record referred to, missing from the namespace.
+    pub to: MemoryId,
+}
+
+impl std::fmt::Display for Dangling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{} → {}", self.from, self.field, self.to)
+    }
+}
+
+/// Writes exported lines into a substrate, in batches. Call [`Importer::finish`] at the end
+/// (or [`Importer::flush`] before giving up on a bad line: what was added before it is then
+/// durable).
 #[derive(Debug)]
 pub struct Importer {
     sub: Substrate,
     writes: WriteSet,
-    /// Ids added since the last flush (not yet in the store).
-    pending_ids: HashSet<MemoryId>,
+    /// Lines added since the last flush (not yet in the store).
+    pending: usize,
+    /// Lines made durable so far.
+    committed: u64,
     highest: Option<MemoryId>,
     queued: bool,
     /// Per session: the largest source id its condensed records cover (see
     /// `keys::condensed_upto`), so the condenser does not condense imported events again.
     condensed_upto: HashMap<Vec<u8>, u32>,
+    /// Tombstones to write once the batch holding their history is durable.
+    tombstones: Vec<(MemoryId, String)>,
+    header: Option<Header>,
+    /// Line numbers of the ids seen in this file, per kind of line: an export lists each once.
+    seen: HashMap<(u8, u32), u64>,
+    /// Ids referred to by imported lines, checked by [`Importer::finish`]: (from, field, to).
+    references: Vec<(MemoryId, &'static str, MemoryId)>,
 }
 
 impl Importer {
@@ -235,54 +621,243 @@ impl Importer {
         Importer {
             sub: sub.clone(),
             writes: WriteSet::new(),
-            pending_ids: HashSet::new(),
+            pending: 0,
+            committed: 0,
             highest: None,
             queued: false,
             condensed_upto: HashMap::new(),
+            tombstones: Vec::new(),
+            header: None,
+            seen: HashMap::new(),
+            references: Vec::new(),
         }
     }
 
-    /// Checks a line and queues its writes; commits a batch when one is full. Nothing of a
-    /// line that fails its checks is written.
-    pub fn add(&mut self, line: Exported) -> Result<Outcome> {
-        self.check(&line)?;
-        let id = line.record.id;
-        if self.pending_ids.contains(&id) {
-            // The same id twice in one file: decide against the first once it is stored.
-            self.flush()?;
+    /// Lines made durable so far (header excluded).
+    pub fn committed(&self) -> u64 {
+        self.committed
+    }
+
+    /// Checks line `number` of the file and queues its writes; commits a batch when one is
+    /// full. Nothing of a line that fails its checks is written.
+    pub fn add(&mut self, line: Line, number: u64) -> Result<Outcome, ImportError> {
+        let Some(header) = &self.header else {
+            let Line::Header(h) = line else {
+                return Err(ImportError::Line(Error::invalid(
+                    "header",
+                    format!(
+                        "is missing: an export starts with a header line \
+                         ({{\"format\":{FORMAT},\"header\":{{\"embedder\":…}}}}) naming the \
+                         embedder and the ids in use. Files written before exports had one \
+                         cannot be imported; export the source again with this build"
+                    ),
+                )));
+            };
+            self.check_header(&h).map_err(ImportError::Line)?;
+            if let Some(last) = h.next_id.checked_sub(1) {
+                self.sub
+                    .store()
+                    .reserve_ids_through(MemoryId(last))
+                    .map_err(ImportError::Store)?;
+            }
+            self.header = Some(h);
+            return Ok(Outcome::Header);
+        };
+        let (kind, id, line_ns) = match &line {
+            Line::Record(e) => (0u8, e.record.id.0, &e.record.namespace),
+            Line::Purged(p) => (0, p.id.0, &p.namespace),
+            Line::Quarantine { entry, .. } => (1, entry.id.0, &entry.namespace),
+            Line::Recall(r) => (
+                2,
+                recall_number(&r.id).map_err(ImportError::Line)?,
+                &r.namespace,
+            ),
+            Line::Header(_) => return Err(second_header()),
+        };
+        if id >= header.next_id {
+            return Err(ImportError::Line(Error::invalid(
+                "id",
+                format!(
+                    "{} is not below the header's next_id ({}), so the source never handed it \
+                     out; the file was edited or is damaged. Export the source again",
+                    MemoryId(id),
+                    header.next_id
+                ),
+            )));
         }
-        if let Some(existing) = self.sub.store().get_light(id)? {
-            return if same_record(&existing, &line.record) {
-                Ok(Outcome::AlreadyPresent)
-            } else {
-                Err(Error::invalid(
+        if let Some(ns) = &header.namespace
+            && line_ns != ns
+        {
+            return Err(ImportError::Line(Error::invalid(
+                "namespace",
+                format!(
+                    "is `{line_ns}`, but the header says this is an export of namespace \
+                     `{ns}` only; the file was edited or two exports were mixed"
+                ),
+            )));
+        }
+        if let Some(first) = self.seen.insert((kind, id), number) {
+            let what = match kind {
+                0 => MemoryId(id).to_string(),
+                1 => format!("the quarantine entry of {}", MemoryId(id)),
+                _ => format!("rcl-{id:08x}"),
+            };
+            return Err(ImportError::Line(Error::invalid(
+                "id",
+                format!(
+                    "{what} is also on line {first}; an export lists each once, so the file \
+                     was edited or two exports were mixed. Keep one of the two lines"
+                ),
+            )));
+        }
+        let outcome = match line {
+            Line::Record(e) => self.add_record(*e)?,
+            Line::Purged(p) => self.add_purged(p)?,
+            Line::Quarantine { entry, history } => self.add_quarantine(entry, history)?,
+            Line::Recall(r) => self.add_recall(r, id)?,
+            Line::Header(_) => return Err(second_header()),
+        };
+        if outcome == Outcome::Imported {
+            self.highest = self.highest.max(Some(MemoryId(id)));
+            self.pending += 1;
+            if self.pending >= BATCH {
+                self.flush()?;
+            }
+        }
+        Ok(outcome)
+    }
+
+    fn check_header(&self, h: &Header) -> Result<()> {
+        let embedder = self.sub.embedder();
+        if let Some(name) = &h.embedder
+            && name != embedder.name()
+        {
+            return Err(Error::invalid(
+                "header.embedder",
+                format!(
+                    "the export's embeddings were made by `{name}`, but this data directory's \
+                     embedder is `{}`, and vectors of different models cannot be compared; \
+                     import into a fresh data directory with a --config whose [embedder] is \
+                     `{name}` (as the source's), then run `shadowbrain reindex` with the new \
+                     embedder's config there to re-embed every record",
+                    embedder.name()
+                ),
+            ));
+        }
+        if let Some(d) = h.dimension
+            && d != embedder.dimensions()
+        {
+            return Err(Error::invalid(
+                "header.dimension",
+                format!(
+                    "the export's embeddings have {d} dimensions, but this data directory's \
+                     embedder (`{}`) makes {}; import with the --config whose [embedder] made \
+                     the export, then `shadowbrain reindex` to change embedders",
+                    embedder.name(),
+                    embedder.dimensions()
+                ),
+            ));
+        }
+        if let Some(ns) = &h.namespace {
+            validate_id("header.namespace", ns)?;
+        }
+        Ok(())
+    }
+
+    fn add_record(&mut self, mut line: Exported) -> Result<Outcome, ImportError> {
+        self.check(&line).map_err(ImportError::Line)?;
+        let id = line.record.id;
+        // A record without its embedding waits for the enricher, like any new record —
+        // unless the source set it aside because embedding it kept failing.
+        let quarantined = line
+            .history
+            .iter()
+            .any(|e| e.action == AuditAction::Quarantined);
+        if line.record.embedding.is_none()
+            && !quarantined
+            && !line.waiting.contains(&Waiting::Enrich)
+        {
+            line.waiting.push(Waiting::Enrich);
+        }
+        // The cheap look first: most lines of an import are new.
+        let present = self
+            .sub
+            .store()
+            .get_light(id)
+            .map_err(ImportError::Store)?
+            .is_some();
+        if present
+            && let Some(existing) =
+                export_record(self.sub.store(), id).map_err(ImportError::Store)?
+        {
+            return if !same_record(&existing.record, &line.record) {
+                Err(ImportError::Line(Error::invalid(
                     "record.id",
                     format!(
                         "{id} is already used in this data directory by another record \
                          (namespace `{}`, session `{}`, {} {}); import into an empty data \
-                         directory, or remove the line",
-                        existing.namespace,
-                        existing.session_id,
-                        existing.tier.as_str(),
-                        existing.kind
+                         directory",
+                        existing.record.namespace,
+                        existing.record.session_id,
+                        existing.record.tier.as_str(),
+                        existing.record.kind
                     ),
-                ))
+                )))
+            } else if existing == line {
+                Ok(Outcome::AlreadyPresent)
+            } else {
+                Ok(Outcome::Different(id.to_string()))
             };
         }
-        self.push(line)?;
-        if self.pending_ids.len() >= BATCH {
-            self.flush()?;
+        self.refuse_if_taken(id, "record.id")?;
+        let r = &line.record;
+        for s in &r.sources {
+            self.references.push((id, "sources", *s));
         }
+        for l in &line.links {
+            self.references.push((id, "links", l.to));
+        }
+        if let Some(k) = line.promoted_into {
+            self.references.push((id, "promoted_into", k));
+        }
+        self.push(line).map_err(ImportError::Store)?;
         Ok(Outcome::Imported)
     }
 
-    fn check(&self, line: &Exported) -> Result<()> {
-        if line.format != FORMAT {
-            return Err(Error::invalid(
-                "format",
-                format!("is {}, but this build reads format {FORMAT}", line.format),
-            ));
+    /// Refuses an id that the store uses for something other than a record (a purged
+    /// record, a quarantined input, a recall).
+    fn refuse_if_taken(&self, id: MemoryId, field: &str) -> Result<(), ImportError> {
+        let store = self.sub.store();
+        let taken = if store.tombstone(id).map_err(ImportError::Store)?.is_some() {
+            Some("a purged record")
+        } else if store
+            .get_raw(&keys::recall(id.0))
+            .map_err(ImportError::Store)?
+            .is_some()
+        {
+            Some("a recall")
+        } else if store
+            .get_raw(&keys::quarantine(id))
+            .map_err(ImportError::Store)?
+            .is_some()
+        {
+            Some("a quarantined input")
+        } else {
+            None
+        };
+        match taken {
+            Some(what) => Err(ImportError::Line(Error::invalid(
+                field,
+                format!(
+                    "{id} is already used in this data directory by {what}; import into an \
+                     empty data directory"
+                ),
+            ))),
+            None => Ok(()),
         }
+    }
+
+    fn check(&self, line: &Exported) -> Result<()> {
         let r = &line.record;
         validate_id("record.namespace", &r.namespace)?;
         validate_id("record.session_id", &r.session_id)?;
@@ -294,6 +869,37 @@ impl Importer {
                 "record.text",
                 "is empty; every record needs the text it is recalled by",
             ));
+        }
+        // The limits the importing directory applies to new events (its config's
+        // `[limits]`): an import must not bring in what `record` would refuse.
+        let limits = self.sub.limits();
+        let json_len = |v: &Value| match v {
+            Value::Null => 0,
+            v => serde_json::to_vec(v).map(|b| b.len()).unwrap_or(usize::MAX),
+        };
+        for (field, size, limit) in [
+            ("record.text", r.text.len(), limits.max_text_bytes),
+            (
+                "record.content",
+                json_len(&r.content),
+                limits.max_content_bytes,
+            ),
+            (
+                "record.metadata",
+                json_len(&r.metadata),
+                limits.max_metadata_bytes,
+            ),
+        ] {
+            if size > limit {
+                return Err(Error::TooLarge {
+                    field: field.into(),
+                    size,
+                    limit,
+                    hint: "raise the limit in the [limits] section of the --config file, or \
+                           shorten the field in the file"
+                        .into(),
+                });
+            }
         }
         if !(r.importance.is_finite() && (0.0..=10.0).contains(&r.importance)) {
             return Err(Error::invalid(
@@ -332,20 +938,161 @@ impl Importer {
         Ok(())
     }
 
+    fn add_purged(&mut self, p: Purged) -> Result<Outcome, ImportError> {
+        validate_id("purged.namespace", &p.namespace).map_err(ImportError::Line)?;
+        let store = self.sub.store();
+        if let Some(r) = store.get_light(p.id).map_err(ImportError::Store)? {
+            return Err(ImportError::Line(Error::invalid(
+                "purged.id",
+                format!(
+                    "{} is a live record in this data directory (namespace `{}`), not a \
+                     purged one; import into an empty data directory",
+                    p.id, r.namespace
+                ),
+            )));
+        }
+        let history = store.history(p.id).map_err(ImportError::Store)?;
+        let tombstone = store.tombstone(p.id).map_err(ImportError::Store)?;
+        match tombstone {
+            Some(ns) if ns != p.namespace => {
+                return Err(ImportError::Line(Error::invalid(
+                    "purged.id",
+                    format!(
+                        "{} was purged from namespace `{ns}` in this data directory, not from \
+                         `{}`; import into an empty data directory",
+                        p.id, p.namespace
+                    ),
+                )));
+            }
+            Some(_)
+                if history == p.history
+                    && links_from(store, &p.namespace, p.id).map_err(ImportError::Store)?
+                        == p.links =>
+            {
+                return Ok(Outcome::AlreadyPresent);
+            }
+            Some(_) => return Ok(Outcome::Different(p.id.to_string())),
+            // An import interrupted between the history and the tombstone: finish it.
+            None if !history.is_empty() && history == p.history => {
+                self.tombstones.push((p.id, p.namespace));
+                return Ok(Outcome::Imported);
+            }
+            None if !history.is_empty() => {
+                return Err(ImportError::Line(Error::invalid(
+                    "purged.id",
+                    format!(
+                        "{} already has another audit history in this data directory; \
+                         import into an empty data directory",
+                        p.id
+                    ),
+                )));
+            }
+            None => {}
+        }
+        self.refuse_if_taken(p.id, "purged.id")?;
+        for entry in p.history {
+            self.writes.push(Mutation::Audit(p.id, entry));
+        }
+        for link in p.links {
+            self.writes.push(Mutation::PutRaw(
+                keys::graph_edge(&p.namespace, p.id, link.relation as u8, link.to),
+                Vec::new(),
+            ));
+        }
+        self.tombstones.push((p.id, p.namespace));
+        Ok(Outcome::Imported)
+    }
+
+    fn add_quarantine(
+        &mut self,
+        entry: QuarantineEntry,
+        history: Vec<AuditEntry>,
+    ) -> Result<Outcome, ImportError> {
+        validate_id("quarantine.namespace", &entry.namespace).map_err(ImportError::Line)?;
+        let key = keys::quarantine(entry.id);
+        if let Some(v) = self.sub.store().get_raw(&key).map_err(ImportError::Store)? {
+            let existing: QuarantineEntry = codec::decode(&key, &v).map_err(ImportError::Store)?;
+            return Ok(if existing == entry {
+                Outcome::AlreadyPresent
+            } else {
+                Outcome::Different(format!("quarantine of {}", entry.id))
+            });
+        }
+        if !history.is_empty() {
+            // An input that never became a record: its id is its own.
+            let store = self.sub.store();
+            if store.owner(entry.id).map_err(ImportError::Store)?.is_some()
+                || store
+                    .get_raw(&keys::recall(entry.id.0))
+                    .map_err(ImportError::Store)?
+                    .is_some()
+            {
+                return Err(ImportError::Line(Error::invalid(
+                    "quarantine.id",
+                    format!(
+                        "{} is already used in this data directory by something else; import \
+                         into an empty data directory",
+                        entry.id
+                    ),
+                )));
+            }
+            for e in history {
+                self.writes.push(Mutation::Audit(entry.id, e));
+            }
+        }
+        self.writes
+            .push(Mutation::PutRaw(key.to_vec(), codec::encode(&entry)));
+        Ok(Outcome::Imported)
+    }
+
+    fn add_recall(&mut self, r: RecallLog, n: u32) -> Result<Outcome, ImportError> {
+        validate_id("recall.namespace", &r.namespace).map_err(ImportError::Line)?;
+        validate_id("recall.session", &r.session).map_err(ImportError::Line)?;
+        let stored = codec::encode(&StoredRecall {
+            namespace: r.namespace,
+            session: r.session,
+            at: r.at,
+            ids: r.ids,
+        });
+        let key = keys::recall(n);
+        if let Some(v) = self.sub.store().get_raw(&key).map_err(ImportError::Store)? {
+            return Ok(if v == stored {
+                Outcome::AlreadyPresent
+            } else {
+                Outcome::Different(r.id)
+            });
+        }
+        let id = MemoryId(n);
+        let store = self.sub.store();
+        if store.owner(id).map_err(ImportError::Store)?.is_some()
+            || store
+                .get_raw(&keys::quarantine(id))
+                .map_err(ImportError::Store)?
+                .is_some()
+        {
+            return Err(ImportError::Line(Error::invalid(
+                "recall.id",
+                format!(
+                    "{} is already used in this data directory by a record; import into an \
+                     empty data directory",
+                    r.id
+                ),
+            )));
+        }
+        self.writes.push(Mutation::PutRaw(key.to_vec(), stored));
+        Ok(Outcome::Imported)
+    }
+
     fn push(&mut self, line: Exported) -> Result<()> {
         let Exported {
             record,
             history,
             links,
             promoted_into,
-            mut waiting,
+            waiting,
             ..
         } = line;
         let id = record.id;
-        // A record without its embedding waits for the enricher, like any new record.
-        if record.embedding.is_none() && !waiting.contains(&Waiting::Enrich) {
-            waiting.push(Waiting::Enrich);
-        }
         for entry in history {
             self.writes.push(Mutation::Audit(id, entry));
         }
@@ -381,16 +1128,18 @@ impl Importer {
                 self.condensed_upto.insert(key, upto);
             }
         }
-        self.highest = self.highest.max(Some(id));
-        self.pending_ids.insert(id);
         self.writes.push(Mutation::Insert(Box::new(record)));
         Ok(())
     }
 
     /// Commits what was added since the last flush and returns once it is durable; the
     /// indexes then follow in a bounded pass, as under ingest.
-    pub fn flush(&mut self) -> Result<()> {
-        if self.writes.is_empty() {
+    pub fn flush(&mut self) -> Result<(), ImportError> {
+        self.flush_inner().map_err(ImportError::Store)
+    }
+
+    fn flush_inner(&mut self) -> Result<()> {
+        if self.writes.is_empty() && self.tombstones.is_empty() {
             return Ok(());
         }
         if let Some(h) = self.highest.take() {
@@ -401,11 +1150,71 @@ impl Importer {
             writes.push(Mutation::PutRaw(key, upto.to_be_bytes().to_vec()));
         }
         self.sub.store().write(writes)?;
-        self.pending_ids.clear();
+        // After the history they guard is durable: an interruption in between leaves a
+        // history without its tombstone, which the next run of the import completes.
+        for (id, ns) in std::mem::take(&mut self.tombstones) {
+            self.sub.store().restore_tombstone(id, &ns)?;
+        }
+        self.committed += std::mem::take(&mut self.pending) as u64;
         self.sub.after_write(std::mem::take(&mut self.queued));
         self.sub.index_pass(false)?;
         Ok(())
     }
+
+    /// Flushes, then checks every reference the imported lines made (`sources`, `links`,
+    /// `promoted_into`) against the store: each must name a record, live or purged, of the
+    /// same namespace. Returns the ones that do not, in file order; the records are
+    /// imported either way.
+    pub fn finish(mut self) -> Result<Vec<Dangling>, ImportError> {
+        self.flush()?;
+        if self.header.is_none() {
+            return Err(ImportError::Line(Error::invalid(
+                "file",
+                "is empty; an export has at least its header line. Check the file name, or \
+                 that the export finished",
+            )));
+        }
+        let store = self.sub.store();
+        let mut owners: HashMap<MemoryId, Option<String>> = HashMap::new();
+        let mut owner = |id: MemoryId| -> Result<Option<String>> {
+            if let Some(o) = owners.get(&id) {
+                return Ok(o.clone());
+            }
+            let o = store.owner(id)?;
+            owners.insert(id, o.clone());
+            Ok(o)
+        };
+        let mut dangling = Vec::new();
+        let mut reported = HashSet::new();
+        for (from, field, to) in std::mem::take(&mut self.references) {
+            let from_ns = owner(from).map_err(ImportError::Store)?;
+            if owner(to).map_err(ImportError::Store)? != from_ns && reported.insert((from, to)) {
+                dangling.push(Dangling { from, field, to });
+            }
+        }
+        Ok(dangling)
+    }
+}
+
+fn second_header() -> ImportError {
+    ImportError::Line(Error::invalid(
+        "header",
+        "appears a second time; an export has one header, on its first line (were two \
+         exports concatenated? import them one by one)",
+    ))
+}
+
+/// The number in a recall id (`rcl-` and 8 hex digits).
+fn recall_number(id: &str) -> Result<u32> {
+    id.strip_prefix("rcl-")
+        .filter(|h| h.len() == 8)
+        .and_then(|h| u32::from_str_radix(h, 16).ok())
+        .ok_or_else(|| {
+            Error::invalid(
+                "recall.id",
+                format!("`{id}` is not a recall id; recall ids are `rcl-` and 8 hex digits"),
+            )
+        })
 }
 
 /// Whether two records with one id are the same record (later reinforcement, decay or
@@ -423,20 +1232,57 @@ fn same_record(a: &MemoryRecord, b: &MemoryRecord) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lifecycle::{FeedbackTarget, Outcome as Feedback};
     use crate::model::NewMemory;
+    use crate::quarantine::Strikes;
     use crate::substrate::{RecallRequest, SubstrateOptions};
 
     fn export_all(store: &Store) -> Vec<String> {
-        export_ids(store, None)
-            .unwrap()
-            .into_iter()
-            .filter_map(|id| export_record(store, id).unwrap())
-            .map(|e| serde_json::to_string(&e).unwrap())
-            .collect()
+        let mut lines = vec![
+            Line::Header(export_header(store, None).unwrap())
+                .to_json()
+                .unwrap(),
+        ];
+        for id in export_ids(store, None).unwrap() {
+            if let Some(e) = export_record(store, id).unwrap() {
+                lines.push(Line::Record(Box::new(e)).to_json().unwrap());
+            }
+        }
+        for extra in export_extras(store, None).unwrap() {
+            if let Some(l) = export_extra(store, extra).unwrap() {
+                lines.push(l.to_json().unwrap());
+            }
+        }
+        lines
+    }
+
+    /// Imports `lines` (numbered from 1) and finishes; the outcomes and dangling references.
+    fn import_all(sub: &Substrate, lines: &[String]) -> (Vec<Outcome>, Vec<Dangling>) {
+        let mut importer = Importer::new(sub);
+        let outcomes = lines
+            .iter()
+            .zip(1..)
+            .map(|(l, n)| importer.add(parse_line(l).unwrap(), n).unwrap())
+            .collect();
+        (outcomes, importer.finish().unwrap())
+    }
+
+    fn import_err(sub: &Substrate, lines: &[String]) -> String {
+        let mut importer = Importer::new(sub);
+        for (l, n) in lines.iter().zip(1..) {
+            if let Err(e) = parse_line(l)
+                .map_err(ImportError::Line)
+                .and_then(|l| importer.add(l, n))
+            {
+                importer.flush().unwrap();
+                return e.to_string();
+            }
+        }
+        panic!("every line was accepted")
     }
 
     #[tokio::test]
-    async fn a_round_trip_keeps_every_byte_and_recall_finds_the_records() {
+    async fn a_round_trip_keeps_every_byte_and_recall_and_feedback_work() {
         let dir = tempfile::tempdir().unwrap();
         let a = Substrate::open(&dir.path().join("a"), SubstrateOptions::default()).unwrap();
         let ids = a
@@ -449,6 +1295,7 @@ mod tests {
                         metadata: Some(serde_json::json!({"tool": "grep", "n": 1.5})),
                         ..NewMemory::new("observation", "the nightly backup job timed out")
                     },
+                    NewMemory::new("thought", "a passing thought to purge"),
                 ],
             )
             .await
@@ -464,35 +1311,72 @@ mod tests {
             "test",
         )
         .unwrap();
+        a.link(
+            "default",
+            crate::knowledge::Edge {
+                from: ids[2],
+                to: ids[1],
+                relation: Relation::SimilarTo,
+            },
+            "test",
+        )
+        .unwrap();
+        a.purge("default", ids[2], "test").unwrap();
+        let quarantined = a
+            .quarantine_input("default", "s1", "session", "boom", 3, "[{}]".into())
+            .await
+            .unwrap()
+            .id;
+        let recall = a
+            .recall(&RecallRequest::new("default", "s1", "backup job"))
+            .await
+            .unwrap()
+            .recall_id
+            .unwrap();
         a.close().unwrap();
         let first = export_all(a.store());
-        assert_eq!(first.len(), 2);
-        assert!(first[0].contains("\"status\":\"archived\""), "{}", first[0]);
+        let next_id = a.store().next_id();
+        assert_eq!(first.len(), 1 + 2 + 3, "{first:#?}");
         assert!(
-            first[1].contains("\"relation\":\"contradicts\""),
+            first[0].starts_with(r#"{"format":1,"header":{"dimension":384,"embedder":"hash","#),
             "{}",
-            first[1]
+            first[0]
+        );
+        assert!(first[1].contains("\"status\":\"archived\""), "{}", first[1]);
+        assert!(
+            first[2].contains("\"relation\":\"contradicts\""),
+            "{}",
+            first[2]
+        );
+        assert!(
+            first[3].contains("\"purged\"") && first[3].contains("\"similar_to\""),
+            "{}",
+            first[3]
+        );
+        assert!(first[4].contains("\"quarantine\"") && first[4].contains("\"history\""));
+        assert!(
+            first[5].contains(&format!("\"id\":\"{recall}\"")),
+            "{}",
+            first[5]
         );
         drop(a);
 
         let b = Substrate::open(&dir.path().join("b"), SubstrateOptions::default()).unwrap();
-        let mut importer = Importer::new(&b);
-        for line in &first {
-            assert_eq!(
-                importer.add(parse_line(line).unwrap()).unwrap(),
-                Outcome::Imported
-            );
-        }
-        importer.flush().unwrap();
+        let (outcomes, dangling) = import_all(&b, &first);
+        assert_eq!(outcomes[0], Outcome::Header);
+        assert!(
+            outcomes[1..].iter().all(|o| *o == Outcome::Imported),
+            "{outcomes:?}"
+        );
+        assert_eq!(dangling, []);
         // Again: already there, nothing written twice.
-        for line in &first {
-            assert_eq!(
-                importer.add(parse_line(line).unwrap()).unwrap(),
-                Outcome::AlreadyPresent
-            );
-        }
-        importer.flush().unwrap();
+        let (outcomes, _) = import_all(&b, &first);
+        assert!(
+            outcomes[1..].iter().all(|o| *o == Outcome::AlreadyPresent),
+            "{outcomes:?}"
+        );
         assert_eq!(export_all(b.store()), first);
+        // Session statistics are rebuilt from the records: the purged one is not counted.
         assert_eq!(
             b.store()
                 .session_stats("default", "s1")
@@ -501,17 +1385,98 @@ mod tests {
                 .events,
             2
         );
-        // New ids never collide with imported ones.
+        // The purged record's and the quarantined input's histories stay in their namespace.
+        assert!(b.history("default", ids[2]).unwrap().len() >= 2);
+        assert!(b.history("acme", ids[2]).is_err());
+        assert_eq!(b.history("default", quarantined).unwrap().len(), 1);
+        assert!(b.quarantine_entry(quarantined).unwrap().is_some());
+        // Feedback on a recall id given before the move still names that recall.
+        let report = b
+            .feedback(
+                "default",
+                &FeedbackTarget::Recall(recall.clone()),
+                Feedback::Success,
+                "test",
+            )
+            .await
+            .unwrap();
+        assert!(report.updated >= 1, "{report:?}");
+        // New ids never reuse an id the source handed out, the recall's included.
         let fresh = b
             .record("default", "s1", vec![NewMemory::new("thought", "later")])
             .await
             .unwrap()[0];
-        assert!(fresh > ids[1], "{fresh} after {}", ids[1]);
+        assert!(fresh.0 >= next_id, "{fresh} reuses an id below {next_id}");
         let res = b
             .recall(&RecallRequest::new("default", "s1", "backup job timed out"))
             .await
             .unwrap();
         assert_eq!(res.memories.first().map(|m| m.record.id), Some(ids[1]));
+        b.close().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_newer_export_is_reported_as_different_and_nothing_is_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Substrate::open(&dir.path().join("a"), SubstrateOptions::default()).unwrap();
+        let id = a
+            .record("default", "s", vec![NewMemory::new("goal", "keep it")])
+            .await
+            .unwrap()[0];
+        let old = export_all(a.store());
+        a.feedback(
+            "default",
+            &FeedbackTarget::Memories(vec![id]),
+            Feedback::Success,
+            "test",
+        )
+        .await
+        .unwrap();
+        a.close().unwrap();
+        let newer = export_all(a.store());
+        assert_ne!(old, newer);
+        let b = Substrate::open(&dir.path().join("b"), SubstrateOptions::default()).unwrap();
+        import_all(&b, &old);
+        let (outcomes, _) = import_all(&b, &newer);
+        assert_eq!(outcomes[1], Outcome::Different(id.to_string()));
+        assert_eq!(export_all(b.store()), old, "the store's version is kept");
+        b.close().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_quarantined_record_is_not_queued_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Substrate::open(&dir.path().join("a"), SubstrateOptions::default()).unwrap();
+        let id = a
+            .record("default", "s", vec![NewMemory::new("goal", "poison")])
+            .await
+            .unwrap()[0];
+        // As if embedding it kept failing: no embedding, off the queue, quarantined.
+        let mut r = a.store().get(id).unwrap().unwrap();
+        r.embedding = None;
+        let strikes = Strikes {
+            count: 3,
+            actor: "enricher".into(),
+            last_error: "boom".into(),
+        };
+        a.quarantine_record(
+            "default",
+            id,
+            "enricher",
+            &strikes,
+            vec![Mutation::Dequeue(Queue::Enrich, id)],
+        )
+        .await
+        .unwrap();
+        a.close().unwrap();
+        let mut lines = export_all(a.store());
+        let mut v: Value = serde_json::from_str(&lines[1]).unwrap();
+        v["record"]["embedding"] = Value::Null;
+        lines[1] = v.to_string();
+        let b = Substrate::open(&dir.path().join("b"), SubstrateOptions::default()).unwrap();
+        import_all(&b, &lines);
+        assert!(!b.store().is_queued(Queue::Enrich, id).unwrap());
+        assert!(b.quarantine_entry(id).unwrap().is_some());
         b.close().unwrap();
     }
 
@@ -523,61 +1488,150 @@ mod tests {
             .record("default", "s", vec![NewMemory::new("goal", "keep it")])
             .await
             .unwrap()[0];
-        let good = serde_json::to_value(export_record(sub.store(), id).unwrap().unwrap()).unwrap();
-        let mut importer = Importer::new(&sub);
-        let cases: Vec<(Value, &str)> = vec![
-            (serde_json::json!({"record": {}}), "format"),
-            (serde_json::json!({"format": 99, "record": {}}), "format 1"),
+        let lines = export_all(sub.store());
+        let header = lines[0].clone();
+        let good: Value = serde_json::from_str(&lines[1]).unwrap();
+        let edit = |f: &dyn Fn(&mut Value)| {
+            let mut v = good.clone();
+            v["record"]["id"] = serde_json::json!("mem-00000000");
+            f(&mut v);
+            v.to_string()
+        };
+        let header_with = |f: &dyn Fn(&mut Value)| {
+            let mut v: Value = serde_json::from_str(&header).unwrap();
+            f(&mut v);
+            v.to_string()
+        };
+        let cases: Vec<(Vec<String>, &str)> = vec![
+            (vec![lines[1].clone()], "header: is missing"),
+            (vec![r#"{"record": {}}"#.into()], "format: is missing"),
+            (vec![r#"{"format": 99, "record": {}}"#.into()], "format 1"),
             (
-                {
-                    let mut v = good.clone();
-                    v["record"]["importance"] = serde_json::json!(12.0);
-                    v["record"]["id"] = serde_json::json!("mem-00000100");
-                    v
-                },
+                vec![r#"{"format": "1", "record": {}}"#.into()],
+                "not a number",
+            ),
+            (
+                vec![
+                    header_with(&|v| v["header"]["embedder"] = "openai:small".into()),
+                    lines[1].clone(),
+                ],
+                "shadowbrain reindex",
+            ),
+            (
+                vec![header_with(&|v| v["header"]["dimension"] = 128.into())],
+                "128 dimensions",
+            ),
+            (vec![header.clone(), header.clone()], "second time"),
+            (
+                vec![
+                    header.clone(),
+                    edit(&|v| v["record"]["importance"] = 12.0.into()),
+                ],
                 "0 to 10",
             ),
             (
-                {
-                    let mut v = good.clone();
-                    v["record"]["embedding"] = serde_json::json!([0.5, 0.5]);
-                    v["record"]["id"] = serde_json::json!("mem-00000100");
-                    v
-                },
+                vec![
+                    header.clone(),
+                    edit(&|v| v["record"]["embedding"] = serde_json::json!([0.5, 0.5])),
+                ],
                 "2 dimensions",
             ),
             (
-                {
-                    let mut v = good.clone();
-                    v["record"]["text"] = serde_json::json!("another text");
-                    v
-                },
-                "already used",
+                vec![
+                    header.clone(),
+                    edit(&|v| v["record"]["text"] = "x".repeat(70_000).into()),
+                ],
+                "record.text is too large",
             ),
             (
-                {
-                    let mut v = good.clone();
-                    v["surprise"] = serde_json::json!(1);
-                    v
-                },
+                vec![
+                    header.clone(),
+                    edit(&|v| v["record"]["surprise"] = 1.into()),
+                ],
+                "record: has an unknown field `surprise`",
+            ),
+            (
+                vec![
+                    header.clone(),
+                    edit(&|v| v["record"]["utility"]["wins"] = 1.into()),
+                ],
+                "record.utility: has an unknown field `wins`",
+            ),
+            (
+                vec![header.clone(), edit(&|v| v["surprise"] = 1.into())],
                 "surprise",
             ),
+            (
+                vec![header.clone(), lines[1].clone(), lines[1].clone()],
+                "also on line 2",
+            ),
+            (
+                vec![
+                    header.clone(),
+                    edit(&|v| v["record"]["id"] = "mem-000000ff".into()),
+                ],
+                "not below the header's next_id",
+            ),
         ];
-        for (value, needle) in cases {
-            let err = parse_line(&value.to_string())
-                .and_then(|line| importer.add(line))
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains(needle), "{value}: {err}");
+        for (lines, needle) in cases {
+            let err = import_err(&sub, &lines);
+            assert!(err.contains(needle), "{lines:?}: {err}");
         }
+        // Another record under a used id is refused.
+        let fresh = Substrate::open(&dir.path().join("b"), SubstrateOptions::default()).unwrap();
+        drop(fresh);
+        let other = {
+            let mut v = good.clone();
+            v["record"]["text"] = "another text".into();
+            v.to_string()
+        };
+        assert!(import_err(&sub, &[header.clone(), other]).contains("already used"));
         assert!(
             parse_line("{not json")
                 .unwrap_err()
                 .to_string()
                 .contains("not JSON")
         );
-        importer.flush().unwrap();
         assert_eq!(sub.store().len(), 1);
+        assert!(sub.store().get(id).unwrap().is_some());
         sub.close().unwrap();
+    }
+
+    #[tokio::test]
+    async fn references_to_records_missing_from_file_and_store_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Substrate::open(&dir.path().join("a"), SubstrateOptions::default()).unwrap();
+        let ids = a
+            .record(
+                "default",
+                "s",
+                vec![NewMemory::new("goal", "one"), NewMemory::new("goal", "two")],
+            )
+            .await
+            .unwrap();
+        a.link(
+            "default",
+            crate::knowledge::Edge {
+                from: ids[1],
+                to: ids[0],
+                relation: Relation::SimilarTo,
+            },
+            "test",
+        )
+        .unwrap();
+        a.close().unwrap();
+        let lines = export_all(a.store());
+        let b = Substrate::open(&dir.path().join("b"), SubstrateOptions::default()).unwrap();
+        // The first record left out: the link from the second dangles.
+        let (_, dangling) = import_all(&b, &[lines[0].clone(), lines[2].clone()]);
+        assert_eq!(
+            dangling,
+            [Dangling {
+                from: ids[1],
+                field: "links",
+                to: ids[0]
+            }]
+        );
+        b.close().unwrap();
     }
 }

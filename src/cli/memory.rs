@@ -14,7 +14,7 @@ use shadowbrain_runtime::model::{MemoryId, NewMemory};
 use shadowbrain_runtime::retrieval::Scope;
 use shadowbrain_runtime::substrate::RecallRequest;
 
-use super::{RuntimeArgs, out, with_runtime};
+use super::{RuntimeArgs, load_config, out, with_runtime};
 
 /// `shadowbrain record`.
 #[derive(Debug, Args)]
@@ -82,7 +82,7 @@ pub struct RecallArgs {
     session: String,
     /// What to remember about.
     query: String,
-    /// How many memories (1 to 200).
+    /// How many memories (1 to 200, or the config file's `[limits] max_k`).
     #[arg(long, default_value_t = 10)]
     k: usize,
     /// Where to look.
@@ -103,7 +103,8 @@ pub struct RecallArgs {
     /// Leave the namespace's knowledge pool out.
     #[arg(long)]
     no_knowledge: bool,
-    /// Trim the answer to about this many tokens.
+    /// Trim the answer to about this many tokens (at most 32768, or the config file's
+    /// `[limits] max_token_budget`).
     #[arg(long)]
     token_budget: Option<usize>,
     /// Print the HTTP API's recall answer (JSON) instead.
@@ -119,7 +120,8 @@ pub struct TimelineArgs {
     /// The session.
     #[arg(long)]
     session: String,
-    /// How many records, newest first (1 to 1000).
+    /// How many records, newest first (1 to 1000, or the config file's `[limits]
+    /// max_timeline`).
     #[arg(long, default_value_t = 20)]
     limit: usize,
     /// Print the HTTP API's timeline answer (JSON) instead.
@@ -155,6 +157,14 @@ fn out_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
 }
 
 pub(super) fn record(args: RecordArgs) -> anyhow::Result<()> {
+    // Checked here so the error names the flag, not the HTTP body's field.
+    if let Some(i) = args.importance
+        && !(i.is_finite() && (0.0..=10.0).contains(&i))
+    {
+        anyhow::bail!(
+            "--importance {i} is not a number from 0 to 10; pass one, e.g. --importance 7"
+        );
+    }
     let event = NewMemory {
         kind: args.kind,
         text: args.text,
@@ -173,8 +183,22 @@ pub(super) fn record(args: RecordArgs) -> anyhow::Result<()> {
     out(&id.to_string())
 }
 
+/// The `[limits]` of the config file the command was given: the CLI enforces what `serve`
+/// with the same file would.
+fn http_limits(args: &RuntimeArgs) -> anyhow::Result<Limits> {
+    Ok(load_config(args.store.config.as_deref())?.limits.http())
+}
+
 pub(super) fn recall(args: RecallArgs) -> anyhow::Result<()> {
-    let max_budget = Limits::default().max_token_budget;
+    let limits = http_limits(&args.runtime)?;
+    if !(1..=limits.max_k).contains(&args.k) {
+        anyhow::bail!(
+            "--k {} is out of range; ask for 1 to {} memories",
+            args.k,
+            limits.max_k
+        );
+    }
+    let max_budget = limits.max_token_budget;
     if let Some(budget) = args.token_budget.filter(|&b| b > max_budget) {
         anyhow::bail!("--token-budget {budget} is over the limit of {max_budget}; ask for less");
     }
@@ -233,7 +257,7 @@ pub(super) fn recall(args: RecallArgs) -> anyhow::Result<()> {
 }
 
 pub(super) fn timeline(args: TimelineArgs) -> anyhow::Result<()> {
-    let max = Limits::default().max_timeline;
+    let max = http_limits(&args.runtime)?.max_timeline;
     if !(1..=max).contains(&args.limit) {
         anyhow::bail!(
             "--limit {} is out of range; ask for 1 to {max} records",

@@ -4,9 +4,9 @@
 //! compiles to the same hash) or as the JSON of `GET /v1/policy` — or every error found,
 //! each with its key and how to fix it, and a non-zero exit.
 
-use std::fmt::Write as _;
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::Subcommand;
 use serde_json::Value;
 use shadowbrain_runtime::policy::Policy;
@@ -43,7 +43,7 @@ pub(super) fn run(command: PolicyCommand) -> anyhow::Result<()> {
                     file.display(),
                     policy.name,
                     policy.hash,
-                    toml_text(&compiled)
+                    toml_text(&compiled)?
                 )
             };
             super::out(text.trim_end())
@@ -51,88 +51,30 @@ pub(super) fn run(command: PolicyCommand) -> anyhow::Result<()> {
     }
 }
 
-/// A JSON object as TOML: top-level scalars first, then one `[table]` per object and one
-/// `[[table.array]]` per element of an array of objects. Enough for a compiled policy
-/// (scalars, arrays of scalars, nested tables, arrays of tables); TOML has no null, so a
-/// null setting is left out, which is what "unset" means in a policy file.
-fn toml_text(value: &Value) -> String {
-    let mut out = String::new();
-    if let Value::Object(map) = value {
-        write_table(&mut out, "", map);
-    }
-    out
+/// A compiled policy (a JSON object) as TOML, written by the `toml` crate so that every
+/// string is escaped as TOML wants it (JSON's escapes are not enough: TOML also escapes
+/// U+007F). TOML has no null, so a null setting is left out, which is what "unset" means in
+/// a policy file.
+fn toml_text(value: &Value) -> anyhow::Result<String> {
+    toml::to_string(&without_nulls(value.clone()))
+        .context("writing the compiled policy as TOML (use --json instead)")
 }
 
-fn write_table(out: &mut String, path: &str, map: &serde_json::Map<String, Value>) {
-    let is_table = |v: &Value| v.is_object();
-    let is_table_array = |v: &Value| {
-        v.as_array()
-            .is_some_and(|a| !a.is_empty() && a.iter().all(Value::is_object))
-    };
-    for (key, v) in map {
-        if v.is_null() || is_table(v) || is_table_array(v) {
-            continue;
-        }
-        let _ = writeln!(out, "{} = {}", toml_key(key), toml_value(v));
-    }
-    for (key, v) in map {
-        let child = if path.is_empty() {
-            toml_key(key)
-        } else {
-            format!("{path}.{}", toml_key(key))
-        };
-        if let Value::Object(inner) = v {
-            let _ = writeln!(out, "\n[{child}]");
-            write_table(out, &child, inner);
-        } else if is_table_array(v) {
-            for item in v.as_array().into_iter().flatten() {
-                if let Value::Object(inner) = item {
-                    let _ = writeln!(out, "\n[[{child}]]");
-                    write_table(out, &child, inner);
-                }
-            }
-        }
-    }
-}
-
-fn toml_key(key: &str) -> String {
-    if !key.is_empty()
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    {
-        key.to_string()
-    } else {
-        toml_string(key)
-    }
-}
-
-fn toml_value(v: &Value) -> String {
-    match v {
-        Value::String(s) => toml_string(s),
-        Value::Array(items) => {
-            let items: Vec<String> = items
-                .iter()
-                .filter(|i| !i.is_null())
-                .map(toml_value)
-                .collect();
-            format!("[{}]", items.join(", "))
-        }
-        Value::Object(map) => {
-            let items: Vec<String> = map
-                .iter()
+fn without_nulls(value: Value) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.into_iter()
                 .filter(|(_, v)| !v.is_null())
-                .map(|(k, v)| format!("{} = {}", toml_key(k), toml_value(v)))
-                .collect();
-            format!("{{ {} }}", items.join(", "))
-        }
-        // Numbers and booleans are written the same way in both languages (JSON has no
-        // NaN or infinity to worry about).
-        other => other.to_string(),
+                .map(|(k, v)| (k, without_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(
+            items
+                .into_iter()
+                .filter(|v| !v.is_null())
+                .map(without_nulls)
+                .collect(),
+        ),
+        other => other,
     }
-}
-
-/// A TOML basic string; JSON's escapes are valid TOML escapes.
-fn toml_string(s: &str) -> String {
-    Value::String(s.to_string()).to_string()
 }

@@ -5,7 +5,9 @@
 //! The line format and the rules for writing records back with their own ids live in
 //! `shadowbrain_runtime::transfer`; this module reads and writes files, counts, and turns
 //! a bad line into an error that names it. An import commits in batches, so a bad line
-//! stops it with every line before it durable, and running it again skips what is there.
+//! stops it with every line before it durable, and running it again skips what is there; a
+//! failed write is reported as such, not blamed on the line. Summaries go to stderr, data
+//! (the export's lines) to stdout.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
@@ -19,28 +21,57 @@ use shadowbrain_runtime::embed::build_embedder;
 use shadowbrain_runtime::kv::Backend;
 use shadowbrain_runtime::store::{Store, StoreOptions};
 use shadowbrain_runtime::substrate::{IndexingOptions, Substrate, SubstrateOptions};
-use shadowbrain_runtime::transfer::{self, Importer, Outcome};
+use shadowbrain_runtime::transfer::{self, Extra, ImportError, Importer, Line, Outcome};
 
 use super::{
-    DataDir, StoreArgs, backend_of, embedder_config, load_config, out, refuse_if_in_use,
-    require_store,
+    DataDir, StoreArgs, backend_of, embedder_config, load_config, refuse_if_in_use, require_store,
 };
 
 /// `shadowbrain export`.
 #[derive(Debug, Args)]
+#[command(after_long_help = "\
+The first line is a header naming the embedder (and dimension) that made the vectors and \
+the next id the store would hand out; then one line per record of every tier and status \
+(with its embedding, audit history, knowledge-graph links, promotion and waiting queues), \
+one per purged record (its tombstone, history and remaining links), one per quarantine \
+entry, and one per recall (so feedback on an old recall id still works after a move).
+
+Not exported: the vector and keyword indexes (import rebuilds them from the records), the \
+index change log, strike counts of records not quarantined, and the time of the last decay \
+sweep. Exporting, importing into an empty directory and exporting again gives the same \
+bytes.")]
 pub struct ExportArgs {
     #[command(flatten)]
     dir: DataDir,
-    /// Where to write the lines; `-` (the default) is stdout.
+    /// Where to write the lines: a file (written as FILE.partial and renamed when
+    /// complete), or `-` (the default) for stdout.
     #[arg(long, short, default_value = "-")]
     output: PathBuf,
-    /// Only this namespace's records (default: every namespace).
+    /// Only this namespace's records, tombstones, quarantine entries and recalls (default:
+    /// every namespace).
     #[arg(long)]
     namespace: Option<String>,
 }
 
 /// `shadowbrain import`.
 #[derive(Debug, Args)]
+#[command(after_long_help = "\
+The file must start with the header `export` writes; an export made with another embedder \
+(or dimension) is refused: import it with a --config naming the source's embedder, then \
+run `shadowbrain reindex` with the new one. Every id is kept, and ids below the source's \
+next id are never handed out here.
+
+Import never overwrites. A line whose id the directory already holds is skipped when it is \
+the same, and counted as \"present but different\" when it is the same record in another \
+state (a newer or older export): the directory's version is kept, the first few ids are \
+listed, and the command exits 1 after importing everything else. A line that is invalid or \
+whose id means something else here stops the import; the lines before it stay imported, \
+and running the same import again after fixing the line skips them. At the end, references \
+(sources, links, promoted_into) to records that are neither in the file nor in the \
+directory are listed, and the command exits 1.
+
+Limits: each line at most 64 MiB; text, content and metadata within the --config file's \
+[limits] (as for `record`).")]
 pub struct ImportArgs {
     #[command(flatten)]
     store: StoreArgs,
@@ -80,6 +111,14 @@ pub(super) fn export(args: ExportArgs) -> anyhow::Result<()> {
     if let Some(ns) = &args.namespace {
         shadowbrain_runtime::model::validate_id("namespace", ns)?;
     }
+    let to_stdout = args.output.as_os_str() == "-";
+    if !to_stdout && args.output.is_dir() {
+        anyhow::bail!(
+            "--output {} is a directory; name a file, e.g. --output {}",
+            args.output.display(),
+            args.output.join("shadowbrain-export.jsonl").display()
+        );
+    }
     // The store alone: exporting needs no embedder and no index, so it works with any
     // config and whatever state the indexes are in.
     let store = Store::open(
@@ -89,10 +128,12 @@ pub(super) fn export(args: ExportArgs) -> anyhow::Result<()> {
         },
     )
     .with_context(|| format!("opening the data directory {}", data.display()))?;
-    let ids = transfer::export_ids(&store, args.namespace.as_deref())?;
-    let to_stdout = args.output.as_os_str() == "-";
+    let namespace = args.namespace.as_deref();
+    let header = transfer::export_header(&store, namespace)?;
+    let ids = transfer::export_ids(&store, namespace)?;
+    let extras = transfer::export_extras(&store, namespace)?;
     // A file is written beside its final name and renamed at the end, so a failed export
-    // never leaves a file that looks complete.
+    // never leaves a file that looks complete — nor a partial one behind.
     let partial = partial_path(&args.output);
     let sink: Box<dyn Write> = if to_stdout {
         Box::new(std::io::stdout().lock())
@@ -100,14 +141,30 @@ pub(super) fn export(args: ExportArgs) -> anyhow::Result<()> {
         Box::new(File::create(&partial).with_context(|| format!("creating {}", partial.display()))?)
     };
     let mut sink = BufWriter::new(sink);
-    let progress = bar(Some(ids.len() as u64), "export");
-    let mut written = 0u64;
+    let progress = bar(Some((ids.len() + extras.len()) as u64), "export");
+    let mut counts = [0u64; 4];
     let result = (|| -> anyhow::Result<()> {
+        let mut write = |line: &Line| -> anyhow::Result<()> {
+            sink.write_all(line.to_json()?.as_bytes())?;
+            sink.write_all(b"\n")?;
+            Ok(())
+        };
+        write(&Line::Header(header))?;
         for id in &ids {
             if let Some(line) = transfer::export_record(&store, *id)? {
-                serde_json::to_writer(&mut sink, &line)?;
-                sink.write_all(b"\n")?;
-                written += 1;
+                write(&Line::Record(Box::new(line)))?;
+                counts[0] += 1;
+            }
+            progress.inc(1);
+        }
+        for extra in &extras {
+            if let Some(line) = transfer::export_extra(&store, *extra)? {
+                write(&line)?;
+                counts[match extra {
+                    Extra::Purged(_) => 1,
+                    Extra::Quarantine(_) => 2,
+                    Extra::Recall(_) => 3,
+                }] += 1;
             }
             progress.inc(1);
         }
@@ -116,18 +173,31 @@ pub(super) fn export(args: ExportArgs) -> anyhow::Result<()> {
     })();
     progress.finish_and_clear();
     drop(sink);
+    let result = result.and_then(|()| {
+        if to_stdout {
+            return Ok(());
+        }
+        std::fs::rename(&partial, &args.output)
+            .with_context(|| format!("moving {} to {}", partial.display(), args.output.display()))
+    });
     if let Err(e) = result {
-        if !to_stdout {
+        if to_stdout {
+            // `export | head`: the reader has what it wanted; a closed pipe is not a failure.
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) {
+                return Ok(());
+            }
+        } else {
             let _ = std::fs::remove_file(&partial);
         }
         return Err(e.context(format!("writing {}", args.output.display())));
     }
-    if !to_stdout {
-        std::fs::rename(&partial, &args.output)
-            .with_context(|| format!("moving {} into place", partial.display()))?;
-    }
+    let [records, purged, quarantined, recalls] = counts;
     super::say(format_args!(
-        "exported {written} records from {} to {}",
+        "exported {records} records, {purged} purged, {quarantined} quarantined and {recalls} \
+         recalls from {} to {}",
         data.display(),
         if to_stdout {
             "stdout".into()
@@ -158,6 +228,14 @@ impl<R: Read> Read for Counting<R> {
     }
 }
 
+/// The longest line import reads: far above any record the input limits let in (a record's
+/// JSON, embedding and history included), low enough that a file without newlines cannot
+/// exhaust memory.
+const MAX_LINE_BYTES: u64 = 64 << 20;
+
+/// How many ids of "present but different" lines the report lists.
+const SHOWN: usize = 5;
+
 pub(super) fn import(args: ImportArgs) -> anyhow::Result<()> {
     let data = &args.store.dir.data;
     refuse_if_in_use(data)?;
@@ -175,14 +253,14 @@ pub(super) fn import(args: ImportArgs) -> anyhow::Result<()> {
     } else {
         args.file.display().to_string()
     };
-    let embedder = build_embedder(&embedder_config(&load_config(
-        args.store.config.as_deref(),
-    )?)?)?;
+    let cfg = load_config(args.store.config.as_deref())?;
+    let embedder = build_embedder(&embedder_config(&cfg)?)?;
     let sub = Substrate::open(
         data,
         SubstrateOptions {
             backend: backend_of(data),
             embedder,
+            limits: cfg.limits.input(),
             // No enricher or indexer threads: nothing may change a record while it is being
             // imported (the round trip must be exact); the importer runs index passes itself.
             indexing: IndexingOptions {
@@ -198,54 +276,174 @@ pub(super) fn import(args: ImportArgs) -> anyhow::Result<()> {
         bar: progress.clone(),
     });
     let mut importer = Importer::new(&sub);
-    let (mut imported, mut skipped) = (0u64, 0u64);
-    let mut line = String::new();
+    let (mut imported, mut present) = (0u64, 0u64);
+    let mut different: Vec<String> = Vec::new();
+    let mut buf = Vec::new();
     let mut number = 0u64;
     let failure = loop {
-        line.clear();
+        buf.clear();
         number += 1;
-        match reader.read_line(&mut line) {
+        match (&mut reader)
+            .take(MAX_LINE_BYTES + 1)
+            .read_until(b'\n', &mut buf)
+        {
             Ok(0) => break None,
+            Ok(n) if n as u64 > MAX_LINE_BYTES && buf.last() != Some(&b'\n') => {
+                break Some(Failure::Line(anyhow::anyhow!(
+                    "line {number} of {name} is over {} MiB; an export's lines are far \
+                     shorter, so this is not (or no longer) a file `shadowbrain export` wrote",
+                    MAX_LINE_BYTES >> 20
+                )));
+            }
             Ok(_) => {}
             Err(e) => {
-                break Some(anyhow::anyhow!(
-                    "line {number} of {name} cannot be read ({e}); an export is UTF-8 text, \
-                     one JSON object per line"
-                ));
+                break Some(Failure::Read(anyhow::anyhow!(
+                    "reading line {number} of {name} failed: {e}"
+                )));
             }
         }
+        let Ok(line) = std::str::from_utf8(&buf) else {
+            break Some(Failure::Line(anyhow::anyhow!(
+                "line {number} of {name} is not UTF-8 text; an export is UTF-8, one JSON \
+                 object per line"
+            )));
+        };
         if line.trim().is_empty() {
             continue;
         }
-        match transfer::parse_line(&line).and_then(|l| importer.add(l)) {
+        let added = transfer::parse_line(line)
+            .map_err(ImportError::Line)
+            .and_then(|l| importer.add(l, number));
+        match added {
             Ok(Outcome::Imported) => imported += 1,
-            Ok(Outcome::AlreadyPresent) => skipped += 1,
-            Err(e) => break Some(anyhow::anyhow!("line {number} of {name}: {e}")),
+            Ok(Outcome::AlreadyPresent) => present += 1,
+            Ok(Outcome::Different(id)) => different.push(id),
+            Ok(Outcome::Header) => {}
+            Err(ImportError::Line(e)) => {
+                break Some(Failure::Line(anyhow::anyhow!(
+                    "line {number} of {name}: {e}"
+                )));
+            }
+            Err(ImportError::Store(e)) => {
+                break Some(Failure::Write(anyhow::anyhow!(
+                    "writing into {} failed at line {number} of {name}: {e}",
+                    data.display()
+                )));
+            }
         }
-        progress.set_message(format!("{imported} imported, {skipped} skipped"));
+        progress.set_message(format!(
+            "{imported} imported, {present} present, {} different",
+            different.len()
+        ));
     };
     progress.finish_and_clear();
-    // Whatever happened, what was added before is committed and indexed: a bad line never
-    // costs the lines before it.
-    let flushed = importer
-        .flush()
-        .and_then(|()| sub.close())
-        .with_context(|| format!("writing the imported records into {}", data.display()));
-    if let Some(e) = failure {
-        flushed?;
+    if let Some(failure) = failure {
+        // What was added before a bad line is committed and indexed: a bad line never
+        // costs the lines before it. After a failed write, only what was committed before
+        // counts, and writing more would likely fail the same way.
+        let flushed = match &failure {
+            Failure::Write(_) => Ok(()),
+            Failure::Line(_) | Failure::Read(_) => importer.flush().map_err(anyhow::Error::from),
+        };
+        let durable = importer.committed();
+        let closed = sub.close();
+        let (e, advice) = match failure {
+            Failure::Line(e) => (
+                e,
+                "Fix or remove the line and run the same import again: lines already \
+                 imported are skipped",
+            ),
+            Failure::Read(e) => (
+                e,
+                "Check the file (or the pipe feeding it) and run the same import again: lines \
+                 already imported are skipped",
+            ),
+            Failure::Write(e) => (
+                e,
+                "Nothing is wrong with the line as far as import can tell; fix the cause (disk \
+                 space, permissions, the disk itself) and run the same import again: lines \
+                 already imported are skipped",
+            ),
+        };
+        let state = match flushed.and_then(|()| closed.map_err(anyhow::Error::from)) {
+            Ok(()) => format!("the {durable} lines imported before it are durable"),
+            Err(e2) => format!(
+                "only the {durable} lines committed before it are durable (writing the rest \
+                 failed too: {e2})"
+            ),
+        };
         // The line comes first: it is what the user has to fix.
         anyhow::bail!(
-            "{e}\n  import stopped there; the {imported} records before it are imported \
-             ({skipped} already present were skipped) into {}. Fix or remove the line and run \
-             the same import again: records already imported are skipped",
+            "{e}\n  import stopped there; {state} in {} ({present} already present were \
+             skipped). {advice}",
             data.display()
         );
     }
-    flushed?;
-    out(&format!(
-        "{imported} records imported, {skipped} already present and skipped, into {}",
+    let dangling = importer.finish().map_err(|e| match e {
+        ImportError::Line(e) => anyhow::anyhow!("{name}: {e}"),
+        ImportError::Store(e) => anyhow::anyhow!(
+            "writing the last imported lines into {} failed: {e}; fix the cause (disk space, \
+             permissions) and run the same import again: lines already imported are skipped",
+            data.display()
+        ),
+    })?;
+    sub.close()
+        .with_context(|| format!("closing the data directory {}", data.display()))?;
+    super::say(format_args!(
+        "{imported} lines imported, {present} already present and skipped, {} present but \
+         different, into {}",
+        different.len(),
         data.display()
-    ))
+    ));
+    let mut problems = Vec::new();
+    if !different.is_empty() {
+        problems.push(format!(
+            "present but different: {} ({}); this data directory holds those ids in \
+             another state (the file is a newer or older export), and import never \
+             overwrites, so its versions were kept. To take the file's versions, import it \
+             into an empty data directory",
+            different.len(),
+            shown(&different)
+        ));
+    }
+    if !dangling.is_empty() {
+        let refs: Vec<String> = dangling.iter().map(ToString::to_string).collect();
+        problems.push(format!(
+            "dangling references: {} ({}); they name records that are neither in {name} \
+             nor in the data directory, so the export is incomplete (edited, or cut short). \
+             Import the missing records from a complete export of the source",
+            refs.len(),
+            shown(&refs)
+        ));
+    }
+    if !problems.is_empty() {
+        anyhow::bail!("{}", problems.join("\n"));
+    }
+    Ok(())
+}
+
+/// The first few of `items`, and how many more.
+fn shown(items: &[String]) -> String {
+    let mut text = items
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if items.len() > SHOWN {
+        text.push_str(&format!(" and {} more", items.len() - SHOWN));
+    }
+    text
+}
+
+/// Why an import stopped early.
+enum Failure {
+    /// The line is wrong.
+    Line(anyhow::Error),
+    /// The input could not be read.
+    Read(anyhow::Error),
+    /// Writing into the data directory failed.
+    Write(anyhow::Error),
 }
 
 pub(super) fn reindex(args: ReindexArgs) -> anyhow::Result<()> {
@@ -282,11 +480,13 @@ pub(super) fn reindex(args: ReindexArgs) -> anyhow::Result<()> {
     let sub = sub?;
     let n = sub.store().len();
     sub.close()?;
-    out(&format!(
+    // A summary, not data: stderr, as for export and import.
+    super::say(format_args!(
         "reindexed {n} records in {} with `{}` ({} dimensions) in {:.1} s",
         data.display(),
         embedder.name(),
         embedder.dimensions(),
         started.elapsed().as_secs_f64()
-    ))
+    ));
+    Ok(())
 }

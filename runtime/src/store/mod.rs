@@ -808,6 +808,52 @@ impl Store {
         Ok(())
     }
 
+    /// The next id [`Store::allocate_ids`] would hand out: every id below it was used by
+    /// a record, a recall, a quarantined input or a purged record, or skipped. An export
+    /// carries it so the importing store never reuses one of those ids.
+    pub fn next_id(&self) -> u32 {
+        self.inner.next_id.load(Ordering::SeqCst)
+    }
+
+    /// A purged record's tombstone (the namespace it belonged to), if `id` was purged.
+    pub fn tombstone(&self, id: MemoryId) -> Result<Option<String>> {
+        Ok(self
+            .inner
+            .kv
+            .get(&keys::tombstone(id))?
+            .map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
+    /// Every tombstone, in id order: the purged ids and the namespace each belonged to.
+    pub fn for_each_tombstone(
+        &self,
+        mut f: impl FnMut(MemoryId, String) -> Result<Visit>,
+    ) -> Result<()> {
+        let mut end = Vec::new();
+        self.inner.kv.scan(
+            Range::prefix(&[family::TOMBSTONE], &mut end),
+            false,
+            &mut |k, v| match keys::id_from_key(k) {
+                Some(id) if k.len() == 5 => f(id, String::from_utf8_lossy(v).into_owned()),
+                _ => Ok(Visit::Continue),
+            },
+        )
+    }
+
+    /// Writes a tombstone for a record purged elsewhere (an import of its history), so its
+    /// audit log stays isolated to `namespace` as after a purge here. Refuses an id that
+    /// holds a live record.
+    pub fn restore_tombstone(&self, id: MemoryId, namespace: &str) -> Result<()> {
+        if self.inner.kv.get(&keys::record(id))?.is_some() {
+            return Err(Error::invalid(
+                "id",
+                format!("{id} holds a live record; only a purged id gets a tombstone"),
+            ));
+        }
+        let op = kv::Op::Put(keys::tombstone(id).to_vec(), namespace.as_bytes().to_vec());
+        self.inner.kv.commit(&[&[op]])
+    }
+
     /// Whether `id` waits on `queue`.
     pub fn is_queued(&self, queue: Queue, id: MemoryId) -> Result<bool> {
         Ok(self
