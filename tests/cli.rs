@@ -491,7 +491,7 @@ async fn export_import_export_is_byte_identical_and_recall_finds_imported_record
     assert_eq!(text.lines().count(), 10);
     assert!(
         text.starts_with(
-            r#"{"format":1,"header":{"dimension":384,"embedder":"hash","next_id":9}}"#
+            r#"{"format":1,"header":{"dimension":384,"embedder":"hash","next_id":9,"next_recall":0}}"#
         ),
         "{text}"
     );
@@ -513,7 +513,7 @@ async fn export_import_export_is_byte_identical_and_recall_finds_imported_record
     let acme = ok(sb(&["export", "--namespace", "acme"], &a));
     assert_eq!(acme.lines().count(), 2, "{acme}");
     assert!(
-        acme.contains(r#""namespace":"acme","next_id":9}}"#),
+        acme.contains(r#""namespace":"acme","next_id":9,"next_recall":0}}"#),
         "{acme}"
     );
 

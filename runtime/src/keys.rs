@@ -46,6 +46,9 @@ pub mod meta {
     pub const NEXT_ID: &str = "next_id";
     /// Next sequence number for the change log and the audit log (u64 BE).
     pub const NEXT_SEQ: &str = "next_seq";
+    /// Next recall number to hand out (u32 BE). Recalls count apart from records, so a
+    /// recall-heavy agent does not thin out the id ranges the vector index is sharded by.
+    pub const NEXT_RECALL: &str = "next_recall";
     /// The change log has been truncated through this sequence (u64 BE): an index whose
     /// watermark is below it missed changes that can no longer be replayed.
     pub const CHANGES_TRUNCATED: &str = "changes_truncated";

@@ -468,7 +468,7 @@ pub(crate) fn remember_recall(
     req: &crate::substrate::RecallRequest,
     result: &crate::substrate::RecallResult,
 ) -> Result<(String, Mutation)> {
-    let n = sub.store().allocate_ids(1)?[0].0;
+    let n = sub.store().allocate_recall()?;
     let remembered = RememberedRecall {
         namespace: req.namespace.clone(),
         session: req.session_id.clone(),

@@ -29,7 +29,9 @@ use crate::model::{
 };
 use crate::policy::{EvaluationMode, Policy};
 use crate::retrieval::{self, Candidates, FusionMethod, Scope};
-use crate::store::{Change, Filter, Mutation, Queue, RecordPatch, Store, StoreOptions, WriteSet};
+use crate::store::{
+    Change, Filter, Mutation, Queue, RecordPatch, Reinforcement, Store, StoreOptions, WriteSet,
+};
 use crate::vector::{VectorIndex, VectorOptions};
 
 /// When the indexer builds.
@@ -1218,7 +1220,7 @@ impl Substrate {
         &self,
         req: &RecallRequest,
         query_vec: Option<&[f32]>,
-        policy: &Policy,
+        policy: &Arc<Policy>,
     ) -> Result<(RecallResult, WriteSet)> {
         // Read-your-writes: whatever was acknowledged is in the tails before we search.
         self.catch_up()?;
@@ -1284,30 +1286,24 @@ impl Substrate {
                 cands.add_recent(&recent);
             }
         }
-        // Load the candidates and their exact similarity to the query. The vector path's
-        // hits carry their exact cosine already; an embedding is read only for the others,
-        // and for every candidate when MMR needs them (embeddings were 7 % of a loaded
-        // server's CPU when read for all).
+        // Load the candidates and their exact similarity to the query, always computed here
+        // from the stored embedding: the vector path's own cosine depends on where it found
+        // the vector (tail, cache or store read-back differ in the last bits), and a replay
+        // must rank identically whatever the indexes had built by then.
         let lambda = policy.scoring.mmr_lambda;
         let mut loaded: Vec<(MemoryRecord, Option<Vec<f32>>)> =
             Vec::with_capacity(cands.by_id.len());
         for (id, ev) in cands.by_id.iter_mut() {
-            let Some(r) = store.get_light(*id)? else {
+            let Some(mut r) = store.get(*id)? else {
                 continue;
             };
             if !r.recallable() || r.namespace != req.namespace {
                 continue;
             }
-            let known = ev.vector.map(|(_, sim)| sim);
-            let emb = if lambda < 1.0 || (known.is_none() && query_vec.is_some()) {
-                store.embedding(*id)?
-            } else {
-                None
-            };
-            ev.similarity = match (query_vec, emb.as_deref()) {
-                (Some(q), Some(e)) => Some(retrieval::cosine(q, e)),
-                _ => known,
-            };
+            let emb = r.embedding.take();
+            if let (Some(q), Some(e)) = (query_vec, emb.as_deref()) {
+                ev.similarity = Some(retrieval::cosine(q, e));
+            }
             loaded.push((r, emb));
         }
         let fusion = match policy.scoring.fusion {
@@ -1363,24 +1359,15 @@ impl Substrate {
             let (score, why) = why_of(i).expect("ordered from scored");
             let record = loaded[i].0.clone();
             if amount > 0.0 {
-                let strength = policy.reinforce(&record, now, amount);
-                reinforce.push(Mutation::Audit(
-                    record.id,
-                    AuditEntry {
+                reinforce.push(Mutation::Reinforce {
+                    id: record.id,
+                    reinforcement: Reinforcement {
+                        policy: Arc::clone(policy),
                         at: now,
-                        action: AuditAction::Reinforced,
-                        by: "recall".into(),
-                        detail: format!("strength {:.3} -> {:.3}", record.strength, strength),
+                        amount,
                     },
-                ));
-                reinforce.push(Mutation::Patch(
-                    record.id,
-                    RecordPatch {
-                        strength: Some((strength, now)),
-                        add_reinforcements: 1,
-                        ..RecordPatch::default()
-                    },
-                ));
+                    by: "recall".into(),
+                });
             }
             memories.push(Recalled { record, score, why });
         }

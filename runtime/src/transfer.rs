@@ -2,10 +2,11 @@
 //! restore it exactly. Every line is one JSON object with `"format":1` and one of:
 //!
 //! - `header` — always the first line ([`Header`]): the embedder that made the vectors and
-//!   their dimension, and the source's next id. Import refuses another embedder (vectors of
-//!   different models cannot be compared) and never hands out an id below `next_id`, so a
-//!   recall id, a quarantined input's id or a purged record's id of the source never comes
-//!   back meaning something else.
+//!   their dimension, and the source's next id and next recall number. Import refuses
+//!   another embedder (vectors of different models cannot be compared) and never hands out
+//!   an id below `next_id` or a recall number below `next_recall`, so a recall id, a
+//!   quarantined input's id or a purged record's id of the source never comes back meaning
+//!   something else.
 //! - `record` — one per record of every tier and status ([`Exported`]), in id order: the
 //!   record itself (id, sources, status, strength, utility, timestamps, metadata, embedding),
 //!   its audit history, its knowledge-graph links, the knowledge record it was promoted
@@ -69,9 +70,12 @@ pub struct Header {
     pub embedder: Option<String>,
     /// Their dimension.
     pub dimension: Option<usize>,
-    /// The source's next id: every id below it was handed out there (records, recall ids,
-    /// quarantined inputs, purged records), so the importing store reserves them all.
+    /// The source's next id: every id below it was handed out there (records, quarantined
+    /// inputs, purged records), so the importing store reserves them all.
     pub next_id: u32,
+    /// The source's next recall number (recalls count apart from records): the importing
+    /// store reserves every number below it, so an old `rcl-…` id never names a new recall.
+    pub next_recall: u32,
     /// The one namespace exported, when `--namespace` chose one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
@@ -227,6 +231,7 @@ pub fn export_header(store: &Store, namespace: Option<&str>) -> Result<Header> {
         embedder: store.embedder_name()?,
         dimension: store.dimension()?,
         next_id: store.next_id(),
+        next_recall: store.next_recall(),
         namespace: namespace.map(str::to_string),
     })
 }
@@ -660,6 +665,12 @@ impl Importer {
                     .reserve_ids_through(MemoryId(last))
                     .map_err(ImportError::Store)?;
             }
+            if let Some(last) = h.next_recall.checked_sub(1) {
+                self.sub
+                    .store()
+                    .reserve_recalls_through(last)
+                    .map_err(ImportError::Store)?;
+            }
             self.header = Some(h);
             return Ok(Outcome::Header);
         };
@@ -674,14 +685,18 @@ impl Importer {
             ),
             Line::Header(_) => return Err(second_header()),
         };
-        if id >= header.next_id {
+        let (bound, bound_name, shown) = if kind == 2 {
+            (header.next_recall, "next_recall", format!("rcl-{id:08x}"))
+        } else {
+            (header.next_id, "next_id", MemoryId(id).to_string())
+        };
+        if id >= bound {
             return Err(ImportError::Line(Error::invalid(
                 "id",
                 format!(
-                    "{} is not below the header's next_id ({}), so the source never handed it \
-                     out; the file was edited or is damaged. Export the source again",
-                    MemoryId(id),
-                    header.next_id
+                    "{shown} is not below the header's {bound_name} ({bound}), so the source \
+                     never handed it out; the file was edited or is damaged. Export the \
+                     source again"
                 ),
             )));
         }
@@ -718,7 +733,10 @@ impl Importer {
             Line::Header(_) => return Err(second_header()),
         };
         if outcome == Outcome::Imported {
-            self.highest = self.highest.max(Some(MemoryId(id)));
+            // Recall numbers are reserved by the header alone; they are not record ids.
+            if kind != 2 {
+                self.highest = self.highest.max(Some(MemoryId(id)));
+            }
             self.pending += 1;
             if self.pending >= BATCH {
                 self.flush()?;
@@ -825,17 +843,11 @@ impl Importer {
     }
 
     /// Refuses an id that the store uses for something other than a record (a purged
-    /// record, a quarantined input, a recall).
+    /// record, a quarantined input). Recall numbers are counted apart and cannot clash.
     fn refuse_if_taken(&self, id: MemoryId, field: &str) -> Result<(), ImportError> {
         let store = self.sub.store();
         let taken = if store.tombstone(id).map_err(ImportError::Store)?.is_some() {
             Some("a purged record")
-        } else if store
-            .get_raw(&keys::recall(id.0))
-            .map_err(ImportError::Store)?
-            .is_some()
-        {
-            Some("a recall")
         } else if store
             .get_raw(&keys::quarantine(id))
             .map_err(ImportError::Store)?
@@ -1061,23 +1073,6 @@ impl Importer {
             } else {
                 Outcome::Different(r.id)
             });
-        }
-        let id = MemoryId(n);
-        let store = self.sub.store();
-        if store.owner(id).map_err(ImportError::Store)?.is_some()
-            || store
-                .get_raw(&keys::quarantine(id))
-                .map_err(ImportError::Store)?
-                .is_some()
-        {
-            return Err(ImportError::Line(Error::invalid(
-                "recall.id",
-                format!(
-                    "{} is already used in this data directory by a record; import into an \
-                     empty data directory",
-                    r.id
-                ),
-            )));
         }
         self.writes.push(Mutation::PutRaw(key.to_vec(), stored));
         Ok(Outcome::Imported)
@@ -1336,6 +1331,7 @@ mod tests {
         a.close().unwrap();
         let first = export_all(a.store());
         let next_id = a.store().next_id();
+        let next_recall = a.store().next_recall();
         assert_eq!(first.len(), 1 + 2 + 3, "{first:#?}");
         assert!(
             first[0].starts_with(r#"{"format":1,"header":{"dimension":384,"embedder":"hash","#),
@@ -1412,6 +1408,12 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(res.memories.first().map(|m| m.record.id), Some(ids[1]));
+        let new_recall = res.recall_id.unwrap();
+        assert!(
+            new_recall.as_str() >= format!("rcl-{next_recall:08x}").as_str(),
+            "{new_recall} reuses a recall number below {next_recall}"
+        );
+        assert_ne!(new_recall, recall);
         b.close().unwrap();
     }
 

@@ -19,7 +19,7 @@ use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 use crate::keys::{self, family, meta};
 use crate::kv::{Kv, Op, Range, Visit};
-use crate::model::{MemoryId, Status, Tier};
+use crate::model::{AuditAction, AuditEntry, MemoryId, Status, Tier};
 
 /// Most write sets folded into one commit: bounds the latency a single large group adds.
 const MAX_GROUP: usize = 512;
@@ -86,6 +86,7 @@ struct Worker {
     kv: Arc<dyn Kv>,
     catalog: Arc<RwLock<Catalog>>,
     next_id: Arc<AtomicU32>,
+    next_recall: Arc<AtomicU32>,
     next_seq: u64,
     shared_seq: Arc<AtomicU64>,
     stats: HashMap<Vec<u8>, SessionStats>,
@@ -97,11 +98,19 @@ struct Worker {
     backlog: Arc<AtomicU64>,
 }
 
+/// The id counters every commit persists (handed out in memory, ahead of the disk).
+pub(super) struct Counters {
+    /// Next record id.
+    pub next_id: Arc<AtomicU32>,
+    /// Next recall number.
+    pub next_recall: Arc<AtomicU32>,
+}
+
 impl Committer {
     pub(super) fn start(
         kv: Arc<dyn Kv>,
         catalog: Arc<RwLock<Catalog>>,
-        next_id: Arc<AtomicU32>,
+        counters: Counters,
         next_seq: u64,
     ) -> Result<Self> {
         let (tx, rx) = mpsc::channel::<Request>();
@@ -112,7 +121,8 @@ impl Committer {
         let mut worker = Worker {
             kv,
             catalog,
-            next_id,
+            next_id: counters.next_id,
+            next_recall: counters.next_recall,
             next_seq,
             shared_seq: shared_seq.clone(),
             stats: HashMap::new(),
@@ -232,6 +242,13 @@ impl Worker {
             Op::Put(
                 keys::meta(meta::NEXT_ID),
                 self.next_id.load(Ordering::SeqCst).to_be_bytes().to_vec(),
+            ),
+            Op::Put(
+                keys::meta(meta::NEXT_RECALL),
+                self.next_recall
+                    .load(Ordering::SeqCst)
+                    .to_be_bytes()
+                    .to_vec(),
             ),
         ];
         let mut batches: Vec<&[Op]> = accepted.iter().map(|(_, ops, _)| ops.as_slice()).collect();
@@ -486,6 +503,36 @@ impl Worker {
                             codec::encode(&audit),
                         ));
                     }
+                }
+                Mutation::Reinforce {
+                    id,
+                    reinforcement,
+                    by,
+                } => {
+                    let key = keys::record(id);
+                    let Some(bytes) = self.current(id)? else {
+                        continue;
+                    };
+                    let mut r = codec::decode_record(id, &key, &bytes, None)?;
+                    let before = r.strength;
+                    reinforcement.policy.apply_reinforcement(
+                        &mut r,
+                        reinforcement.at,
+                        reinforcement.amount,
+                    );
+                    let bytes = codec::encode_record(&r);
+                    self.set_overlay(undo, id, Some(bytes.clone()));
+                    ops.push(Op::Put(key.to_vec(), bytes));
+                    let seq = self.seq();
+                    ops.push(Op::Put(
+                        keys::audit(id, seq).to_vec(),
+                        codec::encode(&AuditEntry {
+                            at: reinforcement.at,
+                            action: AuditAction::Reinforced,
+                            by,
+                            detail: format!("strength {before:.3} -> {:.3}", r.strength),
+                        }),
+                    ));
                 }
                 Mutation::SetEmbedding(id, embedding) => {
                     if self.current(id)?.is_none() {

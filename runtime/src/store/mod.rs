@@ -101,6 +101,20 @@ pub enum Mutation {
     /// Store a record's embedding (and have the indexes follow) without rewriting the
     /// record; skipped if the record was purged meanwhile.
     SetEmbedding(MemoryId, Vec<f32>),
+    /// Reinforce a record on the record as it is when the group commits, audited with its
+    /// strength before and after; skipped if it was purged meanwhile. Recall's
+    /// reinforcement is queued without waiting: decided at ranking time as an absolute
+    /// strength, two recalls that ranked a record before either committed would both write
+    /// "strength + amount", and one reinforcement would be lost (and a replay would differ
+    /// with the commit timing).
+    Reinforce {
+        /// The record.
+        id: MemoryId,
+        /// By how much, when, under which policy.
+        reinforcement: Reinforcement,
+        /// Who, for the audit log.
+        by: String,
+    },
     /// Append to a record's audit log.
     Audit(MemoryId, AuditEntry),
     /// Put a record on a work queue.
@@ -113,6 +127,27 @@ pub enum Mutation {
     PutRaw(Vec<u8>, Vec<u8>),
     /// Delete a raw key (family ≥ 0x10).
     DeleteRaw(Vec<u8>),
+}
+
+/// A reinforcement to apply at commit time ([`Mutation::Reinforce`]).
+#[derive(Clone)]
+pub struct Reinforcement {
+    /// The policy whose curve and bounds decide the new strength.
+    pub policy: Arc<crate::policy::Policy>,
+    /// When (the new `strength_at`).
+    pub at: Timestamp,
+    /// Strength added to the decayed strength.
+    pub amount: f32,
+}
+
+impl std::fmt::Debug for Reinforcement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reinforcement")
+            .field("policy", &self.policy.stamp())
+            .field("at", &self.at)
+            .field("amount", &self.amount)
+            .finish()
+    }
 }
 
 /// Field changes applied to a record at commit time ([`Mutation::Patch`]). Unset fields are
@@ -199,6 +234,7 @@ struct Inner {
     dir: PathBuf,
     catalog: Arc<RwLock<Catalog>>,
     next_id: Arc<AtomicU32>,
+    next_recall: Arc<AtomicU32>,
     committer: commit::Committer,
     _lock: File,
 }
@@ -271,17 +307,29 @@ impl Store {
         let stored_next = read_u32(kv.as_ref(), meta::NEXT_ID)?.unwrap_or(0);
         let next_id = stored_next.max(max_id.map_or(0, |m| m + 1));
         let next_seq = read_u64(kv.as_ref(), meta::NEXT_SEQ)?.unwrap_or(1);
+        // Stores from before recalls had their own counter drew recall numbers from the
+        // record ids: starting at `next_id` reuses none of them.
+        let next_recall = read_u32(kv.as_ref(), meta::NEXT_RECALL)?.unwrap_or(next_id);
 
         let catalog = Arc::new(RwLock::new(catalog));
         let next_id = Arc::new(AtomicU32::new(next_id));
-        let committer =
-            commit::Committer::start(kv.clone(), catalog.clone(), next_id.clone(), next_seq)?;
+        let next_recall = Arc::new(AtomicU32::new(next_recall));
+        let committer = commit::Committer::start(
+            kv.clone(),
+            catalog.clone(),
+            commit::Counters {
+                next_id: next_id.clone(),
+                next_recall: next_recall.clone(),
+            },
+            next_seq,
+        )?;
         Ok(Store {
             inner: Arc::new(Inner {
                 kv,
                 dir: dir.to_path_buf(),
                 catalog,
                 next_id,
+                next_recall,
                 committer,
                 _lock: lock,
             }),
@@ -808,8 +856,37 @@ impl Store {
         Ok(())
     }
 
+    /// Hands out a recall number (the `n` of `rcl-n`), never one handed out before: the
+    /// counter is persisted with every commit, as the record ids' is.
+    pub fn allocate_recall(&self) -> Result<u32> {
+        self.inner
+            .next_recall
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| cur.checked_add(1))
+            .map_err(|_| Error::Storage {
+                backend: self.backend().as_str(),
+                message: "recall numbers exhausted (2^32)".into(),
+            })
+    }
+
+    /// The next recall number [`Store::allocate_recall`] would hand out.
+    pub fn next_recall(&self) -> u32 {
+        self.inner.next_recall.load(Ordering::SeqCst)
+    }
+
+    /// Makes sure recall numbers up to and including `n` are never handed out (an import
+    /// brings its own). The next commit persists the counter.
+    pub fn reserve_recalls_through(&self, n: u32) -> Result<()> {
+        let next = n.checked_add(1).ok_or_else(|| Error::Storage {
+            backend: self.backend().as_str(),
+            message: format!("rcl-{n:08x} is the last possible recall; none is left after it"),
+        })?;
+        self.inner.next_recall.fetch_max(next, Ordering::SeqCst);
+        Ok(())
+    }
+
     /// The next id [`Store::allocate_ids`] would hand out: every id below it was used by
-    /// a record, a recall, a quarantined input or a purged record, or skipped. An export
+    /// a record, a quarantined input or a purged record (or, in stores from before recalls
+    /// were counted apart, a recall), or skipped. An export
     /// carries it so the importing store never reuses one of those ids.
     pub fn next_id(&self) -> u32 {
         self.inner.next_id.load(Ordering::SeqCst)

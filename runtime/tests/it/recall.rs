@@ -633,3 +633,83 @@ async fn a_clean_restart_after_recalls_rebuilds_no_index() {
     assert_eq!(sub.rebuilds(), 1, "a missing keyword index was not rebuilt");
     sub.close().unwrap();
 }
+
+#[tokio::test]
+async fn recall_ids_are_counted_apart_from_records_and_never_reused() {
+    // A recall between two writes must not leave a gap in record ids (the vector index is
+    // sharded by id range), and a reopened store must not hand out a recall id again.
+    let dir = tempfile::tempdir().unwrap();
+    let first_recall = {
+        let (sub, _) = open(dir.path());
+        let a = rec(&sub, "default", "s1", "observation", "the cache was cold").await;
+        let r = sub
+            .recall(&RecallRequest::new("default", "s1", "cache"))
+            .await
+            .unwrap()
+            .recall_id
+            .unwrap();
+        let b = rec(&sub, "default", "s1", "observation", "deploys failed").await;
+        assert_eq!(b.0, a.0 + 1, "the recall took a record id");
+        sub.close().unwrap();
+        r
+    };
+    let (sub, _) = open(dir.path());
+    let second = sub
+        .recall(&RecallRequest::new("default", "s1", "cache"))
+        .await
+        .unwrap()
+        .recall_id
+        .unwrap();
+    assert!(second > first_recall, "{second} after {first_recall}");
+    sub.close().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_recalls_each_reinforce_what_they_return() {
+    // Recall queues its reinforcement without waiting for it. Decided on the record as
+    // ranked, five recalls that all ranked it before any commit would each write
+    // "0.65 + 0.05" and four reinforcements would be lost; applied at commit time, each
+    // counts.
+    let dir = tempfile::tempdir().unwrap();
+    let (sub, _) = open(dir.path());
+    let id = rec(
+        &sub,
+        "default",
+        "s1",
+        "observation",
+        "the invoice PDF had the wrong tax rate",
+    )
+    .await;
+    let before = sub.get("default", id).unwrap().strength;
+    let recalls: Vec<_> = (0..5)
+        .map(|_| {
+            let sub = sub.clone();
+            tokio::spawn(async move {
+                sub.recall(&RecallRequest::new("default", "s1", "tax rate"))
+                    .await
+                    .unwrap()
+                    .memories
+                    .len()
+            })
+        })
+        .collect();
+    for r in recalls {
+        assert_eq!(r.await.unwrap(), 1);
+    }
+    sub.store().sync().await.unwrap();
+    let after = sub.get("default", id).unwrap();
+    assert_eq!(after.reinforcements, 5);
+    assert!(
+        (after.strength - (before + 5.0 * 0.05)).abs() < 1e-5,
+        "{before} + 5 × 0.05 != {}",
+        after.strength
+    );
+    let reinforced = sub
+        .history("default", id)
+        .unwrap()
+        .iter()
+        .filter(|e| format!("{:?}", e.action) == "Reinforced")
+        .count();
+    assert_eq!(reinforced, 5);
+    sub.close().unwrap();
+}
