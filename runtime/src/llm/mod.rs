@@ -3,6 +3,13 @@
 //! `hybrid` evaluation. This module holds the section's shape and its validation, so a
 //! config file is checked, with every mistake named, when the server starts; the provider
 //! that speaks to the endpoint plugs into the judge seam of [`crate::evaluate`].
+//!
+//! Submodules: [`json`] (reading JSON out of a model's answer: fences, stray prose, common
+//! faults repaired) and [`chat`] (the chat-completions client with timeouts, retries and
+//! backoff).
+
+pub mod chat;
+pub mod json;
 
 use std::time::Duration;
 
