@@ -142,7 +142,7 @@ impl OpenAiEmbedder {
                 ),
             ));
         }
-        let api_key = read_api_key(&cfg.api_key_env)?;
+        let api_key = read_api_key("embedder.api_key_env", &cfg.api_key_env)?;
 
         // async-openai is built without a TLS crypto provider (ring is lighter than its
         // default aws-lc); one must be installed process-wide before the first HTTP client.
@@ -470,7 +470,7 @@ fn provider_error(message: impl Into<String>) -> Error {
     }
 }
 
-fn truncate(s: &str, max_chars: usize) -> String {
+pub(crate) fn truncate(s: &str, max_chars: usize) -> String {
     match s.char_indices().nth(max_chars) {
         Some((cut, _)) => format!("{}…", &s[..cut]),
         None => s.to_owned(),
@@ -500,11 +500,12 @@ fn base_url(configured: Option<&str>) -> Result<String> {
 }
 
 /// The API key from the environment variable `var`; unset means no key (local servers).
-fn read_api_key(var: &str) -> Result<String> {
+/// `field` names the config key in errors (`embedder.api_key_env`, `llm.api_key_env`).
+pub(crate) fn read_api_key(field: &str, var: &str) -> Result<String> {
     let valid_name = !var.is_empty() && var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
     if !valid_name {
         return Err(Error::invalid(
-            "embedder.api_key_env",
+            field,
             format!(
                 "`{var}` is not an environment variable name; give the variable's name (like \
                  OPENAI_API_KEY), never the key itself"
@@ -516,7 +517,7 @@ fn read_api_key(var: &str) -> Result<String> {
         Err(std::env::VarError::NotPresent) => String::new(),
         Err(std::env::VarError::NotUnicode(_)) => {
             return Err(Error::invalid(
-                "embedder.api_key_env",
+                field,
                 format!("the environment variable `{var}` is not valid UTF-8; re-export the key"),
             ));
         }
@@ -524,7 +525,7 @@ fn read_api_key(var: &str) -> Result<String> {
     // The HTTP client would panic on a header value with control characters.
     if key.bytes().any(|b| !(0x20..0x7f).contains(&b)) {
         return Err(Error::invalid(
-            "embedder.api_key_env",
+            field,
             format!(
                 "the key in `{var}` contains characters an HTTP header cannot carry (a line \
                  break or non-ASCII); re-export it as plain text"

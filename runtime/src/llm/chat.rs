@@ -34,6 +34,7 @@ use serde::Deserialize;
 use tokio::sync::Semaphore;
 
 use super::{LlmConfig, LlmKind};
+use crate::embed::openai::{read_api_key, truncate};
 use crate::error::{Error, Result};
 
 /// Provider name in [`Error::Provider`].
@@ -230,7 +231,7 @@ impl ChatClient {
             .map(|u| u.trim().trim_end_matches('/').to_owned())
             .unwrap_or_default();
         let model = cfg.model.as_deref().map(str::trim).unwrap_or_default();
-        let api_key = read_api_key(&cfg.api_key_env)?;
+        let api_key = read_api_key("llm.api_key_env", &cfg.api_key_env)?;
         let url = format!("{base_url}/chat/completions");
         let transport = http_transport(url.clone(), api_key.clone());
         Ok(ChatClient {
@@ -736,48 +737,6 @@ fn provider_error(message: impl Into<String>) -> Error {
         provider: PROVIDER.into(),
         message: message.into(),
     }
-}
-
-fn truncate(s: &str, max_chars: usize) -> String {
-    match s.char_indices().nth(max_chars) {
-        Some((cut, _)) => format!("{}…", &s[..cut]),
-        None => s.to_owned(),
-    }
-}
-
-/// The API key from the environment variable `var`; unset means no key (local servers).
-fn read_api_key(var: &str) -> Result<String> {
-    let valid_name = !var.is_empty() && var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    if !valid_name {
-        return Err(Error::invalid(
-            "llm.api_key_env",
-            format!(
-                "`{var}` is not an environment variable name; give the variable's name (like \
-                 OPENAI_API_KEY), never the key itself"
-            ),
-        ));
-    }
-    let key = match std::env::var(var) {
-        Ok(k) => k.trim().to_owned(),
-        Err(std::env::VarError::NotPresent) => String::new(),
-        Err(std::env::VarError::NotUnicode(_)) => {
-            return Err(Error::invalid(
-                "llm.api_key_env",
-                format!("the environment variable `{var}` is not valid UTF-8; re-export the key"),
-            ));
-        }
-    };
-    // The HTTP client would refuse a header value with control characters.
-    if key.bytes().any(|b| !(0x20..0x7f).contains(&b)) {
-        return Err(Error::invalid(
-            "llm.api_key_env",
-            format!(
-                "the key in `{var}` contains characters an HTTP header cannot carry (a line \
-                 break or non-ASCII); re-export it as plain text"
-            ),
-        ));
-    }
-    Ok(key)
 }
 
 #[cfg(test)]
