@@ -12,6 +12,7 @@ mod transfer;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
@@ -21,6 +22,8 @@ use shadowbrain::{Runtime, RuntimeConfig};
 use shadowbrain_runtime::embed::{EmbedderConfig, build_embedder};
 use shadowbrain_runtime::kv::Backend;
 use shadowbrain_runtime::llm::LlmKind;
+use shadowbrain_runtime::llm::chat::ChatClient;
+use shadowbrain_runtime::llm::judge::LlmJudge;
 use shadowbrain_runtime::store::Store;
 
 /// shadowbrain: long-term memory for LLM agents.
@@ -146,9 +149,8 @@ async fn serve(
     ));
     if file.llm.kind != LlmKind::None {
         tracing::warn!(
-            "[llm] names an endpoint, but this build has no LLM judge or condenser yet: \
-             importance comes from the policy's rules and condensation is extractive \
-             (each record's history says so)"
+            "[llm] judges importance when the policy's [evaluation] mode is `llm` or \
+             `hybrid`; the LLM condenser is not built yet, so condensation stays extractive"
         );
     }
     server::serve(listener, rt, file.limits.http(), auth, shutdown_signal()).await?;
@@ -219,6 +221,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             // As for the one-shot commands: a directory made with another backend is opened
             // with it (serve has no --backend to say so).
             rt_config.substrate.backend = backend_of(&data);
+            if cfg.llm.kind == LlmKind::Openai {
+                // The judge of `[evaluation] mode = "llm"` / `"hybrid"`, in batches of the
+                // section's `batch_size`; ingest never waits for it.
+                let client = ChatClient::new(&cfg.llm).context("setting up the [llm] endpoint")?;
+                rt_config.judge = Some(Arc::new(LlmJudge::new(Arc::new(client))));
+                rt_config.evaluation_batch = cfg.llm.batch_size;
+            }
             tokio::runtime::Runtime::new()?.block_on(serve(addr, &data, rt_config, cfg))
         }
         Command::Record(args) => memory::record(args),

@@ -984,3 +984,111 @@ fn the_config_file_sets_limits_and_keys_with_environment_overrides() {
     assert_eq!(refused.status.code(), Some(1), "{said}");
     assert!(said.contains("max_kk"), "{said}");
 }
+
+/// An OpenAI-compatible chat endpoint on 127.0.0.1 that rates every numbered record of a
+/// judge prompt 8; answers its address and counts requests.
+fn scripted_judge() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let tokio = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        tokio.block_on(async move {
+            let app = axum::Router::new().route(
+                "/v1/chat/completions",
+                axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    let user = body["messages"][1]["content"].as_str().unwrap_or("").to_string();
+                    async move {
+                        let n = user
+                            .lines()
+                            .filter(|l| l.split_once(". [").is_some_and(|(i, _)| i.parse::<usize>().is_ok()))
+                            .count();
+                        let items: Vec<Value> = (0..n)
+                            .map(|i| json!({"index": i, "importance": 8, "reusability": 7, "reason": "scripted"}))
+                            .collect();
+                        axum::Json(json!({
+                            "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                            "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                                "role": "assistant",
+                                "content": json!({"items": items}).to_string()}}],
+                            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+                        }))
+                    }
+                }),
+            );
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    (rx.recv_timeout(Duration::from_secs(30)).unwrap(), calls)
+}
+
+#[test]
+fn serve_with_an_llm_section_judges_importance_in_the_background() {
+    let (llm, calls) = scripted_judge();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("shadowbrain.toml");
+    std::fs::write(
+        &config,
+        format!("[llm]\nkind = \"openai\"\nbase_url = \"http://{llm}/v1\"\nmodel = \"judge\"\n"),
+    )
+    .unwrap();
+    let policy = dir.path().join("policy.toml");
+    let default = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
+    )
+    .unwrap();
+    std::fs::write(
+        &policy,
+        default.replace("mode = \"rules\"", "mode = \"llm\""),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
+        .arg(dir.path().join("data"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--policy")
+        .arg(&policy)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (addr, _stderr) = wait_for_address(child.stderr.take().unwrap());
+    let (status, written) = post(
+        addr,
+        "/v1/sessions/s/events",
+        &json!({"kind": "observation", "text": "the user prefers invoices in EUR"}),
+    );
+    assert_eq!(status, 201, "{written}");
+    let id = written["ids"][0].as_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let judged = loop {
+        let (_, record) = http(addr, "GET", &format!("/v1/memories/{id}"), None);
+        if record["importance"] == 8.0 {
+            break record;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never judged: {record}; {} calls",
+            calls.load(std::sync::atomic::Ordering::SeqCst)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (_, history) = http(addr, "GET", &format!("/v1/memories/{id}/history"), None);
+    assert!(
+        history["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["by"] == "llm:judge" && e["detail"].as_str().unwrap().contains("scripted")),
+        "{judged} {history}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

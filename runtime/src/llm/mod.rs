@@ -5,11 +5,12 @@
 //! that speaks to the endpoint plugs into the judge seam of [`crate::evaluate`].
 //!
 //! Submodules: [`json`] (reading JSON out of a model's answer: fences, stray prose, common
-//! faults repaired) and [`chat`] (the chat-completions client with timeouts, retries and
-//! backoff).
+//! faults repaired), [`chat`] (the chat-completions client with timeouts, retries and
+//! backoff) and [`judge`] (the LLM judge of `[evaluation] mode = "llm"` / `"hybrid"`).
 
 pub mod chat;
 pub mod json;
+pub mod judge;
 
 use std::time::Duration;
 
