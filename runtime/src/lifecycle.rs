@@ -463,6 +463,18 @@ struct RememberedRecall {
 }
 
 /// The recall id for a result, and the write that remembers what it returned.
+/// The id a client is given for recall number `n`: `rcl-` and 8 hex digits.
+pub(crate) fn recall_id(n: u32) -> String {
+    format!("rcl-{n:08x}")
+}
+
+/// The number in a recall id, `None` when `id` is not one.
+pub(crate) fn recall_number(id: &str) -> Option<u32> {
+    id.strip_prefix("rcl-")
+        .filter(|hex| hex.len() == 8)
+        .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+}
+
 pub(crate) fn remember_recall(
     sub: &Substrate,
     req: &crate::substrate::RecallRequest,
@@ -476,7 +488,7 @@ pub(crate) fn remember_recall(
         ids: result.memories.iter().map(|m| m.record.id).collect(),
     };
     Ok((
-        format!("rcl-{n:08x}"),
+        recall_id(n),
         Mutation::PutRaw(keys::recall(n).to_vec(), codec::encode(&remembered)),
     ))
 }
@@ -590,11 +602,7 @@ impl Substrate {
             what: "recall",
             id: recall_id.to_string(),
         };
-        let n = recall_id
-            .strip_prefix("rcl-")
-            .filter(|hex| hex.len() == 8)
-            .and_then(|hex| u32::from_str_radix(hex, 16).ok())
-            .ok_or_else(|| {
+        let n = recall_number(recall_id).ok_or_else(|| {
                 Error::invalid(
                     "recall_id",
                     format!("`{recall_id}` is not a recall id; use the `recall_id` a recall answered (rcl- and 8 hex digits)"),

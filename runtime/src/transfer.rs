@@ -47,6 +47,7 @@ use crate::error::{Error, Result};
 use crate::keys;
 use crate::knowledge::Relation;
 use crate::kv::Visit;
+use crate::lifecycle::recall_id;
 use crate::model::{
     AuditAction, AuditEntry, MemoryId, MemoryRecord, Tier, validate_embedding, validate_id,
 };
@@ -398,7 +399,7 @@ pub fn export_extra(store: &Store, extra: Extra) -> Result<Option<Line>> {
                 Some(v) => {
                     let r: StoredRecall = codec::decode(&key, &v)?;
                     Some(Line::Recall(RecallLog {
-                        id: format!("rcl-{n:08x}"),
+                        id: recall_id(n),
                         namespace: r.namespace,
                         session: r.session,
                         at: r.at,
@@ -686,7 +687,7 @@ impl Importer {
             Line::Header(_) => return Err(second_header()),
         };
         let (bound, bound_name, shown) = if kind == 2 {
-            (header.next_recall, "next_recall", format!("rcl-{id:08x}"))
+            (header.next_recall, "next_recall", recall_id(id))
         } else {
             (header.next_id, "next_id", MemoryId(id).to_string())
         };
@@ -715,7 +716,7 @@ impl Importer {
             let what = match kind {
                 0 => MemoryId(id).to_string(),
                 1 => format!("the quarantine entry of {}", MemoryId(id)),
-                _ => format!("rcl-{id:08x}"),
+                _ => recall_id(id),
             };
             return Err(ImportError::Line(Error::invalid(
                 "id",
@@ -1201,15 +1202,12 @@ fn second_header() -> ImportError {
 
 /// The number in a recall id (`rcl-` and 8 hex digits).
 fn recall_number(id: &str) -> Result<u32> {
-    id.strip_prefix("rcl-")
-        .filter(|h| h.len() == 8)
-        .and_then(|h| u32::from_str_radix(h, 16).ok())
-        .ok_or_else(|| {
-            Error::invalid(
-                "recall.id",
-                format!("`{id}` is not a recall id; recall ids are `rcl-` and 8 hex digits"),
-            )
-        })
+    crate::lifecycle::recall_number(id).ok_or_else(|| {
+        Error::invalid(
+            "recall.id",
+            format!("`{id}` is not a recall id; recall ids are `rcl-` and 8 hex digits"),
+        )
+    })
 }
 
 /// Whether two records with one id are the same record (later reinforcement, decay or
