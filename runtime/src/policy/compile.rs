@@ -20,6 +20,7 @@
 //! | `promotion.min_importance` | `0..=10` |
 //! | `promotion.min_utility`, `promotion.merge_similarity` | `0..=1` |
 //! | `promotion.min_successes` | `0..=1000000` |
+//! | `evaluation.prompt`, `condensation.prompt` | not blank, at most 8 KiB |
 //! | durations | `"90s"`, `"1h"`, `"3d"`, `"1h 30m"` … up to 1000 years; `"never"` where noted |
 
 use std::time::Duration;
@@ -127,6 +128,8 @@ pub struct Evaluation {
     pub default_importance: f32,
     /// Rules in file order; the first match wins.
     pub rules: Vec<Rule>,
+    /// The LLM judge's rating guidance; `None` = the built-in one.
+    pub prompt: Option<String>,
 }
 
 /// `[condensation]`, compiled.
@@ -140,6 +143,8 @@ pub struct Condensation {
     pub max_age: Option<Duration>,
     /// Never condense fewer events than this.
     pub min_events: u32,
+    /// The LLM condenser's writing guidance; `None` = the built-in one.
+    pub prompt: Option<String>,
 }
 
 /// `[forgetting]`, compiled.
@@ -230,6 +235,9 @@ const MAX_DURATION: Duration = Duration::from_secs(1000 * 365 * 86_400);
 const DURATION_FORMS: &str =
     "write a number with a unit, e.g. \"90s\", \"1h\", \"3d\" or \"1h 30m\", or \"never\"";
 
+/// Longest prompt override: it rides on every LLM request, so a runaway one costs tokens.
+const MAX_PROMPT_BYTES: usize = 8 * 1024;
+
 /// Collects issues while the sections are compiled, so one pass reports them all.
 struct Ctx<'a> {
     file: &'a str,
@@ -268,6 +276,31 @@ impl Ctx<'_> {
             return default;
         }
         x
+    }
+
+    /// An LLM prompt override: absent is the built-in one; blank or huge is a mistake.
+    fn prompt(&mut self, key: &str, v: Option<&str>) -> Option<String> {
+        let text = v?;
+        if text.trim().is_empty() {
+            self.issue(
+                key,
+                "is blank; write the guidance for the model, or remove the key to use the \
+                 built-in prompt",
+            );
+            return None;
+        }
+        if text.len() > MAX_PROMPT_BYTES {
+            self.issue(
+                key,
+                format!(
+                    "is {} bytes; keep it under {MAX_PROMPT_BYTES} (it is sent with every \
+                     request and paid for in tokens)",
+                    text.len()
+                ),
+            );
+            return None;
+        }
+        Some(text.trim().to_string())
     }
 
     /// A duration string; `never_ok` says whether `"never"` (`None`) is allowed.
@@ -560,6 +593,7 @@ impl Policy {
             mode,
             default_importance,
             rules,
+            prompt: c.prompt("evaluation.prompt", e.prompt.as_deref()),
         };
 
         let k = &raw.condensation;
@@ -605,6 +639,7 @@ impl Policy {
                 false,
             ),
             min_events,
+            prompt: c.prompt("condensation.prompt", k.prompt.as_deref()),
         };
 
         let f = &raw.forgetting;

@@ -196,7 +196,7 @@ impl Policy {
                 Value::Object(rule)
             })
             .collect();
-        json!({
+        let mut v = json!({
             "scoring": {
                 "relevance": s.relevance,
                 "recency": s.recency,
@@ -247,7 +247,15 @@ impl Policy {
                 "min_successes": p.min_successes,
                 "merge_similarity": p.merge_similarity,
             },
-        })
+        });
+        // Prompt overrides join the canonical form only when set, so every policy written
+        // before they existed keeps its hash (and the stamps on its records stay true).
+        for (section, prompt) in [("evaluation", &e.prompt), ("condensation", &k.prompt)] {
+            if let (Some(text), Some(Value::Object(map))) = (prompt, v.get_mut(section)) {
+                map.insert("prompt".into(), json!(text));
+            }
+        }
+        v
     }
 }
 

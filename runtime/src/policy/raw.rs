@@ -106,6 +106,10 @@ pub struct RawEvaluation {
     /// The rules, first match wins; absent means DESIGN's two rules, `[]` means none.
     #[serde(default)]
     pub rules: Option<Vec<RawRule>>,
+    /// What the LLM judge is told about rating (`llm`/`hybrid`); absent means the built-in
+    /// guidance. The answer format is always appended by the judge.
+    #[serde(default)]
+    pub prompt: Option<String>,
 }
 
 /// One `[[evaluation.rules]]` entry as written.
@@ -139,6 +143,10 @@ pub struct RawCondensation {
     /// Never condense fewer events than this.
     #[serde(default, deserialize_with = "count")]
     pub min_events: Option<u32>,
+    /// What the LLM condenser is told about writing (`llm` mode); absent means the built-in
+    /// guidance. The answer format is always appended by the condenser.
+    #[serde(default)]
+    pub prompt: Option<String>,
 }
 
 /// `[forgetting]` as written.

@@ -618,3 +618,42 @@ fn toml_from_json(v: &serde_json::Value) -> String {
     }
     out
 }
+
+#[test]
+fn prompt_overrides_are_checked_hashed_and_shown() {
+    let default = Policy::default_policy();
+    assert_eq!(default.evaluation.prompt, None);
+    assert!(
+        default.to_json()["evaluation"].get("prompt").is_none(),
+        "no override, no key: existing policies keep their hash"
+    );
+    let p = Policy::from_toml(
+        "p.toml",
+        "[evaluation]\nmode = \"llm\"\nprompt = \"  Rate customer complaints 9.  \"\n\
+         [condensation]\nprompt = \"Write lessons.\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        p.evaluation.prompt.as_deref(),
+        Some("Rate customer complaints 9.")
+    );
+    assert_eq!(p.condensation.prompt.as_deref(), Some("Write lessons."));
+    assert_eq!(
+        p.to_json()["evaluation"]["prompt"],
+        "Rate customer complaints 9."
+    );
+    let other = Policy::from_toml(
+        "q.toml",
+        "[evaluation]\nmode = \"llm\"\nprompt = \"Rate everything 1.\"\n\
+         [condensation]\nprompt = \"Write lessons.\"\n",
+    )
+    .unwrap();
+    assert_ne!(p.hash, other.hash, "the prompt is behaviour");
+    let again = Policy::from_toml("<json>", &toml_from_json(&p.to_json())).unwrap();
+    assert_eq!(again.hash, p.hash);
+
+    let huge = format!("[condensation]\nprompt = \"{}\"\n", "x".repeat(9000));
+    let issues = errors(&format!("[evaluation]\nprompt = \"   \"\n{huge}"));
+    assert_issue(&issues, "evaluation.prompt", &["blank", "built-in"]);
+    assert_issue(&issues, "condensation.prompt", &["9000 bytes", "8192"]);
+}
