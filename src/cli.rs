@@ -23,6 +23,7 @@ use shadowbrain_runtime::embed::{EmbedderConfig, build_embedder};
 use shadowbrain_runtime::kv::Backend;
 use shadowbrain_runtime::llm::LlmKind;
 use shadowbrain_runtime::llm::chat::ChatClient;
+use shadowbrain_runtime::llm::cost::Llm;
 use shadowbrain_runtime::llm::judge::LlmJudge;
 use shadowbrain_runtime::store::Store;
 
@@ -225,7 +226,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 // The judge of `[evaluation] mode = "llm"` / `"hybrid"`, in batches of the
                 // section's `batch_size`; ingest never waits for it.
                 let client = ChatClient::new(&cfg.llm).context("setting up the [llm] endpoint")?;
-                rt_config.judge = Some(Arc::new(LlmJudge::new(Arc::new(client))));
+                let llm = Arc::new(Llm::new(Arc::new(client), cfg.llm.tokens_per_hour));
+                let judge = LlmJudge::with_options(llm, cfg.llm.judge_options());
+                rt_config.judge = Some(Arc::new(judge));
                 rt_config.evaluation_batch = cfg.llm.batch_size;
             }
             tokio::runtime::Runtime::new()?.block_on(serve(addr, &data, rt_config, cfg))

@@ -494,7 +494,7 @@ async fn the_indexer_actor_builds_the_indexes_and_resumes_after_a_restart() {
 
 use shadowbrain_actors::substrate::embed::Embedder;
 use shadowbrain_actors::substrate::embed::hash::HashEmbedder;
-use shadowbrain_actors::substrate::evaluate::{Judge, JudgeItem, Judgement};
+use shadowbrain_actors::substrate::evaluate::{Judge, JudgeBatch, Judgement, Verdict};
 use shadowbrain_actors::substrate::model::{AuditAction, Status};
 use shadowbrain_actors::substrate::policy::Policy;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -515,8 +515,9 @@ impl Judge for ScriptedJudge {
 
     async fn judge(
         &self,
-        items: &[JudgeItem],
-    ) -> shadowbrain_actors::substrate::error::Result<Vec<Judgement>> {
+        batch: JudgeBatch<'_>,
+    ) -> shadowbrain_actors::substrate::error::Result<Vec<Verdict>> {
+        let items = batch.items;
         self.calls.fetch_add(1, Ordering::SeqCst);
         if items.iter().any(|i| i.text.contains("POISON"))
             && self
@@ -528,13 +529,15 @@ impl Judge for ScriptedJudge {
         }
         Ok(items
             .iter()
-            .map(|i| Judgement {
-                importance: if i.text.contains("nonsense") {
-                    f32::NAN
-                } else {
-                    8.5
-                },
-                reason: format!("looked at {}", i.id),
+            .map(|i| {
+                Ok(Judgement {
+                    importance: if i.text.contains("nonsense") {
+                        f32::NAN
+                    } else {
+                        8.5
+                    },
+                    reason: format!("looked at {}", i.id),
+                })
             })
             .collect())
     }

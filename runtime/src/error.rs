@@ -97,6 +97,22 @@ pub enum Error {
         /// What happened, never including secrets.
         message: String,
     },
+    /// A namespace has spent its hourly LLM token budget (`[llm] tokens_per_hour`); rules
+    /// and extractive condensation stand in until the hour turns.
+    #[error(
+        "namespace `{namespace}` has spent its LLM budget for this hour ({spent} of {limit} \
+         tokens); rules stand in until {until}; raise [llm] tokens_per_hour to spend more"
+    )]
+    OverBudget {
+        /// The namespace.
+        namespace: String,
+        /// Tokens spent this hour.
+        spent: u64,
+        /// The hourly limit.
+        limit: u64,
+        /// When the next hour starts (`11:00 UTC`).
+        until: String,
+    },
     /// A file-system operation failed.
     #[error("I/O error at {}: {source}", path.display())]
     Io {

@@ -10,11 +10,13 @@
 //! either way, so a broken provider never blocks anything.
 //!
 //! The queue lives in the store, so records accepted before a crash or a restart are judged
-//! after it. The LLM-backed judge plugs in here (a separate piece of work); tests drive the
-//! seam with judges of their own.
+//! after it. The LLM-backed judge is [`crate::llm::judge::LlmJudge`]; tests also drive the
+//! seam with judges of their own. A batch is split by namespace before it reaches a judge,
+//! so budgets and reuse stay per namespace and no prompt mixes two tenants' records.
 
 use async_trait::async_trait;
 
+use crate::clock::Timestamp;
 use crate::error::Result;
 use crate::model::{AuditAction, AuditEntry, MemoryId};
 use crate::store::{Mutation, Queue, RecordPatch, WriteSet};
@@ -31,7 +33,25 @@ pub struct JudgeItem {
     pub text: String,
     /// What the rules gave it (the fallback).
     pub rules_importance: f32,
+    /// Its stored embedding, when it has one yet (for reusing a near-duplicate's verdict).
+    pub embedding: Option<Vec<f32>>,
 }
+
+/// One call's worth of records, all of one namespace.
+#[derive(Debug, Clone, Copy)]
+pub struct JudgeBatch<'a> {
+    /// The namespace the records belong to (budgets and reuse are per namespace).
+    pub namespace: &'a str,
+    /// The records, oldest first.
+    pub items: &'a [JudgeItem],
+    /// The policy's `[evaluation] prompt`, when it overrides the judge's built-in guidance.
+    pub instructions: Option<&'a str>,
+    /// Runtime-clock time of the call (the token budget's hours follow this clock).
+    pub now: Timestamp,
+}
+
+/// The judge's verdict on one record, or why the rules' score stays for it.
+pub type Verdict = std::result::Result<Judgement, String>;
 
 /// The judge's verdict on one record.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,8 +67,9 @@ pub struct Judgement {
 pub trait Judge: Send + Sync + std::fmt::Debug {
     /// Short name for the audit log (`llm:qwen2.5`).
     fn name(&self) -> &str;
-    /// One judgement per item, in order. An error keeps the rules' scores.
-    async fn judge(&self, items: &[JudgeItem]) -> Result<Vec<Judgement>>;
+    /// One verdict per item, in order. An `Err` verdict keeps that record's rules' score
+    /// with the reason audited; an error keeps the rules' scores of the whole batch.
+    async fn judge(&self, batch: JudgeBatch<'_>) -> Result<Vec<Verdict>>;
 }
 
 /// What one evaluation pass did.
@@ -90,30 +111,59 @@ impl Substrate {
                 None => report.gone += 1,
             }
         }
-        let items: Vec<JudgeItem> = records
-            .iter()
-            .map(|r| JudgeItem {
+        let policy = self.policy();
+        let now = self.clock().now();
+        let mut items = Vec::with_capacity(records.len());
+        for r in &records {
+            items.push(JudgeItem {
                 id: r.id,
                 kind: r.kind.as_str().to_string(),
                 text: r.text.clone(),
                 rules_importance: r.importance,
-            })
-            .collect();
-        let verdicts: std::result::Result<Vec<Judgement>, String> = match judge {
-            None => Err("no judge is configured; set one up for `llm`/`hybrid` mode".into()),
-            Some(_) if items.is_empty() => Ok(Vec::new()),
-            Some(j) => match j.judge(&items).await {
-                Ok(v) if v.len() == items.len() => Ok(v),
-                Ok(v) => Err(format!(
-                    "the judge answered {} verdicts for {} records",
-                    v.len(),
-                    items.len()
-                )),
-                Err(e) => Err(e.to_string()),
-            },
-        };
-        let policy = self.policy();
-        let now = self.clock().now();
+                embedding: self.store().embedding(r.id)?,
+            });
+        }
+        // One call per namespace in the batch: budgets and reuse are per namespace, and a
+        // judge must never see two namespaces' records side by side.
+        let mut verdicts: Vec<Verdict> = vec![Err(String::new()); items.len()];
+        let mut namespaces: Vec<&str> = records.iter().map(|r| r.namespace.as_str()).collect();
+        namespaces.sort_unstable();
+        namespaces.dedup();
+        for namespace in namespaces {
+            let positions: Vec<usize> = (0..records.len())
+                .filter(|&i| records[i].namespace == namespace)
+                .collect();
+            let group: Vec<JudgeItem> = positions.iter().map(|&i| items[i].clone()).collect();
+            let answered: Vec<Verdict> = match judge {
+                None => vec![
+                    Err("no judge is configured; set one up for `llm`/`hybrid` mode".into());
+                    group.len()
+                ],
+                Some(j) => {
+                    let batch = JudgeBatch {
+                        namespace,
+                        items: &group,
+                        instructions: policy.evaluation.prompt.as_deref(),
+                        now,
+                    };
+                    match j.judge(batch).await {
+                        Ok(v) if v.len() == group.len() => v,
+                        Ok(v) => vec![
+                            Err(format!(
+                                "the judge answered {} verdicts for {} records",
+                                v.len(),
+                                group.len()
+                            ));
+                            group.len()
+                        ],
+                        Err(e) => vec![Err(e.to_string()); group.len()],
+                    }
+                }
+            };
+            for (&i, verdict) in positions.iter().zip(answered) {
+                verdicts[i] = verdict;
+            }
+        }
         let by = judge.map_or("evaluator", |j| j.name()).to_string();
         let scored = |detail: String| AuditEntry {
             at: now,
@@ -122,10 +172,7 @@ impl Substrate {
             detail,
         };
         for (i, r) in records.iter().enumerate() {
-            let verdict = match &verdicts {
-                Ok(v) => valid(&v[i]),
-                Err(e) => Err(e.clone()),
-            };
+            let verdict = verdicts[i].as_ref().map_err(Clone::clone).and_then(valid);
             match verdict {
                 Ok(j) => {
                     report.judged += 1;

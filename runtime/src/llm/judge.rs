@@ -1,31 +1,49 @@
-//! The LLM judge: the [`Judge`] of `[evaluation] mode = "llm"` / `"hybrid"` on a
-//! [`ChatClient`]. One request rates a whole batch of records for long-term importance and
-//! reusability, each with a short reason, answering JSON that must match a schema.
+//! The LLM judge: the [`Judge`] of `[evaluation] mode = "llm"` / `"hybrid"` on an [`Llm`].
+//! One request rates a whole batch of records for long-term importance and reusability,
+//! each with a short reason, answering JSON that must match a schema.
 //!
 //! The answer is read with [`super::json`]: fences, prose and common faults are tolerated
 //! (and the repairs named in the reason). An answer that still cannot be read, or breaks the
 //! schema, is asked for once more with the fault shown to the model; if that fails too, the
-//! judge returns an error and [`crate::evaluate`] keeps the rules' scores, with the reason in
-//! each record's audit log. The provider's own faults (timeouts, 429, 5xx) are retried inside
-//! the client. Nothing here ever blocks ingest: the evaluator calls the judge in the
-//! background, on records the store already holds.
+//! records of the call keep the rules' scores, with the reason in each one's audit log. The
+//! provider's own faults (timeouts, 429, 5xx) are retried inside the client; a namespace
+//! over its token budget gets rules without a call ([`super::cost`]).
+//!
+//! Calls are spared before they are made (issue 5's cost control):
+//! - **cache**: a record whose kind and text (under the same guidance) were judged before
+//!   takes that judgement; the cache holds the last `cache_entries` texts;
+//! - **semantic reuse**: a record whose embedding is within `reuse_similarity` (cosine) of
+//!   a recently judged record of the same kind and namespace takes its judgement, as does
+//!   one close to another record of the same batch — only the first goes to the model.
+//!
+//! Both are audited: the reason says `cached` or `reused from <id>` with the similarity.
+//! Nothing here ever blocks ingest: the evaluator calls the judge in the background, on
+//! records the store already holds.
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use serde_json::json;
+use sha2::{Digest, Sha256};
 
-use super::chat::{ChatClient, ChatRequest};
+use super::chat::ChatRequest;
+use super::cost::{Counters, Llm};
 use super::json::{self, JsonFault, JudgeVerdict};
 use crate::error::{Error, Result};
-use crate::evaluate::{Judge, JudgeItem, Judgement};
+use crate::evaluate::{Judge, JudgeBatch, JudgeItem, Judgement, Verdict};
+use crate::model::MemoryId;
 
-/// What the judge is told, before the records.
-pub const SYSTEM_PROMPT: &str = "You judge memories of an AI agent for its long-term memory. \
+/// What the judge is told about rating, unless the policy's `[evaluation] prompt` says
+/// otherwise.
+pub const GUIDANCE: &str = "You judge memories of an AI agent for its long-term memory. \
 For each numbered record, rate: importance (0-10: how much the agent's future work depends on \
 remembering it; trivia and chit-chat score 0-2, decisions, failures, user preferences and \
 facts that will be asked about score 7-10) and reusability (0-10: how likely it helps in \
-other tasks or sessions). Give a reason of at most 12 words. Answer with only a JSON object: \
+other tasks or sessions). Give a reason of at most 12 words.";
+
+/// How the answer must look; always appended, so a policy's guidance cannot break parsing.
+pub const ANSWER_FORMAT: &str = "Answer with only a JSON object: \
 {\"items\":[{\"index\":0,\"importance\":7,\"reusability\":5,\"reason\":\"...\"}, ...]} with \
 exactly one item per record, in any order.";
 
@@ -36,21 +54,88 @@ const MAX_ITEM_CHARS: usize = 1_500;
 /// Answer tokens allowed per record (a verdict is ~30 tokens; room for the model's quirks).
 const TOKENS_PER_ITEM: u32 = 80;
 
+/// Judged records remembered per namespace for semantic reuse. A linear scan of this many
+/// vectors costs well under a millisecond, against a model call of a second or more.
+const REUSE_WINDOW: usize = 2_048;
+
+/// How the judge spares calls. [`Default`] is `[llm]`'s defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JudgeOptions {
+    /// Texts whose judgement is cached; 0 turns the cache off.
+    pub cache_entries: usize,
+    /// Cosine similarity at or above which a near-duplicate's judgement is reused; `None`
+    /// turns semantic reuse off.
+    pub reuse_similarity: Option<f32>,
+}
+
+impl Default for JudgeOptions {
+    fn default() -> Self {
+        super::LlmConfig::default().judge_options()
+    }
+}
+
 /// The judge on an OpenAI-compatible chat endpoint.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct LlmJudge {
-    client: Arc<ChatClient>,
+    llm: Arc<Llm>,
     name: String,
+    options: JudgeOptions,
+    memory: Mutex<Memory>,
+}
+
+/// What the judge remembers of earlier verdicts.
+#[derive(Debug, Default)]
+struct Memory {
+    cache: HashMap<u128, Judgement>,
+    /// Cache keys, oldest first, to evict in insertion order.
+    order: VecDeque<u128>,
+    /// Per namespace, the most recently judged records with embeddings.
+    recent: HashMap<String, VecDeque<Judged>>,
+}
+
+/// A judged record kept for semantic reuse.
+#[derive(Debug)]
+struct Judged {
+    id: MemoryId,
+    kind: String,
+    /// Which guidance judged it (a policy's new prompt must not reuse old verdicts).
+    guidance: u64,
+    embedding: Vec<f32>,
+    judgement: Judgement,
+}
+
+/// Where a verdict that spared a call came from.
+enum Borrowed {
+    /// The same text earlier in the batch.
+    Same(usize),
+    /// A near-duplicate earlier in the batch, with the similarity.
+    Near(usize, f32),
 }
 
 impl LlmJudge {
-    /// A judge asking `client`'s model; its audit name is `llm:<model>`.
-    pub fn new(client: Arc<ChatClient>) -> Self {
-        let name = format!("llm:{}", client.model());
-        LlmJudge { client, name }
+    /// A judge asking `llm`'s model with the default [`JudgeOptions`]; its audit name is
+    /// `llm:<model>`.
+    pub fn new(llm: Arc<Llm>) -> Self {
+        Self::with_options(llm, JudgeOptions::default())
     }
 
-    fn request(&self, items: &[JudgeItem], fault: Option<&JsonFault>) -> ChatRequest {
+    /// A judge with explicit cache and reuse settings.
+    pub fn with_options(llm: Arc<Llm>, options: JudgeOptions) -> Self {
+        let name = format!("llm:{}", llm.model());
+        LlmJudge {
+            llm,
+            name,
+            options,
+            memory: Mutex::new(Memory::default()),
+        }
+    }
+
+    fn request(
+        &self,
+        instructions: Option<&str>,
+        items: &[&JudgeItem],
+        fault: Option<&JsonFault>,
+    ) -> ChatRequest {
         let mut user = String::from("Records:\n");
         for (i, item) in items.iter().enumerate() {
             let text: String = item.text.chars().take(MAX_ITEM_CHARS).collect();
@@ -65,10 +150,74 @@ impl LlmJudge {
             user.push('\n');
             user.push_str(&fault.retry_prompt());
         }
+        let system = format!("{}\n\n{ANSWER_FORMAT}", instructions.unwrap_or(GUIDANCE));
         let max_tokens = TOKENS_PER_ITEM.saturating_mul(items.len() as u32).max(256);
-        ChatRequest::new(SYSTEM_PROMPT, user)
+        ChatRequest::new(system, user)
             .with_schema("memory_judgements", schema(items.len()))
             .with_max_tokens(max_tokens)
+    }
+
+    /// Asks the model about `items`, once more with the fault shown if the answer is
+    /// unusable.
+    async fn ask(&self, batch: &JudgeBatch<'_>, items: &[&JudgeItem]) -> Result<Vec<Judgement>> {
+        let (namespace, now) = (batch.namespace, batch.now);
+        let request = self.request(batch.instructions, items, None);
+        let first = self.llm.complete(namespace, now, request).await?;
+        let fault = match read(&first.content, items.len()) {
+            Ok(judgements) => return Ok(judgements),
+            Err(fault) => fault,
+        };
+        // Once more, with what was wrong: local models usually fix it when told.
+        let request = self.request(batch.instructions, items, Some(&fault));
+        let second = self.llm.complete(namespace, now, request).await?;
+        read(&second.content, items.len()).map_err(|again| Error::Provider {
+            provider: self.name.clone(),
+            message: format!(
+                "the model's answer could not be used, twice ({fault}; then {again}); the \
+                 rules' scores stay"
+            ),
+        })
+    }
+
+    fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
+        // A panic while holding it leaves verdicts that are still verdicts.
+        self.memory.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Remembers the model's verdicts for the cache and for reuse.
+    fn remember(
+        &self,
+        namespace: &str,
+        guidance: u64,
+        items: &[&JudgeItem],
+        keys: &[u128],
+        judgements: &[Judgement],
+    ) {
+        let mut memory = self.memory();
+        for ((item, &key), judgement) in items.iter().zip(keys).zip(judgements) {
+            if self.options.cache_entries > 0 && !memory.cache.contains_key(&key) {
+                while memory.order.len() >= self.options.cache_entries {
+                    if let Some(old) = memory.order.pop_front() {
+                        memory.cache.remove(&old);
+                    }
+                }
+                memory.cache.insert(key, judgement.clone());
+                memory.order.push_back(key);
+            }
+            if let (Some(_), Some(embedding)) = (self.options.reuse_similarity, &item.embedding) {
+                let recent = memory.recent.entry(namespace.to_string()).or_default();
+                if recent.len() >= REUSE_WINDOW {
+                    recent.pop_front();
+                }
+                recent.push_back(Judged {
+                    id: item.id,
+                    kind: item.kind.clone(),
+                    guidance,
+                    embedding: embedding.clone(),
+                    judgement: judgement.clone(),
+                });
+            }
+        }
     }
 }
 
@@ -127,28 +276,171 @@ impl Judge for LlmJudge {
         &self.name
     }
 
-    async fn judge(&self, items: &[JudgeItem]) -> Result<Vec<Judgement>> {
-        if items.is_empty() {
-            return Ok(Vec::new());
+    async fn judge(&self, batch: JudgeBatch<'_>) -> Result<Vec<Verdict>> {
+        let items = batch.items;
+        let guidance = fingerprint(batch.instructions.unwrap_or(GUIDANCE));
+        let keys: Vec<u128> = items
+            .iter()
+            .map(|i| content_key(guidance, &i.kind, &i.text))
+            .collect();
+        let threshold = self.options.reuse_similarity;
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; items.len()];
+        // Positions sent to the model, and positions that copy one of them.
+        let mut ask: Vec<usize> = Vec::new();
+        let mut borrowed: Vec<(usize, Borrowed)> = Vec::new();
+        {
+            let memory = self.memory();
+            for (i, item) in items.iter().enumerate() {
+                if let Some(j) = memory.cache.get(&keys[i]) {
+                    verdicts[i] = Some(Ok(Judgement {
+                        importance: j.importance,
+                        reason: format!("{} (cached: the same text was judged before)", j.reason),
+                    }));
+                    Counters::add(&self.llm.counters.cache_hits, 1);
+                    continue;
+                }
+                if let Some(&a) = ask.iter().find(|&&a| keys[a] == keys[i]) {
+                    borrowed.push((i, Borrowed::Same(a)));
+                    continue;
+                }
+                if let (Some(threshold), Some(e)) = (threshold, &item.embedding) {
+                    let earlier = memory.recent.get(batch.namespace).and_then(|recent| {
+                        nearest(
+                            recent
+                                .iter()
+                                .filter(|r| r.kind == item.kind && r.guidance == guidance)
+                                .map(|r| (r, r.embedding.as_slice())),
+                            e,
+                            threshold,
+                        )
+                    });
+                    if let Some((r, similarity)) = earlier {
+                        verdicts[i] = Some(Ok(Judgement {
+                            importance: r.judgement.importance,
+                            reason: format!(
+                                "{} (reused from near-duplicate {}, similarity {similarity:.3})",
+                                r.judgement.reason, r.id
+                            ),
+                        }));
+                        Counters::add(&self.llm.counters.reuse_hits, 1);
+                        continue;
+                    }
+                    let in_batch = nearest(
+                        ask.iter()
+                            .filter(|&&a| items[a].kind == item.kind)
+                            .filter_map(|&a| items[a].embedding.as_deref().map(|v| (a, v))),
+                        e,
+                        threshold,
+                    );
+                    if let Some((a, similarity)) = in_batch {
+                        borrowed.push((i, Borrowed::Near(a, similarity)));
+                        continue;
+                    }
+                }
+                ask.push(i);
+            }
         }
-        let first = self.client.complete(self.request(items, None)).await?;
-        let fault = match read(&first.content, items.len()) {
-            Ok(judgements) => return Ok(judgements),
-            Err(fault) => fault,
-        };
-        // Once more, with what was wrong: local models usually fix it when told.
-        let second = self
-            .client
-            .complete(self.request(items, Some(&fault)))
-            .await?;
-        read(&second.content, items.len()).map_err(|again| Error::Provider {
-            provider: self.name.clone(),
-            message: format!(
-                "the model's answer could not be used, twice ({fault}; then {again}); the \
-                 rules' scores stay"
-            ),
-        })
+        if !ask.is_empty() {
+            let asked: Vec<&JudgeItem> = ask.iter().map(|&a| &items[a]).collect();
+            let spared = borrowed.len();
+            match self.ask(&batch, &asked).await {
+                Ok(judgements) => {
+                    let asked_keys: Vec<u128> = ask.iter().map(|&a| keys[a]).collect();
+                    self.remember(batch.namespace, guidance, &asked, &asked_keys, &judgements);
+                    Counters::add(&self.llm.counters.judged, ask.len());
+                    for (&a, j) in ask.iter().zip(judgements) {
+                        verdicts[a] = Some(Ok(j));
+                    }
+                }
+                Err(e) => {
+                    let counter = match e {
+                        Error::OverBudget { .. } => &self.llm.counters.over_budget,
+                        _ => &self.llm.counters.fallbacks,
+                    };
+                    Counters::add(counter, ask.len() + spared);
+                    let why = e.to_string();
+                    for &a in &ask {
+                        verdicts[a] = Some(Err(why.clone()));
+                    }
+                }
+            }
+        }
+        for (i, from) in borrowed {
+            let (a, note) = match from {
+                Borrowed::Same(a) => (a, "the same text".to_string()),
+                Borrowed::Near(a, s) => (a, format!("near-duplicate, similarity {s:.3}")),
+            };
+            let copied = match &verdicts[a] {
+                Some(Ok(j)) => {
+                    let counter = match from {
+                        Borrowed::Same(_) => &self.llm.counters.cache_hits,
+                        Borrowed::Near(..) => &self.llm.counters.reuse_hits,
+                    };
+                    Counters::add(counter, 1);
+                    Ok(Judgement {
+                        importance: j.importance,
+                        reason: format!("{} (as {}: {note})", j.reason, items[a].id),
+                    })
+                }
+                Some(Err(why)) => Err(why.clone()),
+                None => Err("the judge lost track of this record".to_string()),
+            };
+            verdicts[i] = Some(copied);
+        }
+        Ok(verdicts
+            .into_iter()
+            .map(|v| v.unwrap_or_else(|| Err("the judge gave no verdict".to_string())))
+            .collect())
     }
+}
+
+/// The best of `candidates` at or above `threshold` cosine similarity to `query`.
+fn nearest<'a, T>(
+    candidates: impl Iterator<Item = (T, &'a [f32])>,
+    query: &[f32],
+    threshold: f32,
+) -> Option<(T, f32)> {
+    let mut best: Option<(T, f32)> = None;
+    for (candidate, vector) in candidates {
+        let Some(s) = cosine(query, vector) else {
+            continue;
+        };
+        if s >= threshold && best.as_ref().is_none_or(|(_, b)| s > *b) {
+            best = Some((candidate, s));
+        }
+    }
+    best
+}
+
+/// Cosine similarity; `None` when the dimensions differ or a vector is zero.
+fn cosine(a: &[f32], b: &[f32]) -> Option<f32> {
+    if a.len() != b.len() {
+        return None;
+    }
+    let (mut dot, mut na, mut nb) = (0.0f32, 0.0f32, 0.0f32);
+    for (x, y) in a.iter().zip(b) {
+        dot += x * y;
+        na += x * x;
+        nb += y * y;
+    }
+    (na > 0.0 && nb > 0.0).then(|| dot / (na.sqrt() * nb.sqrt()))
+}
+
+/// A short fingerprint of the guidance a verdict was given under.
+fn fingerprint(guidance: &str) -> u64 {
+    let digest = Sha256::digest(guidance.as_bytes());
+    u64::from_be_bytes(digest[..8].try_into().unwrap_or([0; 8]))
+}
+
+/// The cache key of a record: its kind and text under one guidance.
+fn content_key(guidance: u64, kind: &str, text: &str) -> u128 {
+    let mut h = Sha256::new();
+    h.update(guidance.to_be_bytes());
+    h.update(kind.as_bytes());
+    h.update([0]);
+    h.update(text.as_bytes());
+    let digest = h.finalize();
+    u128::from_be_bytes(digest[..16].try_into().unwrap_or([0; 16]))
 }
 
 #[cfg(test)]
@@ -161,6 +453,7 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
+    use crate::llm::chat::ChatClient;
     use crate::llm::{LlmConfig, LlmKind};
     use crate::model::MemoryId;
 
@@ -172,7 +465,19 @@ mod tests {
         seen: Mutex<Vec<Value>>,
     }
 
+    /// Scripted answer that rates however many records the request numbers (1, 2, 3 …).
+    const AUTO: &str = "AUTO";
+
     async fn chat(State(s): State<Arc<Script>>, Json(body): Json<Value>) -> Json<Value> {
+        let records = body["messages"][1]["content"]
+            .as_str()
+            .unwrap_or("")
+            .lines()
+            .filter(|l| {
+                l.split_once(". [")
+                    .is_some_and(|(n, _)| n.parse::<usize>().is_ok())
+            })
+            .count();
         s.seen.lock().unwrap().push(body);
         let content = {
             let mut answers = s.answers.lock().unwrap();
@@ -181,6 +486,11 @@ mod tests {
             } else {
                 answers[0].clone()
             }
+        };
+        let content = if content == AUTO {
+            answer(records)
+        } else {
+            content
         };
         Json(json!({
             "id": "x", "object": "chat.completion", "created": 0, "model": "m",
@@ -191,6 +501,14 @@ mod tests {
     }
 
     async fn judge(answers: &[&str]) -> (LlmJudge, Arc<Script>) {
+        judge_with(answers, JudgeOptions::default(), 0).await
+    }
+
+    async fn judge_with(
+        answers: &[&str],
+        options: JudgeOptions,
+        tokens_per_hour: u64,
+    ) -> (LlmJudge, Arc<Script>) {
         let script = Arc::new(Script {
             answers: Mutex::new(answers.iter().map(|a| a.to_string()).collect()),
             ..Script::default()
@@ -210,7 +528,23 @@ mod tests {
             ..LlmConfig::default()
         };
         let client = ChatClient::new(&cfg).unwrap();
-        (LlmJudge::new(Arc::new(client)), script)
+        let llm = Arc::new(Llm::new(Arc::new(client), tokens_per_hour));
+        (LlmJudge::with_options(llm, options), script)
+    }
+
+    const NOW: crate::clock::Timestamp = 1_780_002_000_000;
+
+    fn batch(items: &[JudgeItem]) -> JudgeBatch<'_> {
+        JudgeBatch {
+            namespace: "default",
+            items,
+            instructions: None,
+            now: NOW,
+        }
+    }
+
+    fn ok(verdicts: Vec<Verdict>) -> Vec<Judgement> {
+        verdicts.into_iter().map(|v| v.unwrap()).collect()
     }
 
     fn items() -> Vec<JudgeItem> {
@@ -222,6 +556,7 @@ mod tests {
                 kind: "user_message".into(),
                 text: t.to_string(),
                 rules_importance: 3.0,
+                embedding: None,
             })
             .collect()
     }
@@ -233,7 +568,7 @@ mod tests {
             {"index":0,"importance":8,"reusability":9,"reason":"a lasting preference"}]}"#])
         .await;
         assert_eq!(judge.name(), "llm:judge-model");
-        let got = judge.judge(&items()).await.unwrap();
+        let got = ok(judge.judge(batch(&items())).await.unwrap());
         assert_eq!(got.len(), 2);
         assert_eq!(got[0].importance, 8.0);
         assert!(
@@ -260,7 +595,7 @@ mod tests {
              reusability: 6, reason: 'a preference',}, {index: 1, importance: 0, \
              reusability: 0, reason: 'noise'},],}\n```"])
         .await;
-        let got = judge.judge(&items()).await.unwrap();
+        let got = ok(judge.judge(batch(&items())).await.unwrap());
         assert_eq!(got[0].importance, 7.0);
         assert!(got[0].reason.contains("repaired"), "{}", got[0].reason);
     }
@@ -273,7 +608,7 @@ mod tests {
                          {"index":1,"importance":0,"reusability":0,"reason":"noise"}]}"#,
         ])
         .await;
-        let got = judge.judge(&items()).await.unwrap();
+        let got = ok(judge.judge(batch(&items())).await.unwrap());
         assert_eq!(got[0].importance, 9.0);
         let seen = script.seen.lock().unwrap();
         assert_eq!(seen.len(), 2);
@@ -288,9 +623,192 @@ mod tests {
                          {"index":1,"importance":1,"reusability":1,"reason":"y"}]}"#,
         ])
         .await;
-        let err = judge.judge(&items()).await.unwrap_err().to_string();
+        let got = judge.judge(batch(&items())).await.unwrap();
+        let err = got[0].clone().unwrap_err();
         assert!(err.contains("twice") && err.contains("rules"), "{err}");
+        assert_eq!(got[1], Err(err));
         assert_eq!(script.seen.lock().unwrap().len(), 2);
+    }
+
+    fn item(id: u32, kind: &str, text: &str, embedding: Option<Vec<f32>>) -> JudgeItem {
+        JudgeItem {
+            id: MemoryId(id),
+            kind: kind.into(),
+            text: text.into(),
+            rules_importance: 3.0,
+            embedding,
+        }
+    }
+
+    /// An answer rating `n` records 1, 2, 3 …
+    fn answer(n: usize) -> String {
+        let items: Vec<Value> = (0..n)
+            .map(|i| json!({"index": i, "importance": i + 1, "reusability": 1, "reason": format!("r{i}")}))
+            .collect();
+        json!({ "items": items }).to_string()
+    }
+
+    #[tokio::test]
+    async fn the_same_text_is_judged_once_then_served_from_the_cache() {
+        let (judge, script) = judge(&[AUTO]).await;
+        let first = ok(judge.judge(batch(&items())).await.unwrap());
+        let again = ok(judge.judge(batch(&items())).await.unwrap());
+        assert_eq!(
+            script.seen.lock().unwrap().len(),
+            1,
+            "the second batch cost nothing"
+        );
+        assert_eq!(again[0].importance, first[0].importance);
+        assert!(again[1].reason.contains("cached"), "{}", again[1].reason);
+        // Twice the same text in one batch: asked once, copied once.
+        let twins = [
+            item(10, "observation", "disk full", None),
+            item(11, "observation", "disk full", None),
+        ];
+        let got = ok(judge.judge(batch(&twins)).await.unwrap());
+        let seen = script.seen.lock().unwrap();
+        assert_eq!(seen.len(), 2);
+        let user = seen[1]["messages"][1]["content"].as_str().unwrap();
+        assert!(
+            user.contains("0. [observation] disk full") && !user.contains("1. "),
+            "{user}"
+        );
+        assert!(
+            got[1].reason.contains("as mem-0000000a: the same text"),
+            "{}",
+            got[1].reason
+        );
+        let stats = judge.llm.stats();
+        assert_eq!((stats.judged, stats.cache_hits), (3, 3));
+    }
+
+    #[tokio::test]
+    async fn near_duplicates_reuse_a_verdict_within_a_batch_and_across_batches() {
+        let (judge, script) = judge(&[AUTO]).await;
+        let first = [
+            item(
+                1,
+                "observation",
+                "build failed on step 3",
+                Some(vec![1.0, 0.0, 0.0]),
+            ),
+            item(
+                2,
+                "observation",
+                "build failed at step 3",
+                Some(vec![0.99, 0.1, 0.0]),
+            ),
+            item(
+                3,
+                "observation",
+                "lunch was good",
+                Some(vec![0.0, 1.0, 0.0]),
+            ),
+            // Close in vector space but another kind: judged on its own.
+            item(4, "goal", "fix the build", Some(vec![0.98, 0.0, 0.1])),
+        ];
+        let got = ok(judge.judge(batch(&first)).await.unwrap());
+        assert_eq!(got.len(), 4);
+        assert!(
+            got[1]
+                .reason
+                .contains("as mem-00000001: near-duplicate, similarity 0.99"),
+            "{}",
+            got[1].reason
+        );
+        assert_eq!(got[1].importance, got[0].importance);
+        {
+            let seen = script.seen.lock().unwrap();
+            let user = seen[0]["messages"][1]["content"].as_str().unwrap();
+            assert!(!user.contains("build failed at step 3"), "{user}");
+            assert!(user.contains("2. [goal] fix the build"), "{user}");
+        }
+        let later = [item(
+            9,
+            "observation",
+            "the build failed on step 3!",
+            Some(vec![0.995, 0.05, 0.0]),
+        )];
+        let got = ok(judge.judge(batch(&later)).await.unwrap());
+        assert!(
+            got[0]
+                .reason
+                .contains("reused from near-duplicate mem-00000001"),
+            "{}",
+            got[0].reason
+        );
+        assert_eq!(script.seen.lock().unwrap().len(), 1);
+        // Another namespace never borrows.
+        let other = JudgeBatch {
+            namespace: "other",
+            ..batch(&later)
+        };
+        judge.judge(other).await.unwrap();
+        assert_eq!(script.seen.lock().unwrap().len(), 2);
+        // Reuse off: every distinct text is asked.
+        let (strict, script) = judge_with(
+            &[AUTO],
+            JudgeOptions {
+                reuse_similarity: None,
+                ..JudgeOptions::default()
+            },
+            0,
+        )
+        .await;
+        strict.judge(batch(&first[..3])).await.unwrap();
+        let seen = script.seen.lock().unwrap();
+        assert!(
+            seen[0]["messages"][1]["content"]
+                .as_str()
+                .unwrap()
+                .contains("2. ")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_policy_prompt_replaces_the_guidance_but_not_the_answer_format() {
+        let (judge, script) = judge(&[AUTO]).await;
+        let items = items();
+        let custom = JudgeBatch {
+            instructions: Some("Invoices matter most."),
+            ..batch(&items)
+        };
+        judge.judge(custom).await.unwrap();
+        // The same texts under the built-in guidance are not served from the cache.
+        judge.judge(batch(&items)).await.unwrap();
+        let seen = script.seen.lock().unwrap();
+        assert_eq!(seen.len(), 2);
+        let system = seen[0]["messages"][0]["content"].as_str().unwrap();
+        assert!(system.starts_with("Invoices matter most.") && system.ends_with(ANSWER_FORMAT));
+        let system = seen[1]["messages"][0]["content"].as_str().unwrap();
+        assert!(system.starts_with(GUIDANCE));
+    }
+
+    #[tokio::test]
+    async fn a_spent_budget_keeps_the_rules_until_the_hour_turns() {
+        // Each exchange reports 15 tokens; 20 per hour allows two calls.
+        let off = JudgeOptions {
+            cache_entries: 0,
+            reuse_similarity: None,
+        };
+        let (judge, script) = judge_with(&[AUTO], off, 20).await;
+        let items = items();
+        ok(judge.judge(batch(&items)).await.unwrap());
+        ok(judge.judge(batch(&items)).await.unwrap());
+        let refused = judge.judge(batch(&items)).await.unwrap();
+        let why = refused[0].clone().unwrap_err();
+        assert!(
+            why.contains("budget") && why.contains("30 of 20") && why.contains(":00 UTC"),
+            "{why}"
+        );
+        assert_eq!(script.seen.lock().unwrap().len(), 2, "no call over budget");
+        assert_eq!(judge.llm.stats().over_budget, 2);
+        let next_hour = JudgeBatch {
+            now: NOW + 3_600_000,
+            ..batch(&items)
+        };
+        ok(judge.judge(next_hour).await.unwrap());
+        assert_eq!(script.seen.lock().unwrap().len(), 3);
     }
 
     #[tokio::test]

@@ -6,9 +6,12 @@
 //!
 //! Submodules: [`json`] (reading JSON out of a model's answer: fences, stray prose, common
 //! faults repaired), [`chat`] (the chat-completions client with timeouts, retries and
-//! backoff) and [`judge`] (the LLM judge of `[evaluation] mode = "llm"` / `"hybrid"`).
+//! backoff), [`cost`] (the gateway shared by judge and condenser: per-namespace token budget
+//! and counters) and [`judge`] (the LLM judge of `[evaluation] mode = "llm"` / `"hybrid"`,
+//! with its cache and semantic reuse).
 
 pub mod chat;
+pub mod cost;
 pub mod json;
 pub mod judge;
 
@@ -49,8 +52,14 @@ pub struct LlmConfig {
     /// Records per judge request. Default 16.
     pub batch_size: usize,
     /// Tokens one namespace may spend per hour; over it, rules and extractive condensation
-    /// take over until the hour turns. Default 200,000.
+    /// take over until the hour turns. Default 200,000; 0 means no limit.
     pub tokens_per_hour: u64,
+    /// Texts whose judgement is remembered, so the same text is never judged twice.
+    /// Default 100,000; 0 turns the cache off.
+    pub cache_entries: usize,
+    /// Cosine similarity at or above which a record reuses a near-duplicate's judgement
+    /// instead of a call, 0.5 to 1. Default 0.9; 1 leaves only exact duplicates.
+    pub reuse_similarity: f32,
 }
 
 impl Default for LlmConfig {
@@ -64,6 +73,8 @@ impl Default for LlmConfig {
             max_concurrency: 4,
             batch_size: 16,
             tokens_per_hour: 200_000,
+            cache_entries: 100_000,
+            reuse_similarity: 0.9,
         }
     }
 }
@@ -85,6 +96,13 @@ impl LlmConfig {
             problems.push(format!(
                 "batch_size = {} is out of range; use 1 to 256 records per request",
                 self.batch_size
+            ));
+        }
+        if !(0.5..=1.0).contains(&self.reuse_similarity) {
+            problems.push(format!(
+                "reuse_similarity = {} is out of range; use 0.5 to 1 (1 reuses only exact \
+                 duplicates' judgements)",
+                self.reuse_similarity
             ));
         }
         if self.kind == LlmKind::Openai {
@@ -110,6 +128,14 @@ impl LlmConfig {
             Ok(())
         } else {
             Err(Error::invalid("[llm]", problems.join("; ")))
+        }
+    }
+
+    /// The judge's cache and reuse settings.
+    pub fn judge_options(&self) -> judge::JudgeOptions {
+        judge::JudgeOptions {
+            cache_entries: self.cache_entries,
+            reuse_similarity: (self.reuse_similarity < 1.0).then_some(self.reuse_similarity),
         }
     }
 
