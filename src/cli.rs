@@ -23,8 +23,10 @@ use shadowbrain_runtime::embed::{EmbedderConfig, build_embedder};
 use shadowbrain_runtime::kv::Backend;
 use shadowbrain_runtime::llm::LlmKind;
 use shadowbrain_runtime::llm::chat::ChatClient;
+use shadowbrain_runtime::llm::condense::LlmCondenser;
 use shadowbrain_runtime::llm::cost::Llm;
 use shadowbrain_runtime::llm::judge::LlmJudge;
+use shadowbrain_runtime::policy::{CondensationMode, EvaluationMode, Policy};
 use shadowbrain_runtime::store::Store;
 
 /// shadowbrain: long-term memory for LLM agents.
@@ -148,15 +150,31 @@ async fn serve(
         data.display(),
         listener.local_addr()?
     ));
-    if file.llm.kind != LlmKind::None {
-        tracing::warn!(
-            "[llm] judges importance when the policy's [evaluation] mode is `llm` or \
-             `hybrid`; the LLM condenser is not built yet, so condensation stays extractive"
-        );
-    }
     server::serve(listener, rt, file.limits.http(), auth, shutdown_signal()).await?;
     say(format_args!("drained and flushed; bye"));
     Ok(())
+}
+
+/// Says so at start-up when the policy and the `[llm]` section disagree: a policy asking
+/// for an LLM without one configured quietly gets rules, and an LLM no policy mode uses
+/// costs nothing but is probably a mistake.
+fn warn_on_llm_mismatch(policy: &Policy, llm: LlmKind) {
+    let wants = policy.evaluation.mode != EvaluationMode::Rules
+        || policy.condensation.mode == CondensationMode::Llm;
+    match (wants, llm) {
+        (true, LlmKind::None) => tracing::warn!(
+            policy = %policy.name,
+            "the policy asks for an LLM ([evaluation] mode `llm`/`hybrid` or [condensation] mode \
+             `llm`) but the config has no [llm] section: rules and extractive condensation \
+             stand in, and each record's history says so; add [llm] kind = \"openai\" to use one"
+        ),
+        (false, LlmKind::Openai) => tracing::info!(
+            policy = %policy.name,
+            "[llm] is configured, but the policy uses rules and extractive condensation, so \
+             it is never called; set [evaluation] mode or [condensation] mode to use it"
+        ),
+        _ => {}
+    }
 }
 
 /// A line for the operator on stderr. A closed stderr (a supervisor that stopped reading)
@@ -227,10 +245,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 // section's `batch_size`; ingest never waits for it.
                 let client = ChatClient::new(&cfg.llm).context("setting up the [llm] endpoint")?;
                 let llm = Arc::new(Llm::new(Arc::new(client), cfg.llm.tokens_per_hour));
-                let judge = LlmJudge::with_options(llm, cfg.llm.judge_options());
+                let judge = LlmJudge::with_options(llm.clone(), cfg.llm.judge_options());
                 rt_config.judge = Some(Arc::new(judge));
+                // The condenser of `[condensation] mode = "llm"`, on the same client and
+                // budget.
+                rt_config.summarizer = Some(Arc::new(LlmCondenser::new(llm)));
                 rt_config.evaluation_batch = cfg.llm.batch_size;
             }
+            warn_on_llm_mismatch(&rt_config.substrate.policy, cfg.llm.kind);
             tokio::runtime::Runtime::new()?.block_on(serve(addr, &data, rt_config, cfg))
         }
         Command::Record(args) => memory::record(args),

@@ -133,9 +133,8 @@ impl Summarizer for PanickedSummarizer {
 
     async fn summarize(
         &self,
-        _window: &[shadowbrain_runtime::model::MemoryRecord],
-        _picked: &[shadowbrain_runtime::model::MemoryId],
-    ) -> Result<String> {
+        _request: shadowbrain_runtime::lifecycle::SummaryRequest<'_>,
+    ) -> Result<shadowbrain_runtime::lifecycle::Summary> {
         Err(shadowbrain_runtime::error::Error::Provider {
             provider: "summarizer".into(),
             message: format!("it panicked: {}", self.0),

@@ -867,9 +867,11 @@ impl shadowbrain_actors::substrate::lifecycle::Summarizer for ScriptedSummarizer
 
     async fn summarize(
         &self,
-        window: &[shadowbrain_actors::substrate::model::MemoryRecord],
-        picked: &[shadowbrain_actors::substrate::model::MemoryId],
-    ) -> shadowbrain_actors::substrate::error::Result<String> {
+        request: shadowbrain_actors::substrate::lifecycle::SummaryRequest<'_>,
+    ) -> shadowbrain_actors::substrate::error::Result<
+        shadowbrain_actors::substrate::lifecycle::Summary,
+    > {
+        let (window, picked) = (request.window, request.picked);
         let all: String = window.iter().map(|r| r.text.as_str()).collect();
         assert!(!all.contains("PANIC"), "the summarizer fell over");
         if all.contains("FAIL") {
@@ -878,11 +880,15 @@ impl shadowbrain_actors::substrate::lifecycle::Summarizer for ScriptedSummarizer
                 message: "the model answered garbage".into(),
             });
         }
-        Ok(format!(
-            "When the cache is cold, warm it first ({} events, {} picked).",
-            window.len(),
-            picked.len()
-        ))
+        Ok(shadowbrain_actors::substrate::lifecycle::Summary {
+            text: format!(
+                "When the cache is cold, warm it first ({} events, {} picked).",
+                window.len(),
+                picked.len()
+            ),
+            lesson: true,
+            cited: vec![window[1].id],
+        })
     }
 }
 
@@ -941,6 +947,25 @@ async fn llm_condensation_uses_the_summarizer_and_falls_back_to_extractive() {
             .await
             .unwrap();
         assert!(history[0].detail.contains(audit), "{session}: {history:?}");
+        // The model's lesson is a `lesson` with its citation; the fallback a `summary`.
+        let record = rt
+            .memory("default", condensed.id)
+            .unwrap()
+            .get()
+            .await
+            .unwrap();
+        let (kind, cited) = match session {
+            "fine" => ("lesson", Some(condensed.sources[1].to_string())),
+            _ => ("summary", None),
+        };
+        assert_eq!(record.kind.as_str(), kind, "{session}");
+        assert_eq!(
+            record.metadata["condensed"]["cited"][0]
+                .as_str()
+                .map(str::to_string),
+            cited,
+            "{session}"
+        );
     }
     // The condenser caught the panic itself: nothing was restarted.
     assert_eq!(rt.restarts().await.unwrap(), 0);

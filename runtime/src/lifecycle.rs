@@ -5,8 +5,9 @@
 //! the virtual clock gets the same result every time.
 //!
 //! It never calls an LLM itself: in `[condensation] mode = "llm"` a [`Summarizer`] passed
-//! in by the caller writes the condensed text, and any failure of it falls back to the
-//! extractive text, with the reason audited. And it never loses a
+//! in by the caller writes the condensed text (a summary, or a lesson: the record's kind
+//! says which), and any failure of it falls back to the extractive text, with the reason
+//! audited. And it never loses a
 //! decision to a race: decay writes are conditional on the snapshot they were decided on
 //! ([`Mutation::PatchIf`]), and a condensation moves its session's watermark in the same
 //! write as the condensed record.
@@ -237,19 +238,33 @@ impl Substrate {
         let picks = pick_representatives(&window, &embeddings);
         let now = self.clock().now();
         let extractive = summary_text(&window, &picks);
-        let (text, mode, how) = match policy.condensation.mode {
+        let extractive = Summary {
+            text: extractive,
+            lesson: false,
+            cited: Vec::new(),
+        };
+        let (written, mode, how) = match policy.condensation.mode {
             CondensationMode::Extractive => (extractive, "extractive", "extractive".to_string()),
             CondensationMode::Llm => {
                 let written = match summarizer {
                     None => Err("no summarizer is configured for `llm` mode".to_string()),
                     Some(w) => {
                         let picked: Vec<MemoryId> = picks.iter().map(|&i| window[i].id).collect();
-                        match w.summarize(&window, &picked).await {
-                            Ok(t) if usable(&t, self.limits().max_text_bytes) => Ok((t, w.name())),
+                        let request = SummaryRequest {
+                            namespace,
+                            window: &window,
+                            picked: &picked,
+                            instructions: policy.condensation.prompt.as_deref(),
+                            now,
+                        };
+                        match w.summarize(request).await {
+                            Ok(t) if usable(&t.text, self.limits().max_text_bytes) => {
+                                Ok((t, w.name()))
+                            }
                             Ok(t) => Err(format!(
                                 "{} wrote {} bytes, not a usable summary (empty or over {})",
                                 w.name(),
-                                t.len(),
+                                t.text.len(),
                                 self.limits().max_text_bytes
                             )),
                             Err(e) => Err(format!("{} failed: {e}", w.name())),
@@ -257,10 +272,21 @@ impl Substrate {
                     }
                 };
                 match written {
-                    Ok((t, name)) => (t.trim().to_string(), "llm", format!("written by {name}")),
+                    Ok((mut t, name)) => {
+                        t.text = t.text.trim().to_string();
+                        // Only the window's own records may be cited.
+                        t.cited.retain(|id| window.iter().any(|r| r.id == *id));
+                        (t, "llm", format!("written by {name}"))
+                    }
                     Err(why) => (extractive, "extractive", format!("extractive; {why}")),
                 }
             }
+        };
+        let text = written.text;
+        let kind = if written.lesson {
+            condensed_kind("lesson")
+        } else {
+            condensed_kind("summary")
         };
         let id = store.allocate_ids(1)?[0];
         let importance = picks
@@ -298,8 +324,20 @@ impl Substrate {
             }),
             policy: policy.stamp(),
             embedding,
-            ..MemoryRecord::episodic(id, namespace, session, summary_kind(), text.clone(), now)
+            ..MemoryRecord::episodic(id, namespace, session, kind, text.clone(), now)
         };
+        let mut record = record;
+        if !written.cited.is_empty()
+            && let Some(condensed) = record.metadata.get_mut("condensed")
+        {
+            condensed["cited"] = serde_json::json!(
+                written
+                    .cited
+                    .iter()
+                    .map(MemoryId::to_string)
+                    .collect::<Vec<_>>()
+            );
+        }
         let queued = record.embedding.is_none();
         let mut writes = WriteSet::new();
         writes.push(Mutation::Audit(
@@ -342,15 +380,42 @@ impl Substrate {
     }
 }
 
+/// One window to condense, as a [`Summarizer`] sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct SummaryRequest<'a> {
+    /// The namespace the window belongs to (budgets are per namespace).
+    pub namespace: &'a str,
+    /// The session's uncondensed episodic records, in time order.
+    pub window: &'a [MemoryRecord],
+    /// The events the extractive condenser would quote, a hint of what matters.
+    pub picked: &'a [MemoryId],
+    /// The policy's `[condensation] prompt`, when it overrides the built-in guidance.
+    pub instructions: Option<&'a str>,
+    /// Runtime-clock time of the call.
+    pub now: Timestamp,
+}
+
+/// What a [`Summarizer`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// The condensed text.
+    pub text: String,
+    /// A rule / lesson ("When …, do …", "Avoid …") rather than a summary: the condensed
+    /// record's kind is `lesson` instead of `summary`.
+    pub lesson: bool,
+    /// The records of the window the text says it draws on (kept in the record's metadata;
+    /// every record of the window is linked as a source either way).
+    pub cited: Vec<MemoryId>,
+}
+
 /// Writes a condensed record's text from a window of episodic records (the `llm` mode of
-/// `[condensation]`; the LLM-backed one plugs in here).
+/// `[condensation]`; [`crate::llm::condense::LlmCondenser`] is the LLM-backed one).
 #[async_trait]
 pub trait Summarizer: Send + Sync + std::fmt::Debug {
     /// Short name for the audit log (`llm:qwen2.5`).
     fn name(&self) -> &str;
-    /// The condensed text of `window` (time order); `picked` are the events the
-    /// extractive condenser would quote, a hint of what matters.
-    async fn summarize(&self, window: &[MemoryRecord], picked: &[MemoryId]) -> Result<String>;
+    /// The condensed text of the request's window.
+    async fn summarize(&self, request: SummaryRequest<'_>) -> Result<Summary>;
 }
 
 /// Whether a summarizer's text can be stored: not blank, within the text limit.
@@ -358,8 +423,9 @@ fn usable(text: &str, max_bytes: usize) -> bool {
     !text.trim().is_empty() && text.len() <= max_bytes
 }
 
-fn summary_kind() -> Kind {
-    Kind::new("summary").unwrap_or_else(|_| unreachable!("`summary` is a valid kind"))
+/// The kind of a condensed record: `summary` or `lesson`, both valid kind names.
+fn condensed_kind(name: &'static str) -> Kind {
+    Kind::new(name).unwrap_or_else(|_| unreachable!("`{name}` is a valid kind"))
 }
 
 /// Indexes into `window` of the events to quote, in time order: the best by

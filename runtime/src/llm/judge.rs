@@ -445,60 +445,9 @@ fn content_key(guidance: u64, kind: &str, text: &str) -> u128 {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
-    use axum::Json;
-    use axum::extract::State;
-    use axum::routing::post;
-    use serde_json::Value;
-
     use super::*;
-    use crate::llm::chat::ChatClient;
-    use crate::llm::{LlmConfig, LlmKind};
+    use crate::llm::script::{AUTO, Script, scripted};
     use crate::model::MemoryId;
-
-    /// A scripted endpoint: answers the queued contents in order (the last one repeats),
-    /// and keeps every request body.
-    #[derive(Default)]
-    struct Script {
-        answers: Mutex<Vec<String>>,
-        seen: Mutex<Vec<Value>>,
-    }
-
-    /// Scripted answer that rates however many records the request numbers (1, 2, 3 …).
-    const AUTO: &str = "AUTO";
-
-    async fn chat(State(s): State<Arc<Script>>, Json(body): Json<Value>) -> Json<Value> {
-        let records = body["messages"][1]["content"]
-            .as_str()
-            .unwrap_or("")
-            .lines()
-            .filter(|l| {
-                l.split_once(". [")
-                    .is_some_and(|(n, _)| n.parse::<usize>().is_ok())
-            })
-            .count();
-        s.seen.lock().unwrap().push(body);
-        let content = {
-            let mut answers = s.answers.lock().unwrap();
-            if answers.len() > 1 {
-                answers.remove(0)
-            } else {
-                answers[0].clone()
-            }
-        };
-        let content = if content == AUTO {
-            answer(records)
-        } else {
-            content
-        };
-        Json(json!({
-            "id": "x", "object": "chat.completion", "created": 0, "model": "m",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": content}}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
-        }))
-    }
 
     async fn judge(answers: &[&str]) -> (LlmJudge, Arc<Script>) {
         judge_with(answers, JudgeOptions::default(), 0).await
@@ -509,26 +458,7 @@ mod tests {
         options: JudgeOptions,
         tokens_per_hour: u64,
     ) -> (LlmJudge, Arc<Script>) {
-        let script = Arc::new(Script {
-            answers: Mutex::new(answers.iter().map(|a| a.to_string()).collect()),
-            ..Script::default()
-        });
-        let app = axum::Router::new()
-            .route("/v1/chat/completions", post(chat))
-            .with_state(script.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        let cfg = LlmConfig {
-            kind: LlmKind::Openai,
-            base_url: Some(format!("http://{addr}/v1")),
-            model: Some("judge-model".into()),
-            api_key_env: "SHADOWBRAIN_TEST_NO_SUCH_KEY".into(),
-            timeout: "5s".into(),
-            ..LlmConfig::default()
-        };
-        let client = ChatClient::new(&cfg).unwrap();
-        let llm = Arc::new(Llm::new(Arc::new(client), tokens_per_hour));
+        let (llm, script) = scripted(answers, tokens_per_hour).await;
         (LlmJudge::with_options(llm, options), script)
     }
 
@@ -638,14 +568,6 @@ mod tests {
             rules_importance: 3.0,
             embedding,
         }
-    }
-
-    /// An answer rating `n` records 1, 2, 3 …
-    fn answer(n: usize) -> String {
-        let items: Vec<Value> = (0..n)
-            .map(|i| json!({"index": i, "importance": i + 1, "reusability": 1, "reason": format!("r{i}")}))
-            .collect();
-        json!({ "items": items }).to_string()
     }
 
     #[tokio::test]

@@ -11,9 +11,12 @@
 //! with its cache and semantic reuse).
 
 pub mod chat;
+pub mod condense;
 pub mod cost;
 pub mod json;
 pub mod judge;
+#[cfg(test)]
+mod script;
 
 use std::time::Duration;
 
