@@ -1,7 +1,10 @@
 //! The server's config file (`--config`, TOML; DESIGN §6–7), read with `config` so every
 //! key can be overridden from the environment as `SHADOWBRAIN__SECTION__KEY` (e.g.
-//! `SHADOWBRAIN__LIMITS__MAX_K=50`). Four sections, each optional:
+//! `SHADOWBRAIN__LIMITS__MAX_K=50`). Five sections, each optional:
 //!
+//! - `[provider]`: `base_url`, `api_key_env` and `timeout` shared by `[embedder]` and
+//!   `[llm]` when their kind is `openai` and they do not set their own — so one section
+//!   points both at a local Ollama.
 //! - `[embedder]`: the embedder (default `hash`, in-process).
 //! - `[llm]`: the judge and condenser endpoint (default `none`: rules and extractive).
 //! - `[[auth.keys]]`: API keys (their hex SHA-256) and the namespace each sees.
@@ -22,7 +25,22 @@ use shadowbrain_runtime::model;
 use crate::server::{self, ApiKey, Auth};
 
 /// The sections a config file may have.
-const SECTIONS: [&str; 4] = ["embedder", "llm", "auth", "limits"];
+const SECTIONS: [&str; 5] = ["provider", "embedder", "llm", "auth", "limits"];
+
+/// The `[provider]` section: connection settings `[embedder]` and `[llm]` inherit.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProviderConfig {
+    /// The API root, e.g. `http://127.0.0.1:11434/v1`.
+    #[serde(rename = "base_url")]
+    _base_url: Option<String>,
+    /// The environment variable holding the API key.
+    #[serde(rename = "api_key_env")]
+    _api_key_env: Option<String>,
+    /// Per-request timeout (`"30s"`).
+    #[serde(rename = "timeout")]
+    _timeout: Option<String>,
+}
 
 /// Most memories one recall may ask for (the ranker's own bound).
 const K_CEILING: usize = 200;
@@ -167,12 +185,19 @@ impl ConfigFile {
         if !unknown.is_empty() {
             unknown.sort();
             anyhow::bail!(
-                "unknown config section(s) {unknown:?}; the sections are [embedder], [llm], \
-                 [[auth.keys]] and [limits] (see the README)"
+                "unknown config section(s) {unknown:?}; the sections are [provider], \
+                 [embedder], [llm], [[auth.keys]] and [limits] (see the README)"
             );
         }
-        let embedder = section::<EmbedderConfig>(&cfg, "embedder")?.unwrap_or_default();
-        let llm = section::<LlmConfig>(&cfg, "llm")?.unwrap_or_default();
+        // Checked for unknown keys, then merged as written into the sections that use it.
+        section::<ProviderConfig>(&cfg, "provider")?;
+        let provider = match cfg.get_table("provider") {
+            Ok(table) => table,
+            Err(_) => config::Map::new(),
+        };
+        let embedder =
+            inheriting::<EmbedderConfig>(&cfg, "embedder", &provider)?.unwrap_or_default();
+        let llm = inheriting::<LlmConfig>(&cfg, "llm", &provider)?.unwrap_or_default();
         llm.validate()?;
         let auth = match section::<Vec<ApiKey>>(&cfg, "auth.keys")? {
             Some(keys) => Auth::with_keys(&keys)?,
@@ -187,6 +212,33 @@ impl ConfigFile {
             limits,
         })
     }
+}
+
+/// Like [`section`], with the `[provider]` keys the section does not set filled in when
+/// its kind is `openai` (a `hash` embedder has no endpoint to inherit).
+fn inheriting<T: serde::de::DeserializeOwned>(
+    cfg: &config::Config,
+    key: &str,
+    provider: &config::Map<String, config::Value>,
+) -> anyhow::Result<Option<T>> {
+    let mut table = match cfg.get_table(key) {
+        Ok(table) => table,
+        Err(config::ConfigError::NotFound(_)) => return Ok(None),
+        Err(e) => return Err(anyhow::anyhow!("the [{key}] section is invalid: {e}")),
+    };
+    let openai = table
+        .get("kind")
+        .and_then(|k| k.clone().into_string().ok())
+        .is_some_and(|k| k == "openai");
+    if openai {
+        for (k, v) in provider {
+            table.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    config::Value::new(None, config::ValueKind::Table(table))
+        .try_deserialize::<T>()
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("the [{key}] section is invalid: {e}"))
 }
 
 /// One section, `None` when absent, or an error naming the section and the mistake.
@@ -258,6 +310,59 @@ text_bytes = 1024
             c.limits.body_bytes,
             8 << 20,
             "unset keys keep their default"
+        );
+    }
+
+    #[test]
+    fn provider_settings_serve_both_openai_sections_unless_they_set_their_own() {
+        let c = load(
+            r#"
+[provider]
+base_url = "http://127.0.0.1:11434/v1"
+api_key_env = "OLLAMA_KEY"
+timeout = "2m"
+
+[embedder]
+kind = "openai"
+model = "nomic-embed-text"
+dimensions = 768
+
+[llm]
+kind = "openai"
+model = "qwen2.5:7b-instruct"
+timeout = "20s"
+"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.embedder.base_url.as_deref(),
+            Some("http://127.0.0.1:11434/v1")
+        );
+        assert_eq!(c.llm.base_url.as_deref(), Some("http://127.0.0.1:11434/v1"));
+        assert_eq!(c.embedder.api_key_env, "OLLAMA_KEY");
+        assert_eq!(c.llm.api_key_env, "OLLAMA_KEY");
+        assert_eq!(c.embedder.timeout, "2m");
+        assert_eq!(c.llm.timeout, "20s", "a section's own key wins");
+        // A hash embedder inherits nothing (it would refuse a base_url).
+        let c = load(
+            "[provider]
+base_url = \"http://127.0.0.1:1/v1\"
+[embedder]
+kind = \"hash\"
+",
+        )
+        .unwrap();
+        assert_eq!(c.embedder.base_url, None);
+        let typo = load(
+            "[provider]
+base_ulr = \"x\"
+",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            typo.contains("provider") && typo.contains("base_ulr"),
+            "{typo}"
         );
     }
 
