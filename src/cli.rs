@@ -249,7 +249,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 rt_config.judge = Some(Arc::new(judge));
                 // The condenser of `[condensation] mode = "llm"`, on the same client and
                 // budget.
-                rt_config.summarizer = Some(Arc::new(LlmCondenser::new(llm)));
+                rt_config.summarizer = Some(Arc::new(LlmCondenser::new(llm.clone())));
+                rt_config.llm = Some(llm);
                 rt_config.evaluation_batch = cfg.llm.batch_size;
             }
             warn_on_llm_mismatch(&rt_config.substrate.policy, cfg.llm.kind);

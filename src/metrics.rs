@@ -73,6 +73,28 @@ pub struct Metrics {
     promotions: Counter,
     provider_errors: Counter,
     rebuilds: Counter,
+    llm: LlmMetrics,
+}
+
+/// The LLM layer's counters (registered whether or not an LLM is configured, so dashboards
+/// see zeros rather than gaps).
+#[derive(Debug, Default)]
+struct LlmMetrics {
+    requests: Counter,
+    retries: Counter,
+    failures: Counter,
+    tokens: Family<TokenLabels, Counter>,
+    records: Family<OutcomeLabels, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TokenLabels {
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
 }
 
 impl Default for Metrics {
@@ -174,8 +196,37 @@ impl Metrics {
         let provider_errors = Counter::default();
         registry.register(
             "provider_errors",
-            "Embedder (provider) calls that failed",
+            "Embedder and LLM calls that failed after their retries",
             provider_errors.clone(),
+        );
+        let llm = LlmMetrics::default();
+        registry.register(
+            "llm_requests",
+            "HTTP requests sent to the LLM endpoint, retries included",
+            llm.requests.clone(),
+        );
+        registry.register(
+            "llm_retries",
+            "LLM requests that were retries (timeouts, 429, 5xx, connection errors, schema \
+             refusals)",
+            llm.retries.clone(),
+        );
+        registry.register(
+            "llm_failures",
+            "LLM calls that failed after their retries (rules or extractive stood in)",
+            llm.failures.clone(),
+        );
+        registry.register(
+            "llm_tokens",
+            "Tokens the LLM endpoint reported, by kind (prompt, completion)",
+            llm.tokens.clone(),
+        );
+        registry.register(
+            "llm_records",
+            "Records judged and windows condensed, by outcome: judged and condensed (by the \
+             model), cached and reused (a call spared), over_budget and fallback (rules or \
+             extractive stood in)",
+            llm.records.clone(),
         );
         let rebuilds = Counter::default();
         registry.register(
@@ -202,6 +253,7 @@ impl Metrics {
             promotions,
             provider_errors,
             rebuilds,
+            llm,
         }
     }
 
@@ -280,7 +332,33 @@ impl Metrics {
         }
         self.commit_backlog.set(gauge(store.commit_backlog()));
         catch_up(&self.promotions, sub.promotions());
-        catch_up(&self.provider_errors, sub.provider_errors());
+        let llm = rt.llm_stats().unwrap_or_default();
+        catch_up(
+            &self.provider_errors,
+            sub.provider_errors() + llm.chat.failures,
+        );
+        catch_up(&self.llm.requests, llm.chat.requests);
+        catch_up(&self.llm.retries, llm.chat.retries);
+        catch_up(&self.llm.failures, llm.chat.failures);
+        for (kind, total) in [
+            ("prompt", llm.chat.prompt_tokens),
+            ("completion", llm.chat.completion_tokens),
+        ] {
+            catch_up(&self.llm.tokens.get_or_create(&TokenLabels { kind }), total);
+        }
+        for (outcome, total) in [
+            ("judged", llm.judged),
+            ("cached", llm.cache_hits),
+            ("reused", llm.reuse_hits),
+            ("condensed", llm.condensed),
+            ("over_budget", llm.over_budget),
+            ("fallback", llm.fallbacks),
+        ] {
+            catch_up(
+                &self.llm.records.get_or_create(&OutcomeLabels { outcome }),
+                total,
+            );
+        }
         catch_up(&self.rebuilds, sub.rebuilds());
         let mut text = String::new();
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());

@@ -15,6 +15,7 @@ use shadowbrain_runtime::knowledge::{Edge, KNOWLEDGE_SESSION, Promotion};
 use shadowbrain_runtime::lifecycle::{
     Condensed, FeedbackReport, FeedbackTarget, Outcome, Summarizer, SweepReport,
 };
+use shadowbrain_runtime::llm::cost::{Llm, LlmStats};
 use shadowbrain_runtime::model::{
     AuditEntry, MemoryId, MemoryRecord, NewMemory, Status, validate_id,
 };
@@ -66,6 +67,9 @@ pub struct RuntimeConfig {
     /// The writer of condensed text in `[condensation] mode = "llm"`. Without one (or
     /// when it fails), condensation is extractive and the audit log says why.
     pub summarizer: Option<Arc<dyn Summarizer>>,
+    /// The model behind `judge` and `summarizer`, when they are LLM-backed: read only for
+    /// its counters ([`Runtime::llm_stats`], the server's metrics).
+    pub llm: Option<Arc<Llm>>,
 }
 
 /// An actor to make fail, for supervision tests ([`Runtime::inject_panic`]).
@@ -102,6 +106,7 @@ impl RuntimeConfig {
             judge: None,
             evaluation_batch: 16,
             summarizer: None,
+            llm: None,
         }
     }
 
@@ -191,6 +196,12 @@ impl Runtime {
     /// The substrate under the actors (store, indexes, policy, clock).
     pub fn substrate(&self) -> &Substrate {
         &self.inner.substrate
+    }
+
+    /// The LLM layer's counters (calls, retries, tokens, cache and reuse hits, budget
+    /// refusals), when an LLM is configured.
+    pub fn llm_stats(&self) -> Option<LlmStats> {
+        self.inner.config.llm.as_ref().map(|llm| llm.stats())
     }
 
     /// A handle on one session of a namespace. The session needs no creating: its actor
