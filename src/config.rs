@@ -191,10 +191,7 @@ impl ConfigFile {
         }
         // Checked for unknown keys, then merged as written into the sections that use it.
         section::<ProviderConfig>(&cfg, "provider")?;
-        let provider = match cfg.get_table("provider") {
-            Ok(table) => table,
-            Err(_) => config::Map::new(),
-        };
+        let provider = cfg.get_table("provider").unwrap_or_default();
         let embedder =
             inheriting::<EmbedderConfig>(&cfg, "embedder", &provider)?.unwrap_or_default();
         let llm = inheriting::<LlmConfig>(&cfg, "llm", &provider)?.unwrap_or_default();

@@ -1,4 +1,5 @@
 //! Integration tests of the `shadowbrain` package (one binary; modules below).
 
 mod cli;
+mod llm;
 mod server;

@@ -243,7 +243,7 @@ impl ChatClient {
             api_key,
             timeout,
             max_concurrency: cfg.max_concurrency,
-            max_retries: Self::DEFAULT_MAX_RETRIES,
+            max_retries: cfg.max_retries.min(Self::MAX_RETRIES),
             backoff_base: Self::DEFAULT_BACKOFF_BASE,
             backoff_max: Self::DEFAULT_BACKOFF_MAX,
             schema_supported: AtomicBool::new(true),

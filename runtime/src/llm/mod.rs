@@ -52,6 +52,9 @@ pub struct LlmConfig {
     pub timeout: String,
     /// Requests in flight at once. Default 4.
     pub max_concurrency: usize,
+    /// Retries after a timeout, 429, 5xx or connection error, with exponential backoff and
+    /// jitter (a 429's `Retry-After` is honoured), 0 to 10. Default 3.
+    pub max_retries: u32,
     /// Records per judge request. Default 16.
     pub batch_size: usize,
     /// Tokens one namespace may spend per hour; over it, rules and extractive condensation
@@ -74,6 +77,7 @@ impl Default for LlmConfig {
             api_key_env: "OPENAI_API_KEY".into(),
             timeout: "30s".into(),
             max_concurrency: 4,
+            max_retries: chat::ChatClient::DEFAULT_MAX_RETRIES,
             batch_size: 16,
             tokens_per_hour: 200_000,
             cache_entries: 100_000,
@@ -94,6 +98,13 @@ impl LlmConfig {
         }
         if self.max_concurrency == 0 {
             problems.push("max_concurrency must be at least 1".to_string());
+        }
+        if self.max_retries > chat::ChatClient::MAX_RETRIES {
+            problems.push(format!(
+                "max_retries = {} is out of range; use 0 to {}",
+                self.max_retries,
+                chat::ChatClient::MAX_RETRIES
+            ));
         }
         if !(1..=256).contains(&self.batch_size) {
             problems.push(format!(
