@@ -53,6 +53,8 @@ struct Endpoint {
     requests: AtomicUsize,
     /// Requests being answered right now.
     in_flight: AtomicUsize,
+    /// The most requests ever answered at once.
+    peak: AtomicUsize,
     /// Records numbered in each judge request's prompt.
     batch_sizes: Mutex<Vec<usize>>,
 }
@@ -78,7 +80,8 @@ impl Drop for InFlight {
 
 async fn chat(State(ep): State<Arc<Endpoint>>, Json(body): Json<Value>) -> Response {
     ep.requests.fetch_add(1, Ordering::SeqCst);
-    ep.in_flight.fetch_add(1, Ordering::SeqCst);
+    let now = ep.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    ep.peak.fetch_max(now, Ordering::SeqCst);
     let _guard = InFlight(ep.clone());
     let condensing = body["response_format"]["json_schema"]["name"] == "condensed_memory"
         || body["messages"][0]["content"]
@@ -168,6 +171,7 @@ async fn endpoint(mode: Mode) -> (Arc<Endpoint>, String) {
         mode: Mutex::new(mode),
         requests: AtomicUsize::new(0),
         in_flight: AtomicUsize::new(0),
+        peak: AtomicUsize::new(0),
         batch_sizes: Mutex::new(Vec::new()),
     });
     let app = axum::Router::new()
@@ -183,6 +187,7 @@ async fn endpoint(mode: Mode) -> (Arc<Endpoint>, String) {
 struct Setup {
     timeout: &'static str,
     batch: usize,
+    concurrency: usize,
     options: JudgeOptions,
     tokens_per_hour: u64,
     policy: &'static str,
@@ -193,6 +198,7 @@ impl Default for Setup {
         Setup {
             timeout: "5s",
             batch: 16,
+            concurrency: 1,
             options: JudgeOptions::default(),
             tokens_per_hour: 0,
             policy: "[evaluation]\nmode = \"llm\"\n\
@@ -231,6 +237,7 @@ async fn runtime(
     config.summarizer = Some(Arc::new(LlmCondenser::new(llm.clone())));
     config.llm = Some(llm.clone());
     config.evaluation_batch = setup.batch;
+    config.evaluation_concurrency = setup.concurrency;
     (Runtime::open(config).await.unwrap(), llm)
 }
 
@@ -550,4 +557,71 @@ async fn ingest_keeps_acknowledging_while_the_provider_hangs() {
     // Every acknowledged event is readable now, with the rules' score.
     let timeline = session.timeline(3000).await.unwrap();
     assert_eq!(timeline.len(), 2001);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_asks_only_about_what_the_rules_left_at_the_default() {
+    let (ep, url) = endpoint(Mode::Good).await;
+    let dir = tempfile::tempdir().unwrap();
+    let setup = Setup {
+        policy: "[evaluation]\nmode = \"hybrid\"\n",
+        ..Setup::default()
+    };
+    let (rt, _llm) = runtime(&dir, &url, setup, None).await;
+    let session = rt.session("default", "hybrid").unwrap();
+    let ids = session
+        .record_batch(vec![
+            NewMemory::new("goal", "ship the release on friday"),
+            NewMemory::new("observation", "the build failed with an error"),
+            NewMemory::new("note", "the standup moved to 10:15"),
+        ])
+        .await
+        .unwrap();
+    judge_all(&rt).await;
+    assert_eq!(
+        *ep.batch_sizes.lock().unwrap(),
+        vec![1],
+        "only the note was asked about"
+    );
+    let mut importance = Vec::new();
+    for id in &ids {
+        importance.push(
+            rt.memory("default", *id)
+                .unwrap()
+                .get()
+                .await
+                .unwrap()
+                .importance,
+        );
+    }
+    // The goal and the error keep their rules (9, 7); the note gets the model's 1.
+    assert_eq!(importance, vec![9.0, 7.0, 1.0]);
+    rt.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_model_is_asked_about_several_batches_at_once() {
+    let (ep, url) = endpoint(Mode::Slow(400)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let setup = Setup {
+        batch: 5,
+        concurrency: 4,
+        options: JudgeOptions {
+            cache_entries: 0,
+            reuse_similarity: None,
+        },
+        ..Setup::default()
+    };
+    let (rt, llm) = runtime(&dir, &url, setup, None).await;
+    let session = rt.session("default", "wide").unwrap();
+    session.record_batch(facts(20, "wide")).await.unwrap();
+    judge_all(&rt).await;
+    assert_eq!(ep.requests(), 4);
+    assert_eq!(
+        ep.peak.load(Ordering::SeqCst),
+        4,
+        "four batches in flight together"
+    );
+    assert_eq!(llm.stats().judged, 20);
+    rt.shutdown().await.unwrap();
 }

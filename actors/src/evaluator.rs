@@ -43,6 +43,8 @@ pub(crate) struct EvaluatorArgs {
     pub judge: Option<Arc<dyn Judge>>,
     /// Records per judge call.
     pub batch: usize,
+    /// Judge calls in flight at once.
+    pub concurrency: usize,
     /// How often it looks at the queue without being woken (records queued by a previous
     /// process, a wake-up lost in a restart).
     pub tick: Duration,
@@ -114,8 +116,9 @@ impl EvaluatorState {
     async fn drain(&mut self) -> std::result::Result<Result<()>, ActorProcessingErr> {
         let substrate = self.args.substrate.clone();
         let batch = self.args.batch.max(1);
+        let width = self.args.concurrency.max(1);
         loop {
-            let queued = match substrate.evaluation_queue(batch) {
+            let queued = match substrate.evaluation_queue(batch * width) {
                 Ok(q) => q,
                 Err(e) => return Ok(Err(e)),
             };
@@ -144,10 +147,11 @@ impl EvaluatorState {
                     }
                 }
             }
-            if !clean.is_empty()
-                && let Err(e) = self.judge(&clean).await?
-            {
-                return Ok(Err(e));
+            if !clean.is_empty() {
+                let chunks: Vec<&[MemoryId]> = clean.chunks(batch).collect();
+                if let Err(e) = self.judge_together(&chunks).await? {
+                    return Ok(Err(e));
+                }
             }
         }
     }
@@ -158,25 +162,49 @@ impl EvaluatorState {
         &mut self,
         ids: &[MemoryId],
     ) -> std::result::Result<Result<()>, ActorProcessingErr> {
+        self.judge_together(&[ids]).await
+    }
+
+    /// One judge call per chunk, all in flight together. Each outcome is written by its
+    /// own call; a panic in any of them counts strikes against that chunk's records and
+    /// fails the actor once every call has ended (outer error).
+    async fn judge_together(
+        &mut self,
+        chunks: &[&[MemoryId]],
+    ) -> std::result::Result<Result<()>, ActorProcessingErr> {
         let substrate = &self.args.substrate;
         let judge = self.args.judge.as_deref();
-        let outcome = AssertUnwindSafe(substrate.evaluate(ids, judge))
-            .catch_unwind()
-            .await;
-        match outcome {
-            Ok(Ok(report)) => {
-                self.done.judged += report.judged;
-                self.done.kept_rules += report.kept_rules;
-                self.done.gone += report.gone;
-                Ok(Ok(()))
+        let outcomes = futures::future::join_all(
+            chunks
+                .iter()
+                .map(|ids| AssertUnwindSafe(substrate.evaluate(ids, judge)).catch_unwind()),
+        )
+        .await;
+        let mut failed = Ok(());
+        let mut panicked = None;
+        for (ids, outcome) in chunks.iter().zip(outcomes) {
+            match outcome {
+                Ok(Ok(report)) => {
+                    self.done.judged += report.judged;
+                    self.done.kept_rules += report.kept_rules;
+                    self.done.gone += report.gone;
+                }
+                Ok(Err(e)) => {
+                    if failed.is_ok() {
+                        failed = Err(e);
+                    }
+                }
+                Err(payload) => {
+                    let message = panic_message(payload.as_ref());
+                    tracing::error!(records = ids.len(), error = %message, "the judge panicked; counting strikes and restarting");
+                    substrate.add_strikes(ids, ACTOR, &message).await?;
+                    panicked = Some(message);
+                }
             }
-            Ok(Err(e)) => Ok(Err(e)),
-            Err(payload) => {
-                let message = panic_message(payload.as_ref());
-                tracing::error!(records = ids.len(), error = %message, "the judge panicked; counting strikes and restarting");
-                substrate.add_strikes(ids, ACTOR, &message).await?;
-                Err(format!("the judge panicked: {message}").into())
-            }
+        }
+        match panicked {
+            Some(message) => Err(format!("the judge panicked: {message}").into()),
+            None => Ok(failed),
         }
     }
 

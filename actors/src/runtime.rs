@@ -64,6 +64,9 @@ pub struct RuntimeConfig {
     pub judge: Option<Arc<dyn Judge>>,
     /// Records per judge call. Default 16.
     pub evaluation_batch: usize,
+    /// Judge calls in flight at once (a slow model is then asked about several batches
+    /// together). Default 1.
+    pub evaluation_concurrency: usize,
     /// The writer of condensed text in `[condensation] mode = "llm"`. Without one (or
     /// when it fails), condensation is extractive and the audit log says why.
     pub summarizer: Option<Arc<dyn Summarizer>>,
@@ -105,6 +108,7 @@ impl RuntimeConfig {
             policy_file: None,
             judge: None,
             evaluation_batch: 16,
+            evaluation_concurrency: 1,
             summarizer: None,
             llm: None,
         }
@@ -172,6 +176,7 @@ impl Runtime {
             index_tick: config.index_tick,
             judge: config.judge.clone(),
             evaluation_batch: config.evaluation_batch,
+            evaluation_concurrency: config.evaluation_concurrency,
             summarizer: config.summarizer.clone(),
         };
         let (root, root_task) = Actor::spawn(None, RootSupervisor, args)

@@ -69,6 +69,7 @@ pub(crate) struct RootArgs {
     pub index_tick: Duration,
     pub judge: Option<std::sync::Arc<dyn shadowbrain_runtime::evaluate::Judge>>,
     pub evaluation_batch: usize,
+    pub evaluation_concurrency: usize,
     pub summarizer: Option<std::sync::Arc<dyn shadowbrain_runtime::lifecycle::Summarizer>>,
 }
 
@@ -145,6 +146,7 @@ impl RootSupervisor {
                     substrate: args.substrate.clone(),
                     judge: args.judge.clone(),
                     batch: args.evaluation_batch,
+                    concurrency: args.evaluation_concurrency,
                     tick: Duration::from_secs(1),
                 };
                 let (actor, _) = Actor::spawn_linked(None, Evaluator, child_args, parent).await?;
