@@ -625,3 +625,50 @@ async fn a_slow_model_is_asked_about_several_batches_at_once() {
     assert_eq!(llm.stats().judged, 20);
     rt.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_waits_for_one_round_of_a_slow_model_and_the_rest_is_judged_after_restart() {
+    let (ep, url) = endpoint(Mode::Slow(1_000)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let spare_nothing = JudgeOptions {
+        cache_entries: 0,
+        reuse_similarity: None,
+    };
+    let setup = Setup {
+        batch: 5,
+        options: spare_nothing,
+        ..Setup::default()
+    };
+    let (rt, _llm) = runtime(&dir, &url, setup, None).await;
+    let session = rt.session("default", "slow").unwrap();
+    let ids = session.record_batch(facts(100, "slow")).await.unwrap();
+    // 20 rounds of a second each remain; shutdown must not wait for them (the queue is in
+    // the store). Bounded generously: the point is "one round", not a speed target.
+    let stopped = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(15), rt.shutdown())
+        .await
+        .expect("shutdown waited for the whole queue")
+        .unwrap();
+    let took = stopped.elapsed();
+    drop(session);
+    drop(rt);
+    let judged_before = ep.requests();
+    assert!(
+        judged_before < 20,
+        "{judged_before} requests before the stop ({took:?})"
+    );
+
+    ep.set(Mode::Good);
+    let setup = Setup {
+        batch: 50,
+        options: spare_nothing,
+        ..Setup::default()
+    };
+    let (rt, _llm) = runtime(&dir, &url, setup, None).await;
+    judge_all(&rt).await;
+    for id in &ids {
+        let r = rt.memory("default", *id).unwrap().get().await.unwrap();
+        assert_eq!(r.importance, 1.0, "{id} judged after the restart");
+    }
+    rt.shutdown().await.unwrap();
+}

@@ -2,6 +2,7 @@
 //! restarts) a child; the handle and the session actors read it on every send, so a
 //! restarted actor is reached at once and nobody keeps an address that died.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use ractor::ActorRef;
@@ -17,6 +18,9 @@ use crate::session::SessionSupervisorMessage;
 #[derive(Clone, Default)]
 pub(crate) struct Directory {
     entries: Arc<RwLock<Entries>>,
+    /// A wake-up is in the evaluator's mailbox: further writes need not send another, so
+    /// the mailbox never fills with wake-ups while a slow judge works through a round.
+    evaluator_woken: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
@@ -67,6 +71,26 @@ impl Directory {
 
     pub fn set_evaluator(&self, actor: ActorRef<EvaluatorMessage>) {
         self.write().evaluator = Some(actor);
+    }
+
+    /// Wakes the evaluator unless a wake-up is already waiting in its mailbox.
+    pub fn wake_evaluator(&self) {
+        if self.evaluator_woken.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let sent = self
+            .evaluator()
+            .is_ok_and(|e| e.send_message(EvaluatorMessage::Wake).is_ok());
+        if !sent {
+            // Not running (restarting, shut down): its start-up wakes it instead.
+            self.evaluator_woken.store(false, Ordering::Release);
+        }
+    }
+
+    /// The flag behind [`Directory::wake_evaluator`], which the evaluator clears when it
+    /// takes a wake-up.
+    pub fn evaluator_woken(&self) -> Arc<AtomicBool> {
+        self.evaluator_woken.clone()
     }
 
     pub fn decay(&self) -> Result<ActorRef<DecayMessage>> {

@@ -19,6 +19,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -41,6 +42,8 @@ pub(crate) struct EvaluatorArgs {
     pub substrate: Substrate,
     /// The judge for `llm`/`hybrid` modes; `None` keeps the rules' scores (audited).
     pub judge: Option<Arc<dyn Judge>>,
+    /// Set while a wake-up waits in the mailbox (see `Directory::wake_evaluator`).
+    pub woken: Arc<AtomicBool>,
     /// Records per judge call.
     pub batch: usize,
     /// Judge calls in flight at once.
@@ -57,10 +60,20 @@ pub(crate) struct EvaluatorState {
     done: EvaluationReport,
 }
 
+/// Whether a drain left work on the queue.
+enum Round {
+    /// The queue is empty.
+    Empty,
+    /// Records are still queued (a bounded drain stopped).
+    More,
+}
+
 /// The evaluator's protocol.
 pub(crate) enum EvaluatorMessage {
-    /// Records were queued: drain the queue.
+    /// Records were queued: judge a round.
     Wake,
+    /// The periodic look at the queue: a round, unless a wake-up is already waiting.
+    Tick,
     /// Drain the queue now and answer what was done since start (tests, shutdown).
     Drain {
         reply: RpcReplyPort<Result<EvaluationReport>>,
@@ -80,8 +93,9 @@ impl Actor for Evaluator {
         args: EvaluatorArgs,
     ) -> std::result::Result<EvaluatorState, ActorProcessingErr> {
         // Whatever a predecessor left on the queue is judged now, not at the next write.
+        args.woken.store(true, Ordering::Release);
         myself.send_message(EvaluatorMessage::Wake)?;
-        myself.send_interval(args.tick, || EvaluatorMessage::Wake);
+        myself.send_interval(args.tick, || EvaluatorMessage::Tick);
         Ok(EvaluatorState {
             args,
             done: EvaluationReport::default(),
@@ -90,18 +104,34 @@ impl Actor for Evaluator {
 
     async fn handle(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         message: EvaluatorMessage,
         state: &mut EvaluatorState,
     ) -> std::result::Result<(), ActorProcessingErr> {
         match message {
-            EvaluatorMessage::Wake => {
-                if let Err(e) = state.drain().await? {
-                    tracing::warn!(error = %e, "evaluation pass failed; the next tick retries");
+            EvaluatorMessage::Tick if state.args.woken.load(Ordering::Acquire) => {}
+            EvaluatorMessage::Wake | EvaluatorMessage::Tick => {
+                state.args.woken.store(false, Ordering::Release);
+                match state.drain(Some(1)).await? {
+                    Err(e) => {
+                        tracing::warn!(error = %e, "evaluation pass failed; the next tick retries");
+                    }
+                    // One round per message, then the rest later: a shutdown (which lets
+                    // the mailbox drain, then stops) waits for one round of calls, not for
+                    // a slow model to get through the whole queue, which stays in the
+                    // store anyway.
+                    Ok(Round::More) => {
+                        if !state.args.woken.swap(true, Ordering::AcqRel)
+                            && myself.send_message(EvaluatorMessage::Wake).is_err()
+                        {
+                            state.args.woken.store(false, Ordering::Release);
+                        }
+                    }
+                    Ok(Round::Empty) => {}
                 }
             }
             EvaluatorMessage::Drain { reply } => {
-                let result = state.drain().await?;
+                let result = state.drain(None).await?.map(|_| ());
                 let _ = reply.send(result.map(|()| state.done));
             }
             EvaluatorMessage::Panic => panic!("fault injected into the evaluator"),
@@ -111,20 +141,29 @@ impl Actor for Evaluator {
 }
 
 impl EvaluatorState {
-    /// Judges everything queued. The outer error fails the actor (a panic in the judge,
+    /// Judges what is queued: `rounds` rounds of up to `concurrency` batches, or (`None`)
+    /// until the queue is empty. The outer error fails the actor (a panic in the judge,
     /// after its strikes are counted); the inner one is a store or judge error to report.
-    async fn drain(&mut self) -> std::result::Result<Result<()>, ActorProcessingErr> {
+    async fn drain(
+        &mut self,
+        rounds: Option<usize>,
+    ) -> std::result::Result<Result<Round>, ActorProcessingErr> {
         let substrate = self.args.substrate.clone();
         let batch = self.args.batch.max(1);
         let width = self.args.concurrency.max(1);
+        let mut round = 0;
         loop {
             let queued = match substrate.evaluation_queue(batch * width) {
                 Ok(q) => q,
                 Err(e) => return Ok(Err(e)),
             };
             if queued.is_empty() {
-                return Ok(Ok(()));
+                return Ok(Ok(Round::Empty));
             }
+            if rounds.is_some_and(|r| round >= r) {
+                return Ok(Ok(Round::More));
+            }
+            round += 1;
             // Records that made a judge fail before go alone, and are set aside when
             // they have failed too often.
             let mut clean = Vec::with_capacity(queued.len());

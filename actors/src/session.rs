@@ -47,7 +47,6 @@ use tokio::time::Instant;
 
 use crate::condenser::CondenserMessage;
 use crate::directory::Directory;
-use crate::evaluator::EvaluatorMessage;
 use crate::knowledge::KnowledgeMessage;
 
 /// A session's identity: sessions of different namespaces never share an actor.
@@ -237,9 +236,7 @@ impl Actor for SessionActor {
                     if judged {
                         // The records are on the evaluation queue already; a lost wake-up
                         // only delays them until the evaluator's next tick.
-                        if let Ok(evaluator) = state.args.directory.evaluator() {
-                            let _ = evaluator.send_message(EvaluatorMessage::Wake);
-                        }
+                        state.args.directory.wake_evaluator();
                     }
                 }
             }

@@ -144,6 +144,7 @@ impl RootSupervisor {
             Child::Evaluator => {
                 let child_args = EvaluatorArgs {
                     substrate: args.substrate.clone(),
+                    woken: args.directory.evaluator_woken(),
                     judge: args.judge.clone(),
                     batch: args.evaluation_batch,
                     concurrency: args.evaluation_concurrency,
