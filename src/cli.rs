@@ -253,6 +253,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 rt_config.llm = Some(llm);
                 rt_config.evaluation_batch = cfg.llm.batch_size;
                 rt_config.evaluation_concurrency = cfg.llm.max_concurrency;
+                rt_config.evaluation_wait = cfg.llm.batch_wait()?;
             }
             warn_on_llm_mismatch(&rt_config.substrate.policy, cfg.llm.kind);
             tokio::runtime::Runtime::new()?.block_on(serve(addr, &data, rt_config, cfg))

@@ -188,6 +188,7 @@ struct Setup {
     timeout: &'static str,
     batch: usize,
     concurrency: usize,
+    wait: Duration,
     options: JudgeOptions,
     tokens_per_hour: u64,
     policy: &'static str,
@@ -199,6 +200,7 @@ impl Default for Setup {
             timeout: "5s",
             batch: 16,
             concurrency: 1,
+            wait: Duration::ZERO,
             options: JudgeOptions::default(),
             tokens_per_hour: 0,
             policy: "[evaluation]\nmode = \"llm\"\n\
@@ -238,6 +240,7 @@ async fn runtime(
     config.llm = Some(llm.clone());
     config.evaluation_batch = setup.batch;
     config.evaluation_concurrency = setup.concurrency;
+    config.evaluation_wait = setup.wait;
     (Runtime::open(config).await.unwrap(), llm)
 }
 
@@ -670,5 +673,41 @@ async fn shutdown_waits_for_one_round_of_a_slow_model_and_the_rest_is_judged_aft
         let r = rt.memory("default", *id).unwrap().get().await.unwrap();
         assert_eq!(r.importance, 1.0, "{id} judged after the restart");
     }
+    rt.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_trickling_in_wait_for_each_other_and_share_a_call() {
+    let (ep, url) = endpoint(Mode::Good).await;
+    let dir = tempfile::tempdir().unwrap();
+    let setup = Setup {
+        batch: 10,
+        wait: Duration::from_millis(800),
+        options: JudgeOptions {
+            cache_entries: 0,
+            reuse_similarity: None,
+        },
+        ..Setup::default()
+    };
+    let (rt, _llm) = runtime(&dir, &url, setup, None).await;
+    let session = rt.session("default", "trickle").unwrap();
+    let mut ids = Vec::new();
+    for m in facts(3, "trickle") {
+        ids.push(session.record(m).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Judged in the background, by one call, once the first record's wait is over.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !rt.substrate().evaluation_queue(1).unwrap().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "never judged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        *ep.batch_sizes.lock().unwrap(),
+        vec![3],
+        "one call for the three"
+    );
+    let last = rt.memory("default", ids[2]).unwrap().get().await.unwrap();
+    assert_eq!(last.importance, 1.0);
     rt.shutdown().await.unwrap();
 }

@@ -48,6 +48,9 @@ pub(crate) struct EvaluatorArgs {
     pub batch: usize,
     /// Judge calls in flight at once.
     pub concurrency: usize,
+    /// How long a part-filled batch may wait for more records before it is sent anyway:
+    /// records trickling in one by one would otherwise cost a call each.
+    pub linger: Duration,
     /// How often it looks at the queue without being woken (records queued by a previous
     /// process, a wake-up lost in a restart).
     pub tick: Duration,
@@ -58,6 +61,8 @@ pub(crate) struct EvaluatorState {
     args: EvaluatorArgs,
     /// Totals since this actor started.
     done: EvaluationReport,
+    /// When a part-filled batch was first seen waiting (see [`EvaluatorArgs::linger`]).
+    partial_since: Option<std::time::Instant>,
 }
 
 /// Whether a drain left work on the queue.
@@ -66,6 +71,8 @@ enum Round {
     Empty,
     /// Records are still queued (a bounded drain stopped).
     More,
+    /// A part-filled batch waits for more records; a tick comes back for it.
+    Wait,
 }
 
 /// The evaluator's protocol.
@@ -95,10 +102,16 @@ impl Actor for Evaluator {
         // Whatever a predecessor left on the queue is judged now, not at the next write.
         args.woken.store(true, Ordering::Release);
         myself.send_message(EvaluatorMessage::Wake)?;
-        myself.send_interval(args.tick, || EvaluatorMessage::Tick);
+        // A lingering batch is looked at again soon after its wait is over.
+        let tick = match args.linger {
+            Duration::ZERO => args.tick,
+            linger => args.tick.min(linger / 4).max(Duration::from_millis(20)),
+        };
+        myself.send_interval(tick, || EvaluatorMessage::Tick);
         Ok(EvaluatorState {
             args,
             done: EvaluationReport::default(),
+            partial_since: None,
         })
     }
 
@@ -127,7 +140,7 @@ impl Actor for Evaluator {
                             state.args.woken.store(false, Ordering::Release);
                         }
                     }
-                    Ok(Round::Empty) => {}
+                    Ok(Round::Empty | Round::Wait) => {}
                 }
             }
             EvaluatorMessage::Drain { reply } => {
@@ -163,6 +176,17 @@ impl EvaluatorState {
             if rounds.is_some_and(|r| round >= r) {
                 return Ok(Ok(Round::More));
             }
+            // A background round lets a part-filled batch wait a little for company; an
+            // explicit drain (tests, `evaluate_now`) judges at once.
+            if rounds.is_some() && queued.len() < batch && !self.args.linger.is_zero() {
+                let since = *self
+                    .partial_since
+                    .get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() < self.args.linger {
+                    return Ok(Ok(Round::Wait));
+                }
+            }
+            self.partial_since = None;
             round += 1;
             // Records that made a judge fail before go alone, and are set aside when
             // they have failed too often.

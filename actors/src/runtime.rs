@@ -67,6 +67,9 @@ pub struct RuntimeConfig {
     /// Judge calls in flight at once (a slow model is then asked about several batches
     /// together). Default 1.
     pub evaluation_concurrency: usize,
+    /// How long a part-filled batch waits for more records before the judge is asked
+    /// anyway, so records trickling in share calls. Default 0 (ask at once).
+    pub evaluation_wait: Duration,
     /// The writer of condensed text in `[condensation] mode = "llm"`. Without one (or
     /// when it fails), condensation is extractive and the audit log says why.
     pub summarizer: Option<Arc<dyn Summarizer>>,
@@ -109,6 +112,7 @@ impl RuntimeConfig {
             judge: None,
             evaluation_batch: 16,
             evaluation_concurrency: 1,
+            evaluation_wait: Duration::ZERO,
             summarizer: None,
             llm: None,
         }
@@ -177,6 +181,7 @@ impl Runtime {
             judge: config.judge.clone(),
             evaluation_batch: config.evaluation_batch,
             evaluation_concurrency: config.evaluation_concurrency,
+            evaluation_wait: config.evaluation_wait,
             summarizer: config.summarizer.clone(),
         };
         let (root, root_task) = Actor::spawn(None, RootSupervisor, args)

@@ -70,6 +70,7 @@ pub(crate) struct RootArgs {
     pub judge: Option<std::sync::Arc<dyn shadowbrain_runtime::evaluate::Judge>>,
     pub evaluation_batch: usize,
     pub evaluation_concurrency: usize,
+    pub evaluation_wait: Duration,
     pub summarizer: Option<std::sync::Arc<dyn shadowbrain_runtime::lifecycle::Summarizer>>,
 }
 
@@ -148,6 +149,7 @@ impl RootSupervisor {
                     judge: args.judge.clone(),
                     batch: args.evaluation_batch,
                     concurrency: args.evaluation_concurrency,
+                    linger: args.evaluation_wait,
                     tick: Duration::from_secs(1),
                 };
                 let (actor, _) = Actor::spawn_linked(None, Evaluator, child_args, parent).await?;

@@ -57,6 +57,9 @@ pub struct LlmConfig {
     pub max_retries: u32,
     /// Records per judge request. Default 16.
     pub batch_size: usize,
+    /// How long a part-filled batch waits for more records before it is sent anyway, a
+    /// human duration. Default `"2s"`; `"0s"` sends at once.
+    pub batch_wait: String,
     /// Tokens one namespace may spend per hour; over it, rules and extractive condensation
     /// take over until the hour turns. Default 200,000; 0 means no limit.
     pub tokens_per_hour: u64,
@@ -79,6 +82,7 @@ impl Default for LlmConfig {
             max_concurrency: 4,
             max_retries: chat::ChatClient::DEFAULT_MAX_RETRIES,
             batch_size: 16,
+            batch_wait: "2s".into(),
             tokens_per_hour: 200_000,
             cache_entries: 100_000,
             reuse_similarity: 0.9,
@@ -98,6 +102,17 @@ impl LlmConfig {
         }
         if self.max_concurrency == 0 {
             problems.push("max_concurrency must be at least 1".to_string());
+        }
+        match self.batch_wait() {
+            Ok(wait) if wait > Duration::from_secs(600) => problems.push(format!(
+                "batch_wait = {:?} is too long; use at most \"10m\"",
+                self.batch_wait
+            )),
+            Ok(_) => {}
+            Err(_) => problems.push(format!(
+                "batch_wait = {:?} is not a duration; write e.g. \"2s\" or \"0s\"",
+                self.batch_wait
+            )),
         }
         if self.max_retries > chat::ChatClient::MAX_RETRIES {
             problems.push(format!(
@@ -151,6 +166,16 @@ impl LlmConfig {
             cache_entries: self.cache_entries,
             reuse_similarity: (self.reuse_similarity < 1.0).then_some(self.reuse_similarity),
         }
+    }
+
+    /// How long a part-filled batch waits.
+    pub fn batch_wait(&self) -> Result<Duration> {
+        humantime::parse_duration(&self.batch_wait).map_err(|e| {
+            Error::invalid(
+                "[llm] batch_wait",
+                format!("{:?}: {e}; write e.g. \"2s\"", self.batch_wait),
+            )
+        })
     }
 
     /// The per-request timeout.
