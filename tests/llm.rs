@@ -235,7 +235,11 @@ async fn runtime(
     if let Some(clock) = clock {
         config.substrate.clock = clock;
     }
-    config.judge = Some(Arc::new(LlmJudge::with_options(llm.clone(), setup.options)));
+    let options = JudgeOptions {
+        batch_size: setup.batch,
+        ..setup.options
+    };
+    config.judge = Some(Arc::new(LlmJudge::with_options(llm.clone(), options)));
     config.summarizer = Some(Arc::new(LlmCondenser::new(llm.clone())));
     config.llm = Some(llm.clone());
     config.evaluation_batch = setup.batch;
@@ -275,6 +279,7 @@ async fn the_model_decides_when_it_answers_well_and_the_rules_when_it_does_not()
         options: JudgeOptions {
             cache_entries: 0,
             reuse_similarity: None,
+            ..JudgeOptions::default()
         },
         ..Setup::default()
     };
@@ -412,6 +417,7 @@ async fn batching_the_cache_and_semantic_reuse_cut_calls() {
         options: JudgeOptions {
             cache_entries: 10_000,
             reuse_similarity: Some(0.9),
+            ..JudgeOptions::default()
         },
         ..Setup::default()
     };
@@ -473,6 +479,7 @@ async fn the_token_budget_switches_to_rules_and_back_the_next_hour() {
         options: JudgeOptions {
             cache_entries: 0,
             reuse_similarity: None,
+            ..JudgeOptions::default()
         },
         ..Setup::default()
     };
@@ -612,6 +619,7 @@ async fn a_slow_model_is_asked_about_several_batches_at_once() {
         options: JudgeOptions {
             cache_entries: 0,
             reuse_similarity: None,
+            ..JudgeOptions::default()
         },
         ..Setup::default()
     };
@@ -636,6 +644,7 @@ async fn shutdown_waits_for_one_round_of_a_slow_model_and_the_rest_is_judged_aft
     let spare_nothing = JudgeOptions {
         cache_entries: 0,
         reuse_similarity: None,
+        ..JudgeOptions::default()
     };
     let setup = Setup {
         batch: 5,
@@ -686,6 +695,7 @@ async fn records_trickling_in_wait_for_each_other_and_share_a_call() {
         options: JudgeOptions {
             cache_entries: 0,
             reuse_similarity: None,
+            ..JudgeOptions::default()
         },
         ..Setup::default()
     };

@@ -44,11 +44,13 @@ pub(crate) struct EvaluatorArgs {
     pub judge: Option<Arc<dyn Judge>>,
     /// Set while a wake-up waits in the mailbox (see `Directory::wake_evaluator`).
     pub woken: Arc<AtomicBool>,
-    /// Records per judge call.
+    /// Records per judge request.
     pub batch: usize,
-    /// Judge calls in flight at once.
+    /// Requests in flight at once: a round hands the judge up to `batch × concurrency`
+    /// records in one call, and the judge sends them as requests together (the LLM judge
+    /// first spares what its cache and reuse can answer, so its requests stay full).
     pub concurrency: usize,
-    /// How long a part-filled batch may wait for more records before it is sent anyway:
+    /// How long a part-filled round may wait for more records before it is sent anyway:
     /// records trickling in one by one would otherwise cost a call each.
     pub linger: Duration,
     /// How often it looks at the queue without being woken (records queued by a previous
@@ -61,7 +63,7 @@ pub(crate) struct EvaluatorState {
     args: EvaluatorArgs,
     /// Totals since this actor started.
     done: EvaluationReport,
-    /// When a part-filled batch was first seen waiting (see [`EvaluatorArgs::linger`]).
+    /// When a part-filled round was first seen waiting (see [`EvaluatorArgs::linger`]).
     partial_since: Option<std::time::Instant>,
 }
 
@@ -71,7 +73,7 @@ enum Round {
     Empty,
     /// Records are still queued (a bounded drain stopped).
     More,
-    /// A part-filled batch waits for more records; a tick comes back for it.
+    /// A part-filled round waits for more records; a tick comes back for it.
     Wait,
 }
 
@@ -176,9 +178,9 @@ impl EvaluatorState {
             if rounds.is_some_and(|r| round >= r) {
                 return Ok(Ok(Round::More));
             }
-            // A background round lets a part-filled batch wait a little for company; an
+            // A background round lets a part-filled round wait a little for company; an
             // explicit drain (tests, `evaluate_now`) judges at once.
-            if rounds.is_some() && queued.len() < batch && !self.args.linger.is_zero() {
+            if rounds.is_some() && queued.len() < batch * width && !self.args.linger.is_zero() {
                 let since = *self
                     .partial_since
                     .get_or_insert_with(std::time::Instant::now);
@@ -210,11 +212,10 @@ impl EvaluatorState {
                     }
                 }
             }
-            if !clean.is_empty() {
-                let chunks: Vec<&[MemoryId]> = clean.chunks(batch).collect();
-                if let Err(e) = self.judge_together(&chunks).await? {
-                    return Ok(Err(e));
-                }
+            if !clean.is_empty()
+                && let Err(e) = self.judge(&clean).await?
+            {
+                return Ok(Err(e));
             }
         }
     }
@@ -225,49 +226,25 @@ impl EvaluatorState {
         &mut self,
         ids: &[MemoryId],
     ) -> std::result::Result<Result<()>, ActorProcessingErr> {
-        self.judge_together(&[ids]).await
-    }
-
-    /// One judge call per chunk, all in flight together. Each outcome is written by its
-    /// own call; a panic in any of them counts strikes against that chunk's records and
-    /// fails the actor once every call has ended (outer error).
-    async fn judge_together(
-        &mut self,
-        chunks: &[&[MemoryId]],
-    ) -> std::result::Result<Result<()>, ActorProcessingErr> {
         let substrate = &self.args.substrate;
         let judge = self.args.judge.as_deref();
-        let outcomes = futures::future::join_all(
-            chunks
-                .iter()
-                .map(|ids| AssertUnwindSafe(substrate.evaluate(ids, judge)).catch_unwind()),
-        )
-        .await;
-        let mut failed = Ok(());
-        let mut panicked = None;
-        for (ids, outcome) in chunks.iter().zip(outcomes) {
-            match outcome {
-                Ok(Ok(report)) => {
-                    self.done.judged += report.judged;
-                    self.done.kept_rules += report.kept_rules;
-                    self.done.gone += report.gone;
-                }
-                Ok(Err(e)) => {
-                    if failed.is_ok() {
-                        failed = Err(e);
-                    }
-                }
-                Err(payload) => {
-                    let message = panic_message(payload.as_ref());
-                    tracing::error!(records = ids.len(), error = %message, "the judge panicked; counting strikes and restarting");
-                    substrate.add_strikes(ids, ACTOR, &message).await?;
-                    panicked = Some(message);
-                }
+        let outcome = AssertUnwindSafe(substrate.evaluate(ids, judge))
+            .catch_unwind()
+            .await;
+        match outcome {
+            Ok(Ok(report)) => {
+                self.done.judged += report.judged;
+                self.done.kept_rules += report.kept_rules;
+                self.done.gone += report.gone;
+                Ok(Ok(()))
             }
-        }
-        match panicked {
-            Some(message) => Err(format!("the judge panicked: {message}").into()),
-            None => Ok(failed),
+            Ok(Err(e)) => Ok(Err(e)),
+            Err(payload) => {
+                let message = panic_message(payload.as_ref());
+                tracing::error!(records = ids.len(), error = %message, "the judge panicked; counting strikes and restarting");
+                substrate.add_strikes(ids, ACTOR, &message).await?;
+                Err(format!("the judge panicked: {message}").into())
+            }
         }
     }
 

@@ -62,12 +62,13 @@ pub struct RuntimeConfig {
     /// The judge of `[evaluation] mode = "llm"` / `"hybrid"`. Without one, records queued
     /// for judging keep the rules' score, and their audit log says why.
     pub judge: Option<Arc<dyn Judge>>,
-    /// Records per judge call. Default 16.
+    /// Records per judge request. Default 16.
     pub evaluation_batch: usize,
-    /// Judge calls in flight at once (a slow model is then asked about several batches
-    /// together). Default 1.
+    /// Judge requests in flight at once: the evaluator hands the judge up to
+    /// `evaluation_batch × evaluation_concurrency` records per call (a slow model is then
+    /// asked about several batches together). Default 1.
     pub evaluation_concurrency: usize,
-    /// How long a part-filled batch waits for more records before the judge is asked
+    /// How long a part-filled round waits for more records before the judge is asked
     /// anyway, so records trickling in share calls. Default 0 (ask at once).
     pub evaluation_wait: Duration,
     /// The writer of condensed text in `[condensation] mode = "llm"`. Without one (or

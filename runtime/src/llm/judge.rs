@@ -66,6 +66,9 @@ pub struct JudgeOptions {
     /// Cosine similarity at or above which a near-duplicate's judgement is reused; `None`
     /// turns semantic reuse off.
     pub reuse_similarity: Option<f32>,
+    /// Records per request: what a call cannot spare is asked about in requests of this
+    /// many, sent together.
+    pub batch_size: usize,
 }
 
 impl Default for JudgeOptions {
@@ -340,28 +343,44 @@ impl Judge for LlmJudge {
                 ask.push(i);
             }
         }
-        if !ask.is_empty() {
-            let asked: Vec<&JudgeItem> = ask.iter().map(|&a| &items[a]).collect();
-            let spared = borrowed.len();
-            match self.ask(&batch, &asked).await {
+        // What nothing could spare goes to the model in full requests, sent together (the
+        // client bounds how many are in flight).
+        let requests: Vec<&[usize]> = ask.chunks(self.options.batch_size.max(1)).collect();
+        let answers = futures::future::join_all(requests.iter().map(|positions| {
+            let asked: Vec<&JudgeItem> = positions.iter().map(|&a| &items[a]).collect();
+            async move {
+                let answer = self.ask(&batch, &asked).await;
+                (asked, answer)
+            }
+        }))
+        .await;
+        for (positions, (asked, answer)) in requests.iter().zip(answers) {
+            match answer {
                 Ok(judgements) => {
-                    let asked_keys: Vec<u128> = ask.iter().map(|&a| keys[a]).collect();
+                    let asked_keys: Vec<u128> = positions.iter().map(|&a| keys[a]).collect();
                     self.remember(batch.namespace, guidance, &asked, &asked_keys, &judgements);
-                    Counters::add(&self.llm.counters.judged, ask.len());
-                    for (&a, j) in ask.iter().zip(judgements) {
+                    Counters::add(&self.llm.counters.judged, positions.len());
+                    for (&a, j) in positions.iter().zip(judgements) {
                         verdicts[a] = Some(Ok(j));
                     }
                 }
                 Err(e) => {
+                    let why = e.to_string();
+                    for &a in *positions {
+                        verdicts[a] = Some(Err(why.clone()));
+                    }
+                    // Records copying one of these fail with them, and count alike.
+                    let copies = borrowed
+                        .iter()
+                        .filter(|(_, from)| match from {
+                            Borrowed::Same(a) | Borrowed::Near(a, _) => positions.contains(a),
+                        })
+                        .count();
                     let counter = match e {
                         Error::OverBudget { .. } => &self.llm.counters.over_budget,
                         _ => &self.llm.counters.fallbacks,
                     };
-                    Counters::add(counter, ask.len() + spared);
-                    let why = e.to_string();
-                    for &a in &ask {
-                        verdicts[a] = Some(Err(why.clone()));
-                    }
+                    Counters::add(counter, positions.len() + copies);
                 }
             }
         }
@@ -688,6 +707,51 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn what_cannot_be_spared_goes_out_in_full_requests() {
+        let options = JudgeOptions {
+            batch_size: 2,
+            ..JudgeOptions::default()
+        };
+        let (judge, script) = judge_with(&[AUTO], options, 0).await;
+        let round = [
+            item(
+                1,
+                "observation",
+                "disk full on db-1",
+                Some(vec![1.0, 0.0, 0.0]),
+            ),
+            item(
+                2,
+                "observation",
+                "disk full on db-1 again",
+                Some(vec![0.99, 0.1, 0.0]),
+            ),
+            item(3, "observation", "lunch", Some(vec![0.0, 1.0, 0.0])),
+            item(4, "observation", "deploy", Some(vec![0.0, 0.0, 1.0])),
+            item(5, "observation", "backup", Some(vec![0.6, 0.0, 0.8])),
+        ];
+        let got = ok(judge.judge(batch(&round)).await.unwrap());
+        assert_eq!(got.len(), 5);
+        let seen = script.seen.lock().unwrap();
+        let sizes: Vec<usize> = seen
+            .iter()
+            .map(|b| {
+                b["messages"][1]["content"]
+                    .as_str()
+                    .unwrap()
+                    .lines()
+                    .count()
+                    - 1
+            })
+            .collect();
+        assert_eq!(
+            sizes,
+            vec![2, 2],
+            "four asked (one spared), two full requests"
+        );
+    }
+
+    #[tokio::test]
     async fn a_policy_prompt_replaces_the_guidance_but_not_the_answer_format() {
         let (judge, script) = judge(&[AUTO]).await;
         let items = items();
@@ -712,6 +776,7 @@ mod tests {
         let off = JudgeOptions {
             cache_entries: 0,
             reuse_similarity: None,
+            ..JudgeOptions::default()
         };
         let (judge, script) = judge_with(&[AUTO], off, 20).await;
         let items = items();

@@ -55,7 +55,9 @@ pub struct LlmConfig {
     /// Retries after a timeout, 429, 5xx or connection error, with exponential backoff and
     /// jitter (a 429's `Retry-After` is honoured), 0 to 10. Default 3.
     pub max_retries: u32,
-    /// Records per judge request. Default 16.
+    /// Records per judge request. Default 24: a verdict is ~30 answer tokens and a record
+    /// ~40 prompt tokens, so a request stays near 1k tokens each way, within any current
+    /// model's context, while 1,000 events cost ~40 requests (measured by `llm_load`).
     pub batch_size: usize,
     /// How long a part-filled batch waits for more records before it is sent anyway, a
     /// human duration. Default `"2s"`; `"0s"` sends at once.
@@ -81,7 +83,7 @@ impl Default for LlmConfig {
             timeout: "30s".into(),
             max_concurrency: 4,
             max_retries: chat::ChatClient::DEFAULT_MAX_RETRIES,
-            batch_size: 16,
+            batch_size: 24,
             batch_wait: "2s".into(),
             tokens_per_hour: 200_000,
             cache_entries: 100_000,
@@ -163,6 +165,7 @@ impl LlmConfig {
     /// The judge's cache and reuse settings.
     pub fn judge_options(&self) -> judge::JudgeOptions {
         judge::JudgeOptions {
+            batch_size: self.batch_size,
             cache_entries: self.cache_entries,
             reuse_similarity: (self.reuse_similarity < 1.0).then_some(self.reuse_similarity),
         }

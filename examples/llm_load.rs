@@ -1,0 +1,483 @@
+//! The LLM judge under load (issue 5's figures), against an OpenAI-compatible endpoint this
+//! process serves itself on 127.0.0.1 (scripted: it sleeps, then rates every record).
+//!
+//! ```text
+//! cargo run --release --example llm_load -- --events 20000 --delay-ms 2000 --runs 3
+//! ```
+//!
+//! Phase 1 (**acknowledgement**): `--clients` sessions write `--events` events in batches
+//! of `--batch`, each batch answered once durable, first with the policy's `rules` mode,
+//! then with `llm` evaluation against an endpoint that takes `--delay-ms` per call, `--runs`
+//! times alternating. Reported: ack latency p50 / p99 / max and events/s per mode, and for
+//! `llm` the calls made meanwhile and the records still waiting for the judge (ingest does
+//! not wait for them). Then the shutdown time (one round of calls, not the queue).
+//!
+//! Phase 2 (**cost**): `--cost-events` events of which `--near` (default 0.3) are
+//! near-duplicates of earlier ones (a word changed, punctuation, case, a number), sent one
+//! at a time by 10 sessions at each of `--rates` events/s, judged in the background with
+//! the `[llm]` defaults (batches of 16, batch_wait 2 s, cache, reuse at 0.9). Reported:
+//! calls per 1,000 events and how records were served (model, cache, reuse). Unique texts
+//! are LoCoMo's dialogue turns when `../shared/data/locomo/locomo10.json` is there (real,
+//! varied language), otherwise generated.
+//!
+//! Progress goes to stderr; the last line on stdout is one JSON object with every figure.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::extract::State;
+use serde_json::{Value, json};
+use shadowbrain::substrate::embed::Embedder;
+use shadowbrain::substrate::embed::hash::HashEmbedder;
+use shadowbrain::substrate::llm::chat::ChatClient;
+use shadowbrain::substrate::llm::cost::{Llm, LlmStats};
+use shadowbrain::substrate::llm::judge::LlmJudge;
+use shadowbrain::substrate::llm::{LlmConfig, LlmKind};
+use shadowbrain::substrate::model::NewMemory;
+use shadowbrain::substrate::policy::Policy;
+use shadowbrain::{Runtime, RuntimeConfig};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+struct Args {
+    events: usize,
+    clients: usize,
+    batch: usize,
+    delay_ms: u64,
+    runs: usize,
+    cost_events: usize,
+    near: f64,
+    rates: Vec<f64>,
+    cost_delay_ms: u64,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args {
+        events: 20_000,
+        clients: 8,
+        batch: 10,
+        delay_ms: 2_000,
+        runs: 3,
+        cost_events: 1_000,
+        near: 0.3,
+        rates: vec![200.0, 20.0],
+        cost_delay_ms: 500,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let number = || -> Result<f64, String> {
+            value
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v >= 0.0)
+                .ok_or_else(|| format!("{flag} needs a number, not {value:?}"))
+        };
+        match flag.as_str() {
+            "--events" => a.events = number()? as usize,
+            "--clients" => a.clients = (number()? as usize).max(1),
+            "--batch" => a.batch = (number()? as usize).clamp(1, 1000),
+            "--delay-ms" => a.delay_ms = number()? as u64,
+            "--runs" => a.runs = (number()? as usize).max(1),
+            "--cost-events" => a.cost_events = number()? as usize,
+            "--near" => a.near = number()?.min(0.9),
+            "--cost-delay-ms" => a.cost_delay_ms = number()? as u64,
+            "--rates" => {
+                a.rates = value
+                    .split(',')
+                    .map(|r| r.trim().parse::<f64>().ok().filter(|r| *r > 0.0))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or("--rates needs positive numbers, e.g. --rates 200,20")?;
+            }
+            other => {
+                return Err(format!(
+                    "unknown flag {other}; use --events, --clients, --batch, --delay-ms, \
+                     --runs, --cost-events, --near, --rates, --cost-delay-ms"
+                ));
+            }
+        }
+    }
+    Ok(a)
+}
+
+/// The scripted endpoint: sleeps `delay`, then rates every numbered record.
+struct Endpoint {
+    delay: Duration,
+    calls: AtomicU64,
+}
+
+async fn chat(State(ep): State<Arc<Endpoint>>, Json(body): Json<Value>) -> Json<Value> {
+    ep.calls.fetch_add(1, Ordering::Relaxed);
+    tokio::time::sleep(ep.delay).await;
+    let user = body["messages"][1]["content"].as_str().unwrap_or("");
+    let items: Vec<Value> = user
+        .lines()
+        .filter(|l| {
+            l.split_once(". [")
+                .is_some_and(|(n, _)| n.parse::<usize>().is_ok())
+        })
+        .enumerate()
+        .map(|(i, line)| {
+            let importance = (line.len() % 11) as f64;
+            json!({"index": i, "importance": importance, "reusability": 3, "reason": "scripted"})
+        })
+        .collect();
+    let prompt = (body["messages"][0]["content"].as_str().unwrap_or("").len() + user.len()) / 4;
+    let content = json!({ "items": items }).to_string();
+    let completion = content.len() / 4;
+    Json(json!({
+        "id": "x", "object": "chat.completion", "created": 0, "model": "scripted",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": content}}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                  "total_tokens": prompt + completion}
+    }))
+}
+
+async fn endpoint(delay: Duration) -> (Arc<Endpoint>, String) {
+    let ep = Arc::new(Endpoint {
+        delay,
+        calls: AtomicU64::new(0),
+    });
+    let app = axum::Router::new()
+        .route("/v1/chat/completions", axum::routing::post(chat))
+        .with_state(ep.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    (ep, format!("http://{addr}/v1"))
+}
+
+/// A runtime in `dir`, judging with the `[llm]` defaults against `url` when given.
+async fn open(dir: &std::path::Path, url: Option<&str>) -> (Runtime, Option<Arc<Llm>>) {
+    let mut config = RuntimeConfig::new(dir);
+    let mode = if url.is_some() { "llm" } else { "rules" };
+    config.substrate.policy =
+        Policy::from_toml("<llm_load>", &format!("[evaluation]\nmode = \"{mode}\"\n"))
+            .expect("policy");
+    let mut llm = None;
+    if let Some(url) = url {
+        let cfg = LlmConfig {
+            kind: LlmKind::Openai,
+            base_url: Some(url.to_string()),
+            model: Some("scripted".into()),
+            api_key_env: "SHADOWBRAIN_LLM_LOAD_NO_KEY".into(),
+            ..LlmConfig::default()
+        };
+        let client = Arc::new(ChatClient::new(&cfg).expect("client"));
+        let shared = Arc::new(Llm::new(client, cfg.tokens_per_hour));
+        config.judge = Some(Arc::new(LlmJudge::with_options(
+            shared.clone(),
+            cfg.judge_options(),
+        )));
+        config.llm = Some(shared.clone());
+        config.evaluation_batch = cfg.batch_size;
+        config.evaluation_concurrency = cfg.max_concurrency;
+        config.evaluation_wait = cfg.batch_wait().expect("batch_wait");
+        llm = Some(shared);
+    }
+    (Runtime::open(config).await.expect("open"), llm)
+}
+
+const TOPICS: [&str; 8] = [
+    "the nightly backup job timed out",
+    "deploys fail when the cache is cold",
+    "the customer asked for a refund of the annual plan",
+    "latency spiked after the config change",
+    "the migration script skipped the archived rows",
+    "tests are flaky when the clock crosses midnight",
+    "the invoice PDF had the wrong tax rate",
+    "the on-call rota has a gap on sunday",
+];
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Phase 1, one run of one mode.
+async fn acknowledge(a: &Args, url: Option<&str>, run: usize) -> Value {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (rt, llm) = open(dir.path(), url).await;
+    let per_client = a.events / a.clients / a.batch;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..a.clients {
+        let session = rt.session("default", &format!("c{c}")).expect("session");
+        let batch = a.batch;
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::with_capacity(per_client);
+            for b in 0..per_client {
+                let events: Vec<NewMemory> = (0..batch)
+                    .map(|e| {
+                        let n = (c * per_client + b) * batch + e;
+                        NewMemory::new(
+                            "observation",
+                            format!("{} (client {c}, event {n})", TOPICS[n % TOPICS.len()]),
+                        )
+                    })
+                    .collect();
+                let t = Instant::now();
+                session.record_batch(events).await.expect("ingest");
+                latencies.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            latencies
+        }));
+    }
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await.expect("client"));
+    }
+    let wall = started.elapsed().as_secs_f64();
+    latencies.sort_by(f64::total_cmp);
+    let events = per_client * a.clients * a.batch;
+    let waiting = rt
+        .substrate()
+        .evaluation_queue(events + 1)
+        .map_or(0, |q| q.len());
+    let stats = llm.as_ref().map(|l| l.stats()).unwrap_or_default();
+    let stopping = Instant::now();
+    rt.shutdown().await.expect("shutdown");
+    let shutdown_s = stopping.elapsed().as_secs_f64();
+    let mode = if url.is_some() { "llm" } else { "rules" };
+    let figures = json!({
+        "mode": mode, "run": run, "events": events, "events_per_s": events as f64 / wall,
+        "ack_p50_ms": percentile(&latencies, 0.5), "ack_p99_ms": percentile(&latencies, 0.99),
+        "ack_max_ms": latencies.last().copied().unwrap_or(f64::NAN),
+        "llm_requests": stats.chat.requests, "records_judged": stats.judged,
+        "waiting_for_judge": waiting, "shutdown_s": shutdown_s,
+    });
+    eprintln!(
+        "ack  run {run} {mode:5}: {events} events in {wall:.2}s ({:.0}/s), ack p50 {:.2} ms \
+         p99 {:.2} ms max {:.1} ms; {} LLM calls, {waiting} waiting for the judge; shutdown \
+         {shutdown_s:.2}s",
+        events as f64 / wall,
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.99),
+        latencies.last().copied().unwrap_or(f64::NAN),
+        stats.chat.requests,
+    );
+    figures
+}
+
+/// A deterministic generator (SplitMix64): the same workload every run, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// Distinct texts: LoCoMo's turns when the data is there (longer than five words, first
+/// occurrence only), otherwise generated sentences.
+fn unique_texts(n: usize, rng: &mut Rng) -> (Vec<String>, &'static str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/data/locomo/locomo10.json");
+    if let Ok(conversations) = shadowbrain::substrate::eval::locomo::load(&path) {
+        let mut seen = std::collections::HashSet::new();
+        let texts: Vec<String> = conversations
+            .iter()
+            .flat_map(|c| c.turns.iter().map(|(_, text, _)| text.clone()))
+            .filter(|t| t.split_whitespace().count() > 5 && seen.insert(t.to_lowercase()))
+            .take(n)
+            .collect();
+        if texts.len() == n {
+            return (texts, "locomo turns");
+        }
+    }
+    const SUBJECTS: [&str; 12] = [
+        "the backup job",
+        "the customer",
+        "the deploy",
+        "the invoice run",
+        "the on-call rota",
+        "the search index",
+        "the billing API",
+        "the nightly report",
+        "the payroll export",
+        "the staging cluster",
+        "the mobile release",
+        "the data warehouse",
+    ];
+    const PREDICATES: [&str; 12] = [
+        "failed after the upgrade",
+        "needs a manual approval",
+        "was moved to thursday",
+        "ran out of disk",
+        "asked about the refund policy",
+        "is blocked on legal review",
+        "doubled its latency",
+        "skipped the archived rows",
+        "lost its credentials",
+        "was rolled back",
+        "hit the rate limit",
+        "finished early",
+    ];
+    let texts = (0..n)
+        .map(|i| {
+            format!(
+                "{} {} on day {} ({})",
+                SUBJECTS[rng.below(12)],
+                PREDICATES[rng.below(12)],
+                rng.below(365),
+                i
+            )
+        })
+        .collect();
+    (texts, "generated sentences")
+}
+
+/// A near-duplicate of `text`: one small edit that changes its words (case and
+/// punctuation alone would give the hash embedder the very same vector), as an agent's
+/// repeated observation has.
+fn perturb(text: &str, rng: &mut Rng) -> String {
+    const FILLERS: [&str; 6] = ["again", "today", "also", "still", "now", "really"];
+    let mut words: Vec<String> = text.split_whitespace().map(str::to_string).collect();
+    let at = 1 + rng.below(words.len().saturating_sub(1).max(1));
+    let at = at.min(words.len().saturating_sub(1));
+    match rng.below(4) {
+        // A word dropped.
+        0 if words.len() > 3 => {
+            words.remove(at);
+        }
+        // A word added.
+        1 => words.insert(at, FILLERS[rng.below(FILLERS.len())].to_string()),
+        // Two neighbours swapped.
+        2 if words.len() > 3 => words.swap(at - 1, at),
+        // A word replaced.
+        _ => words[at] = FILLERS[rng.below(FILLERS.len())].to_string(),
+    }
+    words.join(" ")
+}
+
+/// Phase 2 at one arrival rate.
+async fn cost(a: &Args, rate: f64, url: &str) -> Value {
+    let mut rng = Rng(20_251_130);
+    let near = ((a.cost_events as f64) * a.near).round() as usize;
+    let (uniques, source) = unique_texts(a.cost_events - near, &mut rng);
+    // Each near-duplicate comes after its original, at a random later position.
+    let mut texts: Vec<String> = uniques.clone();
+    let embedder = HashEmbedder::new(384).expect("embedder");
+    let mut similarity = Vec::with_capacity(near);
+    for _ in 0..near {
+        let of = rng.below(uniques.len());
+        let copy = perturb(&uniques[of], &mut rng);
+        let vectors = embedder
+            .embed(&[uniques[of].clone(), copy.clone()])
+            .await
+            .expect("embed");
+        similarity.push(
+            vectors[0]
+                .iter()
+                .zip(&vectors[1])
+                .map(|(x, y)| x * y)
+                .sum::<f32>(),
+        );
+        let at = of + 1 + rng.below(texts.len() - of);
+        texts.insert(at.min(texts.len()), copy);
+    }
+    similarity.sort_by(f32::total_cmp);
+    let above = similarity.iter().filter(|s| **s >= 0.9).count();
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (rt, llm) = open(dir.path(), Some(url)).await;
+    let llm = llm.expect("llm");
+    let sessions: Vec<_> = (0..10)
+        .map(|s| {
+            rt.session("default", &format!("agent{s}"))
+                .expect("session")
+        })
+        .collect();
+    let started = Instant::now();
+    let gap = Duration::from_secs_f64(1.0 / rate);
+    for (i, text) in texts.iter().enumerate() {
+        let due = started + gap.mul_f64(i as f64);
+        tokio::time::sleep_until(due.into()).await;
+        sessions[i % sessions.len()]
+            .record(NewMemory::new("observation", text.clone()))
+            .await
+            .expect("ingest");
+    }
+    let sent = started.elapsed().as_secs_f64();
+    // Wait for the background judge (batch_wait and all), not an explicit drain.
+    while !rt
+        .substrate()
+        .evaluation_queue(1)
+        .map(|q| q.is_empty())
+        .unwrap_or(true)
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lag = started.elapsed().as_secs_f64() - sent;
+    let s: LlmStats = llm.stats();
+    rt.shutdown().await.expect("shutdown");
+    let events = texts.len();
+    let per_1000 = s.chat.requests as f64 * 1000.0 / events as f64;
+    eprintln!(
+        "cost {rate:>6.0} ev/s: {events} events ({near} near-duplicates of {source}; {above} \
+         of them at cosine >= 0.9, median {:.3}) -> {} LLM calls = {per_1000:.1} per 1,000 \
+         events (1 per {:.1}); {} judged by the model, {} cached, {} reused; {} tokens; \
+         judged {lag:.1}s after the last event",
+        similarity
+            .get(similarity.len() / 2)
+            .copied()
+            .unwrap_or(f32::NAN),
+        s.chat.requests,
+        events as f64 / s.chat.requests.max(1) as f64,
+        s.judged,
+        s.cache_hits,
+        s.reuse_hits,
+        s.chat.prompt_tokens + s.chat.completion_tokens,
+    );
+    json!({
+        "rate_per_s": rate, "events": events, "near_duplicates": near, "texts": source,
+        "near_at_or_above_0_9": above, "llm_calls": s.chat.requests,
+        "calls_per_1000_events": per_1000, "judged": s.judged, "cached": s.cache_hits,
+        "reused": s.reuse_hits, "tokens": s.chat.prompt_tokens + s.chat.completion_tokens,
+        "lag_after_last_event_s": lag,
+    })
+}
+
+#[tokio::main]
+async fn main() {
+    let a = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("llm_load: {e}");
+            std::process::exit(2);
+        }
+    };
+    let (slow, slow_url) = endpoint(Duration::from_millis(a.delay_ms)).await;
+    let mut ack = Vec::new();
+    for run in 1..=a.runs {
+        ack.push(acknowledge(&a, None, run).await);
+        ack.push(acknowledge(&a, Some(&slow_url), run).await);
+    }
+    eprintln!(
+        "the slow endpoint answered {} calls",
+        slow.calls.load(Ordering::Relaxed)
+    );
+    let (_fast, fast_url) = endpoint(Duration::from_millis(a.cost_delay_ms)).await;
+    let mut costs = Vec::new();
+    for &rate in &a.rates {
+        costs.push(cost(&a, rate, &fast_url).await);
+    }
+    println!("{}", json!({"ack": ack, "cost": costs}));
+}
