@@ -1036,7 +1036,11 @@ fn serve_with_an_llm_section_judges_importance_in_the_background() {
     let config = dir.path().join("shadowbrain.toml");
     std::fs::write(
         &config,
-        format!("[llm]\nkind = \"openai\"\nbase_url = \"http://{llm}/v1\"\nmodel = \"judge\"\n"),
+        // The endpoint comes from [provider], as one section serving embedder and LLM would.
+        format!(
+            "[provider]\nbase_url = \"http://{llm}/v1\"\n\
+             [llm]\nkind = \"openai\"\nmodel = \"judge\"\nbatch_wait = \"0s\"\n"
+        ),
     )
     .unwrap();
     let policy = dir.path().join("policy.toml");
@@ -1088,6 +1092,24 @@ fn serve_with_an_llm_section_judges_importance_in_the_background() {
             .iter()
             .any(|e| e["by"] == "llm:judge" && e["detail"].as_str().unwrap().contains("scripted")),
         "{judged} {history}"
+    );
+    let metrics = http_text(addr, "/metrics");
+    for line in [
+        "shadowbrain_llm_records_total{outcome=\"judged\"} 1",
+        "shadowbrain_llm_tokens_total{kind=\"prompt\"} 10",
+        "shadowbrain_llm_failures_total 0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no `{line}` in:\n{metrics}"
+        );
+    }
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("shadowbrain_llm_requests_total ")
+                && l != "shadowbrain_llm_requests_total 0"),
+        "{metrics}"
     );
     child.kill().unwrap();
     child.wait().unwrap();

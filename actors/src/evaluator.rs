@@ -65,6 +65,10 @@ pub(crate) struct EvaluatorState {
     done: EvaluationReport,
     /// When a part-filled round was first seen waiting (see [`EvaluatorArgs::linger`]).
     partial_since: Option<std::time::Instant>,
+    /// The tick period, and when the last round (or wait) ended: ticks that piled up in
+    /// the mailbox during a long round are skipped, so a slow model never lets them grow.
+    tick: Duration,
+    last_round: Option<std::time::Instant>,
 }
 
 /// Whether a drain left work on the queue.
@@ -114,6 +118,8 @@ impl Actor for Evaluator {
             args,
             done: EvaluationReport::default(),
             partial_since: None,
+            tick,
+            last_round: None,
         })
     }
 
@@ -124,10 +130,16 @@ impl Actor for Evaluator {
         state: &mut EvaluatorState,
     ) -> std::result::Result<(), ActorProcessingErr> {
         match message {
-            EvaluatorMessage::Tick if state.args.woken.load(Ordering::Acquire) => {}
+            EvaluatorMessage::Tick
+                if state.args.woken.load(Ordering::Acquire)
+                    || state
+                        .last_round
+                        .is_some_and(|t| t.elapsed() < state.tick / 2) => {}
             EvaluatorMessage::Wake | EvaluatorMessage::Tick => {
                 state.args.woken.store(false, Ordering::Release);
-                match state.drain(Some(1)).await? {
+                let round = state.drain(Some(1)).await?;
+                state.last_round = Some(std::time::Instant::now());
+                match round {
                     Err(e) => {
                         tracing::warn!(error = %e, "evaluation pass failed; the next tick retries");
                     }
