@@ -20,6 +20,7 @@
 //! are LoCoMo's dialogue turns when `../shared/data/locomo/locomo10.json` is there (real,
 //! varied language), otherwise generated.
 //!
+//! `--cost-events 0` skips phase 2; `--batch-wait 5s` changes `[llm] batch_wait` there.
 //! Progress goes to stderr; the last line on stdout is one JSON object with every figure.
 
 use std::sync::Arc;
@@ -52,6 +53,8 @@ struct Args {
     near: f64,
     rates: Vec<f64>,
     cost_delay_ms: u64,
+    /// `[llm] batch_wait` for phase 2 (`None`: the default).
+    batch_wait: Option<String>,
 }
 
 fn args() -> Result<Args, String> {
@@ -65,6 +68,7 @@ fn args() -> Result<Args, String> {
         near: 0.3,
         rates: vec![200.0, 20.0],
         cost_delay_ms: 500,
+        batch_wait: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -85,6 +89,7 @@ fn args() -> Result<Args, String> {
             "--cost-events" => a.cost_events = number()? as usize,
             "--near" => a.near = number()?.min(0.9),
             "--cost-delay-ms" => a.cost_delay_ms = number()? as u64,
+            "--batch-wait" => a.batch_wait = Some(value.clone()),
             "--rates" => {
                 a.rates = value
                     .split(',')
@@ -95,7 +100,7 @@ fn args() -> Result<Args, String> {
             other => {
                 return Err(format!(
                     "unknown flag {other}; use --events, --clients, --batch, --delay-ms, \
-                     --runs, --cost-events, --near, --rates, --cost-delay-ms"
+                     --runs, --cost-events, --near, --rates, --cost-delay-ms, --batch-wait"
                 ));
             }
         }
@@ -153,8 +158,13 @@ async fn endpoint(delay: Duration) -> (Arc<Endpoint>, String) {
     (ep, format!("http://{addr}/v1"))
 }
 
-/// A runtime in `dir`, judging with the `[llm]` defaults against `url` when given.
-async fn open(dir: &std::path::Path, url: Option<&str>) -> (Runtime, Option<Arc<Llm>>) {
+/// A runtime in `dir`, judging with the `[llm]` defaults (but `batch_wait`) against `url`
+/// when given.
+async fn open(
+    dir: &std::path::Path,
+    url: Option<&str>,
+    batch_wait: Option<&str>,
+) -> (Runtime, Option<Arc<Llm>>) {
     let mut config = RuntimeConfig::new(dir);
     let mode = if url.is_some() { "llm" } else { "rules" };
     config.substrate.policy =
@@ -167,8 +177,11 @@ async fn open(dir: &std::path::Path, url: Option<&str>) -> (Runtime, Option<Arc<
             base_url: Some(url.to_string()),
             model: Some("scripted".into()),
             api_key_env: "SHADOWBRAIN_LLM_LOAD_NO_KEY".into(),
+            batch_wait: batch_wait.map_or_else(|| LlmConfig::default().batch_wait, str::to_string),
             ..LlmConfig::default()
         };
+        cfg.validate()
+            .expect("--batch-wait must be a duration such as 5s");
         let client = Arc::new(ChatClient::new(&cfg).expect("client"));
         let shared = Arc::new(Llm::new(client, cfg.tokens_per_hour));
         config.judge = Some(Arc::new(LlmJudge::with_options(
@@ -206,7 +219,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Phase 1, one run of one mode.
 async fn acknowledge(a: &Args, url: Option<&str>, run: usize) -> Value {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (rt, llm) = open(dir.path(), url).await;
+    let (rt, llm) = open(dir.path(), url, None).await;
     let per_client = a.events / a.clients / a.batch;
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -397,7 +410,7 @@ async fn cost(a: &Args, rate: f64, url: &str) -> Value {
     let above = similarity.iter().filter(|s| **s >= 0.9).count();
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let (rt, llm) = open(dir.path(), Some(url)).await;
+    let (rt, llm) = open(dir.path(), Some(url), a.batch_wait.as_deref()).await;
     let llm = llm.expect("llm");
     let sessions: Vec<_> = (0..10)
         .map(|s| {
@@ -431,10 +444,11 @@ async fn cost(a: &Args, rate: f64, url: &str) -> Value {
     let events = texts.len();
     let per_1000 = s.chat.requests as f64 * 1000.0 / events as f64;
     eprintln!(
-        "cost {rate:>6.0} ev/s: {events} events ({near} near-duplicates of {source}; {above} \
+        "cost {rate:>6.0} ev/s, batch_wait {}: {events} events ({near} near-duplicates of {source}; {above} \
          of them at cosine >= 0.9, median {:.3}) -> {} LLM calls = {per_1000:.1} per 1,000 \
          events (1 per {:.1}); {} judged by the model, {} cached, {} reused; {} tokens; \
          judged {lag:.1}s after the last event",
+        a.batch_wait.as_deref().unwrap_or("2s"),
         similarity
             .get(similarity.len() / 2)
             .copied()
@@ -447,7 +461,7 @@ async fn cost(a: &Args, rate: f64, url: &str) -> Value {
         s.chat.prompt_tokens + s.chat.completion_tokens,
     );
     json!({
-        "rate_per_s": rate, "events": events, "near_duplicates": near, "texts": source,
+        "rate_per_s": rate, "batch_wait": a.batch_wait.as_deref().unwrap_or("2s"), "events": events, "near_duplicates": near, "texts": source,
         "near_at_or_above_0_9": above, "llm_calls": s.chat.requests,
         "calls_per_1000_events": per_1000, "judged": s.judged, "cached": s.cache_hits,
         "reused": s.reuse_hits, "tokens": s.chat.prompt_tokens + s.chat.completion_tokens,
@@ -476,7 +490,7 @@ async fn main() {
     );
     let (_fast, fast_url) = endpoint(Duration::from_millis(a.cost_delay_ms)).await;
     let mut costs = Vec::new();
-    for &rate in &a.rates {
+    for &rate in a.rates.iter().filter(|_| a.cost_events > 0) {
         costs.push(cost(&a, rate, &fast_url).await);
     }
     println!("{}", json!({"ack": ack, "cost": costs}));
