@@ -197,15 +197,34 @@ async fn open(
     (Runtime::open(config).await.expect("open"), llm)
 }
 
-const TOPICS: [&str; 8] = [
-    "the nightly backup job timed out",
-    "deploys fail when the cache is cold",
-    "the customer asked for a refund of the annual plan",
-    "latency spiked after the config change",
-    "the migration script skipped the archived rows",
-    "tests are flaky when the clock crosses midnight",
-    "the invoice PDF had the wrong tax rate",
-    "the on-call rota has a gap on sunday",
+/// Pieces of generated sentences (phase 1, and phase 2 without LoCoMo).
+const SUBJECTS: [&str; 12] = [
+    "the backup job",
+    "the customer",
+    "the deploy",
+    "the invoice run",
+    "the on-call rota",
+    "the search index",
+    "the billing API",
+    "the nightly report",
+    "the payroll export",
+    "the staging cluster",
+    "the mobile release",
+    "the data warehouse",
+];
+const PREDICATES: [&str; 12] = [
+    "failed after the upgrade",
+    "needs a manual approval",
+    "was moved to thursday",
+    "ran out of disk",
+    "asked about the refund policy",
+    "is blocked on legal review",
+    "doubled its latency",
+    "skipped the archived rows",
+    "lost its credentials",
+    "was rolled back",
+    "hit the rate limit",
+    "finished early",
 ];
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -232,10 +251,12 @@ async fn acknowledge(a: &Args, url: Option<&str>, run: usize) -> Value {
                 let events: Vec<NewMemory> = (0..batch)
                     .map(|e| {
                         let n = (c * per_client + b) * batch + e;
-                        NewMemory::new(
-                            "observation",
-                            format!("{} (client {c}, event {n})", TOPICS[n % TOPICS.len()]),
-                        )
+                        let text = format!(
+                            "{} {} (client {c}, event {n})",
+                            SUBJECTS[n % SUBJECTS.len()],
+                            PREDICATES[(n / SUBJECTS.len()) % PREDICATES.len()]
+                        );
+                        NewMemory::new("observation", text)
                     })
                     .collect();
                 let t = Instant::now();
@@ -315,34 +336,6 @@ fn unique_texts(n: usize, rng: &mut Rng) -> (Vec<String>, &'static str) {
             return (texts, "locomo turns");
         }
     }
-    const SUBJECTS: [&str; 12] = [
-        "the backup job",
-        "the customer",
-        "the deploy",
-        "the invoice run",
-        "the on-call rota",
-        "the search index",
-        "the billing API",
-        "the nightly report",
-        "the payroll export",
-        "the staging cluster",
-        "the mobile release",
-        "the data warehouse",
-    ];
-    const PREDICATES: [&str; 12] = [
-        "failed after the upgrade",
-        "needs a manual approval",
-        "was moved to thursday",
-        "ran out of disk",
-        "asked about the refund policy",
-        "is blocked on legal review",
-        "doubled its latency",
-        "skipped the archived rows",
-        "lost its credentials",
-        "was rolled back",
-        "hit the rate limit",
-        "finished early",
-    ];
     let texts = (0..n)
         .map(|i| {
             format!(
