@@ -69,6 +69,7 @@ pub struct Metrics {
     by_tier: Family<TierLabels, Gauge>,
     archived: Gauge,
     queues: Family<QueueLabels, Gauge>,
+    queue_age: Family<QueueLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     commit_backlog: Gauge,
     promotions: Counter,
     provider_errors: Counter,
@@ -181,6 +182,13 @@ impl Metrics {
              judge; condense)",
             queues.clone(),
         );
+        let queue_age = Family::<QueueLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "work_queue_oldest_seconds",
+            "Age on the runtime clock of the oldest record waiting in a work queue (0 when \
+             empty): the enrichment lag of embedding (enrich) and of the judge (evaluate)",
+            queue_age.clone(),
+        );
         let commit_backlog = Gauge::default();
         registry.register(
             "store_commit_backlog",
@@ -249,6 +257,7 @@ impl Metrics {
             by_tier,
             archived,
             queues,
+            queue_age,
             commit_backlog,
             promotions,
             provider_errors,
@@ -329,6 +338,18 @@ impl Metrics {
                     .get_or_create(&QueueLabels { queue })
                     .set(gauge(n as u64));
             }
+            // The queues are in id order, and ids follow arrival: the first is the oldest.
+            let oldest = store
+                .queued(q, 1)
+                .ok()
+                .and_then(|ids| ids.first().copied())
+                .and_then(|id| store.get_light(id).ok().flatten());
+            let age = oldest.map_or(0.0, |r| {
+                (sub.clock().now() - r.recorded_time).max(0) as f64 / 1000.0
+            });
+            self.queue_age
+                .get_or_create(&QueueLabels { queue })
+                .set(age);
         }
         self.commit_backlog.set(gauge(store.commit_backlog()));
         catch_up(&self.promotions, sub.promotions());

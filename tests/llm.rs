@@ -567,6 +567,21 @@ async fn ingest_keeps_acknowledging_while_the_provider_hangs() {
     // Every acknowledged event is readable now, with the rules' score.
     let timeline = session.timeline(3000).await.unwrap();
     assert_eq!(timeline.len(), 2001);
+    // The lag is visible in the metrics: the queue's depth and its oldest record's age.
+    let metrics = shadowbrain::metrics::Metrics::new().render(&rt).await;
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+    };
+    assert!(value("shadowbrain_work_queue_depth{queue=\"evaluate\"}") >= 2000.0);
+    assert!(value("shadowbrain_work_queue_oldest_seconds{queue=\"evaluate\"}") > 0.0);
+    assert_eq!(
+        value("shadowbrain_llm_records_total{outcome=\"judged\"}"),
+        0.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

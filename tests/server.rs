@@ -1111,6 +1111,13 @@ fn serve_with_an_llm_section_judges_importance_in_the_background() {
                 && l != "shadowbrain_llm_requests_total 0"),
         "{metrics}"
     );
+    // Judged: nothing waits, so the judge's lag is zero.
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "shadowbrain_work_queue_oldest_seconds{queue=\"evaluate\"} 0.0"),
+        "{metrics}"
+    );
     child.kill().unwrap();
     child.wait().unwrap();
 }
