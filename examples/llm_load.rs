@@ -278,6 +278,7 @@ async fn acknowledge(a: &Args, url: Option<&str>, run: usize) -> Value {
         .evaluation_queue(events + 1)
         .map_or(0, |q| q.len());
     let stats = llm.as_ref().map(|l| l.stats()).unwrap_or_default();
+    assert_eq!(stats.fallbacks, 0, "the endpoint never fails: {stats:?}");
     let stopping = Instant::now();
     rt.shutdown().await.expect("shutdown");
     let shutdown_s = stopping.elapsed().as_secs_f64();
@@ -435,6 +436,17 @@ async fn cost(a: &Args, rate: f64, url: &str) -> Value {
     let s: LlmStats = llm.stats();
     rt.shutdown().await.expect("shutdown");
     let events = texts.len();
+    // The endpoint always answers well: every record got a verdict from the model, the
+    // cache or a near-duplicate, none fell back to the rules.
+    assert_eq!(
+        (
+            s.judged + s.cache_hits + s.reuse_hits,
+            s.fallbacks,
+            s.over_budget
+        ),
+        (events as u64, 0, 0),
+        "{s:?}"
+    );
     let per_1000 = s.chat.requests as f64 * 1000.0 / events as f64;
     eprintln!(
         "cost {rate:>6.0} ev/s, batch_wait {}: {events} events ({near} near-duplicates of {source}; {above} \
