@@ -10,3 +10,4 @@ pub mod api;
 pub mod config;
 pub mod metrics;
 pub mod server;
+pub mod sim;

@@ -1,0 +1,7 @@
+//! The policy lab (issue 6): a deterministic synthetic multi-agent workload on the virtual
+//! clock, to compare memory policies on identical input.
+//!
+//! [`workload`] plans the run (sessions, planted items with known ground truth, probes) and
+//! yields its steps in time order; the runner and the reports build on it.
+
+pub mod workload;
