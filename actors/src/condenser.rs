@@ -49,6 +49,8 @@ pub(crate) enum CondenserMessage {
         key: SessionKey,
         reply: Option<RpcReplyPort<Result<Option<Condensed>>>>,
     },
+    /// Answers once every message sent before it is handled (`Runtime::settle`).
+    Sync { reply: RpcReplyPort<()> },
     /// Fault injection for supervision tests: the handler panics.
     Panic,
 }
@@ -113,6 +115,9 @@ impl Actor for Condenser {
                     }
                     (None, Ok(_)) => {}
                 }
+            }
+            CondenserMessage::Sync { reply } => {
+                let _ = reply.send(());
             }
             CondenserMessage::Panic => panic!("fault injected into the condenser"),
         }

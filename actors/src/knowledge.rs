@@ -51,6 +51,8 @@ pub(crate) enum KnowledgeMessage {
         edge: Edge,
         reply: RpcReplyPort<Result<()>>,
     },
+    /// Answers once every message sent before it is handled (`Runtime::settle`).
+    Sync { reply: RpcReplyPort<()> },
     /// Fault injection for supervision tests: the handler panics.
     Panic,
 }
@@ -152,6 +154,9 @@ impl Actor for KnowledgeGraph {
                     Ok(())
                 });
                 let _ = reply.send(result);
+            }
+            KnowledgeMessage::Sync { reply } => {
+                let _ = reply.send(());
             }
             KnowledgeMessage::Panic => panic!("fault injected into the knowledge graph"),
         }

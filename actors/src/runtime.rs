@@ -19,7 +19,7 @@ use shadowbrain_runtime::llm::cost::{Llm, LlmStats};
 use shadowbrain_runtime::model::{
     AuditEntry, MemoryId, MemoryRecord, NewMemory, Status, validate_id,
 };
-use shadowbrain_runtime::policy::Policy;
+use shadowbrain_runtime::policy::{EvaluationMode, Policy};
 use shadowbrain_runtime::quarantine::{MAX_STRIKES, QuarantineEntry, quarantined_error};
 use shadowbrain_runtime::store::SessionStats;
 use shadowbrain_runtime::substrate::{RecallRequest, RecallResult, Substrate, SubstrateOptions};
@@ -45,6 +45,11 @@ pub struct RuntimeConfig {
     /// A session actor stops after this long without a request (its state is the store,
     /// so this only bounds memory). Default 5 minutes.
     pub session_idle: Duration,
+    /// Whether session actors fire the policy's `max_age` condensation trigger on their
+    /// idle ticks, which run on tokio's clock. Default true. A simulation on the virtual
+    /// clock turns it off and condenses aged sessions itself, so that nothing a real-time
+    /// timer does decides what happens to memories (see [`Runtime::settle`]).
+    pub age_trigger: bool,
     /// Every request through the handle fails with [`Error::Timeout`] after this long.
     /// Default 30 seconds.
     pub call_timeout: Duration,
@@ -106,6 +111,7 @@ impl RuntimeConfig {
             data_dir: data_dir.into(),
             substrate: SubstrateOptions::default(),
             session_idle: Duration::from_secs(300),
+            age_trigger: true,
             call_timeout: Duration::from_secs(30),
             decay_check: Some(Duration::from_secs(1)),
             index_tick: Duration::from_millis(50),
@@ -177,6 +183,7 @@ impl Runtime {
             registry: registry.clone(),
             directory: directory.clone(),
             session_idle: config.session_idle,
+            age_trigger: config.age_trigger,
             decay_check: config.decay_check,
             index_tick: config.index_tick,
             judge: config.judge.clone(),
@@ -367,6 +374,28 @@ impl Runtime {
             .call(|reply| EvaluatorMessage::Drain { reply }, self.timeout())
             .await;
         self.answer("the evaluator", outcome)?
+    }
+
+    /// Waits until the work already sent to the background actors is done: the condenser's
+    /// triggered condensations, then the promotions they and feedback offered to the
+    /// knowledge graph (and, outside `rules` mode, the evaluator's queue). Writes send
+    /// their triggers before they answer, so after `settle` everything caused by the
+    /// answered requests has happened — what a simulation needs to run the same twice.
+    pub async fn settle(&self) -> Result<()> {
+        let condenser = self.inner.directory.condenser()?;
+        let outcome = condenser
+            .call(|reply| CondenserMessage::Sync { reply }, self.timeout())
+            .await;
+        self.answer("the condenser", outcome)?;
+        let knowledge = self.inner.directory.knowledge()?;
+        let outcome = knowledge
+            .call(|reply| KnowledgeMessage::Sync { reply }, self.timeout())
+            .await;
+        self.answer("the knowledge graph", outcome)?;
+        if self.policy().evaluation.mode != EvaluationMode::Rules {
+            self.evaluate_now().await?;
+        }
+        Ok(())
     }
 
     /// Runs a decay sweep now, at the runtime clock's time, whatever the policy interval

@@ -77,6 +77,9 @@ pub(crate) struct SessionArgs {
     pub key: SessionKey,
     /// Stop after this long without a request.
     pub idle: Duration,
+    /// Whether idle ticks fire the `max_age` condensation trigger (see
+    /// `RuntimeConfig::age_trigger`).
+    pub age_trigger: bool,
     /// Where the condenser is.
     pub directory: Directory,
     /// The live actors, to leave at once when it fails.
@@ -226,8 +229,8 @@ impl Actor for SessionActor {
                 };
                 let written = result.as_ref().map_or(0, Vec::len) as u64;
                 let now = substrate.clock().now();
-                // The caller may have timed out and gone; the write stands either way.
-                let _ = reply.send(result);
+                // Triggers go out before the answer, so a caller that has its answer and
+                // then waits on the condenser (`Runtime::settle`) waits for this one too.
                 if written > 0 {
                     state.backlog.0 += written;
                     state.backlog.1.get_or_insert(now);
@@ -239,6 +242,8 @@ impl Actor for SessionActor {
                         state.args.directory.wake_evaluator();
                     }
                 }
+                // The caller may have timed out and gone; the write stands either way.
+                let _ = reply.send(result);
             }
             SessionMessage::Recall { request, reply } => {
                 state.last_active = Instant::now();
@@ -279,7 +284,9 @@ impl Actor for SessionActor {
                 let _ = reply.send(result);
             }
             SessionMessage::IdleCheck => {
-                state.condense_if_due();
+                if state.args.age_trigger {
+                    state.condense_if_due();
+                }
                 if state.last_active.elapsed() >= state.args.idle {
                     let key = &state.args.key;
                     tracing::debug!(session = %key.session, namespace = %key.namespace, "session actor idle, stopping");
@@ -301,6 +308,7 @@ pub(crate) struct SessionSupervisorArgs {
     pub registry: Registry,
     pub directory: Directory,
     pub idle: Duration,
+    pub age_trigger: bool,
 }
 
 /// The session supervisor's state.
@@ -406,6 +414,7 @@ impl SessionSupervisorState {
             substrate: self.args.substrate.clone(),
             key: key.clone(),
             idle: self.args.idle,
+            age_trigger: self.args.age_trigger,
             directory: self.args.directory.clone(),
             registry: self.args.registry.clone(),
         };

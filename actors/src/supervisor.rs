@@ -65,6 +65,7 @@ pub(crate) struct RootArgs {
     pub registry: Registry,
     pub directory: Directory,
     pub session_idle: Duration,
+    pub age_trigger: bool,
     pub decay_check: Option<Duration>,
     pub index_tick: Duration,
     pub judge: Option<std::sync::Arc<dyn shadowbrain_runtime::evaluate::Judge>>,
@@ -136,6 +137,7 @@ impl RootSupervisor {
                     registry: args.registry.clone(),
                     directory: args.directory.clone(),
                     idle: args.session_idle,
+                    age_trigger: args.age_trigger,
                 };
                 let (actor, _) =
                     Actor::spawn_linked(None, SessionSupervisor, child_args, parent).await?;

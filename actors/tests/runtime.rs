@@ -971,3 +971,50 @@ async fn llm_condensation_uses_the_summarizer_and_falls_back_to_extractive() {
     assert_eq!(rt.restarts().await.unwrap(), 0);
     rt.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settle_waits_for_the_condensations_and_promotions_writes_triggered() {
+    use shadowbrain_actors::substrate::model::Tier;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(&dir);
+    config.substrate.policy = Policy::from_toml(
+        "<test>",
+        "[condensation]\nevery_events = 4\nmin_events = 2\nmax_age = \"1s\"\n",
+    )
+    .unwrap();
+    // Idle ticks every 500 ms, but they must not condense by age.
+    config.session_idle = Duration::from_secs(2);
+    config.age_trigger = false;
+    let rt = Runtime::open(config).await.unwrap();
+    let condensed = |rt: &Runtime| {
+        let store = rt.substrate().store();
+        store.tier_len(Tier::Condensed)
+    };
+    for round in 0..20u64 {
+        let session = rt.session("default", &format!("s{round}")).unwrap();
+        session
+            .record_batch(
+                (0..4)
+                    .map(|i| event(&format!("round {round} event {i}")))
+                    .collect(),
+            )
+            .await
+            .unwrap();
+        rt.settle().await.unwrap();
+        assert_eq!(
+            condensed(&rt),
+            round + 1,
+            "the triggered condensation is done"
+        );
+    }
+    // Two events, then real time passes with idle ticks: no condensation by age.
+    let session = rt.session("default", "aged").unwrap();
+    session
+        .record_batch(vec![event("old one"), event("old two")])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_800)).await;
+    rt.settle().await.unwrap();
+    assert_eq!(condensed(&rt), 20, "age triggers are the caller's");
+    rt.shutdown().await.unwrap();
+}
