@@ -8,6 +8,7 @@
 
 mod memory;
 mod policy;
+mod simulate;
 mod transfer;
 
 use std::net::SocketAddr;
@@ -115,6 +116,9 @@ enum Command {
     /// Re-embed every record with the configured embedder and rebuild the vector and keyword
     /// indexes (after changing embedders, or if an index is damaged).
     Reindex(transfer::ReindexArgs),
+    /// Run policies on one synthetic multi-agent workload on the virtual clock and compare
+    /// them: `report.json` and `report.md` in --out (the same seed, the same workload).
+    Simulate(simulate::SimulateArgs),
 }
 
 /// Reads and checks the config file (TOML), with `SHADOWBRAIN__SECTION__KEY` environment
@@ -266,6 +270,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Export(args) => transfer::export(args),
         Command::Import(args) => transfer::import(args),
         Command::Reindex(args) => transfer::reindex(args),
+        Command::Simulate(args) => simulate::simulate(args),
     }
 }
 

@@ -91,7 +91,7 @@ pub struct ReindexArgs {
 
 /// A bar over `total` units on stderr; indicatif hides it when stderr is not a terminal,
 /// so logs and pipes get no control characters.
-fn bar(total: Option<u64>, what: &'static str) -> ProgressBar {
+pub(super) fn bar(total: Option<u64>, what: &'static str) -> ProgressBar {
     let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
     let template = match total {
         Some(_) => "{prefix} [{wide_bar}] {percent:>3}% {msg} ({eta} left)",

@@ -2,6 +2,9 @@
 //! clock, to compare memory policies on identical input.
 //!
 //! [`workload`] plans the run (sessions, planted items with known ground truth, probes) and
-//! yields its steps in time order; the runner and the reports build on it.
+//! yields its steps in time order; [`run`] plays it through the actor runtime for one
+//! policy and records what became of the planted items.
 
+pub mod report;
+pub mod run;
 pub mod workload;
