@@ -328,6 +328,9 @@ impl WorkloadSummary {
     }
 }
 
+/// One cell of the Markdown table, from a policy's report.
+type Cell = Box<dyn Fn(&PolicyReport) -> String>;
+
 fn show(x: Option<f64>, digits: usize) -> String {
     x.map_or_else(|| "–".to_string(), |v| format!("{v:.digits$}"))
 }
@@ -365,7 +368,7 @@ impl Report {
         md.push_str(" |\n|---|");
         md.push_str(&"---|".repeat(self.policies.len()));
         md.push('\n');
-        let rows: Vec<(&str, Box<dyn Fn(&PolicyReport) -> String>)> = vec![
+        let rows: Vec<(&str, Cell)> = vec![
             (
                 "probe hit rate @k (facts + newer values)",
                 Box::new(|p| show(p.probe_hit_rate_at_k.overall.rate, 3)),
@@ -425,7 +428,7 @@ impl Report {
                 &self
                     .policies
                     .iter()
-                    .map(|p| cell(p))
+                    .map(cell.as_ref())
                     .collect::<Vec<_>>()
                     .join(" | "),
             );
