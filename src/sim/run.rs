@@ -273,7 +273,7 @@ pub async fn run(
             }
         }
         steps += 1;
-        if steps % 1_000 == 0 {
+        if steps.is_multiple_of(1_000) {
             progress(steps);
         }
     }
@@ -300,7 +300,7 @@ async fn end_of_day(rt: &Runtime, day: u32) -> Result<DaySample> {
     let store = rt.substrate().store();
     Ok(DaySample {
         day,
-        records: store.len() as u64,
+        records: store.len(),
         archived: store.archived_len(),
         knowledge: store.tier_len(Tier::Knowledge),
     })
