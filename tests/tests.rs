@@ -3,3 +3,4 @@
 mod cli;
 mod llm;
 mod server;
+mod sim;

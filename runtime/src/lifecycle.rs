@@ -235,7 +235,7 @@ impl Substrate {
         for r in &window {
             embeddings.push(store.embedding(r.id)?);
         }
-        let picks = pick_representatives(&window, &embeddings);
+        let picks = pick_representatives(&window, &embeddings, policy.promotion.min_importance);
         let now = self.clock().now();
         let extractive = summary_text(&window, &picks);
         let extractive = Summary {
@@ -428,9 +428,18 @@ fn condensed_kind(name: &'static str) -> Kind {
     Kind::new(name).unwrap_or_else(|_| unreachable!("`{name}` is a valid kind"))
 }
 
-/// Indexes into `window` of the events to quote, in time order: the best by
-/// `centrality + importance / 10`, about √n of them (1..=[`MAX_PICKS`]).
-fn pick_representatives(window: &[MemoryRecord], embeddings: &[Option<Vec<f32>>]) -> Vec<usize> {
+/// Indexes into `window` of the events to quote, in time order: about √n of them
+/// (1..=[`MAX_PICKS`]), the best by `centrality + importance / 10` — except that events as
+/// important as the promotion threshold (`promotable`) are quoted first, most important
+/// first, and may raise the count up to [`MAX_PICKS`]. Centrality favours what a window
+/// keeps coming back to, so without that rule a lesson written once among routine events
+/// (the least central thing there) would never reach a condensed record, and so could
+/// never be promoted.
+fn pick_representatives(
+    window: &[MemoryRecord],
+    embeddings: &[Option<Vec<f32>>],
+    promotable: f32,
+) -> Vec<usize> {
     let n = window.len();
     let centrality: Vec<f32> = (0..n)
         .map(|i| {
@@ -458,10 +467,27 @@ fn pick_representatives(window: &[MemoryRecord], embeddings: &[Option<Vec<f32>>]
         };
         c + window[i].importance / 10.0
     };
-    let want = ((n as f64).sqrt().round() as usize).clamp(1, MAX_PICKS);
+    let important = |i: usize| window[i].importance >= promotable;
+    let must = (0..n).filter(|&i| important(i)).count();
+    let want = ((n as f64).sqrt().round() as usize)
+        .max(must)
+        .clamp(1, MAX_PICKS);
     let mut order: Vec<usize> = (0..n).collect();
-    // Best first; ties keep the earlier event.
-    order.sort_by(|&a, &b| score(b).total_cmp(&score(a)).then(a.cmp(&b)));
+    // Promotable events first (most important first), then the best by score; ties keep
+    // the earlier event.
+    order.sort_by(|&a, &b| {
+        important(b)
+            .cmp(&important(a))
+            .then_with(|| {
+                if important(a) && important(b) {
+                    window[b].importance.total_cmp(&window[a].importance)
+                } else {
+                    std::cmp::Ordering::Equal
+                }
+            })
+            .then_with(|| score(b).total_cmp(&score(a)))
+            .then(a.cmp(&b))
+    });
     order.truncate(want);
     order.sort_by_key(|&i| (window[i].event_time, window[i].id));
     order

@@ -19,9 +19,10 @@
 //!
 //! What the agents do beside writing:
 //! - a lesson told again is first *used*: the agent recalls what to do in its situation,
-//!   namespace-wide with the knowledge pool, and reports the recall a success (good lesson)
-//!   or a failure (misleading one) when the lesson came back — which is what promotion
-//!   learns from;
+//!   namespace-wide with the knowledge pool, and when the lesson came back it reports the
+//!   memories that held it a success (good lesson) or a failure (misleading one) — which
+//!   is what promotion learns from. Agents are lesson-conscious: they write a lesson down
+//!   with importance 10;
 //! - a probe recalls the planted item's question in the asking agent's memory (scope
 //!   `agent`) and checks for the plant's code in the top `k`. Like any recall it
 //!   reinforces what it returns, so a fact asked about twice was practised once — which is
@@ -50,7 +51,7 @@ pub const NAMESPACE: &str = "lab";
 const DAY: i64 = 86_400_000;
 
 /// Importance an agent gives a lesson it writes down (agents flag what they learned).
-const LESSON_IMPORTANCE: f32 = 8.0;
+const LESSON_IMPORTANCE: f32 = 10.0;
 
 /// How a run is done.
 #[derive(Debug, Clone, Copy)]
@@ -209,18 +210,22 @@ pub async fn run(
                             ask.scope = Scope::Namespace;
                             ask.k = options.k;
                             let found = handle.recall_with(ask).await?;
-                            let used = found
+                            // It credits (or blames) what it used: the memories that
+                            // held the lesson, not everything the recall returned.
+                            let used: Vec<_> = found
                                 .memories
                                 .iter()
-                                .any(|m| m.record.text.contains(&plant.code));
-                            if let (true, Some(recall)) = (used, found.recall_id) {
+                                .filter(|m| m.record.text.contains(&plant.code))
+                                .map(|m| m.record.id)
+                                .collect();
+                            if !used.is_empty() {
                                 let outcome = if plant.kind == PlantKind::GoodLesson {
                                     Outcome::Success
                                 } else {
                                     Outcome::Failure
                                 };
                                 handle
-                                    .feedback(FeedbackTarget::Recall(recall), outcome)
+                                    .feedback(FeedbackTarget::Memories(used), outcome)
                                     .await?;
                             }
                         }

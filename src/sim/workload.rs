@@ -417,7 +417,12 @@ impl Workload {
                 let mut told_in = Vec::new();
                 for _ in 0..want * 20 {
                     let s = rng.below(n as u64) as usize;
-                    if has_room(&sessions[s]) && !told_in.contains(&s) {
+                    // A session learns at most one lesson: one condensed record must not
+                    // mix a good lesson with a misleading one.
+                    let learned = sessions[s].plants.iter().any(|&q| {
+                        matches!(plants[q].kind, PlantKind::GoodLesson | PlantKind::BadLesson)
+                    });
+                    if has_room(&sessions[s]) && !learned && !told_in.contains(&s) {
                         told_in.push(s);
                         if told_in.len() == want {
                             break;

@@ -283,3 +283,52 @@ async fn condensation_quotes_the_recurring_theme_links_sources_and_condenses_eac
             .any(|m| m.record.id == condensed.id)
     );
 }
+
+/// A lesson written once among routine events is the least central thing in its window;
+/// it is quoted anyway because it is as important as the promotion threshold — otherwise
+/// no condensed record would carry it and it could never be promoted.
+#[tokio::test]
+async fn condensation_quotes_an_important_outlier_a_promotion_could_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = Policy::from_toml(
+        "<test>",
+        "[condensation]\nevery_events = 12\nmin_events = 3\nmax_age = \"never\"\n",
+    )
+    .unwrap();
+    let (sub, clock) = open(dir.path(), policy);
+    for i in 0..9 {
+        clock.advance(Duration::from_secs(60));
+        rec(
+            &sub,
+            "ops",
+            "action",
+            &format!("restarted the cache cluster node {i}"),
+        )
+        .await;
+    }
+    clock.advance(Duration::from_secs(60));
+    let lesson = NewMemory {
+        importance: Some(10.0),
+        ..NewMemory::new(
+            "thought",
+            "when the payment gateway returns 502, retry with backoff",
+        )
+    };
+    sub.record("default", "ops", vec![lesson]).await.unwrap();
+    let condensed = sub
+        .condense("default", "ops", "condenser")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        condensed.text.contains("retry with backoff"),
+        "{}",
+        condensed.text
+    );
+    assert!(
+        condensed.text.contains("cache cluster"),
+        "{}",
+        condensed.text
+    );
+    assert_eq!(sub.get("default", condensed.id).unwrap().importance, 10.0);
+}
