@@ -78,6 +78,21 @@ fn the_same_command_twice_writes_the_same_report() {
         md.contains("| default (`") && md.contains("| ebbinghaus (`"),
         "{md}"
     );
+    // Every plot is there, titled, with both policies named.
+    for (file, title) in [
+        ("hit_rate.svg", "Probe hit rate"),
+        ("store_size.svg", "Store size"),
+        ("promotion.svg", "Promotion of recurring lessons"),
+        ("superseded_errors.svg", "Superseded-fact errors"),
+        ("recall_latency.svg", "Probe recall latency"),
+    ] {
+        let svg = std::fs::read_to_string(c.join(file)).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains(title), "{file}");
+        assert!(
+            svg.contains("default") && svg.contains("ebbinghaus"),
+            "{file}"
+        );
+    }
 }
 
 #[test]

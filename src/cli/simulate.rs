@@ -1,6 +1,7 @@
 //! `shadowbrain simulate`: the policy lab's command. It plans one workload from the seed,
 //! runs every policy on it in a fresh store of its own (one after the other, in this
-//! process, on the virtual clock), and writes `report.json` and `report.md` to `--out`.
+//! process, on the virtual clock), and writes `report.json`, `report.md` and SVG plots to
+//! `--out`.
 
 use std::path::PathBuf;
 
@@ -118,7 +119,18 @@ pub(super) fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     std::fs::write(&json, text).with_context(|| format!("writing {}", json.display()))?;
     let md = args.out.join("report.md");
     std::fs::write(&md, report.markdown()).with_context(|| format!("writing {}", md.display()))?;
-    eprintln!("shadowbrain: wrote {} and {}", json.display(), md.display());
+    let plots = shadowbrain::sim::plots::write_all(&report, &args.out)?;
+    eprintln!(
+        "shadowbrain: wrote {}, {} and {} plots ({})",
+        json.display(),
+        md.display(),
+        plots.len(),
+        plots
+            .iter()
+            .filter_map(|p| p.file_name().and_then(|n| n.to_str()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     Ok(())
 }
 

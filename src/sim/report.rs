@@ -308,6 +308,7 @@ impl PolicyReport {
         self.recall_p99_ms = None;
         self.wall_s = None;
         self.peak_rss_mb = None;
+        self.recall_ms.clear();
         self
     }
 }
