@@ -11,7 +11,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::report::{PolicyReport, Report};
+use super::report::{PolicyReport, Report, StorePoint};
 
 const WIDTH: u32 = 960;
 const HEIGHT: u32 = 560;
@@ -101,45 +101,95 @@ fn titled<'a>(root: &Area<'a>, title: &str, report: &Report) -> anyhow::Result<A
 
 fn hit_rate(report: &Report, root: &Area<'_>) -> anyhow::Result<()> {
     let area = titled(root, "Probe hit rate @k over simulated time", report)?;
-    let days = f64::from(report.workload.days.max(1)) + 30.0;
-    let mut chart = ChartBuilder::on(&area)
-        .margin(16)
-        .x_label_area_size(48)
-        .y_label_area_size(64)
-        .build_cartesian_2d(0f64..days, 0f64..1.05f64)
+    let series = report
+        .policies
+        .iter()
+        .map(|p| Series {
+            label: legend(p),
+            points: p
+                .probe_hit_rate_at_k
+                .over_time
+                .iter()
+                .filter_map(|b| b.rate.rate.map(|r| (b.from_day as f64 + 3.5, r)))
+                .collect(),
+        })
+        .collect();
+    let spec = LineChart {
+        x: 0.0..f64::from(report.workload.days.max(1)) + 30.0,
+        y: 0.0..1.05,
+        x_desc: "simulated day (probes grouped by week)",
+        y_desc: "share of probes that found the fact",
+        whole_x: true,
+        whole_y: false,
+        markers: true,
+        legend_at: SeriesLabelPosition::LowerLeft,
+    };
+    lines(&area, &spec, series)
+}
+
+/// What a line chart shows besides its series.
+struct LineChart<'s> {
+    x: std::ops::Range<f64>,
+    y: std::ops::Range<f64>,
+    x_desc: &'s str,
+    y_desc: &'s str,
+    /// Tick labels without decimals.
+    whole_x: bool,
+    whole_y: bool,
+    /// A dot on every point (sparse series).
+    markers: bool,
+    legend_at: SeriesLabelPosition,
+}
+
+/// One policy's line.
+struct Series {
+    label: String,
+    points: Vec<(f64, f64)>,
+}
+
+/// A line per series, in the policies' colours, with axes and a legend.
+fn lines(area: &Area<'_>, spec: &LineChart<'_>, series: Vec<Series>) -> anyhow::Result<()> {
+    let mut chart = ChartBuilder::on(area)
+        .margin(14)
+        .x_label_area_size(44)
+        .y_label_area_size(72)
+        .build_cartesian_2d(spec.x.clone(), spec.y.clone())
         .map_err(draw)?;
+    let whole = |v: &f64| format!("{v:.0}");
+    let decimal = |v: &f64| format!("{v:.1}");
+    let (fx, fy): (&dyn Fn(&f64) -> String, &dyn Fn(&f64) -> String) = (
+        if spec.whole_x { &whole } else { &decimal },
+        if spec.whole_y { &whole } else { &decimal },
+    );
     chart
         .configure_mesh()
-        .x_desc("simulated day (probes grouped by week)")
-        .y_desc("share of probes that found the fact")
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_desc(spec.x_desc)
+        .y_desc(spec.y_desc)
+        .x_label_formatter(fx)
+        .y_label_formatter(fy)
         .label_style(AXIS_LABELS)
         .axis_desc_style(AXIS_TITLE)
         .draw()
         .map_err(draw)?;
-    let n = report.policies.len();
-    for (i, p) in report.policies.iter().enumerate() {
-        let points: Vec<(f64, f64)> = p
-            .probe_hit_rate_at_k
-            .over_time
-            .iter()
-            .filter_map(|b| b.rate.rate.map(|r| (b.from_day as f64 + 3.5, r)))
-            .collect();
+    let n = series.len();
+    for (i, s) in series.into_iter().enumerate() {
         let style = line(i, n);
+        if spec.markers {
+            chart
+                .draw_series(
+                    s.points
+                        .iter()
+                        .map(|&c| Circle::new(c, 4, color(i).filled())),
+                )
+                .map_err(draw)?;
+        }
         chart
-            .draw_series(LineSeries::new(points.clone(), style))
+            .draw_series(LineSeries::new(s.points, style))
             .map_err(draw)?
-            .label(legend(p))
+            .label(s.label)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
-        chart
-            .draw_series(
-                points
-                    .into_iter()
-                    .map(|c| Circle::new(c, 4, color(i).filled())),
-            )
-            .map_err(draw)?;
     }
-    labels(&mut chart, SeriesLabelPosition::LowerLeft)
+    labels(&mut chart, spec.legend_at.clone())
 }
 
 fn legend(p: &PolicyReport) -> String {
@@ -172,14 +222,15 @@ fn store_size(report: &Report, root: &Area<'_>) -> anyhow::Result<()> {
         .iter()
         .flat_map(|p| p.store_over_time.iter().map(|s| s.day))
         .max()
-        .unwrap_or(1) as f64;
-    for (part, what, pick) in [
-        (&upper, "records in the store", 0usize),
-        (&lower, "archived records", 1usize),
-    ] {
-        let value = |s: &super::report::StorePoint| {
-            if pick == 0 { s.records } else { s.archived }
-        };
+        .unwrap_or(1)
+        .max(1) as f64;
+    let records = |s: &StorePoint| s.records;
+    let archived = |s: &StorePoint| s.archived;
+    let parts: [(&Area<'_>, &str, &dyn Fn(&StorePoint) -> u64); 2] = [
+        (&upper, "records in the store", &records),
+        (&lower, "archived records", &archived),
+    ];
+    for (part, what, value) in parts {
         let top = report
             .policies
             .iter()
@@ -188,37 +239,29 @@ fn store_size(report: &Report, root: &Area<'_>) -> anyhow::Result<()> {
             .unwrap_or(1)
             .max(1) as f64
             * 1.08;
-        let mut chart = ChartBuilder::on(part)
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(72)
-            .build_cartesian_2d(0f64..days.max(1.0), 0f64..top)
-            .map_err(draw)?;
-        chart
-            .configure_mesh()
-            .x_desc("simulated day")
-            .y_desc(what)
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| format!("{y:.0}"))
-            .label_style(AXIS_LABELS)
-            .axis_desc_style(AXIS_TITLE)
-            .draw()
-            .map_err(draw)?;
-        let n = report.policies.len();
-        for (i, p) in report.policies.iter().enumerate() {
-            let style = line(i, n);
-            chart
-                .draw_series(LineSeries::new(
-                    p.store_over_time
-                        .iter()
-                        .map(|s| (f64::from(s.day), value(s) as f64)),
-                    style,
-                ))
-                .map_err(draw)?
-                .label(legend(p))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
-        }
-        labels(&mut chart, SeriesLabelPosition::UpperLeft)?;
+        let series = report
+            .policies
+            .iter()
+            .map(|p| Series {
+                label: legend(p),
+                points: p
+                    .store_over_time
+                    .iter()
+                    .map(|s| (f64::from(s.day), value(s) as f64))
+                    .collect(),
+            })
+            .collect();
+        let spec = LineChart {
+            x: 0.0..days,
+            y: 0.0..top,
+            x_desc: "simulated day",
+            y_desc: what,
+            whole_x: true,
+            whole_y: true,
+            markers: false,
+            legend_at: SeriesLabelPosition::UpperLeft,
+        };
+        lines(part, &spec, series)?;
     }
     Ok(())
 }
@@ -358,41 +401,36 @@ fn latency(report: &Report, root: &Area<'_>) -> anyhow::Result<()> {
         .filter_map(|p| p.recall_ms.last().copied())
         .fold(1.0f64, f64::max)
         * 1.05;
-    let mut chart = ChartBuilder::on(&area)
-        .margin(16)
-        .x_label_area_size(48)
-        .y_label_area_size(64)
-        .build_cartesian_2d(0f64..top, 0f64..1.02f64)
-        .map_err(draw)?;
-    chart
-        .configure_mesh()
-        .x_desc("recall latency (ms, wall clock)")
-        .y_desc("share of probes answered within")
-        .label_style(AXIS_LABELS)
-        .axis_desc_style(AXIS_TITLE)
-        .draw()
-        .map_err(draw)?;
-    let count = report.policies.len();
-    for (i, p) in report.policies.iter().enumerate() {
-        let n = p.recall_ms.len().max(1) as f64;
-        let style = line(i, count);
-        let label = format!(
-            "{} (p50 {} ms, p99 {} ms)",
-            p.name,
-            p.recall_p50_ms.map_or("n/a".into(), |v| format!("{v:.2}")),
-            p.recall_p99_ms.map_or("n/a".into(), |v| format!("{v:.2}"))
-        );
-        chart
-            .draw_series(LineSeries::new(
-                p.recall_ms
+    let series = report
+        .policies
+        .iter()
+        .map(|p| {
+            let n = p.recall_ms.len().max(1) as f64;
+            Series {
+                label: format!(
+                    "{} (p50 {} ms, p99 {} ms)",
+                    p.name,
+                    p.recall_p50_ms.map_or("n/a".into(), |v| format!("{v:.2}")),
+                    p.recall_p99_ms.map_or("n/a".into(), |v| format!("{v:.2}"))
+                ),
+                points: p
+                    .recall_ms
                     .iter()
                     .enumerate()
-                    .map(|(j, &ms)| (ms, (j + 1) as f64 / n)),
-                style,
-            ))
-            .map_err(draw)?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
-    }
-    labels(&mut chart, SeriesLabelPosition::LowerRight)
+                    .map(|(j, &ms)| (ms, (j + 1) as f64 / n))
+                    .collect(),
+            }
+        })
+        .collect();
+    let spec = LineChart {
+        x: 0.0..top,
+        y: 0.0..1.02,
+        x_desc: "recall latency (ms, wall clock)",
+        y_desc: "share of probes answered within",
+        whole_x: false,
+        whole_y: false,
+        markers: false,
+        legend_at: SeriesLabelPosition::LowerRight,
+    };
+    lines(&area, &spec, series)
 }
