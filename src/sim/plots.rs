@@ -141,6 +141,12 @@ struct LineChart<'s> {
     legend_at: SeriesLabelPosition,
 }
 
+/// How an axis writes its tick labels.
+type Ticks = fn(&f64) -> String;
+
+/// Which figure of a day's sample a panel plots.
+type Pick = fn(&StorePoint) -> u64;
+
 /// One policy's line.
 struct Series {
     label: String,
@@ -155,18 +161,20 @@ fn lines(area: &Area<'_>, spec: &LineChart<'_>, series: Vec<Series>) -> anyhow::
         .y_label_area_size(72)
         .build_cartesian_2d(spec.x.clone(), spec.y.clone())
         .map_err(draw)?;
-    let whole = |v: &f64| format!("{v:.0}");
-    let decimal = |v: &f64| format!("{v:.1}");
-    let (fx, fy): (&dyn Fn(&f64) -> String, &dyn Fn(&f64) -> String) = (
-        if spec.whole_x { &whole } else { &decimal },
-        if spec.whole_y { &whole } else { &decimal },
-    );
+    let ticks = |whole: bool| -> Ticks {
+        if whole {
+            |v| format!("{v:.0}")
+        } else {
+            |v| format!("{v:.1}")
+        }
+    };
+    let (fx, fy) = (ticks(spec.whole_x), ticks(spec.whole_y));
     chart
         .configure_mesh()
         .x_desc(spec.x_desc)
         .y_desc(spec.y_desc)
-        .x_label_formatter(fx)
-        .y_label_formatter(fy)
+        .x_label_formatter(&fx)
+        .y_label_formatter(&fy)
         .label_style(AXIS_LABELS)
         .axis_desc_style(AXIS_TITLE)
         .draw()
@@ -224,11 +232,9 @@ fn store_size(report: &Report, root: &Area<'_>) -> anyhow::Result<()> {
         .max()
         .unwrap_or(1)
         .max(1) as f64;
-    let records = |s: &StorePoint| s.records;
-    let archived = |s: &StorePoint| s.archived;
-    let parts: [(&Area<'_>, &str, &dyn Fn(&StorePoint) -> u64); 2] = [
-        (&upper, "records in the store", &records),
-        (&lower, "archived records", &archived),
+    let parts: [(&Area<'_>, &str, Pick); 2] = [
+        (&upper, "records in the store", |s| s.records),
+        (&lower, "archived records", |s| s.archived),
     ];
     for (part, what, value) in parts {
         let top = report
