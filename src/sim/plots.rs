@@ -242,8 +242,9 @@ fn store_size(report: &Report, root: &Area<'_>) -> anyhow::Result<()> {
             .iter()
             .flat_map(|p| p.store_over_time.iter().map(value))
             .max()
-            .unwrap_or(1)
-            .max(1) as f64
+            .unwrap_or(0)
+            // Whole-number ticks need room for ten of them.
+            .max(10) as f64
             * 1.08;
         let series = report
             .policies
