@@ -430,11 +430,11 @@ fn condensed_kind(name: &'static str) -> Kind {
 
 /// Indexes into `window` of the events to quote, in time order: about √n of them
 /// (1..=[`MAX_PICKS`]), the best by `centrality + importance / 10` — except that events as
-/// important as the promotion threshold (`promotable`) are quoted first, most important
-/// first, and may raise the count up to [`MAX_PICKS`]. Centrality favours what a window
-/// keeps coming back to, so without that rule a lesson written once among routine events
-/// (the least central thing there) would never reach a condensed record, and so could
-/// never be promoted.
+/// important as the promotion threshold (`promotable`) come first, most important first.
+/// Centrality favours what a window keeps coming back to, so without that rule a lesson
+/// written once among routine events (the least central thing there) would never reach a
+/// condensed record, and so could never be promoted. The count stays √n either way: a
+/// window of important events is not quoted whole.
 fn pick_representatives(
     window: &[MemoryRecord],
     embeddings: &[Option<Vec<f32>>],
@@ -468,10 +468,7 @@ fn pick_representatives(
         c + window[i].importance / 10.0
     };
     let important = |i: usize| window[i].importance >= promotable;
-    let must = (0..n).filter(|&i| important(i)).count();
-    let want = ((n as f64).sqrt().round() as usize)
-        .max(must)
-        .clamp(1, MAX_PICKS);
+    let want = ((n as f64).sqrt().round() as usize).clamp(1, MAX_PICKS);
     let mut order: Vec<usize> = (0..n).collect();
     // Promotable events first (most important first), then the best by score; ties keep
     // the earlier event.
