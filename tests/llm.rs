@@ -248,6 +248,24 @@ async fn runtime(
     (Runtime::open(config).await.unwrap(), llm)
 }
 
+/// Records a test's judge spares nothing: every distinct record reaches the endpoint.
+fn spare_nothing() -> JudgeOptions {
+    JudgeOptions {
+        cache_entries: 0,
+        reuse_similarity: None,
+        ..JudgeOptions::default()
+    }
+}
+
+/// An endpoint in `mode` and a runtime on the system clock judging against it (the
+/// directory must outlive the runtime).
+async fn start(mode: Mode, setup: Setup) -> (Arc<Endpoint>, tempfile::TempDir, Runtime, Arc<Llm>) {
+    let (ep, url) = endpoint(mode).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, llm) = runtime(&dir, &url, setup, None).await;
+    (ep, dir, rt, llm)
+}
+
 /// Every record's history, joined, for assertions on what was audited.
 async fn audit(rt: &Runtime, id: MemoryId) -> String {
     let history = rt.memory("default", id).unwrap().history().await.unwrap();
@@ -271,19 +289,13 @@ async fn judge_all(rt: &Runtime) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_model_decides_when_it_answers_well_and_the_rules_when_it_does_not() {
-    let (ep, url) = endpoint(Mode::Good).await;
-    let dir = tempfile::tempdir().unwrap();
     let setup = Setup {
         timeout: "1s",
         // Every text is distinct, but spare nothing so every mode reaches the endpoint.
-        options: JudgeOptions {
-            cache_entries: 0,
-            reuse_similarity: None,
-            ..JudgeOptions::default()
-        },
+        options: spare_nothing(),
         ..Setup::default()
     };
-    let (rt, llm) = runtime(&dir, &url, setup, None).await;
+    let (ep, _dir, rt, llm) = start(Mode::Good, setup).await;
     // (mode, the model decides, what the audit log must say)
     let cases = [
         (Mode::Good, true, "scripted verdict"),
@@ -410,8 +422,6 @@ fn facts(n: usize, tag: &str) -> Vec<NewMemory> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batching_the_cache_and_semantic_reuse_cut_calls() {
-    let (ep, url) = endpoint(Mode::Good).await;
-    let dir = tempfile::tempdir().unwrap();
     let setup = Setup {
         batch: 10,
         options: JudgeOptions {
@@ -421,7 +431,7 @@ async fn batching_the_cache_and_semantic_reuse_cut_calls() {
         },
         ..Setup::default()
     };
-    let (rt, llm) = runtime(&dir, &url, setup, None).await;
+    let (ep, _dir, rt, llm) = start(Mode::Good, setup).await;
     let session = rt.session("default", "batching").unwrap();
     // 100 records written in one call are judged 10 to a request: 10 requests.
     let first = session.record_batch(facts(100, "fact")).await.unwrap();
@@ -476,11 +486,7 @@ async fn the_token_budget_switches_to_rules_and_back_the_next_hour() {
     let setup = Setup {
         batch: 5,
         tokens_per_hour: 300,
-        options: JudgeOptions {
-            cache_entries: 0,
-            reuse_similarity: None,
-            ..JudgeOptions::default()
-        },
+        options: spare_nothing(),
         ..Setup::default()
     };
     let (rt, llm) = runtime(&dir, &url, setup, Some(clock.clone())).await;
@@ -520,13 +526,11 @@ async fn the_token_budget_switches_to_rules_and_back_the_next_hour() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingest_keeps_acknowledging_while_the_provider_hangs() {
-    let (ep, url) = endpoint(Mode::Hang).await;
-    let dir = tempfile::tempdir().unwrap();
     let setup = Setup {
         timeout: "60s",
         ..Setup::default()
     };
-    let (rt, _llm) = runtime(&dir, &url, setup, None).await;
+    let (ep, _dir, rt, _llm) = start(Mode::Hang, setup).await;
     let session = rt.session("default", "hang").unwrap();
     session
         .record(NewMemory::new("note", "the first event"))
@@ -586,13 +590,11 @@ async fn ingest_keeps_acknowledging_while_the_provider_hangs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hybrid_asks_only_about_what_the_rules_left_at_the_default() {
-    let (ep, url) = endpoint(Mode::Good).await;
-    let dir = tempfile::tempdir().unwrap();
     let setup = Setup {
         policy: "[evaluation]\nmode = \"hybrid\"\n",
         ..Setup::default()
     };
-    let (rt, _llm) = runtime(&dir, &url, setup, None).await;
+    let (ep, _dir, rt, _llm) = start(Mode::Good, setup).await;
     let session = rt.session("default", "hybrid").unwrap();
     let ids = session
         .record_batch(vec![
@@ -626,19 +628,13 @@ async fn hybrid_asks_only_about_what_the_rules_left_at_the_default() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_model_is_asked_about_several_batches_at_once() {
-    let (ep, url) = endpoint(Mode::Slow(400)).await;
-    let dir = tempfile::tempdir().unwrap();
     let setup = Setup {
         batch: 5,
         concurrency: 4,
-        options: JudgeOptions {
-            cache_entries: 0,
-            reuse_similarity: None,
-            ..JudgeOptions::default()
-        },
+        options: spare_nothing(),
         ..Setup::default()
     };
-    let (rt, llm) = runtime(&dir, &url, setup, None).await;
+    let (ep, _dir, rt, llm) = start(Mode::Slow(400), setup).await;
     let session = rt.session("default", "wide").unwrap();
     session.record_batch(facts(20, "wide")).await.unwrap();
     judge_all(&rt).await;
@@ -656,17 +652,12 @@ async fn a_slow_model_is_asked_about_several_batches_at_once() {
 async fn shutdown_waits_for_one_round_of_a_slow_model_and_the_rest_is_judged_after_restart() {
     let (ep, url) = endpoint(Mode::Slow(1_000)).await;
     let dir = tempfile::tempdir().unwrap();
-    let spare_nothing = JudgeOptions {
-        cache_entries: 0,
-        reuse_similarity: None,
-        ..JudgeOptions::default()
-    };
     let setup = Setup {
         batch: 5,
         // Ticks every 500 ms against rounds of a second: ticks that pile up in the mailbox
         // meanwhile must not each become a round during shutdown.
         wait: Duration::from_secs(2),
-        options: spare_nothing,
+        options: spare_nothing(),
         ..Setup::default()
     };
     let (rt, _llm) = runtime(&dir, &url, setup, None).await;
@@ -694,7 +685,7 @@ async fn shutdown_waits_for_one_round_of_a_slow_model_and_the_rest_is_judged_aft
     ep.set(Mode::Good);
     let setup = Setup {
         batch: 50,
-        options: spare_nothing,
+        options: spare_nothing(),
         ..Setup::default()
     };
     let (rt, _llm) = runtime(&dir, &url, setup, None).await;
@@ -708,19 +699,13 @@ async fn shutdown_waits_for_one_round_of_a_slow_model_and_the_rest_is_judged_aft
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_trickling_in_wait_for_each_other_and_share_a_call() {
-    let (ep, url) = endpoint(Mode::Good).await;
-    let dir = tempfile::tempdir().unwrap();
     let setup = Setup {
         batch: 10,
         wait: Duration::from_millis(800),
-        options: JudgeOptions {
-            cache_entries: 0,
-            reuse_similarity: None,
-            ..JudgeOptions::default()
-        },
+        options: spare_nothing(),
         ..Setup::default()
     };
-    let (rt, _llm) = runtime(&dir, &url, setup, None).await;
+    let (ep, _dir, rt, _llm) = start(Mode::Good, setup).await;
     let session = rt.session("default", "trickle").unwrap();
     let mut ids = Vec::new();
     for m in facts(3, "trickle") {
