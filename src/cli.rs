@@ -1,11 +1,13 @@
 //! Command-line parsing and the commands themselves: `serve` here, the one-shot commands
 //! in the submodules — [`memory`] (record, recall, timeline, inspect), [`policy`] (policy
-//! check) and [`transfer`] (export, import, reindex). Commands go through the library and
+//! check), [`transfer`] (export, import, reindex), [`simulate`] (the policy lab) and
+//! [`eval`] (retrieval benchmarks). Commands go through the library and
 //! never touch store files themselves. One that opens a data directory first checks that no
 //! other process holds it, and refuses politely instead of failing on the store's lock; a
 //! command that only reads refuses a directory that does not exist rather than creating an
 //! empty one.
 
+mod eval;
 mod memory;
 mod policy;
 mod simulate;
@@ -119,6 +121,11 @@ enum Command {
     /// Run policies on one synthetic multi-agent workload on the virtual clock and compare
     /// them: `report.json` and `report.md` in --out (the same seed, the same workload).
     Simulate(simulate::SimulateArgs),
+    /// Retrieval benchmarks through the real recall path (no LLM): `eval locomo`.
+    Eval {
+        #[command(subcommand)]
+        command: eval::EvalCommand,
+    },
 }
 
 /// Reads and checks the config file (TOML), with `SHADOWBRAIN__SECTION__KEY` environment
@@ -271,6 +278,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Import(args) => transfer::import(args),
         Command::Reindex(args) => transfer::reindex(args),
         Command::Simulate(args) => simulate::simulate(args),
+        Command::Eval { command } => eval::run(command),
     }
 }
 

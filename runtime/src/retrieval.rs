@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::{self, Timestamp};
+use crate::keyword::QueryStats;
 use crate::model::{MemoryId, MemoryRecord, Tier};
 use crate::text;
 
@@ -138,6 +139,72 @@ pub fn fuse(c: &Candidates, method: FusionMethod, vector_weight: f32) -> HashMap
     }
 }
 
+/// BM25's term-frequency saturation and length normalisation, tantivy's values.
+const BM25_K1: f32 = 1.2;
+const BM25_B: f32 = 0.75;
+
+/// BM25 of a record read together with its neighbours: each query term's frequency is its
+/// count in `own` plus `weight` × its count in each of `neighbours` (all analysed terms),
+/// and the length is counted the same way, against a mean length grown by the same share
+/// (`2 × window` neighbours at `weight`). A conversation's answer often shares no word
+/// with the question while the turn before it does ("What did you paint?" — "A sunset");
+/// counting the neighbours at a discount finds it without letting it outrank a turn that
+/// matches on its own.
+pub fn context_bm25(
+    stats: &QueryStats,
+    own: &[String],
+    neighbours: &[&[String]],
+    weight: f32,
+    window: u32,
+) -> f32 {
+    let mean = stats.mean_len * (1.0 + weight * 2.0 * window as f32);
+    if mean <= 0.0 {
+        return 0.0;
+    }
+    let len = own.len() as f32 + weight * neighbours.iter().map(|n| n.len()).sum::<usize>() as f32;
+    let norm = BM25_K1 * (1.0 - BM25_B + BM25_B * len / mean);
+    let count = |terms: &[String], t: &str| terms.iter().filter(|x| *x == t).count() as f32;
+    stats
+        .terms
+        .iter()
+        .map(|(t, idf)| {
+            let tf = count(own, t) + weight * neighbours.iter().map(|n| count(n, t)).sum::<f32>();
+            if tf == 0.0 {
+                0.0
+            } else {
+                idf * tf * (BM25_K1 + 1.0) / (tf + norm)
+            }
+        })
+        .sum()
+}
+
+/// The speaker of a transcript line, `Name: text` — one to three capitalised words before
+/// a colon — as analysed terms; `None` for anything else (an error message's `Error: …`
+/// counts too, harmlessly: a query naming "error" prefers errors).
+pub fn speaker_terms(text: &str) -> Option<Vec<String>> {
+    let (head, rest) = text.split_once(':')?;
+    let head = head.trim();
+    if head.is_empty() || head.len() > 40 || rest.starts_with("//") {
+        return None;
+    }
+    let words: Vec<&str> = head.split_whitespace().collect();
+    let name_like = |w: &&str| {
+        w.chars().next().is_some_and(char::is_uppercase)
+            && w.chars()
+                .all(|c| c.is_alphanumeric() || matches!(c, '-' | '.' | '\''))
+    };
+    if words.len() > 3 || !words.iter().all(name_like) {
+        return None;
+    }
+    let terms = text::analyze(head);
+    (!terms.is_empty()).then_some(terms)
+}
+
+/// Whether the analysed `query` names every term of a speaker.
+pub fn names_speaker(query: &[String], speaker: &[String]) -> bool {
+    speaker.iter().all(|t| query.contains(t))
+}
+
 /// Cosine similarity of two vectors (0 when either is all zero).
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     let (mut dot, mut na, mut nb) = (0.0f32, 0.0f32, 0.0f32);
@@ -250,6 +317,57 @@ mod tests {
             importance: 3.0,
             ..MemoryRecord::episodic(MemoryId(id), "ns", "s", Kind::new(kind).unwrap(), text, t)
         }
+    }
+
+    fn terms(text: &str) -> Vec<String> {
+        text::analyze(text)
+    }
+
+    #[test]
+    fn a_neighbour_s_words_count_at_a_discount() {
+        let stats = QueryStats {
+            docs: 100,
+            mean_len: 4.0,
+            terms: vec![("paint".into(), 2.0), ("sunset".into(), 3.0)],
+        };
+        let question = terms("what did you paint");
+        let answer = terms("a sunset over the lake");
+        let other = terms("the lake was cold today");
+        let alone = context_bm25(&stats, &answer, &[], 0.4, 2);
+        let in_context = context_bm25(&stats, &answer, &[&question, &other], 0.4, 2);
+        assert!(alone > 0.0);
+        assert!(in_context > alone, "{in_context} > {alone}");
+        // A turn whose only match is a neighbour's word ranks below one that has it itself.
+        let via_neighbour = context_bm25(&stats, &other, &[&question], 0.4, 2);
+        let own_paint = context_bm25(&stats, &terms("I paint on weekends"), &[], 0.4, 2);
+        assert!(via_neighbour > 0.0 && via_neighbour < own_paint);
+        // Weight 0 is plain BM25 of the record's own words.
+        assert_eq!(context_bm25(&stats, &other, &[&question], 0.0, 2), 0.0);
+        let empty = QueryStats::default();
+        assert_eq!(context_bm25(&empty, &answer, &[], 0.4, 2), 0.0);
+    }
+
+    #[test]
+    fn speakers_are_capitalised_names_before_a_colon() {
+        assert_eq!(
+            speaker_terms("Caroline: I went to a group"),
+            Some(terms("Caroline"))
+        );
+        assert_eq!(speaker_terms("Mary Ann: hi"), Some(terms("Mary Ann")));
+        for not_a_speaker in [
+            "no colon here",
+            "caroline: lower case",
+            "see https://example.com",
+            "This is a long sentence: with a colon",
+            ": nothing before",
+            "Note (draft): punctuation",
+        ] {
+            assert_eq!(speaker_terms(not_a_speaker), None, "{not_a_speaker}");
+        }
+        let q = terms("What did Caroline's friends say?");
+        assert!(names_speaker(&q, &terms("Caroline")));
+        assert!(!names_speaker(&q, &terms("Melanie")));
+        assert!(!names_speaker(&q, &terms("Mary Caroline")));
     }
 
     #[test]

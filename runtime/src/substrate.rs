@@ -9,6 +9,7 @@
 //! substrate replays the log from the watermarks, or rebuilds an index from the store when
 //! it is missing or older than the kept log — so an index is never a second source of truth.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -1265,12 +1266,19 @@ impl Substrate {
             if let Some(q) = query_vec {
                 cands.add_vector(&self.inner.vectors.search(q, depth, Some(&allowed))?);
             }
-            cands.add_keyword(
-                &self
-                    .inner
-                    .keywords
-                    .search(&req.query, depth, Some(&allowed))?,
-            );
+            let hits = self
+                .inner
+                .keywords
+                .search(&req.query, depth, Some(&allowed))?;
+            let window = policy.scoring.context_window as usize;
+            let weight = policy.scoring.context_weight;
+            if window > 0 && weight > 0.0 && !hits.is_empty() {
+                cands.add_keyword(
+                    &self.keyword_in_context(&req.query, &hits, &allowed, window, weight, depth)?,
+                );
+            } else {
+                cands.add_keyword(&hits);
+            }
             if req.scope == Scope::Session {
                 let recent: Vec<MemoryId> = store
                     .session_ids(
@@ -1310,7 +1318,28 @@ impl Substrate {
             crate::policy::Fusion::Rrf => FusionMethod::Rrf,
             crate::policy::Fusion::Weighted => FusionMethod::Weighted,
         };
-        let relevance = retrieval::fuse(&cands, fusion, policy.scoring.vector_weight);
+        let mut relevance = retrieval::fuse(&cands, fusion, policy.scoring.vector_weight);
+        if policy.scoring.speaker_boost > 0.0 {
+            // When the query names a speaker, what that speaker said comes first: the others'
+            // relevance is divided by 1 + boost (dividing keeps relevance within 0..=1).
+            let query = crate::text::analyze(&req.query);
+            let named: std::collections::HashSet<MemoryId> = loaded
+                .iter()
+                .filter(|(r, _)| {
+                    retrieval::speaker_terms(&r.text)
+                        .is_some_and(|s| retrieval::names_speaker(&query, &s))
+                })
+                .map(|(r, _)| r.id)
+                .collect();
+            if !named.is_empty() {
+                let damp = 1.0 / (1.0 + policy.scoring.speaker_boost);
+                for (id, v) in relevance.iter_mut() {
+                    if !named.contains(id) {
+                        *v *= damp;
+                    }
+                }
+            }
+        }
         let now = self.inner.clock.now();
         let mut scored: Vec<(f32, Why, usize)> = loaded
             .iter()
@@ -1380,6 +1409,97 @@ impl Substrate {
             },
             reinforce,
         ))
+    }
+
+    /// Re-scores the keyword path's `hits` with each record's neighbours in its session
+    /// counted at `weight` ([`retrieval::context_bm25`]), and brings in the neighbours
+    /// themselves, scored the same way: the turn that answers a question is often the one
+    /// after the turn that matches it. Only `allowed` records are read or counted. Returns
+    /// the best `depth`, best first, as the keyword path's new ranking.
+    fn keyword_in_context(
+        &self,
+        query: &str,
+        hits: &[(u32, f32)],
+        allowed: &roaring::RoaringBitmap,
+        window: usize,
+        weight: f32,
+        depth: usize,
+    ) -> Result<Vec<(u32, f32)>> {
+        let store = &self.inner.store;
+        let stats = self.inner.keywords.query_stats(query)?;
+        // Per id: its analysed text, its (time, id) and session, read once.
+        let mut terms: HashMap<MemoryId, Vec<String>> = HashMap::new();
+        // Per id: the neighbours on each side, nearest first.
+        let mut around: HashMap<MemoryId, (Vec<MemoryId>, Vec<MemoryId>)> = HashMap::new();
+        let read = |id: MemoryId,
+                    terms: &mut HashMap<MemoryId, Vec<String>>,
+                    around: &mut HashMap<MemoryId, (Vec<MemoryId>, Vec<MemoryId>)>|
+         -> Result<bool> {
+            if around.contains_key(&id) {
+                return Ok(true);
+            }
+            let Some(r) = store.get_light(id)? else {
+                return Ok(false);
+            };
+            terms
+                .entry(id)
+                .or_insert_with(|| crate::text::analyze(&r.text));
+            let sides = store.session_neighbours(
+                &r.namespace,
+                &r.session_id,
+                (r.event_time, r.id),
+                window,
+                |n| allowed.contains(n.0),
+            )?;
+            around.insert(id, sides);
+            Ok(true)
+        };
+        // The pool: the hits and their neighbours, each of which needs its own neighbours.
+        let mut pool: Vec<MemoryId> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for &(id, _) in hits {
+            let id = MemoryId(id);
+            if !read(id, &mut terms, &mut around)? {
+                continue;
+            }
+            let (before, after) = around[&id].clone();
+            for m in std::iter::once(id).chain(before).chain(after) {
+                if seen.insert(m) && read(m, &mut terms, &mut around)? {
+                    pool.push(m);
+                }
+            }
+        }
+        for (before, after) in around.values() {
+            for n in before.iter().chain(after) {
+                if !terms.contains_key(n)
+                    && let Some(r) = store.get_light(*n)?
+                {
+                    terms.insert(*n, crate::text::analyze(&r.text));
+                }
+            }
+        }
+        let mut scored: Vec<(u32, f32)> = pool
+            .iter()
+            .filter_map(|id| {
+                let (before, after) = &around[id];
+                let neighbours: Vec<&[String]> = before
+                    .iter()
+                    .chain(after)
+                    .filter_map(|n| terms.get(n).map(Vec::as_slice))
+                    .collect();
+                let score = retrieval::context_bm25(
+                    &stats,
+                    terms.get(id).map_or(&[][..], Vec::as_slice),
+                    &neighbours,
+                    weight,
+                    window as u32,
+                );
+                (score > 0.0).then_some((id.0, score))
+            })
+            .collect();
+        scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        scored.truncate(depth);
+        Ok(scored)
     }
 
     fn window_ids(

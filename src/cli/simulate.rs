@@ -135,7 +135,7 @@ pub(super) fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
 }
 
 /// The scratch directory's parent: as asked, else tmpfs, else the temporary directory.
-fn scratch_root(asked: Option<&std::path::Path>) -> PathBuf {
+pub(super) fn scratch_root(asked: Option<&std::path::Path>) -> PathBuf {
     if let Some(dir) = asked {
         return dir.to_path_buf();
     }

@@ -17,6 +17,8 @@ use crate::substrate::{RecallRequest, Substrate};
 /// One conversation of the data set, as loaded.
 #[derive(Debug, Clone)]
 pub struct Conversation {
+    /// Position in the data file (0-based).
+    pub index: usize,
     /// `sample_id`, used as the session id.
     pub sample_id: String,
     /// Turns in order: (dia_id, text, event time).
@@ -38,9 +40,6 @@ pub struct Question {
     pub evidence: Vec<String>,
 }
 
-/// Per k: (recall@k, whether any evidence was in the top k).
-type AtK = BTreeMap<usize, (f64, bool)>;
-
 /// Recall figures for a group of questions.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Figures {
@@ -52,15 +51,166 @@ pub struct Figures {
     pub hit: BTreeMap<usize, f64>,
 }
 
-/// The result of a run.
+impl Figures {
+    /// As JSON: `{"n", "r5", "r10", …, "hit5", "hit10", …}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        m.insert("n".into(), self.questions.into());
+        for (k, r) in &self.recall {
+            m.insert(format!("r{k}"), round(*r).into());
+        }
+        for (k, h) in &self.hit {
+            m.insert(format!("hit{k}"), round(*h).into());
+        }
+        serde_json::Value::Object(m)
+    }
+}
+
+/// Four decimals: enough to compare runs, short enough to read.
+fn round(x: f64) -> f64 {
+    (x * 10_000.0).round() / 10_000.0
+}
+
+/// What recall returned for one question.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Answer {
+    /// The conversation's `sample_id`.
+    pub sample_id: String,
+    /// The conversation's position in the data file (0-based), for the 0–4 / 5–9 split.
+    pub conversation: usize,
+    /// Index in the sample's `qa` list.
+    pub qa_index: usize,
+    /// 1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, 5 adversarial.
+    pub category: u8,
+    /// The evidence dia_ids asked for.
+    pub evidence: Vec<String>,
+    /// The dia_ids recall returned, best first.
+    pub ranked_dia_ids: Vec<String>,
+}
+
+impl Answer {
+    /// recall@k: the share of the evidence in the top k.
+    pub fn recall_at(&self, k: usize) -> f64 {
+        self.found_at(k) as f64 / self.evidence.len().max(1) as f64
+    }
+
+    /// Evidence turns in the top k.
+    pub fn found_at(&self, k: usize) -> usize {
+        let top = &self.ranked_dia_ids[..self.ranked_dia_ids.len().min(k)];
+        self.evidence.iter().filter(|e| top.contains(e)).count()
+    }
+}
+
+/// The result of a run: every answer, and the figures computed from them.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
-    /// Categories 1–4 together.
-    pub cats_1_4: Figures,
-    /// Per category (1..=5; 5 only when it has evidence).
-    pub per_category: BTreeMap<u8, Figures>,
-    /// Top-ranked dia_ids per question: (sample_id, qa_index, category, ranked).
-    pub ranked: Vec<(String, usize, u8, Vec<String>)>,
+    /// The k values figures are computed at.
+    pub ks: Vec<usize>,
+    /// One per question asked, in data order.
+    pub answers: Vec<Answer>,
+}
+
+impl Report {
+    /// Figures over the answers `keep` selects.
+    pub fn figures(&self, keep: impl Fn(&Answer) -> bool) -> Figures {
+        let chosen: Vec<&Answer> = self.answers.iter().filter(|a| keep(a)).collect();
+        let mut f = Figures {
+            questions: chosen.len(),
+            ..Figures::default()
+        };
+        if chosen.is_empty() {
+            return f;
+        }
+        let n = chosen.len() as f64;
+        for &k in &self.ks {
+            f.recall
+                .insert(k, chosen.iter().map(|a| a.recall_at(k)).sum::<f64>() / n);
+            f.hit.insert(
+                k,
+                chosen.iter().filter(|a| a.found_at(k) > 0).count() as f64 / n,
+            );
+        }
+        f
+    }
+
+    /// Categories 1–4 together: the benchmark's headline figure.
+    pub fn cats_1_4(&self) -> Figures {
+        self.figures(|a| (1..=4).contains(&a.category))
+    }
+
+    /// Per category (1..=5; a category appears only when it has questions with evidence).
+    pub fn per_category(&self) -> BTreeMap<u8, Figures> {
+        (1..=5u8)
+            .map(|c| (c, self.figures(|a| a.category == c)))
+            .filter(|(_, f)| f.questions > 0)
+            .collect()
+    }
+
+    /// Categories 1–4 of conversations `from..=to` (positions in the data file): the tuning
+    /// split (0–4) and the held-out one (5–9).
+    pub fn split(&self, from: usize, to: usize) -> Figures {
+        self.figures(|a| (1..=4).contains(&a.category) && (from..=to).contains(&a.conversation))
+    }
+
+    /// `summary.json`: `cats_1_4`, `all` (every category with evidence), `per_category`,
+    /// `split_0_4` and `split_5_9`.
+    pub fn summary(&self) -> serde_json::Value {
+        let per_category: serde_json::Map<String, serde_json::Value> = self
+            .per_category()
+            .iter()
+            .map(|(c, f)| (c.to_string(), f.to_json()))
+            .collect();
+        serde_json::json!({
+            "cats_1_4": self.cats_1_4().to_json(),
+            "all": self.figures(|_| true).to_json(),
+            "per_category": per_category,
+            "split_0_4": self.split(0, 4).to_json(),
+            "split_5_9": self.split(5, 9).to_json(),
+        })
+    }
+
+    /// A plain-text table: one row per category, then categories 1–4, all, and the splits.
+    pub fn table(&self) -> String {
+        let mut out = format!("{:<14} {:>5}", "questions", "n");
+        for k in &self.ks {
+            out.push_str(&format!(" {:>7}", format!("R@{k}")));
+        }
+        for k in &self.ks {
+            out.push_str(&format!(" {:>7}", format!("hit@{k}")));
+        }
+        out.push('\n');
+        let mut row = |name: &str, f: &Figures| {
+            out.push_str(&format!("{name:<14} {:>5}", f.questions));
+            for v in f.recall.values().chain(f.hit.values()) {
+                out.push_str(&format!(" {v:>7.3}"));
+            }
+            out.push('\n');
+        };
+        for (c, f) in self.per_category() {
+            row(&format!("{c} {}", category_name(c)), &f);
+        }
+        row("cats 1-4", &self.cats_1_4());
+        row("all", &self.figures(|_| true));
+        for (name, from, to) in [("conv 0-4", 0, 4), ("conv 5-9", 5, 9)] {
+            let f = self.split(from, to);
+            if f.questions > 0 {
+                row(name, &f);
+            }
+        }
+        out
+    }
+}
+
+/// LoCoMo's name for a category.
+pub fn category_name(c: u8) -> &'static str {
+    match c {
+        1 => "multi-hop",
+        2 => "temporal",
+        3 => "open-domain",
+        4 => "single-hop",
+        5 => "adversarial",
+        _ => "other",
+    }
 }
 
 /// Parses LoCoMo's session dates, e.g. `1:56 pm on 8 May, 2023`.
@@ -99,7 +249,7 @@ pub fn load(path: &Path) -> Result<Vec<Conversation>> {
     let samples: Vec<serde_json::Value> = serde_json::from_slice(&bytes)
         .map_err(|e| Error::invalid("locomo data", format!("{}: {e}", path.display())))?;
     let mut out = Vec::new();
-    for s in samples {
+    for (index, s) in samples.into_iter().enumerate() {
         let sample_id = s["sample_id"].as_str().unwrap_or("sample").to_string();
         let conv = &s["conversation"];
         let mut sessions: Vec<(u32, Timestamp, &Vec<serde_json::Value>)> = Vec::new();
@@ -156,6 +306,7 @@ pub fn load(path: &Path) -> Result<Vec<Conversation>> {
             });
         }
         out.push(Conversation {
+            index,
             sample_id,
             turns,
             questions,
@@ -164,19 +315,30 @@ pub fn load(path: &Path) -> Result<Vec<Conversation>> {
     Ok(out)
 }
 
-/// Ingests `conversations` into `sub` (one session each) and asks every question through
-/// recall with the largest k in `ks`. `progress` is called after each conversation.
+/// How many top-ranked dia_ids each answer keeps (`ranked.jsonl`'s `ranked_dia_ids`).
+pub const RANKED_KEPT: usize = 20;
+
+/// Progress steps of [`run`]: one per turn ingested and one per question asked.
+pub fn steps(conversations: &[Conversation]) -> u64 {
+    conversations
+        .iter()
+        .map(|c| (c.turns.len() + c.questions.len()) as u64)
+        .sum()
+}
+
+/// Ingests `conversations` into `sub` (one session each, in namespace `default`) and asks
+/// every question through recall, keeping the top `max(ks, 20)`. `progress` is called
+/// with the steps done so far (see [`steps`]).
 pub async fn run(
     sub: &Substrate,
     conversations: &[Conversation],
     ks: &[usize],
-    mut progress: impl FnMut(usize, usize),
+    mut progress: impl FnMut(u64),
 ) -> Result<Report> {
-    let kmax = ks.iter().copied().max().unwrap_or(10).max(1);
-    // Per question: its category and, per k, (recall, hit).
-    let mut per_q: Vec<(u8, AtK)> = Vec::new();
-    let mut ranked_out = Vec::new();
-    for (ci, conv) in conversations.iter().enumerate() {
+    let depth = ks.iter().copied().max().unwrap_or(10).max(RANKED_KEPT);
+    let mut answers = Vec::new();
+    let mut done = 0u64;
+    for conv in conversations {
         let mut dia_of: HashMap<MemoryId, String> = HashMap::new();
         for chunk in conv.turns.chunks(500) {
             let events: Vec<NewMemory> = chunk
@@ -193,10 +355,12 @@ pub async fn run(
             for (id, (dia, _, _)) in ids.into_iter().zip(chunk) {
                 dia_of.insert(id, dia.clone());
             }
+            done += chunk.len() as u64;
+            progress(done);
         }
         for q in &conv.questions {
             let mut req = RecallRequest::new("default", &conv.sample_id, &q.question);
-            req.k = kmax;
+            req.k = depth;
             req.scope = Scope::Session;
             req.include_knowledge = false;
             req.reinforce = false;
@@ -206,49 +370,21 @@ pub async fn run(
                 .iter()
                 .filter_map(|m| dia_of.get(&m.record.id).cloned())
                 .collect();
-            let mut at = BTreeMap::new();
-            for &k in ks {
-                let top = &ranked[..ranked.len().min(k)];
-                let found = q.evidence.iter().filter(|e| top.contains(e)).count();
-                at.insert(k, (found as f64 / q.evidence.len() as f64, found > 0));
-            }
-            per_q.push((q.category, at));
-            ranked_out.push((conv.sample_id.clone(), q.qa_index, q.category, ranked));
-        }
-        progress(ci + 1, conversations.len());
-    }
-    let figures = |filter: &dyn Fn(u8) -> bool| {
-        let chosen: Vec<&AtK> = per_q
-            .iter()
-            .filter(|(c, _)| filter(*c))
-            .map(|(_, a)| a)
-            .collect();
-        let mut f = Figures {
-            questions: chosen.len(),
-            ..Figures::default()
-        };
-        if chosen.is_empty() {
-            return f;
-        }
-        for &k in ks {
-            let r: f64 = chosen.iter().map(|a| a[&k].0).sum::<f64>() / chosen.len() as f64;
-            let h = chosen.iter().filter(|a| a[&k].1).count() as f64 / chosen.len() as f64;
-            f.recall.insert(k, r);
-            f.hit.insert(k, h);
-        }
-        f
-    };
-    let mut per_category = BTreeMap::new();
-    for c in 1..=5u8 {
-        let f = figures(&|x| x == c);
-        if f.questions > 0 {
-            per_category.insert(c, f);
+            answers.push(Answer {
+                sample_id: conv.sample_id.clone(),
+                conversation: conv.index,
+                qa_index: q.qa_index,
+                category: q.category,
+                evidence: q.evidence.clone(),
+                ranked_dia_ids: ranked,
+            });
+            done += 1;
+            progress(done);
         }
     }
     Ok(Report {
-        cats_1_4: figures(&|c| (1..=4).contains(&c)),
-        per_category,
-        ranked: ranked_out,
+        ks: ks.to_vec(),
+        answers,
     })
 }
 

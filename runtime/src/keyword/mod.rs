@@ -442,6 +442,35 @@ impl KeywordIndex {
         Ok(top.into_sorted())
     }
 
+    /// What scoring a text outside the index needs, for `query`: the document count, the
+    /// mean document length in terms, and each distinct query term with its BM25 idf, all
+    /// from the same statistics [`search`](Self::search) scores with. Recall uses it to
+    /// score a record together with its neighbours' words.
+    pub fn query_stats(&self, query: &str) -> Result<QueryStats> {
+        let mut words = analyze(query);
+        words.retain(|w| w.len() <= MAX_TOKEN_LEN);
+        words.sort_unstable();
+        words.dedup();
+        let tail = self.read_tail();
+        let searcher = self.reader.searcher();
+        let stats = Stats::new(&searcher, &tail, self.text_field)?;
+        let docs = stats.docs;
+        let mut terms = Vec::with_capacity(words.len());
+        for w in words {
+            let n = stats.doc_freq(&Term::from_field_text(self.text_field, &w))?;
+            terms.push((w, bm25_idf(n, docs)));
+        }
+        Ok(QueryStats {
+            docs,
+            mean_len: if docs == 0 {
+                0.0
+            } else {
+                stats.tokens as f32 / docs as f32
+            },
+            terms,
+        })
+    }
+
     /// Number of searchable documents: committed ones not shadowed by the tail, plus staged
     /// upserts.
     pub fn len(&self) -> Result<u64> {
@@ -497,6 +526,23 @@ impl KeywordIndex {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+/// Corpus statistics of one query (see [`KeywordIndex::query_stats`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueryStats {
+    /// Searchable documents.
+    pub docs: u64,
+    /// Mean document length, in analysed terms.
+    pub mean_len: f32,
+    /// Each distinct analysed query term and its idf.
+    pub terms: Vec<(String, f32)>,
+}
+
+/// BM25's idf, as tantivy computes it: `ln(1 + (N − n + 0.5) / (n + 0.5))`.
+pub fn bm25_idf(doc_freq: u64, docs: u64) -> f32 {
+    let n = doc_freq.min(docs) as f32;
+    (1.0 + (docs as f32 - n + 0.5) / (n + 0.5)).ln()
 }
 
 /// BM25 statistics of the committed index plus the staged tail, so both are scored alike.

@@ -11,7 +11,9 @@
 //! | key | range |
 //! | --- | --- |
 //! | `scoring.relevance / recency / importance / utility / strength` | finite, `0..=10`, not all 0 |
-//! | `scoring.mmr_lambda`, `scoring.reinforce_on_recall`, `scoring.vector_weight` | `0..=1` |
+//! | `scoring.mmr_lambda`, `scoring.reinforce_on_recall`, `scoring.vector_weight`, `scoring.context_weight` | `0..=1` |
+//! | `scoring.context_window` | `0..=8` |
+//! | `scoring.speaker_boost` | `0..=10` |
 //! | `evaluation.default_importance`, `evaluation.rules[i].importance` | `0..=10` |
 //! | `condensation.every_events` | `1..=100000` |
 //! | `condensation.min_events` | `1..=every_events` |
@@ -105,6 +107,14 @@ pub struct Scoring {
     pub mmr_lambda: f32,
     /// Strength added to each record a recall returns.
     pub reinforce_on_recall: f32,
+    /// Neighbouring records of the same session, on each side, whose words count toward a
+    /// record's keyword match (0 = the record's own words only).
+    pub context_window: u32,
+    /// How much a neighbour's word counts, against 1 for the record's own.
+    pub context_weight: f32,
+    /// Relevance × `1 + speaker_boost` for records whose speaker (`Name: …`) the query
+    /// names, when it names one.
+    pub speaker_boost: f32,
 }
 
 /// One importance rule: applies when the kind is listed (or no kinds are given) and the
@@ -196,6 +206,12 @@ pub(crate) mod defaults {
     /// alone 0.616). Semantic embedders deserve more (0.5–0.7).
     pub const VECTOR_WEIGHT: f64 = 0.3;
     pub const REINFORCE_ON_RECALL: f64 = 0.05;
+    /// A turn's answer often sits next to the words that ask for it (LoCoMo R@10 on
+    /// conversations 0–4 with the prototype: 0.621 alone, 0.704 with ±1, 0.735 with ±2
+    /// at weight 0.4; ±3 adds nothing).
+    pub const CONTEXT_WINDOW: u32 = 2;
+    pub const CONTEXT_WEIGHT: f64 = 0.4;
+    pub const SPEAKER_BOOST: f64 = 1.0;
     pub const DEFAULT_IMPORTANCE: f64 = 3.0;
     pub const EVERY_EVENTS: u32 = 50;
     pub const MAX_AGE: &str = "1h";
@@ -409,6 +425,8 @@ pub fn format_duration(d: Option<Duration>) -> String {
 }
 
 const WEIGHT_MAX: f64 = 10.0;
+/// More neighbours than this is no longer a record's context but its session.
+const MAX_CONTEXT_WINDOW: u32 = 8;
 
 impl Policy {
     /// Validates a raw policy and fills in DESIGN's defaults. Every problem is reported,
@@ -506,6 +524,27 @@ impl Policy {
                 defaults::REINFORCE_ON_RECALL,
                 0.0,
                 1.0,
+            ),
+            context_window: c.count(
+                "scoring.context_window",
+                s.context_window,
+                defaults::CONTEXT_WINDOW,
+                0,
+                MAX_CONTEXT_WINDOW,
+            ),
+            context_weight: c.ranged(
+                "scoring.context_weight",
+                s.context_weight,
+                defaults::CONTEXT_WEIGHT,
+                0.0,
+                1.0,
+            ),
+            speaker_boost: c.ranged(
+                "scoring.speaker_boost",
+                s.speaker_boost,
+                defaults::SPEAKER_BOOST,
+                0.0,
+                WEIGHT_MAX,
             ),
         };
         let all_weights = [

@@ -212,6 +212,9 @@ impl Policy {
                 "vector_weight": s.vector_weight,
                 "mmr_lambda": s.mmr_lambda,
                 "reinforce_on_recall": s.reinforce_on_recall,
+                "context_window": s.context_window,
+                "context_weight": s.context_weight,
+                "speaker_boost": s.speaker_boost,
             },
             "evaluation": {
                 "mode": match e.mode {

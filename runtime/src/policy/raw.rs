@@ -91,6 +91,16 @@ pub struct RawScoring {
     /// Strength added to each returned record.
     #[serde(default, deserialize_with = "number")]
     pub reinforce_on_recall: Option<f64>,
+    /// Extension: neighbouring records of the same session, on each side, whose words count
+    /// toward a record's keyword match.
+    #[serde(default)]
+    pub context_window: Option<u32>,
+    /// Extension: how much a neighbour's word counts, against 1 for the record's own.
+    #[serde(default, deserialize_with = "number")]
+    pub context_weight: Option<f64>,
+    /// Extension: relevance bonus for records whose speaker (`Name: …`) the query names.
+    #[serde(default, deserialize_with = "number")]
+    pub speaker_boost: Option<f64>,
 }
 
 /// `[evaluation]` as written.

@@ -490,6 +490,61 @@ impl Store {
         self.listing(&keys::session_prefix(namespace, session), before, limit)
     }
 
+    /// The ids next to `at` (a record's event time and id) in its session's listing, in
+    /// time order: up to `n` before it (nearest first) and up to `n` after it (nearest
+    /// first). Only ids `keep` accepts count; at most `4n` entries are looked at on each
+    /// side, so a session crowded with unwanted records costs a bounded scan.
+    pub fn session_neighbours(
+        &self,
+        namespace: &str,
+        session: &str,
+        at: (Timestamp, MemoryId),
+        n: usize,
+        keep: impl Fn(MemoryId) -> bool,
+    ) -> Result<(Vec<MemoryId>, Vec<MemoryId>)> {
+        use std::ops::Bound;
+        let prefix = keys::session_prefix(namespace, session);
+        let here = keys::session_entry(namespace, session, at.0, at.1);
+        let mut end_buf = Vec::new();
+        let whole = Range::prefix(&prefix, &mut end_buf);
+        let side = |range: Range<'_>, reverse: bool| -> Result<Vec<MemoryId>> {
+            let mut ids = Vec::with_capacity(n);
+            let mut looked = 0;
+            if n == 0 {
+                return Ok(ids);
+            }
+            self.inner.kv.scan(range, reverse, &mut |k, _| {
+                looked += 1;
+                if let Some((_, id)) = keys::listing_time_id(k)
+                    && keep(id)
+                {
+                    ids.push(id);
+                }
+                Ok(if ids.len() >= n || looked >= 4 * n {
+                    Visit::Stop
+                } else {
+                    Visit::Continue
+                })
+            })?;
+            Ok(ids)
+        };
+        let before = side(
+            Range {
+                start: whole.start,
+                end: Bound::Excluded(&here),
+            },
+            true,
+        )?;
+        let after = side(
+            Range {
+                start: Bound::Excluded(&here),
+                end: whole.end,
+            },
+            false,
+        )?;
+        Ok((before, after))
+    }
+
     /// A namespace's record ids, newest event first.
     pub fn namespace_ids(
         &self,
