@@ -205,6 +205,129 @@ pub fn names_speaker(query: &[String], speaker: &[String]) -> bool {
     speaker.iter().all(|t| query.contains(t))
 }
 
+/// A time a query names: "on October 13, 2023", "in July 2023", "in June", "in 2022".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeCue {
+    /// Event times in `[from, to)`.
+    Span(Timestamp, Timestamp),
+    /// A month (1–12) of any year.
+    Month(u32),
+}
+
+impl TimeCue {
+    /// Whether an event at `t` fits the cue. People mention an event in the days after it
+    /// (the question says the day it happened, the memory is the talk about it), so a day
+    /// reaches three days on and a month the first week of the next.
+    pub fn fits(&self, t: Timestamp) -> bool {
+        match *self {
+            TimeCue::Span(from, to) => (from..to).contains(&t),
+            TimeCue::Month(m) => {
+                let Some(d) = chrono::DateTime::from_timestamp_millis(t) else {
+                    return false;
+                };
+                use chrono::Datelike;
+                d.month() == m || (d.month() == m % 12 + 1 && d.day() <= 7)
+            }
+        }
+    }
+}
+
+const MONTHS: [&str; 12] = [
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+];
+
+/// The explicit times a query names, most specific kind only: full dates (`October 13,
+/// 2023`, `13 October 2023`, `2023-10-13`), else months with or without a year (`July
+/// 2023`, `in June`; a bare "may" is the verb unless "in" or "of" comes before it), else
+/// years (`in 2022`). Relative phrases ("last year") are left alone: they are relative to
+/// when the question was asked, which recall does not know.
+pub fn time_cues(query: &str) -> Vec<TimeCue> {
+    use std::sync::LazyLock;
+    static DAY_MONTH_YEAR: LazyLock<regex::Regex> = LazyLock::new(|| {
+        regex::Regex::new(&format!(
+            r"(?i)\b(\d{{1,2}})(?:st|nd|rd|th)?\s+({m}),?\s+(\d{{4}})\b|\b({m})\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b|\b(\d{{4}})-(\d{{2}})-(\d{{2}})\b",
+            m = MONTHS.join("|")
+        ))
+        .expect("a valid date pattern")
+    });
+    static MONTH_YEAR: LazyLock<regex::Regex> = LazyLock::new(|| {
+        regex::Regex::new(&format!(
+            r"(?i)(\b(?:in|of)\s+)?\b({m})\b(?:,?\s+(\d{{4}})\b)?",
+            m = MONTHS.join("|")
+        ))
+        .expect("a valid month pattern")
+    });
+    static YEAR: LazyLock<regex::Regex> =
+        LazyLock::new(|| regex::Regex::new(r"\b(19\d\d|20\d\d)\b").expect("a valid year pattern"));
+    let month_of = |name: &str| {
+        MONTHS
+            .iter()
+            .position(|m| m.eq_ignore_ascii_case(name))
+            .map(|i| i as u32 + 1)
+    };
+    let start_of = |y: i32, m: u32, d: u32| {
+        chrono::NaiveDate::from_ymd_opt(y, m, d)
+            .and_then(|d| d.and_hms_opt(0, 0, 0))
+            .map(|t| t.and_utc().timestamp_millis())
+    };
+    let mut days = Vec::new();
+    for c in DAY_MONTH_YEAR.captures_iter(query) {
+        let num = |i: usize| c.get(i).and_then(|m| m.as_str().parse::<u32>().ok());
+        let (y, m, d) = if let (Some(d), Some(m), Some(y)) = (num(1), c.get(2), num(3)) {
+            (y, month_of(m.as_str()), d)
+        } else if let (Some(m), Some(d), Some(y)) = (c.get(4), num(5), num(6)) {
+            (y, month_of(m.as_str()), d)
+        } else if let (Some(y), Some(m), Some(d)) = (num(7), num(8), num(9)) {
+            (y, Some(m), d)
+        } else {
+            continue;
+        };
+        if let Some(from) = m.and_then(|m| start_of(y as i32, m, d)) {
+            days.push(TimeCue::Span(
+                from - clock::DAY_MS,
+                from + 4 * clock::DAY_MS,
+            ));
+        }
+    }
+    if !days.is_empty() {
+        return days;
+    }
+    let mut months = Vec::new();
+    for c in MONTH_YEAR.captures_iter(query) {
+        let Some(m) = c.get(2).and_then(|m| month_of(m.as_str())) else {
+            continue;
+        };
+        match c.get(3).and_then(|y| y.as_str().parse::<i32>().ok()) {
+            Some(y) => {
+                let next = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+                if let (Some(from), Some(to)) = (start_of(y, m, 1), start_of(next.0, next.1, 1)) {
+                    months.push(TimeCue::Span(from, to + 7 * clock::DAY_MS));
+                }
+            }
+            None if m != 5 || c.get(1).is_some() => months.push(TimeCue::Month(m)),
+            None => {}
+        }
+    }
+    if !months.is_empty() {
+        return months;
+    }
+    YEAR.captures_iter(query)
+        .filter_map(|c| c[1].parse::<i32>().ok())
+        .filter_map(|y| Some(TimeCue::Span(start_of(y, 1, 1)?, start_of(y + 1, 1, 1)?)))
+        .collect()
+}
+
 /// Cosine similarity of two vectors (0 when either is all zero).
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     let (mut dot, mut na, mut nb) = (0.0f32, 0.0f32, 0.0f32);
@@ -345,6 +468,47 @@ mod tests {
         assert_eq!(context_bm25(&stats, &other, &[&question], 0.0, 2), 0.0);
         let empty = QueryStats::default();
         assert_eq!(context_bm25(&empty, &answer, &[], 0.4, 2), 0.0);
+    }
+
+    #[test]
+    fn explicit_times_in_questions_become_cues() {
+        let at = |s: &str| clock::parse_rfc3339("t", s).unwrap();
+        let day = |c: &[TimeCue], s: &str| c.iter().any(|c| c.fits(at(s)));
+        for q in [
+            "What painting did Melanie show on October 13, 2023?",
+            "What happened on 13 October 2023?",
+            "what happened on the 13th October, 2023",
+            "and on 2023-10-13?",
+        ] {
+            let c = time_cues(q);
+            assert_eq!(c.len(), 1, "{q}: {c:?}");
+            assert!(day(&c, "2023-10-13T18:00:00Z"), "{q}");
+            assert!(
+                day(&c, "2023-10-16T10:00:00Z"),
+                "{q}: told a few days later"
+            );
+            assert!(!day(&c, "2023-10-20T10:00:00Z"), "{q}");
+            assert!(!day(&c, "2022-10-13T10:00:00Z"), "{q}");
+        }
+        let july = time_cues("What did they paint in July 2023?");
+        assert!(day(&july, "2023-07-30T10:00:00Z") && day(&july, "2023-08-03T10:00:00Z"));
+        assert!(!day(&july, "2024-07-10T10:00:00Z") && !day(&july, "2023-06-30T10:00:00Z"));
+        let june = time_cues("When did Melanie go camping in June?");
+        assert_eq!(june, vec![TimeCue::Month(6)]);
+        assert!(day(&june, "2021-06-10T10:00:00Z") && !day(&june, "2021-07-20T10:00:00Z"));
+        assert_eq!(
+            time_cues("What did they do in May?"),
+            vec![TimeCue::Month(5)]
+        );
+        assert!(time_cues("May I ask what she painted?").is_empty());
+        let y = time_cues("How many times has she gone to the beach in 2023?");
+        assert!(day(&y, "2023-12-31T23:00:00Z") && !day(&y, "2024-01-01T01:00:00Z"));
+        for none in ["What did Caroline research?", "call 555-1234 at 10:30"] {
+            assert!(time_cues(none).is_empty(), "{none}");
+        }
+        // No such day: the month still counts.
+        let feb = time_cues("on 31 February 2023");
+        assert!(day(&feb, "2023-02-10T10:00:00Z") && !day(&feb, "2023-03-10T10:00:00Z"));
     }
 
     #[test]

@@ -1319,25 +1319,36 @@ impl Substrate {
             crate::policy::Fusion::Weighted => FusionMethod::Weighted,
         };
         let mut relevance = retrieval::fuse(&cands, fusion, policy.scoring.vector_weight);
-        if policy.scoring.speaker_boost > 0.0 {
-            // When the query names a speaker, what that speaker said comes first: the others'
-            // relevance is divided by 1 + boost (dividing keeps relevance within 0..=1).
-            let query = crate::text::analyze(&req.query);
-            let named: std::collections::HashSet<MemoryId> = loaded
+        // When the query names a speaker or a time, what that speaker said and what happened
+        // then come first: the others' relevance is divided by 1 + boost (dividing keeps
+        // relevance within 0..=1). A query naming nothing any candidate fits changes nothing.
+        let mut prefer = |boost: f32, fits: &dyn Fn(&MemoryRecord) -> bool| {
+            let fitting: std::collections::HashSet<MemoryId> = loaded
                 .iter()
-                .filter(|(r, _)| {
-                    retrieval::speaker_terms(&r.text)
-                        .is_some_and(|s| retrieval::names_speaker(&query, &s))
-                })
+                .filter(|(r, _)| fits(r))
                 .map(|(r, _)| r.id)
                 .collect();
-            if !named.is_empty() {
-                let damp = 1.0 / (1.0 + policy.scoring.speaker_boost);
+            if boost > 0.0 && !fitting.is_empty() {
                 for (id, v) in relevance.iter_mut() {
-                    if !named.contains(id) {
-                        *v *= damp;
+                    if !fitting.contains(id) {
+                        *v /= 1.0 + boost;
                     }
                 }
+            }
+        };
+        if policy.scoring.speaker_boost > 0.0 {
+            let query = crate::text::analyze(&req.query);
+            prefer(policy.scoring.speaker_boost, &|r| {
+                retrieval::speaker_terms(&r.text)
+                    .is_some_and(|s| retrieval::names_speaker(&query, &s))
+            });
+        }
+        if policy.scoring.time_boost > 0.0 {
+            let cues = retrieval::time_cues(&req.query);
+            if !cues.is_empty() {
+                prefer(policy.scoring.time_boost, &|r| {
+                    cues.iter().any(|c| c.fits(r.event_time))
+                });
             }
         }
         let now = self.inner.clock.now();

@@ -215,6 +215,7 @@ impl Policy {
                 "context_window": s.context_window,
                 "context_weight": s.context_weight,
                 "speaker_boost": s.speaker_boost,
+                "time_boost": s.time_boost,
             },
             "evaluation": {
                 "mode": match e.mode {

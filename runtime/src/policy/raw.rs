@@ -101,6 +101,9 @@ pub struct RawScoring {
     /// Extension: relevance bonus for records whose speaker (`Name: …`) the query names.
     #[serde(default, deserialize_with = "number")]
     pub speaker_boost: Option<f64>,
+    /// Extension: relevance bonus for records from a time the query names.
+    #[serde(default, deserialize_with = "number")]
+    pub time_boost: Option<f64>,
 }
 
 /// `[evaluation]` as written.

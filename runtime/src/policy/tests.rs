@@ -138,7 +138,7 @@ fn an_empty_file_is_designs_default() {
     );
     assert_eq!(s.strength, 0.0);
     assert_eq!(s.recency_half_life, Some(Duration::from_secs(3 * D)));
-    assert_eq!(s.fusion, Fusion::Rrf);
+    assert_eq!(s.fusion, Fusion::Weighted);
     assert_eq!(s.mmr_lambda, 1.0);
     assert_eq!(s.reinforce_on_recall, 0.05);
     assert_eq!(p.evaluation.mode, EvaluationMode::Rules);

@@ -4,6 +4,5 @@ mod crash;
 mod enrich;
 mod knowledge;
 mod lifecycle;
-mod locomo;
 mod recall;
 mod store_model;
