@@ -492,14 +492,16 @@ impl Store {
 
     /// The ids next to `at` (a record's event time and id) in its session's listing, in
     /// time order: up to `n` before it (nearest first) and up to `n` after it (nearest
-    /// first). Only ids `keep` accepts count; at most `4n` entries are looked at on each
-    /// side, so a session crowded with unwanted records costs a bounded scan.
+    /// first), none further than `max_gap` in time from `at`. Only ids `keep` accepts
+    /// count; at most `4n` entries are looked at on each side, so a session crowded with
+    /// unwanted records costs a bounded scan.
     pub fn session_neighbours(
         &self,
         namespace: &str,
         session: &str,
         at: (Timestamp, MemoryId),
         n: usize,
+        max_gap: Timestamp,
         keep: impl Fn(MemoryId) -> bool,
     ) -> Result<(Vec<MemoryId>, Vec<MemoryId>)> {
         use std::ops::Bound;
@@ -515,10 +517,13 @@ impl Store {
             }
             self.inner.kv.scan(range, reverse, &mut |k, _| {
                 looked += 1;
-                if let Some((_, id)) = keys::listing_time_id(k)
-                    && keep(id)
-                {
-                    ids.push(id);
+                match keys::listing_time_id(k) {
+                    // Listings are time-ordered: everything further is further still.
+                    Some((t, _)) if t.abs_diff(at.0) > max_gap.unsigned_abs() => {
+                        return Ok(Visit::Stop);
+                    }
+                    Some((_, id)) if keep(id) => ids.push(id),
+                    _ => {}
                 }
                 Ok(if ids.len() >= n || looked >= 4 * n {
                     Visit::Stop
