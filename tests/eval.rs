@@ -81,9 +81,10 @@ fn locomo_on_one_conversation_is_in_range_and_its_files_agree() {
         c["r10"].as_f64().unwrap(),
         c["hit10"].as_f64().unwrap(),
     );
-    // The full run measured 0.76 / 0.84 on this conversation; plain BM25 gets 0.62 / 0.69.
-    assert!((0.66..=0.90).contains(&r5), "R@5 {r5}: {summary:#}");
-    assert!((0.74..=0.95).contains(&r10), "R@10 {r10}: {summary:#}");
+    // Measured on this conversation: 0.696 / 0.778 with the defaults; 0.491 / 0.600 with
+    // the previous release's recall (no neighbouring turns, speaker or time cues).
+    assert!((0.62..=0.85).contains(&r5), "R@5 {r5}: {summary:#}");
+    assert!((0.70..=0.90).contains(&r10), "R@10 {r10}: {summary:#}");
     assert!(r5 <= r10 && r10 <= hit10, "{summary:#}");
     for cat in ["1", "2", "3", "4"] {
         assert!(summary["per_category"][cat]["n"].as_u64().unwrap() > 0);
