@@ -43,6 +43,9 @@ pub enum Queue {
     Condense = 3,
 }
 
+/// A listing entry: a record's event time and id.
+pub type Listed = (Timestamp, MemoryId);
+
 /// One change the derived indexes must follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Change {
@@ -490,8 +493,8 @@ impl Store {
         self.listing(&keys::session_prefix(namespace, session), before, limit)
     }
 
-    /// The ids next to `at` (a record's event time and id) in its session's listing, in
-    /// time order: up to `n` before it (nearest first) and up to `n` after it (nearest
+    /// The records next to `at` (a record's event time and id) in its session's listing, as
+    /// (event time, id): up to `n` before it (nearest first) and up to `n` after it (nearest
     /// first), none further than `max_gap` in time from `at`. Only ids `keep` accepts
     /// count; at most `4n` entries are looked at on each side, so a session crowded with
     /// unwanted records costs a bounded scan.
@@ -503,13 +506,13 @@ impl Store {
         n: usize,
         max_gap: Timestamp,
         keep: impl Fn(MemoryId) -> bool,
-    ) -> Result<(Vec<MemoryId>, Vec<MemoryId>)> {
+    ) -> Result<(Vec<Listed>, Vec<Listed>)> {
         use std::ops::Bound;
         let prefix = keys::session_prefix(namespace, session);
         let here = keys::session_entry(namespace, session, at.0, at.1);
         let mut end_buf = Vec::new();
         let whole = Range::prefix(&prefix, &mut end_buf);
-        let side = |range: Range<'_>, reverse: bool| -> Result<Vec<MemoryId>> {
+        let side = |range: Range<'_>, reverse: bool| -> Result<Vec<Listed>> {
             let mut ids = Vec::with_capacity(n);
             let mut looked = 0;
             if n == 0 {
@@ -522,7 +525,7 @@ impl Store {
                     Some((t, _)) if t.abs_diff(at.0) > max_gap.unsigned_abs() => {
                         return Ok(Visit::Stop);
                     }
-                    Some((_, id)) if keep(id) => ids.push(id),
+                    Some((t, id)) if keep(id) => ids.push((t, id)),
                     _ => {}
                 }
                 Ok(if ids.len() >= n || looked >= 4 * n {

@@ -713,3 +713,106 @@ async fn concurrent_recalls_each_reinforce_what_they_return() {
     assert_eq!(reinforced, 5);
     sub.close().unwrap();
 }
+
+#[tokio::test]
+async fn neighbouring_turns_and_named_dates_lead_recall_to_the_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sub, _) = open(dir.path());
+    let at = |s: &str| shadowbrain_runtime::clock::parse_rfc3339("t", s).unwrap();
+    let turn = |t: i64, text: &str| NewMemory {
+        timestamp: Some(t),
+        ..NewMemory::new("user_message", text)
+    };
+    let t0 = at("2023-05-08T13:00:00Z");
+    let mut turns = vec![
+        turn(t0, "Caroline: What did you paint last weekend?"),
+        turn(
+            t0 + 1_000,
+            "Melanie: A sunset over the lake, purple clouds and all.",
+        ),
+        // Two hours later the conversation has moved on: no context across the pause.
+        turn(t0 + 7_200_000, "Melanie: The pottery class was fun."),
+    ];
+    for (i, text) in [
+        "Caroline: I bought paint for the fence.",
+        "Melanie: The weekend market had paint brushes.",
+        "Caroline: Paint dries slowly when it rains.",
+    ]
+    .iter()
+    .enumerate()
+    {
+        turns.push(turn(t0 + 86_400_000 + i as i64 * 1_000, text));
+    }
+    // Filler after everything, so the session's recent path holds none of the above.
+    for i in 0..12 {
+        turns.push(turn(
+            t0 + 3 * 86_400_000 + i * 1_000,
+            &format!("Caroline: filler number {i} about the football match"),
+        ));
+    }
+    let camping = [
+        turn(
+            at("2023-06-10T10:00:00Z"),
+            "Melanie: we went camping by the river",
+        ),
+        turn(
+            at("2023-08-10T10:00:00Z"),
+            "Melanie: we went camping by the river",
+        ),
+    ];
+    turns.extend(camping);
+    let recorded = sub.record("default", "chat", turns).await.unwrap();
+    let (sunset, pottery) = (recorded[1], recorded[2]);
+    let (june, august) = (recorded[recorded.len() - 2], recorded[recorded.len() - 1]);
+
+    let ask = |query: &str, policy: &str| {
+        let sub = sub.clone();
+        let mut req = RecallRequest::new("default", "chat", query);
+        req.k = 3;
+        req.include_knowledge = false;
+        req.reinforce = false;
+        let policy = Arc::new(Policy::from_toml("test.toml", policy).unwrap());
+        async move {
+            let q = sub
+                .embedder()
+                .embed(&[req.query.clone()])
+                .await
+                .unwrap()
+                .pop();
+            sub.rank(&req, q.as_deref(), &policy).unwrap().0
+        }
+    };
+    // Keyword evidence only, so the hash embedder's weak votes cannot decide.
+    let with = "[scoring]\nvector_weight = 0.0\n";
+    let without = "[scoring]\nvector_weight = 0.0\ncontext_window = 0\ntime_boost = 0.0\n";
+
+    let found = ids(&ask("What did you paint last weekend?", with).await);
+    assert!(found.contains(&sunset), "{found:?}");
+    // The pottery turn two hours on takes nothing from the question before the pause.
+    let mut req = RecallRequest::new("default", "chat", "What did you paint last weekend?");
+    req.k = 30;
+    req.reinforce = false;
+    let policy = Arc::new(Policy::from_toml("test.toml", with).unwrap());
+    let all = sub.rank(&req, None, &policy).unwrap().0;
+    let relevance = |id| {
+        all.memories
+            .iter()
+            .find(|m| m.record.id == id)
+            .map(|m| m.why.relevance)
+    };
+    assert!(relevance(sunset) > Some(0.0));
+    assert_eq!(
+        relevance(pottery).unwrap_or(0.0),
+        0.0,
+        "not a candidate, or one without relevance"
+    );
+    let alone = ids(&ask("What did you paint last weekend?", without).await);
+    assert!(!alone.contains(&sunset), "{alone:?}");
+
+    // The same words on two dates: the date the question names comes first; without the
+    // cue the newer one does (ties go to the most recent).
+    let q = "When did Melanie go camping in June?";
+    assert_eq!(ids(&ask(q, with).await)[0], june);
+    assert_eq!(ids(&ask(q, without).await)[0], august);
+    sub.close().unwrap();
+}
