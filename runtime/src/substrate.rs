@@ -1436,8 +1436,8 @@ impl Substrate {
     /// neighbours in its session (`window` each side, within [`CONTEXT_GAP_MS`]) counted at
     /// `weight` ([`retrieval::context_bm25`]), and brings in the neighbours themselves,
     /// scored the same way: the turn that answers a question is often the one after the
-    /// turn that matches it. Only `allowed` records are read or counted. Returns the best
-    /// `depth`, best first, as the keyword path's new ranking.
+    /// turn that matches it. Only `allowed` records are read or counted. The other hits keep
+    /// their scores. Returns the best `depth`, best first, as the keyword path's new ranking.
     fn keyword_in_context(
         &self,
         query: &str,
@@ -1500,6 +1500,11 @@ impl Substrate {
                     retrieval::context_bm25(&stats, own, &neighbours, weight, window as u32);
                 scores.insert(id, score);
             }
+        }
+        // Hits past the first CONTEXT_HITS keep their own BM25 score, so a recall asking for
+        // many memories still gets every keyword hit.
+        for &(id, score) in hits.iter().skip(CONTEXT_HITS) {
+            scores.entry(MemoryId(id)).or_insert(score);
         }
         let mut scored: Vec<(u32, f32)> = scores
             .into_iter()

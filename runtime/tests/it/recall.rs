@@ -816,3 +816,31 @@ async fn neighbouring_turns_and_named_dates_lead_recall_to_the_answer() {
     assert_eq!(ids(&ask(q, without).await)[0], august);
     sub.close().unwrap();
 }
+
+#[tokio::test]
+async fn a_recall_for_many_memories_keeps_every_keyword_hit_past_the_context_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sub, _) = open(dir.path());
+    // 45 matching turns a day apart (no context between them), more than the 30 hits the
+    // context pass reads.
+    let turns: Vec<NewMemory> = (0..45)
+        .map(|i| NewMemory {
+            timestamp: Some(T0 - (i + 1) * DAY_MS),
+            ..NewMemory::new(
+                "user_message",
+                format!("Melanie: day {i} of the pottery course"),
+            )
+        })
+        .collect();
+    sub.record("default", "chat", turns).await.unwrap();
+    let mut req = RecallRequest::new("default", "elsewhere", "pottery course");
+    req.k = 45;
+    req.scope = Scope::Namespace;
+    req.reinforce = false;
+    let policy =
+        Arc::new(Policy::from_toml("test.toml", "[scoring]\nvector_weight = 0.0\n").unwrap());
+    let res = sub.rank(&req, None, &policy).unwrap().0;
+    assert_eq!(res.memories.len(), 45);
+    assert!(res.memories.iter().all(|m| m.why.relevance > 0.0));
+    sub.close().unwrap();
+}
