@@ -1,5 +1,6 @@
-//! The pure half of recall: fusing the candidate paths, diversifying (MMR), trimming to a
-//! token budget and rendering the context block. No I/O here — the substrate gathers the
+//! The pure half of recall: BM25 of a record read with its neighbours, the speaker and time
+//! cues a query names, fusing the candidate paths, diversifying (MMR), trimming to a token
+//! budget and rendering the context block. No I/O here — the substrate gathers the
 //! candidates and records, this module decides their order and shape, so every rule is
 //! table-tested without a store.
 
