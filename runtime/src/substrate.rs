@@ -1470,6 +1470,7 @@ impl Substrate {
                 CONTEXT_GAP_MS,
                 |n| allowed.contains(n.0),
             )?;
+            let at = before.len();
             let run: Vec<(Timestamp, MemoryId)> = before
                 .into_iter()
                 .rev()
@@ -1483,7 +1484,6 @@ impl Substrate {
                     terms.insert(id, crate::text::analyze(&n.text));
                 }
             }
-            let at = run.iter().position(|m| m.1 == hit).unwrap_or(0);
             for q in at.saturating_sub(window)..=(at + window).min(run.len() - 1) {
                 let (t, id) = run[q];
                 if scores.contains_key(&id) {

@@ -101,19 +101,13 @@ fn titled<'a>(root: &Area<'a>, title: &str, report: &Report) -> anyhow::Result<A
 
 fn hit_rate(report: &Report, root: &Area<'_>) -> anyhow::Result<()> {
     let area = titled(root, "Probe hit rate @k over simulated time", report)?;
-    let series = report
-        .policies
-        .iter()
-        .map(|p| Series {
-            label: legend(p),
-            points: p
-                .probe_hit_rate_at_k
-                .over_time
-                .iter()
-                .filter_map(|b| b.rate.rate.map(|r| (b.from_day as f64 + 3.5, r)))
-                .collect(),
-        })
-        .collect();
+    let series = per_policy(report, |p| {
+        p.probe_hit_rate_at_k
+            .over_time
+            .iter()
+            .filter_map(|b| b.rate.rate.map(|r| (b.from_day as f64 + 3.5, r)))
+            .collect()
+    });
     let spec = LineChart {
         x: 0.0..f64::from(report.workload.days.max(1)) + 30.0,
         y: 0.0..1.05,
@@ -200,6 +194,18 @@ fn lines(area: &Area<'_>, spec: &LineChart<'_>, series: Vec<Series>) -> anyhow::
     labels(&mut chart, spec.legend_at.clone())
 }
 
+/// One line per policy, labelled with its name and hash.
+fn per_policy(report: &Report, points: impl Fn(&PolicyReport) -> Vec<(f64, f64)>) -> Vec<Series> {
+    report
+        .policies
+        .iter()
+        .map(|p| Series {
+            label: legend(p),
+            points: points(p),
+        })
+        .collect()
+}
+
 fn legend(p: &PolicyReport) -> String {
     format!("{} ({})", p.name, p.hash)
 }
@@ -246,18 +252,12 @@ fn store_size(report: &Report, root: &Area<'_>) -> anyhow::Result<()> {
             // Whole-number ticks need room for ten of them.
             .max(10) as f64
             * 1.08;
-        let series = report
-            .policies
-            .iter()
-            .map(|p| Series {
-                label: legend(p),
-                points: p
-                    .store_over_time
-                    .iter()
-                    .map(|s| (f64::from(s.day), value(s) as f64))
-                    .collect(),
-            })
-            .collect();
+        let series = per_policy(report, |p| {
+            p.store_over_time
+                .iter()
+                .map(|s| (f64::from(s.day), value(s) as f64))
+                .collect()
+        });
         let spec = LineChart {
             x: 0.0..days,
             y: 0.0..top,
