@@ -12,9 +12,9 @@
 
 use std::path::Path;
 
-use shadowbrain_actors::substrate::model::NewMemory;
-use shadowbrain_actors::substrate::policy::Policy;
-use shadowbrain_actors::{Runtime, RuntimeConfig};
+use shadowbrain::NewMemory;
+use shadowbrain::policy::Policy;
+use shadowbrain::{Runtime, RuntimeConfig};
 
 const CUSTOM: &str = r#"
 name = "failures-first"

@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 
 use serde::de::IgnoredAny;
 use serde_json::{Value, json};
-use shadowbrain::server::{self, Auth, Limits};
+use shadowbrain::Limits;
+use shadowbrain::server::{self, Auth};
 use shadowbrain::{Runtime, RuntimeConfig};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;

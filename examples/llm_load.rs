@@ -30,14 +30,14 @@ use std::time::{Duration, Instant};
 use axum::Json;
 use axum::extract::State;
 use serde_json::{Value, json};
-use shadowbrain::substrate::embed::Embedder;
-use shadowbrain::substrate::embed::hash::HashEmbedder;
-use shadowbrain::substrate::llm::chat::ChatClient;
-use shadowbrain::substrate::llm::cost::{Llm, LlmStats};
-use shadowbrain::substrate::llm::judge::LlmJudge;
-use shadowbrain::substrate::llm::{LlmConfig, LlmKind};
-use shadowbrain::substrate::model::NewMemory;
-use shadowbrain::substrate::policy::Policy;
+use shadowbrain::NewMemory;
+use shadowbrain::embed::Embedder;
+use shadowbrain::embed::HashEmbedder;
+use shadowbrain::llm::chat::ChatClient;
+use shadowbrain::llm::cost::{Llm, LlmStats};
+use shadowbrain::llm::judge::LlmJudge;
+use shadowbrain::llm::{LlmConfig, LlmKind};
+use shadowbrain::policy::Policy;
 use shadowbrain::{Runtime, RuntimeConfig};
 
 #[global_allocator]
@@ -325,7 +325,7 @@ impl Rng {
 fn unique_texts(n: usize, rng: &mut Rng) -> (Vec<String>, &'static str) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../shared/data/locomo/locomo10.json");
-    if let Ok(conversations) = shadowbrain::substrate::eval::locomo::load(&path) {
+    if let Ok(conversations) = shadowbrain::eval::locomo::load(&path) {
         let mut seen = std::collections::HashSet::new();
         let texts: Vec<String> = conversations
             .iter()

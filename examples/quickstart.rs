@@ -3,8 +3,7 @@
 //! to remember, and prints the ranked memories with their score breakdown and the context
 //! block. Runs offline, no keys. Run it twice: the second run remembers the first.
 
-use shadowbrain_runtime::model::NewMemory;
-use shadowbrain_runtime::substrate::{RecallRequest, Substrate, SubstrateOptions};
+use shadowbrain::{NewMemory, RecallRequest, Substrate, SubstrateOptions};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

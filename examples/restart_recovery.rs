@@ -9,8 +9,8 @@
 //! cargo run --example restart_recovery
 //! ```
 
-use shadowbrain_actors::substrate::model::NewMemory;
-use shadowbrain_actors::{Runtime, RuntimeConfig};
+use shadowbrain::NewMemory;
+use shadowbrain::{Runtime, RuntimeConfig};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

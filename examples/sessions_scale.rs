@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use shadowbrain_actors::substrate::model::NewMemory;
+use shadowbrain::NewMemory;
 
 // The server binary's allocator, so the figures are the server's.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use shadowbrain_actors::{Runtime, RuntimeConfig};
+use shadowbrain::{Runtime, RuntimeConfig};
 
 struct Args {
     sessions: usize,

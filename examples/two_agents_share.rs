@@ -11,9 +11,8 @@
 
 use std::time::{Duration, Instant};
 
-use shadowbrain_actors::substrate::lifecycle::{FeedbackTarget, Outcome};
-use shadowbrain_actors::substrate::model::{NewMemory, Tier};
-use shadowbrain_actors::{Runtime, RuntimeConfig};
+use shadowbrain::{FeedbackTarget, NewMemory, Outcome, Tier};
+use shadowbrain::{Runtime, RuntimeConfig};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

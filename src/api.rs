@@ -7,17 +7,12 @@
 //! schema is declared here as strings with the values listed, so the runtime crate does not
 //! depend on the OpenAPI generator.
 
+use crate::{
+    AuditAction, AuditEntry, Edge, Kind, MemoryRecord, Outcome, PolicyStamp, RecallResult,
+    Relation, Scope, SessionStats, Status, Tier, Utility, Why, to_rfc3339,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use shadowbrain_runtime::clock::to_rfc3339;
-use shadowbrain_runtime::knowledge::{Edge, Relation};
-use shadowbrain_runtime::lifecycle::Outcome;
-use shadowbrain_runtime::model::{
-    AuditAction, AuditEntry, Kind, MemoryRecord, PolicyStamp, Status, Tier, Utility,
-};
-use shadowbrain_runtime::retrieval::Scope;
-use shadowbrain_runtime::store::SessionStats;
-use shadowbrain_runtime::substrate::{RecallResult, Why};
 use utoipa::ToSchema;
 
 /// Every error answer: `{"error":{"code","message"}}`.

@@ -19,18 +19,18 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use shadowbrain::Backend;
 use shadowbrain::config::ConfigFile;
+use shadowbrain::embed::{EmbedderConfig, build_embedder};
+use shadowbrain::internals::Store;
+use shadowbrain::llm::LlmKind;
+use shadowbrain::llm::chat::ChatClient;
+use shadowbrain::llm::condense::LlmCondenser;
+use shadowbrain::llm::cost::Llm;
+use shadowbrain::llm::judge::LlmJudge;
+use shadowbrain::policy::{CondensationMode, EvaluationMode, Policy};
 use shadowbrain::server;
 use shadowbrain::{Runtime, RuntimeConfig};
-use shadowbrain_runtime::embed::{EmbedderConfig, build_embedder};
-use shadowbrain_runtime::kv::Backend;
-use shadowbrain_runtime::llm::LlmKind;
-use shadowbrain_runtime::llm::chat::ChatClient;
-use shadowbrain_runtime::llm::condense::LlmCondenser;
-use shadowbrain_runtime::llm::cost::Llm;
-use shadowbrain_runtime::llm::judge::LlmJudge;
-use shadowbrain_runtime::policy::{CondensationMode, EvaluationMode, Policy};
-use shadowbrain_runtime::store::Store;
 
 /// shadowbrain: long-term memory for LLM agents.
 #[derive(Debug, Parser)]
@@ -161,7 +161,7 @@ async fn serve(
         data.display(),
         listener.local_addr()?
     ));
-    server::serve(listener, rt, file.limits.http(), auth, shutdown_signal()).await?;
+    server::serve(listener, rt, file.limits, auth, shutdown_signal()).await?;
     say(format_args!("drained and flushed; bye"));
     Ok(())
 }
@@ -247,7 +247,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             }
             let cfg = load_config(config.as_deref())?;
             rt_config.substrate.embedder = build_embedder(&cfg.embedder)?;
-            rt_config.substrate.limits = cfg.limits.input();
+            rt_config.substrate.limits = cfg.limits;
             // As for the one-shot commands: a directory made with another backend is opened
             // with it (serve has no --backend to say so).
             rt_config.substrate.backend = backend_of(&data);
@@ -329,7 +329,7 @@ fn runtime_config(args: &RuntimeArgs) -> anyhow::Result<RuntimeConfig> {
     }
     let cfg = load_config(args.store.config.as_deref())?;
     config.substrate.embedder = build_embedder(&cfg.embedder)?;
-    config.substrate.limits = cfg.limits.input();
+    config.substrate.limits = cfg.limits;
     config.substrate.backend = backend_of(data);
     config.decay_check = None;
     Ok(config)

@@ -16,13 +16,13 @@
 
 use std::path::Path;
 
+use crate::embed::EmbedderConfig;
+use crate::llm::LlmConfig;
+use crate::{Error, Limits};
 use anyhow::Context;
 use serde::Deserialize;
-use shadowbrain_runtime::embed::EmbedderConfig;
-use shadowbrain_runtime::llm::LlmConfig;
-use shadowbrain_runtime::model;
 
-use crate::server::{self, ApiKey, Auth};
+use crate::server::{ApiKey, Auth};
 
 /// The sections a config file may have.
 const SECTIONS: [&str; 5] = ["provider", "embedder", "llm", "auth", "limits"];
@@ -42,100 +42,6 @@ struct ProviderConfig {
     _timeout: Option<String>,
 }
 
-/// Most memories one recall may ask for (the ranker's own bound).
-const K_CEILING: usize = 200;
-
-/// The `[limits]` section: every key optional, defaults as in DESIGN §7.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LimitsConfig {
-    /// Largest request body, bytes (413 above).
-    pub body_bytes: usize,
-    /// Most events in one call (413 above).
-    pub events_per_call: usize,
-    /// Longest event `text`, bytes (413 above).
-    pub text_bytes: usize,
-    /// Largest encoded event `content`, bytes (413 above).
-    pub content_bytes: usize,
-    /// Largest encoded event `metadata`, bytes (413 above).
-    pub metadata_bytes: usize,
-    /// Largest recall `k` (422 above; at most 200).
-    pub max_k: usize,
-    /// Largest recall `token_budget` (422 above).
-    pub max_token_budget: usize,
-    /// Most timeline items one request returns (422 above).
-    pub max_timeline: usize,
-}
-
-impl Default for LimitsConfig {
-    fn default() -> Self {
-        let http = server::Limits::default();
-        let input = model::Limits::default();
-        LimitsConfig {
-            body_bytes: http.body_bytes,
-            events_per_call: input.max_events_per_call,
-            text_bytes: input.max_text_bytes,
-            content_bytes: input.max_content_bytes,
-            metadata_bytes: input.max_metadata_bytes,
-            max_k: http.max_k,
-            max_token_budget: http.max_token_budget,
-            max_timeline: http.max_timeline,
-        }
-    }
-}
-
-impl LimitsConfig {
-    /// Every value out of range, named (all of them, not the first).
-    fn validate(&self) -> anyhow::Result<()> {
-        let mut problems = Vec::new();
-        for (name, value) in [
-            ("body_bytes", self.body_bytes),
-            ("events_per_call", self.events_per_call),
-            ("text_bytes", self.text_bytes),
-            ("content_bytes", self.content_bytes),
-            ("metadata_bytes", self.metadata_bytes),
-            ("max_k", self.max_k),
-            ("max_token_budget", self.max_token_budget),
-            ("max_timeline", self.max_timeline),
-        ] {
-            if value == 0 {
-                problems.push(format!("{name} must be at least 1"));
-            }
-        }
-        if self.max_k > K_CEILING {
-            problems.push(format!(
-                "max_k = {} is above what recall ranks ({K_CEILING}); use 1 to {K_CEILING}",
-                self.max_k
-            ));
-        }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            anyhow::bail!("the [limits] section is invalid: {}", problems.join("; "))
-        }
-    }
-
-    /// The limits the HTTP layer enforces.
-    pub fn http(&self) -> server::Limits {
-        server::Limits {
-            body_bytes: self.body_bytes,
-            max_k: self.max_k,
-            max_token_budget: self.max_token_budget,
-            max_timeline: self.max_timeline,
-        }
-    }
-
-    /// The limits the substrate enforces on every event (HTTP or embedded).
-    pub fn input(&self) -> model::Limits {
-        model::Limits {
-            max_text_bytes: self.text_bytes,
-            max_content_bytes: self.content_bytes,
-            max_metadata_bytes: self.metadata_bytes,
-            max_events_per_call: self.events_per_call,
-        }
-    }
-}
-
 /// A whole config file, checked.
 #[derive(Debug, Clone)]
 pub struct ConfigFile {
@@ -146,7 +52,7 @@ pub struct ConfigFile {
     /// `[[auth.keys]]`.
     pub auth: Auth,
     /// `[limits]`.
-    pub limits: LimitsConfig,
+    pub limits: Limits,
 }
 
 impl ConfigFile {
@@ -200,8 +106,13 @@ impl ConfigFile {
             Some(keys) => Auth::with_keys(&keys)?,
             None => Auth::open(),
         };
-        let limits = section::<LimitsConfig>(&cfg, "limits")?.unwrap_or_default();
-        limits.validate()?;
+        let limits = section::<Limits>(&cfg, "limits")?.unwrap_or_default();
+        limits.validate().map_err(|e| match e {
+            Error::Invalid { reason, .. } => {
+                anyhow::anyhow!("the [limits] section is invalid: {reason}")
+            }
+            other => other.into(),
+        })?;
         Ok(ConfigFile {
             embedder,
             llm,
@@ -268,9 +179,7 @@ mod tests {
     #[test]
     fn an_absent_file_section_is_the_default() {
         let c = load("").unwrap();
-        assert_eq!(c.limits, LimitsConfig::default());
-        assert_eq!(c.limits.http(), server::Limits::default());
-        assert_eq!(c.limits.input(), model::Limits::default());
+        assert_eq!(c.limits, Limits::default());
         assert!(!c.auth.required());
     }
 
@@ -301,10 +210,10 @@ text_bytes = 1024
         assert_eq!(c.embedder.dimensions, Some(128));
         assert_eq!(c.llm.model.as_deref(), Some("qwen2.5:7b-instruct"));
         assert!(c.auth.required());
-        assert_eq!(c.limits.http().max_k, 50);
-        assert_eq!(c.limits.input().max_text_bytes, 1024);
+        assert_eq!(c.limits.max_k, 50);
+        assert_eq!(c.limits.max_text_bytes, 1024);
         assert_eq!(
-            c.limits.body_bytes,
+            c.limits.max_body_bytes,
             8 << 20,
             "unset keys keep their default"
         );

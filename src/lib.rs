@@ -1,13 +1,27 @@
-//! shadowbrain, the library: the actor runtime's [`Runtime`] handle and the substrate under
-//! it, re-exported so an embedding application depends on one crate
-//! (`shadowbrain::Runtime`), and the HTTP server ([`server`]) the binary runs.
+//! shadowbrain, the library: the one import root of an embedding application. It re-exports
+//! the actor runtime's [`Runtime`] handle and everything of the substrate under it
+//! (`shadowbrain::NewMemory`, `shadowbrain::Policy`, `shadowbrain::embed`,
+//! `shadowbrain::llm`, …), so an application depends on this crate alone.
+//!
+//! The edges the binary runs are behind cargo features, all on by default: `server` (the
+//! HTTP server, its wire types, metrics and config file), `lab` (the policy lab of
+//! `simulate`) and `cli` (the binary itself). An application that only embeds the runtime
+//! depends on `shadowbrain = { default-features = false }` and compiles none of axum,
+//! utoipa, prometheus-client, clap, indicatif or plotters.
 #![warn(missing_docs)]
 
-pub use shadowbrain_actors::{Fault, KnowledgeHandle, Runtime, RuntimeConfig, SessionHandle};
-pub use shadowbrain_runtime as substrate;
+pub use shadowbrain_actors::{
+    KnowledgeHandle, MemoryHandle, Runtime, RuntimeConfig, SessionHandle,
+};
+pub use shadowbrain_runtime::*;
 
+#[cfg(feature = "server")]
 pub mod api;
+#[cfg(feature = "server")]
 pub mod config;
+#[cfg(feature = "server")]
 pub mod metrics;
+#[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "lab")]
 pub mod sim;

@@ -30,8 +30,15 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("shadowbrain: {e}");
+            // Errors keep their sources, and many already quote their source's text: print
+            // a cause only when it says something the lines above did not.
+            let mut said = e.to_string();
             for cause in e.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                let cause = cause.to_string();
+                if !said.contains(&cause) {
+                    eprintln!("  caused by: {cause}");
+                    said.push_str(&cause);
+                }
             }
             ExitCode::from(1)
         }

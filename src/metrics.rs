@@ -10,15 +10,14 @@
 
 use std::sync::Mutex;
 
+use crate::internals::Queue;
+use crate::{Runtime, Tier};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use shadowbrain_actors::Runtime;
-use shadowbrain_runtime::model::Tier;
-use shadowbrain_runtime::store::Queue;
 
 /// A request's route (the path pattern, not the path: ids would explode the label set),
 /// method and status.

@@ -14,6 +14,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::{
+    Error, FeedbackTarget, Limits, MemoryId, NewMemory, RecallRequest, Runtime, Status, Timestamp,
+    parse_rfc3339,
+};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, MatchedPath, Path, Query, Request, State};
@@ -27,12 +31,6 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use shadowbrain_actors::Runtime;
-use shadowbrain_runtime::clock::{Timestamp, parse_rfc3339};
-use shadowbrain_runtime::error::Error;
-use shadowbrain_runtime::lifecycle::FeedbackTarget;
-use shadowbrain_runtime::model::{MemoryId, NewMemory, Status};
-use shadowbrain_runtime::substrate::RecallRequest;
 use tracing::Instrument;
 use utoipa::OpenApi;
 
@@ -152,46 +150,6 @@ impl FromRequestParts<AppState> for Namespace {
     }
 }
 
-/// Request limits the HTTP layer enforces itself (the substrate bounds text, content and
-/// events per call). Defaults are the contract's.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Limits {
-    /// Largest request body, in bytes (413 above).
-    pub body_bytes: usize,
-    /// Largest `k` of a recall (422 above, or for 0).
-    pub max_k: usize,
-    /// Largest `token_budget` of a recall (422 above).
-    pub max_token_budget: usize,
-    /// Most timeline items one request returns (422 above).
-    pub max_timeline: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            body_bytes: 8 << 20,
-            max_k: 200,
-            max_token_budget: 32_768,
-            max_timeline: 1_000,
-        }
-    }
-}
-
-impl Limits {
-    /// A request's `k` (10 when absent), or 422 outside `1..=max_k`.
-    fn k(&self, k: Option<usize>) -> ApiResult<usize> {
-        let k = k.unwrap_or(10);
-        if (1..=self.max_k).contains(&k) {
-            Ok(k)
-        } else {
-            Err(ApiError::invalid(
-                "k",
-                format!("{k} is out of range; ask for 1 to {} memories", self.max_k),
-            ))
-        }
-    }
-}
-
 #[derive(Clone)]
 struct AppState {
     rt: Runtime,
@@ -204,7 +162,7 @@ struct AppState {
 /// condense and timeline, the session list, one memory (get, status, archive, history),
 /// knowledge search and graph, and the policy (get, reload).
 pub fn router(rt: Runtime, limits: Limits, auth: Auth) -> Router {
-    let body_limit = limits.body_bytes;
+    let body_limit = limits.max_body_bytes;
     let state = AppState {
         rt,
         limits: Arc::new(limits),
@@ -540,15 +498,7 @@ async fn post_recall(
     let body: RecallIn = from_json("recall", body)?;
     let limits = &s.limits;
     let k = limits.k(body.k)?;
-    if let Some(budget) = body.token_budget.filter(|&b| b > limits.max_token_budget) {
-        return Err(ApiError::invalid(
-            "token_budget",
-            format!(
-                "{budget} is over the limit of {}; ask for a smaller context",
-                limits.max_token_budget
-            ),
-        ));
-    }
+    let token_budget = limits.token_budget(body.token_budget)?;
     let session = s.rt.session(&ns.0, &session_id)?;
     let mut request = RecallRequest::new(&ns.0, &session_id, &body.query);
     request.k = k;
@@ -558,7 +508,7 @@ async fn post_recall(
     request.since = body.since.map(|t| time("since", t)).transpose()?;
     request.until = body.until.map(|t| time("until", t)).transpose()?;
     request.include_knowledge = body.include_knowledge.unwrap_or(true);
-    request.token_budget = body.token_budget;
+    request.token_budget = token_budget;
     let result = session.recall_with(request).await?;
     s.metrics.recall();
     Ok(Json(result.into()))
@@ -860,7 +810,7 @@ async fn get_knowledge_graph(
 }
 
 /// The policy answer: its name, hash and compiled form.
-fn policy_out(policy: &shadowbrain_runtime::policy::Policy) -> PolicyOut {
+fn policy_out(policy: &crate::policy::Policy) -> PolicyOut {
     let stamp = policy.stamp();
     PolicyOut {
         name: stamp.name,

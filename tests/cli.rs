@@ -10,12 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use shadowbrain_runtime::embed::hash::HashEmbedder;
-use shadowbrain_runtime::knowledge::Promotion;
-use shadowbrain_runtime::lifecycle::{FeedbackTarget, Outcome};
-use shadowbrain_runtime::model::NewMemory;
-use shadowbrain_runtime::retrieval::Scope;
-use shadowbrain_runtime::substrate::{RecallRequest, Substrate, SubstrateOptions};
+use shadowbrain::embed::HashEmbedder;
+use shadowbrain::{
+    FeedbackTarget, NewMemory, Outcome, Promotion, RecallRequest, Scope, Substrate,
+    SubstrateOptions,
+};
 
 #[tokio::test]
 async fn reindex_moves_a_store_to_another_dimension() {
@@ -939,7 +938,8 @@ fn a_data_directory_held_by_a_server_is_refused_politely() {
 
 #[tokio::test]
 async fn waiting_queues_survive_export_and_import() {
-    use shadowbrain_runtime::store::{Mutation, Queue, WriteSet};
+    use shadowbrain::internals::Mutation;
+    use shadowbrain::internals::{Queue, WriteSet};
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
     let sub = Substrate::open(&a, SubstrateOptions::default()).unwrap();
@@ -1051,7 +1051,7 @@ fn serve_opens_a_sled_directory_without_being_told() {
     let sub = Substrate::open(
         &data,
         SubstrateOptions {
-            backend: shadowbrain_runtime::kv::Backend::Sled,
+            backend: shadowbrain::Backend::Sled,
             ..SubstrateOptions::default()
         },
     )

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use shadowbrain_runtime::eval::locomo;
+use shadowbrain::eval::locomo;
 
 fn data() -> Option<PathBuf> {
     let path = std::env::var_os("SHADOWBRAIN_LOCOMO").map_or_else(

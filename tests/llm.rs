@@ -15,15 +15,15 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-use shadowbrain_actors::{Runtime, RuntimeConfig};
-use shadowbrain_runtime::clock::VirtualClock;
-use shadowbrain_runtime::llm::chat::ChatClient;
-use shadowbrain_runtime::llm::condense::LlmCondenser;
-use shadowbrain_runtime::llm::cost::Llm;
-use shadowbrain_runtime::llm::judge::{JudgeOptions, LlmJudge};
-use shadowbrain_runtime::llm::{LlmConfig, LlmKind};
-use shadowbrain_runtime::model::{MemoryId, NewMemory};
-use shadowbrain_runtime::policy::Policy;
+use shadowbrain::VirtualClock;
+use shadowbrain::llm::chat::ChatClient;
+use shadowbrain::llm::condense::LlmCondenser;
+use shadowbrain::llm::cost::Llm;
+use shadowbrain::llm::judge::{JudgeOptions, LlmJudge};
+use shadowbrain::llm::{LlmConfig, LlmKind};
+use shadowbrain::policy::Policy;
+use shadowbrain::{MemoryId, NewMemory};
+use shadowbrain::{Runtime, RuntimeConfig};
 
 /// How the scripted endpoint behaves.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -495,7 +495,7 @@ async fn the_token_budget_switches_to_rules_and_back_the_next_hour() {
     judge_all(&rt).await;
     // 3 requests (360 tokens, over the 300) then rules for the last 5.
     assert_eq!(ep.requests(), 3);
-    let by_model = |r: &shadowbrain_runtime::model::MemoryRecord| r.importance == 1.0;
+    let by_model = |r: &shadowbrain::MemoryRecord| r.importance == 1.0;
     let mut judged = 0;
     for id in &ids {
         let r = rt.memory("default", *id).unwrap().get().await.unwrap();
@@ -511,7 +511,7 @@ async fn the_token_budget_switches_to_rules_and_back_the_next_hour() {
     assert_eq!(llm.stats().over_budget, 5);
     assert_eq!(
         llm.budget()
-            .spent("default", shadowbrain_runtime::clock::Clock::now(&*clock)),
+            .spent("default", shadowbrain::Clock::now(&*clock)),
         360
     );
     // The clock crosses the hour: the model is asked again.

@@ -7,7 +7,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use shadowbrain::server::{self, ApiKey, Auth, Limits};
+use shadowbrain::Limits;
+use shadowbrain::server::{self, ApiKey, Auth};
 use shadowbrain::{Runtime, RuntimeConfig};
 
 /// One HTTP/1.1 exchange: the status and the body as JSON (`Null` when it is not JSON).

@@ -16,10 +16,7 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use shadowbrain_runtime::error::Result;
-use shadowbrain_runtime::lifecycle::{Condensed, Summarizer};
-use shadowbrain_runtime::quarantine::panic_message;
-use shadowbrain_runtime::substrate::Substrate;
+use shadowbrain_runtime::{Condensed, Result, Substrate, Summarizer, panic_message};
 
 use crate::directory::Directory;
 use crate::knowledge::KnowledgeMessage;
@@ -52,6 +49,7 @@ pub(crate) enum CondenserMessage {
     /// Answers once every message sent before it is handled (`Runtime::settle`).
     Sync { reply: RpcReplyPort<()> },
     /// Fault injection for supervision tests: the handler panics.
+    #[cfg(feature = "failpoints")]
     Panic,
 }
 
@@ -119,6 +117,7 @@ impl Actor for Condenser {
             CondenserMessage::Sync { reply } => {
                 let _ = reply.send(());
             }
+            #[cfg(feature = "failpoints")]
             CondenserMessage::Panic => panic!("fault injected into the condenser"),
         }
         Ok(())
@@ -138,9 +137,9 @@ impl Summarizer for PanickedSummarizer {
 
     async fn summarize(
         &self,
-        _request: shadowbrain_runtime::lifecycle::SummaryRequest<'_>,
-    ) -> Result<shadowbrain_runtime::lifecycle::Summary> {
-        Err(shadowbrain_runtime::error::Error::Provider {
+        _request: shadowbrain_runtime::SummaryRequest<'_>,
+    ) -> Result<shadowbrain_runtime::Summary> {
+        Err(shadowbrain_runtime::Error::Provider {
             provider: "summarizer".into(),
             message: format!("it panicked: {}", self.0),
         })

@@ -12,12 +12,8 @@
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use shadowbrain_runtime::clock::Timestamp;
-use shadowbrain_runtime::error::{Error, Result};
-use shadowbrain_runtime::keys;
-use shadowbrain_runtime::lifecycle::SweepReport;
-use shadowbrain_runtime::store::{Mutation, WriteSet};
-use shadowbrain_runtime::substrate::Substrate;
+use shadowbrain_runtime::internals::{Mutation, WriteSet};
+use shadowbrain_runtime::{Error, Result, Substrate, SweepReport, Timestamp};
 use tokio::task::JoinHandle;
 
 /// Who the audit log names for decay.
@@ -50,6 +46,7 @@ pub(crate) enum DecayMessage {
         reply: RpcReplyPort<Result<SweepReport>>,
     },
     /// Fault injection for supervision tests: the handler panics.
+    #[cfg(feature = "failpoints")]
     Panic,
 }
 
@@ -60,10 +57,9 @@ impl DecayState {
         let now = substrate.clock().now();
         let report = tokio::task::spawn_blocking(move || {
             let report = substrate.decay_sweep(BY)?;
-            substrate.store().write(WriteSet(vec![Mutation::PutRaw(
-                keys::last_decay_sweep(),
-                now.to_be_bytes().to_vec(),
-            )]))?;
+            substrate
+                .store()
+                .write(WriteSet(vec![Mutation::SetLastDecaySweep(now)]))?;
             Ok::<_, Error>(report)
         })
         .await
@@ -86,12 +82,7 @@ impl Actor for Decay {
         myself: ActorRef<Self::Msg>,
         args: DecayArgs,
     ) -> std::result::Result<DecayState, ActorProcessingErr> {
-        let last_sweep = args
-            .substrate
-            .store()
-            .get_raw(&keys::last_decay_sweep())?
-            .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
-            .map(Timestamp::from_be_bytes);
+        let last_sweep = args.substrate.store().last_decay_sweep()?;
         // A new store: the first sweep is one interval from now, and a restart keeps that.
         let last_sweep = match last_sweep {
             Some(t) => t,
@@ -99,10 +90,7 @@ impl Actor for Decay {
                 let now = args.substrate.clock().now();
                 args.substrate
                     .store()
-                    .write(WriteSet(vec![Mutation::PutRaw(
-                        keys::last_decay_sweep(),
-                        now.to_be_bytes().to_vec(),
-                    )]))?;
+                    .write(WriteSet(vec![Mutation::SetLastDecaySweep(now)]))?;
                 now
             }
         };
@@ -148,6 +136,7 @@ impl Actor for Decay {
             DecayMessage::SweepNow { reply } => {
                 let _ = reply.send(state.sweep().await);
             }
+            #[cfg(feature = "failpoints")]
             DecayMessage::Panic => panic!("fault injected into the decay actor"),
         }
         Ok(())

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use ractor::ActorRef;
-use shadowbrain_runtime::error::{Error, Result};
+use shadowbrain_runtime::{Error, Result};
 
 use crate::condenser::CondenserMessage;
 use crate::decay::DecayMessage;

@@ -24,12 +24,10 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use shadowbrain_runtime::error::Result;
-use shadowbrain_runtime::evaluate::{EvaluationReport, Judge};
-use shadowbrain_runtime::model::MemoryId;
-use shadowbrain_runtime::quarantine::{MAX_STRIKES, panic_message};
-use shadowbrain_runtime::store::{Mutation, Queue};
-use shadowbrain_runtime::substrate::Substrate;
+use shadowbrain_runtime::internals::{Mutation, Queue};
+use shadowbrain_runtime::{
+    EvaluationReport, Judge, MAX_STRIKES, MemoryId, Result, Substrate, panic_message,
+};
 
 /// How the evaluator signs its audit entries and strikes.
 const ACTOR: &str = "evaluator";
@@ -92,6 +90,7 @@ pub(crate) enum EvaluatorMessage {
         reply: RpcReplyPort<Result<EvaluationReport>>,
     },
     /// Fault injection for supervision tests: the handler panics.
+    #[cfg(feature = "failpoints")]
     Panic,
 }
 
@@ -161,6 +160,7 @@ impl Actor for Evaluator {
                 let result = state.drain(None).await?.map(|_| ());
                 let _ = reply.send(result.map(|()| state.done));
             }
+            #[cfg(feature = "failpoints")]
             EvaluatorMessage::Panic => panic!("fault injected into the evaluator"),
         }
         Ok(())
@@ -263,7 +263,7 @@ impl EvaluatorState {
     async fn quarantine(
         &mut self,
         id: MemoryId,
-        strikes: &shadowbrain_runtime::quarantine::Strikes,
+        strikes: &shadowbrain_runtime::Strikes,
     ) -> Result<()> {
         let substrate = &self.args.substrate;
         let namespace = match substrate.store().owner(id)? {
@@ -276,7 +276,7 @@ impl EvaluatorState {
                 ];
                 return substrate
                     .store()
-                    .write_async(shadowbrain_runtime::store::WriteSet(also))
+                    .write_async(shadowbrain_runtime::internals::WriteSet(also))
                     .await;
             }
         };

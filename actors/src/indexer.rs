@@ -1,6 +1,6 @@
 //! The Indexer: the single writer of the vector and keyword indexes under the runtime.
 //!
-//! Each tick runs a keyword pass ([`Substrate::index_pass_for`]): it applies a bounded share
+//! Each tick runs a keyword pass ([`Substrate::index_step`]): it applies a bounded share
 //! of the store's change log to both indexes' in-memory tails and commits the keyword index
 //! when enough is staged or the debounce says so. Vector passes build the arroy trees,
 //! which takes minutes on a busy two-core machine; they run as a task of their own, one at
@@ -18,8 +18,7 @@
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use shadowbrain_runtime::error::{Error, Result};
-use shadowbrain_runtime::substrate::{IndexKind, IndexPass, Substrate};
+use shadowbrain_runtime::{IndexKind, Result, Substrate};
 use tokio::task::JoinHandle;
 
 /// The indexer actor.
@@ -35,7 +34,7 @@ pub(crate) struct IndexerArgs {
 /// Its state: the arguments and the vector build in flight, if any.
 pub(crate) struct IndexerState {
     args: IndexerArgs,
-    vector_pass: Option<JoinHandle<Result<IndexPass>>>,
+    vector_pass: Option<JoinHandle<bool>>,
 }
 
 /// The indexer's protocol.
@@ -43,27 +42,24 @@ pub(crate) enum IndexerMessage {
     /// Run one pass, then schedule the next.
     Pass,
     /// Fault injection for supervision tests: the handler panics.
+    #[cfg(feature = "failpoints")]
     Panic,
 }
 
-/// Runs one pass of `kind` off the async workers (builds and commits block for seconds).
-fn spawn_pass(substrate: &Substrate, kind: IndexKind) -> JoinHandle<Result<IndexPass>> {
+/// Runs one pass of `kind` off the async workers (builds and commits block for seconds);
+/// answers whether the log holds more (see [`Substrate::index_step`]).
+fn spawn_pass(substrate: &Substrate, kind: IndexKind) -> JoinHandle<bool> {
     let substrate = substrate.clone();
-    tokio::task::spawn_blocking(move || substrate.index_pass_for(kind, false))
+    tokio::task::spawn_blocking(move || substrate.index_step(kind))
 }
 
-fn log_pass(kind: IndexKind, pass: std::result::Result<Result<IndexPass>, tokio::task::JoinError>) {
-    let pass = pass.map_err(|e| Error::Unavailable {
-        what: "an index pass".into(),
-        message: format!("it panicked: {e}"),
-    });
-    match pass {
-        Ok(Ok(pass)) if pass.built => tracing::debug!(?kind, ?pass, "index built"),
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) | Err(e) => {
-            tracing::warn!(?kind, error = %e, "index pass failed; the next tick retries");
-        }
-    }
+/// Whether a finished pass asks for the next one at once; a pass that panicked is logged
+/// and retried at the next tick.
+fn more(kind: IndexKind, pass: std::result::Result<bool, tokio::task::JoinError>) -> bool {
+    pass.unwrap_or_else(|e| {
+        tracing::warn!(?kind, error = %e, "index pass panicked; the next tick retries");
+        false
+    })
 }
 
 impl Actor for Indexer {
@@ -93,20 +89,20 @@ impl Actor for Indexer {
             IndexerMessage::Pass => {
                 let substrate = &state.args.substrate;
                 let keyword_pass = spawn_pass(substrate, IndexKind::Keywords).await;
-                let more = matches!(&keyword_pass, Ok(Ok(p)) if p.more);
-                log_pass(IndexKind::Keywords, keyword_pass);
+                let again = more(IndexKind::Keywords, keyword_pass);
                 if let Some(done) = state.vector_pass.take_if(|t| t.is_finished()) {
-                    log_pass(IndexKind::Vectors, done.await);
+                    more(IndexKind::Vectors, done.await);
                 }
                 if state.vector_pass.is_none() {
                     state.vector_pass = Some(spawn_pass(substrate, IndexKind::Vectors));
                 }
-                if more {
+                if again {
                     myself.send_message(IndexerMessage::Pass)?;
                 } else {
                     myself.send_after(state.args.tick, || IndexerMessage::Pass);
                 }
             }
+            #[cfg(feature = "failpoints")]
             IndexerMessage::Panic => panic!("fault injected into the indexer"),
         }
         Ok(())

@@ -9,10 +9,7 @@
 use std::collections::HashMap;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use shadowbrain_runtime::error::Result;
-use shadowbrain_runtime::knowledge::{Edge, Graph, Promotion, Relation};
-use shadowbrain_runtime::model::MemoryId;
-use shadowbrain_runtime::substrate::Substrate;
+use shadowbrain_runtime::{Edge, Graph, MemoryId, Promotion, Relation, Result, Substrate};
 
 /// Who the audit log names for promotions.
 const BY: &str = "knowledge";
@@ -54,6 +51,7 @@ pub(crate) enum KnowledgeMessage {
     /// Answers once every message sent before it is handled (`Runtime::settle`).
     Sync { reply: RpcReplyPort<()> },
     /// Fault injection for supervision tests: the handler panics.
+    #[cfg(feature = "failpoints")]
     Panic,
 }
 
@@ -158,6 +156,7 @@ impl Actor for KnowledgeGraph {
             KnowledgeMessage::Sync { reply } => {
                 let _ = reply.send(());
             }
+            #[cfg(feature = "failpoints")]
             KnowledgeMessage::Panic => panic!("fault injected into the knowledge graph"),
         }
         Ok(())

@@ -19,5 +19,6 @@ mod runtime;
 mod session;
 mod supervisor;
 
-pub use runtime::{Fault, KnowledgeHandle, MemoryHandle, Runtime, RuntimeConfig, SessionHandle};
-pub use shadowbrain_runtime as substrate;
+#[cfg(feature = "failpoints")]
+pub use runtime::Fault;
+pub use runtime::{KnowledgeHandle, MemoryHandle, Runtime, RuntimeConfig, SessionHandle};

@@ -9,20 +9,14 @@ use std::time::Duration;
 
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef, RpcReplyPort};
-use shadowbrain_runtime::error::{Error, Result};
-use shadowbrain_runtime::evaluate::{EvaluationReport, Judge};
-use shadowbrain_runtime::knowledge::{Edge, KNOWLEDGE_SESSION, Promotion};
-use shadowbrain_runtime::lifecycle::{
-    Condensed, FeedbackReport, FeedbackTarget, Outcome, Summarizer, SweepReport,
-};
 use shadowbrain_runtime::llm::cost::{Llm, LlmStats};
-use shadowbrain_runtime::model::{
-    AuditEntry, MemoryId, MemoryRecord, NewMemory, Status, validate_id,
-};
 use shadowbrain_runtime::policy::{EvaluationMode, Policy};
-use shadowbrain_runtime::quarantine::{MAX_STRIKES, QuarantineEntry, quarantined_error};
-use shadowbrain_runtime::store::SessionStats;
-use shadowbrain_runtime::substrate::{RecallRequest, RecallResult, Substrate, SubstrateOptions};
+use shadowbrain_runtime::{
+    AuditEntry, Condensed, Edge, Error, EvaluationReport, FeedbackReport, FeedbackTarget, Judge,
+    KNOWLEDGE_SESSION, MAX_STRIKES, MemoryId, MemoryRecord, NewMemory, Outcome, Promotion,
+    QuarantineEntry, RecallRequest, RecallResult, Result, SessionStats, Status, Substrate,
+    SubstrateOptions, Summarizer, SweepReport, quarantined_error, validate_id,
+};
 use tokio::task::JoinHandle;
 
 use crate::condenser::CondenserMessage;
@@ -33,7 +27,7 @@ use crate::knowledge::KnowledgeMessage;
 use crate::session::{
     Registry, SessionKey, SessionMessage, SessionSupervisorMessage, live_actor, read_registry,
 };
-use crate::supervisor::{Child, RootArgs, RootMessage, RootSupervisor};
+use crate::supervisor::{RootArgs, RootMessage, RootSupervisor};
 
 /// How to open a [`Runtime`].
 #[derive(Debug, Clone)]
@@ -84,8 +78,10 @@ pub struct RuntimeConfig {
     pub llm: Option<Arc<Llm>>,
 }
 
-/// An actor to make fail, for supervision tests ([`Runtime::inject_panic`]).
-#[doc(hidden)]
+/// An actor to make fail, for supervision tests ([`Runtime::inject_panic`]). Only with the
+/// `failpoints` feature, which only tests turn on: fault injection is no part of the
+/// product's API.
+#[cfg(feature = "failpoints")]
 #[derive(Debug, Clone)]
 pub enum Fault {
     /// The actor of this (namespace, session).
@@ -408,9 +404,11 @@ impl Runtime {
         self.answer("the decay actor", outcome)?
     }
 
-    /// Fault injection for supervision tests: makes an actor panic. Not for production.
-    #[doc(hidden)]
+    /// Fault injection for supervision tests: makes an actor panic (the `failpoints`
+    /// feature).
+    #[cfg(feature = "failpoints")]
     pub async fn inject_panic(&self, fault: Fault) -> Result<()> {
+        use crate::supervisor::Child;
         let child = match fault {
             Fault::Session(namespace, session) => {
                 let key = SessionKey { namespace, session };

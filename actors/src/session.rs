@@ -35,13 +35,11 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use shadowbrain_runtime::clock::Timestamp;
-use shadowbrain_runtime::error::{Error, Result};
-use shadowbrain_runtime::lifecycle::{FeedbackReport, FeedbackTarget, Outcome};
-use shadowbrain_runtime::model::{MemoryId, MemoryRecord, NewMemory};
 use shadowbrain_runtime::policy::EvaluationMode;
-use shadowbrain_runtime::quarantine::panic_message;
-use shadowbrain_runtime::substrate::{RecallRequest, RecallResult, Substrate};
+use shadowbrain_runtime::{
+    Error, FeedbackReport, FeedbackTarget, MemoryId, MemoryRecord, NewMemory, Outcome,
+    RecallRequest, RecallResult, Result, Substrate, Timestamp, panic_message,
+};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -153,6 +151,7 @@ pub(crate) enum SessionMessage {
     /// Sent by the actor's own ticker: stop if idle for long enough.
     IdleCheck,
     /// Fault injection for supervision tests: the handler panics.
+    #[cfg(feature = "failpoints")]
     Panic,
 }
 
@@ -293,6 +292,7 @@ impl Actor for SessionActor {
                     myself.stop(Some("idle".into()));
                 }
             }
+            #[cfg(feature = "failpoints")]
             SessionMessage::Panic => panic!("fault injected into {}", key.describe()),
         }
         Ok(())
@@ -330,6 +330,7 @@ pub(crate) enum SessionSupervisorMessage {
     /// How many session actors are live, and how many failed since start.
     Stats { reply: RpcReplyPort<(usize, u64)> },
     /// Fault injection for supervision tests: the handler panics.
+    #[cfg(feature = "failpoints")]
     Panic,
 }
 
@@ -366,6 +367,7 @@ impl Actor for SessionSupervisor {
             SessionSupervisorMessage::Stats { reply } => {
                 let _ = reply.send((state.children.len(), state.failures));
             }
+            #[cfg(feature = "failpoints")]
             SessionSupervisorMessage::Panic => panic!("fault injected into the session supervisor"),
         }
         Ok(())

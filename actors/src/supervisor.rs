@@ -44,17 +44,15 @@
 use std::time::Duration;
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use shadowbrain_runtime::substrate::Substrate;
+use shadowbrain_runtime::Substrate;
 
-use crate::condenser::{Condenser, CondenserMessage};
-use crate::decay::{Decay, DecayArgs, DecayMessage};
+use crate::condenser::Condenser;
+use crate::decay::{Decay, DecayArgs};
 use crate::directory::Directory;
-use crate::evaluator::{Evaluator, EvaluatorArgs, EvaluatorMessage};
+use crate::evaluator::{Evaluator, EvaluatorArgs};
 use crate::indexer::{Indexer, IndexerArgs, IndexerMessage};
-use crate::knowledge::{KnowledgeGraph, KnowledgeMessage};
-use crate::session::{
-    Registry, SessionSupervisor, SessionSupervisorArgs, SessionSupervisorMessage,
-};
+use crate::knowledge::KnowledgeGraph;
+use crate::session::{Registry, SessionSupervisor, SessionSupervisorArgs};
 
 /// The root supervisor (see the module docs).
 pub(crate) struct RootSupervisor;
@@ -68,11 +66,11 @@ pub(crate) struct RootArgs {
     pub age_trigger: bool,
     pub decay_check: Option<Duration>,
     pub index_tick: Duration,
-    pub judge: Option<std::sync::Arc<dyn shadowbrain_runtime::evaluate::Judge>>,
+    pub judge: Option<std::sync::Arc<dyn shadowbrain_runtime::Judge>>,
     pub evaluation_batch: usize,
     pub evaluation_concurrency: usize,
     pub evaluation_wait: Duration,
-    pub summarizer: Option<std::sync::Arc<dyn shadowbrain_runtime::lifecycle::Summarizer>>,
+    pub summarizer: Option<std::sync::Arc<dyn shadowbrain_runtime::Summarizer>>,
 }
 
 /// The children, to tell which one ended.
@@ -104,6 +102,7 @@ pub(crate) enum RootMessage {
     /// are replaced on demand).
     Restarts { reply: RpcReplyPort<u64> },
     /// Fault injection for supervision tests: the child panics.
+    #[cfg(feature = "failpoints")]
     Panic(Child),
     /// Shutdown: every child finishes what its mailbox holds and stops, in dependency
     /// order; answers when all have stopped (or `timeout` passed for one of them).
@@ -267,29 +266,8 @@ impl Actor for RootSupervisor {
                 state.args.directory.clear();
                 let _ = reply.send(());
             }
-            RootMessage::Panic(child) => {
-                let directory = &state.args.directory;
-                match child {
-                    Child::Sessions => directory
-                        .sessions()?
-                        .send_message(SessionSupervisorMessage::Panic)?,
-                    Child::Evaluator => directory
-                        .evaluator()?
-                        .send_message(EvaluatorMessage::Panic)?,
-                    Child::Condenser => directory
-                        .condenser()?
-                        .send_message(CondenserMessage::Panic)?,
-                    Child::Decay => directory.decay()?.send_message(DecayMessage::Panic)?,
-                    Child::Knowledge => directory
-                        .knowledge()?
-                        .send_message(KnowledgeMessage::Panic)?,
-                    Child::Indexer => {
-                        if let Some(indexer) = &state.indexer {
-                            indexer.send_message(IndexerMessage::Panic)?;
-                        }
-                    }
-                }
-            }
+            #[cfg(feature = "failpoints")]
+            RootMessage::Panic(child) => inject_panic(state, child)?,
         }
         Ok(())
     }
@@ -323,4 +301,36 @@ impl Actor for RootSupervisor {
         state.restarts += 1;
         Ok(())
     }
+}
+
+/// Makes `child` panic (fault injection for the supervision tests).
+#[cfg(feature = "failpoints")]
+fn inject_panic(state: &RootState, child: Child) -> Result<(), ActorProcessingErr> {
+    use crate::condenser::CondenserMessage;
+    use crate::decay::DecayMessage;
+    use crate::evaluator::EvaluatorMessage;
+    use crate::knowledge::KnowledgeMessage;
+    use crate::session::SessionSupervisorMessage;
+    let directory = &state.args.directory;
+    match child {
+        Child::Sessions => directory
+            .sessions()?
+            .send_message(SessionSupervisorMessage::Panic)?,
+        Child::Evaluator => directory
+            .evaluator()?
+            .send_message(EvaluatorMessage::Panic)?,
+        Child::Condenser => directory
+            .condenser()?
+            .send_message(CondenserMessage::Panic)?,
+        Child::Decay => directory.decay()?.send_message(DecayMessage::Panic)?,
+        Child::Knowledge => directory
+            .knowledge()?
+            .send_message(KnowledgeMessage::Panic)?,
+        Child::Indexer => {
+            if let Some(indexer) = &state.indexer {
+                indexer.send_message(IndexerMessage::Panic)?;
+            }
+        }
+    }
+    Ok(())
 }

@@ -4,9 +4,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shadowbrain_actors::substrate::error::Error;
-use shadowbrain_actors::substrate::model::NewMemory;
 use shadowbrain_actors::{Fault, Runtime, RuntimeConfig};
+use shadowbrain_runtime::{Error, NewMemory};
 
 fn event(text: &str) -> NewMemory {
     NewMemory {
@@ -267,7 +266,7 @@ fn digest(rt: &Runtime) -> Vec<String> {
     store
         .for_each_id(|id| {
             ids.push(id);
-            Ok(shadowbrain_actors::substrate::kv::Visit::Continue)
+            Ok(shadowbrain_runtime::internals::Visit::Continue)
         })
         .unwrap();
     ids.into_iter()
@@ -291,10 +290,8 @@ fn digest(rt: &Runtime) -> Vec<String> {
 /// recalled by another agent's session; then 60 simulated days pass and a sweep archives
 /// what the policy says.
 async fn simulated_run(dir: &tempfile::TempDir) -> Vec<String> {
-    use shadowbrain_actors::substrate::clock::{DAY_MS, VirtualClock};
-    use shadowbrain_actors::substrate::lifecycle::{FeedbackTarget, Outcome};
-    use shadowbrain_actors::substrate::model::Tier;
-    use shadowbrain_actors::substrate::policy::Policy;
+    use shadowbrain_runtime::policy::Policy;
+    use shadowbrain_runtime::{DAY_MS, FeedbackTarget, Outcome, Tier, VirtualClock};
     let clock = Arc::new(VirtualClock::new(1_780_000_000_000));
     let mut config = config(dir);
     config.substrate.clock = clock.clone();
@@ -338,7 +335,7 @@ async fn simulated_run(dir: &tempfile::TempDir) -> Vec<String> {
                 if store.get_light(id)?.is_some_and(|r| r.tier == tier) {
                     n += 1;
                 }
-                Ok(shadowbrain_actors::substrate::kv::Visit::Continue)
+                Ok(shadowbrain_runtime::internals::Visit::Continue)
             })
             .unwrap();
         n
@@ -427,8 +424,7 @@ async fn end_to_end_on_the_virtual_clock_and_replays_identically() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decay_sweeps_by_itself_when_an_interval_of_runtime_time_passes() {
-    use shadowbrain_actors::substrate::clock::VirtualClock;
-    use shadowbrain_actors::substrate::model::AuditAction;
+    use shadowbrain_runtime::{AuditAction, VirtualClock};
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(VirtualClock::new(1_780_000_000_000));
     let mut config = config(&dir);
@@ -492,11 +488,10 @@ async fn the_indexer_actor_builds_the_indexes_and_resumes_after_a_restart() {
 
 // ----- evaluation, poison input, the record/policy/session handles ----------------------
 
-use shadowbrain_actors::substrate::embed::Embedder;
-use shadowbrain_actors::substrate::embed::hash::HashEmbedder;
-use shadowbrain_actors::substrate::evaluate::{Judge, JudgeBatch, Judgement, Verdict};
-use shadowbrain_actors::substrate::model::{AuditAction, Status};
-use shadowbrain_actors::substrate::policy::Policy;
+use shadowbrain_runtime::embed::Embedder;
+use shadowbrain_runtime::embed::HashEmbedder;
+use shadowbrain_runtime::policy::Policy;
+use shadowbrain_runtime::{AuditAction, Judge, JudgeBatch, Judgement, Status, Verdict};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A judge scripted by the text it sees: `nonsense` gets an impossible score, `POISON`
@@ -513,10 +508,7 @@ impl Judge for ScriptedJudge {
         "scripted-judge"
     }
 
-    async fn judge(
-        &self,
-        batch: JudgeBatch<'_>,
-    ) -> shadowbrain_actors::substrate::error::Result<Vec<Verdict>> {
+    async fn judge(&self, batch: JudgeBatch<'_>) -> shadowbrain_runtime::Result<Vec<Verdict>> {
         let items = batch.items;
         self.calls.fetch_add(1, Ordering::SeqCst);
         if items.iter().any(|i| i.text.contains("POISON"))
@@ -562,7 +554,7 @@ fn judged_config(
     config
 }
 
-fn has_audit(history: &[shadowbrain_actors::substrate::model::AuditEntry], needle: &str) -> bool {
+fn has_audit(history: &[shadowbrain_runtime::AuditEntry], needle: &str) -> bool {
     history
         .iter()
         .any(|e| e.action == AuditAction::Scored && e.detail.contains(needle))
@@ -713,10 +705,7 @@ impl Embedder for PanickyEmbedder {
     fn is_local(&self) -> bool {
         true
     }
-    async fn embed(
-        &self,
-        texts: &[String],
-    ) -> shadowbrain_actors::substrate::error::Result<Vec<Vec<f32>>> {
+    async fn embed(&self, texts: &[String]) -> shadowbrain_runtime::Result<Vec<Vec<f32>>> {
         assert!(
             !texts.iter().any(|t| t.contains("POISON")),
             "the embedder cannot take this text"
@@ -860,17 +849,15 @@ async fn records_sessions_and_the_policy_through_the_handle() {
 struct ScriptedSummarizer;
 
 #[async_trait::async_trait]
-impl shadowbrain_actors::substrate::lifecycle::Summarizer for ScriptedSummarizer {
+impl shadowbrain_runtime::Summarizer for ScriptedSummarizer {
     fn name(&self) -> &str {
         "scripted-summarizer"
     }
 
     async fn summarize(
         &self,
-        request: shadowbrain_actors::substrate::lifecycle::SummaryRequest<'_>,
-    ) -> shadowbrain_actors::substrate::error::Result<
-        shadowbrain_actors::substrate::lifecycle::Summary,
-    > {
+        request: shadowbrain_runtime::SummaryRequest<'_>,
+    ) -> shadowbrain_runtime::Result<shadowbrain_runtime::Summary> {
         let (window, picked) = (request.window, request.picked);
         let all: String = window.iter().map(|r| r.text.as_str()).collect();
         assert!(!all.contains("PANIC"), "the summarizer fell over");
@@ -880,7 +867,7 @@ impl shadowbrain_actors::substrate::lifecycle::Summarizer for ScriptedSummarizer
                 message: "the model answered garbage".into(),
             });
         }
-        Ok(shadowbrain_actors::substrate::lifecycle::Summary {
+        Ok(shadowbrain_runtime::Summary {
             text: format!(
                 "When the cache is cold, warm it first ({} events, {} picked).",
                 window.len(),
@@ -974,7 +961,7 @@ async fn llm_condensation_uses_the_summarizer_and_falls_back_to_extractive() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settle_waits_for_the_condensations_and_promotions_writes_triggered() {
-    use shadowbrain_actors::substrate::model::Tier;
+    use shadowbrain_runtime::Tier;
     let dir = tempfile::tempdir().unwrap();
     let mut config = config(&dir);
     config.substrate.policy = Policy::from_toml(

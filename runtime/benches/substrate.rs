@@ -9,11 +9,10 @@ use std::sync::Arc;
 use criterion::{Criterion, criterion_group, criterion_main};
 use rand::{RngExt, SeedableRng};
 use shadowbrain_runtime::embed::Embedder;
-use shadowbrain_runtime::embed::hash::HashEmbedder;
-use shadowbrain_runtime::model::NewMemory;
+use shadowbrain_runtime::embed::HashEmbedder;
+use shadowbrain_runtime::internals::Filter;
 use shadowbrain_runtime::policy::Policy;
-use shadowbrain_runtime::store::Filter;
-use shadowbrain_runtime::substrate::{RecallRequest, Substrate, SubstrateOptions};
+use shadowbrain_runtime::{NewMemory, RecallRequest, Substrate, SubstrateOptions};
 
 fn unit(rng: &mut rand::rngs::StdRng, dim: usize) -> Vec<f32> {
     let v: Vec<f32> = (0..dim).map(|_| rng.random_range(-1.0f32..1.0)).collect();

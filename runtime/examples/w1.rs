@@ -14,10 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shadowbrain_runtime::kv::Backend;
-use shadowbrain_runtime::model::{MemoryId, NewMemory};
-use shadowbrain_runtime::store::Filter;
-use shadowbrain_runtime::substrate::{Substrate, SubstrateOptions};
+use shadowbrain_runtime::internals::Filter;
+use shadowbrain_runtime::{Backend, MemoryId, NewMemory, Substrate, SubstrateOptions};
 
 const DIM: usize = 384;
 
@@ -297,7 +295,7 @@ fn main() {
     let mut recall_lat = Vec::new();
     for i in 0..200 {
         let sid = format!("s{:04}", q1_s[i]);
-        let mut req = shadowbrain_runtime::substrate::RecallRequest::new(
+        let mut req = shadowbrain_runtime::RecallRequest::new(
             "default",
             &sid,
             &rows[q1_s[i] as usize * 100].text,
@@ -318,11 +316,11 @@ fn main() {
     // Footprint of the workload as ingested and indexed (a forced rebuild below leaves
     // LMDB free pages behind, which is not what the workload costs).
     sub.flush_indexes().unwrap();
-    let disk_bytes = shadowbrain_runtime::kv::dir_disk_bytes(&work).unwrap();
+    let disk_bytes = shadowbrain_runtime::internals::dir_disk_bytes(&work).unwrap();
     for part in ["store", "vectors", "keywords"] {
         eprintln!(
             "w1: {part}/ {} MB",
-            shadowbrain_runtime::kv::dir_disk_bytes(&work.join(part)).unwrap() / 1_000_000
+            shadowbrain_runtime::internals::dir_disk_bytes(&work.join(part)).unwrap() / 1_000_000
         );
     }
     let t2 = Instant::now();

@@ -4,9 +4,15 @@
 
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// `Result` with the substrate's [`Error`] as the default error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The error a backend or an index library reported, kept as the [`Error`]'s source so a
+/// caller can walk the chain. Shared, because one failed group commit answers every writer
+/// in the group with it.
+pub type Source = Arc<dyn std::error::Error + Send + Sync>;
 
 /// Everything that can go wrong in the substrate.
 #[derive(Debug, thiserror::Error)]
@@ -59,8 +65,11 @@ pub enum Error {
     Storage {
         /// `sled` or `lmdb`.
         backend: &'static str,
-        /// The backend's own message.
+        /// The backend's own message, or what the store found wrong.
         message: String,
+        /// The backend's error, when it reported one.
+        #[source]
+        source: Option<Source>,
     },
     /// A derived index (vector or keyword) failed; it can be rebuilt from the store.
     #[error("{index} index error: {message}; if it persists, run `shadowbrain reindex`")]
@@ -69,6 +78,9 @@ pub enum Error {
         index: &'static str,
         /// The index's own message.
         message: String,
+        /// The index library's error, when it reported one.
+        #[source]
+        source: Option<Source>,
     },
     /// The data directory was written by another on-disk format version.
     #[error(
@@ -150,7 +162,16 @@ pub enum Error {
         /// The panic message.
         message: String,
     },
-    /// The input kept making an actor fail and was set aside (see `crate::quarantine`).
+    /// Something that cannot happen did (a task panicked, an invariant broke): a bug, not
+    /// the caller's fault. The server answers 500 `internal` and logs it.
+    #[error("internal error in {what}: {message}; this is a bug, please report it with the log")]
+    Internal {
+        /// What failed.
+        what: String,
+        /// What happened.
+        message: String,
+    },
+    /// The input kept making an actor fail and was set aside (see [`crate::QuarantineEntry`]).
     #[error(
         "the input was quarantined as `{id}` because processing it kept failing ({message}); \
          inspect it with the history of `{id}`, and send it again once the fault is fixed"
@@ -172,10 +193,52 @@ impl Error {
         }
     }
 
-    /// Shorthand for [`Error::Index`].
+    /// Shorthand for [`Error::Index`] with a message of our own.
     pub fn index(index: &'static str, message: impl fmt::Display) -> Self {
         Error::Index {
             index,
+            message: message.to_string(),
+            source: None,
+        }
+    }
+
+    /// [`Error::Index`] for an error the index library reported, kept as the source.
+    pub fn index_failed(
+        index: &'static str,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Index {
+            index,
+            message: source.to_string(),
+            source: Some(Arc::new(source)),
+        }
+    }
+
+    /// [`Error::Storage`] with a message of our own (no backend error behind it).
+    pub fn storage(backend: &'static str, message: impl Into<String>) -> Self {
+        Error::Storage {
+            backend,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// [`Error::Storage`] for an error the backend reported, kept as the source.
+    pub fn storage_failed(
+        backend: &'static str,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Storage {
+            backend,
+            message: source.to_string(),
+            source: Some(Arc::new(source)),
+        }
+    }
+
+    /// Shorthand for [`Error::Internal`].
+    pub fn internal(what: impl Into<String>, message: impl fmt::Display) -> Self {
+        Error::Internal {
+            what: what.into(),
             message: message.to_string(),
         }
     }
@@ -225,30 +288,24 @@ impl std::error::Error for PolicyErrors {}
 
 impl From<sled::Error> for Error {
     fn from(e: sled::Error) -> Self {
-        Error::Storage {
-            backend: "sled",
-            message: e.to_string(),
-        }
+        Error::storage_failed("sled", e)
     }
 }
 
 impl From<heed::Error> for Error {
     fn from(e: heed::Error) -> Self {
-        Error::Storage {
-            backend: "lmdb",
-            message: e.to_string(),
-        }
+        Error::storage_failed("lmdb", e)
     }
 }
 
 impl From<arroy::Error> for Error {
     fn from(e: arroy::Error) -> Self {
-        Error::index("vector", e)
+        Error::index_failed("vector", e)
     }
 }
 
 impl From<tantivy::TantivyError> for Error {
     fn from(e: tantivy::TantivyError) -> Self {
-        Error::index("keyword", e)
+        Error::index_failed("keyword", e)
     }
 }

@@ -3,32 +3,67 @@
 //! embedders, hybrid recall, the memory lifecycle (decay, condensation, feedback), the
 //! knowledge pool and the runtime clock. A plain library: no actors, no HTTP —
 //! those live in `shadowbrain-actors` and the root package and call down into this crate.
+//!
+//! The modules are private; what an application needs is re-exported here (the way arroy's
+//! `lib.rs` curates its surface): the [`Substrate`] handle and its requests and answers,
+//! the memory model, the clock, the one [`Error`]. Families with many parts keep a module
+//! of their own: [`policy`] (the policy schema, compiled), [`embed`] (embedders),
+//! [`llm`] (the judge and condenser over an OpenAI-compatible endpoint), [`eval`]
+//! (retrieval benchmarks), [`transfer`] (export and import). [`internals`] is for the few
+//! that need more — the store, the indexes, text analysis — such as benchmarks and tests.
+//!
+//! Layers, lowest first (each uses only those before it): `clock`, `error`, `model` →
+//! `store` (the system of record; no other module builds a key) and `index` (derived) →
+//! `policy`, `retrieval` (pure decisions) → `provider` (the one OpenAI-compatible
+//! transport) → `embed` → `engine` (the [`Substrate`] handle over all of them, and the
+//! seams a judge or summarizer plugs into) → `llm` (the LLM-backed judge and condenser),
+//! `transfer`, `eval`.
 #![warn(missing_docs)]
 
-pub mod clock;
+mod clock;
 pub mod embed;
-pub mod error;
+mod engine;
+mod error;
 pub mod eval;
-pub mod evaluate;
-pub mod keys;
-pub mod keyword;
-pub mod knowledge;
-pub mod kv;
-pub mod lifecycle;
+mod index;
 pub mod llm;
-pub mod model;
+mod model;
+mod pages;
 pub mod policy;
-pub mod quarantine;
-pub mod retrieval;
-pub mod store;
-pub mod substrate;
-pub mod text;
+mod retrieval;
+mod store;
 pub mod transfer;
-pub mod vector;
 
-pub use clock::{Clock, SystemClock, Timestamp, VirtualClock};
+pub use clock::{
+    Clock, DAY_MS, SystemClock, Timestamp, VirtualClock, parse_rfc3339, to_human, to_rfc3339,
+};
+pub use engine::{
+    Condensed, EvaluationReport, FeedbackReport, FeedbackTarget, Graph, IndexKind, IndexPass,
+    IndexingOptions, Judge, JudgeBatch, JudgeItem, Judgement, KNOWLEDGE_SESSION, MAX_STRIKES,
+    Outcome, Promotion, RecallRequest, RecallResult, Recalled, Substrate, SubstrateOptions,
+    Summarizer, Summary, SummaryRequest, SweepReport, Verdict, Why, panic_message,
+    quarantined_error,
+};
 pub use error::{Error, PolicyErrors, PolicyIssue, Result};
 pub use model::{
-    AuditAction, AuditEntry, Kind, Limits, MemoryId, MemoryRecord, NewMemory, PolicyStamp, Status,
-    Tier, Utility,
+    AuditAction, AuditEntry, Edge, Kind, Limits, MemoryId, MemoryRecord, NewMemory, PolicyStamp,
+    Relation, Status, Tier, Utility, validate_id,
 };
+pub use policy::Policy;
+pub use retrieval::Scope;
+pub use store::{Backend, QuarantineEntry, SessionStats, Strikes};
+
+/// The parts under the [`Substrate`], for benchmarks, tests and tools that work on them
+/// directly: the store and its write sets, the indexes, text analysis, the pure recall
+/// functions. An application should not need them.
+pub mod internals {
+    pub use crate::index::text::{analyze, estimate_tokens};
+    pub use crate::index::{
+        BuildStats, KeywordIndex, QueryStats, VectorIndex, VectorOptions, VectorSource, cosine,
+    };
+    pub use crate::model::{Reinforce, ValidMemory, text_from_content, validate_embedding};
+    pub use crate::store::{
+        Catalog, Change, CommitStats, Filter, Listed, Mutation, Queue, RecordPatch, Reinforcement,
+        RememberedRecall, Store, StoreOptions, Visit, WriteSet, dir_disk_bytes,
+    };
+}

@@ -344,6 +344,85 @@ pub enum AuditAction {
     Linked,
 }
 
+/// How two records are related.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Relation {
+    /// Knowledge → the condensed record it was promoted from.
+    DerivedFrom = 1,
+    /// Related knowledge.
+    SimilarTo = 2,
+    /// The newer record replaces the older.
+    Supersedes = 3,
+    /// The two disagree.
+    Contradicts = 4,
+}
+
+impl Relation {
+    /// The name used in APIs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Relation::DerivedFrom => "derived_from",
+            Relation::SimilarTo => "similar_to",
+            Relation::Supersedes => "supersedes",
+            Relation::Contradicts => "contradicts",
+        }
+    }
+
+    /// The relation stored as `b` (its discriminant), if any.
+    pub fn from_u8(b: u8) -> Option<Relation> {
+        Some(match b {
+            1 => Relation::DerivedFrom,
+            2 => Relation::SimilarTo,
+            3 => Relation::Supersedes,
+            4 => Relation::Contradicts,
+            _ => return None,
+        })
+    }
+}
+
+impl std::str::FromStr for Relation {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "derived_from" => Relation::DerivedFrom,
+            "similar_to" => Relation::SimilarTo,
+            "supersedes" => Relation::Supersedes,
+            "contradicts" => Relation::Contradicts,
+            other => {
+                return Err(Error::invalid(
+                    "relation",
+                    format!(
+                        "`{other}` is not a relation; use derived_from, similar_to, supersedes or contradicts"
+                    ),
+                ));
+            }
+        })
+    }
+}
+
+/// One edge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Edge {
+    /// Where it starts.
+    pub from: MemoryId,
+    /// Where it ends.
+    pub to: MemoryId,
+    /// What it means.
+    pub relation: Relation,
+}
+
+/// How a record's strength grows when it is reinforced: the policy's forgetting curve and
+/// bounds. The store applies it when a reinforcement commits (to the record as it is then),
+/// so the store needs this much of a policy and no more.
+pub trait Reinforce: Send + Sync {
+    /// Reinforces `record` by `amount` at `now`: new strength and `strength_at`, one more
+    /// reinforcement, and the deciding policy's stamp.
+    fn apply(&self, record: &mut MemoryRecord, now: Timestamp, amount: f32);
+    /// The policy that decides, for logs.
+    fn stamp(&self) -> PolicyStamp;
+}
+
 /// One entry of a record's append-only audit log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AuditEntry {
@@ -357,26 +436,112 @@ pub struct AuditEntry {
     pub detail: String,
 }
 
-/// Size limits on incoming events (DESIGN §7 defaults).
+/// The limits every door enforces (DESIGN §7; these defaults are the contract's): the
+/// config file's `[limits]` section, read by the server, the CLI and the runtime alike, so
+/// an embedded application, a CLI command and an HTTP request meet the same bounds with
+/// the same messages. Keys in the file are the serde names (`body_bytes`, `max_k` …).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct Limits {
-    /// Maximum `text` length in bytes.
-    pub max_text_bytes: usize,
-    /// Maximum serialized `content` length in bytes.
-    pub max_content_bytes: usize,
-    /// Maximum serialized `metadata` length in bytes.
-    pub max_metadata_bytes: usize,
-    /// Maximum events in one call.
+    /// Largest request body in bytes (HTTP: 413 above).
+    #[serde(rename = "body_bytes")]
+    pub max_body_bytes: usize,
+    /// Most events in one call (413 above).
+    #[serde(rename = "events_per_call")]
     pub max_events_per_call: usize,
+    /// Longest event `text` in bytes (413 above); also bounds a recall's query.
+    #[serde(rename = "text_bytes")]
+    pub max_text_bytes: usize,
+    /// Largest serialized event `content` in bytes (413 above).
+    #[serde(rename = "content_bytes")]
+    pub max_content_bytes: usize,
+    /// Largest serialized event `metadata` in bytes (413 above).
+    #[serde(rename = "metadata_bytes")]
+    pub max_metadata_bytes: usize,
+    /// Most memories one recall may ask for, at most [`Limits::K_CEILING`] (422 above).
+    pub max_k: usize,
+    /// Largest recall `token_budget` (422 above).
+    pub max_token_budget: usize,
+    /// Most timeline items one request returns (422 above).
+    pub max_timeline: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
+            max_body_bytes: 8 << 20,
+            max_events_per_call: 1000,
             max_text_bytes: 64 * 1024,
             max_content_bytes: 256 * 1024,
             max_metadata_bytes: 64 * 1024,
-            max_events_per_call: 1000,
+            max_k: Limits::K_CEILING,
+            max_token_budget: 32_768,
+            max_timeline: 1_000,
+        }
+    }
+}
+
+impl Limits {
+    /// Most memories recall ranks: no configuration may raise `max_k` past it.
+    pub const K_CEILING: usize = 200;
+    /// How many memories a recall returns when it does not say.
+    pub const DEFAULT_K: usize = 10;
+
+    /// Every value out of range, named by its config key (all of them, not the first).
+    pub fn validate(&self) -> Result<()> {
+        let mut problems = Vec::new();
+        for (name, value) in [
+            ("body_bytes", self.max_body_bytes),
+            ("events_per_call", self.max_events_per_call),
+            ("text_bytes", self.max_text_bytes),
+            ("content_bytes", self.max_content_bytes),
+            ("metadata_bytes", self.max_metadata_bytes),
+            ("max_k", self.max_k),
+            ("max_token_budget", self.max_token_budget),
+            ("max_timeline", self.max_timeline),
+        ] {
+            if value == 0 {
+                problems.push(format!("{name} must be at least 1"));
+            }
+        }
+        if self.max_k > Limits::K_CEILING {
+            problems.push(format!(
+                "max_k = {} is above what recall ranks ({ceiling}); use 1 to {ceiling}",
+                self.max_k,
+                ceiling = Limits::K_CEILING
+            ));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::invalid("[limits]", problems.join("; ")))
+        }
+    }
+
+    /// A recall's `k` ([`Limits::DEFAULT_K`] when absent), or an error outside `1..=max_k`.
+    pub fn k(&self, k: Option<usize>) -> Result<usize> {
+        let k = k.unwrap_or(Limits::DEFAULT_K);
+        if (1..=self.max_k).contains(&k) {
+            Ok(k)
+        } else {
+            Err(Error::invalid(
+                "k",
+                format!("{k} is out of range; ask for 1 to {} memories", self.max_k),
+            ))
+        }
+    }
+
+    /// A recall's token budget, or an error when it is over `max_token_budget`.
+    pub fn token_budget(&self, budget: Option<usize>) -> Result<Option<usize>> {
+        match budget {
+            Some(b) if b > self.max_token_budget => Err(Error::invalid(
+                "token_budget",
+                format!(
+                    "{b} is over the limit of {}; ask for a smaller context",
+                    self.max_token_budget
+                ),
+            )),
+            other => Ok(other),
         }
     }
 }

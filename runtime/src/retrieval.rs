@@ -9,9 +9,8 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::{self, Timestamp};
-use crate::keyword::QueryStats;
+use crate::index::{QueryStats, cosine, text};
 use crate::model::{MemoryId, MemoryRecord, Tier};
-use crate::text;
 
 /// RRF's damping constant. Cormack et al. (2009) use 60, which only orders; here the fused
 /// value is also the `relevance` the policy weighs against importance and recency, so it
@@ -327,21 +326,6 @@ pub fn time_cues(query: &str) -> Vec<TimeCue> {
         .filter_map(|c| c[1].parse::<i32>().ok())
         .filter_map(|y| Some(TimeCue::Span(start_of(y, 1, 1)?, start_of(y + 1, 1, 1)?)))
         .collect()
-}
-
-/// Cosine similarity of two vectors (0 when either is all zero).
-pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    let (mut dot, mut na, mut nb) = (0.0f32, 0.0f32, 0.0f32);
-    for (x, y) in a.iter().zip(b) {
-        dot += x * y;
-        na += x * x;
-        nb += y * y;
-    }
-    if na == 0.0 || nb == 0.0 {
-        0.0
-    } else {
-        dot / (na.sqrt() * nb.sqrt())
-    }
 }
 
 /// Maximal marginal relevance: picks `k` of `scores` (index-aligned with `embeddings`),

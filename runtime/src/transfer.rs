@@ -43,17 +43,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::clock::Timestamp;
+use crate::engine::{Substrate, recall_id};
 use crate::error::{Error, Result};
-use crate::keys;
-use crate::knowledge::Relation;
-use crate::kv::Visit;
-use crate::lifecycle::recall_id;
 use crate::model::{
-    AuditAction, AuditEntry, MemoryId, MemoryRecord, Tier, validate_embedding, validate_id,
+    AuditAction, AuditEntry, Edge, MemoryId, MemoryRecord, Relation, Tier, validate_embedding,
+    validate_id,
 };
-use crate::quarantine::QuarantineEntry;
-use crate::store::{Filter, Mutation, Queue, Store, WriteSet, codec};
-use crate::substrate::Substrate;
+use crate::store::{
+    Filter, Mutation, QuarantineEntry, Queue, RememberedRecall, Store, Visit, WriteSet,
+};
 
 /// The version of the line format this build writes and reads.
 pub const FORMAT: u32 = 1;
@@ -169,17 +167,6 @@ pub struct RecallLog {
     pub ids: Vec<MemoryId>,
 }
 
-/// The stored form of a recall. It mirrors `lifecycle::RememberedRecall` field for field
-/// (postcard is positional, so the same fields in the same order are the same bytes); the
-/// round-trip test gives feedback on an imported recall id, which fails if they drift apart.
-#[derive(Debug, Serialize, Deserialize)]
-struct StoredRecall {
-    namespace: String,
-    session: String,
-    at: Timestamp,
-    ids: Vec<MemoryId>,
-}
-
 /// One line of an export.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Line {
@@ -264,15 +251,7 @@ pub fn export_record(store: &Store, id: MemoryId) -> Result<Option<Exported>> {
     };
     let history = store.history(id)?;
     let links = links_from(store, &record.namespace, id)?;
-    let promoted_into = match store.get_raw(&keys::promoted(id))? {
-        Some(v) => Some(MemoryId(u32::from_be_bytes(
-            v.as_slice().try_into().map_err(|_| Error::Corrupt {
-                key: format!("promoted {id}"),
-                message: format!("expected 4 bytes, found {}", v.len()),
-            })?,
-        ))),
-        None => None,
-    };
+    let promoted_into = store.promoted_into(id)?;
     let mut waiting = Vec::new();
     for w in Waiting::ALL {
         if store.is_queued(w.queue(), id)? {
@@ -291,37 +270,27 @@ pub fn export_record(store: &Store, id: MemoryId) -> Result<Option<Exported>> {
 
 /// The knowledge-graph edges that start at `id`.
 fn links_from(store: &Store, namespace: &str, id: MemoryId) -> Result<Vec<Link>> {
-    // An edge key is the namespace's prefix, `from`, the relation byte and `to`: the
-    // prefix plus `from` selects exactly this record's outgoing edges.
-    let mut prefix = keys::graph_edge_prefix(namespace);
-    prefix.extend_from_slice(&id.0.to_be_bytes());
-    let mut links = Vec::new();
-    store.scan_raw(&prefix, &mut |k, _| {
-        if let Some((from, rel, to)) = keys::graph_edge_parts(k)
-            && from == id
-        {
-            let relation = relation_of(rel).ok_or_else(|| Error::Corrupt {
-                key: format!("{k:02x?}"),
-                message: format!("unknown knowledge-graph relation {rel}"),
-            })?;
-            links.push(Link { relation, to });
-        }
-        Ok(Visit::Continue)
-    })?;
-    Ok(links)
+    Ok(store
+        .edges(namespace, Some(id))?
+        .into_iter()
+        .filter(|e| e.from == id)
+        .map(|e| Link {
+            relation: e.relation,
+            to: e.to,
+        })
+        .collect())
 }
 
-// `Relation::from_u8` is private to the knowledge module; this is the same mapping, kept
-// honest by `Relation as u8` (a new relation shows up here as "unknown", never as another).
-fn relation_of(b: u8) -> Option<Relation> {
-    [
-        Relation::DerivedFrom,
-        Relation::SimilarTo,
-        Relation::Supersedes,
-        Relation::Contradicts,
-    ]
-    .into_iter()
-    .find(|r| *r as u8 == b)
+/// The edge a link of record `from` stands for.
+fn edge(namespace: &str, from: MemoryId, link: Link) -> Mutation {
+    Mutation::PutEdge(
+        namespace.to_string(),
+        Edge {
+            from,
+            to: link.to,
+            relation: link.relation,
+        },
+    )
 }
 
 /// Something an export writes after the records (see [`export_extras`]).
@@ -346,19 +315,15 @@ pub fn export_extras(store: &Store, namespace: Option<&str>) -> Result<Vec<Extra
         }
         Ok(Visit::Continue)
     })?;
-    store.scan_raw(&[keys::layer::QUARANTINE], &mut |k, v| {
-        let entry: QuarantineEntry = codec::decode(k, v)?;
+    store.for_each_quarantined(|entry| {
         if wanted(&entry.namespace) {
             out.push(Extra::Quarantine(entry.id));
         }
         Ok(Visit::Continue)
     })?;
-    store.scan_raw(&[keys::layer::RECALL], &mut |k, v| {
-        let recall: StoredRecall = codec::decode(k, v)?;
-        if let Some(id) = keys::id_from_key(k)
-            && wanted(&recall.namespace)
-        {
-            out.push(Extra::Recall(id.0));
+    store.for_each_recall(|n, recall| {
+        if wanted(&recall.namespace) {
+            out.push(Extra::Recall(n));
         }
         Ok(Visit::Continue)
     })?;
@@ -378,10 +343,8 @@ pub fn export_extra(store: &Store, extra: Extra) -> Result<Option<Line>> {
             None => None,
         },
         Extra::Quarantine(id) => {
-            let key = keys::quarantine(id);
-            match store.get_raw(&key)? {
-                Some(v) => {
-                    let entry: QuarantineEntry = codec::decode(&key, &v)?;
+            match store.quarantine_entry(id)? {
+                Some(entry) => {
                     // A record's (or purged record's) line carries its history already.
                     let history = if store.owner(id)?.is_none() {
                         store.history(id)?
@@ -393,22 +356,16 @@ pub fn export_extra(store: &Store, extra: Extra) -> Result<Option<Line>> {
                 None => None,
             }
         }
-        Extra::Recall(n) => {
-            let key = keys::recall(n);
-            match store.get_raw(&key)? {
-                Some(v) => {
-                    let r: StoredRecall = codec::decode(&key, &v)?;
-                    Some(Line::Recall(RecallLog {
-                        id: recall_id(n),
-                        namespace: r.namespace,
-                        session: r.session,
-                        at: r.at,
-                        ids: r.ids,
-                    }))
-                }
-                None => None,
-            }
-        }
+        Extra::Recall(n) => match store.recall(n)? {
+            Some(r) => Some(Line::Recall(RecallLog {
+                id: recall_id(n),
+                namespace: r.namespace,
+                session: r.session,
+                at: r.at,
+                ids: r.ids,
+            })),
+            None => None,
+        },
     })
 }
 
@@ -609,9 +566,9 @@ pub struct Importer {
     committed: u64,
     highest: Option<MemoryId>,
     queued: bool,
-    /// Per session: the largest source id its condensed records cover (see
-    /// `keys::condensed_upto`), so the condenser does not condense imported events again.
-    condensed_upto: HashMap<Vec<u8>, u32>,
+    /// Per (namespace, session): the largest source id its condensed records cover (see
+    /// `Store::condensed_upto`), so the condenser does not condense imported events again.
+    condensed_upto: HashMap<(String, String), MemoryId>,
     /// Tombstones to write once the batch holding their history is durable.
     tombstones: Vec<(MemoryId, String)>,
     header: Option<Header>,
@@ -850,7 +807,7 @@ impl Importer {
         let taken = if store.tombstone(id).map_err(ImportError::Store)?.is_some() {
             Some("a purged record")
         } else if store
-            .get_raw(&keys::quarantine(id))
+            .quarantine_entry(id)
             .map_err(ImportError::Store)?
             .is_some()
         {
@@ -1007,10 +964,7 @@ impl Importer {
             self.writes.push(Mutation::Audit(p.id, entry));
         }
         for link in p.links {
-            self.writes.push(Mutation::PutRaw(
-                keys::graph_edge(&p.namespace, p.id, link.relation as u8, link.to),
-                Vec::new(),
-            ));
+            self.writes.push(edge(&p.namespace, p.id, link));
         }
         self.tombstones.push((p.id, p.namespace));
         Ok(Outcome::Imported)
@@ -1022,9 +976,12 @@ impl Importer {
         history: Vec<AuditEntry>,
     ) -> Result<Outcome, ImportError> {
         validate_id("quarantine.namespace", &entry.namespace).map_err(ImportError::Line)?;
-        let key = keys::quarantine(entry.id);
-        if let Some(v) = self.sub.store().get_raw(&key).map_err(ImportError::Store)? {
-            let existing: QuarantineEntry = codec::decode(&key, &v).map_err(ImportError::Store)?;
+        let present = self
+            .sub
+            .store()
+            .quarantine_entry(entry.id)
+            .map_err(ImportError::Store)?;
+        if let Some(existing) = present {
             return Ok(if existing == entry {
                 Outcome::AlreadyPresent
             } else {
@@ -1036,7 +993,7 @@ impl Importer {
             let store = self.sub.store();
             if store.owner(entry.id).map_err(ImportError::Store)?.is_some()
                 || store
-                    .get_raw(&keys::recall(entry.id.0))
+                    .recall(entry.id.0)
                     .map_err(ImportError::Store)?
                     .is_some()
             {
@@ -1053,29 +1010,27 @@ impl Importer {
                 self.writes.push(Mutation::Audit(entry.id, e));
             }
         }
-        self.writes
-            .push(Mutation::PutRaw(key.to_vec(), codec::encode(&entry)));
+        self.writes.push(Mutation::Quarantine(Box::new(entry)));
         Ok(Outcome::Imported)
     }
 
     fn add_recall(&mut self, r: RecallLog, n: u32) -> Result<Outcome, ImportError> {
         validate_id("recall.namespace", &r.namespace).map_err(ImportError::Line)?;
         validate_id("recall.session", &r.session).map_err(ImportError::Line)?;
-        let stored = codec::encode(&StoredRecall {
+        let stored = RememberedRecall {
             namespace: r.namespace,
             session: r.session,
             at: r.at,
             ids: r.ids,
-        });
-        let key = keys::recall(n);
-        if let Some(v) = self.sub.store().get_raw(&key).map_err(ImportError::Store)? {
-            return Ok(if v == stored {
+        };
+        if let Some(existing) = self.sub.store().recall(n).map_err(ImportError::Store)? {
+            return Ok(if existing == stored {
                 Outcome::AlreadyPresent
             } else {
                 Outcome::Different(r.id)
             });
         }
-        self.writes.push(Mutation::PutRaw(key.to_vec(), stored));
+        self.writes.push(Mutation::RememberRecall(n, stored));
         Ok(Outcome::Imported)
     }
 
@@ -1093,32 +1048,25 @@ impl Importer {
             self.writes.push(Mutation::Audit(id, entry));
         }
         for link in links {
-            self.writes.push(Mutation::PutRaw(
-                keys::graph_edge(&record.namespace, id, link.relation as u8, link.to),
-                Vec::new(),
-            ));
+            self.writes.push(edge(&record.namespace, id, link));
         }
-        if let Some(k) = promoted_into {
-            self.writes.push(Mutation::PutRaw(
-                keys::promoted(id).to_vec(),
-                k.0.to_be_bytes().to_vec(),
-            ));
+        if let Some(knowledge) = promoted_into {
+            self.writes.push(Mutation::MarkPromoted {
+                condensed: id,
+                knowledge,
+            });
         }
         for w in waiting {
             self.queued |= w == Waiting::Enrich;
             self.writes.push(Mutation::Enqueue(w.queue(), id));
         }
         if record.tier == Tier::Condensed
-            && let Some(upto) = record.sources.iter().map(|s| s.0).max()
+            && let Some(upto) = record.sources.iter().copied().max()
         {
-            let key = keys::condensed_upto(&record.namespace, &record.session_id);
+            let key = (record.namespace.clone(), record.session_id.clone());
             let current = match self.condensed_upto.get(&key) {
                 Some(v) => Some(*v),
-                None => self
-                    .sub
-                    .store()
-                    .get_raw(&key)?
-                    .and_then(|v| v.as_slice().try_into().ok().map(u32::from_be_bytes)),
+                None => self.sub.store().condensed_upto(&key.0, &key.1)?,
             };
             if current.is_none_or(|c| c < upto) {
                 self.condensed_upto.insert(key, upto);
@@ -1142,8 +1090,12 @@ impl Importer {
             self.sub.store().reserve_ids_through(h)?;
         }
         let mut writes = std::mem::take(&mut self.writes);
-        for (key, upto) in self.condensed_upto.drain() {
-            writes.push(Mutation::PutRaw(key, upto.to_be_bytes().to_vec()));
+        for ((namespace, session), upto) in self.condensed_upto.drain() {
+            writes.push(Mutation::SetCondensedUpto {
+                namespace,
+                session,
+                upto,
+            });
         }
         self.sub.store().write(writes)?;
         // After the history they guard is durable: an interruption in between leaves a
@@ -1202,7 +1154,7 @@ fn second_header() -> ImportError {
 
 /// The number in a recall id (`rcl-` and 8 hex digits).
 fn recall_number(id: &str) -> Result<u32> {
-    crate::lifecycle::recall_number(id).ok_or_else(|| {
+    crate::engine::recall_number(id).ok_or_else(|| {
         Error::invalid(
             "recall.id",
             format!("`{id}` is not a recall id; recall ids are `rcl-` and 8 hex digits"),
@@ -1225,10 +1177,10 @@ fn same_record(a: &MemoryRecord, b: &MemoryRecord) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lifecycle::{FeedbackTarget, Outcome as Feedback};
+    use crate::engine::{FeedbackTarget, Outcome as Feedback};
+    use crate::engine::{RecallRequest, SubstrateOptions};
     use crate::model::NewMemory;
-    use crate::quarantine::Strikes;
-    use crate::substrate::{RecallRequest, SubstrateOptions};
+    use crate::store::Strikes;
 
     fn export_all(store: &Store) -> Vec<String> {
         let mut lines = vec![
@@ -1296,7 +1248,7 @@ mod tests {
         a.archive("default", ids[0], "test").unwrap();
         a.link(
             "default",
-            crate::knowledge::Edge {
+            crate::model::Edge {
                 from: ids[1],
                 to: ids[0],
                 relation: Relation::Contradicts,
@@ -1306,7 +1258,7 @@ mod tests {
         .unwrap();
         a.link(
             "default",
-            crate::knowledge::Edge {
+            crate::model::Edge {
                 from: ids[2],
                 to: ids[1],
                 relation: Relation::SimilarTo,
@@ -1611,7 +1563,7 @@ mod tests {
             .unwrap();
         a.link(
             "default",
-            crate::knowledge::Edge {
+            crate::model::Edge {
                 from: ids[1],
                 to: ids[0],
                 relation: Relation::SimilarTo,

@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use shadowbrain_runtime::eval::locomo;
-use shadowbrain_runtime::policy::Policy;
-use shadowbrain_runtime::substrate::{Substrate, SubstrateOptions};
+use shadowbrain::eval::locomo;
+use shadowbrain::policy::Policy;
+use shadowbrain::{Substrate, SubstrateOptions};
 
 use super::simulate::scratch_root;
 use super::transfer::bar;
@@ -35,7 +35,7 @@ pub(super) struct LocomoArgs {
     policy: Option<PathBuf>,
     /// The k values to report, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "5,10,20",
-          value_parser = clap::value_parser!(u32).range(1..=200))]
+          value_parser = clap::value_parser!(u32).range(1..=shadowbrain::Limits::K_CEILING as i64))]
     k: Vec<u32>,
     /// Only these conversations, by position in the file: `3`, `0-4`.
     #[arg(long, value_parser = parse_range)]

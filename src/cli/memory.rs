@@ -7,12 +7,11 @@
 
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
+use shadowbrain::Limits;
 use shadowbrain::api;
-use shadowbrain::server::Limits;
-use shadowbrain_runtime::clock::{Timestamp, parse_rfc3339, to_human, to_rfc3339};
-use shadowbrain_runtime::model::{MemoryId, NewMemory};
-use shadowbrain_runtime::retrieval::Scope;
-use shadowbrain_runtime::substrate::RecallRequest;
+use shadowbrain::{
+    MemoryId, NewMemory, RecallRequest, Scope, Timestamp, parse_rfc3339, to_human, to_rfc3339,
+};
 
 use super::{RuntimeArgs, load_config, out, with_runtime};
 
@@ -185,12 +184,12 @@ pub(super) fn record(args: RecordArgs) -> anyhow::Result<()> {
 
 /// The `[limits]` of the config file the command was given: the CLI enforces what `serve`
 /// with the same file would.
-fn http_limits(args: &RuntimeArgs) -> anyhow::Result<Limits> {
-    Ok(load_config(args.store.config.as_deref())?.limits.http())
+fn config_limits(args: &RuntimeArgs) -> anyhow::Result<Limits> {
+    Ok(load_config(args.store.config.as_deref())?.limits)
 }
 
 pub(super) fn recall(args: RecallArgs) -> anyhow::Result<()> {
-    let limits = http_limits(&args.runtime)?;
+    let limits = config_limits(&args.runtime)?;
     if !(1..=limits.max_k).contains(&args.k) {
         anyhow::bail!(
             "--k {} is out of range; ask for 1 to {} memories",
@@ -257,7 +256,7 @@ pub(super) fn recall(args: RecallArgs) -> anyhow::Result<()> {
 }
 
 pub(super) fn timeline(args: TimelineArgs) -> anyhow::Result<()> {
-    let max = http_limits(&args.runtime)?.max_timeline;
+    let max = config_limits(&args.runtime)?.max_timeline;
     if !(1..=max).contains(&args.limit) {
         anyhow::bail!(
             "--limit {} is out of range; ask for 1 to {max} records",

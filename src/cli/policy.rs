@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Subcommand;
 use serde_json::Value;
-use shadowbrain_runtime::policy::Policy;
+use shadowbrain::policy::Policy;
 
 /// `shadowbrain policy …`.
 #[derive(Debug, Subcommand)]

@@ -7,10 +7,10 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
+use shadowbrain::policy::Policy;
 use shadowbrain::sim::report::{PolicyReport, Report, WorkloadSummary};
 use shadowbrain::sim::run::{RunOptions, run};
 use shadowbrain::sim::workload::{Workload, WorkloadSpec};
-use shadowbrain_runtime::policy::Policy;
 
 use super::transfer::bar;
 
@@ -36,7 +36,7 @@ pub(super) struct SimulateArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Memories each probe looks at.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=200))]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=shadowbrain::Limits::K_CEILING as i64))]
     k: u32,
     /// Where to write the reports (created; existing reports are replaced).
     #[arg(long)]

@@ -3,7 +3,7 @@
 //! with a progress bar on stderr that stays hidden when stderr is not a terminal.
 //!
 //! The line format and the rules for writing records back with their own ids live in
-//! `shadowbrain_runtime::transfer`; this module reads and writes files, counts, and turns
+//! `shadowbrain::transfer`; this module reads and writes files, counts, and turns
 //! a bad line into an error that names it. An import commits in batches, so a bad line
 //! stops it with every line before it durable, and running it again skips what is there; a
 //! failed write is reported as such, not blamed on the line. Summaries go to stderr, data
@@ -17,11 +17,10 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use shadowbrain_runtime::embed::build_embedder;
-use shadowbrain_runtime::kv::Backend;
-use shadowbrain_runtime::store::{Store, StoreOptions};
-use shadowbrain_runtime::substrate::{IndexingOptions, Substrate, SubstrateOptions};
-use shadowbrain_runtime::transfer::{self, Extra, ImportError, Importer, Line, Outcome};
+use shadowbrain::embed::build_embedder;
+use shadowbrain::internals::{Store, StoreOptions};
+use shadowbrain::transfer::{self, Extra, ImportError, Importer, Line, Outcome};
+use shadowbrain::{Backend, IndexingOptions, Substrate, SubstrateOptions};
 
 use super::{
     DataDir, StoreArgs, backend_of, embedder_config, load_config, refuse_if_in_use, require_store,
@@ -109,7 +108,7 @@ pub(super) fn export(args: ExportArgs) -> anyhow::Result<()> {
     require_store(data)?;
     refuse_if_in_use(data)?;
     if let Some(ns) = &args.namespace {
-        shadowbrain_runtime::model::validate_id("namespace", ns)?;
+        shadowbrain::validate_id("namespace", ns)?;
     }
     let to_stdout = args.output.as_os_str() == "-";
     if !to_stdout && args.output.is_dir() {
@@ -260,7 +259,7 @@ pub(super) fn import(args: ImportArgs) -> anyhow::Result<()> {
         SubstrateOptions {
             backend: backend_of(data),
             embedder,
-            limits: cfg.limits.input(),
+            limits: cfg.limits,
             // No enricher or indexer threads: nothing may change a record while it is being
             // imported (the round trip must be exact); the importer runs index passes itself.
             indexing: IndexingOptions {

@@ -34,14 +34,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shadowbrain_actors::{Runtime, RuntimeConfig};
-use shadowbrain_runtime::clock::{Timestamp, VirtualClock};
-use shadowbrain_runtime::error::Result;
-use shadowbrain_runtime::lifecycle::{FeedbackTarget, Outcome};
-use shadowbrain_runtime::model::{NewMemory, Status, Tier};
-use shadowbrain_runtime::policy::Policy;
-use shadowbrain_runtime::retrieval::Scope;
-use shadowbrain_runtime::substrate::RecallRequest;
+use crate::policy::Policy;
+use crate::{FeedbackTarget, NewMemory, Outcome, Result, Status, Tier, Timestamp, VirtualClock};
+use crate::{RecallRequest, Scope};
+use crate::{Runtime, RuntimeConfig};
 
 use super::workload::{PlantKind, START, Step, Workload};
 
@@ -298,7 +294,7 @@ async fn end_of_day(rt: &Runtime, day: u32) -> Result<DaySample> {
     let substrate = rt.substrate().clone();
     tokio::task::spawn_blocking(move || substrate.index_pass(true))
         .await
-        .map_err(|e| shadowbrain_runtime::error::Error::Unavailable {
+        .map_err(|e| crate::Error::Unavailable {
             what: "the index build".into(),
             message: e.to_string(),
         })??;
@@ -322,7 +318,7 @@ fn promoted_lessons(rt: &Runtime, workload: &Workload) -> Result<BTreeSet<usize>
         {
             texts.push(r.text);
         }
-        Ok(shadowbrain_runtime::kv::Visit::Continue)
+        Ok(crate::internals::Visit::Continue)
     })?;
     Ok(workload
         .plants

@@ -16,7 +16,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use shadowbrain_runtime::clock::Timestamp;
+use crate::Timestamp;
 
 /// What to generate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,10 +9,10 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Timestamp;
+use crate::engine::{RecallRequest, Substrate};
 use crate::error::{Error, Result};
 use crate::model::{MemoryId, NewMemory};
 use crate::retrieval::Scope;
-use crate::substrate::{RecallRequest, Substrate};
 
 /// One conversation of the data set, as loaded.
 #[derive(Debug, Clone)]

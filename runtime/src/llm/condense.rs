@@ -8,7 +8,7 @@
 //! phrased as a rule. A second lesson that is still not rule-shaped is kept as a summary
 //! (it says something true, just not something to follow). Any other failure — the
 //! provider's, the budget's, an unusable second answer — is an error, and
-//! [`crate::lifecycle`] keeps the extractive text with the reason in the audit log.
+//! [`crate::Substrate::condense_with`] keeps the extractive text with the reason in the audit log.
 
 use std::sync::Arc;
 
@@ -18,8 +18,8 @@ use serde_json::json;
 use super::chat::ChatRequest;
 use super::cost::{Counters, Llm};
 use super::json::{self, CondenseKind, CondenseVerdict, JsonFault, MAX_CONDENSED_CHARS};
+use crate::engine::{Summarizer, Summary, SummaryRequest};
 use crate::error::{Error, Result};
-use crate::lifecycle::{Summarizer, Summary, SummaryRequest};
 use crate::model::MemoryRecord;
 
 /// What the condenser is told about writing, unless the policy's `[condensation] prompt`
@@ -183,10 +183,10 @@ impl Summarizer for LlmCondenser {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::{Substrate, SubstrateOptions};
     use crate::llm::script::scripted;
     use crate::model::{MemoryId, NewMemory};
     use crate::policy::Policy;
-    use crate::substrate::{Substrate, SubstrateOptions};
 
     const NOW: crate::clock::Timestamp = 1_780_002_000_000;
 

@@ -30,8 +30,8 @@ use sha2::{Digest, Sha256};
 use super::chat::ChatRequest;
 use super::cost::{Counters, Llm};
 use super::json::{self, JsonFault, JudgeVerdict};
+use crate::engine::{Judge, JudgeBatch, JudgeItem, Judgement, Verdict};
 use crate::error::{Error, Result};
-use crate::evaluate::{Judge, JudgeBatch, JudgeItem, Judgement, Verdict};
 use crate::model::MemoryId;
 
 /// What the judge is told about rating, unless the policy's `[evaluation] prompt` says
@@ -431,18 +431,9 @@ fn nearest<'a, T>(
     best
 }
 
-/// Cosine similarity; `None` when the dimensions differ or a vector is zero.
+/// Cosine similarity; `None` when the dimensions differ (another embedder's vector).
 fn cosine(a: &[f32], b: &[f32]) -> Option<f32> {
-    if a.len() != b.len() {
-        return None;
-    }
-    let (mut dot, mut na, mut nb) = (0.0f32, 0.0f32, 0.0f32);
-    for (x, y) in a.iter().zip(b) {
-        dot += x * y;
-        na += x * x;
-        nb += y * y;
-    }
-    (na > 0.0 && nb > 0.0).then(|| dot / (na.sqrt() * nb.sqrt()))
+    (a.len() == b.len()).then(|| crate::index::cosine(a, b))
 }
 
 /// A short fingerprint of the guidance a verdict was given under.
@@ -800,8 +791,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_substrate_keeps_the_models_score_or_the_rules_with_the_reason() {
+        use crate::engine::{Substrate, SubstrateOptions};
         use crate::model::NewMemory;
-        use crate::substrate::{Substrate, SubstrateOptions};
         let dir = tempfile::tempdir().unwrap();
         let sub = Substrate::open(dir.path(), SubstrateOptions::default()).unwrap();
         let ids = sub

@@ -2,7 +2,7 @@
 //! endpoint judges importance and condenses windows when the policy asks for `llm` or
 //! `hybrid` evaluation. This module holds the section's shape and its validation, so a
 //! config file is checked, with every mistake named, when the server starts; the provider
-//! that speaks to the endpoint plugs into the judge seam of [`crate::evaluate`].
+//! that speaks to the endpoint plugs into the judge seam of [`crate::Substrate::evaluate`].
 //!
 //! Submodules: [`json`] (reading JSON out of a model's answer: fences, stray prose, common
 //! faults repaired), [`chat`] (the chat-completions client with timeouts, retries and

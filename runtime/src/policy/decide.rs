@@ -16,7 +16,7 @@
 //!   counts in `record.reinforcements`, which slows the Ebbinghaus curve.
 
 use crate::clock::Timestamp;
-use crate::model::{MemoryRecord, Status, Tier};
+use crate::model::{MemoryRecord, PolicyStamp, Reinforce, Status, Tier};
 
 use super::Policy;
 use super::compile::{Curve, RecencyBasis};
@@ -331,6 +331,17 @@ impl Policy {
         } else {
             Err(reasons.join("; "))
         }
+    }
+}
+
+/// The store applies a recall's reinforcement when it commits, by the policy that ranked it.
+impl Reinforce for Policy {
+    fn apply(&self, record: &mut MemoryRecord, now: Timestamp, amount: f32) {
+        self.apply_reinforcement(record, now, amount);
+    }
+
+    fn stamp(&self) -> PolicyStamp {
+        Policy::stamp(self)
     }
 }
 

@@ -14,11 +14,12 @@ use tokio::sync::oneshot;
 
 use super::catalog::Catalog;
 use super::codec::{self, Header};
+use super::families;
+use super::keys::{self, meta};
+use super::kv::{Kv, Op, Range, Visit};
 use super::{Change, Mutation, Queue, RecordPatch, SessionStats, WriteSet};
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
-use crate::keys::{self, family, meta};
-use crate::kv::{Kv, Op, Range, Visit};
 use crate::model::{AuditAction, AuditEntry, MemoryId, Status, Tier};
 
 /// Most write sets folded into one commit: bounds the latency a single large group adds.
@@ -279,11 +280,21 @@ impl Worker {
                 tracing::error!(error = %e, "store commit failed; nothing in this group was written");
                 self.next_seq = seq_before;
                 self.stats.clear();
-                let message = e.to_string();
+                // Every writer of the group gets the backend's error, source and all.
+                let (message, source) = match e {
+                    Error::Storage {
+                        message, source, ..
+                    } => (message, source),
+                    other => (
+                        other.to_string(),
+                        Some(Arc::new(other) as crate::error::Source),
+                    ),
+                };
                 for (reply, _, _) in accepted {
                     reply.send(Err(Error::Storage {
                         backend: self.kv.backend().as_str(),
                         message: message.clone(),
+                        source: source.clone(),
                     }));
                 }
             }
@@ -515,11 +526,9 @@ impl Worker {
                     };
                     let mut r = codec::decode_record(id, &key, &bytes, None)?;
                     let before = r.strength;
-                    reinforcement.policy.apply_reinforcement(
-                        &mut r,
-                        reinforcement.at,
-                        reinforcement.amount,
-                    );
+                    reinforcement
+                        .curve
+                        .apply(&mut r, reinforcement.at, reinforcement.amount);
                     let bytes = codec::encode_record(&r);
                     self.set_overlay(undo, id, Some(bytes.clone()));
                     ops.push(Op::Put(key.to_vec(), bytes));
@@ -576,14 +585,25 @@ impl Worker {
                         upto.to_be_bytes().to_vec(),
                     ));
                 }
-                Mutation::PutRaw(k, v) => {
-                    check_raw(&k)?;
-                    ops.push(Op::Put(k, v));
+                Mutation::RememberRecall(n, recall) => ops.push(families::recall_op(n, &recall)),
+                Mutation::PutEdge(namespace, edge) => {
+                    ops.push(families::edge_op(&namespace, &edge));
                 }
-                Mutation::DeleteRaw(k) => {
-                    check_raw(&k)?;
-                    ops.push(Op::Delete(k));
+                Mutation::MarkPromoted {
+                    condensed,
+                    knowledge,
+                } => ops.push(families::promoted_op(condensed, knowledge)),
+                Mutation::SetStrikes(id, strikes) => {
+                    ops.push(families::strikes_op(id, Some(&strikes)));
                 }
+                Mutation::ClearStrikes(id) => ops.push(families::strikes_op(id, None)),
+                Mutation::Quarantine(entry) => ops.push(families::quarantine_op(&entry)),
+                Mutation::SetCondensedUpto {
+                    namespace,
+                    session,
+                    upto,
+                } => ops.push(families::condensed_upto_op(&namespace, &session, upto)),
+                Mutation::SetLastDecaySweep(at) => ops.push(families::last_decay_sweep_op(at)),
             }
         }
         touched.sort();
@@ -594,18 +614,5 @@ impl Worker {
             }
         }
         Ok((ops, cat))
-    }
-}
-
-fn check_raw(key: &[u8]) -> Result<()> {
-    match key.first() {
-        Some(f) if *f >= family::RESERVED_FIRST => Ok(()),
-        _ => Err(Error::invalid(
-            "raw key",
-            format!(
-                "raw keys must start with a family byte >= {:#04x}; lower families belong to the store",
-                family::RESERVED_FIRST
-            ),
-        )),
     }
 }

@@ -1,4 +1,4 @@
-//! The store: shadowbrain's system of record, over the ordered-KV seam ([`crate::kv`]).
+//! The store: shadowbrain's system of record, over the ordered-KV seam ([`kv`]).
 //!
 //! It owns records, their embeddings, per-session and per-namespace listings in time order,
 //! session statistics, the append-only audit log, durable work queues and the index change
@@ -9,8 +9,11 @@
 //! here: they follow the change log and can be rebuilt from the store at any time.
 
 mod catalog;
-pub mod codec;
+mod codec;
 mod commit;
+mod families;
+mod keys;
+pub(crate) mod kv;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -21,12 +24,14 @@ use serde::{Deserialize, Serialize};
 
 pub use catalog::{Catalog, Filter};
 pub use commit::CommitStats;
+pub use families::{QuarantineEntry, RememberedRecall, Strikes};
+pub use kv::{Backend, Visit, dir_disk_bytes};
 
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
-use crate::keys::{self, family, meta};
-use crate::kv::{self, Backend, Kv, Range, Visit, Visitor};
-use crate::model::{AuditEntry, MemoryId, MemoryRecord, Status, Tier};
+use crate::model::{AuditEntry, Edge, MemoryId, MemoryRecord, Reinforce, Status, Tier};
+use keys::{family, meta};
+use kv::{Kv, Range, Visitor};
 
 /// The on-disk format this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -126,17 +131,41 @@ pub enum Mutation {
     Dequeue(Queue, MemoryId),
     /// Drop change-log entries up to and including this sequence.
     TruncateChanges(u64),
-    /// A raw key for tables owned by later layers (family ≥ 0x10).
-    PutRaw(Vec<u8>, Vec<u8>),
-    /// Delete a raw key (family ≥ 0x10).
-    DeleteRaw(Vec<u8>),
+    /// Remember what recall number `n` returned, for feedback on its recall id.
+    RememberRecall(u32, RememberedRecall),
+    /// A knowledge-graph edge of a namespace (written again, it stays one edge).
+    PutEdge(String, Edge),
+    /// A condensed record was promoted (or merged) into this knowledge record.
+    MarkPromoted {
+        /// The condensed record.
+        condensed: MemoryId,
+        /// The knowledge record it went into.
+        knowledge: MemoryId,
+    },
+    /// A record's strike count, replacing the one stored.
+    SetStrikes(MemoryId, Strikes),
+    /// Forget a record's strikes (processing it succeeded, or it was set aside).
+    ClearStrikes(MemoryId),
+    /// Set something aside (see `QuarantineEntry`).
+    Quarantine(Box<QuarantineEntry>),
+    /// Where a session's condensation stands: the largest record id it has covered.
+    SetCondensedUpto {
+        /// The namespace.
+        namespace: String,
+        /// The session.
+        session: String,
+        /// The largest record id condensed so far.
+        upto: MemoryId,
+    },
+    /// Runtime-clock time of the decay sweep that just ran.
+    SetLastDecaySweep(Timestamp),
 }
 
 /// A reinforcement to apply at commit time ([`Mutation::Reinforce`]).
 #[derive(Clone)]
 pub struct Reinforcement {
-    /// The policy whose curve and bounds decide the new strength.
-    pub policy: Arc<crate::policy::Policy>,
+    /// What decides the new strength (the policy's forgetting curve and bounds).
+    pub curve: Arc<dyn Reinforce>,
     /// When (the new `strength_at`).
     pub at: Timestamp,
     /// Strength added to the decayed strength.
@@ -146,7 +175,7 @@ pub struct Reinforcement {
 impl std::fmt::Debug for Reinforcement {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reinforcement")
-            .field("policy", &self.policy.stamp())
+            .field("curve", &self.curve.stamp())
             .field("at", &self.at)
             .field("amount", &self.amount)
             .finish()
@@ -359,10 +388,7 @@ impl Store {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
                 cur.checked_add(n32)
             })
-            .map_err(|_| Error::Storage {
-                backend: self.backend().as_str(),
-                message: "record ids exhausted (2^32)".into(),
-            })?;
+            .map_err(|_| Error::storage(self.backend().as_str(), "record ids exhausted (2^32)"))?;
         Ok((first..first + n32).map(MemoryId).collect())
     }
 
@@ -727,13 +753,8 @@ impl Store {
             )
     }
 
-    /// Reads a raw key of a table owned by a later layer.
-    pub fn get_raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.inner.kv.get(key)
-    }
-
-    /// Scans raw keys under `prefix` (family ≥ 0x10).
-    pub fn scan_raw(&self, prefix: &[u8], visit: &mut Visitor<'_>) -> Result<()> {
+    /// Scans the keys under `prefix`.
+    fn scan_prefix(&self, prefix: &[u8], visit: &mut Visitor<'_>) -> Result<()> {
         let mut end = Vec::new();
         self.inner
             .kv
@@ -911,9 +932,11 @@ impl Store {
     /// [`Store::allocate_ids`]: for writers that bring their own ids (an import). The next
     /// commit persists the counter.
     pub fn reserve_ids_through(&self, id: MemoryId) -> Result<()> {
-        let next = id.0.checked_add(1).ok_or_else(|| Error::Storage {
-            backend: self.backend().as_str(),
-            message: format!("{id} is the last possible id; no id is left after it"),
+        let next = id.0.checked_add(1).ok_or_else(|| {
+            Error::storage(
+                self.backend().as_str(),
+                format!("{id} is the last possible id; no id is left after it"),
+            )
         })?;
         self.inner.next_id.fetch_max(next, Ordering::SeqCst);
         Ok(())
@@ -925,10 +948,7 @@ impl Store {
         self.inner
             .next_recall
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| cur.checked_add(1))
-            .map_err(|_| Error::Storage {
-                backend: self.backend().as_str(),
-                message: "recall numbers exhausted (2^32)".into(),
-            })
+            .map_err(|_| Error::storage(self.backend().as_str(), "recall numbers exhausted (2^32)"))
     }
 
     /// The next recall number [`Store::allocate_recall`] would hand out.
@@ -939,9 +959,11 @@ impl Store {
     /// Makes sure recall numbers up to and including `n` are never handed out (an import
     /// brings its own). The next commit persists the counter.
     pub fn reserve_recalls_through(&self, n: u32) -> Result<()> {
-        let next = n.checked_add(1).ok_or_else(|| Error::Storage {
-            backend: self.backend().as_str(),
-            message: format!("rcl-{n:08x} is the last possible recall; none is left after it"),
+        let next = n.checked_add(1).ok_or_else(|| {
+            Error::storage(
+                self.backend().as_str(),
+                format!("rcl-{n:08x} is the last possible recall; none is left after it"),
+            )
         })?;
         self.inner.next_recall.fetch_max(next, Ordering::SeqCst);
         Ok(())

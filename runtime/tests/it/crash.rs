@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::{RngExt, SeedableRng};
-use shadowbrain_runtime::kv::Backend;
-use shadowbrain_runtime::model::{MemoryId, NewMemory};
-use shadowbrain_runtime::store::Filter;
-use shadowbrain_runtime::substrate::{IndexingOptions, Substrate, SubstrateOptions};
+use shadowbrain_runtime::internals::Filter;
+use shadowbrain_runtime::{
+    Backend, IndexingOptions, MemoryId, NewMemory, Substrate, SubstrateOptions,
+};
 
 const DIR_VAR: &str = "SHADOWBRAIN_CRASH_DIR";
 const BACKEND_VAR: &str = "SHADOWBRAIN_CRASH_BACKEND";

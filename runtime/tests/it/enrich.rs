@@ -12,12 +12,10 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
-use shadowbrain_runtime::embed::hash::HashEmbedder;
+use shadowbrain_runtime::embed::HashEmbedder;
 use shadowbrain_runtime::embed::{EmbedderConfig, EmbedderKind, build_embedder};
-use shadowbrain_runtime::model::NewMemory;
-use shadowbrain_runtime::retrieval::Scope;
-use shadowbrain_runtime::store::Queue;
-use shadowbrain_runtime::substrate::{RecallRequest, Substrate, SubstrateOptions};
+use shadowbrain_runtime::internals::Queue;
+use shadowbrain_runtime::{NewMemory, RecallRequest, Scope, Substrate, SubstrateOptions};
 
 #[derive(Default)]
 struct Provider {
@@ -91,10 +89,12 @@ async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 async fn found_by_vector(sub: &Substrate, query: &str) -> bool {
     sub.catch_up().unwrap();
     let q = HashEmbedder::default().embed_one(query);
-    let all = sub.store().candidates(&shadowbrain_runtime::store::Filter {
-        namespace: "default",
-        ..Default::default()
-    });
+    let all = sub
+        .store()
+        .candidates(&shadowbrain_runtime::internals::Filter {
+            namespace: "default",
+            ..Default::default()
+        });
     !sub.vectors().search(&q, 1, Some(&all)).unwrap().is_empty()
 }
 

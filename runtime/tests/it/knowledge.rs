@@ -4,14 +4,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use shadowbrain_runtime::Error;
-use shadowbrain_runtime::clock::VirtualClock;
-use shadowbrain_runtime::knowledge::{Edge, KNOWLEDGE_SESSION, Promotion, Relation};
-use shadowbrain_runtime::lifecycle::{FeedbackTarget, Outcome};
-use shadowbrain_runtime::model::{MemoryId, NewMemory, Tier};
 use shadowbrain_runtime::policy::Policy;
-use shadowbrain_runtime::retrieval::Scope;
-use shadowbrain_runtime::substrate::{IndexingOptions, RecallRequest, Substrate, SubstrateOptions};
+use shadowbrain_runtime::{
+    Edge, Error, FeedbackTarget, IndexingOptions, KNOWLEDGE_SESSION, MemoryId, NewMemory, Outcome,
+    Promotion, RecallRequest, Relation, Scope, Substrate, SubstrateOptions, Tier, VirtualClock,
+};
 
 const POLICY: &str = "[condensation]\nevery_events = 50\nmin_events = 3\n\
                       [promotion]\nmin_importance = 6\nmin_utility = 0.6\nmin_successes = 1\nmerge_similarity = 0.8\n";

@@ -4,12 +4,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shadowbrain_runtime::clock::{Clock, DAY_MS, VirtualClock};
-use shadowbrain_runtime::lifecycle::SweepReport;
-use shadowbrain_runtime::model::{AuditAction, MemoryId, NewMemory, Status, Tier};
+use shadowbrain_runtime::internals::{Mutation, RecordPatch, WriteSet};
 use shadowbrain_runtime::policy::Policy;
-use shadowbrain_runtime::store::{Mutation, RecordPatch, WriteSet};
-use shadowbrain_runtime::substrate::{IndexingOptions, RecallRequest, Substrate, SubstrateOptions};
+use shadowbrain_runtime::{
+    AuditAction, Clock, DAY_MS, IndexingOptions, MemoryId, NewMemory, RecallRequest, Status,
+    Substrate, SubstrateOptions, SweepReport, Tier, VirtualClock,
+};
 
 const T0: i64 = 1_780_000_000_000;
 
@@ -157,7 +157,7 @@ async fn a_stale_decay_decision_leaves_no_trace() {
                 strength: Some((0.1, clock.now())),
                 ..RecordPatch::default()
             },
-            audit: shadowbrain_runtime::model::AuditEntry {
+            audit: shadowbrain_runtime::AuditEntry {
                 at: clock.now(),
                 action: AuditAction::Decayed,
                 by: "decay".into(),
@@ -273,7 +273,7 @@ async fn condensation_quotes_the_recurring_theme_links_sources_and_condenses_eac
 
     // The condensed record is recalled like any memory.
     let mut req = RecallRequest::new("default", "elsewhere", "bank gateway timeout payment");
-    req.scope = shadowbrain_runtime::retrieval::Scope::Namespace;
+    req.scope = shadowbrain_runtime::Scope::Namespace;
     req.reinforce = false;
     let recalled = sub.recall(&req).await.unwrap();
     assert!(

@@ -6,13 +6,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shadowbrain_runtime::Error;
-use shadowbrain_runtime::clock::{DAY_MS, VirtualClock};
-use shadowbrain_runtime::embed::hash::HashEmbedder;
-use shadowbrain_runtime::model::{MemoryId, NewMemory, Status};
+use shadowbrain_runtime::embed::HashEmbedder;
 use shadowbrain_runtime::policy::Policy;
-use shadowbrain_runtime::retrieval::Scope;
-use shadowbrain_runtime::substrate::{IndexingOptions, RecallRequest, Substrate, SubstrateOptions};
+use shadowbrain_runtime::{
+    DAY_MS, Error, IndexingOptions, MemoryId, NewMemory, RecallRequest, Scope, Status, Substrate,
+    SubstrateOptions, VirtualClock,
+};
 
 const T0: i64 = 1_780_000_000_000;
 
@@ -39,7 +38,7 @@ async fn rec(sub: &Substrate, ns: &str, session: &str, kind: &str, text: &str) -
         .unwrap()[0]
 }
 
-fn ids(r: &shadowbrain_runtime::substrate::RecallResult) -> Vec<MemoryId> {
+fn ids(r: &shadowbrain_runtime::RecallResult) -> Vec<MemoryId> {
     r.memories.iter().map(|m| m.record.id).collect()
 }
 
@@ -378,7 +377,7 @@ async fn filters_statuses_and_budget() {
     req.token_budget = Some(40);
     let res = sub.recall(&req).await.unwrap();
     assert_eq!(res.memories.len(), 1, "{}", res.context);
-    assert!(shadowbrain_runtime::text::estimate_tokens(&res.context) <= 40);
+    assert!(shadowbrain_runtime::internals::estimate_tokens(&res.context) <= 40);
 
     let mut req = RecallRequest::new("default", "s", q);
     req.k = 0;
@@ -718,7 +717,7 @@ async fn concurrent_recalls_each_reinforce_what_they_return() {
 async fn neighbouring_turns_and_named_dates_lead_recall_to_the_answer() {
     let dir = tempfile::tempdir().unwrap();
     let (sub, _) = open(dir.path());
-    let at = |s: &str| shadowbrain_runtime::clock::parse_rfc3339("t", s).unwrap();
+    let at = |s: &str| shadowbrain_runtime::parse_rfc3339("t", s).unwrap();
     let turn = |t: i64, text: &str| NewMemory {
         timestamp: Some(t),
         ..NewMemory::new("user_message", text)

@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use proptest::prelude::*;
-use shadowbrain_runtime::kv::Backend;
-use shadowbrain_runtime::model::{Kind, MemoryId, MemoryRecord, PolicyStamp, Status};
-use shadowbrain_runtime::store::{Filter, Mutation, RecordPatch, Store, StoreOptions, WriteSet};
+use shadowbrain_runtime::internals::{
+    Filter, Mutation, Queue, RecordPatch, Store, StoreOptions, WriteSet,
+};
+use shadowbrain_runtime::{AuditEntry, Backend, Kind, MemoryId, MemoryRecord, PolicyStamp, Status};
 
 #[derive(Debug, Clone)]
 enum Step {
@@ -271,8 +272,8 @@ fn the_other_backend_is_refused_with_the_fix() {
 
 #[test]
 fn audit_log_and_queues_and_changes_are_durable() {
-    use shadowbrain_runtime::model::{AuditAction, AuditEntry};
-    use shadowbrain_runtime::store::{Change, Queue};
+    use shadowbrain_runtime::AuditAction;
+    use shadowbrain_runtime::internals::Change;
     let dir = tempfile::tempdir().unwrap();
     let store = open_store(dir.path(), Backend::Lmdb);
     let id = store.allocate_ids(1).unwrap()[0];
@@ -320,9 +321,92 @@ fn audit_log_and_queues_and_changes_are_durable() {
         .write(WriteSet(vec![Mutation::TruncateChanges(changes[0].0)]))
         .unwrap();
     assert_eq!(store.first_change().unwrap(), Some(changes[1].0));
-    // Raw keys of lower families are refused: they belong to the store.
-    let err = store
-        .write(WriteSet(vec![Mutation::PutRaw(vec![0x01, 0], vec![])]))
-        .unwrap_err();
-    assert!(err.to_string().contains("family"), "{err}");
+}
+
+/// The typed tables the layers above keep in the store (no caller builds a key any more:
+/// raw keys of the store's own families cannot even be written) survive a reopen on both
+/// backends, and each read answers only what was written.
+#[test]
+fn typed_tables_are_durable_on_both_backends() {
+    use shadowbrain_runtime::internals::RememberedRecall;
+    use shadowbrain_runtime::{Edge, QuarantineEntry, Relation, Strikes};
+    for backend in [Backend::Lmdb, Backend::Sled] {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b, c) = (MemoryId(1), MemoryId(2), MemoryId(3));
+        let recall = RememberedRecall {
+            namespace: "ns".into(),
+            session: "s".into(),
+            at: 42,
+            ids: vec![b, a],
+        };
+        let strikes = Strikes {
+            count: 2,
+            actor: "evaluator".into(),
+            last_error: "boom".into(),
+        };
+        let entry = QuarantineEntry {
+            id: c,
+            namespace: "ns".into(),
+            session_id: Some("s".into()),
+            actor: "session actor".into(),
+            error: "boom".into(),
+            strikes: 3,
+            at: 43,
+            input: Some("[]".into()),
+        };
+        let edge = Edge {
+            from: b,
+            to: a,
+            relation: Relation::Supersedes,
+        };
+        {
+            let store = open_store(dir.path(), backend);
+            store
+                .write(WriteSet(vec![
+                    Mutation::RememberRecall(7, recall.clone()),
+                    Mutation::PutEdge("ns".into(), edge),
+                    Mutation::MarkPromoted {
+                        condensed: a,
+                        knowledge: b,
+                    },
+                    Mutation::SetStrikes(a, strikes.clone()),
+                    Mutation::SetStrikes(b, strikes.clone()),
+                    Mutation::Quarantine(Box::new(entry.clone())),
+                    Mutation::SetCondensedUpto {
+                        namespace: "ns".into(),
+                        session: "s".into(),
+                        upto: b,
+                    },
+                    Mutation::SetLastDecaySweep(-5),
+                ]))
+                .unwrap();
+            store
+                .write(WriteSet(vec![Mutation::ClearStrikes(b)]))
+                .unwrap();
+        }
+        let store = open_store(dir.path(), backend);
+        assert_eq!(store.recall(7).unwrap(), Some(recall.clone()));
+        assert_eq!(store.recall(8).unwrap(), None);
+        let mut recalls = Vec::new();
+        store
+            .for_each_recall(|n, r| {
+                recalls.push((n, r));
+                Ok(shadowbrain_runtime::internals::Visit::Continue)
+            })
+            .unwrap();
+        assert_eq!(recalls, vec![(7, recall)]);
+        assert_eq!(store.edges("ns", None).unwrap(), vec![edge]);
+        assert_eq!(store.edges("ns", Some(b)).unwrap(), vec![edge]);
+        assert!(store.edges("ns", Some(a)).unwrap().is_empty());
+        assert!(store.edges("other", None).unwrap().is_empty());
+        assert_eq!(store.promoted_into(a).unwrap(), Some(b));
+        assert_eq!(store.promoted_into(b).unwrap(), None);
+        assert_eq!(store.strikes(a).unwrap(), Some(strikes));
+        assert_eq!(store.strikes(b).unwrap(), None);
+        assert_eq!(store.quarantine_entry(c).unwrap(), Some(entry));
+        assert_eq!(store.quarantine_entry(a).unwrap(), None);
+        assert_eq!(store.condensed_upto("ns", "s").unwrap(), Some(b));
+        assert_eq!(store.condensed_upto("ns", "s2").unwrap(), None);
+        assert_eq!(store.last_decay_sweep().unwrap(), Some(-5));
+    }
 }

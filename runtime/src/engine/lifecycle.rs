@@ -1,29 +1,29 @@
 //! What happens to memories after they are written, as plain calls on the [`Substrate`]:
 //! decay sweeps (strength lowered, archives, purges), extractive condensation of a
-//! session's window, and feedback (utility and strength from how using memories went). The actors decide *when* (policy interval, triggers, requests); this
-//! module decides *what*, from the policy and the runtime clock only, so a simulation on
-//! the virtual clock gets the same result every time.
+//! session's window, feedback (utility and strength from how using memories went), and
+//! the status changes an operator makes (pin, obsolete, archive, purge) with the audit
+//! history they leave. The actors decide *when* (policy interval, triggers, requests);
+//! this module decides *what*, from the policy and the runtime clock only, so a simulation
+//! on the virtual clock gets the same result every time.
 //!
 //! It never calls an LLM itself: in `[condensation] mode = "llm"` a [`Summarizer`] passed
 //! in by the caller writes the condensed text (a summary, or a lesson: the record's kind
 //! says which), and any failure of it falls back to the extractive text, with the reason
-//! audited. And it never loses a
-//! decision to a race: decay writes are conditional on the snapshot they were decided on
-//! ([`Mutation::PatchIf`]), and a condensation moves its session's watermark in the same
-//! write as the condensed record.
+//! audited. And it never loses a decision to a race: decay writes are conditional on the
+//! snapshot they were decided on ([`Mutation::PatchIf`]), and a condensation moves its
+//! session's watermark in the same write as the condensed record.
 
 use std::collections::HashMap;
 
 use async_trait::async_trait;
 
+use super::Substrate;
 use crate::clock::{Timestamp, to_human};
 use crate::error::{Error, Result};
-use crate::keys;
-use crate::kv::Visit;
+use crate::index::cosine;
 use crate::model::{AuditAction, AuditEntry, Kind, MemoryId, MemoryRecord, Status, Tier};
 use crate::policy::{CondensationMode, ForgetDecision};
-use crate::store::{Mutation, Queue, RecordPatch, WriteSet, codec};
-use crate::substrate::Substrate;
+use crate::store::{Mutation, Queue, RecordPatch, Visit, WriteSet};
 
 /// Records examined per write during a sweep: one commit per batch keeps a sweep of a
 /// large store from holding one huge transaction.
@@ -159,13 +159,10 @@ impl Substrate {
     /// [`MAX_WINDOW`]), with the largest id ever condensed.
     fn uncondensed(&self, namespace: &str, session: &str) -> Result<Vec<MemoryRecord>> {
         let store = self.store();
-        let upto = store
-            .get_raw(&keys::condensed_upto(namespace, session))?
-            .and_then(|b| <[u8; 4]>::try_from(b.as_slice()).ok())
-            .map(u32::from_be_bytes);
+        let upto = store.condensed_upto(namespace, session)?;
         let mut window = Vec::new();
         for id in store.session_ids(namespace, session, None, usize::MAX)? {
-            if upto.is_some_and(|u| id.0 <= u) {
+            if upto.is_some_and(|u| id <= u) {
                 continue;
             }
             if let Some(r) = store.get_light(id)?
@@ -360,11 +357,11 @@ impl Substrate {
                 },
             ));
         }
-        let upto = sources.iter().map(|s| s.0).max().unwrap_or(0);
-        writes.push(Mutation::PutRaw(
-            keys::condensed_upto(namespace, session),
-            upto.to_be_bytes().to_vec(),
-        ));
+        writes.push(Mutation::SetCondensedUpto {
+            namespace: namespace.to_string(),
+            session: session.to_string(),
+            upto: sources.iter().copied().max().unwrap_or(MemoryId(0)),
+        });
         if queued {
             writes.push(Mutation::Enqueue(Queue::Enrich, id));
         }
@@ -490,20 +487,6 @@ fn pick_representatives(
     order
 }
 
-fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    let (mut dot, mut na, mut nb) = (0.0f32, 0.0f32, 0.0f32);
-    for (x, y) in a.iter().zip(b) {
-        dot += x * y;
-        na += x * x;
-        nb += y * y;
-    }
-    if na <= 0.0 || nb <= 0.0 {
-        0.0
-    } else {
-        dot / (na.sqrt() * nb.sqrt())
-    }
-}
-
 /// "12 events, 2026-03-01 09:00 – 2026-03-01 11:30. goal: …; observation: …"
 fn summary_text(window: &[MemoryRecord], picks: &[usize]) -> String {
     let from: Timestamp = window.iter().map(|r| r.event_time).min().unwrap_or(0);
@@ -540,46 +523,6 @@ fn common_agent(window: &[MemoryRecord]) -> Option<String> {
         [(Some(agent), _)] => Some(agent.to_string()),
         _ => None,
     }
-}
-
-/// What a recall returned, kept so feedback can name the recall instead of its records.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct RememberedRecall {
-    namespace: String,
-    session: String,
-    at: Timestamp,
-    ids: Vec<MemoryId>,
-}
-
-/// The recall id for a result, and the write that remembers what it returned.
-/// The id a client is given for recall number `n`: `rcl-` and 8 hex digits.
-pub(crate) fn recall_id(n: u32) -> String {
-    format!("rcl-{n:08x}")
-}
-
-/// The number in a recall id, `None` when `id` is not one.
-pub(crate) fn recall_number(id: &str) -> Option<u32> {
-    id.strip_prefix("rcl-")
-        .filter(|hex| hex.len() == 8)
-        .and_then(|hex| u32::from_str_radix(hex, 16).ok())
-}
-
-pub(crate) fn remember_recall(
-    sub: &Substrate,
-    req: &crate::substrate::RecallRequest,
-    result: &crate::substrate::RecallResult,
-) -> Result<(String, Mutation)> {
-    let n = sub.store().allocate_recall()?;
-    let remembered = RememberedRecall {
-        namespace: req.namespace.clone(),
-        session: req.session_id.clone(),
-        at: sub.clock().now(),
-        ids: result.memories.iter().map(|m| m.record.id).collect(),
-    };
-    Ok((
-        recall_id(n),
-        Mutation::PutRaw(keys::recall(n).to_vec(), codec::encode(&remembered)),
-    ))
 }
 
 /// What feedback is about.
@@ -684,33 +627,92 @@ impl Substrate {
             promotable,
         })
     }
+}
 
-    /// The ids a recall returned.
-    async fn recalled(&self, namespace: &str, recall_id: &str) -> Result<Vec<MemoryId>> {
-        let unknown = || Error::NotFound {
-            what: "recall",
-            id: recall_id.to_string(),
-        };
-        let n = recall_number(recall_id).ok_or_else(|| {
-                Error::invalid(
-                    "recall_id",
-                    format!("`{recall_id}` is not a recall id; use the `recall_id` a recall answered (rcl- and 8 hex digits)"),
-                )
-            })?;
-        let key = keys::recall(n);
-        let bytes = match self.store().get_raw(&key)? {
-            Some(bytes) => bytes,
-            None => {
-                // Recall queues its memory without waiting for the flush; feedback sent right
-                // after it may arrive first.
-                self.store().sync().await?;
-                self.store().get_raw(&key)?.ok_or_else(unknown)?
-            }
-        };
-        let remembered: RememberedRecall = codec::decode(&key, &bytes)?;
-        if remembered.namespace != namespace {
-            return Err(unknown());
+impl Substrate {
+    /// Reads a record of `namespace` (another namespace's ids are not found).
+    pub fn get(&self, namespace: &str, id: MemoryId) -> Result<MemoryRecord> {
+        self.inner.store.get_in(namespace, id)
+    }
+
+    /// Changes a record's status (`active`, `pinned`, `obsolete`, `archived`), audited.
+    pub fn set_status(
+        &self,
+        namespace: &str,
+        id: MemoryId,
+        status: Status,
+        by: &str,
+    ) -> Result<MemoryRecord> {
+        let r = self.inner.store.get_in(namespace, id)?;
+        if r.status == status {
+            return Ok(r);
         }
-        Ok(remembered.ids)
+        let now = self.inner.clock.now();
+        let action = if status == Status::Archived {
+            AuditAction::Archived
+        } else {
+            AuditAction::StatusChanged
+        };
+        self.inner.store.write(WriteSet(vec![
+            Mutation::Audit(
+                id,
+                AuditEntry {
+                    at: now,
+                    action,
+                    by: by.into(),
+                    detail: format!("{} -> {}", r.status.as_str(), status.as_str()),
+                },
+            ),
+            Mutation::Patch(
+                id,
+                RecordPatch {
+                    status: Some((status, now)),
+                    ..RecordPatch::default()
+                },
+            ),
+        ]))?;
+        self.inner.store.get_in(namespace, id)
+    }
+
+    /// Archives a record (soft delete: never recalled, recoverable until purged).
+    pub fn archive(&self, namespace: &str, id: MemoryId, by: &str) -> Result<MemoryRecord> {
+        self.set_status(namespace, id, Status::Archived, by)
+    }
+
+    /// Removes a record for good; its audit log keeps a `purged` entry.
+    pub fn purge(&self, namespace: &str, id: MemoryId, by: &str) -> Result<()> {
+        let r = self.inner.store.get_in(namespace, id)?;
+        let now = self.inner.clock.now();
+        self.inner.store.write(WriteSet(vec![
+            Mutation::Audit(
+                id,
+                AuditEntry {
+                    at: now,
+                    action: AuditAction::Purged,
+                    by: by.into(),
+                    detail: format!("purged after {} as {}", r.status.as_str(), r.kind),
+                },
+            ),
+            Mutation::Purge(Box::new(r)),
+        ]))?;
+        self.wake_indexer();
+        Ok(())
+    }
+
+    /// A record's audit log (namespace-checked; kept after a purge).
+    pub fn history(&self, namespace: &str, id: MemoryId) -> Result<Vec<AuditEntry>> {
+        // Purged records keep a tombstone naming their namespace, so history stays isolated.
+        // So does a quarantined input that never became a record.
+        let owner = match self.inner.store.owner(id)? {
+            Some(owner) => Some(owner),
+            None => self.quarantine_entry(id)?.map(|q| q.namespace),
+        };
+        match owner {
+            Some(owner) if owner == namespace => self.inner.store.history(id),
+            _ => Err(Error::NotFound {
+                what: "memory",
+                id: id.to_string(),
+            }),
+        }
     }
 }

@@ -63,7 +63,7 @@ use rand::rngs::StdRng;
 use roaring::RoaringBitmap;
 
 use crate::error::{Error, Result};
-use crate::kv::pages::MapRelease;
+use crate::pages::MapRelease;
 
 /// On-disk layout version of the index directory; bumped on any incompatible change.
 const FORMAT_VERSION: u32 = 2;
@@ -1005,7 +1005,7 @@ impl VectorIndex {
         let mut score = |id: u32, staged: &Staged| match &staged.change {
             Change::Upsert(v) => {
                 let (dot, _) = dot_and_norm2(query, &v.values);
-                hits.push((id, cosine(dot, query_norm, v.norm)));
+                hits.push((id, cosine_of(dot, query_norm, v.norm)));
             }
             Change::Stored => stored.push(id),
             Change::Remove => {}
@@ -1053,7 +1053,7 @@ impl VectorIndex {
         for &id in stored {
             if let Some(v) = self.read_back(id)? {
                 let (dot, _) = dot_and_norm2(query, &v.values);
-                hits.push((id, cosine(dot, query_norm, v.norm)));
+                hits.push((id, cosine_of(dot, query_norm, v.norm)));
             }
         }
         Ok(())
@@ -1097,7 +1097,7 @@ impl VectorIndex {
                     },
                 };
                 let (dot, _) = dot_and_norm2(query, &vector.values);
-                hits.push((id, cosine(dot, query_norm, vector.norm)));
+                hits.push((id, cosine_of(dot, query_norm, vector.norm)));
             }
             tail.generation
         };
@@ -1114,7 +1114,7 @@ impl VectorIndex {
                     if let Some(v) = writer.item_vector(&rtxn, id)? {
                         let (dot, norm2) = dot_and_norm2(query, &v);
                         let norm = norm2.sqrt();
-                        hits.push((id, cosine(dot, query_norm, norm)));
+                        hits.push((id, cosine_of(dot, query_norm, norm)));
                         fetched.push((id, staged_vector(&v, norm)));
                     }
                 }
@@ -1454,7 +1454,9 @@ fn dot_and_norm2(a: &[f32], b: &[f32]) -> (f32, f32) {
     (d, n)
 }
 
-fn cosine(dot: f32, norm_a: f32, norm_b: f32) -> f32 {
+/// The last step of a cosine similarity whose dot product and norms were computed in lanes
+/// ([`dot_and_norm2`]) and ahead of time (the query's and each built vector's norm).
+fn cosine_of(dot: f32, norm_a: f32, norm_b: f32) -> f32 {
     let denom = norm_a * norm_b;
     if denom > f32::EPSILON {
         (dot / denom).clamp(-1.0, 1.0)
@@ -1532,13 +1534,6 @@ mod tests {
         v.into_iter().map(|x| x / n).collect()
     }
 
-    fn exact_cosine(a: &[f32], b: &[f32]) -> f32 {
-        let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-        let na = a.iter().map(|x| x * x).sum::<f32>().sqrt();
-        let nb = b.iter().map(|x| x * x).sum::<f32>().sqrt();
-        dot / (na * nb)
-    }
-
     /// Brute force over `(id, vector)` pairs, the reference every search is checked against.
     fn brute_force(
         items: &[(u32, Vec<f32>)],
@@ -1549,7 +1544,7 @@ mod tests {
         let mut all: Vec<(u32, f32)> = items
             .iter()
             .filter(|(id, _)| candidates.is_none_or(|c| c.contains(*id)))
-            .map(|(id, v)| (*id, exact_cosine(query, v)))
+            .map(|(id, v)| (*id, crate::index::cosine(query, v)))
             .collect();
         keep_best(&mut all, k);
         all

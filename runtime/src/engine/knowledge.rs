@@ -1,6 +1,6 @@
 //! The namespace knowledge pool: knowledge-tier records, and typed edges between records
-//! (`derived_from`, `similar_to`, `supersedes`, `contradicts`) kept in the store as raw
-//! keys and loaded into a petgraph [`GraphMap`](petgraph::graphmap::GraphMap) for queries.
+//! (`derived_from`, `similar_to`, `supersedes`, `contradicts`) kept in the store's edge
+//! table and loaded into a petgraph [`GraphMap`](petgraph::graphmap::GraphMap) for queries.
 //!
 //! Promotion takes a condensed record that the policy admits (importance, utility,
 //! successes) into the pool. If a knowledge record is already within `merge_similarity`
@@ -17,14 +17,11 @@ use std::collections::{HashSet, VecDeque};
 
 use petgraph::Direction;
 use petgraph::graphmap::DiGraphMap;
-use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
-use crate::keys;
-use crate::kv::Visit;
-use crate::model::{AuditAction, AuditEntry, Kind, MemoryId, MemoryRecord, Tier};
+use super::Substrate;
+use crate::error::Result;
+use crate::model::{AuditAction, AuditEntry, Edge, Kind, MemoryId, MemoryRecord, Relation, Tier};
 use crate::store::{Filter, Mutation, WriteSet};
-use crate::substrate::Substrate;
 
 /// The session that holds a namespace's knowledge records.
 pub const KNOWLEDGE_SESSION: &str = "_knowledge";
@@ -35,73 +32,6 @@ const SIMILAR_TO: f32 = 0.75;
 
 /// Knowledge records compared with each promotion candidate.
 const MERGE_CANDIDATES: usize = 5;
-
-/// How two records are related.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Relation {
-    /// Knowledge → the condensed record it was promoted from.
-    DerivedFrom = 1,
-    /// Related knowledge.
-    SimilarTo = 2,
-    /// The newer record replaces the older.
-    Supersedes = 3,
-    /// The two disagree.
-    Contradicts = 4,
-}
-
-impl Relation {
-    /// The name used in APIs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Relation::DerivedFrom => "derived_from",
-            Relation::SimilarTo => "similar_to",
-            Relation::Supersedes => "supersedes",
-            Relation::Contradicts => "contradicts",
-        }
-    }
-
-    fn from_u8(b: u8) -> Option<Relation> {
-        Some(match b {
-            1 => Relation::DerivedFrom,
-            2 => Relation::SimilarTo,
-            3 => Relation::Supersedes,
-            4 => Relation::Contradicts,
-            _ => return None,
-        })
-    }
-}
-
-impl std::str::FromStr for Relation {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s {
-            "derived_from" => Relation::DerivedFrom,
-            "similar_to" => Relation::SimilarTo,
-            "supersedes" => Relation::Supersedes,
-            "contradicts" => Relation::Contradicts,
-            other => {
-                return Err(Error::invalid(
-                    "relation",
-                    format!(
-                        "`{other}` is not a relation; use derived_from, similar_to, supersedes or contradicts"
-                    ),
-                ));
-            }
-        })
-    }
-}
-
-/// One edge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Edge {
-    /// Where it starts.
-    pub from: MemoryId,
-    /// Where it ends.
-    pub to: MemoryId,
-    /// What it means.
-    pub relation: Relation,
-}
 
 /// What a promotion did.
 #[derive(Debug, Clone, PartialEq)]
@@ -187,15 +117,9 @@ impl Substrate {
     /// Loads a namespace's knowledge graph from the store.
     pub fn knowledge_graph(&self, namespace: &str) -> Result<Graph> {
         let mut graph = Graph::default();
-        self.store()
-            .scan_raw(&keys::graph_edge_prefix(namespace), &mut |k, _| {
-                if let Some((from, rel, to)) = keys::graph_edge_parts(k)
-                    && let Some(relation) = Relation::from_u8(rel)
-                {
-                    graph.add(Edge { from, to, relation });
-                }
-                Ok(Visit::Continue)
-            })?;
+        for edge in self.store().edges(namespace, None)? {
+            graph.add(edge);
+        }
         Ok(graph)
     }
 
@@ -233,13 +157,7 @@ impl Substrate {
 
     async fn promote_once(&self, namespace: &str, id: MemoryId, by: &str) -> Result<Promotion> {
         let store = self.store();
-        if let Some(k) = store.get_raw(&keys::promoted(id))? {
-            let knowledge = <[u8; 4]>::try_from(k.as_slice())
-                .map(|b| MemoryId(u32::from_be_bytes(b)))
-                .map_err(|_| Error::Corrupt {
-                    key: format!("{:?}", keys::promoted(id)),
-                    message: "promotion marker is not a record id".into(),
-                })?;
+        if let Some(knowledge) = store.promoted_into(id)? {
             return Ok(Promotion::AlreadyPromoted { knowledge });
         }
         let policy = self.policy();
@@ -379,15 +297,12 @@ impl Substrate {
 }
 
 fn edge_write(namespace: &str, e: Edge) -> Mutation {
-    Mutation::PutRaw(
-        keys::graph_edge(namespace, e.from, e.relation as u8, e.to),
-        Vec::new(),
-    )
+    Mutation::PutEdge(namespace.to_string(), e)
 }
 
 fn marker(condensed: MemoryId, knowledge: MemoryId) -> Mutation {
-    Mutation::PutRaw(
-        keys::promoted(condensed).to_vec(),
-        knowledge.0.to_be_bytes().to_vec(),
-    )
+    Mutation::MarkPromoted {
+        condensed,
+        knowledge,
+    }
 }

@@ -16,11 +16,11 @@
 
 use async_trait::async_trait;
 
+use super::Substrate;
 use crate::clock::Timestamp;
 use crate::error::Result;
 use crate::model::{AuditAction, AuditEntry, MemoryId};
 use crate::store::{Mutation, Queue, RecordPatch, WriteSet};
-use crate::substrate::Substrate;
 
 /// A record as the judge sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,7 +82,7 @@ pub struct EvaluationReport {
     /// Queue entries whose record was gone (purged meanwhile).
     pub gone: usize,
     /// Records set aside because judging them kept failing (counted by the evaluator
-    /// actor; see `crate::quarantine`).
+    /// actor; see `super::quarantine`).
     pub quarantined: usize,
 }
 

@@ -1,7 +1,8 @@
 //! Every key the store writes, built by named constructors in this one module (as arroy's
-//! `key.rs` does). Keys are big-endian so that prefix scans walk a session or a namespace
-//! in time order and records in id order. The first byte names the family; strings
-//! (namespace, session) are validated ids that never contain `0x00`, which ends them.
+//! `key.rs` does), private to the store: no other layer builds or parses key bytes. Keys
+//! are big-endian so that prefix scans walk a session or a namespace in time order and
+//! records in id order. The first byte names the family; strings (namespace, session) are
+//! validated ids that never contain `0x00`, which ends them.
 
 use crate::clock::Timestamp;
 use crate::model::MemoryId;
@@ -28,8 +29,6 @@ pub mod family {
     pub const CHANGE: u8 = 0x08;
     /// Which namespace a purged record belonged to, so its audit log stays isolated.
     pub const TOMBSTONE: u8 = 0x09;
-    /// The first family of the layers above the store (see [`super::layer`]).
-    pub const RESERVED_FIRST: u8 = 0x10;
 }
 
 /// Metadata key names.
@@ -111,7 +110,7 @@ pub fn session_prefix(namespace: &str, session: &str) -> Vec<u8> {
     k
 }
 
-/// Families of the layers above the store, written as raw keys (`Mutation::PutRaw`).
+/// Families of the typed tables the layers above keep in the store (`families.rs`).
 pub mod layer {
     /// Per session: the largest episodic record id a condensation has covered.
     pub const CONDENSED_UPTO: u8 = 0x10;
@@ -129,7 +128,7 @@ pub mod layer {
     pub const QUARANTINE: u8 = 0x16;
 }
 
-/// A record's strike count (see `crate::quarantine`).
+/// A record's strike count (see `families::Strikes`).
 pub fn strikes(id: MemoryId) -> [u8; 5] {
     let mut k = [layer::STRIKES, 0, 0, 0, 0];
     k[1..].copy_from_slice(&id.0.to_be_bytes());

@@ -9,7 +9,7 @@
 //! staged tail, which the store replays from [`KeywordIndex::watermark`]; `reindex` rebuilds
 //! everything after [`KeywordIndex::clear`]. So this module must never hold anything the store
 //! does not (it does not even store the text), and it must never tokenise on its own: every
-//! term comes from [`crate::text`], so the index and the embedder agree on terms. Queries are
+//! term comes from [`crate::index::text`], so the index and the embedder agree on terms. Queries are
 //! bags of analysed terms, never tantivy's query syntax, so no user text can make them fail.
 
 mod tail;
@@ -43,7 +43,7 @@ use tantivy::{
 use tantivy::DocSet;
 
 use crate::error::{Error, Result};
-use crate::text::{ANALYZER_NAME, analyze, analyzer};
+use crate::index::text::{ANALYZER_NAME, analyze, analyzer};
 use tail::{StagedDoc, Tail};
 
 const ID_FIELD: &str = "id";

@@ -11,7 +11,6 @@ use std::str::FromStr;
 use crate::error::{Error, Result};
 
 mod lmdb;
-pub(crate) mod pages;
 mod sled_kv;
 
 pub use lmdb::LmdbKv;

@@ -13,59 +13,18 @@
 //! input is kept in the quarantine entry, under an id of its own, so it can be inspected
 //! and sent again once the fault is fixed.
 
-use serde::{Deserialize, Serialize};
-
-use crate::clock::Timestamp;
+use super::Substrate;
 use crate::error::{Error, Result};
-use crate::keys;
-use crate::kv::Visit;
 use crate::model::{AuditAction, AuditEntry, MemoryId};
-use crate::store::{Mutation, WriteSet, codec};
-use crate::substrate::Substrate;
+use crate::store::{Mutation, QuarantineEntry, Strikes, Visit, WriteSet};
 
 /// Failures on the same record before it is quarantined.
 pub const MAX_STRIKES: u32 = 3;
 
-/// How often processing a record made an actor fail.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Strikes {
-    /// Failures so far.
-    pub count: u32,
-    /// The actor that failed last.
-    pub actor: String,
-    /// Its error (the panic message).
-    pub last_error: String,
-}
-
-/// Something set aside because processing it kept failing.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct QuarantineEntry {
-    /// The record's id, or the id given to an input that never became a record.
-    pub id: MemoryId,
-    /// Its namespace.
-    pub namespace: String,
-    /// Its session, when known.
-    pub session_id: Option<String>,
-    /// The actor that kept failing on it.
-    pub actor: String,
-    /// The last error.
-    pub error: String,
-    /// Failures counted before it was set aside.
-    pub strikes: u32,
-    /// When (runtime clock).
-    pub at: Timestamp,
-    /// The events as they were sent (JSON), for an input that never became a record.
-    pub input: Option<String>,
-}
-
 impl Substrate {
     /// The strikes counted against a record, if any.
     pub fn strikes(&self, id: MemoryId) -> Result<Option<Strikes>> {
-        let key = keys::strikes(id);
-        match self.store().get_raw(&key)? {
-            Some(v) => codec::decode(&key, &v).map(Some),
-            None => Ok(None),
-        }
+        self.store().strikes(id)
     }
 
     /// Counts one strike against each of `ids` (durably, before the caller fails) and
@@ -85,10 +44,7 @@ impl Substrate {
                 actor: actor.into(),
                 last_error: error.into(),
             };
-            writes.push(Mutation::PutRaw(
-                keys::strikes(id).to_vec(),
-                codec::encode(&strikes),
-            ));
+            writes.push(Mutation::SetStrikes(id, strikes));
             counts.push(count);
         }
         self.store().write_async(writes).await?;
@@ -98,7 +54,7 @@ impl Substrate {
     /// The mutation that forgets a record's strikes (processing it succeeded), to commit
     /// with the result.
     pub fn clear_strikes(id: MemoryId) -> Mutation {
-        Mutation::DeleteRaw(keys::strikes(id).to_vec())
+        Mutation::ClearStrikes(id)
     }
 
     /// Sets a record aside: its quarantine entry and audit entry, with `also` (e.g. taking
@@ -160,10 +116,7 @@ impl Substrate {
             error = %entry.error, strikes = entry.strikes,
             "quarantined: processing it kept failing"
         );
-        writes.push(Mutation::PutRaw(
-            keys::quarantine(entry.id).to_vec(),
-            codec::encode(entry),
-        ));
+        writes.push(Mutation::Quarantine(Box::new(entry.clone())));
         writes.push(Mutation::Audit(
             entry.id,
             AuditEntry {
@@ -181,24 +134,18 @@ impl Substrate {
 
     /// The quarantine entry of an id, if it was set aside.
     pub fn quarantine_entry(&self, id: MemoryId) -> Result<Option<QuarantineEntry>> {
-        let key = keys::quarantine(id);
-        match self.store().get_raw(&key)? {
-            Some(v) => codec::decode(&key, &v).map(Some),
-            None => Ok(None),
-        }
+        self.store().quarantine_entry(id)
     }
 
     /// Everything set aside, in id order; only `namespace`'s when given.
     pub fn quarantined(&self, namespace: Option<&str>) -> Result<Vec<QuarantineEntry>> {
         let mut out = Vec::new();
-        self.store()
-            .scan_raw(&[keys::layer::QUARANTINE], &mut |k, v| {
-                let entry: QuarantineEntry = codec::decode(k, v)?;
-                if namespace.is_none_or(|ns| ns == entry.namespace) {
-                    out.push(entry);
-                }
-                Ok(Visit::Continue)
-            })?;
+        self.store().for_each_quarantined(|entry| {
+            if namespace.is_none_or(|ns| ns == entry.namespace) {
+                out.push(entry);
+            }
+            Ok(Visit::Continue)
+        })?;
         Ok(out)
     }
 }

@@ -9,7 +9,7 @@ use roaring::RoaringBitmap;
 use tempfile::TempDir;
 
 use super::KeywordIndex;
-use crate::text::analyze;
+use crate::index::text::analyze;
 
 fn open() -> (TempDir, KeywordIndex) {
     let dir = TempDir::new().expect("temp dir");

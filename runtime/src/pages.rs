@@ -1,4 +1,5 @@
-//! Giving the pages of an LMDB memory map back to the kernel.
+//! Giving the pages of an LMDB memory map back to the kernel: used by the store's LMDB
+//! backend and by the vector index (arroy on LMDB), the two maps a large store reads.
 //!
 //! A page LMDB reads stays mapped, and counted in the process's RSS, until the process
 //! unmaps it. On a kernel with large page-cache folios (ext4 on Linux 6.x) one read of a

@@ -22,9 +22,9 @@ use std::sync::RwLock;
 use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, PutFlags, RwTxn, WithoutTls};
 
-use super::pages::MapRelease;
 use super::{Backend, Kv, Op, Range, Visit, Visitor};
 use crate::error::{Error, Result};
+use crate::pages::MapRelease;
 
 /// The map starts here and doubles whenever it fills.
 const INITIAL_MAP_SIZE: usize = 256 << 20;
@@ -507,13 +507,13 @@ mod tests {
         };
         read_all();
         let file = std::fs::canonicalize(dir.path().join("data.mdb")).unwrap();
-        let mapped = super::super::pages::mapped_bytes(&file);
+        let mapped = crate::pages::mapped_bytes(&file);
         assert!(mapped > 16 << 20, "48 MB read, {mapped} bytes mapped");
         {
             let _shared = kv.gate.read().unwrap();
             assert!(kv.release.release_now() >= kv.env.info().map_size);
         }
-        let after = super::super::pages::mapped_bytes(&file);
+        let after = crate::pages::mapped_bytes(&file);
         assert!(after < 1 << 20, "{after} bytes still mapped");
         read_all();
     }

@@ -3,7 +3,7 @@
 //! document frequency per term) kept incrementally so a query never rescans the tail.
 //!
 //! It owns only in-memory state. It must never touch tantivy's files, and it must never count
-//! a term differently from the index: every term comes from [`crate::text::analyze`], minus
+//! a term differently from the index: every term comes from [`crate::index::text::analyze`], minus
 //! the over-long tokens tantivy's indexer drops.
 
 use std::collections::HashMap;
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use roaring::RoaringBitmap;
 use tantivy::tokenizer::MAX_TOKEN_LEN;
 
-use crate::text::analyze;
+use crate::index::text::analyze;
 
 /// One staged document, analysed once at upsert time.
 pub(super) struct StagedDoc {

@@ -1,0 +1,336 @@
+//! Writing events: validation, ids, the rules' importance, durable records with their audit
+//! entries and work items in one commit — and the enricher, which embeds the records a
+//! remote embedder could not embed inline, from the durable enrichment queue, in the
+//! background. Ingest never waits on the network: a local embedder embeds inline, any other
+//! queues the record, and an acknowledged write is never lost while the provider is down.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use super::Substrate;
+use crate::error::{Error, Result};
+use crate::model::{
+    AuditAction, AuditEntry, MemoryId, MemoryRecord, NewMemory, validate_embedding, validate_id,
+};
+use crate::policy::EvaluationMode;
+use crate::store::{Mutation, Queue, WriteSet};
+
+impl Substrate {
+    /// Validates `events`, writes them as episodic records of `session` and returns their ids
+    /// once they are durable. Importance comes from the event or the policy's rules; events
+    /// without an embedding are embedded inline by a local embedder, or queued for
+    /// enrichment. An invalid event rejects the whole call before anything is written.
+    pub async fn record(
+        &self,
+        namespace: &str,
+        session: &str,
+        events: Vec<NewMemory>,
+    ) -> Result<Vec<MemoryId>> {
+        let (ids, queued, writes) = self.prepare(namespace, session, events).await?;
+        self.inner.store.write_async(writes).await?;
+        self.after_write(queued);
+        Ok(ids)
+    }
+
+    /// [`Substrate::record`] for synchronous callers with a local embedder or precomputed
+    /// embeddings (benchmarks, the crash-test writer). Must not be called inside an async
+    /// runtime.
+    pub fn record_blocking(
+        &self,
+        namespace: &str,
+        session: &str,
+        events: Vec<NewMemory>,
+    ) -> Result<Vec<MemoryId>> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .map_err(|e| Error::io("tokio runtime", e))?;
+        let (ids, queued, writes) = rt.block_on(self.prepare(namespace, session, events))?;
+        self.inner.store.write(writes)?;
+        self.after_write(queued);
+        Ok(ids)
+    }
+
+    async fn prepare(
+        &self,
+        namespace: &str,
+        session: &str,
+        events: Vec<NewMemory>,
+    ) -> Result<(Vec<MemoryId>, bool, WriteSet)> {
+        validate_id("namespace", namespace)?;
+        validate_id("session_id", session)?;
+        let limits = &self.inner.limits;
+        if events.is_empty() {
+            return Err(Error::invalid(
+                "events",
+                "no events sent; send at least one",
+            ));
+        }
+        if events.len() > limits.max_events_per_call {
+            return Err(Error::TooLarge {
+                field: "events".into(),
+                size: events.len(),
+                limit: limits.max_events_per_call,
+                hint: "send them in several calls".into(),
+            });
+        }
+        let dims = self.inner.embedder.dimensions();
+        let mut valid = Vec::with_capacity(events.len());
+        for (i, e) in events.into_iter().enumerate() {
+            valid.push(
+                e.validate(limits, Some(dims))
+                    .map_err(|err| at_event(i, err))?,
+            );
+        }
+        // A local embedder costs microseconds: embed now so the acknowledged record is
+        // complete. A remote one would make ingest wait on the network: queue instead.
+        let mut embeddings: Vec<Option<Vec<f32>>> =
+            valid.iter_mut().map(|v| v.embedding.take()).collect();
+        if self.inner.embedder.is_local() {
+            let missing: Vec<usize> = (0..valid.len())
+                .filter(|i| embeddings[*i].is_none())
+                .collect();
+            if !missing.is_empty() {
+                let texts: Vec<String> = missing.iter().map(|i| valid[*i].text.clone()).collect();
+                let vecs = self.embed(&texts).await?;
+                for (i, v) in missing.into_iter().zip(vecs) {
+                    embeddings[i] = Some(v);
+                }
+            }
+        }
+        let policy = self.policy();
+        let stamp = policy.stamp();
+        let now = self.inner.clock.now();
+        let ids = self.inner.store.allocate_ids(valid.len())?;
+        let mut out = Vec::with_capacity(valid.len());
+        let mut queued = false;
+        let mut writes = WriteSet::new();
+        for ((v, id), embedding) in valid.into_iter().zip(ids).zip(embeddings) {
+            // The rules score every event now; in `llm` mode (every event) and `hybrid`
+            // mode (events no rule matched) that score is provisional, and the record
+            // waits on the evaluation queue for the judge (see `super::evaluate`).
+            let (importance, scored_by, judge) = match v.importance {
+                Some(i) => (i, "client".to_string(), false),
+                None => {
+                    let d = policy.importance(v.kind.as_str(), &v.text);
+                    let by = match d.rule {
+                        Some(r) => format!("rule {}", r + 1),
+                        None => "default_importance".to_string(),
+                    };
+                    let judge = match policy.evaluation.mode {
+                        EvaluationMode::Rules => false,
+                        EvaluationMode::Llm => true,
+                        EvaluationMode::Hybrid => d.defaulted,
+                    };
+                    (d.importance, by, judge)
+                }
+            };
+            let provisional = if judge {
+                "; provisional, queued for the judge"
+            } else {
+                ""
+            };
+            let record = MemoryRecord {
+                agent_id: v.agent_id,
+                content: v.content,
+                metadata: v.metadata,
+                parent_id: v.parent_id,
+                event_time: v.timestamp.unwrap_or(now),
+                importance,
+                strength: policy.initial_strength(importance),
+                policy: stamp.clone(),
+                embedding,
+                ..MemoryRecord::episodic(id, namespace, session, v.kind, v.text, now)
+            };
+            let by = record.agent_id.clone().unwrap_or_else(|| "client".into());
+            writes.push(Mutation::Audit(
+                id,
+                AuditEntry {
+                    at: now,
+                    action: AuditAction::Created,
+                    by,
+                    detail: format!("{} in session {}", record.kind, record.session_id),
+                },
+            ));
+            writes.push(Mutation::Audit(
+                id,
+                AuditEntry {
+                    at: now,
+                    action: AuditAction::Scored,
+                    by: stamp.name.clone(),
+                    detail: format!("importance {importance} ({scored_by}{provisional})"),
+                },
+            ));
+            if judge {
+                writes.push(Mutation::Enqueue(Queue::Evaluate, id));
+            }
+            if record.embedding.is_none() {
+                writes.push(Mutation::Enqueue(Queue::Enrich, id));
+            }
+            queued |= record.embedding.is_none();
+            out.push(record.id);
+            writes.push(Mutation::Insert(Box::new(record)));
+        }
+        Ok((out, queued, writes))
+    }
+
+    /// Wakes the indexer (and the enricher when some records wait for their embedding).
+    /// The write is already in the change log, so recall's catch-up sees it even before the
+    /// indexer does; ingest does no index work itself.
+    pub(crate) fn after_write(&self, queued: bool) {
+        if queued {
+            self.wake_enricher();
+        }
+        self.wake_indexer();
+    }
+
+    /// Embeds up to `max` queued records (oldest first) and hands them to the indexes.
+    /// Returns how many were enriched. A crash in the middle loses nothing: the queue items
+    /// are removed in the same write that stores the embeddings.
+    pub async fn enrich_pending(&self, max: usize) -> Result<usize> {
+        let ids = self.inner.store.queued(Queue::Enrich, max)?;
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let mut records = Vec::with_capacity(ids.len());
+        let mut writes = WriteSet::new();
+        for id in ids {
+            match self.inner.store.get_light(id)? {
+                Some(r) => records.push(r),
+                // Purged while queued.
+                None => {
+                    writes.push(Mutation::Dequeue(Queue::Enrich, id));
+                }
+            }
+        }
+        let texts: Vec<String> = records.iter().map(|r| r.text.clone()).collect();
+        let vecs = if texts.is_empty() {
+            Vec::new()
+        } else {
+            self.embed(&texts).await?
+        };
+        let now = self.inner.clock.now();
+        for (r, v) in records.iter().zip(vecs) {
+            validate_embedding(&v, Some(self.inner.embedder.dimensions()))?;
+            writes.push(Mutation::Audit(
+                r.id,
+                AuditEntry {
+                    at: now,
+                    action: AuditAction::Embedded,
+                    by: self.inner.embedder.name().to_string(),
+                    detail: format!("{} dimensions", self.inner.embedder.dimensions()),
+                },
+            ));
+            writes.push(Mutation::Dequeue(Queue::Enrich, r.id));
+            // Only the embedding is written: the record may have changed while the provider
+            // was answering, and rewriting it would undo that.
+            writes.push(Mutation::SetEmbedding(r.id, v));
+        }
+        let n = records.len();
+        self.inner.store.write_async(writes).await?;
+        self.wake_indexer();
+        Ok(n)
+    }
+
+    /// The embedder, with its failures counted for the metrics.
+    pub(super) async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>> {
+        let embedded = self.inner.embedder.embed(texts).await;
+        if embedded.is_err() {
+            self.inner.provider_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        embedded
+    }
+
+    pub(super) fn wake_enricher(&self) {
+        if let Some(tx) = self
+            .inner
+            .enrich_wake
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Embeds queued records in the background with the substrate's embedder, on its own
+    /// thread and runtime, backing off while the provider fails. Records wait in the durable
+    /// queue meanwhile, so nothing is lost when it is down or the process dies.
+    pub(super) fn start_enricher(&self) -> Result<()> {
+        let (tx, rx) = mpsc::channel::<()>();
+        // Work left from a previous run starts at once.
+        let _ = tx.send(());
+        *self
+            .inner
+            .enrich_wake
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        let weak = Arc::downgrade(&self.inner);
+        let handle = std::thread::Builder::new()
+            .name("enricher".into())
+            .spawn(move || {
+                let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build()
+                else {
+                    tracing::error!("the enricher could not start a runtime; queued records wait");
+                    return;
+                };
+                let mut backoff = Duration::from_millis(100);
+                loop {
+                    match rx.recv_timeout(Duration::from_secs(1)) {
+                        Ok(()) => while rx.try_recv().is_ok() {},
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    }
+                    loop {
+                        let Some(inner) = weak.upgrade() else { return };
+                        if inner.closed.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        let sub = Substrate { inner };
+                        match rt.block_on(sub.enrich_pending(64)) {
+                            Ok(0) => {
+                                backoff = Duration::from_millis(100);
+                                break;
+                            }
+                            Ok(_) => continue,
+                            Err(e) => {
+                                tracing::warn!(error = %e, retry_in = ?backoff, "enrichment failed; records stay queued");
+                                drop(sub);
+                                std::thread::sleep(backoff);
+                                backoff = (backoff * 2).min(Duration::from_secs(30));
+                                break;
+                            }
+                        }
+                    }
+                }
+            })
+            .map_err(|e| Error::io("enricher thread", e))?;
+        *self
+            .inner
+            .enricher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(handle);
+        Ok(())
+    }
+}
+
+fn at_event(i: usize, err: Error) -> Error {
+    match err {
+        Error::Invalid { field, reason } => Error::Invalid {
+            field: format!("events[{i}].{field}"),
+            reason,
+        },
+        Error::TooLarge {
+            field,
+            size,
+            limit,
+            hint,
+        } => Error::TooLarge {
+            field: format!("events[{i}].{field}"),
+            size,
+            limit,
+            hint,
+        },
+        other => other,
+    }
+}

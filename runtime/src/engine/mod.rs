@@ -1,0 +1,350 @@
+//! The substrate: one handle over the store, the derived indexes, the embedder, the policy
+//! and the clock, with the operations every layer above needs — record, enrich, index,
+//! recall, change status, archive, purge, reindex, promote. Synchronous where the work is
+//! storage, async where a provider may be remote. No actors here: the actor runtime calls
+//! these, and decides *when*; this handle decides *what*.
+//!
+//! [`Substrate`] is one type split by family, one file each (as neon splits its `Timeline`):
+//! this file holds the handle, its options, opening and closing; [`ingest`](self::ingest)
+//! validates and writes events and embeds queued ones; [`indexing`](self::indexing) keeps
+//! the derived indexes following the store; [`recall`](self::recall) ranks and remembers
+//! recalls; [`lifecycle`](self::lifecycle) holds decay, condensation, feedback and status
+//! changes; [`knowledge`](self::knowledge) the knowledge pool; [`evaluate`](self::evaluate)
+//! the judge's importance scores; [`quarantine`](self::quarantine) poison inputs.
+//!
+//! Indexing model: every write appends to the store's change log; the indexer applies
+//! changes to the indexes' in-memory tails (searchable at once) and builds / commits them
+//! in debounced batches, recording the change sequence as the index watermark. Opening a
+//! substrate replays the log from the watermarks, or rebuilds an index from the store when
+//! it is missing or older than the kept log — so an index is never a second source of truth.
+
+mod evaluate;
+mod indexing;
+mod ingest;
+mod knowledge;
+mod lifecycle;
+mod quarantine;
+mod recall;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub use evaluate::{EvaluationReport, Judge, JudgeBatch, JudgeItem, Judgement, Verdict};
+pub use indexing::{IndexKind, IndexPass};
+pub use knowledge::{Graph, KNOWLEDGE_SESSION, Promotion};
+pub use lifecycle::{
+    Condensed, FeedbackReport, FeedbackTarget, Outcome, Summarizer, Summary, SummaryRequest,
+    SweepReport,
+};
+pub use quarantine::{MAX_STRIKES, panic_message, quarantined_error};
+pub use recall::{RecallRequest, RecallResult, Recalled, Why};
+pub(crate) use recall::{recall_id, recall_number};
+
+use crate::clock::{Clock, SystemClock};
+use crate::embed::Embedder;
+use crate::error::Result;
+use crate::index::{KeywordIndex, VectorIndex, VectorOptions, VectorSource};
+use crate::model::{Limits, MemoryId};
+use crate::policy::Policy;
+use crate::store::{Backend, Store, StoreOptions};
+use indexing::StagedTimes;
+
+/// When the indexer builds.
+#[derive(Debug, Clone)]
+pub struct IndexingOptions {
+    /// Run the indexer on a background thread (off only in tests that drive it by hand).
+    pub background: bool,
+    /// Changes read from the log at a time.
+    pub batch: usize,
+    /// Build the vector index as soon as this many changes are staged (the tail is scanned
+    /// exactly, so this bounds the cost a large unbuilt tail adds to namespace-wide search).
+    pub build_every: usize,
+    /// Commit the keyword index as soon as this many changes are staged. Commits are cheap
+    /// next to tree builds and run on their own thread, so the keyword tail (about 1.4 KB
+    /// of memory per staged document) stays small however far the vector build lags.
+    pub keyword_every: usize,
+    /// ...or once no change has arrived for this long (a quiet period)...
+    pub debounce: Duration,
+    /// ...or when the oldest staged change is this old, however busy ingest is.
+    pub max_delay: Duration,
+}
+
+impl Default for IndexingOptions {
+    fn default() -> Self {
+        IndexingOptions {
+            background: true,
+            batch: 2_000,
+            build_every: 50_000,
+            keyword_every: 50_000,
+            debounce: Duration::from_millis(300),
+            max_delay: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Everything [`Substrate::open`] needs; [`SubstrateOptions::default`] is the embedded,
+/// key-free setup (LMDB, hash embedder, default policy, system clock).
+#[derive(Debug, Clone)]
+pub struct SubstrateOptions {
+    /// Store backend.
+    pub backend: Backend,
+    /// The active policy.
+    pub policy: Policy,
+    /// The embedder.
+    pub embedder: Arc<dyn Embedder>,
+    /// The runtime clock.
+    pub clock: Arc<dyn Clock>,
+    /// Input limits.
+    pub limits: Limits,
+    /// Vector index tuning.
+    pub vector: VectorOptions,
+    /// Indexer behaviour.
+    pub indexing: IndexingOptions,
+    /// How many of the session's newest records the recent path contributes.
+    pub recent_n: usize,
+}
+
+impl Default for SubstrateOptions {
+    fn default() -> Self {
+        SubstrateOptions {
+            backend: Backend::default(),
+            policy: Policy::default_policy(),
+            embedder: Arc::new(crate::embed::HashEmbedder::default()),
+            clock: Arc::new(SystemClock),
+            limits: Limits::default(),
+            vector: VectorOptions::default(),
+            indexing: IndexingOptions::default(),
+            recent_n: 8,
+        }
+    }
+}
+
+/// The substrate handle. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Substrate {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    store: Store,
+    vectors: VectorIndex,
+    keywords: KeywordIndex,
+    embedder: Arc<dyn Embedder>,
+    policy: RwLock<Arc<Policy>>,
+    clock: Arc<dyn Clock>,
+    limits: Limits,
+    indexing: IndexingOptions,
+    recent_n: usize,
+    /// Highest change sequence applied to both indexes' tails.
+    applied: AtomicU64,
+    /// When the oldest and the newest change not yet built were applied, per index.
+    staged_times: Mutex<[StagedTimes; 2]>,
+    /// Serialises applying changes to the tails.
+    apply_lock: Mutex<()>,
+    /// Serialise the builds of each index (one writer per index; the two run side by side).
+    build_locks: [Mutex<()>; 2],
+    /// The change log is truncated up to here (both indexes have built it).
+    truncated: AtomicU64,
+    /// Index rebuilds since open (reconcile, `reindex`): a restart should cause none.
+    rebuilds: AtomicU64,
+    /// Embedder calls that failed since open (each retried later, or the caller told).
+    provider_errors: AtomicU64,
+    /// Condensed records promoted into (or merged with) knowledge since open.
+    promotions: AtomicU64,
+    wake: Mutex<Vec<mpsc::Sender<()>>>,
+    /// The keyword committer and the vector builder: a tree build takes minutes on a busy
+    /// machine, and keyword commits must not wait for it.
+    indexer: Mutex<Vec<JoinHandle<()>>>,
+    enrich_wake: Mutex<Option<mpsc::Sender<()>>>,
+    enricher: Mutex<Option<JoinHandle<()>>>,
+    closed: AtomicBool,
+    /// Recalls ranking at once: two per core. Without a bound, 32 concurrent recalls were 32
+    /// blocking threads time-sliced on 2 cores, and an unlucky one waited for all the
+    /// others (p99 five times p50); with it they queue first in, first out. One per core
+    /// left cores idle while a ranking thread waited on a page fault (measured: a quarter
+    /// less throughput).
+    ranking: tokio::sync::Semaphore,
+}
+
+/// The vector index reads the vectors it staged past its memory budget back from here.
+struct StoreVectors(Store);
+
+impl VectorSource for StoreVectors {
+    fn vector(&self, id: u32) -> Result<Option<Vec<f32>>> {
+        self.0.embedding(MemoryId(id))
+    }
+}
+
+impl Substrate {
+    /// Opens the data directory `dir` (store in `dir/store`, vectors in `dir/vectors`,
+    /// keywords in `dir/keywords`), checks the embedder's dimension against the store's,
+    /// reconciles the indexes with the store and starts the indexer.
+    pub fn open(dir: &Path, opts: SubstrateOptions) -> Result<Substrate> {
+        let store = Store::open(
+            &dir.join("store"),
+            StoreOptions {
+                backend: opts.backend,
+            },
+        )?;
+        let dims = opts.embedder.dimensions();
+        store.ensure_dimension(dims, opts.embedder.name())?;
+        let vectors = VectorIndex::open(&dir.join("vectors"), dims, opts.vector.clone())?;
+        vectors.read_back_from(Arc::new(StoreVectors(store.clone())));
+        let keywords = KeywordIndex::open(&dir.join("keywords"))?;
+        let inner = Arc::new(Inner {
+            dir: dir.to_path_buf(),
+            store,
+            vectors,
+            keywords,
+            embedder: opts.embedder,
+            policy: RwLock::new(Arc::new(opts.policy)),
+            clock: opts.clock,
+            limits: opts.limits,
+            indexing: opts.indexing,
+            recent_n: opts.recent_n,
+            applied: AtomicU64::new(0),
+            staged_times: Mutex::new([StagedTimes::default(); 2]),
+            apply_lock: Mutex::new(()),
+            build_locks: [Mutex::new(()), Mutex::new(())],
+            truncated: AtomicU64::new(0),
+            rebuilds: AtomicU64::new(0),
+            provider_errors: AtomicU64::new(0),
+            promotions: AtomicU64::new(0),
+            wake: Mutex::new(Vec::new()),
+            indexer: Mutex::new(Vec::new()),
+            enrich_wake: Mutex::new(None),
+            enricher: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            ranking: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, |n| n.get()) * 2,
+            ),
+        });
+        let sub = Substrate { inner };
+        sub.check_analyzer()?;
+        sub.reconcile()?;
+        if sub.inner.indexing.background {
+            sub.start_indexer()?;
+            sub.start_enricher()?;
+        }
+        Ok(sub)
+    }
+
+    /// The store (system of record).
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// The vector index.
+    pub fn vectors(&self) -> &VectorIndex {
+        &self.inner.vectors
+    }
+
+    /// The keyword index.
+    pub fn keywords(&self) -> &KeywordIndex {
+        &self.inner.keywords
+    }
+
+    /// The embedder.
+    pub fn embedder(&self) -> &Arc<dyn Embedder> {
+        &self.inner.embedder
+    }
+
+    /// The runtime clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// The input limits.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// The active policy.
+    pub fn policy(&self) -> Arc<Policy> {
+        self.inner
+            .policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Makes `policy` the active one (later decisions carry its name and hash).
+    pub fn set_policy(&self, policy: Policy) {
+        *self.inner.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
+    }
+
+    /// Embedder calls that failed since open.
+    pub fn provider_errors(&self) -> u64 {
+        self.inner.provider_errors.load(Ordering::Relaxed)
+    }
+
+    /// Promotions into the knowledge pool (new records or merges) since open.
+    pub fn promotions(&self) -> u64 {
+        self.inner.promotions.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_promotion(&self) {
+        self.inner.promotions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many times an index was rebuilt from the store since open.
+    pub fn rebuilds(&self) -> u64 {
+        self.inner.rebuilds.load(Ordering::Relaxed)
+    }
+
+    /// Stops the background threads and builds everything that is staged, so the next open
+    /// starts with nothing to replay. Records still waiting for enrichment stay queued.
+    pub fn close(&self) -> Result<()> {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner
+            .wake
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.inner
+            .enrich_wake
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let mut threads =
+            std::mem::take(&mut *self.inner.indexer.lock().unwrap_or_else(|p| p.into_inner()));
+        threads.extend(
+            self.inner
+                .enricher
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
+        for h in threads {
+            let _ = h.join();
+        }
+        self.flush_indexes()
+    }
+
+    /// Disk use of the whole data directory.
+    pub fn disk_bytes(&self) -> Result<u64> {
+        crate::store::dir_disk_bytes(&self.inner.dir)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the wake channels ends the background threads.
+        self.wake.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.enrich_wake
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+    }
+}

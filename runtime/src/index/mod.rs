@@ -1,0 +1,29 @@
+//! The derived indexes recall searches: vectors (arroy on LMDB, with an in-memory tail) in
+//! [`vector`], BM25 keywords (tantivy, with a tail of its own) in [`keyword`], and the text
+//! analysis both the keyword index and the hash embedder tokenise with in [`text`]. Every
+//! index here is derived data: the store keeps everything they hold, so each can be
+//! cleared and rebuilt from it at any time; none may ever be the only copy of anything.
+//! The one cosine similarity every layer compares vectors with lives here too.
+
+pub(crate) mod keyword;
+pub(crate) mod text;
+pub(crate) mod vector;
+
+pub use keyword::{KeywordIndex, QueryStats};
+pub use vector::{BuildStats, VectorIndex, VectorOptions, VectorSource};
+
+/// Cosine similarity of two vectors (0 when either is all zero). Recall's exact
+/// similarity, the condenser's centrality and the judge's reuse all compare with this one.
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let (mut dot, mut na, mut nb) = (0.0f32, 0.0f32, 0.0f32);
+    for (x, y) in a.iter().zip(b) {
+        dot += x * y;
+        na += x * x;
+        nb += y * y;
+    }
+    if na == 0.0 || nb == 0.0 {
+        0.0
+    } else {
+        dot / (na.sqrt() * nb.sqrt())
+    }
+}

@@ -1,0 +1,218 @@
+//! The store's small typed tables, kept for the layers above it: what each recall returned,
+//! knowledge-graph edges, promotion markers, strike counts and quarantine entries, where a
+//! session's condensation stands, and when the last decay sweep ran. Each has a type here,
+//! a [`Mutation`](super::Mutation) that writes it and a reader on [`Store`]; the key bytes
+//! and the encoding stay inside the store (built by `keys`, encoded by `codec`), so no
+//! caller ever builds or parses a key, and the on-disk bytes are those of format 1.
+
+use serde::{Deserialize, Serialize};
+
+use super::keys::{self, layer};
+use super::kv::{Op, Visit};
+use super::{Store, codec};
+use crate::clock::Timestamp;
+use crate::error::{Error, Result};
+use crate::model::{Edge, MemoryId, Relation};
+
+/// What a recall returned, kept so feedback can name the recall instead of its records.
+/// Postcard is positional: these fields, in this order, are the stored bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RememberedRecall {
+    /// The namespace that asked.
+    pub namespace: String,
+    /// The session that asked.
+    pub session: String,
+    /// When (runtime clock).
+    pub at: Timestamp,
+    /// The records it returned, best first.
+    pub ids: Vec<MemoryId>,
+}
+
+/// How often processing a record made an actor fail.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Strikes {
+    /// Failures so far.
+    pub count: u32,
+    /// The actor that failed last.
+    pub actor: String,
+    /// Its error (the panic message).
+    pub last_error: String,
+}
+
+/// Something set aside because processing it kept failing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuarantineEntry {
+    /// The record's id, or the id given to an input that never became a record.
+    pub id: MemoryId,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its session, when known.
+    pub session_id: Option<String>,
+    /// The actor that kept failing on it.
+    pub actor: String,
+    /// The last error.
+    pub error: String,
+    /// Failures counted before it was set aside.
+    pub strikes: u32,
+    /// When (runtime clock).
+    pub at: Timestamp,
+    /// The events as they were sent (JSON), for an input that never became a record.
+    pub input: Option<String>,
+}
+
+/// The backend write of a typed-table mutation (called by the commit thread).
+pub(super) fn recall_op(n: u32, recall: &RememberedRecall) -> Op {
+    Op::Put(keys::recall(n).to_vec(), codec::encode(recall))
+}
+
+pub(super) fn edge_op(namespace: &str, edge: &Edge) -> Op {
+    Op::Put(
+        keys::graph_edge(namespace, edge.from, edge.relation as u8, edge.to),
+        Vec::new(),
+    )
+}
+
+pub(super) fn promoted_op(condensed: MemoryId, knowledge: MemoryId) -> Op {
+    Op::Put(
+        keys::promoted(condensed).to_vec(),
+        knowledge.0.to_be_bytes().to_vec(),
+    )
+}
+
+pub(super) fn strikes_op(id: MemoryId, strikes: Option<&Strikes>) -> Op {
+    match strikes {
+        Some(s) => Op::Put(keys::strikes(id).to_vec(), codec::encode(s)),
+        None => Op::Delete(keys::strikes(id).to_vec()),
+    }
+}
+
+pub(super) fn quarantine_op(entry: &QuarantineEntry) -> Op {
+    Op::Put(keys::quarantine(entry.id).to_vec(), codec::encode(entry))
+}
+
+pub(super) fn condensed_upto_op(namespace: &str, session: &str, upto: MemoryId) -> Op {
+    Op::Put(
+        keys::condensed_upto(namespace, session),
+        upto.0.to_be_bytes().to_vec(),
+    )
+}
+
+pub(super) fn last_decay_sweep_op(at: Timestamp) -> Op {
+    Op::Put(keys::last_decay_sweep(), at.to_be_bytes().to_vec())
+}
+
+/// A fixed-width value, or a corruption error naming what was read.
+fn fixed<const N: usize>(what: &str, v: &[u8]) -> Result<[u8; N]> {
+    v.try_into().map_err(|_| Error::Corrupt {
+        key: what.to_string(),
+        message: format!("expected {N} bytes, found {}", v.len()),
+    })
+}
+
+impl Store {
+    /// What recall number `n` returned, if it was remembered.
+    pub fn recall(&self, n: u32) -> Result<Option<RememberedRecall>> {
+        let key = keys::recall(n);
+        match self.inner.kv.get(&key)? {
+            Some(v) => codec::decode(&key, &v).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Every remembered recall, by number.
+    pub fn for_each_recall(
+        &self,
+        mut f: impl FnMut(u32, RememberedRecall) -> Result<Visit>,
+    ) -> Result<()> {
+        self.scan_prefix(&[layer::RECALL], &mut |k, v| match keys::id_from_key(k) {
+            Some(n) => f(n.0, codec::decode(k, v)?),
+            None => Ok(Visit::Continue),
+        })
+    }
+
+    /// A namespace's knowledge-graph edges; only those starting at `from` when given.
+    pub fn edges(&self, namespace: &str, from: Option<MemoryId>) -> Result<Vec<Edge>> {
+        // An edge key is the namespace's prefix, `from`, the relation byte and `to`: the
+        // prefix plus `from` selects exactly one record's outgoing edges.
+        let mut prefix = keys::graph_edge_prefix(namespace);
+        if let Some(id) = from {
+            prefix.extend_from_slice(&id.0.to_be_bytes());
+        }
+        let mut edges = Vec::new();
+        self.scan_prefix(&prefix, &mut |k, _| {
+            let Some((from, rel, to)) = keys::graph_edge_parts(k) else {
+                return Ok(Visit::Continue);
+            };
+            let relation = Relation::from_u8(rel).ok_or_else(|| Error::Corrupt {
+                key: format!("{k:02x?}"),
+                message: format!("unknown knowledge-graph relation {rel}"),
+            })?;
+            edges.push(Edge { from, to, relation });
+            Ok(Visit::Continue)
+        })?;
+        Ok(edges)
+    }
+
+    /// The knowledge record a condensed record was promoted (or merged) into, if any.
+    pub fn promoted_into(&self, condensed: MemoryId) -> Result<Option<MemoryId>> {
+        match self.inner.kv.get(&keys::promoted(condensed))? {
+            Some(v) => Ok(Some(MemoryId(u32::from_be_bytes(fixed(
+                &format!("promoted {condensed}"),
+                &v,
+            )?)))),
+            None => Ok(None),
+        }
+    }
+
+    /// The strikes counted against a record, if any.
+    pub fn strikes(&self, id: MemoryId) -> Result<Option<Strikes>> {
+        let key = keys::strikes(id);
+        match self.inner.kv.get(&key)? {
+            Some(v) => codec::decode(&key, &v).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The quarantine entry of an id, if it was set aside.
+    pub fn quarantine_entry(&self, id: MemoryId) -> Result<Option<QuarantineEntry>> {
+        let key = keys::quarantine(id);
+        match self.inner.kv.get(&key)? {
+            Some(v) => codec::decode(&key, &v).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Every quarantine entry, in id order.
+    pub fn for_each_quarantined(
+        &self,
+        mut f: impl FnMut(QuarantineEntry) -> Result<Visit>,
+    ) -> Result<()> {
+        self.scan_prefix(&[layer::QUARANTINE], &mut |k, v| f(codec::decode(k, v)?))
+    }
+
+    /// The largest record id a condensation of the session has covered, if any.
+    pub fn condensed_upto(&self, namespace: &str, session: &str) -> Result<Option<MemoryId>> {
+        match self
+            .inner
+            .kv
+            .get(&keys::condensed_upto(namespace, session))?
+        {
+            Some(v) => Ok(Some(MemoryId(u32::from_be_bytes(fixed(
+                "condensed_upto",
+                &v,
+            )?)))),
+            None => Ok(None),
+        }
+    }
+
+    /// Runtime-clock time of the last decay sweep, if one was recorded.
+    pub fn last_decay_sweep(&self) -> Result<Option<Timestamp>> {
+        match self.inner.kv.get(&keys::last_decay_sweep())? {
+            Some(v) => Ok(Some(Timestamp::from_be_bytes(fixed(
+                "last_decay_sweep",
+                &v,
+            )?))),
+            None => Ok(None),
+        }
+    }
+}
