@@ -24,11 +24,8 @@
 //! Progress goes to stderr; the last line on stdout is one JSON object with every figure.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use axum::Json;
-use axum::extract::State;
 use serde_json::{Value, json};
 use shadowbrain::NewMemory;
 use shadowbrain::embed::Embedder;
@@ -39,6 +36,7 @@ use shadowbrain::llm::judge::LlmJudge;
 use shadowbrain::llm::{LlmConfig, LlmKind};
 use shadowbrain::policy::Policy;
 use shadowbrain::{Runtime, RuntimeConfig};
+use shadowbrain_test_support::{Endpoint, Reply, verdicts};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -108,54 +106,25 @@ fn args() -> Result<Args, String> {
     Ok(a)
 }
 
-/// The scripted endpoint: sleeps `delay`, then rates every numbered record.
-struct Endpoint {
-    delay: Duration,
-    calls: AtomicU64,
-}
-
-async fn chat(State(ep): State<Arc<Endpoint>>, Json(body): Json<Value>) -> Json<Value> {
-    ep.calls.fetch_add(1, Ordering::Relaxed);
-    tokio::time::sleep(ep.delay).await;
-    let user = body["messages"][1]["content"].as_str().unwrap_or("");
-    let items: Vec<Value> = user
-        .lines()
-        .filter(|l| {
-            l.split_once(". [")
-                .is_some_and(|(n, _)| n.parse::<usize>().is_ok())
-        })
-        .enumerate()
-        .map(|(i, line)| {
+/// The scripted endpoint (the tests' own): sleeps `delay`, then rates every numbered
+/// record, reporting about a token per four characters of prompt and answer.
+async fn endpoint(delay: Duration) -> (Endpoint, String) {
+    let ep = Endpoint::start(move |request| {
+        let items = request.numbered_records().into_iter().map(|line| {
             let importance = (line.len() % 11) as f64;
-            json!({"index": i, "importance": importance, "reusability": 3, "reason": "scripted"})
-        })
-        .collect();
-    let prompt = (body["messages"][0]["content"].as_str().unwrap_or("").len() + user.len()) / 4;
-    let content = json!({ "items": items }).to_string();
-    let completion = content.len() / 4;
-    Json(json!({
-        "id": "x", "object": "chat.completion", "created": 0, "model": "scripted",
-        "choices": [{"index": 0, "finish_reason": "stop",
-                     "message": {"role": "assistant", "content": content}}],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                  "total_tokens": prompt + completion}
-    }))
-}
-
-async fn endpoint(delay: Duration) -> (Arc<Endpoint>, String) {
-    let ep = Arc::new(Endpoint {
-        delay,
-        calls: AtomicU64::new(0),
-    });
-    let app = axum::Router::new()
-        .route("/v1/chat/completions", axum::routing::post(chat))
-        .with_state(ep.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("address");
-    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
-    (ep, format!("http://{addr}/v1"))
+            (importance, 3, "scripted".to_string())
+        });
+        let content = verdicts(items);
+        let prompt = (request.system().len() + request.user().len()) / 4;
+        let completion = content.len() / 4;
+        Reply::after(
+            delay,
+            Reply::chat(&content, Some((prompt as u64, completion as u64))),
+        )
+    })
+    .await;
+    let url = ep.base_url();
+    (ep, url)
 }
 
 /// A runtime in `dir`, judging with the `[llm]` defaults (but `batch_wait`) against `url`
@@ -489,10 +458,7 @@ async fn main() {
         ack.push(acknowledge(&a, None, run).await);
         ack.push(acknowledge(&a, Some(&slow_url), run).await);
     }
-    eprintln!(
-        "the slow endpoint answered {} calls",
-        slow.calls.load(Ordering::Relaxed)
-    );
+    eprintln!("the slow endpoint answered {} calls", slow.requests());
     let (_fast, fast_url) = endpoint(Duration::from_millis(a.cost_delay_ms)).await;
     let mut costs = Vec::new();
     for &rate in a.rates.iter().filter(|_| a.cost_events > 0) {

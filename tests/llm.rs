@@ -6,15 +6,10 @@
 //! the audit log), batching and reuse cutting calls, the token budget on the runtime clock,
 //! and ingest acknowledging while the provider hangs.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Json;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde_json::json;
 use shadowbrain::VirtualClock;
 use shadowbrain::llm::chat::ChatClient;
 use shadowbrain::llm::condense::LlmCondenser;
@@ -24,6 +19,7 @@ use shadowbrain::llm::{LlmConfig, LlmKind};
 use shadowbrain::policy::Policy;
 use shadowbrain::{MemoryId, NewMemory};
 use shadowbrain::{Runtime, RuntimeConfig};
+use shadowbrain_test_support::{self as support, Reply};
 
 /// How the scripted endpoint behaves.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -46,17 +42,12 @@ enum Mode {
     Slow(u64),
 }
 
-/// The endpoint's state: its mode, and what it saw.
+/// The scripted endpoint (the shared one) and the state its script reads and records: the
+/// mode a test may change, and the records numbered in each judge request's prompt.
 struct Endpoint {
-    mode: Mutex<Mode>,
-    /// Chat requests received (every attempt).
-    requests: AtomicUsize,
-    /// Requests being answered right now.
-    in_flight: AtomicUsize,
-    /// The most requests ever answered at once.
-    peak: AtomicUsize,
-    /// Records numbered in each judge request's prompt.
-    batch_sizes: Mutex<Vec<usize>>,
+    server: support::Endpoint,
+    mode: Arc<Mutex<Mode>>,
+    batch_sizes: Arc<Mutex<Vec<usize>>>,
 }
 
 impl Endpoint {
@@ -64,42 +55,37 @@ impl Endpoint {
         *self.mode.lock().unwrap() = mode;
     }
 
+    /// Chat requests received (every attempt).
     fn requests(&self) -> usize {
-        self.requests.load(Ordering::SeqCst)
+        self.server.requests()
+    }
+
+    /// Requests being answered right now.
+    fn in_flight(&self) -> usize {
+        self.server.in_flight()
+    }
+
+    /// The most requests ever answered at once.
+    fn peak(&self) -> usize {
+        self.server.max_in_flight()
+    }
+
+    /// Records numbered in each judge request's prompt.
+    fn batch_sizes(&self) -> Vec<usize> {
+        self.batch_sizes.lock().unwrap().clone()
     }
 }
 
-/// Lowers the in-flight count when a request's future ends, answered or dropped.
-struct InFlight(Arc<Endpoint>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-async fn chat(State(ep): State<Arc<Endpoint>>, Json(body): Json<Value>) -> Response {
-    ep.requests.fetch_add(1, Ordering::SeqCst);
-    let now = ep.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-    ep.peak.fetch_max(now, Ordering::SeqCst);
-    let _guard = InFlight(ep.clone());
-    let condensing = body["response_format"]["json_schema"]["name"] == "condensed_memory"
-        || body["messages"][0]["content"]
-            .as_str()
-            .is_some_and(|s| s.contains("condense"));
-    let user = body["messages"][1]["content"].as_str().unwrap_or("");
-    let lines: Vec<&str> = user
-        .lines()
-        .filter(|l| {
-            l.split_once(". [")
-                .is_some_and(|(n, _)| n.parse::<usize>().is_ok())
-        })
-        .collect();
+/// What the endpoint answers in `mode` (and counts) for one request.
+fn chat(request: &support::Request, mode: &Mutex<Mode>, batch_sizes: &Mutex<Vec<usize>>) -> Reply {
+    let condensing = request.body["response_format"]["json_schema"]["name"] == "condensed_memory"
+        || request.system().contains("condense");
+    let lines = request.numbered_records();
     if !condensing {
-        ep.batch_sizes.lock().unwrap().push(lines.len());
+        batch_sizes.lock().unwrap().push(lines.len());
     }
     let mode = {
-        let mut mode = ep.mode.lock().unwrap();
+        let mut mode = mode.lock().unwrap();
         let now = *mode;
         if let Mode::RateLimited(n) = now {
             *mode = if n > 1 {
@@ -115,72 +101,46 @@ async fn chat(State(ep): State<Arc<Endpoint>>, Json(body): Json<Value>) -> Respo
                "sources": [0]})
         .to_string()
     } else {
-        let items: Vec<Value> = lines
-            .iter()
-            .enumerate()
-            .map(|(i, l)| {
-                let importance = if l.contains("error") { 9 } else { 1 };
-                json!({"index": i, "importance": importance, "reusability": 4,
-                       "reason": "scripted verdict"})
-            })
-            .collect();
-        json!({ "items": items }).to_string()
+        support::verdicts(lines.iter().map(|l| {
+            let importance = if l.contains("error") { 9.0 } else { 1.0 };
+            (importance, 4, "scripted verdict".to_string())
+        }))
     };
-    let content = match mode {
-        Mode::Good => good,
-        Mode::Fenced => format!("Sure! Here is the JSON:\n```json\n{good}\n```\nHope it helps."),
-        Mode::Broken => "I would rate these as fairly important overall.".to_string(),
+    let answer = |content: &str| Reply::chat(content, Some((100, 20)));
+    match mode {
+        Mode::Good => answer(&good),
+        Mode::Fenced => answer(&format!(
+            "Sure! Here is the JSON:\n```json\n{good}\n```\nHope it helps."
+        )),
+        Mode::Broken => answer("I would rate these as fairly important overall."),
         Mode::WrongSchema if condensing => {
-            json!({"kind": "poem", "text": "roses", "sources": [0]}).to_string()
+            answer(&json!({"kind": "poem", "text": "roses", "sources": [0]}).to_string())
         }
-        Mode::WrongSchema => json!({"items": [{"index": 0, "importance": "very"}]}).to_string(),
+        Mode::WrongSchema => {
+            answer(&json!({"items": [{"index": 0, "importance": "very"}]}).to_string())
+        }
         Mode::RateLimited(_) => {
-            let body = json!({"error": {"message": "rate limited", "type": "requests"}});
-            return (
-                StatusCode::TOO_MANY_REQUESTS,
-                [("retry-after", "1")],
-                Json(body),
-            )
-                .into_response();
+            Reply::error_typed(429, "rate limited", "requests").with_header("retry-after", "1")
         }
-        Mode::ServerError => {
-            let body = json!({"error": {"message": "the model crashed", "type": "server"}});
-            return (StatusCode::INTERNAL_SERVER_ERROR, Json(body)).into_response();
-        }
-        Mode::Hang => {
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-            good
-        }
-        Mode::Slow(ms) => {
-            tokio::time::sleep(Duration::from_millis(ms)).await;
-            good
-        }
-    };
-    Json(json!({
-        "id": "x", "object": "chat.completion", "created": 0, "model": "scripted",
-        "choices": [{"index": 0, "finish_reason": "stop",
-                     "message": {"role": "assistant", "content": content}}],
-        "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}
-    }))
-    .into_response()
+        Mode::ServerError => Reply::error_typed(500, "the model crashed", "server"),
+        Mode::Hang => Reply::after(Duration::from_secs(3600), answer(&good)),
+        Mode::Slow(ms) => Reply::after(Duration::from_millis(ms), answer(&good)),
+    }
 }
 
 /// Starts the endpoint in `mode`; returns its state and base URL.
 async fn endpoint(mode: Mode) -> (Arc<Endpoint>, String) {
-    let ep = Arc::new(Endpoint {
-        mode: Mutex::new(mode),
-        requests: AtomicUsize::new(0),
-        in_flight: AtomicUsize::new(0),
-        peak: AtomicUsize::new(0),
-        batch_sizes: Mutex::new(Vec::new()),
-    });
-    let app = axum::Router::new()
-        .route("/v1/chat/completions", axum::routing::post(chat))
-        .with_state(ep.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (ep, format!("http://{addr}/v1"))
+    let mode = Arc::new(Mutex::new(mode));
+    let batch_sizes = Arc::new(Mutex::new(Vec::new()));
+    let (m, b) = (mode.clone(), batch_sizes.clone());
+    let server = support::Endpoint::start(move |request| chat(request, &m, &b)).await;
+    let url = server.base_url();
+    let ep = Endpoint {
+        server,
+        mode,
+        batch_sizes,
+    };
+    (Arc::new(ep), url)
 }
 
 /// What a test changes about the LLM set-up.
@@ -385,11 +345,7 @@ async fn the_model_decides_when_it_answers_well_and_the_rules_when_it_does_not()
         5 * stats.chat.completion_tokens,
         "{stats:?}"
     );
-    assert_eq!(
-        ep.in_flight.load(Ordering::SeqCst),
-        0,
-        "the hung call was abandoned"
-    );
+    assert_eq!(ep.in_flight(), 0, "the hung call was abandoned");
     rt.shutdown().await.unwrap();
 }
 
@@ -437,7 +393,7 @@ async fn batching_the_cache_and_semantic_reuse_cut_calls() {
     let first = session.record_batch(facts(100, "fact")).await.unwrap();
     judge_all(&rt).await;
     assert_eq!(ep.requests(), 10, "100 records in batches of 10");
-    assert!(ep.batch_sizes.lock().unwrap().iter().all(|&n| n == 10));
+    assert!(ep.batch_sizes().iter().all(|&n| n == 10));
     for id in &first {
         let r = rt.memory("default", *id).unwrap().get().await.unwrap();
         assert_eq!(r.importance, 1.0, "judged by the model");
@@ -538,7 +494,7 @@ async fn ingest_keeps_acknowledging_while_the_provider_hangs() {
         .unwrap();
     // The evaluator picks it up and its call hangs.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while ep.in_flight.load(Ordering::SeqCst) == 0 {
+    while ep.in_flight() == 0 {
         assert!(
             std::time::Instant::now() < deadline,
             "the judge never called"
@@ -561,11 +517,7 @@ async fn ingest_keeps_acknowledging_while_the_provider_hangs() {
     .await
     .expect("ingest waited for the hung provider");
     assert_eq!(acked, 2000);
-    assert_eq!(
-        ep.in_flight.load(Ordering::SeqCst),
-        1,
-        "the call is still hanging"
-    );
+    assert_eq!(ep.in_flight(), 1, "the call is still hanging");
     let queued = rt.substrate().evaluation_queue(5000).unwrap().len();
     assert!(queued >= 2000, "the records wait for the judge: {queued}");
     // Every acknowledged event is readable now, with the rules' score.
@@ -605,11 +557,7 @@ async fn hybrid_asks_only_about_what_the_rules_left_at_the_default() {
         .await
         .unwrap();
     judge_all(&rt).await;
-    assert_eq!(
-        *ep.batch_sizes.lock().unwrap(),
-        vec![1],
-        "only the note was asked about"
-    );
+    assert_eq!(ep.batch_sizes(), vec![1], "only the note was asked about");
     let mut importance = Vec::new();
     for id in &ids {
         importance.push(
@@ -639,11 +587,7 @@ async fn a_slow_model_is_asked_about_several_batches_at_once() {
     session.record_batch(facts(20, "wide")).await.unwrap();
     judge_all(&rt).await;
     assert_eq!(ep.requests(), 4);
-    assert_eq!(
-        ep.peak.load(Ordering::SeqCst),
-        4,
-        "four batches in flight together"
-    );
+    assert_eq!(ep.peak(), 4, "four batches in flight together");
     assert_eq!(llm.stats().judged, 20);
     rt.shutdown().await.unwrap();
 }
@@ -718,11 +662,7 @@ async fn records_trickling_in_wait_for_each_other_and_share_a_call() {
         assert!(std::time::Instant::now() < deadline, "never judged");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(
-        *ep.batch_sizes.lock().unwrap(),
-        vec![3],
-        "one call for the three"
-    );
+    assert_eq!(ep.batch_sizes(), vec![3], "one call for the three");
     let last = rt.memory("default", ids[2]).unwrap().get().await.unwrap();
     assert_eq!(last.importance, 1.0);
     rt.shutdown().await.unwrap();

@@ -986,61 +986,29 @@ fn the_config_file_sets_limits_and_keys_with_environment_overrides() {
     assert!(said.contains("max_kk"), "{said}");
 }
 
-/// An OpenAI-compatible chat endpoint on 127.0.0.1 that rates every numbered record of a
-/// judge prompt 8; answers its address and counts requests.
-fn scripted_judge() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let calls = std::sync::Arc::new(AtomicUsize::new(0));
-    let counted = calls.clone();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let tokio = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        tokio.block_on(async move {
-            let app = axum::Router::new().route(
-                "/v1/chat/completions",
-                axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
-                    counted.fetch_add(1, Ordering::SeqCst);
-                    let user = body["messages"][1]["content"].as_str().unwrap_or("").to_string();
-                    async move {
-                        let n = user
-                            .lines()
-                            .filter(|l| l.split_once(". [").is_some_and(|(i, _)| i.parse::<usize>().is_ok()))
-                            .count();
-                        let items: Vec<Value> = (0..n)
-                            .map(|i| json!({"index": i, "importance": 8, "reusability": 7, "reason": "scripted"}))
-                            .collect();
-                        axum::Json(json!({
-                            "id": "x", "object": "chat.completion", "created": 0, "model": "m",
-                            "choices": [{"index": 0, "finish_reason": "stop", "message": {
-                                "role": "assistant",
-                                "content": json!({"items": items}).to_string()}}],
-                            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
-                        }))
-                    }
-                }),
-            );
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            axum::serve(listener, app).await.unwrap();
-        });
-    });
-    (rx.recv_timeout(Duration::from_secs(30)).unwrap(), calls)
+/// The scripted OpenAI-compatible chat endpoint, on a thread of its own (this test drives
+/// the binary), rating every numbered record of a judge prompt 8.
+fn scripted_judge() -> shadowbrain_test_support::Endpoint {
+    use shadowbrain_test_support::{Endpoint, Reply, verdicts};
+    Endpoint::start_in_thread(|request| {
+        let n = request.numbered_records().len();
+        let content = verdicts((0..n).map(|_| (8.0, 7, "scripted".to_string())));
+        Reply::chat(&content, Some((10, 5)))
+    })
 }
 
 #[test]
 fn serve_with_an_llm_section_judges_importance_in_the_background() {
-    let (llm, calls) = scripted_judge();
+    let llm = scripted_judge();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("shadowbrain.toml");
     std::fs::write(
         &config,
         // The endpoint comes from [provider], as one section serving embedder and LLM would.
         format!(
-            "[provider]\nbase_url = \"http://{llm}/v1\"\n\
-             [llm]\nkind = \"openai\"\nmodel = \"judge\"\nbatch_wait = \"0s\"\n"
+            "[provider]\nbase_url = \"{}\"\n\
+             [llm]\nkind = \"openai\"\nmodel = \"judge\"\nbatch_wait = \"0s\"\n",
+            llm.base_url()
         ),
     )
     .unwrap();
@@ -1081,7 +1049,7 @@ fn serve_with_an_llm_section_judges_importance_in_the_background() {
         assert!(
             std::time::Instant::now() < deadline,
             "never judged: {record}; {} calls",
-            calls.load(std::sync::atomic::Ordering::SeqCst)
+            llm.requests()
         );
         std::thread::sleep(Duration::from_millis(50));
     };

@@ -30,6 +30,7 @@ pub mod llm;
 mod model;
 mod pages;
 pub mod policy;
+mod provider;
 mod retrieval;
 mod store;
 pub mod transfer;

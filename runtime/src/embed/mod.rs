@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 pub use hash::HashEmbedder;
 pub use openai::OpenAiEmbedder;
@@ -119,22 +119,7 @@ impl EmbedderConfig {
 
     /// `timeout` parsed, or an error naming the key and the expected form.
     pub fn timeout(&self) -> Result<Duration> {
-        let t = humantime::parse_duration(self.timeout.trim()).map_err(|e| {
-            Error::invalid(
-                "embedder.timeout",
-                format!(
-                    "`{}` is not a duration ({e}); write it like \"30s\", \"500ms\" or \"2m\"",
-                    self.timeout
-                ),
-            )
-        })?;
-        if t.is_zero() {
-            return Err(Error::invalid(
-                "embedder.timeout",
-                "a zero timeout fails every request; use at least a few seconds, e.g. \"30s\"",
-            ));
-        }
-        Ok(t)
+        crate::provider::timeout("embedder.timeout", &self.timeout)
     }
 }
 

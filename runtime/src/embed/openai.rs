@@ -1,36 +1,30 @@
-//! The OpenAI-compatible embedder: `POST {base_url}/embeddings` through `async-openai`, against
-//! OpenAI itself or any compatible server (Ollama, vLLM, TEI, LM Studio).
+//! The OpenAI-compatible embedder: `POST {base_url}/embeddings` against OpenAI itself or
+//! any compatible server (Ollama, vLLM, TEI, LM Studio), through the one provider
+//! transport ([`crate::provider`]: timeout, bounded concurrency, retries with backoff and
+//! jitter honouring `Retry-After`, the key).
 //!
-//! It owns batching (`batch_size` texts per request), bounded concurrency (`max_concurrency`
-//! requests in flight across every caller, results re-assembled in input order), the
-//! per-request timeout, and retries: timeouts, 429, 5xx and connection errors are retried with
-//! exponential backoff and jitter, at most `max_retries` times. async-openai's own retry layer
-//! is replaced by a bare transport so that those bounds are the only ones. Every returned
-//! vector is checked against the configured dimension and unit-normalised.
+//! It owns what is particular to embeddings: batching (`batch_size` texts per request,
+//! batches spawned together and bounded by the transport's `max_concurrency`, results
+//! re-assembled in input order), the request's shape (async-openai's type), and the checks
+//! of every answer: one vector per input, each index once, the configured dimension, and a
+//! usable norm; every vector is unit-normalised.
 //!
-//! This module must never log, store or put into an error message the API key; it reads the
-//! key once from the environment variable the configuration names.
+//! This module must never log, store or put into an error message the API key.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_openai::Client;
-use async_openai::config::OpenAIConfig;
-use async_openai::error::OpenAIError;
-use async_openai::middleware::ReqwestService;
 use async_openai::types::embeddings::{CreateEmbeddingRequest, EmbeddingInput};
-use tokio::sync::Semaphore;
+use serde::Deserialize;
 use tokio::task::JoinSet;
 
 use super::{Embedder, EmbedderConfig};
 use crate::error::{Error, Result};
+use crate::provider::{self, Refusal, Settings, Transport, provider_error, truncate};
 
 /// API root used when `base_url` is not configured.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
-
-/// Provider name in [`Error::Provider`].
-const PROVIDER: &str = "openai";
 
 /// Embeddings from an OpenAI-compatible HTTP endpoint.
 pub struct OpenAiEmbedder {
@@ -40,33 +34,20 @@ pub struct OpenAiEmbedder {
 
 /// Everything a request task needs; shared with spawned batch tasks.
 struct Inner {
-    client: Client<OpenAIConfig>,
-    base_url: String,
-    model: String,
+    transport: Transport,
     dimensions: usize,
     send_dimensions: bool,
-    api_key_env: String,
-    timeout: Duration,
     batch_size: usize,
-    max_retries: u32,
-    backoff_base: Duration,
-    backoff_max: Duration,
-    /// One permit per request in flight; shared by every caller of this embedder.
-    in_flight: Semaphore,
 }
 
 impl fmt::Debug for OpenAiEmbedder {
-    // Hand-written so that no field can ever print the client's credentials.
+    // Hand-written so that no field can ever print the credentials.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let i = &self.inner;
         f.debug_struct("OpenAiEmbedder")
-            .field("base_url", &i.base_url)
-            .field("model", &i.model)
+            .field("transport", &i.transport)
             .field("dimensions", &i.dimensions)
-            .field("api_key_env", &i.api_key_env)
-            .field("timeout", &i.timeout)
             .field("batch_size", &i.batch_size)
-            .field("max_retries", &i.max_retries)
             .finish_non_exhaustive()
     }
 }
@@ -110,7 +91,10 @@ impl OpenAiEmbedder {
                 ));
             }
         };
-        let base_url = base_url(cfg.base_url.as_deref())?;
+        let base_url = provider::base_url(
+            "embedder.base_url",
+            cfg.base_url.as_deref().unwrap_or(DEFAULT_BASE_URL),
+        )?;
         let timeout = cfg.timeout()?;
         if cfg.batch_size == 0 || cfg.batch_size > EmbedderConfig::MAX_BATCH_SIZE {
             return Err(Error::invalid(
@@ -142,38 +126,25 @@ impl OpenAiEmbedder {
                 ),
             ));
         }
-        let api_key = read_api_key("embedder.api_key_env", &cfg.api_key_env)?;
-
-        // async-openai is built without a TLS crypto provider (ring is lighter than its
-        // default aws-lc); one must be installed process-wide before the first HTTP client.
-        // Ignoring the result is right: it only fails when a provider is already installed.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let config = OpenAIConfig::new()
-            .with_api_base(base_url.clone())
-            .with_api_key(api_key)
-            // Cleared so OPENAI_ORG_ID / OPENAI_PROJECT_ID meant for OpenAI are never sent to
-            // a third-party endpoint.
-            .with_org_id("")
-            .with_project_id("");
-        // A bare transport: the default client wraps it in a retry layer of its own, which
-        // would multiply our attempts and ignore `max_retries`.
-        let client = Client::with_config(config).with_http_service(ReqwestService::default());
-
+        let transport = Transport::new(Settings {
+            section: "embedder",
+            what: "embedding",
+            base_url,
+            model: model.clone(),
+            api_key_env: &cfg.api_key_env,
+            timeout,
+            max_concurrency: cfg.max_concurrency,
+            max_retries: cfg.max_retries,
+            backoff_base: Self::DEFAULT_BACKOFF_BASE,
+            backoff_max: Self::DEFAULT_BACKOFF_MAX,
+        })?;
         Ok(OpenAiEmbedder {
             name: format!("openai:{model}"),
             inner: Arc::new(Inner {
-                client,
-                base_url,
-                model,
+                transport,
                 dimensions,
                 send_dimensions: cfg.send_dimensions,
-                api_key_env: cfg.api_key_env.clone(),
-                timeout,
                 batch_size: cfg.batch_size,
-                max_retries: cfg.max_retries,
-                backoff_base: Self::DEFAULT_BACKOFF_BASE,
-                backoff_max: Self::DEFAULT_BACKOFF_MAX,
-                in_flight: Semaphore::new(cfg.max_concurrency),
             }),
         })
     }
@@ -182,20 +153,19 @@ impl OpenAiEmbedder {
     /// tests and simulations that cannot wait seconds between attempts.
     pub fn with_backoff(mut self, base: Duration, max: Duration) -> Self {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.backoff_base = base;
-            inner.backoff_max = max.max(base);
+            inner.transport.set_backoff(base, max);
         }
         self
     }
 
     /// The API root requests go to.
     pub fn base_url(&self) -> &str {
-        &self.inner.base_url
+        self.inner.transport.base_url()
     }
 
     /// The model name sent with every request.
     pub fn model(&self) -> &str {
-        &self.inner.model
+        self.inner.transport.model()
     }
 }
 
@@ -230,7 +200,7 @@ impl Embedder for OpenAiEmbedder {
             _ => {}
         }
 
-        // All batches are spawned at once; the semaphore decides how many are on the wire.
+        // All batches are spawned at once; the transport decides how many are on the wire.
         // Dropping the JoinSet on the first error aborts the rest.
         let n = batches.len();
         let mut tasks = JoinSet::new();
@@ -240,37 +210,39 @@ impl Embedder for OpenAiEmbedder {
         }
         let mut parts: Vec<Option<Vec<Vec<f32>>>> = vec![None; n];
         while let Some(joined) = tasks.join_next().await {
-            let (i, result) = joined.map_err(|e| {
-                provider_error(format!(
-                    "an embedding request task failed ({e}); this is a bug, please report it"
-                ))
-            })?;
+            let (i, result) =
+                joined.map_err(|e| Error::internal("an embedding request task", e))?;
             parts[i] = Some(result?);
         }
         let mut out = Vec::with_capacity(texts.len());
         for part in parts {
-            out.extend(part.ok_or_else(|| {
-                provider_error("an embedding batch produced no result; this is a bug")
-            })?);
+            out.extend(
+                part.ok_or_else(|| Error::internal("embedding", "a batch produced no result"))?,
+            );
         }
         Ok(out)
     }
 }
 
-/// What went wrong with one attempt.
-enum Failure {
-    /// Worth retrying: the server may answer next time.
-    Transient(String),
-    /// Retrying cannot help (bad key, unknown model, malformed answer …).
-    Permanent(Error),
+/// The parts of an embeddings response this client reads. Lenient (only `data` with
+/// `index` and `embedding`): compatible servers leave out fields OpenAI always sends.
+#[derive(Deserialize)]
+struct WireEmbeddings {
+    data: Vec<WireEmbedding>,
+}
+
+#[derive(Deserialize)]
+struct WireEmbedding {
+    index: usize,
+    embedding: Vec<f32>,
 }
 
 impl Inner {
-    /// Embeds one batch, retrying transient failures with backoff.
+    /// Embeds one batch (the transport retries what is worth retrying).
     async fn embed_batch(&self, batch: Vec<String>) -> Result<Vec<Vec<f32>>> {
         let count = batch.len();
         let request = CreateEmbeddingRequest {
-            model: self.model.clone(),
+            model: self.transport.model().to_owned(),
             input: EmbeddingInput::StringArray(batch),
             encoding_format: None,
             user: None,
@@ -280,145 +252,68 @@ impl Inner {
                 None
             },
         };
-
-        let mut attempt: u32 = 0;
-        loop {
-            let failure = match self.attempt(request.clone()).await {
-                Ok(response) => return self.check_response(response, count),
-                Err(Failure::Permanent(e)) => return Err(e),
-                Err(Failure::Transient(why)) => why,
-            };
-            if attempt >= self.max_retries {
+        let body = serde_json::to_vec(&request)
+            .map_err(|e| Error::internal("encoding an embedding request", e))?;
+        let base_url = self.transport.base_url();
+        let model = self.transport.model();
+        let answer = match self.transport.post("/embeddings", &body).await {
+            Ok(answer) => answer,
+            Err(Refusal::Failed(e)) => return Err(e),
+            Err(Refusal::Status {
+                status: 404,
+                message,
+            }) => {
                 return Err(provider_error(format!(
-                    "embedding request to {} (model `{}`) failed after {} attempt{}; last \
-                     error: {failure}. Check that the server is up and reachable at base_url, \
-                     that it serves model `{}`, and raise [embedder] timeout or max_retries \
-                     if it is only slow or busy",
-                    self.base_url,
-                    self.model,
-                    attempt + 1,
-                    if attempt == 0 { "" } else { "s" },
-                    self.model,
+                    "{base_url}/embeddings answered 404 ({message}); check base_url \
+                     (compatible servers usually end in /v1) and that model `{model}` \
+                     exists there"
                 )));
             }
-            let delay = self.backoff(attempt);
-            tracing::warn!(
-                base_url = %self.base_url,
-                model = %self.model,
-                attempt = attempt + 1,
-                retry_in_ms = delay.as_millis() as u64,
-                "embedding request failed, retrying: {failure}"
-            );
-            tokio::time::sleep(delay).await;
-            attempt += 1;
-        }
-    }
-
-    /// One request, holding an in-flight permit only while it is on the wire (not while
-    /// backing off), so a struggling batch does not starve the others.
-    async fn attempt(
-        &self,
-        request: CreateEmbeddingRequest,
-    ) -> std::result::Result<async_openai::types::embeddings::CreateEmbeddingResponse, Failure>
-    {
-        let _permit = self.in_flight.acquire().await.map_err(|_| {
-            Failure::Permanent(provider_error("the embedder is shutting down; retry later"))
+            Err(Refusal::Status { status, message }) => {
+                return Err(provider_error(format!(
+                    "{base_url} rejected the embedding request (HTTP {status}: {message}); \
+                     check that model `{model}` is an embedding model{}",
+                    if self.send_dimensions {
+                        " and that it supports the `dimensions` parameter (or set \
+                         send_dimensions = false)"
+                    } else {
+                        ""
+                    }
+                )));
+            }
+        };
+        let response: WireEmbeddings = serde_json::from_slice(&answer.body).map_err(|e| {
+            provider_error(format!(
+                "{base_url} answered with something that is not an embeddings response ({e}; \
+                 body starts with {:?}); check that base_url points at an OpenAI-compatible \
+                 API root such as http://host:port/v1",
+                self.transport
+                    .scrub(&truncate(&String::from_utf8_lossy(&answer.body), 200))
+            ))
         })?;
-        match tokio::time::timeout(self.timeout, self.client.embeddings().create(request)).await {
-            Err(_) => Err(Failure::Transient(format!(
-                "no answer within the {} timeout",
-                humantime::format_duration(self.timeout)
-            ))),
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(e)) => Err(self.classify(e)),
-        }
-    }
-
-    fn classify(&self, error: OpenAIError) -> Failure {
-        match error {
-            OpenAIError::ApiError(api) => {
-                let status = api.status_code.as_u16();
-                let message = truncate(&api.api_error.message, 300);
-                match status {
-                    429 if api.api_error.r#type.as_deref() == Some("insufficient_quota") => {
-                        Failure::Permanent(provider_error(format!(
-                            "{} refused the request for lack of quota (HTTP 429 \
-                             insufficient_quota: {message}); check the account's plan and \
-                             billing",
-                            self.base_url
-                        )))
-                    }
-                    408 | 429 | 500..=599 => {
-                        Failure::Transient(format!("HTTP {status} from the server: {message}"))
-                    }
-                    401 | 403 => Failure::Permanent(provider_error(format!(
-                        "{} rejected the credentials (HTTP {status}: {message}); check the API \
-                         key in the environment variable `{}`",
-                        self.base_url, self.api_key_env
-                    ))),
-                    404 => Failure::Permanent(provider_error(format!(
-                        "{}/embeddings answered 404 ({message}); check base_url (compatible \
-                         servers usually end in /v1) and that model `{}` exists there",
-                        self.base_url, self.model
-                    ))),
-                    _ => Failure::Permanent(provider_error(format!(
-                        "{} rejected the embedding request (HTTP {status}: {message}); check \
-                         that model `{}` is an embedding model{}",
-                        self.base_url,
-                        self.model,
-                        if self.send_dimensions {
-                            " and that it supports the `dimensions` parameter (or set \
-                             send_dimensions = false)"
-                        } else {
-                            ""
-                        }
-                    ))),
-                }
-            }
-            OpenAIError::Reqwest(e)
-                if e.is_timeout() || e.is_connect() || e.is_request() || e.is_body() =>
-            {
-                Failure::Transient(format!("could not talk to {}: {e}", self.base_url))
-            }
-            OpenAIError::JSONDeserialize(e, body) => Failure::Permanent(provider_error(format!(
-                "{} answered with something that is not an embeddings response ({e}; body \
-                 starts with {:?}); check that base_url points at an OpenAI-compatible API \
-                 root such as http://host:port/v1",
-                self.base_url,
-                truncate(&body, 200)
-            ))),
-            other => Failure::Permanent(provider_error(format!(
-                "embedding request to {} failed: {other}",
-                self.base_url
-            ))),
-        }
+        self.check_response(response, count)
     }
 
     /// Puts the answer in input order, checks counts and dimensions, unit-normalises.
-    fn check_response(
-        &self,
-        response: async_openai::types::embeddings::CreateEmbeddingResponse,
-        count: usize,
-    ) -> Result<Vec<Vec<f32>>> {
+    fn check_response(&self, response: WireEmbeddings, count: usize) -> Result<Vec<Vec<f32>>> {
+        let (base_url, model) = (self.transport.base_url(), self.transport.model());
         if response.data.len() != count {
             return Err(provider_error(format!(
-                "{} returned {} embeddings for {count} inputs; check that base_url is an \
-                 OpenAI-compatible embeddings endpoint",
-                self.base_url,
+                "{base_url} returned {} embeddings for {count} inputs; check that base_url is \
+                 an OpenAI-compatible embeddings endpoint",
                 response.data.len()
             )));
         }
         let mut slots: Vec<Option<Vec<f32>>> = vec![None; count];
         for item in response.data {
-            let i = item.index as usize;
+            let i = item.index;
             let got = item.embedding.len();
             if got != self.dimensions {
                 return Err(provider_error(format!(
-                    "model `{}` at {} returned {got}-dimensional vectors but [embedder] \
-                     dimensions = {}; set dimensions = {got} to match the model (then run \
-                     `shadowbrain reindex` if the store holds {}-dimensional vectors){}",
-                    self.model,
-                    self.base_url,
+                    "model `{model}` at {base_url} returned {got}-dimensional vectors but \
+                     [embedder] dimensions = {}; set dimensions = {got} to match the model \
+                     (then run `shadowbrain reindex` if the store holds {}-dimensional \
+                     vectors){}",
                     self.dimensions,
                     self.dimensions,
                     if self.send_dimensions {
@@ -430,18 +325,16 @@ impl Inner {
             }
             let slot = slots.get_mut(i).filter(|s| s.is_none()).ok_or_else(|| {
                 provider_error(format!(
-                    "{} returned an embedding with index {i}, which is out of range or \
-                     repeated for a batch of {count}; the server is not OpenAI-compatible",
-                    self.base_url
+                    "{base_url} returned an embedding with index {i}, which is out of range or \
+                     repeated for a batch of {count}; the server is not OpenAI-compatible"
                 ))
             })?;
             let mut v = item.embedding;
             let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
             if !norm.is_finite() || norm <= f32::MIN_POSITIVE {
                 return Err(provider_error(format!(
-                    "model `{}` returned a zero or non-finite vector for input #{i}; check the \
-                     model (is it an embedding model?) and the input text",
-                    self.model
+                    "model `{model}` returned a zero or non-finite vector for input #{i}; check \
+                     the model (is it an embedding model?) and the input text"
                 )));
             }
             v.iter_mut().for_each(|x| *x /= norm);
@@ -450,108 +343,19 @@ impl Inner {
         // Every slot is filled: `count` distinct in-range indexes were seen.
         Ok(slots.into_iter().flatten().collect())
     }
-
-    /// Exponential backoff with "equal jitter": half the delay is fixed, half random, so
-    /// retries from concurrent batches spread out but never collapse to zero.
-    fn backoff(&self, attempt: u32) -> Duration {
-        let exp = self
-            .backoff_base
-            .saturating_mul(1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX));
-        let capped = exp.min(self.backoff_max);
-        let half = capped / 2;
-        half + half.mul_f64(rand::random::<f64>())
-    }
-}
-
-fn provider_error(message: impl Into<String>) -> Error {
-    Error::Provider {
-        provider: PROVIDER.into(),
-        message: message.into(),
-    }
-}
-
-pub(crate) fn truncate(s: &str, max_chars: usize) -> String {
-    match s.char_indices().nth(max_chars) {
-        Some((cut, _)) => format!("{}…", &s[..cut]),
-        None => s.to_owned(),
-    }
-}
-
-/// The configured API root, checked and without a trailing slash (paths are appended to it).
-fn base_url(configured: Option<&str>) -> Result<String> {
-    let url = configured.map(str::trim).unwrap_or(DEFAULT_BASE_URL);
-    let rest = url
-        .strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"));
-    match rest {
-        Some(host)
-            if !host.is_empty() && !host.starts_with('/') && !url.contains(char::is_whitespace) =>
-        {
-            Ok(url.trim_end_matches('/').to_owned())
-        }
-        _ => Err(Error::invalid(
-            "embedder.base_url",
-            format!(
-                "`{url}` is not an http(s) URL; write the API root with its scheme, e.g. \
-                 \"http://127.0.0.1:11434/v1\" or \"{DEFAULT_BASE_URL}\""
-            ),
-        )),
-    }
-}
-
-/// The API key from the environment variable `var`; unset means no key (local servers).
-/// `field` names the config key in errors (`embedder.api_key_env`, `llm.api_key_env`).
-pub(crate) fn read_api_key(field: &str, var: &str) -> Result<String> {
-    let valid_name = !var.is_empty() && var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    if !valid_name {
-        return Err(Error::invalid(
-            field,
-            format!(
-                "`{var}` is not an environment variable name; give the variable's name (like \
-                 OPENAI_API_KEY), never the key itself"
-            ),
-        ));
-    }
-    let key = match std::env::var(var) {
-        Ok(k) => k.trim().to_owned(),
-        Err(std::env::VarError::NotPresent) => String::new(),
-        Err(std::env::VarError::NotUnicode(_)) => {
-            return Err(Error::invalid(
-                field,
-                format!("the environment variable `{var}` is not valid UTF-8; re-export the key"),
-            ));
-        }
-    };
-    // The HTTP client would panic on a header value with control characters.
-    if key.bytes().any(|b| !(0x20..0x7f).contains(&b)) {
-        return Err(Error::invalid(
-            field,
-            format!(
-                "the key in `{var}` contains characters an HTTP header cannot carry (a line \
-                 break or non-ASCII); re-export it as plain text"
-            ),
-        ));
-    }
-    Ok(key)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Instant;
 
-    use axum::Json;
-    use axum::extract::State;
-    use axum::http::{HeaderMap, StatusCode};
-    use axum::response::{IntoResponse, Response};
-    use axum::routing::post;
-    use serde_json::{Value, json};
+    use serde_json::json;
+    use shadowbrain_test_support::{self as support, Endpoint};
 
     use super::*;
     use crate::embed::{EmbedderKind, HashEmbedder};
 
-    /// What the scripted server does with one request.
+    /// What the scripted endpoint does with one request.
     enum Reply {
         /// Embeddings of the configured dimension (scaled, so normalisation is observable).
         Vectors,
@@ -561,28 +365,6 @@ mod tests {
         Status(u16),
         /// Sleep this long, then answer normally.
         Hang(Duration),
-    }
-
-    type Script = dyn Fn(usize) -> Reply + Send + Sync;
-
-    /// A real OpenAI-compatible `/v1/embeddings` endpoint on 127.0.0.1, scripted per request
-    /// number, recording what arrives.
-    struct Server {
-        dims: usize,
-        script: Box<Script>,
-        requests: AtomicUsize,
-        in_flight: AtomicUsize,
-        max_in_flight: AtomicUsize,
-        bodies: Mutex<Vec<Value>>,
-        auth: Mutex<Vec<Option<String>>>,
-        /// Per-request service time, so concurrent requests overlap.
-        delay: Duration,
-    }
-
-    impl Server {
-        fn requests(&self) -> usize {
-            self.requests.load(Ordering::SeqCst)
-        }
     }
 
     /// The vector the server returns for `text`: a deterministic unit vector times 3, so the
@@ -600,84 +382,38 @@ mod tests {
         HashEmbedder::new(dims).unwrap().embed_one(text)
     }
 
-    async fn handle(
-        State(s): State<Arc<Server>>,
-        headers: HeaderMap,
-        Json(body): Json<Value>,
-    ) -> Response {
-        let n = s.requests.fetch_add(1, Ordering::SeqCst);
-        let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        s.max_in_flight.fetch_max(now, Ordering::SeqCst);
-        s.auth.lock().unwrap().push(
-            headers
-                .get("authorization")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
-        );
-        s.bodies.lock().unwrap().push(body.clone());
-        tokio::time::sleep(s.delay).await;
-
-        let reply = (s.script)(n);
-        let dims = match reply {
-            Reply::Vectors => s.dims,
-            Reply::WrongDim(d) => d,
-            Reply::Hang(d) => {
-                tokio::time::sleep(d).await;
-                s.dims
-            }
-            Reply::Status(code) => {
-                s.in_flight.fetch_sub(1, Ordering::SeqCst);
-                let status = StatusCode::from_u16(code).unwrap();
-                let body = json!({"error": {"message": format!("scripted {code}"),
-                    "type": "scripted", "param": null, "code": null}});
-                return (status, Json(body)).into_response();
-            }
-        };
-        let inputs: Vec<String> = body["input"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_str().unwrap().to_owned())
-            .collect();
-        // Reverse order with correct `index` fields: clients must sort by index.
-        let data: Vec<Value> = inputs
+    /// Vectors of `dims` for every input, in reverse order with correct `index` fields:
+    /// clients must sort by index.
+    fn vectors(request: &support::Request, dims: usize) -> support::Reply {
+        let vectors = request
+            .inputs()
             .iter()
             .enumerate()
             .rev()
-            .map(|(i, t)| json!({"object": "embedding", "index": i, "embedding": server_vector(t, dims)}))
+            .map(|(i, t)| (i, server_vector(t, dims)))
             .collect();
-        s.in_flight.fetch_sub(1, Ordering::SeqCst);
-        Json(json!({
-            "object": "list",
-            "model": body["model"],
-            "data": data,
-            "usage": {"prompt_tokens": inputs.len(), "total_tokens": inputs.len()},
-        }))
-        .into_response()
+        support::Reply::embeddings(&request.body["model"], vectors)
     }
 
+    /// The scripted endpoint, answering per request number after `delay` (so concurrent
+    /// requests overlap); its base URL.
     async fn start(
         dims: usize,
         delay: Duration,
         script: impl Fn(usize) -> Reply + Send + Sync + 'static,
-    ) -> (Arc<Server>, String) {
-        let server = Arc::new(Server {
-            dims,
-            script: Box::new(script),
-            requests: AtomicUsize::new(0),
-            in_flight: AtomicUsize::new(0),
-            max_in_flight: AtomicUsize::new(0),
-            bodies: Mutex::new(Vec::new()),
-            auth: Mutex::new(Vec::new()),
-            delay,
-        });
-        let app = axum::Router::new()
-            .route("/v1/embeddings", post(handle))
-            .with_state(Arc::clone(&server));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        (server, format!("http://{addr}/v1"))
+    ) -> (Endpoint, String) {
+        let server = Endpoint::start(move |request| {
+            let reply = match script(request.n) {
+                Reply::Vectors => vectors(request, dims),
+                Reply::WrongDim(d) => vectors(request, d),
+                Reply::Status(code) => support::Reply::error(code, &format!("scripted {code}")),
+                Reply::Hang(d) => support::Reply::after(d, vectors(request, dims)),
+            };
+            support::Reply::after(delay, reply)
+        })
+        .await;
+        let url = server.base_url();
+        (server, url)
     }
 
     fn config(base_url: &str, dims: usize) -> EmbedderConfig {
@@ -732,7 +468,7 @@ mod tests {
                 "{t}"
             );
         }
-        let body = server.bodies.lock().unwrap()[0].clone();
+        let body = server.body(0);
         assert_eq!(body["model"], "test-embed");
         assert_eq!(body["input"], json!(input));
         // Not asked for: most non-OpenAI servers reject the parameter.
@@ -759,16 +495,10 @@ mod tests {
         let got = e.embed(&input).await.unwrap();
 
         assert_eq!(server.requests(), 7, "100 texts in batches of 16");
-        let sizes: Vec<usize> = server
-            .bodies
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|b| b["input"].as_array().unwrap().len())
-            .collect();
+        let sizes: Vec<usize> = server.seen().iter().map(|r| r.inputs().len()).collect();
         assert_eq!(sizes.iter().sum::<usize>(), 100);
         assert!(sizes.iter().all(|&n| n == 16 || n == 4), "{sizes:?}");
-        let max = server.max_in_flight.load(Ordering::SeqCst);
+        let max = server.max_in_flight();
         assert!(max <= 3, "{max} requests in flight, limit 3");
         assert!(max >= 2, "batches were not sent concurrently");
         assert_eq!(got.len(), 100);
@@ -896,7 +626,7 @@ mod tests {
         let e = embedder(&cfg);
         e.embed(&texts(1)).await.unwrap();
         assert_eq!(
-            server.auth.lock().unwrap()[0].as_deref(),
+            server.authorizations()[0].as_deref(),
             Some(format!("Bearer {key}").as_str())
         );
         assert!(
@@ -904,11 +634,10 @@ mod tests {
             "the key leaked into Debug"
         );
 
-        // Unset variable: no key, as local servers expect.
+        // Unset variable: no key, as local servers expect (and no empty `Bearer`).
         let (server, url) = start(4, Duration::ZERO, |_| Reply::Vectors).await;
         embedder(&config(&url, 4)).embed(&texts(1)).await.unwrap();
-        let auth = server.auth.lock().unwrap()[0].clone().unwrap_or_default();
-        assert_eq!(auth.trim(), "Bearer");
+        assert_eq!(server.authorizations()[0], None);
     }
 
     #[tokio::test]
@@ -977,36 +706,10 @@ mod tests {
     }
 
     #[test]
-    fn backoff_grows_with_jitter_and_is_capped() {
-        let e = OpenAiEmbedder::new(&config("http://127.0.0.1:9/v1", 4))
-            .unwrap()
-            .with_backoff(Duration::from_millis(100), Duration::from_millis(1000));
-        for attempt in 0..30 {
-            let d = e.inner.backoff(attempt);
-            let full = Duration::from_millis(100 * (1u64 << attempt.min(10)))
-                .min(Duration::from_millis(1000));
-            assert!(
-                d >= full / 2 && d <= full,
-                "attempt {attempt}: {d:?} vs {full:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn base_url_forms() {
-        assert_eq!(base_url(None).unwrap(), DEFAULT_BASE_URL);
-        assert_eq!(
-            base_url(Some(" http://localhost:11434/v1/ ")).unwrap(),
-            "http://localhost:11434/v1"
-        );
-        for bad in [
-            "localhost:11434",
-            "ftp://x",
-            "http://",
-            "http:///v1",
-            "http://a b/v1",
-        ] {
-            assert!(base_url(Some(bad)).is_err(), "{bad}");
-        }
+    fn base_url_defaults_to_openai_and_is_checked() {
+        let mut cfg = config("http://127.0.0.1:9/v1/", 4);
+        assert_eq!(embedder(&cfg).base_url(), "http://127.0.0.1:9/v1");
+        cfg.base_url = None;
+        assert_eq!(embedder(&cfg).base_url(), DEFAULT_BASE_URL);
     }
 }

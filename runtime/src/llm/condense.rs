@@ -231,7 +231,7 @@ mod tests {
         assert!(got.lesson);
         assert!(got.text.starts_with("When a deploy fails"));
         assert_eq!(got.cited, vec![MemoryId(1), MemoryId(2)]);
-        let seen = script.seen.lock().unwrap();
+        let seen = script.seen();
         assert_eq!(seen.len(), 1);
         assert_eq!(
             seen[0]["response_format"]["json_schema"]["name"],
@@ -263,7 +263,7 @@ mod tests {
         let got = condenser.summarize(custom).await.unwrap();
         assert!(!got.lesson);
         assert_eq!(got.cited, vec![MemoryId(2)]);
-        let seen = script.seen.lock().unwrap();
+        let seen = script.seen();
         let system = seen[0]["messages"][0]["content"].as_str().unwrap();
         assert!(system.starts_with("Summaries only") && system.ends_with(ANSWER_FORMAT));
     }
@@ -277,7 +277,7 @@ mod tests {
         let got = condenser.summarize(request(&window, &[])).await.unwrap();
         assert!(got.lesson && got.text.starts_with("When"));
         {
-            let seen = script.seen.lock().unwrap();
+            let seen = script.seen();
             assert_eq!(seen.len(), 2);
             let retry = seen[1]["messages"][1]["content"].as_str().unwrap();
             assert!(retry.contains("not phrased as a rule"), "{retry}");
@@ -302,7 +302,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("twice") && err.contains("kind"), "{err}");
-        assert_eq!(script.seen.lock().unwrap().len(), 2);
+        assert_eq!(script.seen().len(), 2);
         assert_eq!(llm.stats().fallbacks, 1);
     }
 
@@ -327,7 +327,7 @@ mod tests {
             ),
             "{err}"
         );
-        assert_eq!(script.seen.lock().unwrap().len(), 1);
+        assert_eq!(script.seen().len(), 1);
         assert_eq!(llm.stats().over_budget, 1);
         let next = SummaryRequest {
             now: NOW + 3_600_000,

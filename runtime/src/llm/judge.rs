@@ -517,7 +517,7 @@ mod tests {
                 .starts_with("a lasting preference (reusability 9")
         );
         assert_eq!(got[1].importance, 1.0);
-        let seen = script.seen.lock().unwrap();
+        let seen = script.seen();
         assert_eq!(seen.len(), 1, "one request for the batch");
         assert_eq!(seen[0]["temperature"], 0.0);
         assert_eq!(
@@ -550,7 +550,7 @@ mod tests {
         .await;
         let got = ok(judge.judge(batch(&items())).await.unwrap());
         assert_eq!(got[0].importance, 9.0);
-        let seen = script.seen.lock().unwrap();
+        let seen = script.seen();
         assert_eq!(seen.len(), 2);
         let retry = seen[1]["messages"][1]["content"].as_str().unwrap();
         assert!(retry.contains("Answer with only the JSON"), "{retry}");
@@ -567,7 +567,7 @@ mod tests {
         let err = got[0].clone().unwrap_err();
         assert!(err.contains("twice") && err.contains("rules"), "{err}");
         assert_eq!(got[1], Err(err));
-        assert_eq!(script.seen.lock().unwrap().len(), 2);
+        assert_eq!(script.seen().len(), 2);
     }
 
     fn item(id: u32, kind: &str, text: &str, embedding: Option<Vec<f32>>) -> JudgeItem {
@@ -585,11 +585,7 @@ mod tests {
         let (judge, script) = judge(&[AUTO]).await;
         let first = ok(judge.judge(batch(&items())).await.unwrap());
         let again = ok(judge.judge(batch(&items())).await.unwrap());
-        assert_eq!(
-            script.seen.lock().unwrap().len(),
-            1,
-            "the second batch cost nothing"
-        );
+        assert_eq!(script.seen().len(), 1, "the second batch cost nothing");
         assert_eq!(again[0].importance, first[0].importance);
         assert!(again[1].reason.contains("cached"), "{}", again[1].reason);
         // Twice the same text in one batch: asked once, copied once.
@@ -598,7 +594,7 @@ mod tests {
             item(11, "observation", "disk full", None),
         ];
         let got = ok(judge.judge(batch(&twins)).await.unwrap());
-        let seen = script.seen.lock().unwrap();
+        let seen = script.seen();
         assert_eq!(seen.len(), 2);
         let user = seen[1]["messages"][1]["content"].as_str().unwrap();
         assert!(
@@ -650,7 +646,7 @@ mod tests {
         );
         assert_eq!(got[1].importance, got[0].importance);
         {
-            let seen = script.seen.lock().unwrap();
+            let seen = script.seen();
             let user = seen[0]["messages"][1]["content"].as_str().unwrap();
             assert!(!user.contains("build failed at step 3"), "{user}");
             assert!(user.contains("2. [goal] fix the build"), "{user}");
@@ -669,14 +665,14 @@ mod tests {
             "{}",
             got[0].reason
         );
-        assert_eq!(script.seen.lock().unwrap().len(), 1);
+        assert_eq!(script.seen().len(), 1);
         // Another namespace never borrows.
         let other = JudgeBatch {
             namespace: "other",
             ..batch(&later)
         };
         judge.judge(other).await.unwrap();
-        assert_eq!(script.seen.lock().unwrap().len(), 2);
+        assert_eq!(script.seen().len(), 2);
         // Reuse off: every distinct text is asked.
         let (strict, script) = judge_with(
             &[AUTO],
@@ -688,7 +684,7 @@ mod tests {
         )
         .await;
         strict.judge(batch(&first[..3])).await.unwrap();
-        let seen = script.seen.lock().unwrap();
+        let seen = script.seen();
         assert!(
             seen[0]["messages"][1]["content"]
                 .as_str()
@@ -723,7 +719,7 @@ mod tests {
         ];
         let got = ok(judge.judge(batch(&round)).await.unwrap());
         assert_eq!(got.len(), 5);
-        let seen = script.seen.lock().unwrap();
+        let seen = script.seen();
         let sizes: Vec<usize> = seen
             .iter()
             .map(|b| {
@@ -753,7 +749,7 @@ mod tests {
         judge.judge(custom).await.unwrap();
         // The same texts under the built-in guidance are not served from the cache.
         judge.judge(batch(&items)).await.unwrap();
-        let seen = script.seen.lock().unwrap();
+        let seen = script.seen();
         assert_eq!(seen.len(), 2);
         let system = seen[0]["messages"][0]["content"].as_str().unwrap();
         assert!(system.starts_with("Invoices matter most.") && system.ends_with(ANSWER_FORMAT));
@@ -779,14 +775,14 @@ mod tests {
             why.contains("budget") && why.contains("30 of 20") && why.contains(":00 UTC"),
             "{why}"
         );
-        assert_eq!(script.seen.lock().unwrap().len(), 2, "no call over budget");
+        assert_eq!(script.seen().len(), 2, "no call over budget");
         assert_eq!(judge.llm.stats().over_budget, 2);
         let next_hour = JudgeBatch {
             now: NOW + 3_600_000,
             ..batch(&items)
         };
         ok(judge.judge(next_hour).await.unwrap());
-        assert_eq!(script.seen.lock().unwrap().len(), 3);
+        assert_eq!(script.seen().len(), 3);
     }
 
     #[tokio::test]

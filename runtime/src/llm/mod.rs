@@ -5,8 +5,8 @@
 //! that speaks to the endpoint plugs into the judge seam of [`crate::Substrate::evaluate`].
 //!
 //! Submodules: [`json`] (reading JSON out of a model's answer: fences, stray prose, common
-//! faults repaired), [`chat`] (the chat-completions client with timeouts, retries and
-//! backoff), [`cost`] (the gateway shared by judge and condenser: per-namespace token budget
+//! faults repaired), [`chat`] (the chat-completions client over the provider transport:
+//! timeouts, retries, backoff), [`cost`] (the gateway shared by judge and condenser: per-namespace token budget
 //! and counters) and [`judge`] (the LLM judge of `[evaluation] mode = "llm"` / `"hybrid"`,
 //! with its cache and semantic reuse).
 
@@ -96,11 +96,11 @@ impl LlmConfig {
     /// Checks every key, naming each mistake and how to fix it (all of them, not the first).
     pub fn validate(&self) -> Result<()> {
         let mut problems = Vec::new();
-        if self.timeout().is_err() {
-            problems.push(format!(
-                "timeout = {:?} is not a duration; write e.g. \"30s\" or \"1m\"",
-                self.timeout
-            ));
+        if let Err(e) = self.timeout() {
+            problems.push(match e {
+                Error::Invalid { reason, .. } => format!("timeout = {:?}: {reason}", self.timeout),
+                other => other.to_string(),
+            });
         }
         if self.max_concurrency == 0 {
             problems.push("max_concurrency must be at least 1".to_string());
@@ -142,12 +142,11 @@ impl LlmConfig {
                     "kind = \"openai\" needs base_url, e.g. \"http://127.0.0.1:11434/v1\""
                         .to_string(),
                 ),
-                Some(url) if !(url.starts_with("http://") || url.starts_with("https://")) => {
-                    problems.push(format!(
-                        "base_url = {url:?} must start with http:// or https://"
-                    ))
+                Some(url) => {
+                    if let Some(problem) = crate::provider::base_url_problem(url.trim()) {
+                        problems.push(format!("base_url: {problem}"));
+                    }
                 }
-                Some(_) => {}
             }
             if self.model.as_deref().is_none_or(|m| m.trim().is_empty()) {
                 problems.push(
@@ -183,12 +182,7 @@ impl LlmConfig {
 
     /// The per-request timeout.
     pub fn timeout(&self) -> Result<Duration> {
-        humantime::parse_duration(&self.timeout).map_err(|e| {
-            Error::invalid(
-                "[llm] timeout",
-                format!("{:?}: {e}; write e.g. \"30s\"", self.timeout),
-            )
-        })
+        crate::provider::timeout("llm.timeout", &self.timeout)
     }
 }
 

@@ -5,61 +5,46 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use axum::Json;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::post;
 use shadowbrain_runtime::embed::HashEmbedder;
 use shadowbrain_runtime::embed::{EmbedderConfig, EmbedderKind, build_embedder};
 use shadowbrain_runtime::internals::Queue;
 use shadowbrain_runtime::{NewMemory, RecallRequest, Scope, Substrate, SubstrateOptions};
+use shadowbrain_test_support::{Endpoint, Reply};
 
-#[derive(Default)]
+/// The provider: the shared scripted endpoint, answering 503 while it is down and, once
+/// up, with the hash embedder's vectors (a deterministic "model": similar texts land close).
 struct Provider {
-    up: AtomicBool,
-    requests: AtomicUsize,
+    up: Arc<AtomicBool>,
+    endpoint: Endpoint,
 }
 
-async fn embeddings(
-    State(p): State<Arc<Provider>>,
-    Json(body): Json<serde_json::Value>,
-) -> Result<Json<serde_json::Value>, StatusCode> {
-    p.requests.fetch_add(1, Ordering::SeqCst);
-    if !p.up.load(Ordering::SeqCst) {
-        return Err(StatusCode::SERVICE_UNAVAILABLE);
+impl Provider {
+    async fn start() -> Provider {
+        let up = Arc::new(AtomicBool::new(false));
+        let is_up = up.clone();
+        let endpoint = Endpoint::start(move |request| {
+            if !is_up.load(Ordering::SeqCst) {
+                return Reply::error(503, "the provider is down");
+            }
+            let model = HashEmbedder::default();
+            let vectors = request
+                .inputs()
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (i, model.embed_one(t)))
+                .collect();
+            Reply::embeddings(&request.body["model"], vectors)
+        })
+        .await;
+        Provider { up, endpoint }
     }
-    let inputs: Vec<String> = match &body["input"] {
-        serde_json::Value::String(s) => vec![s.clone()],
-        serde_json::Value::Array(a) => a
-            .iter()
-            .filter_map(|v| v.as_str().map(String::from))
-            .collect(),
-        _ => return Err(StatusCode::BAD_REQUEST),
-    };
-    // A deterministic "model": the hash embedder, so similar texts land close.
-    let model = HashEmbedder::default();
-    let data: Vec<serde_json::Value> = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| serde_json::json!({"object": "embedding", "index": i, "embedding": model.embed_one(t)}))
-        .collect();
-    Ok(Json(serde_json::json!({
-        "object": "list", "data": data, "model": body["model"],
-        "usage": {"prompt_tokens": 1, "total_tokens": 1}
-    })))
-}
 
-async fn serve(p: Arc<Provider>) -> String {
-    let app = axum::Router::new()
-        .route("/v1/embeddings", post(embeddings))
-        .with_state(p);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}/v1")
+    fn requests(&self) -> usize {
+        self.endpoint.requests()
+    }
 }
 
 fn options(base_url: &str) -> SubstrateOptions {
@@ -100,8 +85,8 @@ async fn found_by_vector(sub: &Substrate, query: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_embeddings_arrive_in_the_background_and_survive_outages() {
-    let provider = Arc::new(Provider::default());
-    let url = serve(provider.clone()).await;
+    let provider = Provider::start().await;
+    let url = provider.endpoint.base_url();
     let dir = tempfile::tempdir().unwrap();
 
     // Provider down: ingest still acknowledges; the records wait in the durable queue.
@@ -118,10 +103,7 @@ async fn remote_embeddings_arrive_in_the_background_and_survive_outages() {
         .await
         .unwrap();
     assert_eq!(sub.store().queued(Queue::Enrich, 10).unwrap(), ids);
-    wait_until("the enricher tried", || {
-        provider.requests.load(Ordering::SeqCst) > 0
-    })
-    .await;
+    wait_until("the enricher tried", || provider.requests() > 0).await;
     // What an operator sees: the failure counted, the record waiting in the queue.
     wait_until("the failure is counted", || sub.provider_errors() > 0).await;
     assert_eq!(sub.store().queue_depth(Queue::Enrich, 100).unwrap(), 1);
