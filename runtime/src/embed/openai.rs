@@ -347,13 +347,12 @@ impl Inner {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
-
     use serde_json::json;
     use shadowbrain_test_support::{self as support, Endpoint};
 
     use super::*;
     use crate::embed::{EmbedderKind, HashEmbedder};
+    use crate::provider::tests::provider_message;
 
     /// What the scripted endpoint does with one request.
     enum Reply {
@@ -363,8 +362,6 @@ mod tests {
         WrongDim(usize),
         /// This status with an OpenAI-style error body.
         Status(u16),
-        /// Sleep this long, then answer normally.
-        Hang(Duration),
     }
 
     /// The vector the server returns for `text`: a deterministic unit vector times 3, so the
@@ -407,7 +404,6 @@ mod tests {
                 Reply::Vectors => vectors(request, dims),
                 Reply::WrongDim(d) => vectors(request, d),
                 Reply::Status(code) => support::Reply::error(code, &format!("scripted {code}")),
-                Reply::Hang(d) => support::Reply::after(d, vectors(request, dims)),
             };
             support::Reply::after(delay, reply)
         })
@@ -438,16 +434,6 @@ mod tests {
         (0..n)
             .map(|i| format!("memory {i}: topic {}", i % 5))
             .collect()
-    }
-
-    fn provider_message(e: Error) -> String {
-        match e {
-            Error::Provider { provider, message } => {
-                assert_eq!(provider, "openai");
-                message
-            }
-            other => panic!("expected a provider error, got {other:?}"),
-        }
     }
 
     #[tokio::test]
@@ -512,92 +498,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_500_is_retried() {
-        let (server, url) = start(4, Duration::ZERO, |n| {
-            if n == 0 {
-                Reply::Status(500)
-            } else {
-                Reply::Vectors
-            }
-        })
-        .await;
-        let got = embedder(&config(&url, 4)).embed(&texts(3)).await.unwrap();
-        assert_eq!(server.requests(), 2);
-        assert_eq!(got.len(), 3);
-    }
-
-    #[tokio::test]
-    async fn a_429_is_retried() {
-        let (server, url) = start(4, Duration::ZERO, |n| {
-            if n == 0 {
-                Reply::Status(429)
-            } else {
-                Reply::Vectors
-            }
-        })
-        .await;
-        let got = embedder(&config(&url, 4)).embed(&texts(2)).await.unwrap();
-        assert_eq!(server.requests(), 2);
-        let want = expected(&texts(2)[1], 4);
-        assert!(got[1].iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5));
-    }
-
-    #[tokio::test]
-    async fn persistent_5xx_gives_up_after_max_retries() {
-        let (server, url) = start(4, Duration::ZERO, |_| Reply::Status(503)).await;
-        let cfg = EmbedderConfig {
-            max_retries: 2,
-            ..config(&url, 4)
-        };
-        let err = embedder(&cfg).embed(&texts(1)).await.unwrap_err();
-        assert_eq!(server.requests(), 3, "1 attempt + 2 retries");
-        let msg = provider_message(err);
-        assert!(msg.contains("3 attempts") && msg.contains("503"), "{msg}");
-        assert!(msg.contains(&url) && msg.contains("test-embed"), "{msg}");
-    }
-
-    #[tokio::test]
-    async fn a_hang_times_out_is_retried_then_fails_clearly() {
-        let (server, url) = start(4, Duration::ZERO, |_| Reply::Hang(Duration::from_secs(5))).await;
-        let cfg = EmbedderConfig {
-            timeout: "200ms".into(),
-            max_retries: 2,
-            ..config(&url, 4)
-        };
-        let started = Instant::now();
-        let err = embedder(&cfg).embed(&texts(2)).await.unwrap_err();
-        let took = started.elapsed();
-        assert_eq!(server.requests(), 3);
-        assert!(took >= Duration::from_millis(600), "{took:?}");
-        assert!(
-            took < Duration::from_secs(3),
-            "timeouts were not enforced: {took:?}"
-        );
-        let msg = provider_message(err);
-        assert!(msg.contains("200ms timeout"), "{msg}");
-        assert!(msg.contains("server is up") && msg.contains(&url), "{msg}");
-    }
-
-    #[tokio::test]
-    async fn a_slow_first_answer_is_retried_successfully() {
-        let (server, url) = start(4, Duration::ZERO, |n| {
-            if n == 0 {
-                Reply::Hang(Duration::from_secs(5))
-            } else {
-                Reply::Vectors
-            }
-        })
-        .await;
-        let cfg = EmbedderConfig {
-            timeout: "200ms".into(),
-            ..config(&url, 4)
-        };
-        let got = embedder(&cfg).embed(&texts(2)).await.unwrap();
-        assert_eq!(server.requests(), 2);
-        assert_eq!(got.len(), 2);
-    }
-
-    #[tokio::test]
     async fn wrong_dimension_is_a_clear_error_and_not_retried() {
         let (server, url) = start(8, Duration::ZERO, |_| Reply::WrongDim(5)).await;
         let err = embedder(&config(&url, 8))
@@ -611,64 +511,6 @@ mod tests {
             msg.contains("dimensions = 8") && msg.contains("dimensions = 5"),
             "{msg}"
         );
-    }
-
-    #[tokio::test]
-    async fn the_key_comes_from_the_configured_env_var() {
-        // Tests cannot set variables safely (other test threads read the environment), so
-        // this uses one Cargo sets for every test process it runs.
-        let key = std::env::var("CARGO_PKG_NAME").expect("run under cargo");
-        let (server, url) = start(4, Duration::ZERO, |_| Reply::Vectors).await;
-        let cfg = EmbedderConfig {
-            api_key_env: "CARGO_PKG_NAME".into(),
-            ..config(&url, 4)
-        };
-        let e = embedder(&cfg);
-        e.embed(&texts(1)).await.unwrap();
-        assert_eq!(
-            server.authorizations()[0].as_deref(),
-            Some(format!("Bearer {key}").as_str())
-        );
-        assert!(
-            !format!("{e:?}").contains(&key),
-            "the key leaked into Debug"
-        );
-
-        // Unset variable: no key, as local servers expect (and no empty `Bearer`).
-        let (server, url) = start(4, Duration::ZERO, |_| Reply::Vectors).await;
-        embedder(&config(&url, 4)).embed(&texts(1)).await.unwrap();
-        assert_eq!(server.authorizations()[0], None);
-    }
-
-    #[tokio::test]
-    async fn auth_failures_are_not_retried_and_name_the_variable() {
-        let (server, url) = start(4, Duration::ZERO, |_| Reply::Status(401)).await;
-        let err = embedder(&config(&url, 4))
-            .embed(&texts(1))
-            .await
-            .unwrap_err();
-        assert_eq!(server.requests(), 1);
-        let msg = provider_message(err);
-        assert!(
-            msg.contains("SHADOWBRAIN_TEST_SURELY_UNSET_KEY_7F3A"),
-            "{msg}"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_dead_endpoint_is_retried_then_reported() {
-        // Bind and drop: nothing listens on this port any more.
-        let port = {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            l.local_addr().unwrap().port()
-        };
-        let url = format!("http://127.0.0.1:{port}/v1");
-        let cfg = EmbedderConfig {
-            max_retries: 1,
-            ..config(&url, 4)
-        };
-        let msg = provider_message(embedder(&cfg).embed(&texts(1)).await.unwrap_err());
-        assert!(msg.contains("2 attempts") && msg.contains(&url), "{msg}");
     }
 
     #[tokio::test]

@@ -439,12 +439,12 @@ fn check_schema_name(name: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::time::Instant;
 
     use serde_json::{Value, json};
     use shadowbrain_test_support::{self as support, Endpoint};
 
     use super::*;
+    use crate::provider::tests::provider_message;
 
     /// What the scripted endpoint does with one request.
     enum Reply {
@@ -452,19 +452,11 @@ mod tests {
         Answer,
         /// The same answer without a `usage` object.
         AnswerWithoutUsage,
-        /// This status with an OpenAI-style error body.
-        Status(u16),
-        /// This status, with `Retry-After` set to the given value.
-        StatusRetryAfter(u16, &'static str),
         /// 400 when the body carries `response_format` (as older Ollama / LM Studio
         /// builds do), a normal answer otherwise.
         NoResponseFormat,
         /// A 400 the way OpenAI refuses a schema strict mode cannot enforce.
         InvalidSchema,
-        /// 401 whose message echoes the Authorization header, as some proxies do.
-        EchoAuth401,
-        /// Sleep this long, then answer normally.
-        Hang(Duration),
     }
 
     const ANSWER: &str = r#"{"verdict": "keep"}"#;
@@ -474,19 +466,7 @@ mod tests {
         let answer = support::Reply::chat(ANSWER, Some((12, 5)));
         match scripted {
             Reply::Answer => answer,
-            Reply::Hang(d) => support::Reply::after(d, answer),
             Reply::AnswerWithoutUsage => support::Reply::chat(ANSWER, None),
-            Reply::Status(code) => support::Reply::error_typed(
-                code,
-                &format!("scripted {code}"),
-                "invalid_request_error",
-            ),
-            Reply::StatusRetryAfter(code, after) => support::Reply::error_typed(
-                code,
-                "rate limited, slow down",
-                "invalid_request_error",
-            )
-            .with_header("retry-after", after),
             Reply::NoResponseFormat if request.body.get("response_format").is_some() => {
                 support::Reply::raw(
                     400,
@@ -499,14 +479,6 @@ mod tests {
                 400,
                 "Invalid schema for response_format 'verdict': In context=(), \
                  'additionalProperties' is required to be supplied and to be false.",
-                "invalid_request_error",
-            ),
-            Reply::EchoAuth401 => support::Reply::error_typed(
-                401,
-                &format!(
-                    "bad credentials: {}",
-                    request.authorization.clone().unwrap_or_default()
-                ),
                 "invalid_request_error",
             ),
         }
@@ -554,16 +526,6 @@ mod tests {
     fn schema() -> Value {
         json!({"type": "object", "properties": {"verdict": {"type": "string"}},
             "required": ["verdict"], "additionalProperties": false})
-    }
-
-    fn provider_message(e: Error) -> String {
-        match e {
-            Error::Provider { provider, message } => {
-                assert_eq!(provider, "openai");
-                message
-            }
-            other => panic!("expected a provider error, got {other:?}"),
-        }
     }
 
     #[tokio::test]
@@ -688,171 +650,6 @@ mod tests {
         assert!(matches!(&err, Error::Invalid { .. }), "{err}");
         assert!(err.to_string().contains("my verdict!"), "{err}");
         assert_eq!(server.requests(), 0);
-    }
-
-    #[tokio::test]
-    async fn a_429_waits_for_retry_after() {
-        let (server, url) = start(Duration::ZERO, |n| {
-            if n == 0 {
-                Reply::StatusRetryAfter(429, "1")
-            } else {
-                Reply::Answer
-            }
-        })
-        .await;
-        // Backoff alone would wait at most 40 ms; only the header can explain a second.
-        let c = client(&config(&url));
-        let answer = c.complete(request()).await.unwrap();
-        assert_eq!(answer.content, ANSWER);
-        assert_eq!(server.requests(), 2);
-        let arrivals = server.arrivals();
-        let waited = arrivals[1] - arrivals[0];
-        assert!(waited >= Duration::from_millis(950), "{waited:?}");
-        assert!(waited < Duration::from_secs(3), "{waited:?}");
-        assert_eq!(c.stats().retries, 1);
-    }
-
-    #[tokio::test]
-    async fn a_500_is_retried() {
-        let (server, url) = start(Duration::ZERO, |n| {
-            if n == 0 {
-                Reply::Status(500)
-            } else {
-                Reply::Answer
-            }
-        })
-        .await;
-        let c = client(&config(&url));
-        assert_eq!(c.complete(request()).await.unwrap().content, ANSWER);
-        assert_eq!(server.requests(), 2);
-        assert_eq!(c.stats().retries, 1);
-    }
-
-    #[tokio::test]
-    async fn persistent_5xx_gives_up_after_max_retries() {
-        let (server, url) = start(Duration::ZERO, |_| Reply::Status(503)).await;
-        let c = client(&config(&url)).with_retries(2);
-        let msg = provider_message(c.complete(request()).await.unwrap_err());
-        assert_eq!(server.requests(), 3, "1 attempt + 2 retries");
-        assert!(msg.contains("3 attempts") && msg.contains("503"), "{msg}");
-        assert!(msg.contains(&url) && msg.contains("test-chat"), "{msg}");
-        let stats = c.stats();
-        assert_eq!((stats.requests, stats.retries, stats.failures), (3, 2, 1));
-    }
-
-    #[tokio::test]
-    async fn the_default_is_three_retries() {
-        let (server, url) = start(Duration::ZERO, |_| Reply::Status(502)).await;
-        client(&config(&url)).complete(request()).await.unwrap_err();
-        assert_eq!(server.requests(), 4);
-    }
-
-    #[tokio::test]
-    async fn a_hang_times_out_is_retried_then_fails_clearly() {
-        let (server, url) = start(Duration::ZERO, |_| Reply::Hang(Duration::from_secs(5))).await;
-        let cfg = LlmConfig {
-            timeout: "200ms".into(),
-            ..config(&url)
-        };
-        let c = client(&cfg).with_retries(2);
-        let started = Instant::now();
-        let msg = provider_message(c.complete(request()).await.unwrap_err());
-        let took = started.elapsed();
-        assert_eq!(server.requests(), 3);
-        assert!(took >= Duration::from_millis(600), "{took:?}");
-        assert!(
-            took < Duration::from_secs(3),
-            "timeouts were not enforced: {took:?}"
-        );
-        assert!(msg.contains("200ms timeout"), "{msg}");
-        assert!(
-            msg.contains("server is up") && msg.contains("timeout"),
-            "{msg}"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_slow_first_answer_is_retried_successfully() {
-        let (server, url) = start(Duration::ZERO, |n| {
-            if n == 0 {
-                Reply::Hang(Duration::from_secs(5))
-            } else {
-                Reply::Answer
-            }
-        })
-        .await;
-        let cfg = LlmConfig {
-            timeout: "200ms".into(),
-            ..config(&url)
-        };
-        let answer = client(&cfg).complete(request()).await.unwrap();
-        assert_eq!(server.requests(), 2);
-        assert_eq!(answer.content, ANSWER);
-    }
-
-    #[tokio::test]
-    async fn a_401_is_not_retried_and_names_the_variable() {
-        let (server, url) = start(Duration::ZERO, |_| Reply::Status(401)).await;
-        let c = client(&config(&url));
-        let msg = provider_message(c.complete(request()).await.unwrap_err());
-        assert_eq!(server.requests(), 1);
-        assert!(msg.contains(KEY_ENV) && msg.contains("401"), "{msg}");
-        assert_eq!(c.stats().failures, 1);
-    }
-
-    #[tokio::test]
-    async fn other_4xx_are_not_retried() {
-        let (server, url) = start(Duration::ZERO, |_| Reply::Status(404)).await;
-        let msg = provider_message(client(&config(&url)).complete(request()).await.unwrap_err());
-        assert_eq!(server.requests(), 1);
-        assert!(msg.contains("404") && msg.contains("test-chat"), "{msg}");
-    }
-
-    #[tokio::test]
-    async fn the_key_is_sent_but_never_shown() {
-        // Tests cannot set variables safely (other test threads read the environment), so
-        // this uses one Cargo sets for every test process it runs.
-        let key = std::env::var("CARGO_PKG_NAME").expect("run under cargo");
-        let (server, url) = start(Duration::ZERO, |n| {
-            if n == 0 {
-                Reply::Answer
-            } else {
-                Reply::EchoAuth401
-            }
-        })
-        .await;
-        let cfg = LlmConfig {
-            api_key_env: "CARGO_PKG_NAME".into(),
-            ..config(&url)
-        };
-        let c = client(&cfg);
-        c.complete(request()).await.unwrap();
-        assert_eq!(
-            server.authorizations()[0].as_deref(),
-            Some(format!("Bearer {key}").as_str())
-        );
-        let debug = format!("{c:?}");
-        assert!(!debug.contains(&key), "the key leaked into Debug: {debug}");
-        assert!(debug.contains("CARGO_PKG_NAME"), "{debug}");
-
-        // The server echoes the key back in its error; the error must not carry it on.
-        let msg = provider_message(c.complete(request()).await.unwrap_err());
-        assert!(msg.contains("[redacted]"), "{msg}");
-        assert!(!msg.contains(&key), "the key leaked into an error: {msg}");
-    }
-
-    #[tokio::test]
-    async fn a_dead_endpoint_is_retried_then_reported() {
-        // Bind and drop: nothing listens on this port any more.
-        let port = {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            l.local_addr().unwrap().port()
-        };
-        let url = format!("http://127.0.0.1:{port}/v1");
-        let c = client(&config(&url)).with_retries(1);
-        let msg = provider_message(c.complete(request()).await.unwrap_err());
-        assert!(msg.contains("2 attempts") && msg.contains(&url), "{msg}");
-        assert_eq!(c.stats().requests, 2);
     }
 
     #[tokio::test]

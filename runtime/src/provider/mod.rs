@@ -501,8 +501,354 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    use std::time::Instant;
+
+    use shadowbrain_test_support::{self as support, Endpoint, Route};
+
     use super::*;
+    use crate::embed::{Embedder, EmbedderConfig, EmbedderKind, HashEmbedder, OpenAiEmbedder};
+    use crate::llm::chat::{ChatClient, ChatRequest, ChatStats};
+    use crate::llm::{LlmConfig, LlmKind};
+
+    const KEY_ENV: &str = "SHADOWBRAIN_TEST_SURELY_UNSET_KEY_7F3A";
+
+    /// What the endpoint does with one request; `Ok` answers the route's success (vectors
+    /// of 4 dimensions, or a chat answer).
+    #[derive(Clone, Copy)]
+    enum Script {
+        Ok,
+        Status(u16),
+        StatusRetryAfter(u16, &'static str),
+        Hang(Duration),
+        /// 401 whose message echoes the Authorization header, as some proxies do.
+        EchoAuth401,
+    }
+
+    fn answer(script: Script, request: &support::Request) -> support::Reply {
+        let ok = match request.route {
+            Route::Embeddings => {
+                let model = HashEmbedder::new(4).unwrap();
+                request.embedded_by(|t| model.embed_one(t))
+            }
+            Route::Chat => support::Reply::chat("{\"verdict\": \"keep\"}", Some((12, 5))),
+        };
+        match script {
+            Script::Ok => ok,
+            Script::Status(code) => support::Reply::error(code, &format!("scripted {code}")),
+            Script::StatusRetryAfter(code, after) => {
+                support::Reply::error(code, "rate limited, slow down")
+                    .with_header("retry-after", after)
+            }
+            Script::Hang(d) => support::Reply::after(d, ok),
+            Script::EchoAuth401 => support::Reply::error(
+                401,
+                &format!(
+                    "bad credentials: {}",
+                    request.authorization.clone().unwrap_or_default()
+                ),
+            ),
+        }
+    }
+
+    /// Each door's call meets `fault` on its first attempt and a good answer on the next.
+    fn once(fault: Script) -> impl Fn(usize) -> Script + Send + Sync + 'static {
+        move |n| if n % 2 == 0 { fault } else { Script::Ok }
+    }
+
+    /// An endpoint answering request `n` by `script(n)`.
+    async fn start(script: impl Fn(usize) -> Script + Send + Sync + 'static) -> Endpoint {
+        Endpoint::start(move |request| answer(script(request.n), request)).await
+    }
+
+    /// What a test tunes on both doors.
+    #[derive(Clone)]
+    struct Knobs {
+        url: String,
+        timeout: &'static str,
+        max_retries: u32,
+        api_key_env: &'static str,
+    }
+
+    impl Knobs {
+        fn new(url: &str) -> Knobs {
+            Knobs {
+                url: url.to_string(),
+                timeout: "2s",
+                max_retries: 3,
+                api_key_env: KEY_ENV,
+            }
+        }
+    }
+
+    /// The two doors onto the transport, the embedder and the chat client, called the same
+    /// way: every fault below must be handled alike by both.
+    enum Door {
+        Embedder(OpenAiEmbedder),
+        Chat(Box<ChatClient>),
+    }
+
+    impl Door {
+        fn both(k: &Knobs) -> [Door; 2] {
+            let embedder = OpenAiEmbedder::new(&EmbedderConfig {
+                kind: EmbedderKind::Openai,
+                base_url: Some(k.url.clone()),
+                model: Some("test-embed".into()),
+                dimensions: Some(4),
+                api_key_env: k.api_key_env.into(),
+                timeout: k.timeout.into(),
+                max_retries: k.max_retries,
+                ..EmbedderConfig::default()
+            })
+            .unwrap()
+            .with_backoff(Duration::from_millis(10), Duration::from_millis(40));
+            let chat = ChatClient::new(&LlmConfig {
+                kind: LlmKind::Openai,
+                base_url: Some(k.url.clone()),
+                model: Some("test-chat".into()),
+                api_key_env: k.api_key_env.into(),
+                timeout: k.timeout.into(),
+                max_retries: k.max_retries,
+                ..LlmConfig::default()
+            })
+            .unwrap()
+            .with_backoff(Duration::from_millis(10), Duration::from_millis(40));
+            [Door::Embedder(embedder), Door::Chat(Box::new(chat))]
+        }
+
+        async fn call(&self) -> Result<()> {
+            match self {
+                Door::Embedder(e) => e.embed(&["the deploy key rotates".into()]).await.map(drop),
+                Door::Chat(c) => c
+                    .complete(ChatRequest::new(
+                        "You rate memories.",
+                        "Rate: the deploy key.",
+                    ))
+                    .await
+                    .map(drop),
+            }
+        }
+
+        fn model(&self) -> &str {
+            match self {
+                Door::Embedder(_) => "test-embed",
+                Door::Chat(_) => "test-chat",
+            }
+        }
+
+        fn debug(&self) -> String {
+            match self {
+                Door::Embedder(e) => format!("{e:?}"),
+                Door::Chat(c) => format!("{c:?}"),
+            }
+        }
+
+        /// The chat client's counters (the embedder keeps none of its own).
+        fn stats(&self) -> Option<ChatStats> {
+            match self {
+                Door::Embedder(_) => None,
+                Door::Chat(c) => Some(c.stats()),
+            }
+        }
+    }
+
+    /// The message of a provider error (the test fails on any other error).
+    pub(crate) fn provider_message(e: Error) -> String {
+        match e {
+            Error::Provider { provider, message } => {
+                assert_eq!(provider, "openai");
+                message
+            }
+            other => panic!("expected a provider error, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_500_is_retried() {
+        let server = start(once(Script::Status(500))).await;
+        for door in Door::both(&Knobs::new(&server.base_url())) {
+            let before = server.requests();
+            door.call().await.unwrap();
+            assert_eq!(server.requests() - before, 2, "{}", door.model());
+            if let Some(stats) = door.stats() {
+                assert_eq!(stats.retries, 1);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_429_waits_for_retry_after() {
+        let server = start(once(Script::StatusRetryAfter(429, "1"))).await;
+        for door in Door::both(&Knobs::new(&server.base_url())) {
+            let before = server.requests();
+            // Backoff alone would wait at most 40 ms; only the header can explain a second.
+            door.call().await.unwrap();
+            assert_eq!(server.requests() - before, 2, "{}", door.model());
+            let arrivals = server.arrivals();
+            let waited = arrivals[before + 1] - arrivals[before];
+            assert!(waited >= Duration::from_millis(950), "{waited:?}");
+            assert!(waited < Duration::from_secs(3), "{waited:?}");
+            if let Some(stats) = door.stats() {
+                assert_eq!(stats.retries, 1);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn persistent_5xx_gives_up_after_max_retries() {
+        let server = start(|_| Script::Status(503)).await;
+        let url = server.base_url();
+        let knobs = Knobs {
+            max_retries: 2,
+            ..Knobs::new(&url)
+        };
+        for door in Door::both(&knobs) {
+            let before = server.requests();
+            let msg = provider_message(door.call().await.unwrap_err());
+            assert_eq!(server.requests() - before, 3, "1 attempt + 2 retries");
+            assert!(msg.contains("3 attempts") && msg.contains("503"), "{msg}");
+            assert!(msg.contains(&url) && msg.contains(door.model()), "{msg}");
+            if let Some(stats) = door.stats() {
+                assert_eq!((stats.requests, stats.retries, stats.failures), (3, 2, 1));
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_default_is_three_retries() {
+        let server = start(|_| Script::Status(502)).await;
+        for door in Door::both(&Knobs::new(&server.base_url())) {
+            let before = server.requests();
+            door.call().await.unwrap_err();
+            assert_eq!(server.requests() - before, 4, "{}", door.model());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hang_times_out_is_retried_then_fails_clearly() {
+        let server = start(|_| Script::Hang(Duration::from_secs(5))).await;
+        let url = server.base_url();
+        let knobs = Knobs {
+            timeout: "200ms",
+            max_retries: 2,
+            ..Knobs::new(&url)
+        };
+        for door in Door::both(&knobs) {
+            let before = server.requests();
+            let started = Instant::now();
+            let msg = provider_message(door.call().await.unwrap_err());
+            let took = started.elapsed();
+            assert_eq!(server.requests() - before, 3);
+            assert!(took >= Duration::from_millis(600), "{took:?}");
+            assert!(
+                took < Duration::from_secs(3),
+                "timeouts were not enforced: {took:?}"
+            );
+            assert!(msg.contains("200ms timeout"), "{msg}");
+            assert!(msg.contains("server is up") && msg.contains(&url), "{msg}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_slow_first_answer_is_retried_successfully() {
+        let server = start(once(Script::Hang(Duration::from_secs(5)))).await;
+        let url = server.base_url();
+        let knobs = Knobs {
+            timeout: "200ms",
+            ..Knobs::new(&url)
+        };
+        for door in Door::both(&knobs) {
+            let before = server.requests();
+            door.call().await.unwrap();
+            assert_eq!(server.requests() - before, 2, "{}", door.model());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_401_is_not_retried_and_names_the_variable() {
+        let server = start(|_| Script::Status(401)).await;
+        for door in Door::both(&Knobs::new(&server.base_url())) {
+            let before = server.requests();
+            let msg = provider_message(door.call().await.unwrap_err());
+            assert_eq!(server.requests() - before, 1);
+            assert!(msg.contains(KEY_ENV) && msg.contains("401"), "{msg}");
+            if let Some(stats) = door.stats() {
+                assert_eq!(stats.failures, 1);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn other_4xx_are_not_retried() {
+        let server = start(|_| Script::Status(404)).await;
+        for door in Door::both(&Knobs::new(&server.base_url())) {
+            let before = server.requests();
+            let msg = provider_message(door.call().await.unwrap_err());
+            assert_eq!(server.requests() - before, 1);
+            assert!(msg.contains("404") && msg.contains(door.model()), "{msg}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_key_is_sent_but_never_shown() {
+        // Tests cannot set variables safely (other test threads read the environment), so
+        // this uses one Cargo sets for every test process it runs.
+        let key = std::env::var("CARGO_PKG_NAME").expect("run under cargo");
+        let server = start(|n| {
+            if n % 2 == 0 {
+                Script::Ok
+            } else {
+                Script::EchoAuth401
+            }
+        })
+        .await;
+        let knobs = Knobs {
+            api_key_env: "CARGO_PKG_NAME",
+            ..Knobs::new(&server.base_url())
+        };
+        for door in Door::both(&knobs) {
+            let before = server.requests();
+            door.call().await.unwrap();
+            assert_eq!(
+                server.authorizations()[before].as_deref(),
+                Some(format!("Bearer {key}").as_str())
+            );
+            let debug = door.debug();
+            assert!(!debug.contains(&key), "the key leaked into Debug: {debug}");
+            assert!(debug.contains("CARGO_PKG_NAME"), "{debug}");
+            // The server echoes the key back in its error; the error must not carry it on.
+            let msg = provider_message(door.call().await.unwrap_err());
+            assert!(msg.contains("[redacted]"), "{msg}");
+            assert!(!msg.contains(&key), "the key leaked into an error: {msg}");
+        }
+        // An unset variable sends no key at all (no empty `Bearer`), as local servers expect.
+        let server = start(|_| Script::Ok).await;
+        for door in Door::both(&Knobs::new(&server.base_url())) {
+            door.call().await.unwrap();
+        }
+        assert_eq!(server.authorizations(), vec![None, None]);
+    }
+
+    #[tokio::test]
+    async fn a_dead_endpoint_is_retried_then_reported() {
+        // Bind and drop: nothing listens on this port any more.
+        let port = {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let url = format!("http://127.0.0.1:{port}/v1");
+        let knobs = Knobs {
+            max_retries: 1,
+            ..Knobs::new(&url)
+        };
+        for door in Door::both(&knobs) {
+            let msg = provider_message(door.call().await.unwrap_err());
+            assert!(msg.contains("2 attempts") && msg.contains(&url), "{msg}");
+            if let Some(stats) = door.stats() {
+                assert_eq!(stats.requests, 2);
+            }
+        }
+    }
 
     fn transport(base: Duration, max: Duration) -> Transport {
         Transport::new(Settings {

@@ -30,13 +30,7 @@ impl Provider {
                 return Reply::error(503, "the provider is down");
             }
             let model = HashEmbedder::default();
-            let vectors = request
-                .inputs()
-                .iter()
-                .enumerate()
-                .map(|(i, t)| (i, model.embed_one(t)))
-                .collect();
-            Reply::embeddings(&request.body["model"], vectors)
+            request.embedded_by(|t| model.embed_one(t))
         })
         .await;
         Provider { up, endpoint }

@@ -56,6 +56,18 @@ impl Request {
         }
     }
 
+    /// The answer to an embeddings request: `model`'s vector of every input, in order (a
+    /// deterministic "model" a test brings, such as shadowbrain's hash embedder).
+    pub fn embedded_by(&self, model: impl Fn(&str) -> Vec<f32>) -> Reply {
+        let vectors = self
+            .inputs()
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (i, model(t)))
+            .collect();
+        Reply::embeddings(&self.body["model"], vectors)
+    }
+
     /// The system message of a chat request.
     pub fn system(&self) -> &str {
         self.body["messages"][0]["content"].as_str().unwrap_or("")
