@@ -844,3 +844,34 @@ async fn post_policy_reload(
     let policy = s.rt.reload_policy().await?;
     Ok(Json(policy_out(&policy)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What an error becomes on the wire: status and code.
+    fn answered(e: Error) -> (u16, String) {
+        let api = ApiError::from(e);
+        (api.status.as_u16(), api.code)
+    }
+
+    #[test]
+    fn a_failure_inside_the_server_is_a_500_never_the_callers_fault() {
+        // A ranking task that panicked, an actor that panicked, a store that failed.
+        for e in [
+            Error::internal("recall ranking", "task panicked"),
+            Error::Panicked {
+                what: "session `s`".into(),
+                message: "boom".into(),
+            },
+            Error::storage("lmdb", "MDB_PANIC"),
+        ] {
+            assert_eq!(answered(e), (500, "internal".to_string()));
+        }
+        // The caller's own mistakes stay 4xx, named by field.
+        assert_eq!(
+            answered(Error::invalid("k", "0 is out of range")),
+            (422, "invalid_k".to_string())
+        );
+    }
+}

@@ -309,3 +309,42 @@ impl From<tantivy::TantivyError> for Error {
         Error::index_failed("keyword", e)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn backend_errors_keep_their_source_and_their_text() {
+        let lmdb = heed::Error::Mdb(heed::MdbError::MapFull);
+        let shown = lmdb.to_string();
+        let e = Error::from(lmdb);
+        assert_eq!(e.to_string(), format!("storage error (lmdb): {shown}"));
+        let source = e.source().expect("the backend's error is kept");
+        assert_eq!(source.to_string(), shown);
+        // One failed group commit answers many writers: the source is shared, not lost.
+        let Error::Storage { source, .. } = &e else {
+            unreachable!()
+        };
+        let copy = Error::Storage {
+            backend: "lmdb",
+            message: shown.clone(),
+            source: source.clone(),
+        };
+        assert_eq!(copy.source().map(|s| s.to_string()), Some(shown));
+        // Messages of our own have no source to show.
+        assert!(Error::storage("lmdb", "ids exhausted").source().is_none());
+    }
+
+    #[test]
+    fn an_internal_failure_says_it_is_a_bug() {
+        let e = Error::internal("recall ranking", "task 7 panicked");
+        assert_eq!(
+            e.to_string(),
+            "internal error in recall ranking: task 7 panicked; this is a bug, please report \
+             it with the log"
+        );
+    }
+}

@@ -167,10 +167,7 @@ impl Embedder for HashEmbedder {
             return handle
                 .spawn_blocking(move || owned.iter().map(|t| this.embed_one(t)).collect())
                 .await
-                .map_err(|e| Error::Provider {
-                    provider: "hash".into(),
-                    message: format!("the embedding task did not finish ({e}); this is a bug"),
-                });
+                .map_err(|e| Error::internal("the hash embedder's task", e));
         }
         Ok(texts.iter().map(|t| self.embed_one(t)).collect())
     }
