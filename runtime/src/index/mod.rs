@@ -21,9 +21,17 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
         na += x * x;
         nb += y * y;
     }
-    if na == 0.0 || nb == 0.0 {
-        0.0
+    cosine_of(dot, na.sqrt(), nb.sqrt())
+}
+
+/// The cosine of a dot product and two norms: the one formula, also the last step of the
+/// vector index's search, which computes dot products in lanes and keeps norms ahead of
+/// time. Within -1..=1 whatever the rounding; 0 for a (near-)zero vector.
+pub(crate) fn cosine_of(dot: f32, norm_a: f32, norm_b: f32) -> f32 {
+    let denom = norm_a * norm_b;
+    if denom > f32::EPSILON {
+        (dot / denom).clamp(-1.0, 1.0)
     } else {
-        dot / (na.sqrt() * nb.sqrt())
+        0.0
     }
 }

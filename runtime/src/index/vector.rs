@@ -1005,7 +1005,7 @@ impl VectorIndex {
         let mut score = |id: u32, staged: &Staged| match &staged.change {
             Change::Upsert(v) => {
                 let (dot, _) = dot_and_norm2(query, &v.values);
-                hits.push((id, cosine_of(dot, query_norm, v.norm)));
+                hits.push((id, super::cosine_of(dot, query_norm, v.norm)));
             }
             Change::Stored => stored.push(id),
             Change::Remove => {}
@@ -1053,7 +1053,7 @@ impl VectorIndex {
         for &id in stored {
             if let Some(v) = self.read_back(id)? {
                 let (dot, _) = dot_and_norm2(query, &v.values);
-                hits.push((id, cosine_of(dot, query_norm, v.norm)));
+                hits.push((id, super::cosine_of(dot, query_norm, v.norm)));
             }
         }
         Ok(())
@@ -1097,7 +1097,7 @@ impl VectorIndex {
                     },
                 };
                 let (dot, _) = dot_and_norm2(query, &vector.values);
-                hits.push((id, cosine_of(dot, query_norm, vector.norm)));
+                hits.push((id, super::cosine_of(dot, query_norm, vector.norm)));
             }
             tail.generation
         };
@@ -1114,7 +1114,7 @@ impl VectorIndex {
                     if let Some(v) = writer.item_vector(&rtxn, id)? {
                         let (dot, norm2) = dot_and_norm2(query, &v);
                         let norm = norm2.sqrt();
-                        hits.push((id, cosine_of(dot, query_norm, norm)));
+                        hits.push((id, super::cosine_of(dot, query_norm, norm)));
                         fetched.push((id, staged_vector(&v, norm)));
                     }
                 }
@@ -1452,17 +1452,6 @@ fn dot_and_norm2(a: &[f32], b: &[f32]) -> (f32, f32) {
         n += y * y;
     }
     (d, n)
-}
-
-/// The last step of a cosine similarity whose dot product and norms were computed in lanes
-/// ([`dot_and_norm2`]) and ahead of time (the query's and each built vector's norm).
-fn cosine_of(dot: f32, norm_a: f32, norm_b: f32) -> f32 {
-    let denom = norm_a * norm_b;
-    if denom > f32::EPSILON {
-        (dot / denom).clamp(-1.0, 1.0)
-    } else {
-        0.0
-    }
 }
 
 /// Sorts best first (ties: smaller id first) and keeps `k`.

@@ -421,19 +421,16 @@ fn nearest<'a, T>(
 ) -> Option<(T, f32)> {
     let mut best: Option<(T, f32)> = None;
     for (candidate, vector) in candidates {
-        let Some(s) = cosine(query, vector) else {
+        // Another embedder's vector (another dimension) is never a near-duplicate.
+        if vector.len() != query.len() {
             continue;
-        };
+        }
+        let s = crate::index::cosine(query, vector);
         if s >= threshold && best.as_ref().is_none_or(|(_, b)| s > *b) {
             best = Some((candidate, s));
         }
     }
     best
-}
-
-/// Cosine similarity; `None` when the dimensions differ (another embedder's vector).
-fn cosine(a: &[f32], b: &[f32]) -> Option<f32> {
-    (a.len() == b.len()).then(|| crate::index::cosine(a, b))
 }
 
 /// A short fingerprint of the guidance a verdict was given under.
