@@ -8,6 +8,7 @@
 //! Every test that needs a provider starts one of these instead of writing a server of its
 //! own, so the provider's wire format is written once. It knows the OpenAI-compatible wire
 //! format and the shape of shadowbrain's judge prompts (numbered records), nothing else.
+#![warn(missing_docs)]
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
