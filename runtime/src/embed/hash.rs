@@ -1,6 +1,6 @@
 //! The default embedder: deterministic feature hashing, in-process, no model and no network.
 //!
-//! A text becomes a bag of features — its analyzed terms ([`crate::index::text`], the same terms the
+//! A text becomes a bag of features — its analyzed terms (`index::text`, the same terms the
 //! keyword index uses), pairs of consecutive terms, and character trigrams of each word with
 //! boundary markers (`<ru`, `run`, …, `ng>`), which make it tolerant of inflection and typos.
 //! Each feature is hashed with FNV-1a 64 (written here, so vectors are identical on every

@@ -1,6 +1,6 @@
 //! The OpenAI-compatible embedder: `POST {base_url}/embeddings` against OpenAI itself or
 //! any compatible server (Ollama, vLLM, TEI, LM Studio), through the one provider
-//! transport ([`crate::provider`]: timeout, bounded concurrency, retries with backoff and
+//! transport (`provider`: timeout, bounded concurrency, retries with backoff and
 //! jitter honouring `Retry-After`, the key).
 //!
 //! It owns what is particular to embeddings: batching (`batch_size` texts per request,
