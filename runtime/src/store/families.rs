@@ -110,13 +110,17 @@ fn fixed<const N: usize>(what: &str, v: &[u8]) -> Result<[u8; N]> {
 }
 
 impl Store {
-    /// What recall number `n` returned, if it was remembered.
-    pub fn recall(&self, n: u32) -> Result<Option<RememberedRecall>> {
-        let key = keys::recall(n);
-        match self.inner.kv.get(&key)? {
-            Some(v) => codec::decode(&key, &v).map(Some),
+    /// The value under `key`, decoded, if there is one.
+    pub(super) fn decoded<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>> {
+        match self.inner.kv.get(key)? {
+            Some(v) => codec::decode(key, &v).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// What recall number `n` returned, if it was remembered.
+    pub fn recall(&self, n: u32) -> Result<Option<RememberedRecall>> {
+        self.decoded(&keys::recall(n))
     }
 
     /// Every remembered recall, by number.
@@ -166,20 +170,12 @@ impl Store {
 
     /// The strikes counted against a record, if any.
     pub fn strikes(&self, id: MemoryId) -> Result<Option<Strikes>> {
-        let key = keys::strikes(id);
-        match self.inner.kv.get(&key)? {
-            Some(v) => codec::decode(&key, &v).map(Some),
-            None => Ok(None),
-        }
+        self.decoded(&keys::strikes(id))
     }
 
     /// The quarantine entry of an id, if it was set aside.
     pub fn quarantine_entry(&self, id: MemoryId) -> Result<Option<QuarantineEntry>> {
-        let key = keys::quarantine(id);
-        match self.inner.kv.get(&key)? {
-            Some(v) => codec::decode(&key, &v).map(Some),
-            None => Ok(None),
-        }
+        self.decoded(&keys::quarantine(id))
     }
 
     /// Every quarantine entry, in id order.

@@ -609,11 +609,7 @@ impl Store {
 
     /// Statistics of one session.
     pub fn session_stats(&self, namespace: &str, session: &str) -> Result<Option<SessionStats>> {
-        let key = keys::session_stats(namespace, session);
-        match self.inner.kv.get(&key)? {
-            Some(v) => codec::decode(&key, &v).map(Some),
-            None => Ok(None),
-        }
+        self.decoded(&keys::session_stats(namespace, session))
     }
 
     /// Every session of a namespace, by session id.
