@@ -295,7 +295,7 @@ impl Store {
             .write(true)
             .open(&lock_path)
             .map_err(|e| Error::io(&lock_path, e))?;
-        if lock.try_lock().is_err() {
+        if !take_lock(&lock) {
             return Err(Error::invalid(
                 "data directory",
                 format!(
@@ -1019,6 +1019,24 @@ impl Store {
             .kv
             .get(&keys::queue_item(queue as u8, id))?
             .is_some())
+    }
+}
+
+/// Takes the directory's lock, waiting a moment for it. A process that forks (a test
+/// harness starting the binary, a tool running a command) gives its child a copy of every
+/// descriptor until the child execs, and a `flock` lasts while any copy is open: a store
+/// closed and reopened during that window would be refused as "in use" although nobody
+/// uses it. A real holder keeps the lock far longer than the wait.
+fn take_lock(lock: &File) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(250);
+    loop {
+        if lock.try_lock().is_ok() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 
