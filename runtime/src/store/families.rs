@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::keys::{self, layer};
 use super::kv::{Op, Visit};
-use super::{Store, codec};
+use super::{Store, codec, read_fixed};
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 use crate::model::{Edge, MemoryId, Relation};
@@ -101,14 +101,6 @@ pub(super) fn last_decay_sweep_op(at: Timestamp) -> Op {
     Op::Put(keys::last_decay_sweep(), at.to_be_bytes().to_vec())
 }
 
-/// A fixed-width value, or a corruption error naming what was read.
-fn fixed<const N: usize>(what: &str, v: &[u8]) -> Result<[u8; N]> {
-    v.try_into().map_err(|_| Error::Corrupt {
-        key: what.to_string(),
-        message: format!("expected {N} bytes, found {}", v.len()),
-    })
-}
-
 impl Store {
     /// The value under `key`, decoded, if there is one.
     pub(super) fn decoded<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>> {
@@ -159,13 +151,10 @@ impl Store {
 
     /// The knowledge record a condensed record was promoted (or merged) into, if any.
     pub fn promoted_into(&self, condensed: MemoryId) -> Result<Option<MemoryId>> {
-        match self.inner.kv.get(&keys::promoted(condensed))? {
-            Some(v) => Ok(Some(MemoryId(u32::from_be_bytes(fixed(
-                &format!("promoted {condensed}"),
-                &v,
-            )?)))),
-            None => Ok(None),
-        }
+        let key = keys::promoted(condensed);
+        let what = format!("promoted {condensed}");
+        let id = read_fixed(self.inner.kv.as_ref(), &key, &what)?;
+        Ok(id.map(|b| MemoryId(u32::from_be_bytes(b))))
     }
 
     /// The strikes counted against a record, if any.
@@ -188,27 +177,15 @@ impl Store {
 
     /// The largest record id a condensation of the session has covered, if any.
     pub fn condensed_upto(&self, namespace: &str, session: &str) -> Result<Option<MemoryId>> {
-        match self
-            .inner
-            .kv
-            .get(&keys::condensed_upto(namespace, session))?
-        {
-            Some(v) => Ok(Some(MemoryId(u32::from_be_bytes(fixed(
-                "condensed_upto",
-                &v,
-            )?)))),
-            None => Ok(None),
-        }
+        let key = keys::condensed_upto(namespace, session);
+        let id = read_fixed(self.inner.kv.as_ref(), &key, "condensed_upto")?;
+        Ok(id.map(|b| MemoryId(u32::from_be_bytes(b))))
     }
 
     /// Runtime-clock time of the last decay sweep, if one was recorded.
     pub fn last_decay_sweep(&self) -> Result<Option<Timestamp>> {
-        match self.inner.kv.get(&keys::last_decay_sweep())? {
-            Some(v) => Ok(Some(Timestamp::from_be_bytes(fixed(
-                "last_decay_sweep",
-                &v,
-            )?))),
-            None => Ok(None),
-        }
+        let key = keys::last_decay_sweep();
+        let at = read_fixed(self.inner.kv.as_ref(), &key, "last_decay_sweep")?;
+        Ok(at.map(Timestamp::from_be_bytes))
     }
 }

@@ -691,17 +691,7 @@ impl Store {
     /// How far the change log has been truncated (`None` for a store that never truncated
     /// it, or one written before the mark existed).
     pub fn changes_truncated(&self) -> Result<Option<u64>> {
-        let key = keys::meta(keys::meta::CHANGES_TRUNCATED);
-        match self.inner.kv.get(&key)? {
-            Some(v) => {
-                let bytes: [u8; 8] = v.as_slice().try_into().map_err(|_| Error::Corrupt {
-                    key: keys::meta::CHANGES_TRUNCATED.into(),
-                    message: format!("{} bytes, expected 8", v.len()),
-                })?;
-                Ok(Some(u64::from_be_bytes(bytes)))
-            }
-            None => Ok(None),
-        }
+        read_u64(self.inner.kv.as_ref(), meta::CHANGES_TRUNCATED)
     }
 
     /// The oldest change-log sequence still kept, if any.
@@ -1040,32 +1030,28 @@ fn take_lock(lock: &File) -> bool {
     }
 }
 
-fn read_u32(kv: &dyn Kv, name: &str) -> Result<Option<u32>> {
-    let key = keys::meta(name);
-    match kv.get(&key)? {
-        Some(v) => {
-            let b: [u8; 4] = v.as_slice().try_into().map_err(|_| Error::Corrupt {
-                key: name.into(),
-                message: format!("expected 4 bytes, found {}", v.len()),
-            })?;
-            Ok(Some(u32::from_be_bytes(b)))
-        }
+/// The fixed-width value under `key` (a counter, an id, a time), if any; `what` names it
+/// in the corruption error of a value of another width.
+fn read_fixed<const N: usize>(kv: &dyn Kv, key: &[u8], what: &str) -> Result<Option<[u8; N]>> {
+    match kv.get(key)? {
+        Some(v) => v
+            .as_slice()
+            .try_into()
+            .map(Some)
+            .map_err(|_| Error::Corrupt {
+                key: what.into(),
+                message: format!("expected {N} bytes, found {}", v.len()),
+            }),
         None => Ok(None),
     }
 }
 
+fn read_u32(kv: &dyn Kv, name: &str) -> Result<Option<u32>> {
+    Ok(read_fixed(kv, &keys::meta(name), name)?.map(u32::from_be_bytes))
+}
+
 fn read_u64(kv: &dyn Kv, name: &str) -> Result<Option<u64>> {
-    let key = keys::meta(name);
-    match kv.get(&key)? {
-        Some(v) => {
-            let b: [u8; 8] = v.as_slice().try_into().map_err(|_| Error::Corrupt {
-                key: name.into(),
-                message: format!("expected 8 bytes, found {}", v.len()),
-            })?;
-            Ok(Some(u64::from_be_bytes(b)))
-        }
-        None => Ok(None),
-    }
+    Ok(read_fixed(kv, &keys::meta(name), name)?.map(u64::from_be_bytes))
 }
 
 fn check_format(kv: &dyn Kv) -> Result<()> {
