@@ -16,9 +16,9 @@
 
 use std::path::Path;
 
+use crate::Limits;
 use crate::embed::EmbedderConfig;
 use crate::llm::LlmConfig;
-use crate::{Error, Limits};
 use anyhow::Context;
 use serde::Deserialize;
 
@@ -107,12 +107,10 @@ impl ConfigFile {
             None => Auth::open(),
         };
         let limits = section::<Limits>(&cfg, "limits")?.unwrap_or_default();
-        limits.validate().map_err(|e| match e {
-            Error::Invalid { reason, .. } => {
-                anyhow::anyhow!("the [limits] section is invalid: {reason}")
-            }
-            other => other.into(),
-        })?;
+        let problems = limits.problems();
+        if !problems.is_empty() {
+            anyhow::bail!("the [limits] section is invalid: {}", problems.join("; "));
+        }
         Ok(ConfigFile {
             embedder,
             llm,

@@ -489,6 +489,16 @@ impl Limits {
 
     /// Every value out of range, named by its config key (all of them, not the first).
     pub fn validate(&self) -> Result<()> {
+        let problems = self.problems();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::invalid("limits", problems.join("; ")))
+        }
+    }
+
+    /// What [`Limits::validate`] finds wrong, one line per value.
+    pub fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
         for (name, value) in [
             ("body_bytes", self.max_body_bytes),
@@ -511,11 +521,7 @@ impl Limits {
                 ceiling = Limits::K_CEILING
             ));
         }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::invalid("[limits]", problems.join("; ")))
-        }
+        problems
     }
 
     /// A recall's `k` ([`Limits::DEFAULT_K`] when absent), or an error outside `1..=max_k`.

@@ -96,11 +96,8 @@ impl LlmConfig {
     /// Checks every key, naming each mistake and how to fix it (all of them, not the first).
     pub fn validate(&self) -> Result<()> {
         let mut problems = Vec::new();
-        if let Err(e) = self.timeout() {
-            problems.push(match e {
-                Error::Invalid { reason, .. } => format!("timeout = {:?}: {reason}", self.timeout),
-                other => other.to_string(),
-            });
+        if let Err(reason) = crate::provider::parse_timeout(&self.timeout) {
+            problems.push(format!("timeout = {:?}: {reason}", self.timeout));
         }
         if self.max_concurrency == 0 {
             problems.push("max_concurrency must be at least 1".to_string());

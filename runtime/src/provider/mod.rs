@@ -408,17 +408,19 @@ pub(crate) fn base_url(field: &str, url: &str) -> Result<String> {
 
 /// A `timeout` setting parsed, or why not; a zero timeout fails every request.
 pub(crate) fn timeout(field: &str, text: &str) -> Result<Duration> {
+    parse_timeout(text).map_err(|reason| Error::invalid(field, reason))
+}
+
+/// A `timeout` setting parsed, or what is wrong with it (for sections that list every
+/// problem at once).
+pub(crate) fn parse_timeout(text: &str) -> std::result::Result<Duration, String> {
     let t = humantime::parse_duration(text.trim()).map_err(|e| {
-        Error::invalid(
-            field,
-            format!("`{text}` is not a duration ({e}); write it like \"30s\", \"500ms\" or \"2m\""),
-        )
+        format!("`{text}` is not a duration ({e}); write it like \"30s\", \"500ms\" or \"2m\"")
     })?;
     if t.is_zero() {
-        return Err(Error::invalid(
-            field,
-            "a zero timeout fails every request; use at least a few seconds, e.g. \"30s\"",
-        ));
+        return Err(
+            "a zero timeout fails every request; use at least a few seconds, e.g. \"30s\"".into(),
+        );
     }
     Ok(t)
 }
