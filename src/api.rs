@@ -304,6 +304,10 @@ pub struct RecallOut {
     pub memories: Vec<Recalled>,
     /// The memories rendered for a prompt, in time order, within the token budget.
     pub context: String,
+    /// What the answer went without and why (e.g. the embedder was unreachable, so only
+    /// keywords and recency ranked it). Absent when nothing was missing.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 impl From<RecallResult> for RecallOut {
@@ -321,6 +325,7 @@ impl From<RecallResult> for RecallOut {
                 })
                 .collect(),
             context: r.context,
+            notes: r.notes,
         }
     }
 }

@@ -12,12 +12,17 @@ use shadowbrain::server::{self, ApiKey, Auth};
 use shadowbrain::{Runtime, RuntimeConfig};
 
 /// One HTTP/1.1 exchange: the status and the body as JSON (`Null` when it is not JSON).
-fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&[u8]>) -> (u16, Value) {
+pub(crate) fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+) -> (u16, Value) {
     http_as(addr, None, method, path, body)
 }
 
 /// The same, with `Authorization: Bearer <key>` when a key is given.
-fn http_as(
+pub(crate) fn http_as(
     addr: SocketAddr,
     key: Option<&str>,
     method: &str,
@@ -82,7 +87,7 @@ fn dechunk(mut rest: &str) -> String {
     out
 }
 
-fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+pub(crate) fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
     http(addr, "POST", path, Some(body.to_string().as_bytes()))
 }
 
@@ -263,7 +268,7 @@ fn record_recall_timeline_and_get_follow_the_contract() {
 }
 
 /// The raw body of a GET (for the Prometheus text).
-fn http_text(addr: SocketAddr, path: &str) -> String {
+pub(crate) fn http_text(addr: SocketAddr, path: &str) -> String {
     let (status, body) = exchange(addr, None, "GET", path, None).expect("an answer");
     assert_eq!(status, 200, "{body}");
     body
@@ -664,7 +669,7 @@ fn bad_requests_get_the_right_status_and_code_and_the_server_keeps_serving() {
 
 /// Reads the address the binary prints once it listens, then keeps reading its stderr
 /// (into the returned handle's text) so the child never writes to a closed pipe.
-fn wait_for_address(
+pub(crate) fn wait_for_address(
     stderr: impl Read + Send + 'static,
 ) -> (SocketAddr, std::thread::JoinHandle<String>) {
     let (tx, rx) = std::sync::mpsc::channel();

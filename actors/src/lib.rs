@@ -6,12 +6,14 @@
 //! triggers; feedback); the evaluator (a judge's importance scores in `llm`/`hybrid` modes,
 //! with poison records quarantined); the condenser (extractive); the decay actor (sweeps on
 //! the runtime clock); the knowledge graph (promotion, merging, edges, neighbourhood
-//! queries); the indexer (the one writer of the derived indexes).
+//! queries); the indexer (the one writer of the derived indexes); the enricher (the one
+//! owner of embedding when the embedder does not embed inline).
 #![warn(missing_docs)]
 
 mod condenser;
 mod decay;
 mod directory;
+mod enricher;
 mod evaluator;
 mod indexer;
 mod knowledge;

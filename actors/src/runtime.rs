@@ -96,6 +96,8 @@ pub enum Fault {
     Knowledge,
     /// The indexer.
     Indexer,
+    /// The enricher.
+    Enricher,
     /// The evaluator.
     Evaluator,
 }
@@ -163,7 +165,8 @@ impl Runtime {
     /// Opens the data directory and starts the supervision tree.
     pub async fn open(config: RuntimeConfig) -> Result<Runtime> {
         let (dir, mut opts) = (config.data_dir.clone(), config.substrate.clone());
-        // The Indexer actor is the one writer of the indexes here, not the substrate's thread.
+        // Each background job has one owner: here the Indexer actor writes the indexes and
+        // the Enricher actor embeds, not the substrate's threads.
         opts.indexing.background = false;
         // Opening reads the store and reconciles the indexes: blocking work.
         let substrate = tokio::task::spawn_blocking(move || Substrate::open(&dir, opts))
@@ -421,6 +424,7 @@ impl Runtime {
             Fault::Decay => Child::Decay,
             Fault::Knowledge => Child::Knowledge,
             Fault::Indexer => Child::Indexer,
+            Fault::Enricher => Child::Enricher,
             Fault::Evaluator => Child::Evaluator,
         };
         let _ = self.inner.root.send_message(RootMessage::Panic(child));

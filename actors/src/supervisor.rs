@@ -7,10 +7,13 @@
 //!  ├─ Decay                (sweeps every policy interval of the runtime clock)
 //!  ├─ KnowledgeGraph       (the namespace knowledge pools: promotion, merging, edges)
 //!  ├─ Indexer              (the one writer of the vector and keyword indexes, batched)
+//!  ├─ Enricher             (the one owner of embedding for embedders that do not embed inline)
 //!  └─ SessionSupervisor
 //!      └─ SessionActor × N (one per live session, passivated when idle)
-//!  (the substrate's own thread embeds records for remote embedders)
 //! ```
+//!
+//! The substrate's own background threads (indexer, enricher) do not run under the
+//! runtime: each background job has one owner, and here it is an actor.
 //!
 //! Restart policy, child by child — what a restart recovers:
 //! - **Condenser** → started again. Its state is the store (each session's condensation
@@ -26,6 +29,8 @@
 //!   was lost is offered again by the next success feedback on it.
 //! - **Indexer** → started again; the index watermarks live in the indexes, so it resumes
 //!   from the change log where the last committed build left off.
+//! - **Enricher** → started again; the enrichment queue is in the store, so it resumes
+//!   with the oldest record still waiting for its embedding.
 //! - **Decay** → started again; it reads the time of the last sweep from the store, so it
 //!   neither sweeps early nor forgets a sweep that is due.
 //! - **SessionSupervisor** → started again. Its session actors died with it; the new one
@@ -38,7 +43,8 @@
 //! Every restart updates the [`Directory`], so senders reach the new actor at once. The
 //! root never stops because a child ended — ractor's default would — only when the
 //! `Runtime` shuts down: then it drains its children in dependency order (session actors
-//! first, so their last writes and triggers reach the others; the indexer last) and
+//! first, so their last writes and triggers reach the others; the enricher, then the
+//! indexer, last) and
 //! restarts nothing.
 
 use std::time::Duration;
@@ -49,6 +55,7 @@ use shadowbrain_runtime::Substrate;
 use crate::condenser::Condenser;
 use crate::decay::{Decay, DecayArgs};
 use crate::directory::Directory;
+use crate::enricher::{Enricher, EnricherArgs, EnricherMessage};
 use crate::evaluator::{Evaluator, EvaluatorArgs};
 use crate::indexer::{Indexer, IndexerArgs, IndexerMessage};
 use crate::knowledge::KnowledgeGraph;
@@ -82,18 +89,27 @@ pub(crate) enum Child {
     Decay,
     Knowledge,
     Indexer,
+    Enricher,
 }
 
 /// The root's state.
 pub(crate) struct RootState {
     args: RootArgs,
     children: Vec<(ActorCell, Child)>,
-    /// The indexer, which nobody sends to but the root.
-    indexer: Option<ActorRef<IndexerMessage>>,
+    /// The actors outside the directory.
+    background: Background,
     /// Children restarted since start.
     restarts: u64,
     /// Set by [`RootMessage::Drain`]: children that end are not restarted.
     draining: bool,
+}
+
+/// The indexer and the enricher, which nobody sends to but the root (the enricher is woken
+/// through the substrate).
+#[derive(Default)]
+pub(crate) struct Background {
+    indexer: Option<ActorRef<IndexerMessage>>,
+    enricher: Option<ActorRef<EnricherMessage>>,
 }
 
 /// The protocol of the root supervisor.
@@ -116,7 +132,7 @@ impl RootSupervisor {
     async fn start(
         myself: &ActorRef<RootMessage>,
         args: &RootArgs,
-        indexer: &mut Option<ActorRef<IndexerMessage>>,
+        background: &mut Background,
         child: Child,
     ) -> Result<ActorCell, ActorProcessingErr> {
         let parent = myself.get_cell();
@@ -127,7 +143,16 @@ impl RootSupervisor {
                     tick: args.index_tick,
                 };
                 let (actor, _) = Actor::spawn_linked(None, Indexer, child_args, parent).await?;
-                *indexer = Some(actor.clone());
+                background.indexer = Some(actor.clone());
+                actor.get_cell()
+            }
+            Child::Enricher => {
+                let child_args = EnricherArgs {
+                    substrate: args.substrate.clone(),
+                    tick: Duration::from_secs(1),
+                };
+                let (actor, _) = Actor::spawn_linked(None, Enricher, child_args, parent).await?;
+                background.enricher = Some(actor.clone());
                 actor.get_cell()
             }
             Child::Sessions => {
@@ -200,9 +225,10 @@ impl Actor for RootSupervisor {
         // Receivers before senders: sessions send to the condenser, which sends to the
         // knowledge graph.
         let mut children = Vec::new();
-        let mut indexer = None;
+        let mut background = Background::default();
         for child in [
             Child::Indexer,
+            Child::Enricher,
             Child::Knowledge,
             Child::Condenser,
             Child::Evaluator,
@@ -210,14 +236,14 @@ impl Actor for RootSupervisor {
             Child::Sessions,
         ] {
             children.push((
-                Self::start(&myself, &args, &mut indexer, child).await?,
+                Self::start(&myself, &args, &mut background, child).await?,
                 child,
             ));
         }
         Ok(RootState {
             args,
             children,
-            indexer,
+            background,
             restarts: 0,
             draining: false,
         })
@@ -250,6 +276,7 @@ impl Actor for RootSupervisor {
                     Child::Condenser,
                     Child::Knowledge,
                     Child::Decay,
+                    Child::Enricher,
                     Child::Indexer,
                 ] {
                     let Some((cell, _)) = state.children.iter().find(|(_, c)| *c == child) else {
@@ -297,7 +324,8 @@ impl Actor for RootSupervisor {
         }
         let child = state.children[i].1;
         tracing::warn!(?child, reason = %why, "child ended; starting a new one");
-        state.children[i].0 = Self::start(&myself, &state.args, &mut state.indexer, child).await?;
+        state.children[i].0 =
+            Self::start(&myself, &state.args, &mut state.background, child).await?;
         state.restarts += 1;
         Ok(())
     }
@@ -327,8 +355,13 @@ fn inject_panic(state: &RootState, child: Child) -> Result<(), ActorProcessingEr
             .knowledge()?
             .send_message(KnowledgeMessage::Panic)?,
         Child::Indexer => {
-            if let Some(indexer) = &state.indexer {
+            if let Some(indexer) = &state.background.indexer {
                 indexer.send_message(IndexerMessage::Panic)?;
+            }
+        }
+        Child::Enricher => {
+            if let Some(enricher) = &state.background.enricher {
+                enricher.send_message(EnricherMessage::Panic)?;
             }
         }
     }

@@ -702,7 +702,7 @@ impl Embedder for PanickyEmbedder {
     fn dimensions(&self) -> usize {
         self.0.dimensions()
     }
-    fn is_local(&self) -> bool {
+    fn embeds_inline(&self) -> bool {
         true
     }
     async fn embed(&self, texts: &[String]) -> shadowbrain_runtime::Result<Vec<Vec<f32>>> {

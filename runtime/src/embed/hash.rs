@@ -153,7 +153,7 @@ impl Embedder for HashEmbedder {
         self.dimensions
     }
 
-    fn is_local(&self) -> bool {
+    fn embeds_inline(&self) -> bool {
         true
     }
 

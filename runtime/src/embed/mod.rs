@@ -26,10 +26,18 @@ pub trait Embedder: Send + Sync + std::fmt::Debug {
     fn name(&self) -> &str;
     /// Dimension of every vector it returns.
     fn dimensions(&self) -> usize;
-    /// Whether it runs in-process in microseconds, so ingest may embed inline instead of
-    /// queueing the record for background enrichment (remote providers: never).
-    fn is_local(&self) -> bool {
+    /// Whether it is cheap enough (in-process, microseconds) for ingest to embed inline
+    /// instead of queueing the record for background enrichment. Remote providers never
+    /// are, and neither is a local neural model: milliseconds per text would be on every
+    /// acknowledgement.
+    fn embeds_inline(&self) -> bool {
         false
+    }
+    /// How many texts one [`Embedder::embed`] call should carry to keep it busy (the
+    /// background enricher takes this many queued records per round): for a remote
+    /// provider, its batch size times its requests in flight.
+    fn texts_per_call(&self) -> usize {
+        64
     }
     /// One vector per text, in order, unit-normalised.
     async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>>;

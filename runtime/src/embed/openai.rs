@@ -38,6 +38,8 @@ struct Inner {
     dimensions: usize,
     send_dimensions: bool,
     batch_size: usize,
+    /// The transport's bound, kept to size the enricher's rounds.
+    max_concurrency: usize,
 }
 
 impl fmt::Debug for OpenAiEmbedder {
@@ -145,6 +147,7 @@ impl OpenAiEmbedder {
                 dimensions,
                 send_dimensions: cfg.send_dimensions,
                 batch_size: cfg.batch_size,
+                max_concurrency: cfg.max_concurrency,
             }),
         })
     }
@@ -177,6 +180,10 @@ impl Embedder for OpenAiEmbedder {
 
     fn dimensions(&self) -> usize {
         self.inner.dimensions
+    }
+
+    fn texts_per_call(&self) -> usize {
+        self.inner.batch_size * self.inner.max_concurrency
     }
 
     async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>> {

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use super::Substrate;
+use super::{EnrichHook, EnrichWake, Substrate};
 use crate::error::{Error, Result};
 use crate::model::{
     AuditAction, AuditEntry, MemoryId, MemoryRecord, NewMemory, validate_embedding, validate_id,
@@ -86,7 +86,7 @@ impl Substrate {
         // complete. A remote one would make ingest wait on the network: queue instead.
         let mut embeddings: Vec<Option<Vec<f32>>> =
             valid.iter_mut().map(|v| v.embedding.take()).collect();
-        if self.inner.embedder.is_local() {
+        if self.inner.embedder.embeds_inline() {
             let missing: Vec<usize> = (0..valid.len())
                 .filter(|i| embeddings[*i].is_none())
                 .collect();
@@ -242,15 +242,34 @@ impl Substrate {
     }
 
     pub(super) fn wake_enricher(&self) {
-        if let Some(tx) = self
+        let wake = self
             .inner
             .enrich_wake
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
-            let _ = tx.send(());
+            .clone();
+        if let Some(EnrichHook(wake)) = wake {
+            wake();
         }
+    }
+
+    /// Makes `wake` the owner of enrichment's wake-up, called whenever records are queued
+    /// for their embedding (`None` removes it). The actor runtime, which runs without the
+    /// substrate's background threads, hands it to its Enricher actor; the owner drains the
+    /// queue with [`Substrate::enrich_pending`] and should also look at it now and then,
+    /// since records queued by an earlier process wake nobody.
+    pub fn on_enrich_queued(&self, wake: Option<EnrichWake>) {
+        *self
+            .inner
+            .enrich_wake
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = wake.map(EnrichHook);
+    }
+
+    /// How many queued records one [`Substrate::enrich_pending`] round should take to keep
+    /// the embedder busy: a remote one's batch size times its requests in flight.
+    pub fn enrich_round(&self) -> usize {
+        self.inner.embedder.texts_per_call().max(1)
     }
 
     /// Embeds queued records in the background with the substrate's embedder, on its own
@@ -260,11 +279,9 @@ impl Substrate {
         let (tx, rx) = mpsc::channel::<()>();
         // Work left from a previous run starts at once.
         let _ = tx.send(());
-        *self
-            .inner
-            .enrich_wake
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        self.on_enrich_queued(Some(Arc::new(move || {
+            let _ = tx.send(());
+        })));
         let weak = Arc::downgrade(&self.inner);
         let handle = std::thread::Builder::new()
             .name("enricher".into())
@@ -287,7 +304,7 @@ impl Substrate {
                             return;
                         }
                         let sub = Substrate { inner };
-                        match rt.block_on(sub.enrich_pending(64)) {
+                        match rt.block_on(sub.enrich_pending(sub.enrich_round())) {
                             Ok(0) => {
                                 backoff = Duration::from_millis(100);
                                 break;

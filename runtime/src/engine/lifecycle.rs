@@ -292,7 +292,7 @@ impl Substrate {
             .fold(0.0f32, f32::max);
         let sources: Vec<MemoryId> = window.iter().map(|r| r.id).collect();
         let picked: Vec<MemoryId> = picks.iter().map(|&i| window[i].id).collect();
-        let embedding = if self.embedder().is_local() {
+        let embedding = if self.embedder().embeds_inline() {
             self.embedder()
                 .embed(std::slice::from_ref(&text))
                 .await?

@@ -56,7 +56,9 @@ use indexing::StagedTimes;
 /// When the indexer builds.
 #[derive(Debug, Clone)]
 pub struct IndexingOptions {
-    /// Run the indexer on a background thread (off only in tests that drive it by hand).
+    /// Run the substrate's own background threads: the indexer and the enricher (which
+    /// embeds the records a non-inline embedder left queued). Off in tests that drive them
+    /// by hand, and under the actor runtime, whose Indexer and Enricher actors own that work.
     pub background: bool,
     /// Changes read from the log at a time.
     pub batch: usize,
@@ -161,7 +163,10 @@ struct Inner {
     /// The keyword committer and the vector builder: a tree build takes minutes on a busy
     /// machine, and keyword commits must not wait for it.
     indexer: Mutex<Vec<JoinHandle<()>>>,
-    enrich_wake: Mutex<Option<mpsc::Sender<()>>>,
+    /// Called when records are queued for their embedding: the substrate's enricher thread,
+    /// or the actor runtime's Enricher, whichever owns enrichment (see
+    /// [`Substrate::on_enrich_queued`]).
+    enrich_wake: Mutex<Option<EnrichHook>>,
     enricher: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
     /// Recalls ranking at once: two per core. Without a bound, 32 concurrent recalls were 32
@@ -170,6 +175,19 @@ struct Inner {
     /// left cores idle while a ranking thread waited on a page fault (measured: a quarter
     /// less throughput).
     ranking: tokio::sync::Semaphore,
+}
+
+/// What wakes the owner of enrichment.
+pub type EnrichWake = Arc<dyn Fn() + Send + Sync>;
+
+/// An [`EnrichWake`] in the substrate's state, which prints (a closure does not).
+#[derive(Clone)]
+pub(crate) struct EnrichHook(pub(crate) EnrichWake);
+
+impl std::fmt::Debug for EnrichHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EnrichHook")
+    }
 }
 
 /// The vector index reads the vectors it staged past its memory budget back from here.

@@ -110,6 +110,10 @@ pub struct RecallResult {
     /// Names this recall for feedback ([`Substrate::feedback`]); `None` from
     /// [`Substrate::rank`], which remembers nothing.
     pub recall_id: Option<String>,
+    /// What the answer went without and why (the query could not be embedded, say);
+    /// empty when nothing was missing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// Neighbours further apart in time than this are not a record's context: after an hour's
@@ -146,13 +150,29 @@ impl Substrate {
         {
             return Err(Error::invalid("since", "is after `until`; swap them"));
         }
+        let mut notes = Vec::new();
         let query_vec = match &req.query_embedding {
             Some(v) => {
                 validate_embedding(v, Some(self.inner.embedder.dimensions()))?;
                 Some(v.clone())
             }
             None if req.query.trim().is_empty() => None,
-            None => self.embed(std::slice::from_ref(&req.query)).await?.pop(),
+            None => match self.embed(std::slice::from_ref(&req.query)).await {
+                Ok(mut v) => v.pop(),
+                // A provider that is down must not take recall with it: the keyword and
+                // recent paths still answer, and the answer says what it went without.
+                Err(
+                    e
+                    @ (Error::Provider { .. } | Error::Timeout { .. } | Error::Unavailable { .. }),
+                ) => {
+                    notes.push(format!(
+                        "the query could not be embedded, so this answer has no vector \
+                         path (keywords and recency only): {e}"
+                    ));
+                    None
+                }
+                Err(e) => return Err(e),
+            },
         };
         let policy = self.policy();
         let sub = self.clone();
@@ -172,6 +192,7 @@ impl Substrate {
         }
         let (recall_id, remember) = self.remember_recall(req, &result)?;
         result.recall_id = Some(recall_id);
+        result.notes = notes;
         writes.push(remember);
         // Nothing the caller sees depends on these writes (reinforcement, the recall's
         // memory for feedback): queue them for the next group commit and answer now. A
@@ -382,6 +403,7 @@ impl Substrate {
                 memories,
                 context,
                 recall_id: None,
+                notes: Vec::new(),
             },
             reinforce,
         ))

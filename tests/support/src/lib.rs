@@ -10,6 +10,8 @@
 //! format and the shape of shadowbrain's judge prompts (numbered records), nothing else.
 #![warn(missing_docs)]
 
+pub mod concepts;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,0 +1,238 @@
+//! Embedders as a user meets them: the `shadowbrain` binary (`serve`, `reindex`) with a
+//! remote OpenAI-compatible embeddings endpoint served by the test on 127.0.0.1 — records
+//! are embedded in the background, once, through the provider being down and a restart,
+//! and a paraphrase with no word in common finds its record.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use shadowbrain_test_support::Endpoint;
+use shadowbrain_test_support::concepts::ConceptProvider;
+
+use super::server::{http_text, post, wait_for_address};
+
+/// A scripted embeddings provider of the toy concept model, on a thread of its own.
+fn provider() -> (Arc<ConceptProvider>, Endpoint) {
+    let provider = Arc::new(ConceptProvider::default());
+    let p = provider.clone();
+    let endpoint = Endpoint::start_in_thread(move |r| p.answer(r));
+    (provider, endpoint)
+}
+
+/// A config file for the remote embedder at `endpoint`.
+fn remote_config(dir: &Path, endpoint: &Endpoint) -> std::path::PathBuf {
+    let path = dir.join("remote.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[embedder]\nkind = \"openai\"\nbase_url = \"{}\"\nmodel = \"concepts\"\n\
+             dimensions = 16\nbatch_size = 8\nmax_concurrency = 2\nmax_retries = 1\n\
+             timeout = \"5s\"\n",
+            endpoint.base_url()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn serve(data: &Path, config: &Path) -> (Child, std::net::SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
+        .arg(data)
+        .arg("--config")
+        .arg(config)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (addr, _stderr) = wait_for_address(child.stderr.take().unwrap());
+    (child, addr)
+}
+
+fn stop(mut child: Child) {
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+/// The value of the metric line that starts with `name` (labels included).
+fn metric(addr: std::net::SocketAddr, name: &str) -> f64 {
+    let metrics = http_text(addr, "/metrics");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("`{name}` missing from:\n{metrics}"))
+}
+
+const QUEUED: &str = r#"shadowbrain_work_queue_depth{queue="enrich"}"#;
+const OLDEST: &str = r#"shadowbrain_work_queue_oldest_seconds{queue="enrich"}"#;
+
+/// Waits until `/metrics` says no record waits for its embedding.
+fn drained(addr: std::net::SocketAddr) {
+    let start = Instant::now();
+    while metric(addr, QUEUED) > 0.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{} records still wait for their embedding",
+            metric(addr, QUEUED)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn chatter(i: usize) -> String {
+    const WORDS: &[&str] = &["weather", "agenda", "printer", "coffee", "invoice", "river"];
+    format!("note {i}: {} {}", WORDS[i % 6], WORDS[(i * 5 + 1) % 6])
+}
+
+fn record(addr: std::net::SocketAddr, session: &str, text: &str) -> String {
+    let (status, answer) = post(
+        addr,
+        &format!("/v1/sessions/{session}/events"),
+        &json!({"kind": "observation", "text": text}),
+    );
+    assert_eq!(status, 201, "{answer}");
+    answer["ids"][0].as_str().unwrap().to_string()
+}
+
+/// A namespace-wide recall from a session that wrote nothing.
+fn ask(addr: std::net::SocketAddr, query: &str) -> Value {
+    let (status, answer) = post(
+        addr,
+        "/v1/sessions/asker/recall",
+        &json!({"query": query, "k": 5, "scope": "namespace"}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    answer
+}
+
+fn top(answer: &Value) -> Option<&str> {
+    answer["memories"][0]["id"].as_str()
+}
+
+#[test]
+fn serve_embeds_every_record_once_and_a_paraphrase_finds_its_record() {
+    let (provider, endpoint) = provider();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (child, addr) = serve(&data, &remote_config(dir.path(), &endpoint));
+    for i in 0..42 {
+        record(addr, &format!("s{}", i % 3), &chatter(i));
+    }
+    let target = record(addr, "s1", "we bought a sedan for the team last week");
+    drained(addr);
+    assert_eq!(metric(addr, OLDEST), 0.0);
+    for i in 0..42 {
+        assert_eq!(provider.times_embedded(&chatter(i)), 1, "{}", chatter(i));
+    }
+    assert!(endpoint.max_in_flight() <= 2);
+    let answer = ask(addr, "acquired automobile");
+    assert_eq!(top(&answer), Some(target.as_str()), "{answer}");
+    assert!(answer.get("notes").is_none(), "{answer}");
+    stop(child);
+}
+
+#[test]
+fn serve_outlasts_a_provider_outage_and_a_restart_mid_queue() {
+    let (provider, endpoint) = provider();
+    provider.set_down(true);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = remote_config(dir.path(), &endpoint);
+    let (child, addr) = serve(&data, &config);
+    for i in 0..20 {
+        record(addr, "ops", &chatter(i));
+    }
+    let runner = record(addr, "ops", "the deploy runner moved to eu-2");
+    std::thread::sleep(Duration::from_millis(1_200));
+    // The lag shows in records and in seconds.
+    assert_eq!(metric(addr, QUEUED), 21.0);
+    assert!(metric(addr, OLDEST) >= 1.0, "{}", metric(addr, OLDEST));
+    // Keyword recall still answers, and says what it went without.
+    let (status, answer) = post(
+        addr,
+        "/v1/sessions/ops/recall",
+        &json!({"query": "deploy runner"}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(top(&answer), Some(runner.as_str()), "{answer}");
+    assert!(
+        answer["notes"][0]
+            .as_str()
+            .is_some_and(|n| n.contains("no vector path")),
+        "{answer}"
+    );
+    // Stopped with the records still queued, started again with the provider back.
+    stop(child);
+    provider.set_down(false);
+    let (child, addr) = serve(&data, &config);
+    drained(addr);
+    for i in 0..20 {
+        assert_eq!(provider.times_embedded(&chatter(i)), 1, "{}", chatter(i));
+    }
+    assert_eq!(
+        provider.times_embedded("the deploy runner moved to eu-2"),
+        1
+    );
+    let (_, answer) = post(
+        addr,
+        "/v1/sessions/ops/recall",
+        &json!({"query": "deploy runner"}),
+    );
+    assert!(answer.get("notes").is_none(), "{answer}");
+    stop(child);
+}
+
+#[test]
+fn reindex_moves_a_hash_store_to_a_remote_embedder() {
+    let (provider, endpoint) = provider();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let hash = dir.path().join("hash.toml");
+    std::fs::write(&hash, "[embedder]\nkind = \"hash\"\n").unwrap();
+    let (child, addr) = serve(&data, &hash);
+    for i in 0..10 {
+        record(addr, "s", &chatter(i));
+    }
+    let target = record(addr, "s", "we bought a sedan for the team last week");
+    stop(child);
+
+    let remote = remote_config(dir.path(), &endpoint);
+    // The other embedder is refused on this directory, with the way out.
+    let refused = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
+        .arg(&data)
+        .arg("--config")
+        .arg(&remote)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{said}");
+    assert!(said.contains("shadowbrain reindex"), "{said}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(["reindex", "--data"])
+        .arg(&data)
+        .arg("--config")
+        .arg(&remote)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("reindexed 11 records"), "{said}");
+    for i in 0..10 {
+        assert_eq!(provider.times_embedded(&chatter(i)), 1, "{}", chatter(i));
+    }
+    let (child, addr) = serve(&data, &remote);
+    assert_eq!(metric(addr, QUEUED), 0.0);
+    assert_eq!(
+        top(&ask(addr, "acquired automobile")),
+        Some(target.as_str())
+    );
+    stop(child);
+}
