@@ -298,7 +298,7 @@ fn unique_texts(n: usize, rng: &mut Rng) -> (Vec<String>, &'static str) {
         let mut seen = std::collections::HashSet::new();
         let texts: Vec<String> = conversations
             .iter()
-            .flat_map(|c| c.turns.iter().map(|(_, text, _)| text.clone()))
+            .flat_map(|c| c.turns.iter().map(|t| t.text.clone()))
             .filter(|t| t.split_whitespace().count() > 5 && seen.insert(t.to_lowercase()))
             .take(n)
             .collect();

@@ -30,6 +30,9 @@ struct Args {
     data: Option<std::path::PathBuf>,
     build_threads: Option<usize>,
     build_every: Option<usize>,
+    /// `hash` (default) or `local`: with `local`, records are embedded in the background,
+    /// and the acks show what that costs the write path.
+    embedder: String,
 }
 
 fn args() -> Result<Args, String> {
@@ -42,6 +45,7 @@ fn args() -> Result<Args, String> {
         data: None,
         build_threads: None,
         build_every: None,
+        embedder: "hash".into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -62,10 +66,12 @@ fn args() -> Result<Args, String> {
             "--data" => {
                 a.data = Some(it.next().ok_or("--data needs a directory")?.into());
             }
+            "--embedder" => a.embedder = it.next().ok_or("--embedder needs hash or local")?,
             other => {
                 return Err(format!(
                     "unknown argument {other}; use --sessions N --events N --concurrency N \
-                     --recalls N --idle-ms MS --data DIR --build-threads N --build-every N"
+                     --recalls N --idle-ms MS --data DIR --build-threads N --build-every N \
+                     --embedder hash|local"
                 ));
             }
         }
@@ -145,6 +151,23 @@ async fn main() {
     let mut config = RuntimeConfig::new(&dir);
     config.session_idle = Duration::from_millis(a.idle_ms);
     config.call_timeout = Duration::from_secs(120);
+    let kind = match a.embedder.as_str() {
+        "hash" => shadowbrain::embed::EmbedderKind::Hash,
+        "local" => shadowbrain::embed::EmbedderKind::Local,
+        other => {
+            eprintln!("--embedder {other}: use hash or local");
+            std::process::exit(2);
+        }
+    };
+    config.substrate.embedder =
+        shadowbrain::embed::build_embedder(&shadowbrain::embed::EmbedderConfig {
+            kind,
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| {
+            eprintln!("{e}");
+            std::process::exit(1);
+        });
     if let Some(n) = a.build_threads {
         config.substrate.vector.build_threads = n;
     }

@@ -21,8 +21,8 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use shadowbrain::Backend;
 use shadowbrain::config::ConfigFile;
-use shadowbrain::embed::{EmbedderConfig, build_embedder};
-use shadowbrain::internals::Store;
+use shadowbrain::embed::{Embedder, EmbedderConfig, EmbedderKind, build_embedder, is_model_dir};
+use shadowbrain::internals::{Store, StoreOptions};
 use shadowbrain::llm::LlmKind;
 use shadowbrain::llm::chat::ChatClient;
 use shadowbrain::llm::condense::LlmCondenser;
@@ -134,9 +134,79 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<ConfigFile> {
     ConfigFile::load(path)
 }
 
-/// The `[embedder]` section (default: `hash`).
-fn embedder_config(cfg: &ConfigFile) -> anyhow::Result<EmbedderConfig> {
-    Ok(cfg.embedder.clone())
+/// How [`embedder_for`] decides `auto`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Choice {
+    /// Keep the embedder the directory was made with (every command but `reindex`).
+    KeepTheDirectorys,
+    /// The best one installed, whatever the directory has (`reindex`: switching is its job).
+    Best,
+    /// The directory's, or for a new directory this one (an import's source) when given.
+    Like(Option<String>),
+}
+
+/// The embedder for the data directory `data`: the `[embedder]` section, with `auto` decided
+/// by what is installed and what the directory's store records ([`EmbedderConfig::resolve`]).
+/// With `announce`, says which embedder is in force and, when it is `hash`, how to get the
+/// semantic one.
+fn embedder_for(
+    cfg: &EmbedderConfig,
+    data: &Path,
+    choice: Choice,
+    announce: bool,
+) -> anyhow::Result<Arc<dyn Embedder>> {
+    let recorded = match (cfg.kind, choice) {
+        (EmbedderKind::Auto, Choice::KeepTheDirectorys) => recorded_embedder(data),
+        (EmbedderKind::Auto, Choice::Like(source)) => recorded_embedder(data).or(source),
+        _ => None,
+    };
+    let resolved = cfg.resolve(recorded.as_deref());
+    let embedder = build_embedder(&resolved).context("setting up the [embedder]")?;
+    if announce {
+        let installed = cfg.model_dir().filter(|d| is_model_dir(d));
+        let why = match (cfg.kind, resolved.kind, installed) {
+            (EmbedderKind::Auto, EmbedderKind::Hash, Some(_)) => format!(
+                "the data directory was made with it; the local model is installed: stop \
+                 the server and run `shadowbrain reindex --data {}` for semantic recall",
+                data.display()
+            ),
+            (EmbedderKind::Auto, EmbedderKind::Hash, None) => "lexical vectors only, no \
+                 synonyms or paraphrases; for semantic recall install the local model with \
+                 `scripts/install-model` (or configure [embedder])"
+                .to_string(),
+            (_, EmbedderKind::Local, _) => {
+                "in-process; records are embedded in the background".to_string()
+            }
+            (_, EmbedderKind::Openai, _) => format!(
+                "at {}; records are embedded in the background",
+                resolved.base_url.as_deref().unwrap_or("OpenAI")
+            ),
+            _ => "as configured".to_string(),
+        };
+        say(format_args!(
+            "embedder in force: {} ({} dimensions; {why})",
+            embedder.name(),
+            embedder.dimensions()
+        ));
+    }
+    Ok(embedder)
+}
+
+/// The embedder a data directory's store records, if it has a store that can be read now
+/// (one held by a running server cannot; the command then refuses it anyway).
+fn recorded_embedder(data: &Path) -> Option<String> {
+    let dir = data.join("store");
+    if !dir.is_dir() {
+        return None;
+    }
+    let store = Store::open(
+        &dir,
+        StoreOptions {
+            backend: backend_of(data),
+        },
+    )
+    .ok()?;
+    store.embedder_name().ok().flatten()
 }
 
 /// Opens the runtime, listens, and serves until a shutdown signal.
@@ -246,7 +316,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     .with_context(|| format!("loading the policy {}", policy.display()))?;
             }
             let cfg = load_config(config.as_deref())?;
-            rt_config.substrate.embedder = build_embedder(&cfg.embedder)?;
+            rt_config.substrate.embedder =
+                embedder_for(&cfg.embedder, &data, Choice::KeepTheDirectorys, true)?;
             rt_config.substrate.limits = cfg.limits;
             // As for the one-shot commands: a directory made with another backend is opened
             // with it (serve has no --backend to say so).
@@ -328,7 +399,8 @@ fn runtime_config(args: &RuntimeArgs) -> anyhow::Result<RuntimeConfig> {
             .with_context(|| format!("loading the policy {}", policy.display()))?;
     }
     let cfg = load_config(args.store.config.as_deref())?;
-    config.substrate.embedder = build_embedder(&cfg.embedder)?;
+    config.substrate.embedder =
+        embedder_for(&cfg.embedder, data, Choice::KeepTheDirectorys, false)?;
     config.substrate.limits = cfg.limits;
     config.substrate.backend = backend_of(data);
     config.decay_check = None;

@@ -349,10 +349,11 @@ impl Runtime {
         let policy = self
             .blocking("the policy file", move |_| Ok(Policy::load(&path)?))
             .await?;
-        let stamp = policy.stamp();
         self.inner.substrate.set_policy(policy);
-        tracing::info!(name = %stamp.name, hash = %stamp.hash, "policy reloaded");
-        Ok(self.inner.substrate.policy())
+        // The active policy, with the defaults that follow the embedder filled in.
+        let active = self.inner.substrate.policy();
+        tracing::info!(name = %active.name, hash = %active.hash, "policy reloaded");
+        Ok(active)
     }
 
     /// Records and inputs set aside because processing them kept failing (all namespaces

@@ -17,13 +17,13 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use shadowbrain::embed::build_embedder;
 use shadowbrain::internals::{Store, StoreOptions};
 use shadowbrain::transfer::{self, Extra, ImportError, Importer, Line, Outcome};
 use shadowbrain::{Backend, IndexingOptions, Substrate, SubstrateOptions};
 
 use super::{
-    DataDir, StoreArgs, backend_of, embedder_config, load_config, refuse_if_in_use, require_store,
+    Choice, DataDir, StoreArgs, backend_of, embedder_for, load_config, refuse_if_in_use,
+    require_store,
 };
 
 /// `shadowbrain export`.
@@ -252,8 +252,21 @@ pub(super) fn import(args: ImportArgs) -> anyhow::Result<()> {
     } else {
         args.file.display().to_string()
     };
+    // The header names the embedder that made the export's vectors: with `auto`, a new
+    // directory takes that one, so an export moves to a fresh machine as it was.
+    let mut counted = BufReader::new(Counting {
+        inner: input,
+        bar: progress.clone(),
+    });
+    let mut first = Vec::new();
+    let peeked = (&mut counted)
+        .take(MAX_LINE_BYTES + 1)
+        .read_until(b'\n', &mut first);
+    let source = serde_json::from_slice::<serde_json::Value>(&first)
+        .ok()
+        .and_then(|v| v["header"]["embedder"].as_str().map(str::to_string));
     let cfg = load_config(args.store.config.as_deref())?;
-    let embedder = build_embedder(&embedder_config(&cfg)?)?;
+    let embedder = embedder_for(&cfg.embedder, data, Choice::Like(source), false)?;
     let sub = Substrate::open(
         data,
         SubstrateOptions {
@@ -270,10 +283,11 @@ pub(super) fn import(args: ImportArgs) -> anyhow::Result<()> {
         },
     )
     .with_context(|| format!("opening the data directory {}", data.display()))?;
-    let mut reader = BufReader::new(Counting {
-        inner: input,
-        bar: progress.clone(),
-    });
+    // A failed first read is met again, and reported, by the loop below.
+    if peeked.is_err() {
+        first.clear();
+    }
+    let mut reader = BufReader::new(std::io::Cursor::new(first).chain(counted));
     let mut importer = Importer::new(&sub);
     let (mut imported, mut present) = (0u64, 0u64);
     let mut different: Vec<String> = Vec::new();
@@ -449,9 +463,12 @@ pub(super) fn reindex(args: ReindexArgs) -> anyhow::Result<()> {
     let data = &args.store.dir.data;
     require_store(data)?;
     refuse_if_in_use(data)?;
-    let embedder = build_embedder(&embedder_config(&load_config(
-        args.store.config.as_deref(),
-    )?)?)?;
+    let embedder = embedder_for(
+        &load_config(args.store.config.as_deref())?.embedder,
+        data,
+        Choice::Best,
+        false,
+    )?;
     let opts = SubstrateOptions {
         backend: args.backend.unwrap_or_else(|| backend_of(data)),
         embedder: Arc::clone(&embedder),

@@ -157,6 +157,10 @@ impl Embedder for HashEmbedder {
         true
     }
 
+    fn is_semantic(&self) -> bool {
+        false
+    }
+
     async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>> {
         let bytes: usize = texts.iter().map(String::len).sum();
         if bytes > INLINE_BATCH_BYTES

@@ -1,14 +1,20 @@
 //! Embedders: the [`Embedder`] trait, the `[embedder]` configuration (DESIGN §6) and the
-//! factory that turns one into the other. Implementations live in [`hash`] (the in-process
-//! default) and [`openai`] (any OpenAI-compatible endpoint).
+//! factory that turns one into the other. Implementations live in [`hash`] (feature
+//! hashing, in-process, no semantics), [`local`] (a sentence-transformers model run
+//! in-process, when its weights are installed) and [`openai`] (any OpenAI-compatible
+//! endpoint). `kind = "auto"`, the default, is `local` when the model is installed and
+//! `hash` otherwise ([`EmbedderConfig::resolve`]).
 //!
 //! This module must never read secrets from the configuration (only the *name* of the
 //! environment variable holding a key) and never hand out an embedder whose settings were not
 //! validated: a bad `[embedder]` section fails at start-up with a message naming the key.
 
 pub mod hash;
+#[cfg(feature = "local")]
+pub mod local;
 pub mod openai;
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +23,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 
 pub use hash::HashEmbedder;
+#[cfg(feature = "local")]
+pub use local::LocalEmbedder;
 pub use openai::OpenAiEmbedder;
 
 /// Turns texts into vectors of a fixed dimension.
@@ -33,6 +41,12 @@ pub trait Embedder: Send + Sync + std::fmt::Debug {
     fn embeds_inline(&self) -> bool {
         false
     }
+    /// Whether its vectors carry meaning beyond the words (a neural model), so recall gives
+    /// the vector path more weight by default (see `Policy::for_embedder`). The hash
+    /// embedder's are lexical.
+    fn is_semantic(&self) -> bool {
+        true
+    }
     /// How many texts one [`Embedder::embed`] call should carry to keep it busy (the
     /// background enricher takes this many queued records per round): for a remote
     /// provider, its batch size times its requests in flight.
@@ -47,9 +61,14 @@ pub trait Embedder: Send + Sync + std::fmt::Debug {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EmbedderKind {
-    /// In-process feature hashing ([`HashEmbedder`]); needs nothing else.
+    /// `local` when its model is installed, else `hash` (see [`EmbedderConfig::resolve`]).
     #[default]
+    Auto,
+    /// In-process feature hashing ([`HashEmbedder`]); needs nothing else, knows no synonyms.
     Hash,
+    /// A sentence-transformers model run in-process (`LocalEmbedder`), read from
+    /// `model_dir` or where `scripts/install-model` put it.
+    Local,
     /// An OpenAI-compatible `/v1/embeddings` endpoint ([`OpenAiEmbedder`]).
     Openai,
 }
@@ -60,28 +79,37 @@ impl<'de> Deserialize<'de> for EmbedderKind {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         let s = String::deserialize(d)?;
         match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(EmbedderKind::Auto),
             "hash" => Ok(EmbedderKind::Hash),
+            "local" => Ok(EmbedderKind::Local),
             "openai" | "openai-compatible" => Ok(EmbedderKind::Openai),
             _ => Err(serde::de::Error::custom(format!(
-                "unknown embedder kind `{s}`; use \"hash\" (built in) or \"openai\" (any \
-                 OpenAI-compatible endpoint)"
+                "unknown embedder kind `{s}`; use \"auto\" (the default: local if installed, \
+                 else hash), \"local\" (a sentence-transformers model in-process), \"hash\" \
+                 (built in, no semantics) or \"openai\" (any OpenAI-compatible endpoint)"
             ))),
         }
     }
 }
 
 /// The `[embedder]` section of the server configuration (DESIGN §6). Every key is optional;
-/// an empty section is the hash embedder with 384 dimensions.
+/// an empty section is `auto`: the local model when it is installed, else the hash
+/// embedder with 384 dimensions.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EmbedderConfig {
-    /// `hash` (default) or `openai`.
+    /// `auto` (default), `local`, `hash` or `openai`.
     pub kind: EmbedderKind,
     /// `openai`: the API root, e.g. `http://127.0.0.1:11434/v1` (default: OpenAI's own).
     pub base_url: Option<String>,
-    /// `openai`: the model name (required for `openai`).
+    /// `openai`: the model name (required). `local`: the name recorded in the store
+    /// (default: the model directory's name).
     pub model: Option<String>,
+    /// `local`: the model directory (`config.json`, `tokenizer.json`, `model.safetensors`;
+    /// a Hugging Face snapshot works). Default: [`default_model_dir`].
+    pub model_dir: Option<String>,
     /// Vector dimension. `hash`: default 384. `openai`: required, must match the model.
+    /// `local`: the model's; if set, it must match.
     pub dimensions: Option<usize>,
     /// `openai`: ask the server for `dimensions`-long vectors (OpenAI `text-embedding-3-*`
     /// can shorten its vectors; most other servers reject the parameter). Default false.
@@ -103,9 +131,10 @@ pub struct EmbedderConfig {
 impl Default for EmbedderConfig {
     fn default() -> Self {
         EmbedderConfig {
-            kind: EmbedderKind::Hash,
+            kind: EmbedderKind::Auto,
             base_url: None,
             model: None,
+            model_dir: None,
             dimensions: None,
             send_dimensions: false,
             api_key_env: "OPENAI_API_KEY".to_owned(),
@@ -129,6 +158,73 @@ impl EmbedderConfig {
     pub fn timeout(&self) -> Result<Duration> {
         crate::provider::timeout("embedder.timeout", &self.timeout)
     }
+
+    /// The directory `local` reads its model from: `model_dir`, else [`default_model_dir`].
+    pub fn model_dir(&self) -> Option<PathBuf> {
+        match &self.model_dir {
+            Some(dir) => Some(PathBuf::from(dir)),
+            None => default_model_dir(),
+        }
+    }
+
+    /// This configuration with `auto` decided, for a data directory whose store records
+    /// the embedder `recorded` made its vectors with (`None`: a new directory). A directory
+    /// made by `hash` or `local` keeps it, so installing the model never locks an existing
+    /// directory out (`shadowbrain reindex` switches it); anything else gets `local` when
+    /// the model is installed, else `hash`. Other kinds are returned as they are.
+    pub fn resolve(&self, recorded: Option<&str>) -> EmbedderConfig {
+        self.resolve_with(recorded, self.model_dir())
+    }
+
+    fn resolve_with(&self, recorded: Option<&str>, model_dir: Option<PathBuf>) -> EmbedderConfig {
+        if self.kind != EmbedderKind::Auto {
+            return self.clone();
+        }
+        let installed = model_dir.filter(|d| is_model_dir(d));
+        let kind = match recorded {
+            Some(r) if r == "hash" || r.starts_with("hash:") => EmbedderKind::Hash,
+            Some(r) if r.starts_with("local:") => EmbedderKind::Local,
+            _ if installed.is_some() => EmbedderKind::Local,
+            _ => EmbedderKind::Hash,
+        };
+        EmbedderConfig {
+            kind,
+            model_dir: match kind {
+                EmbedderKind::Local => self
+                    .model_dir
+                    .clone()
+                    .or_else(|| installed.map(|d| d.display().to_string())),
+                _ => self.model_dir.clone(),
+            },
+            ..self.clone()
+        }
+    }
+}
+
+/// The environment variable that names the local model's directory.
+pub const MODEL_DIR_ENV: &str = "SHADOWBRAIN_MODEL_DIR";
+
+/// Where `local` (and `auto`) look for the model when `model_dir` is not set:
+/// `$SHADOWBRAIN_MODEL_DIR`, else `$XDG_DATA_HOME/shadowbrain/models/all-MiniLM-L6-v2`,
+/// else `~/.local/share/shadowbrain/models/all-MiniLM-L6-v2` — where
+/// `scripts/install-model` puts it. An empty `SHADOWBRAIN_MODEL_DIR` means no model.
+pub fn default_model_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os(MODEL_DIR_ENV) {
+        return (!dir.is_empty()).then(|| PathBuf::from(dir));
+    }
+    let data = match std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME")?).join(".local/share"),
+    };
+    Some(data.join("shadowbrain/models/all-MiniLM-L6-v2"))
+}
+
+/// The files a local model's directory must hold.
+pub(crate) const MODEL_FILES: [&str; 3] = ["config.json", "tokenizer.json", "model.safetensors"];
+
+/// Whether `dir` holds a model the local embedder can load (its required files).
+pub fn is_model_dir(dir: &Path) -> bool {
+    MODEL_FILES.iter().all(|f| dir.join(f).is_file())
 }
 
 /// Builds the embedder `cfg` describes, after checking every setting it uses.
@@ -145,7 +241,45 @@ pub fn build_embedder(cfg: &EmbedderConfig) -> Result<Arc<dyn Embedder>> {
             Ok(Arc::new(HashEmbedder::new(dims)?))
         }
         EmbedderKind::Openai => Ok(Arc::new(OpenAiEmbedder::new(cfg)?)),
+        EmbedderKind::Auto => build_embedder(&cfg.resolve(None)),
+        EmbedderKind::Local => build_local(cfg),
     }
+}
+
+#[cfg(feature = "local")]
+fn build_local(cfg: &EmbedderConfig) -> Result<Arc<dyn Embedder>> {
+    let dir = cfg.model_dir().ok_or_else(|| {
+        crate::error::Error::invalid(
+            "embedder.model_dir",
+            "no model directory: set model_dir, or SHADOWBRAIN_MODEL_DIR, or HOME so the \
+             default (~/.local/share/shadowbrain/models/all-MiniLM-L6-v2) can be found",
+        )
+    })?;
+    let embedder = LocalEmbedder::open(&dir, cfg.model.as_deref())?;
+    if let Some(d) = cfg.dimensions
+        && d != embedder.dimensions()
+    {
+        return Err(crate::error::Error::invalid(
+            "embedder.dimensions",
+            format!(
+                "is {d}, but the model in {} makes {}-dimensional vectors; remove the key or \
+                 set it to {}",
+                dir.display(),
+                embedder.dimensions(),
+                embedder.dimensions()
+            ),
+        ));
+    }
+    Ok(Arc::new(embedder))
+}
+
+#[cfg(not(feature = "local"))]
+fn build_local(_cfg: &EmbedderConfig) -> Result<Arc<dyn Embedder>> {
+    Err(crate::error::Error::invalid(
+        "embedder.kind",
+        "this build has no local embedder (shadowbrain-runtime's `local` feature is off); \
+         use \"hash\" or \"openai\", or build with the feature",
+    ))
 }
 
 #[cfg(test)]
@@ -168,12 +302,48 @@ mod tests {
     }
 
     #[test]
-    fn empty_section_is_the_default_hash_embedder() {
+    fn empty_section_is_auto_which_is_hash_without_a_model() {
         let cfg = parse("[embedder]\n").unwrap();
         assert_eq!(cfg, EmbedderConfig::default());
-        let e = build_embedder(&cfg).unwrap();
-        assert_eq!((e.name(), e.dimensions()), ("hash", 384));
+        assert_eq!(cfg.kind, EmbedderKind::Auto);
         assert_eq!(cfg.timeout().unwrap(), Duration::from_secs(30));
+        let nowhere = Some(PathBuf::from("/nonexistent/model"));
+        let resolved = cfg.resolve_with(None, nowhere);
+        assert_eq!(resolved.kind, EmbedderKind::Hash);
+        let e = build_embedder(&resolved).unwrap();
+        assert_eq!((e.name(), e.dimensions()), ("hash", 384));
+    }
+
+    #[test]
+    fn auto_takes_an_installed_model_but_keeps_a_directory_on_its_embedder() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["config.json", "tokenizer.json", "model.safetensors"] {
+            std::fs::write(dir.path().join(f), "").unwrap();
+        }
+        let model = Some(dir.path().to_path_buf());
+        let auto = EmbedderConfig::default();
+        let fresh = auto.resolve_with(None, model.clone());
+        assert_eq!(fresh.kind, EmbedderKind::Local);
+        assert_eq!(fresh.model_dir, Some(dir.path().display().to_string()));
+        assert_eq!(
+            auto.resolve_with(Some("hash"), model.clone()).kind,
+            EmbedderKind::Hash
+        );
+        assert_eq!(
+            auto.resolve_with(Some("local:all-MiniLM-L6-v2"), None).kind,
+            EmbedderKind::Local
+        );
+        // A directory made by a provider gets the best local choice; opening it with
+        // that then names `reindex` as the way out.
+        assert_eq!(
+            auto.resolve_with(Some("openai:m"), model).kind,
+            EmbedderKind::Local
+        );
+        let hash = EmbedderConfig {
+            kind: EmbedderKind::Hash,
+            ..Default::default()
+        };
+        assert_eq!(hash.resolve_with(None, None), hash);
     }
 
     #[test]
@@ -205,17 +375,22 @@ mod tests {
         let err = parse("[embedder]\nmodle = \"x\"\n").unwrap_err();
         assert!(err.contains("modle"), "{err}");
         let err = parse("[embedder]\nkind = \"bert\"\n").unwrap_err();
-        assert!(err.contains("bert") && err.contains("hash"), "{err}");
+        assert!(
+            err.contains("bert") && err.contains("hash") && err.contains("local"),
+            "{err}"
+        );
     }
 
     #[test]
     fn hash_dimensions_are_configurable_and_checked() {
         let cfg = EmbedderConfig {
+            kind: EmbedderKind::Hash,
             dimensions: Some(128),
             ..Default::default()
         };
         assert_eq!(build_embedder(&cfg).unwrap().dimensions(), 128);
         let err = build_err(&EmbedderConfig {
+            kind: EmbedderKind::Hash,
             dimensions: Some(0),
             ..Default::default()
         });

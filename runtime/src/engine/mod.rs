@@ -215,13 +215,14 @@ impl Substrate {
         let vectors = VectorIndex::open(&dir.join("vectors"), dims, opts.vector.clone())?;
         vectors.read_back_from(Arc::new(StoreVectors(store.clone())));
         let keywords = KeywordIndex::open(&dir.join("keywords"))?;
+        let policy = opts.policy.for_embedder(opts.embedder.is_semantic());
         let inner = Arc::new(Inner {
             dir: dir.to_path_buf(),
             store,
             vectors,
             keywords,
             embedder: opts.embedder,
-            policy: RwLock::new(Arc::new(opts.policy)),
+            policy: RwLock::new(Arc::new(policy)),
             clock: opts.clock,
             limits: opts.limits,
             indexing: opts.indexing,
@@ -297,8 +298,10 @@ impl Substrate {
             .clone()
     }
 
-    /// Makes `policy` the active one (later decisions carry its name and hash).
+    /// Makes `policy` the active one (later decisions carry its name and hash), with the
+    /// defaults that follow the embedder filled in ([`Policy::for_embedder`]).
     pub fn set_policy(&self, policy: Policy) {
+        let policy = policy.for_embedder(self.inner.embedder.is_semantic());
         *self.inner.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
     }
 

@@ -202,6 +202,30 @@ impl Substrate {
         Ok(result)
     }
 
+    /// Plain BM25 over the keyword index: the `k` best records of one session for `query`,
+    /// best first, on the same analysed text recall searches but with nothing else (no
+    /// vectors, neighbouring turns, recency, importance or utility). The baseline the
+    /// evaluations print beside recall's figures.
+    pub fn bm25(
+        &self,
+        namespace: &str,
+        session: &str,
+        query: &str,
+        k: usize,
+    ) -> Result<Vec<MemoryId>> {
+        self.catch_up()?;
+        let episodic = [Tier::Episodic, Tier::Condensed];
+        let allowed = self.inner.store.candidates(&Filter {
+            namespace,
+            session: Some(session),
+            tiers: Some(&episodic),
+            recallable_only: true,
+            ..Default::default()
+        });
+        let hits = self.inner.keywords.search(query, k, Some(&allowed))?;
+        Ok(hits.into_iter().map(|(id, _)| MemoryId(id)).collect())
+    }
+
     /// The synchronous core of recall; also returns the reinforcement writes to make.
     pub fn rank(
         &self,
@@ -303,6 +327,7 @@ impl Substrate {
         let fusion = match policy.scoring.fusion {
             Fusion::Rrf => FusionMethod::Rrf,
             Fusion::Weighted => FusionMethod::Weighted,
+            Fusion::Calibrated => FusionMethod::Calibrated,
         };
         let mut relevance = retrieval::fuse(&cands, fusion, policy.scoring.vector_weight);
         // When the query names a speaker or a time, what that speaker said and what happened

@@ -1,5 +1,451 @@
 //! Retrieval evaluations that run through the real recall path (ingest into a substrate,
 //! ask through [`crate::Substrate::recall`]). Data sets are read from files the
 //! caller names; nothing is bundled or downloaded.
+//!
+//! One harness for every data set: [`locomo`] and [`beam`] load their files into
+//! [`Conversation`]s (turns with their ids, questions with the ids of their evidence), and
+//! [`run`] ingests each conversation as one session, waits until every record is embedded,
+//! and asks every question twice: through recall, and through plain BM25 over the same
+//! analysed text and the same session ([`crate::Substrate::bm25`]) — the anchor every
+//! figure is printed beside.
 
+pub mod beam;
 pub mod locomo;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Timestamp;
+use crate::engine::{RecallRequest, Substrate};
+use crate::error::{Error, Result};
+use crate::internals::Queue;
+use crate::model::{MemoryId, NewMemory};
+use crate::retrieval::Scope;
+
+/// One turn of a conversation.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    /// Its id in the data set (LoCoMo's `dia_id`, BEAM's message id), which evidence names.
+    pub id: String,
+    /// The text recorded.
+    pub text: String,
+    /// Its event time.
+    pub time: Timestamp,
+}
+
+/// One question with its evidence.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Question {
+    /// Index in the data set's question list.
+    pub qa_index: usize,
+    /// The question.
+    pub question: String,
+    /// Its group: LoCoMo's category (`"1"`…`"5"`), BEAM's ability.
+    pub group: String,
+    /// Evidence turn ids that exist in the conversation.
+    pub evidence: Vec<String>,
+}
+
+/// One conversation of a data set, as loaded.
+#[derive(Debug, Clone)]
+pub struct Conversation {
+    /// Position in the data set (LoCoMo: 0-based in the file; BEAM: the chat's number).
+    pub index: usize,
+    /// Used as the session id.
+    pub sample_id: String,
+    /// Turns in order.
+    pub turns: Vec<Turn>,
+    /// Questions with evidence.
+    pub questions: Vec<Question>,
+}
+
+/// What a data set's figures look like.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// The headline row's name (`cats 1-4`).
+    pub headline: &'static str,
+    /// Groups left out of the headline (LoCoMo's adversarial questions).
+    pub outside_headline: &'static [&'static str],
+    /// The two halves by conversation index (inclusive): the first is where defaults are
+    /// tuned, the second is held out.
+    pub halves: [(usize, usize); 2],
+    /// A group's name in the table (`1 multi-hop`).
+    pub label: fn(&str) -> String,
+}
+
+/// Recall figures for a group of questions.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Figures {
+    /// Questions counted.
+    pub questions: usize,
+    /// Mean recall@k per k.
+    pub recall: BTreeMap<usize, f64>,
+    /// Share of questions with at least one evidence turn in the top k.
+    pub hit: BTreeMap<usize, f64>,
+}
+
+impl Figures {
+    /// As JSON: `{"n", "r5", "r10", …, "hit5", "hit10", …}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        m.insert("n".into(), self.questions.into());
+        for (k, r) in &self.recall {
+            m.insert(format!("r{k}"), round(*r).into());
+        }
+        for (k, h) in &self.hit {
+            m.insert(format!("hit{k}"), round(*h).into());
+        }
+        serde_json::Value::Object(m)
+    }
+}
+
+/// Four decimals: enough to compare runs, short enough to read.
+fn round(x: f64) -> f64 {
+    (x * 10_000.0).round() / 10_000.0
+}
+
+/// What recall, and the BM25 baseline, returned for one question.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Answer {
+    /// The conversation's `sample_id`.
+    pub sample_id: String,
+    /// The conversation's index (see [`Conversation::index`]).
+    pub conversation: usize,
+    /// Index in the data set's question list.
+    pub qa_index: usize,
+    /// The question's group.
+    pub group: String,
+    /// The evidence turn ids asked for.
+    pub evidence: Vec<String>,
+    /// The turn ids recall returned, best first.
+    pub ranked: Vec<String>,
+    /// The turn ids plain BM25 returned, best first.
+    pub baseline: Vec<String>,
+}
+
+/// Which ranking of an answer to score.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ranking {
+    /// shadowbrain's recall.
+    Recall,
+    /// Plain BM25 over the same analysed text.
+    Bm25,
+}
+
+impl Answer {
+    fn ranking(&self, which: Ranking) -> &[String] {
+        match which {
+            Ranking::Recall => &self.ranked,
+            Ranking::Bm25 => &self.baseline,
+        }
+    }
+
+    /// recall@k: the share of the evidence in the top k.
+    pub fn recall_at(&self, which: Ranking, k: usize) -> f64 {
+        self.found_at(which, k) as f64 / self.evidence.len().max(1) as f64
+    }
+
+    /// Evidence turns in the top k.
+    pub fn found_at(&self, which: Ranking, k: usize) -> usize {
+        let ranked = self.ranking(which);
+        let top = &ranked[..ranked.len().min(k)];
+        self.evidence.iter().filter(|e| top.contains(e)).count()
+    }
+}
+
+/// The result of a run: every answer, and the figures computed from them.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The k values figures are computed at.
+    pub ks: Vec<usize>,
+    /// One per question asked, in data order.
+    pub answers: Vec<Answer>,
+    /// How the figures are grouped.
+    pub layout: Layout,
+}
+
+impl Report {
+    /// Figures of `which` over the answers `keep` selects.
+    pub fn figures(&self, which: Ranking, keep: impl Fn(&Answer) -> bool) -> Figures {
+        let chosen: Vec<&Answer> = self.answers.iter().filter(|a| keep(a)).collect();
+        let mut f = Figures {
+            questions: chosen.len(),
+            ..Figures::default()
+        };
+        if chosen.is_empty() {
+            return f;
+        }
+        let n = chosen.len() as f64;
+        for &k in &self.ks {
+            let recall = chosen.iter().map(|a| a.recall_at(which, k)).sum::<f64>();
+            f.recall.insert(k, recall / n);
+            let hits = chosen.iter().filter(|a| a.found_at(which, k) > 0).count();
+            f.hit.insert(k, hits as f64 / n);
+        }
+        f
+    }
+
+    fn in_headline(&self, a: &Answer) -> bool {
+        !self.layout.outside_headline.contains(&a.group.as_str())
+    }
+
+    /// The headline figure (LoCoMo: categories 1–4).
+    pub fn headline(&self, which: Ranking) -> Figures {
+        self.figures(which, |a| self.in_headline(a))
+    }
+
+    /// The headline questions of conversations `from..=to`.
+    pub fn split(&self, which: Ranking, from: usize, to: usize) -> Figures {
+        self.figures(which, |a| {
+            self.in_headline(a) && (from..=to).contains(&a.conversation)
+        })
+    }
+
+    /// The groups, in order, with their figures.
+    pub fn per_group(&self, which: Ranking) -> BTreeMap<String, Figures> {
+        let mut groups: Vec<&str> = self.answers.iter().map(|a| a.group.as_str()).collect();
+        groups.sort_unstable();
+        groups.dedup();
+        groups
+            .into_iter()
+            .map(|g| (g.to_string(), self.figures(which, |a| a.group == g)))
+            .collect()
+    }
+
+    fn section(&self, which: Ranking) -> serde_json::Value {
+        let per_group: serde_json::Map<String, serde_json::Value> = self
+            .per_group(which)
+            .iter()
+            .map(|(g, f)| (g.clone(), f.to_json()))
+            .collect();
+        let [(a, b), (c, d)] = self.layout.halves;
+        serde_json::json!({
+            "headline": self.headline(which).to_json(),
+            "all": self.figures(which, |_| true).to_json(),
+            "per_group": per_group,
+            format!("split_{a}_{b}"): self.split(which, a, b).to_json(),
+            format!("split_{c}_{d}"): self.split(which, c, d).to_json(),
+        })
+    }
+
+    /// `summary.json`: the recall figures at the top level (`headline`, `all`, `per_group`
+    /// and the two halves), the same for plain BM25 under `bm25`, and recall's R@k over
+    /// BM25's under `ratio_to_bm25`.
+    pub fn summary(&self) -> serde_json::Value {
+        let mut out = self.section(Ranking::Recall);
+        let ratio: serde_json::Map<String, serde_json::Value> = self
+            .ks
+            .iter()
+            .map(|&k| {
+                let (r, b) = (
+                    self.headline(Ranking::Recall).recall[&k],
+                    self.headline(Ranking::Bm25).recall[&k],
+                );
+                (
+                    format!("r{k}"),
+                    round(if b > 0.0 { r / b } else { 0.0 }).into(),
+                )
+            })
+            .collect();
+        if let serde_json::Value::Object(m) = &mut out {
+            m.insert("bm25".into(), self.section(Ranking::Bm25));
+            m.insert("ratio_to_bm25".into(), ratio.into());
+        }
+        out
+    }
+
+    /// A plain-text table: one row per group, the headline, all, and the two halves, each
+    /// with recall's R@k, plain BM25's R@k, and their ratio at the middle k.
+    pub fn table(&self) -> String {
+        let mid = self.ks[self.ks.len() / 2];
+        let mut out = format!("{:<28} {:>5}", "questions", "n");
+        for k in &self.ks {
+            out.push_str(&format!(" {:>7}", format!("R@{k}")));
+        }
+        for k in &self.ks {
+            out.push_str(&format!(" {:>7}", format!("hit@{k}")));
+        }
+        for k in &self.ks {
+            out.push_str(&format!(" {:>7}", format!("bm25@{k}")));
+        }
+        out.push_str(&format!(" {:>7}\n", format!("×@{mid}")));
+        let mut row = |name: &str, keep: &dyn Fn(&Answer) -> bool| {
+            let (f, b) = (
+                self.figures(Ranking::Recall, keep),
+                self.figures(Ranking::Bm25, keep),
+            );
+            if f.questions == 0 {
+                return;
+            }
+            out.push_str(&format!("{name:<28} {:>5}", f.questions));
+            for v in f
+                .recall
+                .values()
+                .chain(f.hit.values())
+                .chain(b.recall.values())
+            {
+                out.push_str(&format!(" {v:>7.3}"));
+            }
+            let ratio = match b.recall[&mid] {
+                0.0 => f64::NAN,
+                base => f.recall[&mid] / base,
+            };
+            out.push_str(&format!(" {ratio:>7.3}\n"));
+        };
+        for group in self.per_group(Ranking::Recall).keys() {
+            row(&(self.layout.label)(group), &|a| &a.group == group);
+        }
+        row(self.layout.headline, &|a| self.in_headline(a));
+        row("all", &|_| true);
+        for (from, to) in self.layout.halves {
+            row(&format!("{} {from}-{to}", self.layout.headline), &|a| {
+                self.in_headline(a) && (from..=to).contains(&a.conversation)
+            });
+        }
+        out
+    }
+}
+
+/// How many top-ranked turn ids each answer keeps (`ranked.jsonl`).
+pub const RANKED_KEPT: usize = 20;
+
+/// Progress steps of [`run`]: one per turn ingested and one per question asked.
+pub fn steps(conversations: &[Conversation]) -> u64 {
+    conversations
+        .iter()
+        .map(|c| (c.turns.len() + c.questions.len()) as u64)
+        .sum()
+}
+
+/// How long the enrichment queue may stand still before the run gives up on it.
+const STALLED: Duration = Duration::from_secs(120);
+
+/// Waits until no record of `sub` waits for its embedding (the substrate's own enricher
+/// embeds them), or fails when the queue has not moved for [`STALLED`].
+async fn embedded(sub: &Substrate) -> Result<()> {
+    let (mut last, mut since) = (usize::MAX, Instant::now());
+    loop {
+        let queued = sub.store().queue_depth(Queue::Enrich, usize::MAX)?;
+        if queued == 0 {
+            return Ok(());
+        }
+        if queued < last {
+            (last, since) = (queued, Instant::now());
+        } else if since.elapsed() > STALLED {
+            return Err(Error::Unavailable {
+                what: format!("the embedder `{}`", sub.embedder().name()),
+                message: format!(
+                    "{queued} records have waited for their embedding for {}s without progress",
+                    STALLED.as_secs()
+                ),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What [`ingest`] wrote: per conversation (in order), the turn id of each record.
+#[derive(Debug, Clone, Default)]
+pub struct Ingested {
+    turns: Vec<HashMap<MemoryId, String>>,
+}
+
+/// Ingests `conversations` into `sub` (one session each, in namespace `default`) and waits
+/// until every record is embedded. `progress` is called with the turns done so far.
+pub async fn ingest(
+    sub: &Substrate,
+    conversations: &[Conversation],
+    mut progress: impl FnMut(u64),
+) -> Result<Ingested> {
+    let mut out = Ingested::default();
+    let mut done = 0u64;
+    for conv in conversations {
+        let mut turn_of: HashMap<MemoryId, String> = HashMap::new();
+        for chunk in conv.turns.chunks(500) {
+            let events: Vec<NewMemory> = chunk
+                .iter()
+                .map(|t| NewMemory {
+                    kind: "user_message".into(),
+                    text: Some(t.text.clone()),
+                    timestamp: Some(t.time),
+                    metadata: Some(serde_json::json!({ "dia_id": t.id })),
+                    ..NewMemory::default()
+                })
+                .collect();
+            let ids = sub.record("default", &conv.sample_id, events).await?;
+            for (id, t) in ids.into_iter().zip(chunk) {
+                turn_of.insert(id, t.id.clone());
+            }
+            done += chunk.len() as u64;
+            progress(done);
+        }
+        out.turns.push(turn_of);
+    }
+    embedded(sub).await?;
+    Ok(out)
+}
+
+/// Asks every question of the [`ingest`]ed `conversations` through recall, with `sub`'s
+/// active policy, and through plain BM25, keeping the top `max(ks, 20)` of each.
+/// `progress` is called with the questions done so far.
+pub async fn ask(
+    sub: &Substrate,
+    conversations: &[Conversation],
+    ingested: &Ingested,
+    ks: &[usize],
+    layout: Layout,
+    mut progress: impl FnMut(u64),
+) -> Result<Report> {
+    let depth = ks.iter().copied().max().unwrap_or(10).max(RANKED_KEPT);
+    let mut answers = Vec::new();
+    let mut done = 0u64;
+    for (conv, turn_of) in conversations.iter().zip(&ingested.turns) {
+        let turns = |ids: &mut dyn Iterator<Item = MemoryId>| -> Vec<String> {
+            ids.filter_map(|id| turn_of.get(&id).cloned()).collect()
+        };
+        for q in &conv.questions {
+            let mut req = RecallRequest::new("default", &conv.sample_id, &q.question);
+            req.k = depth;
+            req.scope = Scope::Session;
+            req.include_knowledge = false;
+            req.reinforce = false;
+            let res = sub.recall(&req).await?;
+            let ranked = turns(&mut res.memories.iter().map(|m| m.record.id));
+            let bm25 = sub.bm25("default", &conv.sample_id, &q.question, depth)?;
+            answers.push(Answer {
+                sample_id: conv.sample_id.clone(),
+                conversation: conv.index,
+                qa_index: q.qa_index,
+                group: q.group.clone(),
+                evidence: q.evidence.clone(),
+                ranked,
+                baseline: turns(&mut bm25.into_iter()),
+            });
+            done += 1;
+            progress(done);
+        }
+    }
+    Ok(Report {
+        ks: ks.to_vec(),
+        answers,
+        layout,
+    })
+}
+
+/// [`ingest`], then [`ask`]; `progress` counts [`steps`].
+pub async fn run(
+    sub: &Substrate,
+    conversations: &[Conversation],
+    ks: &[usize],
+    layout: Layout,
+    mut progress: impl FnMut(u64),
+) -> Result<Report> {
+    let ingested = ingest(sub, conversations, &mut progress).await?;
+    let turns: u64 = conversations.iter().map(|c| c.turns.len() as u64).sum();
+    ask(sub, conversations, &ingested, ks, layout, |d| {
+        progress(turns + d)
+    })
+    .await
+}

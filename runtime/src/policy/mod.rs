@@ -147,6 +147,34 @@ impl Policy {
         Err(PolicyErrors(issues))
     }
 
+    /// This policy as it decides with an embedder that is `semantic` or not. A policy file
+    /// that leaves `scoring.vector_weight` or `scoring.fusion` out gets the default of that
+    /// kind of embedder: the hash embedder's vectors are lexical, like BM25, and earn little
+    /// weight (`weighted`, 0.1); a semantic model's earn more once its cosines are put on
+    /// BM25's scale (`calibrated`, 0.3). The hash follows, so every record says how it was
+    /// ranked.
+    pub fn for_embedder(mut self, semantic: bool) -> Policy {
+        let before = (self.scoring.fusion, self.scoring.vector_weight);
+        if !self.scoring.vector_weight_set {
+            self.scoring.vector_weight = if semantic {
+                compile::defaults::VECTOR_WEIGHT_SEMANTIC
+            } else {
+                compile::defaults::VECTOR_WEIGHT
+            } as f32;
+        }
+        if !self.scoring.fusion_set {
+            self.scoring.fusion = if semantic {
+                Fusion::Calibrated
+            } else {
+                Fusion::Weighted
+            };
+        }
+        if (self.scoring.fusion, self.scoring.vector_weight) != before {
+            self.hash = self.content_hash();
+        }
+        self
+    }
+
     /// The name and hash to record with a decision.
     pub fn stamp(&self) -> PolicyStamp {
         PolicyStamp {
@@ -208,7 +236,11 @@ impl Policy {
                     RecencyBasis::Event => "event",
                     RecencyBasis::LastAccess => "last_access",
                 },
-                "fusion": match s.fusion { Fusion::Rrf => "rrf", Fusion::Weighted => "weighted" },
+                "fusion": match s.fusion {
+                    Fusion::Rrf => "rrf",
+                    Fusion::Weighted => "weighted",
+                    Fusion::Calibrated => "calibrated",
+                },
                 "vector_weight": s.vector_weight,
                 "mmr_lambda": s.mmr_lambda,
                 "reinforce_on_recall": s.reinforce_on_recall,

@@ -4,5 +4,6 @@ mod crash;
 mod enrich;
 mod knowledge;
 mod lifecycle;
+mod local_model;
 mod recall;
 mod store_model;

@@ -1,0 +1,132 @@
+//! The local embedder on the real all-MiniLM-L6-v2 weights (installed by
+//! `scripts/install-model`): its vectors match an independent numpy computation of the same
+//! model (`tests/reference/minilm.py`, its output in `tests/reference/minilm.json`), and a
+//! paraphrase with no word in common is nearer than an unrelated text. Skipped when the
+//! model is not installed, unless SHADOWBRAIN_REQUIRE_MODEL is set (CI sets it).
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use shadowbrain_runtime::embed::{
+    Embedder, EmbedderConfig, EmbedderKind, LocalEmbedder, build_embedder, default_model_dir,
+    is_model_dir,
+};
+
+/// The installed model's directory, or `None` (the test skips) when there is none.
+pub(crate) fn model() -> Option<PathBuf> {
+    let dir = default_model_dir().filter(|d| is_model_dir(d));
+    if dir.is_none() {
+        assert!(
+            std::env::var_os("SHADOWBRAIN_REQUIRE_MODEL").is_none(),
+            "the local model is not installed at {:?}; run scripts/install-model",
+            default_model_dir()
+        );
+        eprintln!("skipped: the local model is not installed (run scripts/install-model)");
+    }
+    dir
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+#[tokio::test]
+async fn the_vectors_match_a_numpy_reference_of_the_model() {
+    let Some(dir) = model() else { return };
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/reference/minilm.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let embedder = LocalEmbedder::open(&dir, None).unwrap();
+    assert_eq!(embedder.name(), "local:all-MiniLM-L6-v2");
+    assert_eq!(embedder.dimensions(), 384);
+    let cases = reference["texts"].as_array().unwrap();
+    let texts: Vec<String> = cases
+        .iter()
+        .map(|c| c["text"].as_str().unwrap().to_string())
+        .collect();
+    // All in one call (sorted and padded into sub-batches), and each alone (no padding):
+    // padding must not change a vector.
+    let together = embedder.embed(&texts).await.unwrap();
+    let mut lowest = f32::MAX;
+    for (i, case) in cases.iter().enumerate() {
+        let expected: Vec<f32> = case["vector"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        let alone = embedder.embed(&texts[i..=i]).await.unwrap().remove(0);
+        for (how, got) in [("in a batch", &together[i]), ("alone", &alone)] {
+            let norm = got.iter().map(|x| x * x).sum::<f32>().sqrt();
+            assert!((norm - 1.0).abs() < 1e-4, "{how}: norm {norm}");
+            let c = cosine(got, &expected);
+            lowest = lowest.min(c);
+            assert!(
+                c >= 0.999,
+                "{:?} {how}: cosine {c} with the reference",
+                texts[i]
+            );
+        }
+    }
+    eprintln!(
+        "lowest cosine with the numpy reference over {} texts: {lowest}",
+        texts.len()
+    );
+}
+
+#[tokio::test]
+async fn a_paraphrase_is_nearer_than_an_unrelated_text() {
+    let Some(dir) = model() else { return };
+    let embedder = build_embedder(&EmbedderConfig {
+        kind: EmbedderKind::Local,
+        model_dir: Some(dir.display().to_string()),
+        ..EmbedderConfig::default()
+    })
+    .unwrap();
+    assert!(
+        !embedder.embeds_inline(),
+        "milliseconds per text stay off ingest"
+    );
+    let v = embedder
+        .embed(&[
+            "we bought a new car for the team".into(),
+            "the group acquired an automobile".into(),
+            "the printer on the third floor is out of toner".into(),
+        ])
+        .await
+        .unwrap();
+    let (near, far) = (cosine(&v[0], &v[1]), cosine(&v[0], &v[2]));
+    assert!(near > far + 0.2, "paraphrase {near}, unrelated {far}");
+}
+
+#[test]
+fn a_model_directory_that_is_not_one_is_refused_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = LocalEmbedder::open(dir.path(), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("config.json is missing") && err.contains("scripts/install-model"),
+        "{err}"
+    );
+    for f in ["config.json", "tokenizer.json", "model.safetensors"] {
+        std::fs::write(dir.path().join(f), "{}").unwrap();
+    }
+    let err = LocalEmbedder::open(dir.path(), None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("config.json:"), "{err}");
+    let err = build_embedder(&EmbedderConfig {
+        kind: EmbedderKind::Local,
+        model_dir: Some("/nonexistent/model".into()),
+        ..EmbedderConfig::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("embedder.model_dir"), "{err}");
+}
