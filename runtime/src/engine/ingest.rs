@@ -1,8 +1,10 @@
 //! Writing events: validation, ids, the rules' importance, durable records with their audit
-//! entries and work items in one commit — and the enricher, which embeds the records a
-//! remote embedder could not embed inline, from the durable enrichment queue, in the
-//! background. Ingest never waits on the network: a local embedder embeds inline, any other
-//! queues the record, and an acknowledged write is never lost while the provider is down.
+//! entries and work items in one commit — and enrichment, which embeds the records an
+//! embedder could not embed inline, from the durable enrichment queue, in the background
+//! (rounds of [`Substrate::enrich_pending`], run by the substrate's own enricher thread or,
+//! under the actor runtime, by its Enricher actor: one owner either way). Ingest never
+//! waits on a model: the hash embedder embeds inline, any other queues the record, and an
+//! acknowledged write is never lost while the provider is down.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
@@ -82,8 +84,9 @@ impl Substrate {
                     .map_err(|err| at_event(i, err))?,
             );
         }
-        // A local embedder costs microseconds: embed now so the acknowledged record is
-        // complete. A remote one would make ingest wait on the network: queue instead.
+        // An inline embedder (hash) costs microseconds: embed now so the acknowledged record
+        // is complete. Any other would make ingest wait on the network or on milliseconds
+        // of model per text: queue instead, for the enricher.
         let mut embeddings: Vec<Option<Vec<f32>>> =
             valid.iter_mut().map(|v| v.embedding.take()).collect();
         if self.inner.embedder.embeds_inline() {
