@@ -137,12 +137,11 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<ConfigFile> {
 /// How [`embedder_for`] decides `auto`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Choice {
-    /// Keep the embedder the directory was made with (every command but `reindex`).
-    KeepTheDirectorys,
+    /// Keep the embedder the directory was made with; a new directory takes the one named
+    /// (an import's source) or, with none, the best installed. Every command but `reindex`.
+    Keep(Option<String>),
     /// The best one installed, whatever the directory has (`reindex`: switching is its job).
     Best,
-    /// The directory's, or for a new directory this one (an import's source) when given.
-    Like(Option<String>),
 }
 
 /// The embedder for the data directory `data`: the `[embedder]` section, with `auto` decided
@@ -156,8 +155,7 @@ fn embedder_for(
     announce: bool,
 ) -> anyhow::Result<Arc<dyn Embedder>> {
     let recorded = match (cfg.kind, choice) {
-        (EmbedderKind::Auto, Choice::KeepTheDirectorys) => recorded_embedder(data),
-        (EmbedderKind::Auto, Choice::Like(source)) => recorded_embedder(data).or(source),
+        (EmbedderKind::Auto, Choice::Keep(source)) => recorded_embedder(data).or(source),
         _ => None,
     };
     let resolved = cfg.resolve(recorded.as_deref());
@@ -317,7 +315,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             }
             let cfg = load_config(config.as_deref())?;
             rt_config.substrate.embedder =
-                embedder_for(&cfg.embedder, &data, Choice::KeepTheDirectorys, true)?;
+                embedder_for(&cfg.embedder, &data, Choice::Keep(None), true)?;
             rt_config.substrate.limits = cfg.limits;
             // As for the one-shot commands: a directory made with another backend is opened
             // with it (serve has no --backend to say so).
@@ -399,8 +397,7 @@ fn runtime_config(args: &RuntimeArgs) -> anyhow::Result<RuntimeConfig> {
             .with_context(|| format!("loading the policy {}", policy.display()))?;
     }
     let cfg = load_config(args.store.config.as_deref())?;
-    config.substrate.embedder =
-        embedder_for(&cfg.embedder, data, Choice::KeepTheDirectorys, false)?;
+    config.substrate.embedder = embedder_for(&cfg.embedder, data, Choice::Keep(None), false)?;
     config.substrate.limits = cfg.limits;
     config.substrate.backend = backend_of(data);
     config.decay_check = None;

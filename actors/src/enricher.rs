@@ -80,13 +80,8 @@ impl Actor for Enricher {
         let woken = Arc::new(AtomicBool::new(true));
         myself.send_message(EnricherMessage::Wake)?;
         let (me, flag) = (myself.clone(), woken.clone());
-        args.substrate.on_enrich_queued(Some(Arc::new(move || {
-            if !flag.swap(true, Ordering::AcqRel) && me.send_message(EnricherMessage::Wake).is_err()
-            {
-                // Stopped: the next actor's start-up looks at the queue instead.
-                flag.store(false, Ordering::Release);
-            }
-        })));
+        args.substrate
+            .on_enrich_queued(Some(Arc::new(move || wake(&me, &flag))));
         myself.send_interval(args.tick, || EnricherMessage::Tick);
         Ok(EnricherState {
             args,
@@ -129,6 +124,15 @@ impl Actor for Enricher {
     }
 }
 
+/// Sends the enricher a wake-up unless one already waits in its mailbox (`woken`).
+fn wake(enricher: &ActorRef<EnricherMessage>, woken: &AtomicBool) {
+    if !woken.swap(true, Ordering::AcqRel) && enricher.send_message(EnricherMessage::Wake).is_err()
+    {
+        // Stopped: the next actor's start-up looks at the queue instead.
+        woken.store(false, Ordering::Release);
+    }
+}
+
 impl EnricherState {
     /// Embeds one round of the queue, then asks for the next at once if there may be more,
     /// or after the backoff if the embedder failed.
@@ -136,18 +140,11 @@ impl EnricherState {
         let substrate = &self.args.substrate;
         let round = substrate.enrich_pending(substrate.enrich_round());
         let failure = match AssertUnwindSafe(round).catch_unwind().await {
-            Ok(Ok(0)) => {
+            Ok(Ok(done)) => {
                 self.backoff = FIRST_BACKOFF;
                 self.resume_at = None;
-                return;
-            }
-            Ok(Ok(_)) => {
-                self.backoff = FIRST_BACKOFF;
-                self.resume_at = None;
-                if !self.woken.swap(true, Ordering::AcqRel)
-                    && myself.send_message(EnricherMessage::Wake).is_err()
-                {
-                    self.woken.store(false, Ordering::Release);
+                if done > 0 {
+                    wake(myself, &self.woken);
                 }
                 return;
             }

@@ -35,9 +35,14 @@ fn chatter(i: usize) -> String {
     )
 }
 
-async fn endpoint(provider: &Arc<ConceptProvider>) -> Endpoint {
+/// A provider of the toy concept model (down from the start if `down`), its endpoint, and
+/// a scratch data directory.
+async fn start_provider(down: bool) -> (Arc<ConceptProvider>, Endpoint, tempfile::TempDir) {
+    let provider = Arc::new(ConceptProvider::default());
+    provider.set_down(down);
     let p = provider.clone();
-    Endpoint::start(move |r| p.answer(r)).await
+    let endpoint = Endpoint::start(move |r| p.answer(r)).await;
+    (provider, endpoint, tempfile::tempdir().unwrap())
 }
 
 fn config(dir: &tempfile::TempDir, endpoint: &Endpoint) -> RuntimeConfig {
@@ -92,9 +97,7 @@ fn ask(query: &str) -> RecallRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_record_is_embedded_once_and_a_paraphrase_finds_its_record() {
-    let provider = Arc::new(ConceptProvider::default());
-    let endpoint = endpoint(&provider).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (provider, endpoint, dir) = start_provider(false).await;
     let rt = Runtime::open(config(&dir, &endpoint)).await.unwrap();
     // 43 events over three sessions, as in the report this test comes from.
     let target = "we bought a sedan for the team last week";
@@ -146,10 +149,7 @@ async fn every_record_is_embedded_once_and_a_paraphrase_finds_its_record() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_down_for_a_while_loses_nothing_and_embeds_each_record_once() {
-    let provider = Arc::new(ConceptProvider::default());
-    provider.set_down(true);
-    let endpoint = endpoint(&provider).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (provider, endpoint, dir) = start_provider(true).await;
     let rt = Runtime::open(config(&dir, &endpoint)).await.unwrap();
     let session = rt.session("default", "ops").unwrap();
     let mut ids = Vec::new();
@@ -189,10 +189,7 @@ async fn a_provider_down_for_a_while_loses_nothing_and_embeds_each_record_once()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_with_records_still_queued_resumes_their_embedding() {
-    let provider = Arc::new(ConceptProvider::default());
-    provider.set_down(true);
-    let endpoint = endpoint(&provider).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (provider, endpoint, dir) = start_provider(true).await;
     let mut ids = Vec::new();
     {
         let rt = Runtime::open(config(&dir, &endpoint)).await.unwrap();
@@ -214,9 +211,7 @@ async fn a_restart_with_records_still_queued_resumes_their_embedding() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_enricher_goes_on_embedding() {
-    let provider = Arc::new(ConceptProvider::default());
-    let endpoint = endpoint(&provider).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (provider, endpoint, dir) = start_provider(false).await;
     let rt = Runtime::open(config(&dir, &endpoint)).await.unwrap();
     let session = rt.session("default", "ops").unwrap();
     session.record(event(&chatter(0))).await.unwrap();

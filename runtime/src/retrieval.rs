@@ -59,6 +59,13 @@ pub struct Evidence {
     pub similarity: Option<f32>,
 }
 
+impl Evidence {
+    /// The candidate's cosine with the query: the exact one, else the vector path's.
+    fn cosine(&self) -> Option<f32> {
+        self.similarity.or(self.vector.map(|(_, s)| s))
+    }
+}
+
 /// Collects the evidence of every path per id.
 #[derive(Debug, Default)]
 pub struct Candidates {
@@ -124,7 +131,7 @@ pub fn fuse(c: &Candidates, method: FusionMethod, vector_weight: f32) -> HashMap
             let (mut lo_s, mut hi_s) = (f32::MAX, f32::MIN);
             let (mut lo_k, mut hi_k) = (f32::MAX, f32::MIN);
             for e in c.by_id.values() {
-                if let Some(s) = e.similarity.or(e.vector.map(|(_, s)| s)) {
+                if let Some(s) = e.cosine() {
                     (lo_s, hi_s) = (lo_s.min(s), hi_s.max(s));
                 }
                 if let Some((_, k)) = e.keyword {
@@ -138,10 +145,7 @@ pub fn fuse(c: &Candidates, method: FusionMethod, vector_weight: f32) -> HashMap
             c.by_id
                 .iter()
                 .map(|(id, e)| {
-                    let sim = e
-                        .similarity
-                        .or(e.vector.map(|(_, s)| s))
-                        .map_or(0.0, |s| scale(s, lo_s, hi_s));
+                    let sim = e.cosine().map_or(0.0, |s| scale(s, lo_s, hi_s));
                     let kw = e.keyword.map_or(0.0, |(_, k)| scale(k, lo_k, hi_k));
                     (*id, (vector_weight * sim + kw_weight * kw).clamp(0.0, 1.0))
                 })
@@ -156,7 +160,7 @@ pub fn fuse(c: &Candidates, method: FusionMethod, vector_weight: f32) -> HashMap
             c.by_id
                 .iter()
                 .map(|(id, e)| {
-                    let sim = e.similarity.or(e.vector.map(|(_, s)| s)).unwrap_or(0.0);
+                    let sim = e.cosine().unwrap_or(0.0);
                     let kw = match e.keyword {
                         Some((_, s)) if best_bm25 > 0.0 => s / best_bm25,
                         _ => 0.0,

@@ -266,7 +266,7 @@ pub(super) fn import(args: ImportArgs) -> anyhow::Result<()> {
         .ok()
         .and_then(|v| v["header"]["embedder"].as_str().map(str::to_string));
     let cfg = load_config(args.store.config.as_deref())?;
-    let embedder = embedder_for(&cfg.embedder, data, Choice::Like(source), false)?;
+    let embedder = embedder_for(&cfg.embedder, data, Choice::Keep(source), false)?;
     let sub = Substrate::open(
         data,
         SubstrateOptions {

@@ -2,7 +2,7 @@
 //! becomes one session and each message one memory (`role: content`, in id order, the
 //! batch's `time_anchor` date as event time); every probing question that names evidence
 //! (`source_chat_ids`; abstention questions name none) is asked through recall and scored
-//! per ability (see [`super::run`]). No LLM involved.
+//! per ability (see [`super::ask`]). No LLM involved.
 
 use std::collections::HashSet;
 use std::path::Path;

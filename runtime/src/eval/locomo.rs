@@ -1,7 +1,7 @@
 //! LoCoMo evidence recall (`../shared/data/locomo/README.md`): each conversation becomes one
 //! session, each dialog turn one memory (`Speaker: text [shares caption]`, its session's
 //! date as event time, `dia_id` in metadata); every question is asked through recall, and
-//! recall@k = |evidence ∩ top-k| / |evidence| is averaged per category (see [`super::run`]).
+//! recall@k = |evidence ∩ top-k| / |evidence| is averaged per category (see [`super::ask`]).
 //! No LLM involved.
 
 use std::path::Path;

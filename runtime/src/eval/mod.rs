@@ -3,9 +3,9 @@
 //! caller names; nothing is bundled or downloaded.
 //!
 //! One harness for every data set: [`locomo`] and [`beam`] load their files into
-//! [`Conversation`]s (turns with their ids, questions with the ids of their evidence), and
-//! [`run`] ingests each conversation as one session, waits until every record is embedded,
-//! and asks every question twice: through recall, and through plain BM25 over the same
+//! [`Conversation`]s (turns with their ids, questions with the ids of their evidence);
+//! [`ingest`] records each conversation as one session and waits until every record is
+//! embedded, and [`ask`] asks every question twice (once per policy to compare): through recall, and through plain BM25 over the same
 //! analysed text and the same session ([`crate::Substrate::bm25`]) — the anchor every
 //! figure is printed beside.
 
@@ -311,14 +311,6 @@ impl Report {
 /// How many top-ranked turn ids each answer keeps (`ranked.jsonl`).
 pub const RANKED_KEPT: usize = 20;
 
-/// Progress steps of [`run`]: one per turn ingested and one per question asked.
-pub fn steps(conversations: &[Conversation]) -> u64 {
-    conversations
-        .iter()
-        .map(|c| (c.turns.len() + c.questions.len()) as u64)
-        .sum()
-}
-
 /// How long the enrichment queue may stand still before the run gives up on it.
 const STALLED: Duration = Duration::from_secs(120);
 
@@ -432,20 +424,4 @@ pub async fn ask(
         answers,
         layout,
     })
-}
-
-/// [`ingest`], then [`ask`]; `progress` counts [`steps`].
-pub async fn run(
-    sub: &Substrate,
-    conversations: &[Conversation],
-    ks: &[usize],
-    layout: Layout,
-    mut progress: impl FnMut(u64),
-) -> Result<Report> {
-    let ingested = ingest(sub, conversations, &mut progress).await?;
-    let turns: u64 = conversations.iter().map(|c| c.turns.len() as u64).sum();
-    ask(sub, conversations, &ingested, ks, layout, |d| {
-        progress(turns + d)
-    })
-    .await
 }
