@@ -52,7 +52,7 @@ pub struct EventIn {
     /// `[a-z][a-z0-9_]{0,31}`.
     #[schema(example = "observation", pattern = "^[a-z][a-z0-9_]{0,31}$")]
     pub kind: String,
-    /// The text (at most 64 KiB by default).
+    /// The text (at most 1 MiB by default; a long one is indexed as passages).
     #[schema(example = "the nightly backup job timed out")]
     pub text: Option<String>,
     /// Structured content (at most 256 KiB encoded by default).
@@ -268,6 +268,23 @@ pub struct WhyOut {
     pub importance: f32,
     /// Utility from feedback.
     pub utility: f32,
+    /// For a long memory (indexed as passages): the passage that matched, which the
+    /// context shows in place of the whole text. Absent for a memory that is one passage.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub passage: Option<PassageOut>,
+}
+
+/// Which passage of a long memory matched the query.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PassageOut {
+    /// Its place among the memory's passages, from 0.
+    pub index: u32,
+    /// How many passages the memory has.
+    pub of: u32,
+    /// Its first byte in the memory's `text`.
+    pub start: u32,
+    /// One past its last byte.
+    pub end: u32,
 }
 
 impl From<Why> for WhyOut {
@@ -277,6 +294,12 @@ impl From<Why> for WhyOut {
             recency: w.recency,
             importance: w.importance,
             utility: w.utility,
+            passage: w.passage.map(|p| PassageOut {
+                index: p.index,
+                of: p.of,
+                start: p.start,
+                end: p.end,
+            }),
         }
     }
 }

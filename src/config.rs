@@ -5,10 +5,11 @@
 //! - `[provider]`: `base_url`, `api_key_env` and `timeout` shared by `[embedder]` and
 //!   `[llm]` when their kind is `openai` and they do not set their own — so one section
 //!   points both at a local Ollama.
-//! - `[embedder]`: the embedder (default `hash`, in-process).
+//! - `[embedder]`: the embedder (default `auto`: the local model when installed, else
+//!   `hash`; both in-process).
 //! - `[llm]`: the judge and condenser endpoint (default `none`: rules and extractive).
 //! - `[[auth.keys]]`: API keys (their hex SHA-256) and the namespace each sees.
-//! - `[limits]`: request limits (defaults: 8 MiB bodies, 1000 events per call, 64 KiB
+//! - `[limits]`: request limits (defaults: 8 MiB bodies, 1000 events per call, 1 MiB
 //!   text, 256 KiB content, k ≤ 200, token_budget ≤ 32768).
 //!
 //! Every mistake is refused at start-up with what to fix — an unknown section or key, a

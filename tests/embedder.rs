@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use shadowbrain_test_support::Endpoint;
 use shadowbrain_test_support::concepts::ConceptProvider;
 
-use super::server::{http_text, post, wait_for_address};
+use super::server::{http, http_text, post, wait_for_address};
 
 /// A scripted embeddings provider of the toy concept model, on a thread of its own.
 fn provider() -> (Arc<ConceptProvider>, Endpoint) {
@@ -234,5 +234,61 @@ fn reindex_moves_a_hash_store_to_a_remote_embedder() {
         top(&ask(addr, "acquired automobile")),
         Some(target.as_str())
     );
+    stop(child);
+}
+
+/// A long tool output: a table of `rows` border lines (no words), with `detail` in the
+/// middle.
+fn tool_output(rows: usize, detail: &str) -> String {
+    let border = "+----------+----------+----------+----------+";
+    let mut lines = vec![border; rows];
+    lines.insert(rows * 2 / 3, detail);
+    lines.join("\n")
+}
+
+#[test]
+fn serve_keeps_a_long_event_whole_and_finds_it_by_a_passage_deep_inside() {
+    let (provider, endpoint) = provider();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (child, addr) = serve(&data, &remote_config(dir.path(), &endpoint));
+    let detail = "| note: we bought a sedan for the team |";
+    // 150 KB: past the 64 KiB the server used to refuse.
+    let text = tool_output(3_300, detail);
+    assert!(text.len() > 150_000);
+    let long = record(addr, "ops", &text);
+    // Nearer the question than the long record's mean vector, which the borders dilute.
+    let near = record(addr, "ops", "the vehicle inspection is due");
+    for i in 0..10 {
+        record(addr, "ops", &chatter(i));
+    }
+    drained(addr);
+    // Every passage was embedded once (the detail's passages each hold it).
+    for i in 0..10 {
+        assert_eq!(provider.times_embedded(&chatter(i)), 1);
+    }
+    let (status, stored) = http(addr, "GET", &format!("/v1/memories/{long}"), None);
+    assert_eq!(status, 200, "{stored}");
+    assert_eq!(stored["text"].as_str(), Some(text.as_str()), "kept whole");
+
+    let (status, answer) = post(
+        addr,
+        "/v1/sessions/ops/recall",
+        &json!({"query": "acquired automobile", "k": 3}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(top(&answer), Some(long.as_str()), "{answer}");
+    assert_eq!(answer["memories"][1]["id"].as_str(), Some(near.as_str()));
+    let passage = &answer["memories"][0]["why"]["passage"];
+    let (start, end) = (
+        passage["start"].as_u64().unwrap() as usize,
+        passage["end"].as_u64().unwrap() as usize,
+    );
+    assert!(text[start..end].contains(detail), "{passage}");
+    assert!(passage["of"].as_u64().unwrap() > 100, "{passage}");
+    assert!(answer["memories"][1]["why"].get("passage").is_none());
+    let context = answer["context"].as_str().unwrap();
+    assert!(context.contains("we bought a sedan"), "{context}");
+    assert!(context.len() < 2_000, "a passage, not 150 KB: {context}");
     stop(child);
 }

@@ -593,7 +593,7 @@ fn bad_requests_get_the_right_status_and_code_and_the_server_keeps_serving() {
             post(
                 addr,
                 events,
-                &json!({"kind": "goal", "text": "x".repeat(65 * 1024)}),
+                &json!({"kind": "goal", "text": "x".repeat((1 << 20) + 1)}),
             ),
             413,
             "too_large",

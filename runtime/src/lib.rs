@@ -41,14 +41,14 @@ pub use clock::{
 pub use engine::{
     Condensed, EnrichWake, EvaluationReport, FeedbackReport, FeedbackTarget, Graph, IndexKind,
     IndexPass, IndexingOptions, Judge, JudgeBatch, JudgeItem, Judgement, KNOWLEDGE_SESSION,
-    MAX_STRIKES, Outcome, Promotion, RecallRequest, RecallResult, Recalled, Substrate,
+    MAX_STRIKES, Outcome, PassageHit, Promotion, RecallRequest, RecallResult, Recalled, Substrate,
     SubstrateOptions, Summarizer, Summary, SummaryRequest, SweepReport, Verdict, Why,
     panic_message, quarantined_error,
 };
 pub use error::{Error, PolicyErrors, PolicyIssue, Result};
 pub use model::{
-    AuditAction, AuditEntry, Edge, Kind, Limits, MemoryId, MemoryRecord, NewMemory, PolicyStamp,
-    Relation, Status, Tier, Utility, validate_id,
+    AuditAction, AuditEntry, Edge, Kind, Limits, MemoryId, MemoryRecord, NewMemory, Passage,
+    PolicyStamp, Relation, Status, Tier, Utility, validate_id,
 };
 pub use policy::Policy;
 pub use retrieval::Scope;
@@ -58,6 +58,7 @@ pub use store::{Backend, QuarantineEntry, SessionStats, Strikes};
 /// directly: the store and its write sets, the indexes, text analysis, the pure recall
 /// functions. An application should not need them.
 pub mod internals {
+    pub use crate::index::passage::{OVERLAP_CHARS, PASSAGE_CHARS, is_long, split};
     pub use crate::index::text::{analyze, estimate_tokens};
     pub use crate::index::{
         BuildStats, KeywordIndex, QueryStats, VectorIndex, VectorOptions, VectorSource, cosine,

@@ -314,6 +314,19 @@ impl MemoryRecord {
     }
 }
 
+/// One passage of a long record (see [`crate::index::passage`]): a byte range of its text
+/// and that range's embedding. Derived from the text by the embedder, kept by the store
+/// beside the record's own embedding; a record that is not long has none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Passage {
+    /// First byte of the passage in the record's text.
+    pub start: u32,
+    /// One past its last byte.
+    pub end: u32,
+    /// Its embedding.
+    pub embedding: Vec<f32>,
+}
+
 /// What happened to a record, for its audit log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -449,7 +462,9 @@ pub struct Limits {
     /// Most events in one call (413 above).
     #[serde(rename = "events_per_call")]
     pub max_events_per_call: usize,
-    /// Longest event `text` in bytes (413 above); also bounds a recall's query.
+    /// Longest event `text` in bytes (413 above). Long texts are kept whole and indexed as
+    /// passages; a recall's query is bounded by this or [`Limits::QUERY_CEILING`], the
+    /// smaller.
     #[serde(rename = "text_bytes")]
     pub max_text_bytes: usize,
     /// Largest serialized event `content` in bytes (413 above).
@@ -471,7 +486,7 @@ impl Default for Limits {
         Limits {
             max_body_bytes: 8 << 20,
             max_events_per_call: 1000,
-            max_text_bytes: 64 * 1024,
+            max_text_bytes: 1 << 20,
             max_content_bytes: 256 * 1024,
             max_metadata_bytes: 64 * 1024,
             max_k: Limits::K_CEILING,
@@ -484,6 +499,13 @@ impl Default for Limits {
 impl Limits {
     /// Most memories recall ranks: no configuration may raise `max_k` past it.
     pub const K_CEILING: usize = 200;
+    /// Longest recall query in bytes whatever `text_bytes` allows: a question, not a
+    /// document (every distinct word of it is a term the keyword index looks up).
+    pub const QUERY_CEILING: usize = 64 * 1024;
+    /// The longest query a recall accepts under these limits.
+    pub fn max_query_bytes(&self) -> usize {
+        self.max_text_bytes.min(Limits::QUERY_CEILING)
+    }
     /// How many memories a recall returns when it does not say.
     pub const DEFAULT_K: usize = 10;
 
@@ -850,7 +872,10 @@ mod tests {
         let cases: Vec<(NewMemory, &str)> = vec![
             (NewMemory::new("thought", "   "), "non-empty"),
             (NewMemory::new("Bad Kind", "x"), "valid kind"),
-            (NewMemory::new("thought", "x".repeat(70_000)), "too large"),
+            (
+                NewMemory::new("thought", "x".repeat((1 << 20) + 1)),
+                "too large",
+            ),
             (
                 NewMemory {
                     embedding: Some(vec![0.1, f32::NAN, 0.2, 0.3]),

@@ -45,6 +45,7 @@ use serde_json::Value;
 use crate::clock::Timestamp;
 use crate::engine::{Substrate, recall_id};
 use crate::error::{Error, Result};
+use crate::index::passage::is_long;
 use crate::model::{
     AuditAction, AuditEntry, Edge, MemoryId, MemoryRecord, Relation, Tier, validate_embedding,
     validate_id,
@@ -749,6 +750,11 @@ impl Importer {
             .history
             .iter()
             .any(|e| e.action == AuditAction::Quarantined);
+        // A long record's passages are not in the export (they follow from its text and
+        // the embedder): embed it again, passage by passage, as when it was first written.
+        if is_long(&line.record.text) && !quarantined {
+            line.record.embedding = None;
+        }
         if line.record.embedding.is_none()
             && !quarantined
             && !line.waiting.contains(&Waiting::Enrich)
@@ -1227,6 +1233,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_imported_long_record_gets_its_passages_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Substrate::open(&dir.path().join("a"), SubstrateOptions::default()).unwrap();
+        let text = "The rollout of the new billing service went through four stages. ".repeat(60);
+        let id = a
+            .record("default", "s1", vec![NewMemory::new("observation", &text)])
+            .await
+            .unwrap()[0];
+        let passages = a.store().passages(id).unwrap();
+        assert!(passages.len() > 3, "{} passages", passages.len());
+        a.close().unwrap();
+        let lines = export_all(a.store());
+        let b = Substrate::open(&dir.path().join("b"), SubstrateOptions::default()).unwrap();
+        import_all(&b, &lines);
+        while b.enrich_pending(16).await.unwrap() > 0 {}
+        assert_eq!(b.store().passages(id).unwrap(), passages);
+        assert_eq!(b.store().get(id).unwrap().unwrap().text, text);
+    }
+
+    #[tokio::test]
     async fn a_round_trip_keeps_every_byte_and_recall_and_feedback_work() {
         let dir = tempfile::tempdir().unwrap();
         let a = Substrate::open(&dir.path().join("a"), SubstrateOptions::default()).unwrap();
@@ -1491,7 +1517,7 @@ mod tests {
             (
                 vec![
                     header.clone(),
-                    edit(&|v| v["record"]["text"] = "x".repeat(70_000).into()),
+                    edit(&|v| v["record"]["text"] = "x".repeat((1 << 20) + 1).into()),
                 ],
                 "record.text is too large",
             ),

@@ -163,9 +163,6 @@ fn evaluate(
         ..EmbedderConfig::default()
     };
     opts.embedder = build_embedder(&config.resolve(None)).context("setting up the embedder")?;
-    // The data as it is: long messages (BEAM has one of 349 KB) are recorded whole.
-    opts.limits.max_text_bytes = opts.limits.max_text_bytes.max(EVAL_TEXT_BYTES);
-    opts.limits.max_body_bytes = opts.limits.max_body_bytes.max(4 * EVAL_TEXT_BYTES);
     let (first, last) = match (conversations.first(), conversations.last()) {
         (Some(f), Some(l)) => (f.index, l.index),
         _ => anyhow::bail!("{} holds no conversations", args.data.display()),
@@ -309,7 +306,3 @@ fn write_report(
     );
     Ok(())
 }
-
-/// The text limit of an evaluation's scratch store: the longest message of the data sets
-/// (BEAM's 349 KB) with room to spare.
-const EVAL_TEXT_BYTES: usize = 1 << 20;

@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::index::passage;
+use crate::model::Passage;
 
 pub use hash::HashEmbedder;
 #[cfg(feature = "local")]
@@ -280,6 +282,77 @@ fn build_local(_cfg: &EmbedderConfig) -> Result<Arc<dyn Embedder>> {
         "this build has no local embedder (shadowbrain-runtime's `local` feature is off); \
          use \"hash\" or \"openai\", or build with the feature",
     ))
+}
+
+/// A text's embedding and, for a long text, its passages' (see [`crate::index::passage`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Embedded {
+    /// The record's vector: the text's own, or for a long text the normalised mean of its
+    /// passages' (what the vector index holds, and what similarity links and diversity
+    /// compare).
+    pub vector: Vec<f32>,
+    /// The passages of a long text with their vectors; empty for any other.
+    pub passages: Vec<Passage>,
+}
+
+/// Embeds `texts` as records are embedded: a text that is not long as itself, a long one
+/// passage by passage, all in one [`Embedder::embed`] call so a remote embedder batches
+/// them together. One [`Embedded`] per text, in order.
+pub async fn embed_records(embedder: &dyn Embedder, texts: &[&str]) -> Result<Vec<Embedded>> {
+    let splits: Vec<Vec<std::ops::Range<usize>>> =
+        texts.iter().map(|t| passage::split(t)).collect();
+    let flat: Vec<String> = texts
+        .iter()
+        .zip(&splits)
+        .flat_map(|(t, ranges)| ranges.iter().map(|r| t[r.clone()].to_string()))
+        .collect();
+    let vectors = embedder.embed(&flat).await?;
+    if vectors.len() != flat.len() {
+        return Err(Error::internal(
+            "embedding",
+            format!(
+                "the embedder returned {} vectors for {} texts",
+                vectors.len(),
+                flat.len()
+            ),
+        ));
+    }
+    let mut vectors = vectors.into_iter();
+    let mut out = Vec::with_capacity(texts.len());
+    for ranges in splits {
+        let vecs: Vec<Vec<f32>> = vectors.by_ref().take(ranges.len()).collect();
+        if ranges.len() == 1 {
+            out.push(Embedded {
+                vector: vecs.into_iter().next().unwrap_or_default(),
+                passages: Vec::new(),
+            });
+            continue;
+        }
+        let mut mean = vec![0.0f32; vecs[0].len()];
+        for v in &vecs {
+            for (m, x) in mean.iter_mut().zip(v) {
+                *m += x;
+            }
+        }
+        let norm = mean.iter().map(|x| x * x).sum::<f32>().sqrt();
+        if norm > f32::EPSILON {
+            mean.iter_mut().for_each(|x| *x /= norm);
+        }
+        let passages = ranges
+            .into_iter()
+            .zip(vecs)
+            .map(|(r, embedding)| Passage {
+                start: u32::try_from(r.start).unwrap_or(u32::MAX),
+                end: u32::try_from(r.end).unwrap_or(u32::MAX),
+                embedding,
+            })
+            .collect();
+        out.push(Embedded {
+            vector: mean,
+            passages,
+        });
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::sync::{Arc, mpsc};
 use std::time::Instant;
 
 use super::{Substrate, SubstrateOptions};
+use crate::embed::embed_records;
 use crate::error::{Error, Result};
 use crate::index::text::ANALYZER_VERSION;
 use crate::store::{Change, Mutation, Queue, Store, StoreOptions, Visit, WriteSet};
@@ -119,16 +120,19 @@ impl Substrate {
                         records.push(r);
                     }
                 }
-                let texts: Vec<String> = records.iter().map(|r| r.text.clone()).collect();
-                let vecs = embedder.embed(&texts).await?;
+                let texts: Vec<&str> = records.iter().map(|r| r.text.as_str()).collect();
+                let embedded = embed_records(embedder.as_ref(), &texts).await?;
                 let mut writes = WriteSet::new();
-                for (mut r, v) in records.into_iter().zip(vecs) {
-                    r.embedding = Some(v);
-                    writes.push(Mutation::Dequeue(Queue::Enrich, r.id));
+                for (mut r, e) in records.into_iter().zip(embedded) {
+                    let id = r.id;
+                    r.embedding = Some(e.vector);
+                    writes.push(Mutation::Dequeue(Queue::Enrich, id));
                     writes.push(Mutation::Update {
                         record: Box::new(r),
                         reindex: true,
                     });
+                    // Always, so passages of an earlier embedder never outlive it.
+                    writes.push(Mutation::SetPassages(id, e.passages));
                 }
                 store.write_async(writes).await?;
                 done += chunk.len() as u64;

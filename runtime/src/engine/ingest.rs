@@ -11,9 +11,11 @@ use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use super::{EnrichHook, EnrichWake, Substrate};
+use crate::embed::{Embedded, embed_records};
 use crate::error::{Error, Result};
 use crate::model::{
-    AuditAction, AuditEntry, MemoryId, MemoryRecord, NewMemory, validate_embedding, validate_id,
+    AuditAction, AuditEntry, MemoryId, MemoryRecord, NewMemory, Passage, validate_embedding,
+    validate_id,
 };
 use crate::policy::EvaluationMode;
 use crate::store::{Mutation, Queue, WriteSet};
@@ -89,15 +91,17 @@ impl Substrate {
         // of model per text: queue instead, for the enricher.
         let mut embeddings: Vec<Option<Vec<f32>>> =
             valid.iter_mut().map(|v| v.embedding.take()).collect();
+        let mut passages: Vec<Vec<Passage>> = vec![Vec::new(); valid.len()];
         if self.inner.embedder.embeds_inline() {
             let missing: Vec<usize> = (0..valid.len())
                 .filter(|i| embeddings[*i].is_none())
                 .collect();
             if !missing.is_empty() {
-                let texts: Vec<String> = missing.iter().map(|i| valid[*i].text.clone()).collect();
-                let vecs = self.embed(&texts).await?;
-                for (i, v) in missing.into_iter().zip(vecs) {
-                    embeddings[i] = Some(v);
+                let texts: Vec<&str> = missing.iter().map(|i| valid[*i].text.as_str()).collect();
+                let embedded = self.embed_records(&texts).await?;
+                for (i, e) in missing.into_iter().zip(embedded) {
+                    embeddings[i] = Some(e.vector);
+                    passages[i] = e.passages;
                 }
             }
         }
@@ -108,7 +112,9 @@ impl Substrate {
         let mut out = Vec::with_capacity(valid.len());
         let mut queued = false;
         let mut writes = WriteSet::new();
-        for ((v, id), embedding) in valid.into_iter().zip(ids).zip(embeddings) {
+        for (((v, id), embedding), passages) in
+            valid.into_iter().zip(ids).zip(embeddings).zip(passages)
+        {
             // The rules score every event now; in `llm` mode (every event) and `hybrid`
             // mode (events no rule matched) that score is provisional, and the record
             // waits on the evaluation queue for the judge (see `super::evaluate`).
@@ -173,6 +179,9 @@ impl Substrate {
             queued |= record.embedding.is_none();
             out.push(record.id);
             writes.push(Mutation::Insert(Box::new(record)));
+            if !passages.is_empty() {
+                writes.push(Mutation::SetPassages(id, passages));
+            }
         }
         Ok((out, queued, writes))
     }
@@ -206,33 +215,54 @@ impl Substrate {
                 }
             }
         }
-        let texts: Vec<String> = records.iter().map(|r| r.text.clone()).collect();
-        let vecs = if texts.is_empty() {
+        let texts: Vec<&str> = records.iter().map(|r| r.text.as_str()).collect();
+        let embedded = if texts.is_empty() {
             Vec::new()
         } else {
-            self.embed(&texts).await?
+            self.embed_records(&texts).await?
         };
         let now = self.inner.clock.now();
-        for (r, v) in records.iter().zip(vecs) {
-            validate_embedding(&v, Some(self.inner.embedder.dimensions()))?;
+        let dims = self.inner.embedder.dimensions();
+        for (r, e) in records.iter().zip(embedded) {
+            validate_embedding(&e.vector, Some(dims))?;
+            for p in &e.passages {
+                validate_embedding(&p.embedding, Some(dims))?;
+            }
+            let detail = match e.passages.len() {
+                0 => format!("{dims} dimensions"),
+                n => format!("{dims} dimensions, {n} passages"),
+            };
             writes.push(Mutation::Audit(
                 r.id,
                 AuditEntry {
                     at: now,
                     action: AuditAction::Embedded,
                     by: self.inner.embedder.name().to_string(),
-                    detail: format!("{} dimensions", self.inner.embedder.dimensions()),
+                    detail,
                 },
             ));
             writes.push(Mutation::Dequeue(Queue::Enrich, r.id));
             // Only the embedding is written: the record may have changed while the provider
             // was answering, and rewriting it would undo that.
-            writes.push(Mutation::SetEmbedding(r.id, v));
+            writes.push(Mutation::SetEmbedding(r.id, e.vector));
+            if !e.passages.is_empty() {
+                writes.push(Mutation::SetPassages(r.id, e.passages));
+            }
         }
         let n = records.len();
         self.inner.store.write_async(writes).await?;
         self.wake_indexer();
         Ok(n)
+    }
+
+    /// [`embed_records`] with the substrate's embedder, its failures counted for the
+    /// metrics: records' vectors, long ones passage by passage.
+    pub(super) async fn embed_records(&self, texts: &[&str]) -> Result<Vec<Embedded>> {
+        let embedded = embed_records(self.inner.embedder.as_ref(), texts).await;
+        if embedded.is_err() {
+            self.inner.provider_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        embedded
     }
 
     /// The embedder, with its failures counted for the metrics.

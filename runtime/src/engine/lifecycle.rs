@@ -292,13 +292,13 @@ impl Substrate {
             .fold(0.0f32, f32::max);
         let sources: Vec<MemoryId> = window.iter().map(|r| r.id).collect();
         let picked: Vec<MemoryId> = picks.iter().map(|&i| window[i].id).collect();
-        let embedding = if self.embedder().embeds_inline() {
-            self.embedder()
-                .embed(std::slice::from_ref(&text))
-                .await?
-                .pop()
+        let (embedding, passages) = if self.embedder().embeds_inline() {
+            match self.embed_records(&[text.as_str()]).await?.pop() {
+                Some(e) => (Some(e.vector), e.passages),
+                None => (None, Vec::new()),
+            }
         } else {
-            None
+            (None, Vec::new())
         };
         let last = window
             .last()
@@ -366,6 +366,9 @@ impl Substrate {
             writes.push(Mutation::Enqueue(Queue::Enrich, id));
         }
         writes.push(Mutation::Insert(Box::new(record)));
+        if !passages.is_empty() {
+            writes.push(Mutation::SetPassages(id, passages));
+        }
         store.write_async(writes).await?;
         self.after_write(queued);
         Ok(Some(Condensed {

@@ -41,7 +41,7 @@ pub use lifecycle::{
     SweepReport,
 };
 pub use quarantine::{MAX_STRIKES, panic_message, quarantined_error};
-pub use recall::{RecallRequest, RecallResult, Recalled, Why};
+pub use recall::{PassageHit, RecallRequest, RecallResult, Recalled, Why};
 pub(crate) use recall::{recall_id, recall_number};
 
 use crate::clock::{Clock, SystemClock};

@@ -5,6 +5,8 @@
 //! remembered under its `rcl-` id so feedback can name it, and what it returned is
 //! reinforced after the answer, in the next group commit.
 
+use std::borrow::Cow;
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -14,13 +16,14 @@ use super::Substrate;
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 use crate::index::cosine;
+use crate::index::passage::is_long;
 use crate::index::text::analyze;
 use crate::model::{
-    MemoryId, MemoryRecord, PolicyStamp, Reinforce, Tier, validate_embedding, validate_id,
+    MemoryId, MemoryRecord, Passage, PolicyStamp, Reinforce, Tier, validate_embedding, validate_id,
 };
 use crate::policy::{Fusion, Policy, ScoreInput};
 use crate::retrieval::{self, Candidates, FusionMethod, Scope};
-use crate::store::{Filter, Mutation, Reinforcement, RememberedRecall, WriteSet};
+use crate::store::{Filter, Mutation, Reinforcement, RememberedRecall, Store, WriteSet};
 
 /// A recall question.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -74,7 +77,8 @@ impl RecallRequest {
     }
 }
 
-/// Why a memory ranked where it did: each policy component's weighted contribution.
+/// Why a memory ranked where it did: each policy component's weighted contribution, and
+/// for a long record the passage that matched.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Why {
     /// Query relevance (fused vector + keyword).
@@ -85,6 +89,24 @@ pub struct Why {
     pub importance: f32,
     /// Utility.
     pub utility: f32,
+    /// A long record's best passage for the query (the one the context shows); `None` for
+    /// a record that is one passage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passage: Option<PassageHit>,
+}
+
+/// Which passage of a long record matched: its place among the record's passages and its
+/// byte range in the record's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PassageHit {
+    /// 0-based.
+    pub index: u32,
+    /// How many passages the record has.
+    pub of: u32,
+    /// First byte in the record's text.
+    pub start: u32,
+    /// One past its last byte.
+    pub end: u32,
 }
 
 /// One recalled memory.
@@ -126,6 +148,11 @@ const CONTEXT_GAP_MS: Timestamp = 3_600_000;
 /// neighbours almost never reach a top 20 (LoCoMo: the same figures with 30 as with 80).
 const CONTEXT_HITS: usize = 30;
 
+/// Scopes up to this many records have every long record's passages scored against the
+/// query (a store read per record, a dot product per passage); a wider scope finds long
+/// records through their mean vector and their keywords, and scores the passages of those.
+const PASSAGE_SCAN_MAX: u64 = 4096;
+
 impl Substrate {
     /// Answers "what should I remember now?": candidates from the vector, keyword, recent and
     /// knowledge paths, fused and ranked by the policy, diversified, trimmed to the token
@@ -137,11 +164,11 @@ impl Substrate {
             validate_id("agent_id", a)?;
         }
         self.inner.limits.k(Some(req.k))?;
-        if req.query.len() > self.inner.limits.max_text_bytes {
+        if req.query.len() > self.inner.limits.max_query_bytes() {
             return Err(Error::TooLarge {
                 field: "query".into(),
                 size: req.query.len(),
-                limit: self.inner.limits.max_text_bytes,
+                limit: self.inner.limits.max_query_bytes(),
                 hint: "ask a shorter question".into(),
             });
         }
@@ -272,9 +299,24 @@ impl Substrate {
         }
         let depth = (req.k * 4).max(50);
         let mut cands = Candidates::default();
+        let mut passages = PassageCache::default();
         if !allowed.is_empty() {
             if let Some(q) = query_vec {
-                cands.add_vector(&self.inner.vectors.search(q, depth, Some(&allowed))?);
+                let mut hits = self.inner.vectors.search(q, depth, Some(&allowed))?;
+                if allowed.len() <= PASSAGE_SCAN_MAX {
+                    // A long record's detail lives in one passage, which its mean vector
+                    // blurs: score each passage and let the best stand for the record.
+                    for id in &allowed {
+                        if let Some(best) = passages.best(&self.inner.store, MemoryId(id), q)? {
+                            hits.push((id, best.1));
+                        }
+                    }
+                    hits.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+                    let mut seen = HashSet::new();
+                    hits.retain(|(id, _)| seen.insert(*id));
+                    hits.truncate(depth);
+                }
+                cands.add_vector(&hits);
             }
             let hits = self
                 .inner
@@ -320,7 +362,12 @@ impl Substrate {
             }
             let emb = r.embedding.take();
             if let (Some(q), Some(e)) = (query_vec, emb.as_deref()) {
-                ev.similarity = Some(cosine(q, e));
+                let own = cosine(q, e);
+                let best = match is_long(&r.text) {
+                    true => passages.best(&self.inner.store, r.id, q)?.map(|b| b.1),
+                    false => None,
+                };
+                ev.similarity = Some(best.map_or(own, |b| b.max(own)));
             }
             loaded.push((r, emb));
         }
@@ -379,6 +426,7 @@ impl Substrate {
                     recency: b.recency,
                     importance: b.importance,
                     utility: b.utility,
+                    passage: None,
                 };
                 (b.total, why, i)
             })
@@ -399,7 +447,49 @@ impl Substrate {
         } else {
             scored.iter().take(req.k).map(|s| s.2).collect()
         };
-        let ranked: Vec<&MemoryRecord> = order.iter().map(|&i| &loaded[i].0).collect();
+        // A long record is shown by its best passage: the context names what matched and
+        // stays within a prompt's budget whatever the record's length.
+        let query_terms = analyze(&req.query);
+        let mut hit_of: HashMap<MemoryId, PassageHit> = HashMap::new();
+        for &i in &order {
+            let r = &loaded[i].0;
+            if !is_long(&r.text) {
+                continue;
+            }
+            let hit = match query_vec {
+                Some(q) => passages.best(&self.inner.store, r.id, q)?.map(|b| b.0),
+                None => None,
+            };
+            let all = passages.of(&self.inner.store, r.id)?;
+            if all.is_empty() {
+                continue;
+            }
+            let index = match hit {
+                Some(index) => index,
+                None => best_by_terms(&r.text, all, &query_terms),
+            };
+            let p = &all[index];
+            hit_of.insert(
+                r.id,
+                PassageHit {
+                    index: index as u32,
+                    of: all.len() as u32,
+                    start: p.start,
+                    end: p.end,
+                },
+            );
+        }
+        let shown: Vec<Cow<'_, MemoryRecord>> = order
+            .iter()
+            .map(|&i| {
+                let r = &loaded[i].0;
+                match hit_of.get(&r.id) {
+                    Some(h) => Cow::Owned(passage_view(r, h)),
+                    None => Cow::Borrowed(r),
+                }
+            })
+            .collect();
+        let ranked: Vec<&MemoryRecord> = shown.iter().map(|r| r.as_ref()).collect();
         let keep = retrieval::fit_budget(&ranked, req.token_budget);
         let context = retrieval::render_context(&ranked[..keep]);
         let why_of = |i: usize| scored.iter().find(|s| s.2 == i).map(|s| (s.0, s.1));
@@ -407,8 +497,9 @@ impl Substrate {
         let mut reinforce = WriteSet::new();
         let amount = policy.scoring.reinforce_on_recall;
         for &i in order.iter().take(keep) {
-            let (score, why) = why_of(i).expect("ordered from scored");
+            let (score, mut why) = why_of(i).expect("ordered from scored");
             let record = loaded[i].0.clone();
+            why.passage = hit_of.get(&record.id).copied();
             if amount > 0.0 {
                 reinforce.push(Mutation::Reinforce {
                     id: record.id,
@@ -625,4 +716,127 @@ pub(crate) fn recall_number(id: &str) -> Option<u32> {
     id.strip_prefix("rcl-")
         .filter(|hex| hex.len() == 8)
         .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+}
+
+/// The passage of `text` that holds the most of the query's analysed terms (distinct terms
+/// first, then occurrences; the first on a tie): the one to show when there is no query
+/// vector to choose by.
+fn best_by_terms(text: &str, passages: &[Passage], query: &[String]) -> usize {
+    let wanted: HashSet<&str> = query.iter().map(String::as_str).collect();
+    let mut best = (0usize, (0usize, 0usize));
+    for (i, p) in passages.iter().enumerate() {
+        let Some(slice) = text.get(p.start as usize..p.end as usize) else {
+            continue;
+        };
+        let terms = analyze(slice);
+        let hits: Vec<&str> = terms
+            .iter()
+            .map(String::as_str)
+            .filter(|t| wanted.contains(t))
+            .collect();
+        let distinct: HashSet<&str> = hits.iter().copied().collect();
+        let score = (distinct.len(), hits.len());
+        if score > best.1 {
+            best = (i, score);
+        }
+    }
+    best.0
+}
+
+/// `r` as the context shows it: its text cut to the passage `hit` names, marked as a part.
+fn passage_view(r: &MemoryRecord, hit: &PassageHit) -> MemoryRecord {
+    let part = r
+        .text
+        .get(hit.start as usize..hit.end as usize)
+        .unwrap_or(&r.text);
+    MemoryRecord {
+        text: format!("(part {} of {}) {part}", hit.index + 1, hit.of),
+        content: serde_json::Value::Null,
+        metadata: serde_json::Value::Null,
+        embedding: None,
+        ..r.clone()
+    }
+}
+
+/// Long records' passages as one recall read them (each at most once), with each record's
+/// best passage for the query once computed.
+#[derive(Default)]
+struct PassageCache(HashMap<MemoryId, Read>);
+
+/// One record's passages, and its best for the query as (index, cosine) once computed.
+type Read = (Vec<Passage>, Option<(usize, f32)>);
+
+impl PassageCache {
+    fn entry(&mut self, store: &Store, id: MemoryId) -> Result<&mut Read> {
+        Ok(match self.0.entry(id) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => v.insert((store.passages(id)?, None)),
+        })
+    }
+
+    /// `id`'s passages (empty when it has none: not long, or not embedded yet).
+    fn of(&mut self, store: &Store, id: MemoryId) -> Result<&[Passage]> {
+        Ok(&self.entry(store, id)?.0)
+    }
+
+    /// `id`'s best passage for `query` as (index, cosine); `None` when it has none.
+    fn best(&mut self, store: &Store, id: MemoryId, query: &[f32]) -> Result<Option<(usize, f32)>> {
+        let (all, best) = self.entry(store, id)?;
+        if best.is_none() {
+            *best = all
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (i, cosine(query, &p.embedding)))
+                .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)));
+        }
+        Ok(*best)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn passages(text: &str) -> Vec<Passage> {
+        crate::index::passage::split(text)
+            .into_iter()
+            .map(|r| Passage {
+                start: r.start as u32,
+                end: r.end as u32,
+                embedding: Vec::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn without_a_query_vector_the_passage_with_most_query_words_is_shown() {
+        let filler = "The weather was mild and the meeting ran long again. ".repeat(40);
+        let text = format!("{filler} The invoice for the Lyon dealer was paid in March. {filler}");
+        let all = passages(&text);
+        assert!(all.len() > 4);
+        let query = analyze("when was the Lyon dealer invoice paid?");
+        let best = &all[best_by_terms(&text, &all, &query)];
+        assert!(text[best.start as usize..best.end as usize].contains("Lyon dealer"));
+        // Nothing matches: the first passage.
+        assert_eq!(best_by_terms(&text, &all, &analyze("zebra")), 0);
+    }
+
+    #[test]
+    fn a_passage_view_shows_the_part_and_says_which() {
+        let r = MemoryRecord::episodic(
+            MemoryId(7),
+            "ns",
+            "s",
+            crate::model::Kind::new("observation").unwrap(),
+            "abcdefghij",
+            0,
+        );
+        let hit = PassageHit {
+            index: 1,
+            of: 3,
+            start: 2,
+            end: 5,
+        };
+        assert_eq!(passage_view(&r, &hit).text, "(part 2 of 3) cde");
+    }
 }

@@ -1,11 +1,13 @@
 //! The derived indexes recall searches: vectors (arroy on LMDB, with an in-memory tail) in
 //! [`vector`], BM25 keywords (tantivy, with a tail of its own) in [`keyword`], and the text
-//! analysis both the keyword index and the hash embedder tokenise with in [`text`]. Every
+//! analysis both the keyword index and the hash embedder tokenise with in [`text`]; how a
+//! long text is cut into passages, each embedded and searched, in [`passage`]. Every
 //! index here is derived data: the store keeps everything they hold, so each can be
 //! cleared and rebuilt from it at any time; none may ever be the only copy of anything.
 //! The one cosine similarity every layer compares vectors with lives here too.
 
 pub(crate) mod keyword;
+pub(crate) mod passage;
 pub(crate) mod text;
 pub(crate) mod vector;
 

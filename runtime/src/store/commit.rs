@@ -452,7 +452,10 @@ impl Worker {
                                 keys::embedding(id).to_vec(),
                                 codec::encode_embedding(e),
                             )),
-                            None => ops.push(Op::Delete(keys::embedding(id).to_vec())),
+                            None => {
+                                ops.push(Op::Delete(keys::embedding(id).to_vec()));
+                                ops.push(Op::Delete(keys::passages(id).to_vec()));
+                            }
                         }
                         let seq = self.seq();
                         ops.push(Op::Put(
@@ -467,6 +470,7 @@ impl Worker {
                     self.set_overlay(undo, id, None);
                     ops.push(Op::Delete(keys::record(id).to_vec()));
                     ops.push(Op::Delete(keys::embedding(id).to_vec()));
+                    ops.push(Op::Delete(keys::passages(id).to_vec()));
                     ops.push(Op::Put(
                         keys::tombstone(id).to_vec(),
                         r.namespace.as_bytes().to_vec(),
@@ -556,6 +560,16 @@ impl Worker {
                         keys::change(seq).to_vec(),
                         codec::encode(&Change::Upsert(id)),
                     ));
+                }
+                Mutation::SetPassages(id, passages) => {
+                    if self.current(id)?.is_none() {
+                        continue;
+                    }
+                    ops.push(if passages.is_empty() {
+                        Op::Delete(keys::passages(id).to_vec())
+                    } else {
+                        Op::Put(keys::passages(id).to_vec(), codec::encode(&passages))
+                    });
                 }
                 Mutation::Audit(id, entry) => {
                     let seq = self.seq();

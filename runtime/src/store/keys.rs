@@ -29,6 +29,8 @@ pub mod family {
     pub const CHANGE: u8 = 0x08;
     /// Which namespace a purged record belonged to, so its audit log stays isolated.
     pub const TOMBSTONE: u8 = 0x09;
+    /// A long record's passages (byte ranges and their embeddings), by id.
+    pub const PASSAGES: u8 = 0x0a;
 }
 
 /// Metadata key names.
@@ -80,6 +82,11 @@ pub fn record(id: MemoryId) -> [u8; 5] {
 /// An embedding key.
 pub fn embedding(id: MemoryId) -> [u8; 5] {
     id_key(family::EMBEDDING, id)
+}
+
+/// A long record's passages.
+pub fn passages(id: MemoryId) -> [u8; 5] {
+    id_key(family::PASSAGES, id)
 }
 
 fn id_key(family: u8, id: MemoryId) -> [u8; 5] {

@@ -1,6 +1,6 @@
 //! The store: shadowbrain's system of record, over the ordered-KV seam ([`kv`]).
 //!
-//! It owns records, their embeddings, per-session and per-namespace listings in time order,
+//! It owns records, their embeddings (and long records' passages), per-session and per-namespace listings in time order,
 //! session statistics, the append-only audit log, durable work queues and the index change
 //! log, plus the on-disk format version. Every write goes through [`Store::write`], which
 //! returns only after the data is flushed to disk; a single commit thread gathers the
@@ -29,7 +29,7 @@ pub use kv::{Backend, Visit, dir_disk_bytes};
 
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
-use crate::model::{AuditEntry, Edge, MemoryId, MemoryRecord, Reinforce, Status, Tier};
+use crate::model::{AuditEntry, Edge, MemoryId, MemoryRecord, Passage, Reinforce, Status, Tier};
 use keys::{family, meta};
 use kv::{Kv, Range, Visitor};
 
@@ -109,6 +109,9 @@ pub enum Mutation {
     /// Store a record's embedding (and have the indexes follow) without rewriting the
     /// record; skipped if the record was purged meanwhile.
     SetEmbedding(MemoryId, Vec<f32>),
+    /// Store a long record's passages (none: delete them), beside the embedding written in
+    /// the same set; skipped if the record was purged meanwhile.
+    SetPassages(MemoryId, Vec<Passage>),
     /// Reinforce a record on the record as it is when the group commits, audited with its
     /// strength before and after; skipped if it was purged meanwhile. Recall's
     /// reinforcement is queued without waiting: decided at ranking time as an absolute
@@ -460,6 +463,16 @@ impl Store {
             .kv
             .get(&keys::tombstone(id))?
             .map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
+    /// A long record's passages with their embeddings (empty when it has none: a text that
+    /// is not long, or one not embedded yet).
+    pub fn passages(&self, id: MemoryId) -> Result<Vec<Passage>> {
+        let key = keys::passages(id);
+        match self.inner.kv.get(&key)? {
+            Some(bytes) => codec::decode(&key, &bytes),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// A record's embedding, if it has one.

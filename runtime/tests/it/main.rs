@@ -5,5 +5,6 @@ mod enrich;
 mod knowledge;
 mod lifecycle;
 mod local_model;
+mod passages;
 mod recall;
 mod store_model;
