@@ -269,6 +269,13 @@ impl Substrate {
                         }
                         None => removed.push(id.0),
                     },
+                    Change::Embedded(id) if spill => stored.push(id.0),
+                    // No embedding: the record was purged since, and its removal follows.
+                    Change::Embedded(id) => {
+                        if let Some(e) = store.embedding(*id)? {
+                            vecs.push((id.0, e));
+                        }
+                    }
                     Change::Remove(id) => removed.push(id.0),
                 }
             }

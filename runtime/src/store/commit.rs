@@ -558,7 +558,7 @@ impl Worker {
                     let seq = self.seq();
                     ops.push(Op::Put(
                         keys::change(seq).to_vec(),
-                        codec::encode(&Change::Upsert(id)),
+                        codec::encode(&Change::Embedded(id)),
                     ));
                 }
                 Mutation::SetPassages(id, passages) => {

@@ -33,8 +33,10 @@ use crate::model::{AuditEntry, Edge, MemoryId, MemoryRecord, Passage, Reinforce,
 use keys::{family, meta};
 use kv::{Kv, Range, Visitor};
 
-/// The on-disk format this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// The on-disk format this build reads and writes. 2 added long records' passages and the
+/// change log's `Embedded` entries; a format-1 directory is upgraded in place on open (both
+/// are additions), so an older build then refuses it instead of misreading them.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Durable work queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -58,6 +60,10 @@ pub enum Change {
     Upsert(MemoryId),
     /// The record is gone: drop it from the indexes.
     Remove(MemoryId),
+    /// Only the record's embedding is new (the enricher's): the vector index follows, the
+    /// keyword index already has its unchanged text. Re-indexing the text would leave a
+    /// deleted copy in tantivy's statistics until a merge, moving every BM25 score.
+    Embedded(MemoryId),
 }
 
 /// Per-session statistics.
@@ -1070,16 +1076,50 @@ fn read_u64(kv: &dyn Kv, name: &str) -> Result<Option<u64>> {
 fn check_format(kv: &dyn Kv) -> Result<()> {
     match read_u32(kv, meta::FORMAT_VERSION)? {
         Some(FORMAT_VERSION) => Ok(()),
-        Some(found) => Err(Error::FormatVersion {
+        Some(found) if found != 1 => Err(Error::FormatVersion {
             found,
             expected: FORMAT_VERSION,
         }),
-        None => {
+        Some(_) | None => {
             let op = kv::Op::Put(
                 keys::meta(meta::FORMAT_VERSION),
                 FORMAT_VERSION.to_be_bytes().to_vec(),
             );
             kv.commit(&[&[op]])
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set_format(dir: &Path, version: u32) {
+        let kv = kv::open(Backend::default(), dir).unwrap();
+        let op = kv::Op::Put(
+            keys::meta(meta::FORMAT_VERSION),
+            version.to_be_bytes().to_vec(),
+        );
+        kv.commit(&[&[op]]).unwrap();
+    }
+
+    #[test]
+    fn a_format_one_directory_is_upgraded_and_an_unknown_format_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Store::open(dir.path(), StoreOptions::default()).unwrap());
+        set_format(dir.path(), 1);
+        drop(Store::open(dir.path(), StoreOptions::default()).unwrap());
+        let kv = kv::open(Backend::default(), dir.path()).unwrap();
+        assert_eq!(
+            read_u32(kv.as_ref(), meta::FORMAT_VERSION).unwrap(),
+            Some(FORMAT_VERSION)
+        );
+        drop(kv);
+        set_format(dir.path(), 99);
+        let err = Store::open(dir.path(), StoreOptions::default()).unwrap_err();
+        assert!(
+            matches!(err, Error::FormatVersion { found: 99, .. }),
+            "{err}"
+        );
     }
 }

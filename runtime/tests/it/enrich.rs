@@ -163,3 +163,40 @@ async fn reopen_and_finish(
     .await;
     sub.close().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arriving_embedding_leaves_the_keyword_statistics_alone() {
+    let provider = Provider::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let sub = Substrate::open(dir.path(), options(&provider.endpoint.base_url())).unwrap();
+    let texts = [
+        "the certificate of the load balancer expired",
+        "rotate the certificate monthly",
+        "the load balancer answers on port 443",
+    ];
+    // Two come with their vectors, one waits for the provider: only part of the committed
+    // segment would be written again.
+    for (i, t) in texts.into_iter().enumerate() {
+        let embedding = (i != 1).then(|| HashEmbedder::default().embed_one(t));
+        let event = NewMemory {
+            embedding,
+            ..NewMemory::new("observation", t)
+        };
+        sub.record("default", "s", vec![event]).await.unwrap();
+    }
+    // The texts are committed to the keyword index before any embedding arrives.
+    sub.flush_indexes().unwrap();
+    let before = sub.keywords().query_stats("certificate load").unwrap();
+    provider.up.store(true, Ordering::SeqCst);
+    wait_until("every record is embedded", || {
+        sub.store().queue_depth(Queue::Enrich, 10).unwrap() == 0
+    })
+    .await;
+    sub.flush_indexes().unwrap();
+    // Indexing the unchanged texts again would leave deleted copies in tantivy's term
+    // statistics until a merge, and move every BM25 score.
+    let after = sub.keywords().query_stats("certificate load").unwrap();
+    assert_eq!(format!("{after:?}"), format!("{before:?}"));
+    assert!(found_by_vector(&sub, "rotate the certificate").await);
+    sub.close().unwrap();
+}
