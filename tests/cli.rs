@@ -481,10 +481,14 @@ async fn export_import_export_is_byte_identical_and_recall_finds_imported_record
         stderr.contains("exported 9 records, 0 purged, 0 quarantined and 0 recalls"),
         "{stderr}"
     );
-    // Not a terminal: the progress bar stays hidden.
+    // Not a terminal: progress is a plain line now and then, without control characters.
     assert!(
         !stderr.contains('\r') && !stderr.contains("\u{1b}["),
         "{stderr:?}"
+    );
+    assert!(
+        stderr.lines().any(|l| l.starts_with("export [")),
+        "{stderr}"
     );
     let text = std::fs::read_to_string(&first).unwrap();
     assert_eq!(text.lines().count(), 10);

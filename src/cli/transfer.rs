@@ -10,13 +10,14 @@
 //! (the export's lines) to stdout.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::io::{BufRead, BufReader, BufWriter, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
 use shadowbrain::internals::{Store, StoreOptions};
 use shadowbrain::transfer::{self, Extra, ImportError, Importer, Line, Outcome};
 use shadowbrain::{Backend, IndexingOptions, Substrate, SubstrateOptions};
@@ -88,10 +89,16 @@ pub struct ReindexArgs {
     backend: Option<Backend>,
 }
 
-/// A bar over `total` units on stderr; indicatif hides it when stderr is not a terminal,
-/// so logs and pipes get no control characters.
+/// A bar over `total` units on stderr. When stderr is not a terminal (a log, CI) the bar
+/// becomes a plain line every [`LOG_EVERY`], with no control characters, so a long run
+/// still shows that it moves.
 pub(super) fn bar(total: Option<u64>, what: &'static str) -> ProgressBar {
-    let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
+    let target = if std::io::stderr().is_terminal() {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::term_like(Box::new(LogLines::default()))
+    };
+    let bar = ProgressBar::with_draw_target(total, target);
     let template = match total {
         Some(_) => "{prefix} [{wide_bar}] {percent:>3}% {msg} ({eta} left)",
         None => "{prefix} {spinner} {msg} ({elapsed})",
@@ -101,6 +108,61 @@ pub(super) fn bar(total: Option<u64>, what: &'static str) -> ProgressBar {
     }
     bar.set_prefix(what);
     bar
+}
+
+/// How often a bar writes its line when stderr is not a terminal.
+const LOG_EVERY: Duration = Duration::from_secs(20);
+
+/// indicatif's terminal for a log: cursor moves and clears do nothing, and a frame is
+/// written as a line at most every [`LOG_EVERY`] (the first at once).
+#[derive(Debug, Default)]
+struct LogLines {
+    last: Mutex<Option<Instant>>,
+}
+
+impl LogLines {
+    fn line(&self, s: &str) -> std::io::Result<()> {
+        let s = s.trim_end();
+        if s.is_empty() {
+            return Ok(());
+        }
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| t.elapsed() < LOG_EVERY) {
+            return Ok(());
+        }
+        *last = Some(Instant::now());
+        writeln!(std::io::stderr(), "{s}")
+    }
+}
+
+impl TermLike for LogLines {
+    fn width(&self) -> u16 {
+        80
+    }
+    fn move_cursor_up(&self, _: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn move_cursor_down(&self, _: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn move_cursor_right(&self, _: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn move_cursor_left(&self, _: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn write_line(&self, s: &str) -> std::io::Result<()> {
+        self.line(s)
+    }
+    fn write_str(&self, s: &str) -> std::io::Result<()> {
+        self.line(s)
+    }
+    fn clear_line(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 pub(super) fn export(args: ExportArgs) -> anyhow::Result<()> {
