@@ -9,7 +9,8 @@
 //! A text costs milliseconds on a small CPU, so this embedder does not embed inline:
 //! ingest queues each record and the enricher embeds it in the background, and recall
 //! embeds only its query. Texts longer than the model reads (256 tokens for MiniLM) are
-//! truncated, as sentence-transformers does.
+//! truncated, as sentence-transformers does; records never are, since a long record is
+//! embedded passage by passage (`crate::index::passage`).
 //!
 //! Texts of one call are tokenised together, sorted by length and run in sub-batches of
 //! similar length, so one long text does not pad a whole batch to the longest.
