@@ -550,7 +550,9 @@ impl Substrate {
             let Some(r) = store.get_light(hit)? else {
                 continue;
             };
-            terms.entry(hit).or_insert_with(|| analyze(&r.text));
+            terms
+                .entry(hit)
+                .or_insert_with(|| own_terms(&stats, &r.text));
             // One run of the session around the hit, `2 × window` each side, holds every
             // member within `window` of it together with that member's own neighbours.
             let (before, after) = store.session_neighbours(
@@ -572,7 +574,7 @@ impl Substrate {
                 if !terms.contains_key(&id)
                     && let Some(n) = store.get_light(id)?
                 {
-                    terms.insert(id, analyze(&n.text));
+                    terms.insert(id, own_terms(&stats, &n.text));
                 }
             }
             for q in at.saturating_sub(window)..=(at + window).min(run.len() - 1) {
@@ -791,6 +793,23 @@ impl PassageCache {
         }
         Ok(*best)
     }
+}
+
+/// The analysed terms a record is scored by in the keyword path: its text's, or for a long
+/// record its best passage's by plain BM25 (the keyword index scores it as that passage).
+fn own_terms(stats: &crate::index::QueryStats, text: &str) -> Vec<String> {
+    if !is_long(text) {
+        return analyze(text);
+    }
+    let mut best: Option<(f32, Vec<String>)> = None;
+    for range in crate::index::passage::split(text) {
+        let terms = analyze(&text[range]);
+        let score = retrieval::context_bm25(stats, &terms, &[], 0.0, 0);
+        if best.as_ref().is_none_or(|(b, _)| score > *b) {
+            best = Some((score, terms));
+        }
+    }
+    best.map(|(_, t)| t).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -18,10 +18,11 @@ use tantivy::tokenizer::{
     TextAnalyzer, Token, TokenStream, Tokenizer,
 };
 
-/// Version of what [`analyzer`] produces. Bump it with any change to tokenisation, stop
-/// words or stemming: the substrate then rebuilds the keyword index from the store on open,
-/// since terms indexed by the old analyzer would no longer match queries.
-pub const ANALYZER_VERSION: u32 = 1;
+/// Version of what [`analyzer`] produces and of how texts become keyword documents. Bump it
+/// with any change to tokenisation, stop words, stemming or passages: the substrate then
+/// rebuilds the keyword index from the store on open, since terms indexed the old way
+/// would no longer match queries. 2: a long text is one document per passage.
+pub const ANALYZER_VERSION: u32 = 2;
 
 /// Name under which [`analyzer`] is registered in tantivy.
 pub const ANALYZER_NAME: &str = "shadowbrain";

@@ -1,4 +1,5 @@
-//! The keyword index: BM25 over record text, on tantivy.
+//! The keyword index: BM25 over record text, on tantivy. A long record is one document per
+//! passage (`crate::index::passage`), all under its id, and scores as its best passage.
 //!
 //! It owns one tantivy index directory (schema: `id` u64 indexed + fast, `text` indexed with
 //! the shared analyzer, not stored) and a staged tail of upserts and removals that are
@@ -17,8 +18,8 @@ mod tail;
 #[cfg(test)]
 mod tests;
 
-use std::cmp::{Ordering, Reverse};
-use std::collections::BinaryHeap;
+use std::cmp::Ordering;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
@@ -43,6 +44,7 @@ use tantivy::{
 use tantivy::DocSet;
 
 use crate::error::{Error, Result};
+use crate::index::passage::split;
 use crate::index::text::{ANALYZER_NAME, analyze, analyzer};
 use tail::{StagedDoc, Tail};
 
@@ -263,10 +265,14 @@ impl KeywordIndex {
                     writer.delete_term(Term::from_field_u64(self.id_field, u64::from(*id)));
                 }
                 if let Some(text) = text {
-                    let mut doc = TantivyDocument::new();
-                    doc.add_u64(self.id_field, u64::from(*id));
-                    doc.add_text(self.text_field, &**text);
-                    writer.add_document(doc)?;
+                    // One document per passage, all under the record's id: a deletion by
+                    // id removes them together.
+                    for range in split(text) {
+                        let mut doc = TantivyDocument::new();
+                        doc.add_u64(self.id_field, u64::from(*id));
+                        doc.add_text(self.text_field, &text[range]);
+                        writer.add_document(doc)?;
+                    }
                 }
             }
             let mut prepared = writer.prepare_commit()?;
@@ -402,6 +408,7 @@ impl KeywordIndex {
                             }
                         }
                     }
+                    // A long record has a document per passage and scores as its best.
                     for ((_, id), total) in docs.into_iter().zip(scores) {
                         if let Some(score) = total {
                             top.push(score, id);
@@ -621,15 +628,26 @@ fn score_tail(
     }
     for id in &matching {
         let Some(doc) = tail.doc(id) else { continue };
-        let norm = FieldNormReader::fieldnorm_to_id(doc.num_tokens);
-        let score: Score = weights
+        // A record scores as its best passage.
+        let best = doc
+            .passages
             .iter()
-            .map(|(word, weight)| match doc.term_freq(word) {
-                0 => 0.0,
-                tf => weight.score(norm, tf),
+            .map(|p| {
+                let norm = FieldNormReader::fieldnorm_to_id(p.num_tokens);
+                weights
+                    .iter()
+                    .map(|(word, weight)| match p.term_freq(word) {
+                        0 => 0.0,
+                        tf => weight.score(norm, tf),
+                    })
+                    .sum::<Score>()
             })
-            .sum();
-        top.push(score, id);
+            .fold(None, |best: Option<Score>, s| {
+                Some(best.map_or(s, |b| b.max(s)))
+            });
+        if let Some(score) = best.filter(|s| *s > 0.0) {
+            top.push(score, id);
+        }
     }
     Ok(())
 }
@@ -663,11 +681,13 @@ impl PartialEq for Hit {
 
 impl Eq for Hit {}
 
-/// The `k` best hits seen so far, in a min-heap whose root is the one to beat: it gives
-/// block-WAND an exact threshold after every push.
+/// The `k` best records seen so far, each once at its best score (a long record has a
+/// document per passage), ordered so the worst is the one to beat: it gives block-WAND an
+/// exact threshold after every push.
 struct TopK {
     k: usize,
-    heap: BinaryHeap<Reverse<Hit>>,
+    hits: BTreeSet<Hit>,
+    best: HashMap<u32, Score>,
 }
 
 impl TopK {
@@ -676,35 +696,49 @@ impl TopK {
         let capacity = k.min(usize::try_from(docs).unwrap_or(usize::MAX));
         TopK {
             k,
-            heap: BinaryHeap::with_capacity(capacity),
+            hits: BTreeSet::new(),
+            best: HashMap::with_capacity(capacity),
         }
     }
 
     /// The score a new hit must exceed to enter.
     fn threshold(&self) -> Score {
-        match self.heap.peek() {
-            Some(Reverse(worst)) if self.heap.len() >= self.k => worst.score,
+        match self.hits.first() {
+            Some(worst) if self.hits.len() >= self.k => worst.score,
             _ => Score::MIN,
         }
     }
 
     fn push(&mut self, score: Score, id: u32) {
-        let hit = Hit { score, id };
-        if self.heap.len() < self.k {
-            self.heap.push(Reverse(hit));
-        } else if let Some(mut worst) = self.heap.peek_mut()
-            && hit > worst.0
-        {
-            *worst = Reverse(hit);
+        if self.k == 0 {
+            return;
         }
+        let hit = Hit { score, id };
+        if let Some(&old) = self.best.get(&id) {
+            if score <= old {
+                return;
+            }
+            self.hits.remove(&Hit { score: old, id });
+        } else if self.hits.len() >= self.k {
+            match self.hits.first() {
+                Some(worst) if hit > *worst => {
+                    let worst = *worst;
+                    self.hits.remove(&worst);
+                    self.best.remove(&worst.id);
+                }
+                _ => return,
+            }
+        }
+        self.hits.insert(hit);
+        self.best.insert(id, score);
     }
 
     /// Best first.
     fn into_sorted(self) -> Vec<(u32, f32)> {
-        self.heap
-            .into_sorted_vec()
+        self.hits
             .into_iter()
-            .map(|Reverse(hit)| (hit.id, hit.score))
+            .rev()
+            .map(|hit| (hit.id, hit.score))
             .collect()
     }
 }

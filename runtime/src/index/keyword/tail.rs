@@ -1,5 +1,5 @@
 //! The staged tail of the keyword index: upserts and removals that are searchable at once but
-//! not yet committed to tantivy, with the statistics BM25 needs (doc count, token count,
+//! not yet committed to tantivy (a long record as one document per passage, as committed), with the statistics BM25 needs (doc count, token count,
 //! document frequency per term) kept incrementally so a query never rescans the tail.
 //!
 //! It owns only in-memory state. It must never touch tantivy's files, and it must never count
@@ -12,21 +12,28 @@ use std::sync::Arc;
 use roaring::RoaringBitmap;
 use tantivy::tokenizer::MAX_TOKEN_LEN;
 
+use crate::index::passage::split;
 use crate::index::text::analyze;
 
-/// One staged document, analysed once at upsert time.
+/// One staged record, analysed once at upsert time: one document per passage (a text that
+/// is not long is one passage), as the committed index holds it.
 pub(super) struct StagedDoc {
     /// The text, shared with the commit snapshot so committing never copies it again.
     pub(super) text: Arc<str>,
+    /// Its passages' documents, in order.
+    pub(super) passages: Box<[PassageDoc]>,
+}
+
+/// One passage's document.
+pub(super) struct PassageDoc {
     /// Tokens in the document: tantivy's field norm before quantisation.
     pub(super) num_tokens: u32,
     /// Distinct terms with their frequency, sorted by term for binary search.
     terms: Box<[(Arc<str>, u32)]>,
 }
 
-impl StagedDoc {
-    /// Analyses `text` with the shared analyzer.
-    pub(super) fn new(text: &str) -> Self {
+impl PassageDoc {
+    fn new(text: &str) -> Self {
         let mut tokens = analyze(text);
         // tantivy's postings writer silently drops such tokens; so must we, or the field
         // norms of the tail and the committed index would disagree.
@@ -40,18 +47,35 @@ impl StagedDoc {
                 _ => terms.push((Arc::from(token), 1)),
             }
         }
-        StagedDoc {
-            text: Arc::from(text),
+        PassageDoc {
             num_tokens,
             terms: terms.into_boxed_slice(),
         }
     }
 
-    /// How often `term` occurs in the document (0 when absent).
+    /// How often `term` occurs in the passage (0 when absent).
     pub(super) fn term_freq(&self, term: &str) -> u32 {
         self.terms
             .binary_search_by(|(t, _)| (**t).cmp(term))
             .map_or(0, |i| self.terms[i].1)
+    }
+}
+
+impl StagedDoc {
+    /// Splits `text` into passages and analyses each with the shared analyzer.
+    pub(super) fn new(text: &str) -> Self {
+        let passages = split(text)
+            .into_iter()
+            .map(|r| PassageDoc::new(&text[r]))
+            .collect();
+        StagedDoc {
+            text: Arc::from(text),
+            passages,
+        }
+    }
+
+    fn num_tokens(&self) -> u64 {
+        self.passages.iter().map(|p| u64::from(p.num_tokens)).sum()
     }
 }
 
@@ -73,8 +97,9 @@ pub(super) struct Tail {
     entries: HashMap<u32, Staged>,
     /// Every id with an entry: their committed versions are stale and must stay hidden.
     staged: RoaringBitmap,
-    /// Term -> staged documents containing it; its length is the tail's document frequency.
-    postings: HashMap<Arc<str>, RoaringBitmap>,
+    /// Term -> the staged records containing it, and how many staged (passage) documents
+    /// do: the tail's document frequency.
+    postings: HashMap<Arc<str>, (RoaringBitmap, u64)>,
     live_docs: u64,
     total_tokens: u64,
 }
@@ -88,15 +113,19 @@ impl Tail {
             self.unaccount(id, old.doc.as_ref());
         }
         if let Some(doc) = &mut doc {
-            self.live_docs += 1;
-            self.total_tokens += u64::from(doc.num_tokens);
-            for (term, _) in doc.terms.iter_mut() {
-                // Interned: a term the tail already holds is shared, not kept once per
-                // document (a large unbuilt tail is mostly the same few thousand words).
-                if let Some((shared, _)) = self.postings.get_key_value(&**term) {
-                    *term = shared.clone();
+            self.live_docs += doc.passages.len() as u64;
+            self.total_tokens += doc.num_tokens();
+            for passage in doc.passages.iter_mut() {
+                for (term, _) in passage.terms.iter_mut() {
+                    // Interned: a term the tail already holds is shared, not kept once per
+                    // document (a large unbuilt tail is mostly the same few thousand words).
+                    if let Some((shared, _)) = self.postings.get_key_value(&**term) {
+                        *term = shared.clone();
+                    }
+                    let (ids, docs) = self.postings.entry(term.clone()).or_default();
+                    ids.insert(id);
+                    *docs += 1;
                 }
-                self.postings.entry(term.clone()).or_default().insert(id);
             }
         }
         self.staged.insert(id);
@@ -105,13 +134,16 @@ impl Tail {
 
     fn unaccount(&mut self, id: u32, doc: Option<&StagedDoc>) {
         let Some(doc) = doc else { return };
-        self.live_docs -= 1;
-        self.total_tokens -= u64::from(doc.num_tokens);
-        for (term, _) in doc.terms.iter() {
-            if let Some(ids) = self.postings.get_mut(&**term) {
-                ids.remove(id);
-                if ids.is_empty() {
-                    self.postings.remove(&**term);
+        self.live_docs -= doc.passages.len() as u64;
+        self.total_tokens -= doc.num_tokens();
+        for passage in doc.passages.iter() {
+            for (term, _) in passage.terms.iter() {
+                if let Some((ids, docs)) = self.postings.get_mut(&**term) {
+                    ids.remove(id);
+                    *docs -= 1;
+                    if *docs == 0 {
+                        self.postings.remove(&**term);
+                    }
                 }
             }
         }
@@ -199,14 +231,14 @@ impl Tail {
         self.total_tokens
     }
 
-    /// Staged documents containing `term`.
+    /// Staged records containing `term`.
     pub(super) fn postings(&self, term: &str) -> Option<&RoaringBitmap> {
-        self.postings.get(term)
+        self.postings.get(term).map(|(ids, _)| ids)
     }
 
-    /// Number of staged documents containing `term`.
+    /// Number of staged (passage) documents containing `term`.
     pub(super) fn doc_freq(&self, term: &str) -> u64 {
-        self.postings(term).map_or(0, RoaringBitmap::len)
+        self.postings.get(term).map_or(0, |(_, docs)| *docs)
     }
 
     /// The staged document for `id`, if `id` is staged as an upsert.
@@ -236,7 +268,10 @@ mod tests {
         assert_eq!(tail.live_docs(), 2);
         assert_eq!(tail.total_tokens(), tokens("alpha beta beta beta gamma"));
         assert_eq!(tail.doc_freq(&term("beta")), 2);
-        assert_eq!(tail.doc(1).map(|d| d.term_freq(&term("beta"))), Some(2));
+        assert_eq!(
+            tail.doc(1).map(|d| d.passages[0].term_freq(&term("beta"))),
+            Some(2)
+        );
 
         tail.stage(1, Some(StagedDoc::new("delta")));
         assert_eq!(tail.live_docs(), 2);

@@ -545,3 +545,83 @@ fn speed() {
          scoped: {scoped:?}/query"
     );
 }
+
+/// A long text of unrelated sentences with `detail` two thirds of the way in.
+fn long_text(detail: &str) -> String {
+    let filler: Vec<String> = (0..120)
+        .map(|i| format!("Sentence {i} reports the rainfall in the valley and the price of bread."))
+        .collect();
+    format!(
+        "{} {detail} {}",
+        filler[..80].join(" "),
+        filler[80..].join(" ")
+    )
+}
+
+#[test]
+fn a_long_record_is_one_document_per_passage_and_scores_as_its_best() {
+    let detail = "The quokka escaped from the enclosure near the north gate.";
+    let text = long_text(detail);
+    let passages = crate::index::passage::split(&text);
+    assert!(passages.len() > 10);
+    let best = passages
+        .iter()
+        .find(|r| text[(*r).clone()].contains(detail))
+        .expect("a passage holds the detail whole")
+        .clone();
+    let (_dir, index) = open();
+    // The long record, and the passage that holds the detail as a record of its own: the
+    // same document, so the same score, staged or committed.
+    index.upsert(&[(101, text.clone()), (102, text[best].to_string())]);
+    index.upsert(&corpus());
+    let check = |when: &str| {
+        let hits = index.search("quokka enclosure gate", 10, None).unwrap();
+        assert_eq!(
+            ids(&hits).len(),
+            2,
+            "{when}: the long record once: {hits:?}"
+        );
+        assert!(
+            (hits[0].1 - hits[1].1).abs() < 1e-4,
+            "{when}: scored as its best passage: {hits:?}"
+        );
+        let scoped: RoaringBitmap = [101u32, 102, 3].into_iter().collect();
+        let hits = index
+            .search("quokka enclosure gate", 10, Some(&scoped))
+            .unwrap();
+        assert_eq!(ids(&hits).len(), 2, "{when}, scoped: {hits:?}");
+        assert!(
+            (hits[0].1 - hits[1].1).abs() < 1e-4,
+            "{when}, scoped: {hits:?}"
+        );
+        // Each passage is a document of the statistics.
+        let stats = index.query_stats("rainfall").unwrap();
+        assert_eq!(
+            stats.docs as usize,
+            passages.len() + 1 + corpus().len(),
+            "{when}"
+        );
+    };
+    check("staged");
+    index.commit(7).unwrap();
+    check("committed");
+    // Removing the record removes every passage.
+    index.remove(&[101]);
+    index.commit(8).unwrap();
+    let hits = index.search("quokka", 10, None).unwrap();
+    assert_eq!(ids(&hits), [102]);
+    assert_eq!(index.len().unwrap() as usize, 1 + corpus().len());
+}
+
+#[test]
+fn the_top_k_holds_each_record_once_at_its_best() {
+    let mut top = super::TopK::new(2, 10);
+    top.push(1.0, 7);
+    top.push(3.0, 7);
+    top.push(2.0, 8);
+    top.push(0.5, 7);
+    top.push(1.5, 9);
+    assert_eq!(top.threshold(), 2.0);
+    top.push(2.5, 9);
+    assert_eq!(top.into_sorted(), vec![(7, 3.0), (9, 2.5)]);
+}
