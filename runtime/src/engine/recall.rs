@@ -153,6 +153,12 @@ const CONTEXT_HITS: usize = 30;
 /// records through their mean vector and their keywords, and scores the passages of those.
 const PASSAGE_SCAN_MAX: u64 = 4096;
 
+/// At most this many passages are scored per recall by that scan, newest records first
+/// (about 25 ms on this 2-core machine at 384 dimensions): a scope full of long tool
+/// outputs must not make every recall read them all. The answer's `notes` say when the
+/// scan stopped short.
+const PASSAGE_SCAN_BUDGET: usize = 20_000;
+
 impl Substrate {
     /// Answers "what should I remember now?": candidates from the vector, keyword, recent and
     /// knowledge paths, fused and ranked by the policy, diversified, trimmed to the token
@@ -219,6 +225,7 @@ impl Substrate {
         }
         let (recall_id, remember) = self.remember_recall(req, &result)?;
         result.recall_id = Some(recall_id);
+        notes.append(&mut result.notes);
         result.notes = notes;
         writes.push(remember);
         // Nothing the caller sees depends on these writes (reinforcement, the recall's
@@ -298,6 +305,7 @@ impl Substrate {
             allowed &= self.window_ids(req, session)?;
         }
         let depth = (req.k * 4).max(50);
+        let mut notes = Vec::new();
         let mut cands = Candidates::default();
         let mut passages = PassageCache::default();
         if !allowed.is_empty() {
@@ -306,8 +314,20 @@ impl Substrate {
                 if allowed.len() <= PASSAGE_SCAN_MAX {
                     // A long record's detail lives in one passage, which its mean vector
                     // blurs: score each passage and let the best stand for the record.
-                    for id in &allowed {
+                    let mut scanned = 0;
+                    for id in allowed.iter().rev() {
+                        if scanned >= PASSAGE_SCAN_BUDGET {
+                            notes.push(format!(
+                                "only the newest long records' passages were compared with \
+                                 the query ({scanned} passages, the limit of one recall); \
+                                 older long records were found by their keywords and overall \
+                                 meaning only — narrow the scope or the time window to reach \
+                                 their passages"
+                            ));
+                            break;
+                        }
                         if let Some(best) = passages.best(&self.inner.store, MemoryId(id), q)? {
+                            scanned += passages.of(&self.inner.store, MemoryId(id))?.len();
                             hits.push((id, best.1));
                         }
                     }
@@ -519,7 +539,7 @@ impl Substrate {
                 memories,
                 context,
                 recall_id: None,
-                notes: Vec::new(),
+                notes,
             },
             reinforce,
         ))

@@ -202,3 +202,35 @@ async fn with_the_local_model_a_paraphrase_finds_a_detail_deep_in_a_long_event()
 async fn drain(sub: &Substrate) {
     while sub.enrich_pending(64).await.unwrap() > 0 {}
 }
+
+#[tokio::test]
+async fn a_scope_of_more_passages_than_one_recall_scans_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub =
+        Substrate::open(dir.path(), options(Some(Arc::new(HashEmbedder::default())))).unwrap();
+    // 11 records of ~2,000 passages each: more than one recall compares (20,000).
+    let text = prose(12_000);
+    for _ in 0..11 {
+        record(&sub, &text).await;
+    }
+    let newest = record(&sub, &format!("{text} {DETAIL}")).await;
+    let answer = ask(&sub, "blue sedan dealer in Lyon").await;
+    assert_eq!(answer.memories[0].record.id, newest);
+    assert!(
+        answer
+            .notes
+            .iter()
+            .any(|n| n.contains("only the newest long records")),
+        "{:?}",
+        answer.notes
+    );
+    // A recall whose scope is small enough says nothing.
+    let small = tempfile::tempdir().unwrap();
+    let sub = Substrate::open(
+        small.path(),
+        options(Some(Arc::new(HashEmbedder::default()))),
+    )
+    .unwrap();
+    record(&sub, &text).await;
+    assert!(ask(&sub, "rainfall").await.notes.is_empty());
+}
