@@ -188,10 +188,14 @@ fn evaluate(
     let tokio = tokio::runtime::Runtime::new()?;
     let turns: u64 = conversations.iter().map(|c| c.turns.len() as u64).sum();
     let progress = bar(Some(turns), name);
-    progress.set_message(format!("{} conversations, {embedder}", conversations.len()));
     let started = Instant::now();
     let ingested = tokio
-        .block_on(eval::ingest(&sub, &conversations, |done| {
+        .block_on(eval::ingest(&sub, &conversations, |stage, done| {
+            progress.set_message(format!(
+                "{} {} conversations, {embedder}",
+                stage.as_str(),
+                conversations.len()
+            ));
             progress.set_position(done)
         }))
         .with_context(|| format!("ingesting the {name} data"))?;

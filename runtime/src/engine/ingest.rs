@@ -13,6 +13,7 @@ use std::time::Duration;
 use super::{EnrichHook, EnrichWake, Substrate};
 use crate::embed::{Embedded, embed_records};
 use crate::error::{Error, Result};
+use crate::index::passage;
 use crate::model::{
     AuditAction, AuditEntry, MemoryId, MemoryRecord, NewMemory, Passage, validate_embedding,
     validate_id,
@@ -196,9 +197,10 @@ impl Substrate {
         self.wake_indexer();
     }
 
-    /// Embeds up to `max` queued records (oldest first) and hands them to the indexes.
-    /// Returns how many were enriched. A crash in the middle loses nothing: the queue items
-    /// are removed in the same write that stores the embeddings.
+    /// Embeds queued records (oldest first), up to `max` texts — a long record counts
+    /// once per passage, and the first is taken whatever its length — and hands them to
+    /// the indexes. Returns how many records were enriched. A crash in the middle loses
+    /// nothing: the queue items are removed in the same write that stores the embeddings.
     pub async fn enrich_pending(&self, max: usize) -> Result<usize> {
         let ids = self.inner.store.queued(Queue::Enrich, max)?;
         if ids.is_empty() {
@@ -206,9 +208,19 @@ impl Substrate {
         }
         let mut records = Vec::with_capacity(ids.len());
         let mut writes = WriteSet::new();
+        let mut texts = 0;
         for id in ids {
             match self.inner.store.get_light(id)? {
-                Some(r) => records.push(r),
+                // A round stays about `max` texts long: a remote provider's batches in
+                // flight, or a few seconds of a local model, whatever the records' length.
+                Some(r) => {
+                    let n = passage::split(&r.text).len();
+                    if !records.is_empty() && texts + n > max {
+                        break;
+                    }
+                    texts += n;
+                    records.push(r);
+                }
                 // Purged while queued.
                 None => {
                     writes.push(Mutation::Dequeue(Queue::Enrich, id));

@@ -315,11 +315,13 @@ pub const RANKED_KEPT: usize = 20;
 const STALLED: Duration = Duration::from_secs(120);
 
 /// Waits until no record of `sub` waits for its embedding (the substrate's own enricher
-/// embeds them), or fails when the queue has not moved for [`STALLED`].
-async fn embedded(sub: &Substrate) -> Result<()> {
+/// embeds them), or fails when the queue has not moved for [`STALLED`]. `progress` is
+/// called with how many records wait.
+async fn embedded(sub: &Substrate, mut progress: impl FnMut(usize)) -> Result<()> {
     let (mut last, mut since) = (usize::MAX, Instant::now());
     loop {
         let queued = sub.store().queue_depth(Queue::Enrich, usize::MAX)?;
+        progress(queued);
         if queued == 0 {
             return Ok(());
         }
@@ -345,11 +347,12 @@ pub struct Ingested {
 }
 
 /// Ingests `conversations` into `sub` (one session each, in namespace `default`) and waits
-/// until every record is embedded. `progress` is called with the turns done so far.
+/// until every record is embedded. `progress` is called with what is going on and the
+/// turns done so far: [`Stage::Recording`] them, then [`Stage::Embedding`] (turns embedded).
 pub async fn ingest(
     sub: &Substrate,
     conversations: &[Conversation],
-    mut progress: impl FnMut(u64),
+    mut progress: impl FnMut(Stage, u64),
 ) -> Result<Ingested> {
     let mut out = Ingested::default();
     let mut done = 0u64;
@@ -371,12 +374,34 @@ pub async fn ingest(
                 turn_of.insert(id, t.id.clone());
             }
             done += chunk.len() as u64;
-            progress(done);
+            progress(Stage::Recording, done);
         }
         out.turns.push(turn_of);
     }
-    embedded(sub).await?;
+    embedded(sub, |queued| {
+        progress(Stage::Embedding, done.saturating_sub(queued as u64))
+    })
+    .await?;
     Ok(out)
+}
+
+/// What [`ingest`] is doing when it reports progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Writing the turns as events.
+    Recording,
+    /// Waiting for their embeddings (a local or remote embedder works in the background).
+    Embedding,
+}
+
+impl Stage {
+    /// Lower-case, for a progress line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Recording => "recording",
+            Stage::Embedding => "embedding",
+        }
+    }
 }
 
 /// Asks every question of the [`ingest`]ed `conversations` through recall, with `sub`'s

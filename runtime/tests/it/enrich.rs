@@ -200,3 +200,34 @@ async fn an_arriving_embedding_leaves_the_keyword_statistics_alone() {
     assert!(found_by_vector(&sub, "rotate the certificate").await);
     sub.close().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_carries_about_as_many_texts_as_asked_whatever_the_records_length() {
+    let provider = Provider::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    // No enricher of its own: the test runs the rounds.
+    let opts = SubstrateOptions {
+        indexing: shadowbrain_runtime::IndexingOptions {
+            background: false,
+            ..Default::default()
+        },
+        ..options(&provider.endpoint.base_url())
+    };
+    let sub = Substrate::open(dir.path(), opts).unwrap();
+    let long = "The billing service moved to a new region after the audit. ".repeat(100);
+    let passages = shadowbrain_runtime::internals::split(&long).len();
+    assert!(passages > 8);
+    let mut events: Vec<NewMemory> = (0..3)
+        .map(|_| NewMemory::new("observation", &long))
+        .collect();
+    events.extend((0..4).map(|i| NewMemory::new("observation", format!("short note {i}"))));
+    sub.record("default", "s", events).await.unwrap();
+    provider.up.store(true, Ordering::SeqCst);
+    // A long record alone is more than a round of 8 texts: it goes alone.
+    assert_eq!(sub.enrich_pending(8).await.unwrap(), 1);
+    // Two long records fit in a round of 2 × their passages, the third waits.
+    assert_eq!(sub.enrich_pending(2 * passages).await.unwrap(), 2);
+    assert_eq!(sub.enrich_pending(passages).await.unwrap(), 4);
+    assert_eq!(sub.store().queue_depth(Queue::Enrich, 10).unwrap(), 0);
+    sub.close().unwrap();
+}
