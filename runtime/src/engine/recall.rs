@@ -149,8 +149,9 @@ const CONTEXT_GAP_MS: Timestamp = 3_600_000;
 const CONTEXT_HITS: usize = 30;
 
 /// Scopes up to this many records have every long record's passages scored against the
-/// query (a store read per record, a dot product per passage); a wider scope finds long
-/// records through their mean vector and their keywords, and scores the passages of those.
+/// query (a store read per long record, found by the catalog, and a dot product per
+/// passage); a wider scope finds long records through their mean vector and their
+/// keywords, and scores the passages of those.
 const PASSAGE_SCAN_MAX: u64 = 4096;
 
 /// At most this many passages are scored per recall by that scan, newest records first
@@ -315,7 +316,8 @@ impl Substrate {
                     // A long record's detail lives in one passage, which its mean vector
                     // blurs: score each passage and let the best stand for the record.
                     let mut scanned = 0;
-                    for id in allowed.iter().rev() {
+                    let long = self.inner.store.with_passages(&allowed);
+                    for id in long.iter().rev() {
                         if scanned >= PASSAGE_SCAN_BUDGET {
                             notes.push(format!(
                                 "only the newest long records' passages were compared with \

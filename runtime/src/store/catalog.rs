@@ -1,5 +1,5 @@
 //! The in-memory catalog: roaring bitmaps of record ids by namespace, session, agent, tier,
-//! kind and recallability. Recall builds its candidate set from these (scoped vector and
+//! kind and recallability, and the long records that have passages. Recall builds its candidate set from these (scoped vector and
 //! keyword search take a bitmap), so a session-scoped query never even looks at another
 //! session's records. Rebuilt from record headers when the store opens; updated by the
 //! commit thread only after a write is durable, so nothing unacknowledged is ever visible.
@@ -32,6 +32,8 @@ pub struct Filter<'a> {
 #[derive(Debug, Default)]
 pub struct Catalog {
     recallable: RoaringBitmap,
+    /// Long records whose passages are stored.
+    passages: RoaringBitmap,
     archived: RoaringBitmap,
     tiers: [RoaringBitmap; 3],
     namespaces: HashMap<String, Scoped>,
@@ -98,6 +100,7 @@ impl Catalog {
     pub fn remove(&mut self, id: MemoryId, h: &Header) {
         let n = id.0;
         self.recallable.remove(n);
+        self.passages.remove(n);
         self.archived.remove(n);
         self.tiers[tier_index(h.tier)].remove(n);
         if let Some(ns) = self.namespaces.get_mut(&h.namespace) {
@@ -112,6 +115,20 @@ impl Catalog {
                 k.remove(n);
             }
         }
+    }
+
+    /// Marks whether `id` has stored passages.
+    pub fn set_passages(&mut self, id: MemoryId, has: bool) {
+        if has {
+            self.passages.insert(id.0);
+        } else {
+            self.passages.remove(id.0);
+        }
+    }
+
+    /// The records with stored passages (long, and embedded).
+    pub fn with_passages(&self) -> &RoaringBitmap {
+        &self.passages
     }
 
     /// The ids a query may see.

@@ -81,6 +81,7 @@ enum CatalogOp {
     Insert(MemoryId, Header),
     Status(MemoryId, Status),
     Remove(MemoryId, Header),
+    Passages(MemoryId, bool),
 }
 
 struct Worker {
@@ -268,6 +269,7 @@ impl Worker {
                                 CatalogOp::Insert(id, h) => catalog.insert(*id, h),
                                 CatalogOp::Status(id, s) => catalog.set_status(*id, *s),
                                 CatalogOp::Remove(id, h) => catalog.remove(*id, h),
+                                CatalogOp::Passages(id, has) => catalog.set_passages(*id, *has),
                             }
                         }
                     }
@@ -455,6 +457,7 @@ impl Worker {
                             None => {
                                 ops.push(Op::Delete(keys::embedding(id).to_vec()));
                                 ops.push(Op::Delete(keys::passages(id).to_vec()));
+                                cat.push(CatalogOp::Passages(id, false));
                             }
                         }
                         let seq = self.seq();
@@ -565,6 +568,7 @@ impl Worker {
                     if self.current(id)?.is_none() {
                         continue;
                     }
+                    cat.push(CatalogOp::Passages(id, !passages.is_empty()));
                     ops.push(if passages.is_empty() {
                         Op::Delete(keys::passages(id).to_vec())
                     } else {

@@ -345,6 +345,15 @@ impl Store {
             max_id = Some(id.0);
             Ok(Visit::Continue)
         })?;
+        // Keys only: which records have passages.
+        let prefix = [family::PASSAGES];
+        let mut end = Vec::new();
+        kv.scan(Range::prefix(&prefix, &mut end), false, &mut |k, _| {
+            if let Some(id) = keys::id_from_key(k) {
+                catalog.set_passages(id, true);
+            }
+            Ok(Visit::Continue)
+        })?;
         let stored_next = read_u32(kv.as_ref(), meta::NEXT_ID)?.unwrap_or(0);
         let next_id = stored_next.max(max_id.map_or(0, |m| m + 1));
         let next_seq = read_u64(kv.as_ref(), meta::NEXT_SEQ)?.unwrap_or(1);
@@ -773,6 +782,11 @@ impl Store {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .candidates(filter)
+    }
+
+    /// Which of `ids` have stored passages (long records, once embedded).
+    pub fn with_passages(&self, ids: &roaring::RoaringBitmap) -> roaring::RoaringBitmap {
+        self.catalog().with_passages() & ids
     }
 
     /// Records of one tier.

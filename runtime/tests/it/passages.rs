@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use roaring::RoaringBitmap;
 use shadowbrain_runtime::embed::{HashEmbedder, LocalEmbedder};
 use shadowbrain_runtime::internals::{Mutation, WriteSet, split};
 use shadowbrain_runtime::{
@@ -141,11 +142,22 @@ async fn a_long_event_is_kept_whole_split_into_passages_and_found_by_a_detail() 
     let answer = ask(&sub, "which sedan did we purchase from the dealer in Lyon?").await;
     check_the_long_record_is_shown_by_its_detail(&sub, &answer, long, &text);
 
+    // The catalog knows which records have passages, and rebuilds that on open.
+    let everything: RoaringBitmap = (0..=short.0).collect();
+    let marked =
+        |sub: &Substrate| -> Vec<u32> { sub.store().with_passages(&everything).iter().collect() };
+    assert_eq!(marked(&sub), [long.0]);
+    sub.close().unwrap();
+    drop(sub);
+    let sub =
+        Substrate::open(dir.path(), options(Some(Arc::new(HashEmbedder::default())))).unwrap();
+    assert_eq!(marked(&sub), [long.0]);
     // Removing the record for good removes its passages.
     sub.store()
         .write(WriteSet(vec![Mutation::Purge(Box::new(stored))]))
         .unwrap();
     assert!(sub.store().passages(long).unwrap().is_empty());
+    assert!(marked(&sub).is_empty());
 }
 
 #[tokio::test]
