@@ -235,12 +235,16 @@ fn beam_on_one_chat_scores_every_ability_beside_bm25_with_no_message_cut() {
         summary["bm25"]["headline"]["r10"].as_f64().unwrap(),
     );
     assert!(r10 > 0.0 && bm25 > 0.0, "{summary:#}");
+    assert!(
+        summary["bm25_whole"]["headline"]["r10"].as_f64().unwrap() > 0.0,
+        "{summary:#}"
+    );
     let text = std::fs::read_to_string(out_dir.join("ranked.jsonl")).unwrap();
     let ids: std::collections::HashSet<&str> = chat.turns.iter().map(|t| t.id.as_str()).collect();
     for line in text.lines() {
         let line: Value = serde_json::from_str(line).unwrap();
         assert!(line["category"].is_string(), "{line}");
-        for key in ["ranked_dia_ids", "bm25_dia_ids"] {
+        for key in ["ranked_dia_ids", "bm25_dia_ids", "bm25_whole_dia_ids"] {
             assert!(
                 line[key]
                     .as_array()

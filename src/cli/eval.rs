@@ -298,6 +298,7 @@ fn write_report(
             "evidence": a.evidence,
             "ranked_dia_ids": top(&a.ranked),
             "bm25_dia_ids": top(&a.baseline),
+            "bm25_whole_dia_ids": top(&a.whole),
         });
         writeln!(w, "{line}")?;
     }

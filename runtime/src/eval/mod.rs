@@ -7,7 +7,7 @@
 //! [`ingest`] records each conversation as one session and waits until every record is
 //! embedded, and [`ask`] asks every question twice (once per policy to compare): through recall, and through plain BM25 over the same
 //! analysed text and the same session ([`crate::Substrate::bm25`]) — the anchor every
-//! figure is printed beside.
+//! figure is printed beside — and through BM25 over whole turns ([`WholeBm25`]).
 
 pub mod beam;
 pub mod locomo;
@@ -20,6 +20,8 @@ use serde::{Deserialize, Serialize};
 use crate::clock::Timestamp;
 use crate::engine::{RecallRequest, Substrate};
 use crate::error::{Error, Result};
+use crate::index::keyword::bm25_idf;
+use crate::index::text::analyze;
 use crate::internals::Queue;
 use crate::model::{MemoryId, NewMemory};
 use crate::retrieval::Scope;
@@ -123,6 +125,9 @@ pub struct Answer {
     pub ranked: Vec<String>,
     /// The turn ids plain BM25 returned, best first.
     pub baseline: Vec<String>,
+    /// The turn ids BM25 over whole turns returned, best first (see [`WholeBm25`]).
+    #[serde(default)]
+    pub whole: Vec<String>,
 }
 
 /// Which ranking of an answer to score.
@@ -130,8 +135,12 @@ pub struct Answer {
 pub enum Ranking {
     /// shadowbrain's recall.
     Recall,
-    /// Plain BM25 over the same analysed text.
+    /// Plain BM25 over the same analysed text: the keyword index alone, which scores a
+    /// long turn by its best passage.
     Bm25,
+    /// BM25 over whole turns, however long ([`WholeBm25`]): the anchor of the figures
+    /// measured before long turns were indexed as passages.
+    WholeBm25,
 }
 
 impl Answer {
@@ -139,6 +148,7 @@ impl Answer {
         match which {
             Ranking::Recall => &self.ranked,
             Ranking::Bm25 => &self.baseline,
+            Ranking::WholeBm25 => &self.whole,
         }
     }
 
@@ -249,15 +259,32 @@ impl Report {
                 )
             })
             .collect();
+        let whole: serde_json::Map<String, serde_json::Value> = self
+            .ks
+            .iter()
+            .map(|&k| {
+                let (r, b) = (
+                    self.headline(Ranking::Recall).recall[&k],
+                    self.headline(Ranking::WholeBm25).recall[&k],
+                );
+                (
+                    format!("r{k}"),
+                    round(if b > 0.0 { r / b } else { 0.0 }).into(),
+                )
+            })
+            .collect();
         if let serde_json::Value::Object(m) = &mut out {
             m.insert("bm25".into(), self.section(Ranking::Bm25));
             m.insert("ratio_to_bm25".into(), ratio.into());
+            m.insert("bm25_whole".into(), self.section(Ranking::WholeBm25));
+            m.insert("ratio_to_bm25_whole".into(), whole.into());
         }
         out
     }
 
     /// A plain-text table: one row per group, the headline, all, and the two halves, each
-    /// with recall's R@k, plain BM25's R@k, and their ratio at the middle k.
+    /// with recall's R@k, plain BM25's R@k, and their ratio at the middle k; then BM25 over
+    /// whole turns at the middle k and recall's ratio to it.
     pub fn table(&self) -> String {
         let mid = self.ks[self.ks.len() / 2];
         let mut out = format!("{:<28} {:>5}", "questions", "n");
@@ -270,7 +297,12 @@ impl Report {
         for k in &self.ks {
             out.push_str(&format!(" {:>7}", format!("bm25@{k}")));
         }
-        out.push_str(&format!(" {:>7}\n", format!("×@{mid}")));
+        out.push_str(&format!(" {:>7}", format!("×@{mid}")));
+        out.push_str(&format!(
+            " {:>8} {:>8}\n",
+            format!("whole@{mid}"),
+            format!("×w@{mid}")
+        ));
         let mut row = |name: &str, keep: &dyn Fn(&Answer) -> bool| {
             let (f, b) = (
                 self.figures(Ranking::Recall, keep),
@@ -288,11 +320,16 @@ impl Report {
             {
                 out.push_str(&format!(" {v:>7.3}"));
             }
-            let ratio = match b.recall[&mid] {
+            let ratio = |base: f64| match base {
                 0.0 => f64::NAN,
                 base => f.recall[&mid] / base,
             };
-            out.push_str(&format!(" {ratio:>7.3}\n"));
+            let w = self.figures(Ranking::WholeBm25, keep).recall[&mid];
+            out.push_str(&format!(
+                " {:>7.3} {w:>8.3} {:>8.3}\n",
+                ratio(b.recall[&mid]),
+                ratio(w)
+            ));
         };
         for group in self.per_group(Ranking::Recall).keys() {
             row(&(self.layout.label)(group), &|a| &a.group == group);
@@ -344,6 +381,80 @@ async fn embedded(sub: &Substrate, mut progress: impl FnMut(usize)) -> Result<()
 #[derive(Debug, Clone, Default)]
 pub struct Ingested {
     turns: Vec<HashMap<MemoryId, String>>,
+    whole: WholeBm25,
+}
+
+/// BM25 over whole turns, however long (k1 = 1.2, b = 0.75, tantivy's idf; statistics over
+/// every turn of every conversation, as the keyword index's are over the namespace),
+/// computed here from the data alone: the anchor the figures had before long turns were
+/// indexed as passages, which the keyword index can no longer give.
+#[derive(Debug, Clone, Default)]
+pub struct WholeBm25 {
+    /// Per conversation, per turn: its analysed terms with their counts, and its length.
+    turns: Vec<Vec<(HashMap<String, u32>, u32)>>,
+    /// Turns containing each term.
+    doc_freq: HashMap<String, u64>,
+    docs: u64,
+    mean_len: f64,
+}
+
+impl WholeBm25 {
+    fn new(conversations: &[Conversation]) -> Self {
+        let mut out = WholeBm25::default();
+        let mut tokens = 0u64;
+        for conv in conversations {
+            let mut turns = Vec::with_capacity(conv.turns.len());
+            for t in &conv.turns {
+                let terms = analyze(&t.text);
+                let mut counts: HashMap<String, u32> = HashMap::new();
+                for term in &terms {
+                    *counts.entry(term.clone()).or_default() += 1;
+                }
+                for term in counts.keys() {
+                    *out.doc_freq.entry(term.clone()).or_default() += 1;
+                }
+                tokens += terms.len() as u64;
+                turns.push((counts, terms.len() as u32));
+            }
+            out.docs += turns.len() as u64;
+            out.turns.push(turns);
+        }
+        out.mean_len = tokens as f64 / out.docs.max(1) as f64;
+        out
+    }
+
+    /// The `k` best turns of conversation `conv` (by position) for `query`, best first.
+    fn top(&self, conv: usize, query: &str, k: usize) -> Vec<usize> {
+        let mut words = analyze(query);
+        words.sort_unstable();
+        words.dedup();
+        let idf: Vec<(&str, f64)> = words
+            .iter()
+            .filter_map(|w| {
+                let n = *self.doc_freq.get(w)?;
+                Some((w.as_str(), f64::from(bm25_idf(n, self.docs))))
+            })
+            .collect();
+        let (k1, b) = (1.2, 0.75);
+        let mut scored: Vec<(usize, f64)> = self.turns[conv]
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (counts, len))| {
+                let norm = k1 * (1.0 - b + b * f64::from(*len) / self.mean_len.max(1e-9));
+                let s: f64 = idf
+                    .iter()
+                    .filter_map(|(w, idf)| {
+                        let tf = f64::from(*counts.get(*w)?);
+                        Some(idf * tf * (k1 + 1.0) / (tf + norm))
+                    })
+                    .sum();
+                (s > 0.0).then_some((i, s))
+            })
+            .collect();
+        scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        scored.truncate(k);
+        scored.into_iter().map(|(i, _)| i).collect()
+    }
 }
 
 /// Ingests `conversations` into `sub` (one session each, in namespace `default`) and waits
@@ -354,7 +465,10 @@ pub async fn ingest(
     conversations: &[Conversation],
     mut progress: impl FnMut(Stage, u64),
 ) -> Result<Ingested> {
-    let mut out = Ingested::default();
+    let mut out = Ingested {
+        whole: WholeBm25::new(conversations),
+        ..Ingested::default()
+    };
     let mut done = 0u64;
     for conv in conversations {
         let mut turn_of: HashMap<MemoryId, String> = HashMap::new();
@@ -418,7 +532,7 @@ pub async fn ask(
     let depth = ks.iter().copied().max().unwrap_or(10).max(RANKED_KEPT);
     let mut answers = Vec::new();
     let mut done = 0u64;
-    for (conv, turn_of) in conversations.iter().zip(&ingested.turns) {
+    for (ci, (conv, turn_of)) in conversations.iter().zip(&ingested.turns).enumerate() {
         let turns = |ids: &mut dyn Iterator<Item = MemoryId>| -> Vec<String> {
             ids.filter_map(|id| turn_of.get(&id).cloned()).collect()
         };
@@ -431,6 +545,7 @@ pub async fn ask(
             let res = sub.recall(&req).await?;
             let ranked = turns(&mut res.memories.iter().map(|m| m.record.id));
             let bm25 = sub.bm25("default", &conv.sample_id, &q.question, depth)?;
+            let whole = ingested.whole.top(ci, &q.question, depth);
             answers.push(Answer {
                 sample_id: conv.sample_id.clone(),
                 conversation: conv.index,
@@ -439,6 +554,10 @@ pub async fn ask(
                 evidence: q.evidence.clone(),
                 ranked,
                 baseline: turns(&mut bm25.into_iter()),
+                whole: whole
+                    .into_iter()
+                    .map(|t| conv.turns[t].id.clone())
+                    .collect(),
             });
             done += 1;
             progress(done);
@@ -449,4 +568,42 @@ pub async fn ask(
         answers,
         layout,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conversation(texts: &[&str]) -> Conversation {
+        Conversation {
+            index: 0,
+            sample_id: "c".into(),
+            turns: texts
+                .iter()
+                .enumerate()
+                .map(|(i, t)| Turn {
+                    id: format!("t{i}"),
+                    text: t.to_string(),
+                    time: i as Timestamp,
+                })
+                .collect(),
+            questions: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn whole_turn_bm25_counts_a_long_turn_whole() {
+        let long = format!("the quokka {}", "rainfall in the valley ".repeat(300));
+        let bm25 = WholeBm25::new(&[conversation(&[
+            "a note about the printer",
+            &long,
+            "we saw a quokka at the zoo",
+            "nothing here",
+        ])]);
+        // Both mention it once; the long turn's length counts against it.
+        assert_eq!(bm25.top(0, "quokka", 10), [2, 1]);
+        assert_eq!(bm25.top(0, "printer", 10), [0]);
+        assert!(bm25.top(0, "zebra", 10).is_empty());
+        assert_eq!(bm25.top(0, "quokka", 1), [2]);
+    }
 }
