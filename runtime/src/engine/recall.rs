@@ -566,12 +566,17 @@ impl Substrate {
         let stats = self.inner.keywords.query_stats(query)?;
         // Analysed text per record, each read once however many runs it appears in.
         let mut terms: HashMap<MemoryId, Vec<String>> = HashMap::new();
+        // Long records are documents, not turns: they neither borrow nor lend words.
+        let mut documents: HashSet<MemoryId> = HashSet::new();
         let mut scores: HashMap<MemoryId, f32> = HashMap::new();
         for &(hit, _) in hits.iter().take(CONTEXT_HITS) {
             let hit = MemoryId(hit);
             let Some(r) = store.get_light(hit)? else {
                 continue;
             };
+            if is_long(&r.text) {
+                documents.insert(hit);
+            }
             terms
                 .entry(hit)
                 .or_insert_with(|| own_terms(&stats, &r.text));
@@ -596,6 +601,9 @@ impl Substrate {
                 if !terms.contains_key(&id)
                     && let Some(n) = store.get_light(id)?
                 {
+                    if is_long(&n.text) {
+                        documents.insert(id);
+                    }
                     terms.insert(id, own_terms(&stats, &n.text));
                 }
             }
@@ -604,13 +612,18 @@ impl Substrate {
                 if scores.contains_key(&id) {
                     continue;
                 }
+                let own = terms.get(&id).map_or(&[][..], Vec::as_slice);
+                if documents.contains(&id) {
+                    scores.insert(id, retrieval::context_bm25(&stats, own, &[], 0.0, 0));
+                    continue;
+                }
                 let neighbours: Vec<&[String]> = run
                     [q.saturating_sub(window)..=(q + window).min(run.len() - 1)]
                     .iter()
                     .filter(|(tn, n)| *n != id && tn.abs_diff(t) <= CONTEXT_GAP_MS.unsigned_abs())
+                    .filter(|(_, n)| !documents.contains(n))
                     .filter_map(|(_, n)| terms.get(n).map(Vec::as_slice))
                     .collect();
-                let own = terms.get(&id).map_or(&[][..], Vec::as_slice);
                 let score =
                     retrieval::context_bm25(&stats, own, &neighbours, weight, window as u32);
                 scores.insert(id, score);
