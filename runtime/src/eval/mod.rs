@@ -245,34 +245,23 @@ impl Report {
     /// BM25's under `ratio_to_bm25`.
     pub fn summary(&self) -> serde_json::Value {
         let mut out = self.section(Ranking::Recall);
-        let ratio: serde_json::Map<String, serde_json::Value> = self
-            .ks
-            .iter()
-            .map(|&k| {
-                let (r, b) = (
-                    self.headline(Ranking::Recall).recall[&k],
-                    self.headline(Ranking::Bm25).recall[&k],
-                );
-                (
-                    format!("r{k}"),
-                    round(if b > 0.0 { r / b } else { 0.0 }).into(),
-                )
-            })
-            .collect();
-        let whole: serde_json::Map<String, serde_json::Value> = self
-            .ks
-            .iter()
-            .map(|&k| {
-                let (r, b) = (
-                    self.headline(Ranking::Recall).recall[&k],
-                    self.headline(Ranking::WholeBm25).recall[&k],
-                );
-                (
-                    format!("r{k}"),
-                    round(if b > 0.0 { r / b } else { 0.0 }).into(),
-                )
-            })
-            .collect();
+        // Recall's headline R@k over an anchor's, per k.
+        let ratio_to = |anchor: Ranking| -> serde_json::Map<String, serde_json::Value> {
+            self.ks
+                .iter()
+                .map(|&k| {
+                    let (r, b) = (
+                        self.headline(Ranking::Recall).recall[&k],
+                        self.headline(anchor).recall[&k],
+                    );
+                    (
+                        format!("r{k}"),
+                        round(if b > 0.0 { r / b } else { 0.0 }).into(),
+                    )
+                })
+                .collect()
+        };
+        let (ratio, whole) = (ratio_to(Ranking::Bm25), ratio_to(Ranking::WholeBm25));
         if let serde_json::Value::Object(m) = &mut out {
             m.insert("bm25".into(), self.section(Ranking::Bm25));
             m.insert("ratio_to_bm25".into(), ratio.into());
