@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use serde::de::IgnoredAny;
 use serde_json::{Value, json};
 use shadowbrain::Limits;
+use shadowbrain::listen::Edge;
 use shadowbrain::server::{self, Auth};
 use shadowbrain::{Runtime, RuntimeConfig};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -207,6 +208,7 @@ async fn main() {
         rt.clone(),
         Limits::default(),
         Auth::open(),
+        Edge::default(),
         async {
             let _ = stopped.await;
         },

@@ -229,8 +229,21 @@ async fn serve(
         data.display(),
         listener.local_addr()?
     ));
-    server::serve(listener, rt, file.limits, auth, shutdown_signal()).await?;
-    say(format_args!("drained and flushed; bye"));
+    let drained = server::serve(
+        listener,
+        rt,
+        file.limits,
+        auth,
+        file.edge,
+        shutdown_signal(),
+    )
+    .await?;
+    match drained.cut {
+        0 => say(format_args!("drained and flushed; bye")),
+        n => say(format_args!(
+            "flushed; {n} connection(s) were still open at the drain deadline and were closed              (server.drain_timeout); bye"
+        )),
+    }
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! The server's config file (`--config`, TOML; DESIGN §6–7), read with `config` so every
 //! key can be overridden from the environment as `SHADOWBRAIN__SECTION__KEY` (e.g.
-//! `SHADOWBRAIN__LIMITS__MAX_K=50`). Five sections, each optional:
+//! `SHADOWBRAIN__LIMITS__MAX_K=50`). Six sections, each optional:
 //!
 //! - `[provider]`: `base_url`, `api_key_env` and `timeout` shared by `[embedder]` and
 //!   `[llm]` when their kind is `openai` and they do not set their own — so one section
@@ -11,6 +11,9 @@
 //! - `[[auth.keys]]`: API keys (their hex SHA-256) and the namespace each sees.
 //! - `[limits]`: request limits (defaults: 8 MiB bodies, 1000 events per call, 1 MiB
 //!   text, 256 KiB content, k ≤ 200, token_budget ≤ 32768).
+//! - `[server]`: how connections are held (defaults: 30 s to send headers, also the idle
+//!   keep-alive timeout; 30 s between body chunks; a 10 s drain; 1024 connections), see
+//!   [`crate::listen`].
 //!
 //! Every mistake is refused at start-up with what to fix — an unknown section or key, a
 //! value out of range — rather than discovered on the first request.
@@ -23,10 +26,11 @@ use crate::llm::LlmConfig;
 use anyhow::Context;
 use serde::Deserialize;
 
+use crate::listen::{Edge, ServerConfig};
 use crate::server::{ApiKey, Auth};
 
 /// The sections a config file may have.
-const SECTIONS: [&str; 5] = ["provider", "embedder", "llm", "auth", "limits"];
+const SECTIONS: [&str; 6] = ["provider", "embedder", "llm", "auth", "limits", "server"];
 
 /// The `[provider]` section: connection settings `[embedder]` and `[llm]` inherit.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -54,6 +58,8 @@ pub struct ConfigFile {
     pub auth: Auth,
     /// `[limits]`.
     pub limits: Limits,
+    /// `[server]`, checked.
+    pub edge: Edge,
 }
 
 impl ConfigFile {
@@ -93,7 +99,7 @@ impl ConfigFile {
             unknown.sort();
             anyhow::bail!(
                 "unknown config section(s) {unknown:?}; the sections are [provider], \
-                 [embedder], [llm], [[auth.keys]] and [limits] (see the README)"
+                 [embedder], [llm], [[auth.keys]], [limits] and [server] (see the README)"
             );
         }
         // Checked for unknown keys, then merged as written into the sections that use it.
@@ -112,11 +118,18 @@ impl ConfigFile {
         if !problems.is_empty() {
             anyhow::bail!("the [limits] section is invalid: {}", problems.join("; "));
         }
+        let edge = section::<ServerConfig>(&cfg, "server")?
+            .unwrap_or_default()
+            .edge()
+            .map_err(|problems| {
+                anyhow::anyhow!("the [server] section is invalid: {}", problems.join("; "))
+            })?;
         Ok(ConfigFile {
             embedder,
             llm,
             auth,
             limits,
+            edge,
         })
     }
 }

@@ -20,6 +20,8 @@ pub mod api;
 #[cfg(feature = "server")]
 pub mod config;
 #[cfg(feature = "server")]
+pub mod listen;
+#[cfg(feature = "server")]
 pub mod metrics;
 #[cfg(feature = "server")]
 pub mod server;

@@ -21,9 +21,9 @@ use crate::{
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, MatchedPath, Path, Query, Request, State};
-use axum::http::StatusCode;
-use axum::http::header::AUTHORIZATION;
+use axum::http::header::{AUTHORIZATION, CONNECTION, CONTENT_LENGTH};
 use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -39,6 +39,7 @@ use crate::api::{
     KnowledgeSearchIn, Memory, PolicyOut, RecallIn, RecallOut, Sessions, StatusIn, Timeline,
     Updated,
 };
+use crate::listen::{Drained, Edge};
 use crate::metrics::Metrics;
 
 /// The namespace of every request while no API keys are configured.
@@ -156,18 +157,22 @@ struct AppState {
     limits: Arc<Limits>,
     auth: Arc<Auth>,
     metrics: Arc<Metrics>,
+    edge: Edge,
 }
 
 /// The routes of `DESIGN.md` §7: health and metrics, session events, recall, feedback,
 /// condense and timeline, the session list, one memory (get, status, archive, history),
-/// knowledge search and graph, and the policy (get, reload).
-pub fn router(rt: Runtime, limits: Limits, auth: Auth) -> Router {
+/// knowledge search and graph, and the policy (get, reload). Every request's body is held
+/// to `edge.body_timeout` between chunks and, when it declares its length, to the body
+/// limit before a byte of it is read ([`guard_body`]).
+pub fn router(rt: Runtime, limits: Limits, auth: Auth, edge: Edge) -> Router {
     let body_limit = limits.max_body_bytes;
     let state = AppState {
         rt,
         limits: Arc::new(limits),
         auth: Arc::new(auth),
         metrics: Arc::new(Metrics::new()),
+        edge,
     };
     Router::new()
         .route("/healthz", get(healthz))
@@ -190,25 +195,52 @@ pub fn router(rt: Runtime, limits: Limits, auth: Auth) -> Router {
         .route("/openapi.json", get(get_openapi))
         .route_layer(middleware::from_fn_with_state(state.clone(), track))
         .fallback(no_route)
+        .layer(middleware::from_fn_with_state(state.clone(), guard_body))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }
 
 /// Serves `rt` on `listener` until `shutdown` completes, then stops accepting, lets the
-/// requests in flight finish, and shuts the runtime down (drain and flush).
+/// requests in flight finish within `edge.drain_timeout` (closing the connections still
+/// open after it), and shuts the runtime down (drain and flush). See [`crate::listen`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     rt: Runtime,
     limits: Limits,
     auth: Auth,
+    edge: Edge,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    let app = router(rt.clone(), limits, auth);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+) -> anyhow::Result<Drained> {
+    let app = router(rt.clone(), limits, auth, edge);
+    let drained = crate::listen::serve_connections(listener, app, edge, shutdown).await;
     rt.shutdown().await?;
-    Ok(())
+    Ok(drained)
+}
+
+/// Refuses a body that declares a length over the limit before reading any of it (no
+/// `100 Continue` is sent, since hyper sends one only when the body is read), and bounds
+/// the pause between the chunks of every other body to `edge.body_timeout`.
+async fn guard_body(State(s): State<AppState>, request: Request, next: Next) -> Response {
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(length) = declared
+        && length > s.limits.max_body_bytes as u64
+    {
+        let mut answer =
+            ApiError::too_large(Some(s.limits.max_body_bytes), Some(length)).into_response();
+        // The body stays unread, so the connection cannot carry another request.
+        answer
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+        return answer;
+    }
+    let timeout = s.edge.body_timeout;
+    let request = request
+        .map(|body| axum::body::Body::new(tower_http::timeout::TimeoutBody::new(timeout, body)));
+    next.run(request).await
 }
 
 /// An error answer: a status and the contract's body.
@@ -220,7 +252,11 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn new(
+        status: StatusCode,
+        code: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
         ApiError {
             status,
             code: code.into(),
@@ -237,16 +273,44 @@ impl ApiError {
         )
     }
 
-    /// A body axum could not read: too large, or cut off.
+    /// A body over the limit: `declared` is the length it announced, `limit` the limit
+    /// when the caller knows it.
+    fn too_large(limit: Option<usize>, declared: Option<u64>) -> Self {
+        let size = match declared {
+            Some(n) => format!(" declares {n} bytes, which is"),
+            None => " is".to_string(),
+        };
+        let limit = match limit {
+            Some(n) => format!("of {n} bytes ([limits] body_bytes)"),
+            None => "([limits] body_bytes, 8 MiB by default)".to_string(),
+        };
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!(
+                "the request body{size} over the server's limit {limit}; send fewer events \
+                 per call or shorter texts"
+            ),
+        )
+    }
+
+    /// A body axum could not read: too large, stalled, or cut off.
     fn body(rejection: BytesRejection) -> Self {
         let status = rejection.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
-            return ApiError::new(
-                status,
-                "body_too_large",
-                "the request body is over the server's limit (8 MiB by default); send fewer \
-                 events per call or shorter texts",
-            );
+            return ApiError::too_large(None, None);
+        }
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&rejection);
+        while let Some(e) = cause {
+            if e.is::<tower_http::timeout::TimeoutError>() {
+                return ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body_timeout",
+                    "the request body stopped arriving before it was complete \
+                     (server.body_timeout); send the whole body without pausing",
+                );
+            }
+            cause = e.source();
         }
         ApiError::new(status, "unreadable_body", rejection.body_text())
     }

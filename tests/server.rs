@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use shadowbrain::Limits;
+use shadowbrain::listen::Edge;
 use shadowbrain::server::{self, ApiKey, Auth};
 use shadowbrain::{Runtime, RuntimeConfig};
 
@@ -124,9 +125,16 @@ impl TestServer {
                 let rt = Runtime::open(RuntimeConfig::new(&data)).await.unwrap();
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 addr_tx.send(listener.local_addr().unwrap()).unwrap();
-                server::serve(listener, rt, Limits::default(), auth, async {
-                    let _ = stopped.await;
-                })
+                server::serve(
+                    listener,
+                    rt,
+                    Limits::default(),
+                    auth,
+                    Edge::default(),
+                    async {
+                        let _ = stopped.await;
+                    },
+                )
                 .await
                 .unwrap();
             });

@@ -1,0 +1,281 @@
+//! How `serve` holds its connections: the accept loop, the per-connection timeouts, the
+//! bound on open connections and the drain with a deadline (the `[server]` section,
+//! [`Edge`]).
+//!
+//! axum's own `serve` reads headers and bodies without a deadline and, on shutdown, waits
+//! for every connection to finish however long it takes: a client holding half-sent
+//! headers kept SIGTERM from ever completing. Here hyper serves each connection with a
+//! header read timeout (which also closes idle keep-alive connections, since hyper starts
+//! it whenever it waits for the next request), the router bounds the time between body
+//! chunks ([`crate::server::router`]), connections past [`Edge::max_connections`] are
+//! answered `503 overloaded` at once, and a shutdown stops accepting, lets each connection
+//! finish the request it is serving, and closes whatever is still open after
+//! [`Edge::drain_timeout`].
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderValue, Request, Response, StatusCode, header};
+use axum::response::IntoResponse;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+
+use crate::server::ApiError;
+
+/// The `[server]` section as written: durations are human strings (`"30s"`, `"2m"`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// How long a client has to send a request's headers in full, counted from when the
+    /// server is ready for them (the connection opened, or the previous answer sent): a
+    /// keep-alive connection idle this long is closed. Default `"30s"`.
+    pub header_timeout: String,
+    /// How long a request body may pause between two chunks before the request is
+    /// answered `408 body_timeout` and the connection closed. Default `"30s"`.
+    pub body_timeout: String,
+    /// After SIGTERM or Ctrl-C, how long requests in flight may take to finish before the
+    /// connections still open are closed and the runtime is flushed. Default `"10s"`.
+    pub drain_timeout: String,
+    /// Connections served at once; one more is answered `503 overloaded` and closed.
+    /// Default 1024.
+    pub max_connections: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            header_timeout: "30s".into(),
+            body_timeout: "30s".into(),
+            drain_timeout: "10s".into(),
+            max_connections: 1024,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The settings checked and parsed; every problem is listed, each naming its key.
+    pub fn edge(&self) -> Result<Edge, Vec<String>> {
+        let mut problems = Vec::new();
+        let mut duration = |key: &str, text: &str| match humantime::parse_duration(text.trim()) {
+            Ok(d) if !d.is_zero() => d,
+            Ok(_) => {
+                problems.push(format!(
+                    "server.{key} = {text:?}: zero would close every connection at once; \
+                     use a few seconds, e.g. \"30s\""
+                ));
+                Duration::ZERO
+            }
+            Err(e) => {
+                problems.push(format!(
+                    "server.{key} = {text:?} is not a duration ({e}); write it like \"30s\" \
+                     or \"2m\""
+                ));
+                Duration::ZERO
+            }
+        };
+        let edge = Edge {
+            header_timeout: duration("header_timeout", &self.header_timeout),
+            body_timeout: duration("body_timeout", &self.body_timeout),
+            drain_timeout: duration("drain_timeout", &self.drain_timeout),
+            max_connections: self.max_connections,
+        };
+        if self.max_connections == 0 {
+            problems.push(
+                "server.max_connections = 0 would refuse every client; use at least 1 \
+                 (default 1024)"
+                    .into(),
+            );
+        }
+        match problems.is_empty() {
+            true => Ok(edge),
+            false => Err(problems),
+        }
+    }
+}
+
+/// How the server treats connections (see [`ServerConfig`] for each setting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Edge {
+    /// Time to send a request's headers, and the idle keep-alive timeout.
+    pub header_timeout: Duration,
+    /// Longest pause between two chunks of a request body.
+    pub body_timeout: Duration,
+    /// Time the drain gives requests in flight after a shutdown signal.
+    pub drain_timeout: Duration,
+    /// Connections served at once.
+    pub max_connections: usize,
+}
+
+impl Default for Edge {
+    fn default() -> Self {
+        ServerConfig::default()
+            .edge()
+            .expect("the default [server] settings are valid")
+    }
+}
+
+/// What [`serve_connections`] did, for the operator's last lines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Drained {
+    /// Connections still open at the drain deadline, closed without their answer.
+    pub cut: usize,
+}
+
+/// Serves `app` on `listener` until `shutdown` completes, then drains (see the module
+/// doc). Returns once every connection is closed.
+pub async fn serve_connections(
+    listener: TcpListener,
+    app: Router,
+    edge: Edge,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Drained {
+    let slots = Arc::new(Semaphore::new(edge.max_connections));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(edge.header_timeout)
+        .keep_alive(true);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    // Out of file descriptors, or a connection reset before it was taken:
+                    // the listener is still good. A pause keeps EMFILE from spinning.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accepting a connection failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let io = TokioIo::new(stream);
+                let mut stop = stop_rx.clone();
+                match slots.clone().try_acquire_owned() {
+                    Ok(slot) => {
+                        let conn = builder.serve_connection(io, TowerToHyperService::new(app.clone()));
+                        connections.spawn(async move {
+                            tokio::pin!(conn);
+                            tokio::select! {
+                                _ = conn.as_mut() => {}
+                                () = async { let _ = stop.wait_for(|s| *s).await; } => {
+                                    // Finish the request being served, close when idle.
+                                    conn.as_mut().graceful_shutdown();
+                                    let _ = conn.await;
+                                }
+                            }
+                            drop(slot);
+                        });
+                    }
+                    Err(_) => {
+                        // Over the bound: answered at once, never queued.
+                        let mut refusal = http1::Builder::new();
+                        refusal
+                            .timer(TokioTimer::new())
+                            .header_read_timeout(edge.header_timeout)
+                            .keep_alive(false);
+                        let limit = edge.max_connections;
+                        let conn = refusal.serve_connection(
+                            io,
+                            hyper::service::service_fn(move |_req: Request<hyper::body::Incoming>| {
+                                std::future::ready(Ok::<_, Infallible>(overloaded(limit)))
+                            }),
+                        );
+                        connections.spawn(async move {
+                            let _ = conn.await;
+                        });
+                    }
+                }
+            }
+            // Reap finished connections so the set holds only open ones.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    let deadline = tokio::time::sleep(edge.drain_timeout);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            next = connections.join_next() => {
+                if next.is_none() {
+                    return Drained::default();
+                }
+            }
+            () = &mut deadline => {
+                let cut = connections.len();
+                tracing::warn!(
+                    connections = cut,
+                    "closing connections still open {}s after the shutdown signal \
+                     (server.drain_timeout); their requests get no answer",
+                    edge.drain_timeout.as_secs_f64()
+                );
+                connections.abort_all();
+                while connections.join_next().await.is_some() {}
+                return Drained { cut };
+            }
+        }
+    }
+}
+
+/// The answer to a connection past the bound.
+fn overloaded(limit: usize) -> Response<Body> {
+    let mut answer = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "overloaded",
+        format!(
+            "the server holds its limit of {limit} connections (server.max_connections); \
+             retry shortly, or reuse fewer connections per client"
+        ),
+    )
+    .into_response();
+    let headers = answer.headers_mut();
+    headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    answer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid_and_bad_values_are_named() {
+        let edge = Edge::default();
+        assert_eq!(edge.header_timeout, Duration::from_secs(30));
+        assert_eq!(edge.drain_timeout, Duration::from_secs(10));
+        let bad = ServerConfig {
+            header_timeout: "soon".into(),
+            body_timeout: "0s".into(),
+            max_connections: 0,
+            ..ServerConfig::default()
+        };
+        let problems = bad.edge().unwrap_err();
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(
+            problems[0].starts_with("server.header_timeout"),
+            "{problems:?}"
+        );
+        assert!(
+            problems[1].starts_with("server.body_timeout"),
+            "{problems:?}"
+        );
+        assert!(
+            problems[2].starts_with("server.max_connections"),
+            "{problems:?}"
+        );
+    }
+}

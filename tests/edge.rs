@@ -1,0 +1,410 @@
+//! The server's edge as an operator meets it: the `serve` binary with a `[server]` section,
+//! driven by raw TCP clients that stall, trickle, overstate their bodies or crowd the
+//! server, and stopped with SIGTERM while they do.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// A `shadowbrain serve` child on 127.0.0.1:0 with `server` as its `[server]` section.
+struct Served {
+    child: Child,
+    addr: SocketAddr,
+    /// Its stderr lines after the listening line.
+    lines: Receiver<String>,
+    data: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Served {
+    fn start(server: &str) -> Served {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let config = dir.path().join("shadowbrain.toml");
+        // The hash embedder: these tests are about connections, not the model's start-up.
+        std::fs::write(
+            &config,
+            format!("[embedder]\nkind = \"hash\"\n[server]\n{server}\n"),
+        )
+        .unwrap();
+        Served::start_in(dir, data, &config)
+    }
+
+    fn start_in(
+        dir: tempfile::TempDir,
+        data: std::path::PathBuf,
+        config: &std::path::Path,
+    ) -> Served {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+            .args(["serve", "--addr", "127.0.0.1:0", "--data"])
+            .arg(&data)
+            .arg("--config")
+            .arg(config)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let addr = loop {
+            let line = lines
+                .recv_timeout(Duration::from_secs(120))
+                .expect("the server says where it listens");
+            if let Some(addr) = line.split("http://").nth(1) {
+                break addr.trim().parse().unwrap();
+            }
+        };
+        Served {
+            child,
+            addr,
+            lines,
+            data,
+            _dir: dir,
+        }
+    }
+
+    fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(self.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s
+    }
+
+    fn terminate(&self) {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+
+    /// Waits up to `limit` for the child to exit; its status, or None if it still runs.
+    fn exit_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    /// The stderr lines printed so far.
+    fn said(&self) -> String {
+        let mut out = String::new();
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
+            out.push_str(&line);
+            out.push('\n');
+        }
+        out
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        // A failed assertion must not leave a server running under the test harness.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One whole HTTP/1.1 answer read from `s`: status, headers (lower-case names) and body.
+fn answer(s: &mut TcpStream) -> (u16, Vec<(String, String)>, String) {
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&raw);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head.lines().find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse::<usize>().unwrap())
+            });
+            if length.is_some_and(|n| body.len() >= n) {
+                break;
+            }
+        }
+    }
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    (status, headers, body.to_string())
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+fn code(body: &str) -> String {
+    let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    v["error"]["code"]
+        .as_str()
+        .unwrap_or("<no error code>")
+        .to_string()
+}
+
+/// Whether the server closed `s` within `limit` (a read returns end of stream or a reset).
+fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut buf = [0u8; 64];
+    match s.read(&mut buf) {
+        Ok(0) => true,
+        Ok(_) => closed_within(s, limit),
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
+}
+
+fn post_event(addr: SocketAddr, session: &str, text: &str) -> u16 {
+    let body = json!({"kind": "observation", "text": text}).to_string();
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST /v1/sessions/{session}/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    answer(&mut s).0
+}
+
+#[test]
+fn sigterm_completes_while_clients_hold_half_sent_headers_and_stalled_bodies() {
+    // Generous read timeouts, so only the drain deadline can end these connections.
+    let mut served =
+        Served::start("header_timeout = \"5m\"\nbody_timeout = \"5m\"\ndrain_timeout = \"2s\"");
+    assert_eq!(
+        post_event(served.addr, "s1", "accepted before the stop"),
+        201
+    );
+    let mut half_headers = served.connect();
+    half_headers
+        .write_all(b"POST /v1/sessions/s1/events HTTP/1.1\r\nHost: x\r\nContent-Le")
+        .unwrap();
+    let mut stalled_body = served.connect();
+    stalled_body
+        .write_all(
+            b"POST /v1/sessions/s1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 200\r\n\r\n{\"kind\": \"observation\", \"te",
+        )
+        .unwrap();
+    // Both are being read by the server before the signal.
+    std::thread::sleep(Duration::from_millis(300));
+    served.terminate();
+    let status = served
+        .exit_within(Duration::from_secs(30))
+        .expect("SIGTERM completes despite the stalled clients");
+    assert!(status.success(), "{status:?}");
+    let said = served.said();
+    assert!(
+        said.contains("were still open at the drain deadline"),
+        "{said}"
+    );
+    assert!(closed_within(&mut half_headers, Duration::from_secs(5)));
+    assert!(closed_within(&mut stalled_body, Duration::from_secs(5)));
+
+    // What was acknowledged is there after the stop; the cut request stored nothing.
+    let out = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(["timeline", "--session", "s1", "--json", "--data"])
+        .arg(&served.data)
+        .output()
+        .unwrap();
+    let timeline: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let texts: Vec<&str> = timeline["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["text"].as_str())
+        .collect();
+    assert_eq!(texts, ["accepted before the stop"]);
+}
+
+#[test]
+fn a_stop_with_nothing_stalled_answers_what_is_in_flight_and_drains_cleanly() {
+    let mut served = Served::start("drain_timeout = \"30s\"");
+    // An idle keep-alive connection does not hold the stop up.
+    let mut idle = served.connect();
+    write!(idle, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    assert_eq!(answer(&mut idle).0, 200);
+    served.terminate();
+    let status = served
+        .exit_within(Duration::from_secs(20))
+        .expect("an idle connection is closed at once on a stop");
+    assert!(status.success(), "{status:?}");
+    let said = served.said();
+    assert!(said.contains("drained and flushed; bye"), "{said}");
+}
+
+#[test]
+fn headers_sent_a_byte_at_a_time_and_idle_connections_are_cut_off() {
+    let served = Served::start("header_timeout = \"1s\"");
+    let mut trickle = served.connect();
+    let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+    let started = Instant::now();
+    let mut cut = false;
+    for byte in request.iter().take(request.len() - 1) {
+        if trickle.write_all(&[*byte]).is_err() {
+            cut = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        if started.elapsed() > Duration::from_secs(8) {
+            break;
+        }
+    }
+    assert!(
+        cut || closed_within(&mut trickle, Duration::from_secs(5)),
+        "headers trickled for {:?} and the connection is still open",
+        started.elapsed()
+    );
+
+    // A keep-alive connection left idle after its answer is closed too.
+    let mut idle = served.connect();
+    write!(idle, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    assert_eq!(answer(&mut idle).0, 200);
+    assert!(closed_within(&mut idle, Duration::from_secs(10)));
+
+    // The server still answers everyone else.
+    let mut fresh = served.connect();
+    write!(
+        fresh,
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    assert_eq!(answer(&mut fresh).0, 200);
+}
+
+#[test]
+fn a_declared_body_over_the_limit_is_refused_before_it_is_sent() {
+    let served = Served::start("");
+    let mut s = served.connect();
+    // 100 GB announced, nothing sent, and a client that waits for 100 Continue first.
+    write!(
+        s,
+        "POST /v1/sessions/s1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: 99999999999\r\nExpect: 100-continue\r\n\r\n"
+    )
+    .unwrap();
+    let (status, headers, body) = answer(&mut s);
+    assert_eq!(status, 413, "no 100 Continue, the refusal itself: {body}");
+    assert_eq!(code(&body), "body_too_large", "{body}");
+    assert!(body.contains("99999999999"), "{body}");
+    assert_eq!(header(&headers, "connection"), Some("close"));
+    assert_eq!(header(&headers, "content-type"), Some("application/json"));
+}
+
+#[test]
+fn a_body_that_stops_arriving_is_answered_408() {
+    let served = Served::start("body_timeout = \"1s\"");
+    let mut s = served.connect();
+    s.write_all(
+        b"POST /v1/sessions/s1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 60\r\n\r\n{\"kind\": \"observation\",",
+    )
+    .unwrap();
+    let (status, _, body) = answer(&mut s);
+    assert_eq!(status, 408, "{body}");
+    assert_eq!(code(&body), "body_timeout", "{body}");
+    // Nothing half-read was stored, and the server goes on.
+    assert_eq!(post_event(served.addr, "s1", "after the stalled one"), 201);
+}
+
+#[test]
+fn connections_past_the_bound_are_refused_at_once_and_slots_come_back() {
+    let served = Served::start("max_connections = 2\nheader_timeout = \"5m\"");
+    let holders: Vec<TcpStream> = (0..2).map(|_| served.connect()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut third = served.connect();
+    write!(third, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let (status, headers, body) = answer(&mut third);
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(code(&body), "overloaded", "{body}");
+    assert_eq!(header(&headers, "retry-after"), Some("1"));
+    assert!(body.contains("max_connections"), "{body}");
+    drop(holders);
+    // Once the holders are gone their slots serve again.
+    let started = Instant::now();
+    loop {
+        let mut s = served.connect();
+        write!(
+            s,
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        match answer(&mut s).0 {
+            200 => break,
+            503 if started.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            other => panic!("a freed slot answers {other}"),
+        }
+    }
+}
+
+#[test]
+fn a_bad_server_section_is_refused_at_start_with_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        "[server]\ndrain_timeout = \"soon\"\nmax_connectionz = 3\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
+        .arg(dir.path().join("data"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("[server]") && err.contains("max_connectionz"),
+        "{err}"
+    );
+    std::fs::write(&config, "[server]\ndrain_timeout = \"soon\"\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
+        .arg(dir.path().join("data"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("server.drain_timeout = \"soon\" is not a duration"),
+        "{err}"
+    );
+}
