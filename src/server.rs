@@ -196,6 +196,7 @@ pub fn router(rt: Runtime, limits: Limits, auth: Auth, edge: Edge) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), track))
         .fallback(no_route)
         .layer(middleware::from_fn_with_state(state.clone(), guard_body))
+        .layer(middleware::map_response(errors_in_the_contract_shape))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }
@@ -215,6 +216,58 @@ pub async fn serve(
     let drained = crate::listen::serve_connections(listener, app, edge, shutdown).await;
     rt.shutdown().await?;
     Ok(drained)
+}
+
+/// Gives every error answer made inside the router the contract's shape: axum's own
+/// rejections (a 405 for a method a route does not have, a path segment that is not
+/// UTF-8, …) come as empty or plain-text bodies. Their text, when they have one, becomes
+/// the message; the code follows the status.
+async fn errors_in_the_contract_shape(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    // axum's rejection texts are one line; anything longer is not one of them.
+    let text = axum::body::to_bytes(body, 16 << 10)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&text).trim().to_string();
+    let (code, hint) = match status {
+        StatusCode::METHOD_NOT_ALLOWED => (
+            "method_not_allowed",
+            "this path does not take that method; the Allow header lists the ones it takes \
+             (see GET /openapi.json)",
+        ),
+        StatusCode::NOT_FOUND => ("not_found", "see GET /openapi.json for the routes"),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => (
+            "unsupported_media_type",
+            "send the body as JSON with `Content-Type: application/json`",
+        ),
+        s if s.is_server_error() => ("internal", "the server failed; the log says why"),
+        _ => (
+            "bad_request",
+            "check the path and the query parameters against GET /openapi.json",
+        ),
+    };
+    let message = match text.is_empty() {
+        true => format!("{}: {hint}", status.canonical_reason().unwrap_or("error")),
+        false => format!("{text}: {hint}"),
+    };
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    let mut answer = ApiError::new(status, code, message).into_response();
+    // Keep what the original answer said beyond its body (Allow, Retry-After, …).
+    for (name, value) in parts.headers.iter() {
+        if name != axum::http::header::CONTENT_TYPE {
+            answer.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    answer
 }
 
 /// Refuses a body that declares a length over the limit before reading any of it (no

@@ -408,3 +408,40 @@ fn a_bad_server_section_is_refused_at_start_with_the_key() {
         "{err}"
     );
 }
+
+#[test]
+fn every_error_answer_has_the_contract_shape() {
+    let served = Served::start("");
+    let ask = |request: &str| {
+        let mut s = served.connect();
+        s.write_all(request.as_bytes()).unwrap();
+        answer(&mut s)
+    };
+    // A method the route does not have: 405 with its Allow header, in the error shape.
+    let (status, headers, body) = ask(
+        "PUT /v1/sessions/s1/events HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 405, "{body}");
+    assert_eq!(code(&body), "method_not_allowed", "{body}");
+    assert_eq!(header(&headers, "content-type"), Some("application/json"));
+    assert!(
+        header(&headers, "allow").is_some_and(|a| a.contains("POST")),
+        "{headers:?}"
+    );
+    // A path segment that is not UTF-8.
+    let (status, headers, body) =
+        ask("GET /v1/memories/%FF HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(code(&body), "bad_request", "{body}");
+    assert!(body.contains("UTF-8"), "{body}");
+    assert_eq!(header(&headers, "content-type"), Some("application/json"));
+    // A bad query parameter.
+    let (status, _, body) = ask(
+        "GET /v1/sessions/s1/timeline?limit=many HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert!((400..500).contains(&status), "{status} {body}");
+    assert!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"]["message"].is_string(),
+        "{body}"
+    );
+}
