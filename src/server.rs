@@ -46,7 +46,7 @@ use crate::metrics::Metrics;
 pub const DEFAULT_NAMESPACE: &str = "default";
 
 /// One API key of the config file's `[[auth.keys]]`: the hex SHA-256 of the key (the file
-/// never holds a key itself) and the namespace it may see.
+/// never holds a key itself), the namespace it may see, and its role.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApiKey {
@@ -54,15 +54,31 @@ pub struct ApiKey {
     pub sha256: String,
     /// The namespace requests with this key read and write.
     pub namespace: String,
+    /// `tenant` (the default) or `admin`.
+    #[serde(default)]
+    pub role: Role,
+}
+
+/// What a key may do beyond its namespace's data.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Its namespace's data only.
+    #[default]
+    Tenant,
+    /// Also what acts on or shows the whole server: `POST /v1/policy/reload` and
+    /// `GET /metrics` (every namespace's activity).
+    Admin,
 }
 
 /// Who may call `/v1`: nobody needs a key when no keys are configured (namespace
-/// `default`); otherwise every request needs `Authorization: Bearer <key>` of a known key
-/// and sees only that key's namespace.
+/// `default`, every operation allowed, as on a loopback development server); otherwise
+/// every request needs `Authorization: Bearer <key>` of a known key, sees only that key's
+/// namespace, and server-wide operations need an `admin` key.
 #[derive(Debug, Clone, Default)]
 pub struct Auth {
-    /// Namespace by hex SHA-256 of the key.
-    keys: HashMap<String, String>,
+    /// Namespace and role by hex SHA-256 of the key.
+    keys: HashMap<String, (String, Role)>,
 }
 
 impl Auth {
@@ -89,7 +105,10 @@ impl Auth {
                     key.namespace
                 );
             }
-            if map.insert(hash, key.namespace.clone()).is_some() {
+            if map
+                .insert(hash, (key.namespace.clone(), key.role))
+                .is_some()
+            {
                 anyhow::bail!("auth.keys[{i}] repeats a key hash; give each key one entry");
             }
         }
@@ -102,10 +121,20 @@ impl Auth {
     }
 
     fn namespace(&self, authorization: Option<&str>) -> ApiResult<String> {
+        self.caller(authorization).map(|(ns, _)| ns)
+    }
+
+    /// The caller's namespace and role, from the `Authorization` header.
+    fn caller(&self, authorization: Option<&str>) -> ApiResult<(String, Role)> {
         if !self.required() {
-            return Ok(DEFAULT_NAMESPACE.to_string());
+            return Ok((DEFAULT_NAMESPACE.to_string(), Role::Admin));
         }
-        let Some(token) = authorization.and_then(|h| h.strip_prefix("Bearer ")) else {
+        // The scheme is case-insensitive (RFC 9110 §11.1): `bearer` is as good as `Bearer`.
+        let token = authorization.and_then(|h| {
+            let (scheme, token) = h.trim_start().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(token)
+        });
+        let Some(token) = token else {
             return Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
@@ -134,6 +163,30 @@ fn valid_namespace(ns: &str) -> bool {
         && ns
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b".:_-".contains(&b))
+}
+
+/// A caller with an `admin` key (or any caller when no keys are configured): the
+/// extractor of server-wide operations; a tenant key gets 403 `forbidden`.
+struct Admin;
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> ApiResult<Self> {
+        let header = parts
+            .headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        match s.auth.caller(header)? {
+            (_, Role::Admin) => Ok(Admin),
+            (_, Role::Tenant) => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "this acts on the whole server and needs an admin key (`role = \"admin\"` \
+                 in `[[auth.keys]]`); a tenant key reaches its own namespace only",
+            )),
+        }
+    }
 }
 
 /// The namespace a `/v1` request acts in, from its API key (see [`Auth`]).
@@ -476,10 +529,15 @@ async fn track(
     response
 }
 
-/// `GET /metrics`: Prometheus text (no key needed, like `/healthz`).
+/// `GET /metrics`: Prometheus text. It shows every namespace's activity, so with API keys
+/// configured it needs an admin key.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
-    responses((status = 200, description = "Prometheus / OpenMetrics text", content_type = "application/openmetrics-text")))]
-async fn get_metrics(State(s): State<AppState>) -> Response {
+    responses(
+        (status = 200, description = "Prometheus / OpenMetrics text", content_type = "application/openmetrics-text"),
+        (status = 401, description = "Keys are configured and none, or an unknown one, was sent", body = ErrorBody),
+        (status = 403, description = "A tenant key: metrics need an admin key", body = ErrorBody),
+    ))]
+async fn get_metrics(State(s): State<AppState>, _admin: Admin) -> Response {
     let text = s.metrics.render(&s.rt).await;
     (
         [(
@@ -952,11 +1010,12 @@ async fn get_policy(State(s): State<AppState>, _ns: Namespace) -> Json<PolicyOut
     responses(
         (status = 200, description = "The newly active policy", body = PolicyOut),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "A tenant key: the policy is server-wide, reloading it needs an admin key", body = ErrorBody),
         (status = 422, description = "The file's errors; the running policy stays", body = ErrorBody),
     ))]
 async fn post_policy_reload(
     State(s): State<AppState>,
-    _ns: Namespace,
+    _admin: Admin,
 ) -> ApiResult<Json<PolicyOut>> {
     let policy = s.rt.reload_policy().await?;
     Ok(Json(policy_out(&policy)))

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use shadowbrain::Limits;
 use shadowbrain::listen::Edge;
-use shadowbrain::server::{self, ApiKey, Auth};
+use shadowbrain::server::{self, ApiKey, Auth, Role};
 use shadowbrain::{Runtime, RuntimeConfig};
 
 /// One HTTP/1.1 exchange: the status and the body as JSON (`Null` when it is not JSON).
@@ -470,6 +470,7 @@ fn api_keys_separate_namespaces_and_unknown_keys_get_401() {
     let keys = [("key-of-acme", "acme"), ("key-of-globex", "globex")].map(|(k, ns)| ApiKey {
         sha256: sha256_hex(k),
         namespace: ns.into(),
+        role: Role::Tenant,
     });
     let server = TestServer::start_with(Auth::with_keys(&keys).unwrap());
     let addr = server.addr;
@@ -554,9 +555,99 @@ fn api_keys_separate_namespaces_and_unknown_keys_get_401() {
     let bad = [ApiKey {
         sha256: "the-key-itself".into(),
         namespace: "acme".into(),
+        role: Role::Tenant,
     }];
     let err = Auth::with_keys(&bad).unwrap_err().to_string();
     assert!(err.contains("sha256sum"), "{err}");
+}
+
+#[test]
+fn server_wide_operations_need_an_admin_key() {
+    let keys = [
+        ("key-of-acme", "acme", Role::Tenant),
+        ("key-of-ops", "ops", Role::Admin),
+    ]
+    .map(|(k, ns, role)| ApiKey {
+        sha256: sha256_hex(k),
+        namespace: ns.into(),
+        role,
+    });
+    let server = TestServer::start_with(Auth::with_keys(&keys).unwrap());
+    let addr = server.addr;
+    let reload = "/v1/policy/reload";
+
+    // A tenant can neither change the policy every namespace runs nor read every
+    // namespace's activity; without a key, 401 as everywhere.
+    let (status, tenant) = http_as(addr, Some("key-of-acme"), "POST", reload, None);
+    assert_eq!(
+        (status, error_code(&tenant)),
+        (403, "forbidden"),
+        "{tenant}"
+    );
+    assert!(
+        tenant["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("role = \"admin\"")
+    );
+    let (status, tenant) = http_as(addr, Some("key-of-acme"), "GET", "/metrics", None);
+    assert_eq!(
+        (status, error_code(&tenant)),
+        (403, "forbidden"),
+        "{tenant}"
+    );
+    let (status, none) = http_as(addr, None, "GET", "/metrics", None);
+    assert_eq!((status, error_code(&none)), (401, "unauthorized"), "{none}");
+    let (status, none) = http_as(addr, None, "POST", reload, None);
+    assert_eq!((status, error_code(&none)), (401, "unauthorized"), "{none}");
+
+    // The admin key can, and still sees only its own namespace's data.
+    // (This server runs without a policy file, so the reload itself answers 422.)
+    let (status, policy) = http_as(addr, Some("key-of-ops"), "POST", reload, None);
+    assert_eq!(
+        (status, error_code(&policy)),
+        (422, "invalid_policy"),
+        "{policy}"
+    );
+    let (status, text) = exchange(addr, Some("key-of-ops"), "GET", "/metrics", None).unwrap();
+    assert_eq!(status, 200);
+    assert!(text.contains("shadowbrain_"), "{text}");
+    let event = json!({"kind": "goal", "text": "acme ships on friday"}).to_string();
+    let (status, _) = http_as(
+        addr,
+        Some("key-of-acme"),
+        "POST",
+        "/v1/sessions/s1/events",
+        Some(event.as_bytes()),
+    );
+    assert_eq!(status, 201);
+    let recall = json!({"query": "when does acme ship?"}).to_string();
+    let (_, seen) = http_as(
+        addr,
+        Some("key-of-ops"),
+        "POST",
+        "/v1/sessions/s1/recall",
+        Some(recall.as_bytes()),
+    );
+    assert_eq!(seen["memories"].as_array().map(Vec::len), Some(0), "{seen}");
+
+    // The scheme is case-insensitive.
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "GET /v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: bearer key-of-acme\r\n\
+         Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).unwrap();
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+
+    // A role the config does not know is refused with the choices.
+    let err = toml::from_str::<ApiKey>("sha256 = \"x\"\nnamespace = \"a\"\nrole = \"root\"")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("tenant") && err.contains("admin"), "{err}");
 }
 
 #[test]
