@@ -286,7 +286,8 @@ async fn errors_in_the_contract_shape(response: Response) -> Response {
         return response;
     }
     let (mut parts, body) = response.into_parts();
-    // axum's rejection texts are one line; anything longer is not one of them.
+    // A rejection's text is one short line; a longer body is dropped and the status's
+    // name stands in for it.
     let text = axum::body::to_bytes(body, 16 << 10)
         .await
         .unwrap_or_default();
