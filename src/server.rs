@@ -45,6 +45,13 @@ use crate::metrics::Metrics;
 /// The namespace of every request while no API keys are configured.
 pub const DEFAULT_NAMESPACE: &str = "default";
 
+/// The request header that makes a write safe to retry (see [`crate::Substrate::record_once`]).
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// The answer header saying a write was a retry of one already made: the ids are that
+/// write's and nothing was stored again.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
 /// One API key of the config file's `[[auth.keys]]`: the hex SHA-256 of the key (the file
 /// never holds a key itself), the namespace it may see, and its role.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -612,22 +619,44 @@ async fn no_route() -> ApiError {
 
 /// `POST /v1/sessions/{id}/events`: one event, or `{"events":[…]}`; 201 once durable.
 #[utoipa::path(post, path = "/v1/sessions/{session_id}/events", tag = "sessions",
-    params(("session_id" = String, Path, description = "`[A-Za-z0-9._:-]{1,128}`")),
+    params(
+        ("session_id" = String, Path, description = "`[A-Za-z0-9._:-]{1,128}`"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Makes the write safe to retry: the same request sent again with the same key within 24 hours answers the first write's ids (with `Idempotent-Replayed: true`) and stores nothing; another request with the key gets 422 `invalid_idempotency_key`. 1 to 255 visible ASCII characters, e.g. a UUID."),
+    ),
     request_body = EventsIn,
     responses(
-        (status = 201, description = "Durable; the ids in the order sent", body = Ids),
+        (status = 201, description = "Durable; the ids in the order sent (a retry under an Idempotency-Key: the first write's)", body = Ids),
         (status = 400, description = "Malformed JSON", body = ErrorBody),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 413, description = "Body, text or content over a limit", body = ErrorBody),
-        (status = 422, description = "A field is invalid (`invalid_<field>`, `dimension_mismatch`)", body = ErrorBody),
+        (status = 422, description = "A field is invalid (`invalid_<field>`, `dimension_mismatch`), or the Idempotency-Key was used for another request (`invalid_idempotency_key`)", body = ErrorBody),
     ))]
 async fn post_events(
     State(s): State<AppState>,
     ns: Namespace,
     Path(session_id): Path<String>,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> ApiResult<(StatusCode, Json<Ids>)> {
-    let mut value = parse_json(body)?;
+) -> ApiResult<Response> {
+    let body = body.map_err(ApiError::body)?;
+    // A retry sends the same bytes: their digest tells it from another request that
+    // reuses the key.
+    let idempotency = match headers.get(IDEMPOTENCY_KEY) {
+        None => None,
+        Some(key) => Some(crate::Idempotency {
+            key: key
+                .to_str()
+                .map_err(|_| {
+                    ApiError::invalid(
+                        "idempotency_key",
+                        "must be 1 to 255 visible ASCII characters; a UUID is a good key",
+                    )
+                })?
+                .to_string(),
+            fingerprint: hex(&Sha256::digest(&body)),
+        }),
+    };
+    let mut value = parse_json(Ok(body))?;
     let batch = value.get("kind").is_none();
     let mut events = match value.get_mut("events") {
         Some(Value::Array(events)) if batch => std::mem::take(events),
@@ -649,10 +678,18 @@ async fn post_events(
     }
     let events: Vec<NewMemory> = from_value("event", Value::Array(events))?;
     let session = s.rt.session(&ns.0, &session_id)?;
-    let ids = session.record_batch(events).await?;
-    s.metrics.events_ingested(ids.len());
-    let ids = ids.iter().map(MemoryId::to_string).collect();
-    Ok((StatusCode::CREATED, Json(Ids { ids })))
+    let recorded = session.record_idempotent(events, idempotency).await?;
+    if !recorded.replayed {
+        s.metrics.events_ingested(recorded.ids.len());
+    }
+    let ids = recorded.ids.iter().map(MemoryId::to_string).collect();
+    let mut answer = (StatusCode::CREATED, Json(Ids { ids })).into_response();
+    if recorded.replayed {
+        answer
+            .headers_mut()
+            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
+    Ok(answer)
 }
 
 /// `POST /v1/sessions/{id}/recall`.

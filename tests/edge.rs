@@ -71,6 +71,21 @@ impl Served {
         }
     }
 
+    /// Stops this server with SIGTERM and starts another on the same data directory.
+    fn restart(mut self) -> Served {
+        self.terminate();
+        let status = self
+            .exit_within(Duration::from_secs(60))
+            .expect("the server stops");
+        assert!(status.success(), "{status:?}");
+        // The new server takes the directory (data and config); this one leaves with an
+        // empty one in its place.
+        let dir = std::mem::replace(&mut self._dir, tempfile::tempdir().unwrap());
+        let config = dir.path().join("shadowbrain.toml");
+        let data = self.data.clone();
+        Served::start_in(dir, data, &config)
+    }
+
     fn connect(&self) -> TcpStream {
         let s = TcpStream::connect(self.addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
@@ -116,8 +131,11 @@ impl Drop for Served {
     }
 }
 
-/// One whole HTTP/1.1 answer read from `s`: status, headers (lower-case names) and body.
-fn answer(s: &mut TcpStream) -> (u16, Vec<(String, String)>, String) {
+/// An HTTP answer: status, headers (lower-case names) and body.
+type Answer = (u16, Vec<(String, String)>, String);
+
+/// One whole HTTP/1.1 answer read from `s`.
+fn answer(s: &mut TcpStream) -> Answer {
     let mut raw = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -443,5 +461,140 @@ fn every_error_answer_has_the_contract_shape() {
     assert!(
         serde_json::from_str::<Value>(&body).unwrap()["error"]["message"].is_string(),
         "{body}"
+    );
+}
+
+/// Sends a keyed write on a fresh connection; with `read`, returns its answer.
+fn keyed_write(addr: SocketAddr, key: &str, body: &str, read: bool) -> Option<Answer> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "POST /v1/sessions/s1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Idempotency-Key: {key}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    read.then(|| answer(&mut s))
+}
+
+fn session_texts(data: &std::path::Path) -> Vec<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args([
+            "timeline",
+            "--session",
+            "s1",
+            "--limit",
+            "1000",
+            "--json",
+            "--data",
+        ])
+        .arg(data)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let timeline: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut texts: Vec<String> = timeline["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["text"].as_str().map(String::from))
+        .collect();
+    texts.sort();
+    texts
+}
+
+#[test]
+fn a_write_retried_under_its_idempotency_key_is_stored_once_even_across_a_cut_and_a_restart() {
+    let served = Served::start("");
+    let body =
+        |i: usize| json!({"kind": "observation", "text": format!("event {i:02}")}).to_string();
+
+    // Answered, then retried: the same ids, marked as a replay.
+    let (status, _, first) = keyed_write(served.addr, "key-00", &body(0), true).unwrap();
+    assert_eq!(status, 201, "{first}");
+    let (status, headers, again) = keyed_write(served.addr, "key-00", &body(0), true).unwrap();
+    assert_eq!(status, 201, "{again}");
+    assert_eq!(again, first);
+    assert_eq!(header(&headers, "idempotent-replayed"), Some("true"));
+    // The key with another request: refused.
+    let (status, _, other) = keyed_write(served.addr, "key-00", &body(99), true).unwrap();
+    assert_eq!(
+        (status, code(&other).as_str()),
+        (422, "invalid_idempotency_key"),
+        "{other}"
+    );
+
+    // Sent, and the connection dropped without reading the answer: the write may or may
+    // not have committed. Half are retried on this server, half after a restart.
+    for i in 1..=10 {
+        keyed_write(served.addr, &format!("key-{i:02}"), &body(i), false);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // Which of them committed although their answer was never read.
+    let mut s = served.connect();
+    write!(
+        s,
+        "GET /v1/sessions/s1/timeline?limit=100 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let timeline: Value = serde_json::from_str(&answer(&mut s).2).unwrap();
+    let committed: std::collections::HashSet<String> = timeline["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["text"].as_str().map(String::from))
+        .collect();
+    let mut answers = Vec::new();
+    let mut replays = Vec::new();
+    let mut retry = |addr: SocketAddr, i: usize| {
+        let (status, headers, ids) =
+            keyed_write(addr, &format!("key-{i:02}"), &body(i), true).unwrap();
+        assert_eq!(status, 201, "{ids}");
+        replays.push((i, header(&headers, "idempotent-replayed") == Some("true")));
+        answers.push(ids);
+    };
+    for i in 1..=5 {
+        retry(served.addr, i);
+    }
+    let served = served.restart();
+    for i in 6..=10 {
+        retry(served.addr, i);
+    }
+    // A retry of a write that committed is a replay; one whose write was lost with the
+    // connection writes it now.
+    for (i, replayed) in replays {
+        assert_eq!(
+            replayed,
+            committed.contains(&format!("event {i:02}")),
+            "key-{i:02}"
+        );
+    }
+    assert!(
+        committed.len() > 1,
+        "the cut writes committed before their retries: {committed:?}"
+    );
+    // Retrying again after the restart answers what the first retries answered.
+    for i in 1..=5 {
+        let (_, headers, ids) =
+            keyed_write(served.addr, &format!("key-{i:02}"), &body(i), true).unwrap();
+        assert_eq!(ids, answers[i - 1]);
+        assert_eq!(header(&headers, "idempotent-replayed"), Some("true"));
+    }
+    // Read once the server has let go of the directory, before the directory goes.
+    let mut served = served;
+    served.terminate();
+    served
+        .exit_within(Duration::from_secs(60))
+        .expect("the server stops");
+    let expected: Vec<String> = (0..=10).map(|i| format!("event {i:02}")).collect();
+    assert_eq!(
+        session_texts(&served.data),
+        expected,
+        "each write stored exactly once"
     );
 }

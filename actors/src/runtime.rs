@@ -12,10 +12,10 @@ use ractor::{Actor, ActorRef, RpcReplyPort};
 use shadowbrain_runtime::llm::cost::{Llm, LlmStats};
 use shadowbrain_runtime::policy::{EvaluationMode, Policy};
 use shadowbrain_runtime::{
-    AuditEntry, Condensed, Edge, Error, EvaluationReport, FeedbackReport, FeedbackTarget, Judge,
-    KNOWLEDGE_SESSION, MAX_STRIKES, MemoryId, MemoryRecord, NewMemory, Outcome, Promotion,
-    QuarantineEntry, RecallRequest, RecallResult, Result, SessionStats, Status, Substrate,
-    SubstrateOptions, Summarizer, SweepReport, quarantined_error, validate_id,
+    AuditEntry, Condensed, Edge, Error, EvaluationReport, FeedbackReport, FeedbackTarget,
+    Idempotency, Judge, KNOWLEDGE_SESSION, MAX_STRIKES, MemoryId, MemoryRecord, NewMemory, Outcome,
+    Promotion, QuarantineEntry, RecallRequest, RecallResult, Recorded, Result, SessionStats,
+    Status, Substrate, SubstrateOptions, Summarizer, SweepReport, quarantined_error, validate_id,
 };
 use tokio::task::JoinHandle;
 
@@ -602,12 +602,24 @@ impl SessionHandle {
     /// to `MAX_STRIKES` times; then it is quarantined — kept, with the error, under an id
     /// of its own — and the call fails with [`Error::Quarantined`] naming that id.
     pub async fn record_batch(&self, events: Vec<NewMemory>) -> Result<Vec<MemoryId>> {
+        Ok(self.record_idempotent(events, None).await?.ids)
+    }
+
+    /// [`SessionHandle::record_batch`] with an optional idempotency key (see
+    /// [`shadowbrain_runtime::Substrate::record_once`]): a retry of a write already made
+    /// answers that write's ids, marked `replayed`, and stores nothing.
+    pub async fn record_idempotent(
+        &self,
+        events: Vec<NewMemory>,
+        idempotency: Option<Idempotency>,
+    ) -> Result<Recorded> {
         let mut strikes = 0;
         loop {
             let outcome = self
                 .runtime
                 .call_session(&self.key, |reply| SessionMessage::Record {
                     events: events.clone(),
+                    idempotency: idempotency.clone(),
                     reply,
                 })
                 .await;

@@ -37,8 +37,8 @@ use futures::FutureExt;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use shadowbrain_runtime::policy::EvaluationMode;
 use shadowbrain_runtime::{
-    Error, FeedbackReport, FeedbackTarget, MemoryId, MemoryRecord, NewMemory, Outcome,
-    RecallRequest, RecallResult, Result, Substrate, Timestamp, panic_message,
+    Error, FeedbackReport, FeedbackTarget, Idempotency, MemoryRecord, NewMemory, Outcome,
+    RecallRequest, RecallResult, Recorded, Result, Substrate, Timestamp, panic_message,
 };
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -126,10 +126,12 @@ impl SessionState {
 /// The protocol of a session actor.
 pub(crate) enum SessionMessage {
     /// Validate and durably write events, in order; answers with their ids after the
-    /// flush.
+    /// flush. With an idempotency key, a retry of a write already made answers its ids
+    /// (one write at a time per session is what makes concurrent retries safe).
     Record {
         events: Vec<NewMemory>,
-        reply: RpcReplyPort<Result<Vec<MemoryId>>>,
+        idempotency: Option<Idempotency>,
+        reply: RpcReplyPort<Result<Recorded>>,
     },
     /// Answer a recall whose asking session is this one.
     Recall {
@@ -199,9 +201,18 @@ impl Actor for SessionActor {
         let key = &state.args.key;
         let substrate = &state.args.substrate;
         match message {
-            SessionMessage::Record { events, reply } => {
+            SessionMessage::Record {
+                events,
+                idempotency,
+                reply,
+            } => {
                 state.last_active = Instant::now();
-                let write = substrate.record(&key.namespace, &key.session, events);
+                let write = substrate.record_once(
+                    &key.namespace,
+                    &key.session,
+                    events,
+                    idempotency.as_ref(),
+                );
                 let result = match AssertUnwindSafe(write).catch_unwind().await {
                     Ok(result) => result,
                     Err(payload) => {
@@ -226,7 +237,10 @@ impl Actor for SessionActor {
                         );
                     }
                 };
-                let written = result.as_ref().map_or(0, Vec::len) as u64;
+                let written = match &result {
+                    Ok(r) if !r.replayed => r.ids.len() as u64,
+                    _ => 0,
+                };
                 let now = substrate.clock().now();
                 // Triggers go out before the answer, so a caller that has its answer and
                 // then waits on the condenser (`Runtime::settle`) waits for this one too.

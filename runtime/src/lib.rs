@@ -39,11 +39,11 @@ pub use clock::{
     Clock, DAY_MS, SystemClock, Timestamp, VirtualClock, parse_rfc3339, to_human, to_rfc3339,
 };
 pub use engine::{
-    Condensed, EnrichWake, EvaluationReport, FeedbackReport, FeedbackTarget, Graph, IndexKind,
-    IndexPass, IndexingOptions, Judge, JudgeBatch, JudgeItem, Judgement, KNOWLEDGE_SESSION,
-    MAX_STRIKES, Outcome, PassageHit, Promotion, RecallRequest, RecallResult, Recalled, Substrate,
-    SubstrateOptions, Summarizer, Summary, SummaryRequest, SweepReport, Verdict, Why,
-    panic_message, quarantined_error,
+    Condensed, EnrichWake, EvaluationReport, FeedbackReport, FeedbackTarget, Graph,
+    IDEMPOTENCY_WINDOW, Idempotency, IndexKind, IndexPass, IndexingOptions, Judge, JudgeBatch,
+    JudgeItem, Judgement, KNOWLEDGE_SESSION, MAX_STRIKES, Outcome, PassageHit, Promotion,
+    RecallRequest, RecallResult, Recalled, Recorded, Substrate, SubstrateOptions, Summarizer,
+    Summary, SummaryRequest, SweepReport, Verdict, Why, panic_message, quarantined_error,
 };
 pub use error::{Error, PolicyErrors, PolicyIssue, Result};
 pub use model::{

@@ -4,13 +4,15 @@
 //! (rounds of [`Substrate::enrich_pending`], run by the substrate's own enricher thread or,
 //! under the actor runtime, by its Enricher actor: one owner either way). Ingest never
 //! waits on a model: the hash embedder embeds inline, any other queues the record, and an
-//! acknowledged write is never lost while the provider is down.
+//! acknowledged write is never lost while the provider is down. A write may carry an
+//! idempotency key ([`Substrate::record_once`]) that makes it safe to retry.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use super::{EnrichHook, EnrichWake, Substrate};
+use crate::clock::Timestamp;
 use crate::embed::{Embedded, embed_records};
 use crate::error::{Error, Result};
 use crate::index::passage;
@@ -19,9 +21,100 @@ use crate::model::{
     validate_id,
 };
 use crate::policy::EvaluationMode;
-use crate::store::{Mutation, Queue, WriteSet};
+use crate::store::{Idempotent, Mutation, Queue, WriteSet};
+
+/// How long a write's idempotency key is remembered: a retry within this window answers
+/// the first write's ids and stores nothing; after it, the key is forgotten and a write
+/// that reuses it is a new write. A day covers any client's retries, a restart, and a
+/// deploy in between.
+pub const IDEMPOTENCY_WINDOW: Timestamp = 24 * 3_600_000;
+
+/// The idempotency key a write was sent with, and a digest of what it carried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Idempotency {
+    /// The client's key: 1 to 255 visible ASCII characters.
+    pub key: String,
+    /// A digest of the request (the HTTP edge uses the SHA-256 of its body), to tell a
+    /// retry (same key, same digest) from a different request that reuses the key.
+    pub fingerprint: String,
+}
+
+/// What a write with an idempotency key did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// The ids of the events, in order.
+    pub ids: Vec<MemoryId>,
+    /// True when the key had been used by the same write before: the ids are that
+    /// write's, and nothing was stored this time.
+    pub replayed: bool,
+}
 
 impl Substrate {
+    /// [`Substrate::record`] made safe to retry: with `idempotency`, a write whose key was
+    /// used in the last [`IDEMPOTENCY_WINDOW`] by the same request to the same session
+    /// answers that write's ids and stores nothing, and one that reuses the key for a
+    /// different request is refused. The key is stored in the same commit as the events,
+    /// so a crash or a cut connection after the commit still leaves it. Concurrent retries
+    /// of one write are serialised by the caller (the session actor handles one write at a
+    /// time).
+    pub async fn record_once(
+        &self,
+        namespace: &str,
+        session: &str,
+        events: Vec<NewMemory>,
+        idempotency: Option<&Idempotency>,
+    ) -> Result<Recorded> {
+        let Some(once) = idempotency else {
+            let ids = self.record(namespace, session, events).await?;
+            return Ok(Recorded {
+                ids,
+                replayed: false,
+            });
+        };
+        validate_idempotency_key(&once.key)?;
+        validate_id("namespace", namespace)?;
+        let now = self.inner.clock.now();
+        if let Some(first) = self.inner.store.idempotent(namespace, &once.key)?
+            && now - first.at < IDEMPOTENCY_WINDOW
+        {
+            if first.session == session && first.fingerprint == once.fingerprint {
+                return Ok(Recorded {
+                    ids: first.ids,
+                    replayed: true,
+                });
+            }
+            return Err(Error::invalid(
+                "idempotency_key",
+                format!(
+                    "`{}` was used within the last 24 hours for a different request (session \
+                     `{}`); a retry must send the same request, and a new request needs a new \
+                     key",
+                    once.key, first.session
+                ),
+            ));
+        }
+        let (ids, queued, mut writes) = self.prepare(namespace, session, events).await?;
+        writes.push(Mutation::RememberIdempotent {
+            namespace: namespace.to_string(),
+            key: once.key.clone(),
+            entry: Idempotent {
+                session: session.to_string(),
+                fingerprint: once.fingerprint.clone(),
+                at: now,
+                ids: ids.clone(),
+            },
+        });
+        // Each keyed write also forgets the keys that have expired since the last one: the
+        // time-ordered scan reads only those.
+        writes.push(Mutation::ExpireIdempotent(now - IDEMPOTENCY_WINDOW));
+        self.inner.store.write_async(writes).await?;
+        self.after_write(queued);
+        Ok(Recorded {
+            ids,
+            replayed: false,
+        })
+    }
+
     /// Validates `events`, writes them as episodic records of `session` and returns their ids
     /// once they are durable. Importance comes from the event or the policy's rules; events
     /// without an embedding are embedded inline by a local embedder, or queued for
@@ -395,4 +488,16 @@ fn at_event(i: usize, err: Error) -> Error {
         },
         other => other,
     }
+}
+
+/// An idempotency key is 1 to 255 visible ASCII characters (what an HTTP header carries
+/// safely; a UUID is the usual choice).
+fn validate_idempotency_key(key: &str) -> Result<()> {
+    if (1..=255).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        "idempotency_key",
+        "must be 1 to 255 visible ASCII characters without spaces; a UUID is a good key",
+    ))
 }

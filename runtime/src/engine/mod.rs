@@ -35,6 +35,7 @@ use std::time::Duration;
 
 pub use evaluate::{EvaluationReport, Judge, JudgeBatch, JudgeItem, Judgement, Verdict};
 pub use indexing::{IndexKind, IndexPass};
+pub use ingest::{IDEMPOTENCY_WINDOW, Idempotency, Recorded};
 pub use knowledge::{Graph, KNOWLEDGE_SESSION, Promotion};
 pub use lifecycle::{
     Condensed, FeedbackReport, FeedbackTarget, Outcome, Summarizer, Summary, SummaryRequest,

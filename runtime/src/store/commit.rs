@@ -303,6 +303,19 @@ impl Worker {
         }
     }
 
+    /// The stored entry of an idempotency key, if any.
+    fn decoded_idempotent(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> Result<Option<families::Idempotent>> {
+        let k = keys::idempotent(namespace, key);
+        match self.kv.get(&k)? {
+            Some(v) => codec::decode(&k, &v).map(Some),
+            None => Ok(None),
+        }
+    }
+
     fn seq(&mut self) -> u64 {
         let s = self.next_seq;
         self.next_seq += 1;
@@ -604,6 +617,32 @@ impl Worker {
                     ));
                 }
                 Mutation::RememberRecall(n, recall) => ops.push(families::recall_op(n, &recall)),
+                Mutation::RememberIdempotent {
+                    namespace,
+                    key,
+                    entry,
+                } => {
+                    // A key written again (a retry after it expired) leaves no stale
+                    // time entry behind to expire the new one early.
+                    if let Some(old) = self.decoded_idempotent(&namespace, &key)? {
+                        ops.push(Op::Delete(keys::idempotent_by_time(
+                            old.at, &namespace, &key,
+                        )));
+                    }
+                    ops.extend(families::idempotent_ops(&namespace, &key, &entry));
+                }
+                Mutation::ExpireIdempotent(before) => {
+                    let start = keys::idempotent_by_time_from(Timestamp::MIN);
+                    let end = keys::idempotent_by_time_from(before);
+                    self.kv
+                        .scan(Range::between(&start, &end), false, &mut |k, _| {
+                            if let Some((namespace, key)) = keys::idempotent_by_time_parts(k) {
+                                ops.push(Op::Delete(keys::idempotent(namespace, key)));
+                            }
+                            ops.push(Op::Delete(k.to_vec()));
+                            Ok(Visit::Continue)
+                        })?;
+                }
                 Mutation::PutEdge(namespace, edge) => {
                     ops.push(families::edge_op(&namespace, &edge));
                 }

@@ -28,6 +28,22 @@ pub struct RememberedRecall {
     pub ids: Vec<MemoryId>,
 }
 
+/// What a write sent with an idempotency key did, kept for
+/// [`crate::engine::IDEMPOTENCY_WINDOW`] so that the same write sent again answers these
+/// ids instead of storing its events twice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Idempotent {
+    /// The session written to.
+    pub session: String,
+    /// What the write carried (a digest of the request), to tell a retry from another
+    /// request that reuses the key.
+    pub fingerprint: String,
+    /// When (runtime clock).
+    pub at: Timestamp,
+    /// The ids it answered, in order.
+    pub ids: Vec<MemoryId>,
+}
+
 /// How often processing a record made an actor fail.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Strikes {
@@ -63,6 +79,18 @@ pub struct QuarantineEntry {
 /// The backend write of a typed-table mutation (called by the commit thread).
 pub(super) fn recall_op(n: u32, recall: &RememberedRecall) -> Op {
     Op::Put(keys::recall(n).to_vec(), codec::encode(recall))
+}
+
+/// The two entries of an idempotency key: by key (read by retries) and by time (read by
+/// expiry).
+pub(super) fn idempotent_ops(namespace: &str, key: &str, entry: &Idempotent) -> [Op; 2] {
+    [
+        Op::Put(keys::idempotent(namespace, key), codec::encode(entry)),
+        Op::Put(
+            keys::idempotent_by_time(entry.at, namespace, key),
+            Vec::new(),
+        ),
+    ]
 }
 
 pub(super) fn edge_op(namespace: &str, edge: &Edge) -> Op {
@@ -155,6 +183,12 @@ impl Store {
         let what = format!("promoted {condensed}");
         let id = read_fixed(self.inner.kv.as_ref(), &key, &what)?;
         Ok(id.map(|b| MemoryId(u32::from_be_bytes(b))))
+    }
+
+    /// What the write sent with idempotency key `key` in `namespace` did, if it is still
+    /// remembered (expired keys are removed by [`super::Mutation::ExpireIdempotent`]).
+    pub fn idempotent(&self, namespace: &str, key: &str) -> Result<Option<Idempotent>> {
+        self.decoded(&keys::idempotent(namespace, key))
     }
 
     /// The strikes counted against a record, if any.

@@ -133,6 +133,48 @@ pub mod layer {
     pub const STRIKES: u8 = 0x15;
     /// Per quarantined record or input: why it was set aside.
     pub const QUARANTINE: u8 = 0x16;
+    /// Per namespace and idempotency key: the write it made (see `families::Idempotent`).
+    pub const IDEMPOTENT: u8 = 0x17;
+    /// The same keys by the time they were written, so expired ones are found in order.
+    pub const IDEMPOTENT_BY_TIME: u8 = 0x18;
+}
+
+/// A namespace's idempotency key (keys are visible ASCII, never `0x00`).
+pub fn idempotent(namespace: &str, key: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(2 + namespace.len() + key.len());
+    k.push(layer::IDEMPOTENT);
+    k.extend_from_slice(namespace.as_bytes());
+    k.push(0);
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+/// The time-ordered entry of an idempotency key written at `at`.
+pub fn idempotent_by_time(at: Timestamp, namespace: &str, key: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(10 + namespace.len() + key.len());
+    k.push(layer::IDEMPOTENT_BY_TIME);
+    k.extend_from_slice(&time_bytes(at));
+    k.extend_from_slice(namespace.as_bytes());
+    k.push(0);
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+/// The first time-ordered idempotency entry written at or after `at`.
+pub fn idempotent_by_time_from(at: Timestamp) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9);
+    k.push(layer::IDEMPOTENT_BY_TIME);
+    k.extend_from_slice(&time_bytes(at));
+    k
+}
+
+/// The namespace and key of a time-ordered idempotency entry.
+pub fn idempotent_by_time_parts(entry: &[u8]) -> Option<(&str, &str)> {
+    let rest = entry.get(9..)?;
+    let end = rest.iter().position(|&b| b == 0)?;
+    let namespace = std::str::from_utf8(&rest[..end]).ok()?;
+    let key = std::str::from_utf8(&rest[end + 1..]).ok()?;
+    Some((namespace, key))
 }
 
 /// A record's strike count (see `families::Strikes`).

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 pub use catalog::{Catalog, Filter};
 pub use commit::CommitStats;
-pub use families::{QuarantineEntry, RememberedRecall, Strikes};
+pub use families::{Idempotent, QuarantineEntry, RememberedRecall, Strikes};
 pub use kv::{Backend, Visit, dir_disk_bytes};
 
 use crate::clock::Timestamp;
@@ -142,6 +142,17 @@ pub enum Mutation {
     TruncateChanges(u64),
     /// Remember what recall number `n` returned, for feedback on its recall id.
     RememberRecall(u32, RememberedRecall),
+    /// Remember what a write sent with an idempotency key did (written with the write).
+    RememberIdempotent {
+        /// The namespace the key belongs to.
+        namespace: String,
+        /// The key, as the client sent it.
+        key: String,
+        /// The write.
+        entry: Idempotent,
+    },
+    /// Forget the idempotency keys written before this time (runtime clock).
+    ExpireIdempotent(crate::clock::Timestamp),
     /// A knowledge-graph edge of a namespace (written again, it stays one edge).
     PutEdge(String, Edge),
     /// A condensed record was promoted (or merged) into this knowledge record.

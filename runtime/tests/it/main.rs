@@ -2,6 +2,7 @@
 
 mod crash;
 mod enrich;
+mod idempotency;
 mod knowledge;
 mod lifecycle;
 mod local_model;
