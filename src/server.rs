@@ -278,6 +278,18 @@ pub async fn serve(
     Ok(drained)
 }
 
+/// `application/json` or a `+json` type, with any parameters (`; charset=utf-8`).
+fn is_json(content_type: &str) -> bool {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
 /// Gives every error answer made inside the router the contract's shape: axum's own
 /// rejections (a 405 for a method a route does not have, a path segment that is not
 /// UTF-8, …) come as empty or plain-text bodies. Their text, when they have one, becomes
@@ -331,9 +343,10 @@ async fn errors_in_the_contract_shape(response: Response) -> Response {
     answer
 }
 
-/// Refuses a body that declares a length over the limit before reading any of it (no
-/// `100 Continue` is sent, since hyper sends one only when the body is read), and bounds
-/// the pause between the chunks of every other body to `edge.body_timeout`.
+/// Refuses a body that declares a length over the limit, or a type other than JSON,
+/// before reading any of it (no `100 Continue` is sent, since hyper sends one only when the
+/// body is read), and bounds the pause between the chunks of every other body to
+/// `edge.body_timeout`.
 async fn guard_body(State(s): State<AppState>, request: Request, next: Next) -> Response {
     let declared = request
         .headers()
@@ -346,6 +359,30 @@ async fn guard_body(State(s): State<AppState>, request: Request, next: Next) -> 
         let mut answer =
             ApiError::too_large(Some(s.limits.max_body_bytes), Some(length)).into_response();
         // The body stays unread, so the connection cannot carry another request.
+        answer
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+        return answer;
+    }
+    // JSON in (DESIGN §7): a body declared as anything else is refused unread. A body
+    // without a declared type is read as JSON.
+    let declared_type = request
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap_or("?").to_string());
+    if let Some(kind) = declared_type
+        && declared.is_none_or(|n| n > 0)
+        && !is_json(&kind)
+    {
+        let mut answer = ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!(
+                "the body is declared as `{kind}`; this API reads JSON: send `Content-Type: \
+                 application/json` (with curl: -H 'content-type: application/json')"
+            ),
+        )
+        .into_response();
         answer
             .headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
