@@ -706,11 +706,23 @@ async fn post_events(
         _ => vec![value],
     };
     for event in &mut events {
-        // The contract's times are RFC 3339; the substrate counts milliseconds.
-        if let Some(t) = event.get_mut("timestamp")
-            && let Value::String(text) = t
-        {
-            *t = json!(parse_rfc3339("timestamp", text)?);
+        // The contract's times are RFC 3339; the substrate counts milliseconds. A number
+        // would be taken as milliseconds unchecked, so the wire refuses it.
+        match event.get_mut("timestamp") {
+            Some(t @ Value::String(_)) => {
+                let text = t.as_str().unwrap_or_default().to_string();
+                *t = json!(parse_rfc3339("timestamp", &text)?);
+            }
+            None | Some(Value::Null) => {}
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "timestamp",
+                    format!(
+                        "{other} is not an RFC 3339 time; send a string like \
+                         \"2026-05-08T13:56:00Z\""
+                    ),
+                ));
+            }
         }
     }
     let events: Vec<NewMemory> = from_value("event", Value::Array(events))?;

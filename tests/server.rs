@@ -510,6 +510,20 @@ fn api_keys_separate_namespaces_and_unknown_keys_get_401() {
     let memory = format!("/v1/memories/{id}");
     let (status, _) = http_as(addr, Some("key-of-acme"), "GET", &memory, None);
     assert_eq!(status, 200);
+    // Another namespace's record cannot be named as a parent.
+    let linked = json!({"kind": "goal", "text": "ours", "parent_id": id}).to_string();
+    let (status, refused) = http_as(
+        addr,
+        Some("key-of-globex"),
+        "POST",
+        events,
+        Some(linked.as_bytes()),
+    );
+    assert_eq!(
+        (status, error_code(&refused)),
+        (422, "invalid_parent_id"),
+        "{refused}"
+    );
     let (status, hidden) = http_as(addr, Some("key-of-globex"), "GET", &memory, None);
     assert_eq!(
         (status, error_code(&hidden)),
@@ -751,7 +765,48 @@ fn bad_requests_get_the_right_status_and_code_and_the_server_keeps_serving() {
             404,
             "no_such_route",
         ),
+        (
+            "a number for a timestamp",
+            post(
+                addr,
+                events,
+                &json!({"kind": "goal", "text": "x", "timestamp": 9_223_372_036_854_775_807i64}),
+            ),
+            422,
+            "invalid_timestamp",
+        ),
+        (
+            "a parent that is no record",
+            post(
+                addr,
+                events,
+                &json!({"kind": "goal", "text": "x", "parent_id": "mem-7fffffff"}),
+            ),
+            422,
+            "invalid_parent_id",
+        ),
+        (
+            "a parent that is not an id",
+            post(
+                addr,
+                events,
+                &json!({"events": [
+                    {"kind": "goal", "text": "fine"},
+                    {"kind": "goal", "text": "x", "parent_id": "my-own-id"}
+                ]}),
+            ),
+            422,
+            "invalid_parent_id",
+        ),
     ];
+    // A real parent is accepted.
+    let parent = first["ids"][0].as_str().unwrap();
+    let (status, child) = post(
+        addr,
+        events,
+        &json!({"kind": "action", "text": "shipped", "parent_id": parent}),
+    );
+    assert_eq!(status, 201, "{child}");
     for (what, (status, answer), want_status, want_code) in cases {
         assert_eq!(status, want_status, "{what}: {answer}");
         assert_eq!(error_code(&answer), want_code, "{what}: {answer}");

@@ -175,10 +175,14 @@ impl Substrate {
         let dims = self.inner.embedder.dimensions();
         let mut valid = Vec::with_capacity(events.len());
         for (i, e) in events.into_iter().enumerate() {
-            valid.push(
-                e.validate(limits, Some(dims))
-                    .map_err(|err| at_event(i, err))?,
-            );
+            let v = e
+                .validate(limits, Some(dims))
+                .map_err(|err| at_event(i, err))?;
+            if let Some(parent) = &v.parent_id {
+                self.check_parent(namespace, parent)
+                    .map_err(|err| at_event(i, err))?;
+            }
+            valid.push(v);
         }
         // An inline embedder (hash) costs microseconds: embed now so the acknowledged record
         // is complete. Any other would make ingest wait on the network or on milliseconds
@@ -278,6 +282,26 @@ impl Substrate {
             }
         }
         Ok((out, queued, writes))
+    }
+
+    /// A `parent_id` must name a record of the writer's own namespace: a link to another
+    /// tenant's record (or to none) would show up in the graph and the history as if it
+    /// were this namespace's.
+    fn check_parent(&self, namespace: &str, parent: &str) -> Result<()> {
+        let found = match parent.parse::<MemoryId>() {
+            Ok(id) => self.inner.store.get_light(id)?,
+            Err(_) => None,
+        };
+        match found {
+            Some(r) if r.namespace == namespace => Ok(()),
+            _ => Err(Error::invalid(
+                "parent_id",
+                format!(
+                    "`{parent}` is not a record of this namespace; send the id a write or a \
+                     recall answered (like `mem-0000002a`), or leave parent_id out"
+                ),
+            )),
+        }
     }
 
     /// Wakes the indexer (and the enricher when some records wait for their embedding).
