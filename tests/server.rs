@@ -766,6 +766,28 @@ fn bad_requests_get_the_right_status_and_code_and_the_server_keeps_serving() {
             "no_such_route",
         ),
         (
+            "a repeated key in an event",
+            http(
+                addr,
+                "POST",
+                events,
+                Some(br#"{"kind": "goal", "text": "one", "text": "two"}"#),
+            ),
+            422,
+            "invalid_event",
+        ),
+        (
+            "a repeated key in a recall",
+            http(
+                addr,
+                "POST",
+                "/v1/sessions/s1/recall",
+                Some(br#"{"query": "one", "query": "two"}"#),
+            ),
+            422,
+            "invalid_recall",
+        ),
+        (
             "a number for a timestamp",
             post(
                 addr,
