@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use axum::http::{HeaderValue, Request, Response, StatusCode, header};
 use axum::response::IntoResponse;
 use hyper::server::conn::http1;
@@ -28,6 +29,7 @@ use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
+use tower::ServiceExt;
 
 use crate::server::ApiError;
 
@@ -161,12 +163,21 @@ pub async fn serve_connections(
                         continue;
                     }
                 };
+                let peer = stream.peer_addr().ok();
                 let _ = stream.set_nodelay(true);
                 let io = TokioIo::new(stream);
                 let mut stop = stop_rx.clone();
                 match slots.clone().try_acquire_owned() {
                     Ok(slot) => {
-                        let conn = builder.serve_connection(io, TowerToHyperService::new(app.clone()));
+                        // Handlers see the client's address (`ConnectInfo`), as under
+                        // axum's own `serve`: failed authentication is counted by it.
+                        let app = app.clone().map_request(move |mut req: Request<hyper::body::Incoming>| {
+                            if let Some(peer) = peer {
+                                req.extensions_mut().insert(ConnectInfo(peer));
+                            }
+                            req
+                        });
+                        let conn = builder.serve_connection(io, TowerToHyperService::new(app));
                         connections.spawn(async move {
                             tokio::pin!(conn);
                             tokio::select! {

@@ -127,10 +127,6 @@ impl Auth {
         !self.keys.is_empty()
     }
 
-    fn namespace(&self, authorization: Option<&str>) -> ApiResult<String> {
-        self.caller(authorization).map(|(ns, _)| ns)
-    }
-
     /// The caller's namespace and role, from the `Authorization` header.
     fn caller(&self, authorization: Option<&str>) -> ApiResult<(String, Role)> {
         if !self.required() {
@@ -160,6 +156,51 @@ impl Auth {
     }
 }
 
+/// Failed authentications counted per client address: past [`AUTH_FAILURES`] in
+/// [`AUTH_WINDOW`], every request from the address that needs a key is answered 429
+/// `too_many_failed_auth` until the window ends, so keys cannot be guessed at line rate.
+#[derive(Debug, Default)]
+pub struct AuthThrottle {
+    /// Per address: failures in the current window, and when the window began.
+    failures: std::sync::Mutex<HashMap<std::net::IpAddr, (u32, std::time::Instant)>>,
+}
+
+/// Failed authentications one address may make per window.
+pub const AUTH_FAILURES: u32 = 20;
+
+/// The window failed authentications are counted in.
+pub const AUTH_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Addresses remembered at most; past it, those whose window ended are forgotten.
+const AUTH_ADDRESSES: usize = 100_000;
+
+impl AuthThrottle {
+    /// How long `ip` must wait before trying again, if it has used up its failures.
+    pub fn blocked(
+        &self,
+        ip: std::net::IpAddr,
+        now: std::time::Instant,
+    ) -> Option<std::time::Duration> {
+        let failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let (count, since) = failures.get(&ip)?;
+        let left = AUTH_WINDOW.checked_sub(now.duration_since(*since))?;
+        (*count >= AUTH_FAILURES && !left.is_zero()).then_some(left)
+    }
+
+    /// Counts one failed authentication from `ip`.
+    pub fn failed(&self, ip: std::net::IpAddr, now: std::time::Instant) {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        if failures.len() >= AUTH_ADDRESSES {
+            failures.retain(|_, (_, since)| now.duration_since(*since) < AUTH_WINDOW);
+        }
+        let entry = failures.entry(ip).or_insert((0, now));
+        if now.duration_since(entry.1) >= AUTH_WINDOW {
+            *entry = (0, now);
+        }
+        entry.0 += 1;
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -172,6 +213,44 @@ fn valid_namespace(ns: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b".:_-".contains(&b))
 }
 
+/// The caller's namespace and role (see [`Auth::caller`]), with failed attempts counted
+/// per client address and refused with 429 once there are too many ([`AuthThrottle`]).
+fn authenticate(parts: &Parts, s: &AppState) -> ApiResult<(String, Role)> {
+    if !s.auth.required() {
+        return s.auth.caller(None);
+    }
+    let ip = parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip());
+    let now = std::time::Instant::now();
+    if let Some(wait) = ip.and_then(|ip| s.throttle.blocked(ip, now)) {
+        let seconds = wait.as_secs().max(1);
+        let mut e = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_failed_auth",
+            format!(
+                "more than {AUTH_FAILURES} requests from this address had no valid API key in \
+                 the last {}s; wait {seconds}s, then send a valid `Authorization: Bearer <key>`",
+                AUTH_WINDOW.as_secs()
+            ),
+        );
+        e.retry_after = Some(seconds);
+        return Err(e);
+    }
+    let header = parts
+        .headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let caller = s.auth.caller(header);
+    if caller.is_err()
+        && let Some(ip) = ip
+    {
+        s.throttle.failed(ip, now);
+    }
+    caller
+}
+
 /// A caller with an `admin` key (or any caller when no keys are configured): the
 /// extractor of server-wide operations; a tenant key gets 403 `forbidden`.
 struct Admin;
@@ -180,11 +259,7 @@ impl FromRequestParts<AppState> for Admin {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, s: &AppState) -> ApiResult<Self> {
-        let header = parts
-            .headers
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        match s.auth.caller(header)? {
+        match authenticate(parts, s)? {
             (_, Role::Admin) => Ok(Admin),
             (_, Role::Tenant) => Err(ApiError::new(
                 StatusCode::FORBIDDEN,
@@ -203,11 +278,7 @@ impl FromRequestParts<AppState> for Namespace {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, s: &AppState) -> ApiResult<Self> {
-        let header = parts
-            .headers
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        s.auth.namespace(header).map(Namespace)
+        authenticate(parts, s).map(|(ns, _)| Namespace(ns))
     }
 }
 
@@ -218,6 +289,7 @@ struct AppState {
     auth: Arc<Auth>,
     metrics: Arc<Metrics>,
     edge: Edge,
+    throttle: Arc<AuthThrottle>,
 }
 
 /// The routes of `DESIGN.md` §7: health and metrics, session events, recall, feedback,
@@ -233,6 +305,7 @@ pub fn router(rt: Runtime, limits: Limits, auth: Auth, edge: Edge) -> Router {
         auth: Arc::new(auth),
         metrics: Arc::new(Metrics::new()),
         edge,
+        throttle: Arc::new(AuthThrottle::default()),
     };
     Router::new()
         .route("/healthz", get(healthz))
@@ -400,6 +473,8 @@ pub struct ApiError {
     status: StatusCode,
     code: String,
     message: String,
+    /// Seconds for a `Retry-After` header, when waiting is the fix.
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -412,6 +487,7 @@ impl ApiError {
             status,
             code: code.into(),
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -507,7 +583,13 @@ impl IntoResponse for ApiError {
                 message: self.message,
             },
         };
-        (self.status, Json(body)).into_response()
+        let mut answer = (self.status, Json(body)).into_response();
+        if let Some(seconds) = self.retry_after {
+            answer
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        answer
     }
 }
 
@@ -1186,6 +1268,26 @@ async fn post_policy_reload(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failed_authentication_is_throttled_per_address_for_a_window() {
+        let throttle = AuthThrottle::default();
+        let (a, b): (std::net::IpAddr, std::net::IpAddr) =
+            ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let t0 = std::time::Instant::now();
+        for i in 0..AUTH_FAILURES {
+            assert_eq!(throttle.blocked(a, t0), None, "after {i} failures");
+            throttle.failed(a, t0);
+        }
+        let wait = throttle.blocked(a, t0).expect("blocked after the limit");
+        assert!(wait <= AUTH_WINDOW && wait > AUTH_WINDOW / 2, "{wait:?}");
+        assert_eq!(throttle.blocked(b, t0), None, "another address is not");
+        // When the window ends the address may try again, counted afresh.
+        let later = t0 + AUTH_WINDOW + std::time::Duration::from_secs(1);
+        assert_eq!(throttle.blocked(a, later), None);
+        throttle.failed(a, later);
+        assert_eq!(throttle.blocked(a, later), None);
+    }
 
     /// What an error becomes on the wire: status and code.
     fn answered(e: Error) -> (u16, String) {

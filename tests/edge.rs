@@ -664,3 +664,49 @@ fn a_body_that_is_not_json_is_refused_with_415() {
     .unwrap();
     assert_eq!(answer(&mut s).0, 200);
 }
+
+#[test]
+fn guessing_keys_from_one_address_is_throttled() {
+    use sha2::Digest;
+    let hash: String = sha2::Sha256::digest(b"the-good-key")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let served = Served::start(&format!(
+        "\n[[auth.keys]]\nsha256 = \"{hash}\"\nnamespace = \"acme\""
+    ));
+    let ask = |s: &mut TcpStream, key: &str| {
+        write!(
+            s,
+            "GET /v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
+        )
+        .unwrap();
+        answer(s)
+    };
+    let mut s = served.connect();
+    assert_eq!(ask(&mut s, "the-good-key").0, 200);
+    // One keep-alive connection guessing as fast as it can.
+    let statuses: Vec<u16> = (0..30)
+        .map(|i| ask(&mut s, &format!("guess-{i}")).0)
+        .collect();
+    assert_eq!(statuses[..20], [401; 20], "{statuses:?}");
+    assert_eq!(statuses[20..], [429; 10], "{statuses:?}");
+    // Blocked for the window, whatever the key and the connection; the server is fine.
+    let mut other = served.connect();
+    let (status, headers, body) = ask(&mut other, "the-good-key");
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(code(&body), "too_many_failed_auth", "{body}");
+    let wait: u64 = header(&headers, "retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&wait), "{wait}");
+    let mut health = served.connect();
+    write!(
+        health,
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    assert_eq!(
+        answer(&mut health).0,
+        200,
+        "what needs no key still answers"
+    );
+}
