@@ -14,8 +14,13 @@
 //! queueing (Little's law: latency ≈ clients / throughput). Phase 3 (paced, `--rates
 //! 500,1000`): for `--paced-secs` each, the clients together send recalls at a fixed rate,
 //! each client on its own schedule, and latency counts from when a request was *due* (so
-//! a slow answer that delays the next request is not hidden). Prints progress on stderr
-//! and, last, one JSON line.
+//! a slow answer that delays the next request is not hidden). Phase 4 (mixed,
+//! `--mixed-secs 20`): `--mixed-clients` keep-alive clients each loop over a write of 1–50
+//! events to one of 2,000 sessions or a recall, half and half, for that long — first
+//! against a second server on the same runtime with admission control off (the anchor),
+//! then with the default `[server]` limits (`--mixed-max-recalls` to try another); a refused request (503) waits
+//! its `Retry-After`, as a client should. Prints progress on stderr and, last, one JSON
+//! line.
 //!
 //! The clients check each answer's shape without building a JSON tree: they share the
 //! cores with the server, and their own parsing would be counted against it.
@@ -56,6 +61,9 @@ struct Args {
     recalls: usize,
     rates: Vec<f64>,
     paced_secs: f64,
+    mixed_secs: f64,
+    mixed_clients: usize,
+    mixed_max_recalls: usize,
 }
 
 fn args() -> Result<Args, String> {
@@ -67,6 +75,9 @@ fn args() -> Result<Args, String> {
         recalls: 2_000,
         rates: Vec::new(),
         paced_secs: 10.0,
+        mixed_secs: 0.0,
+        mixed_clients: 200,
+        mixed_max_recalls: Edge::default().max_recalls,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -82,6 +93,9 @@ fn args() -> Result<Args, String> {
             "--batch" => a.batch = value()?.clamp(1, 1000),
             "--recalls" => a.recalls = value()?,
             "--paced-secs" => a.paced_secs = value()?.max(1) as f64,
+            "--mixed-secs" => a.mixed_secs = value()? as f64,
+            "--mixed-clients" => a.mixed_clients = value()?.max(1),
+            "--mixed-max-recalls" => a.mixed_max_recalls = value()?.max(1),
             "--rates" => {
                 a.rates = it
                     .next()
@@ -94,7 +108,7 @@ fn args() -> Result<Args, String> {
             other => {
                 return Err(format!(
                     "unknown flag {other}; use --clients, --sessions, --events, --batch, \
-                     --recalls, --rates, --paced-secs"
+                     --recalls, --rates, --paced-secs, --mixed-secs, --mixed-clients, --mixed-max-recalls"
                 ));
             }
         }
@@ -130,6 +144,7 @@ impl Client {
         w.write_all(body.as_bytes()).await.expect("write");
         let mut status = 0;
         let mut length = 0;
+        let mut close = false;
         let mut line = String::new();
         loop {
             line.clear();
@@ -144,10 +159,19 @@ impl Client {
                 && name.eq_ignore_ascii_case("content-length")
             {
                 length = value.trim().parse().unwrap_or(0);
+            } else if let Some((name, value)) = l.split_once(':')
+                && name.eq_ignore_ascii_case("connection")
+            {
+                close = value.trim().eq_ignore_ascii_case("close");
             }
         }
         let mut body = vec![0; length];
         self.stream.read_exact(&mut body).await.expect("body");
+        // The server closes after this answer (a refusal whose body it did not read):
+        // the next request goes on a new connection.
+        if close {
+            *self = Client::connect(self.addr).await;
+        }
         (status, body)
     }
 
@@ -334,6 +358,26 @@ async fn main() {
         ));
     }
 
+    let mut mixed = Vec::new();
+    if a.mixed_secs > 0.0 {
+        // Each variant on a fresh runtime loaded alike, so neither runs on the other's
+        // writes: the anchor with limits that never bind, then the default limits.
+        let unbounded = Edge {
+            max_recalls: 1 << 20,
+            max_writes: 1 << 20,
+            ..Edge::default()
+        };
+        let bounded = Edge {
+            max_recalls: a.mixed_max_recalls,
+            ..Edge::default()
+        };
+        for (name, edge) in [("off", unbounded), ("on", bounded)] {
+            let m = mixed_phase(edge, a.mixed_clients, a.mixed_secs).await;
+            eprintln!("http_load: mixed, admission {name}: {}", m.line());
+            mixed.push(format!("{{\"admission\":\"{name}\",{}}}", m.json()));
+        }
+    }
+
     let _ = stop.send(());
     tokio::time::timeout(Duration::from_secs(120), served)
         .await
@@ -341,7 +385,7 @@ async fn main() {
         .expect("the server task")
         .expect("a clean shutdown");
     println!(
-        "{{\"clients\":{},\"sessions\":{},\"events\":{},\"batch\":{},\"events_per_s\":{:.0},\"batch_p50_ms\":{:.2},\"batch_p99_ms\":{:.2},\"recalls\":{},\"recalls_per_s\":{:.0},\"recall_p50_ms\":{:.3},\"recall_p99_ms\":{:.3},\"reinforcement_backlog_s\":{:.2},\"paced\":[{}]}}",
+        "{{\"clients\":{},\"sessions\":{},\"events\":{},\"batch\":{},\"events_per_s\":{:.0},\"batch_p50_ms\":{:.2},\"batch_p99_ms\":{:.2},\"recalls\":{},\"recalls_per_s\":{:.0},\"recall_p50_ms\":{:.3},\"recall_p99_ms\":{:.3},\"reinforcement_backlog_s\":{:.2},\"paced\":[{}],\"mixed\":[{}]}}",
         a.clients,
         a.sessions,
         a.events,
@@ -355,7 +399,182 @@ async fn main() {
         percentile(&recall_lat, 0.99),
         backlog_s,
         paced.join(","),
+        mixed.join(","),
     );
+}
+
+/// What one mixed phase measured.
+struct Mixed {
+    secs: f64,
+    events: usize,
+    writes: Vec<f64>,
+    recalls: Vec<f64>,
+    refused: Vec<f64>,
+}
+
+impl Mixed {
+    fn line(&self) -> String {
+        format!(
+            "{:.0} events/s, write p99 {:.0} ms, {:.0} recalls/s, recall p50 {:.1} ms p99 {:.1} ms \
+             max {:.0} ms, {} refused (p99 {:.2} ms)",
+            self.events as f64 / self.secs,
+            percentile(&self.writes, 0.99),
+            self.recalls.len() as f64 / self.secs,
+            percentile(&self.recalls, 0.5),
+            percentile(&self.recalls, 0.99),
+            self.recalls.last().copied().unwrap_or(0.0),
+            self.refused.len(),
+            percentile(&self.refused, 0.99),
+        )
+    }
+
+    fn json(&self) -> String {
+        format!(
+            "\"events_per_s\":{:.0},\"write_p50_ms\":{:.2},\"write_p99_ms\":{:.2},\"recalls_per_s\":{:.0},\"recall_p50_ms\":{:.2},\"recall_p99_ms\":{:.2},\"recall_max_ms\":{:.2},\"refused\":{},\"refused_p99_ms\":{:.3}",
+            self.events as f64 / self.secs,
+            percentile(&self.writes, 0.5),
+            percentile(&self.writes, 0.99),
+            self.recalls.len() as f64 / self.secs,
+            percentile(&self.recalls, 0.5),
+            percentile(&self.recalls, 0.99),
+            self.recalls.last().copied().unwrap_or(0.0),
+            self.refused.len(),
+            percentile(&self.refused, 0.99),
+        )
+    }
+}
+
+/// The events each mixed phase's runtime holds before its clients start: 20 per session
+/// of the 2,000.
+const MIXED_PRELOAD: usize = 40_000;
+
+/// One mixed phase: a fresh runtime with [`MIXED_PRELOAD`] events, served with `edge`, and
+/// [`mixed_load`] against it.
+async fn mixed_phase(edge: Edge, clients: usize, secs: f64) -> Mixed {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let rt = Runtime::open(RuntimeConfig::new(dir.path()))
+        .await
+        .expect("open the runtime");
+    for s in 0..2_000 {
+        let events = (0..MIXED_PRELOAD / 2_000)
+            .map(|i| {
+                shadowbrain::NewMemory::new(
+                    "observation",
+                    format!("{} (preload {i})", TOPICS[(s + i) % TOPICS.len()]),
+                )
+            })
+            .collect();
+        rt.session("default", &format!("m{s}"))
+            .expect("a session")
+            .record_batch(events)
+            .await
+            .expect("the preload");
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("listen");
+    let addr = listener.local_addr().expect("an address");
+    let app = server::router(rt.clone(), Limits::default(), Auth::open(), edge);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(shadowbrain::listen::serve_connections(
+        listener,
+        app,
+        edge,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let m = mixed_load(addr, clients, secs).await;
+    let _ = stop.send(());
+    let _ = served.await;
+    rt.shutdown().await.expect("a clean shutdown");
+    m
+}
+
+/// `clients` keep-alive clients, for `secs`: each in turn writes 1–50 events to one of
+/// 2,000 sessions or recalls in one, half and half (a fixed pseudo-random sequence per
+/// client). A 503 is counted as refused and the client waits its `Retry-After`.
+async fn mixed_load(addr: SocketAddr, clients: usize, secs: f64) -> Mixed {
+    let end = Instant::now() + Duration::from_secs_f64(secs);
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..clients {
+        tasks.spawn(async move {
+            let mut client = Client::connect(addr).await;
+            let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (c as u64 + 1);
+            let mut next = move || {
+                // xorshift64: the same sequence every run.
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state
+            };
+            let (mut events, mut writes, mut recalls, mut refused) = (0, vec![], vec![], vec![]);
+            while Instant::now() < end {
+                let session = next() % 2_000;
+                let t = Instant::now();
+                let write = next() % 2 == 0;
+                let (status, answer) = if write {
+                    let n = 1 + (next() % 50) as usize;
+                    let body: Vec<Value> = (0..n)
+                        .map(|i| {
+                            let topic = TOPICS[(next() as usize) % TOPICS.len()];
+                            json!({"kind": "observation",
+                                   "text": format!("{topic} (client {c}, event {i})")})
+                        })
+                        .collect();
+                    let r = client
+                        .post(
+                            &format!("/v1/sessions/m{session}/events"),
+                            &json!({ "events": body }).to_string(),
+                        )
+                        .await;
+                    if r.0 == 201 {
+                        events += n;
+                    }
+                    r
+                } else {
+                    let query = TOPICS[(next() as usize) % TOPICS.len()];
+                    client
+                        .post(
+                            &format!("/v1/sessions/m{session}/recall"),
+                            &json!({"query": query, "k": 10}).to_string(),
+                        )
+                        .await
+                };
+                let ms = t.elapsed().as_secs_f64() * 1000.0;
+                match status {
+                    201 if write => writes.push(ms),
+                    200 if !write => recalls.push(ms),
+                    503 => {
+                        refused.push(ms);
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    other => panic!("{other} {}", String::from_utf8_lossy(&answer)),
+                }
+            }
+            (events, writes, recalls, refused)
+        });
+    }
+    let t0 = Instant::now();
+    let mut m = Mixed {
+        secs: 0.0,
+        events: 0,
+        writes: Vec::new(),
+        recalls: Vec::new(),
+        refused: Vec::new(),
+    };
+    while let Some(t) = tasks.join_next().await {
+        let (events, writes, recalls, refused) = t.expect("a mixed client");
+        m.events += events;
+        m.writes.extend(writes);
+        m.recalls.extend(recalls);
+        m.refused.extend(refused);
+    }
+    m.secs = t0.elapsed().as_secs_f64();
+    for v in [&mut m.writes, &mut m.recalls, &mut m.refused] {
+        v.sort_by(f64::total_cmp);
+    }
+    m
 }
 
 /// `clients` connections send recalls together at `rate` per second for `secs`: client `c`

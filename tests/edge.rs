@@ -710,3 +710,60 @@ fn guessing_keys_from_one_address_is_throttled() {
         "what needs no key still answers"
     );
 }
+
+#[test]
+fn work_past_the_admission_limits_is_refused_at_once_not_queued() {
+    let served = Served::start("max_writes = 1\nmax_recalls = 1");
+    // A write and a recall each hold their route's only slot while their bodies trickle.
+    let event = r#"{"kind": "observation", "text": "the slow one"}"#;
+    let recall = r#"{"query": "the slow one"}"#;
+    let mut holders = Vec::new();
+    for (path, body) in [("events", event), ("recall", recall)] {
+        let mut s = served.connect();
+        write!(
+            s,
+            "POST /v1/sessions/s1/{path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{}",
+            body.len(),
+            &body[..5]
+        )
+        .unwrap();
+        holders.push((s, &body[5..]));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for (path, body, what) in [
+        ("events", event, "max_writes"),
+        ("recall", recall, "max_recalls"),
+    ] {
+        let mut s = served.connect();
+        write!(
+            s,
+            "POST /v1/sessions/s1/{path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let (status, headers, answer_body) = answer(&mut s);
+        assert_eq!(status, 503, "{path}: {answer_body}");
+        assert_eq!(code(&answer_body), "overloaded", "{answer_body}");
+        assert!(answer_body.contains(what), "{answer_body}");
+        assert_eq!(header(&headers, "retry-after"), Some("1"));
+        assert_eq!(header(&headers, "connection"), Some("close"));
+    }
+    // Reads are not held back, and the slow ones finish once their bodies arrive.
+    let mut s = served.connect();
+    write!(
+        s,
+        "GET /v1/sessions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    assert_eq!(answer(&mut s).0, 200);
+    let mut statuses = Vec::new();
+    for (mut s, rest) in holders {
+        s.write_all(rest.as_bytes()).unwrap();
+        statuses.push(answer(&mut s).0);
+    }
+    assert_eq!(statuses, [201, 200]);
+    // Their slots are free again.
+    assert_eq!(post_event(served.addr, "s1", "after the slow one"), 201);
+}
