@@ -4,6 +4,7 @@ mod cli;
 mod edge;
 mod embedder;
 mod eval;
+mod fuzz;
 mod llm;
 mod server;
 mod sim;
