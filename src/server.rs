@@ -363,6 +363,17 @@ pub async fn serve(
     Ok(drained)
 }
 
+/// A refusal made before the request's body was read: that body is still on the
+/// connection, so it cannot carry another request. `Connection: close` says so, and the
+/// client opens a fresh one for its next request.
+fn closing(e: ApiError) -> Response {
+    let mut answer = e.into_response();
+    answer
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    answer
+}
+
 /// `application/json` or a `+json` type, with any parameters (`; charset=utf-8`).
 fn is_json(content_type: &str) -> bool {
     let essence = content_type
@@ -441,13 +452,10 @@ async fn guard_body(State(s): State<AppState>, request: Request, next: Next) -> 
     if let Some(length) = declared
         && length > s.limits.max_body_bytes as u64
     {
-        let mut answer =
-            ApiError::too_large(Some(s.limits.max_body_bytes), Some(length)).into_response();
-        // The body stays unread, so the connection cannot carry another request.
-        answer
-            .headers_mut()
-            .insert(CONNECTION, HeaderValue::from_static("close"));
-        return answer;
+        return closing(ApiError::too_large(
+            Some(s.limits.max_body_bytes),
+            Some(length),
+        ));
     }
     // JSON in (DESIGN §7): a body declared as anything else is refused unread. A body
     // without a declared type is read as JSON.
@@ -459,19 +467,14 @@ async fn guard_body(State(s): State<AppState>, request: Request, next: Next) -> 
         && declared.is_none_or(|n| n > 0)
         && !is_json(&kind)
     {
-        let mut answer = ApiError::new(
+        return closing(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported_media_type",
             format!(
                 "the body is declared as `{kind}`; this API reads JSON: send `Content-Type: \
                  application/json` (with curl: -H 'content-type: application/json')"
             ),
-        )
-        .into_response();
-        answer
-            .headers_mut()
-            .insert(CONNECTION, HeaderValue::from_static("close"));
-        return answer;
+        ));
     }
     let timeout = s.edge.body_timeout;
     let request = request
@@ -750,13 +753,7 @@ async fn admit(
             ),
         );
         e.retry_after = Some(1);
-        let mut answer = e.into_response();
-        // The body is left unread, so the connection cannot carry another request: say so,
-        // and the client opens a fresh one when it retries.
-        answer
-            .headers_mut()
-            .insert(CONNECTION, HeaderValue::from_static("close"));
-        return answer;
+        return closing(e);
     };
     let answer = next.run(request).await;
     drop(slot);

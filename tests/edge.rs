@@ -389,15 +389,11 @@ fn connections_past_the_bound_are_refused_at_once_and_slots_come_back() {
     }
 }
 
-#[test]
-fn a_bad_server_section_is_refused_at_start_with_the_key() {
+/// `serve` with `config` as its config file: it must refuse to start; its stderr.
+fn refused_at_start(config_text: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        "[server]\ndrain_timeout = \"soon\"\nmax_connectionz = 3\n",
-    )
-    .unwrap();
+    std::fs::write(&config, config_text).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
         .args(["serve", "--addr", "127.0.0.1:0", "--data"])
         .arg(dir.path().join("data"))
@@ -406,21 +402,17 @@ fn a_bad_server_section_is_refused_at_start_with_the_key() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_bad_server_section_is_refused_at_start_with_the_key() {
+    let err = refused_at_start("[server]\ndrain_timeout = \"soon\"\nmax_connectionz = 3\n");
     assert!(
         err.contains("[server]") && err.contains("max_connectionz"),
         "{err}"
     );
-    std::fs::write(&config, "[server]\ndrain_timeout = \"soon\"\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
-        .arg(dir.path().join("data"))
-        .arg("--config")
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_at_start("[server]\ndrain_timeout = \"soon\"\n");
     assert!(
         err.contains("server.drain_timeout = \"soon\" is not a duration"),
         "{err}"

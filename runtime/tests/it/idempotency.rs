@@ -39,6 +39,18 @@ fn events(texts: &[&str]) -> Vec<NewMemory> {
         .collect()
 }
 
+/// One write of `texts` to `session` under `key`, carrying `digest`.
+async fn keyed(
+    sub: &Substrate,
+    session: &str,
+    texts: &[&str],
+    key: &str,
+    digest: &str,
+) -> shadowbrain_runtime::Result<shadowbrain_runtime::Recorded> {
+    sub.record_once("default", session, events(texts), Some(&once(key, digest)))
+        .await
+}
+
 async fn stored(sub: &Substrate, session: &str) -> usize {
     sub.store()
         .session_ids("default", session, None, 1000)
@@ -55,39 +67,17 @@ async fn a_retry_answers_the_first_ids_and_stores_nothing_even_after_a_restart()
         "the deploy runner moved to eu-2",
         "the backup now runs at 03:00",
     ];
-    let first = sub
-        .record_once(
-            "default",
-            "s1",
-            events(&batch),
-            Some(&once("k-1", "digest-a")),
-        )
-        .await
-        .unwrap();
+    let first = keyed(&sub, "s1", &batch, "k-1", "digest-a").await.unwrap();
     assert!(!first.replayed);
     assert_eq!(first.ids.len(), 2);
-    let again = sub
-        .record_once(
-            "default",
-            "s1",
-            events(&batch),
-            Some(&once("k-1", "digest-a")),
-        )
-        .await
-        .unwrap();
+    let again = keyed(&sub, "s1", &batch, "k-1", "digest-a").await.unwrap();
     assert!(again.replayed);
     assert_eq!(again.ids, first.ids);
     assert_eq!(stored(&sub, "s1").await, 2);
 
     // Another request under the same key: refused, naming the key, nothing stored.
     for (session, digest) in [("s1", "digest-b"), ("s2", "digest-a")] {
-        let err = sub
-            .record_once(
-                "default",
-                session,
-                events(&["other"]),
-                Some(&once("k-1", digest)),
-            )
+        let err = keyed(&sub, session, &["other"], "k-1", digest)
             .await
             .unwrap_err();
         let Error::Invalid { field, .. } = &err else {
@@ -111,10 +101,7 @@ async fn a_retry_answers_the_first_ids_and_stores_nothing_even_after_a_restart()
     assert!(!theirs.replayed);
     // A bad key is refused before anything is written.
     for bad in ["", "has space", &"k".repeat(256)] {
-        let err = sub
-            .record_once("default", "s1", events(&["x"]), Some(&once(bad, "d")))
-            .await
-            .unwrap_err();
+        let err = keyed(&sub, "s1", &["x"], bad, "d").await.unwrap_err();
         assert!(
             matches!(&err, Error::Invalid { field, .. } if field == "idempotency_key"),
             "{err:?}"
@@ -125,15 +112,7 @@ async fn a_retry_answers_the_first_ids_and_stores_nothing_even_after_a_restart()
 
     // The key was committed with the events: a retry after a restart still replays.
     let sub = open(dir.path(), &clock);
-    let after = sub
-        .record_once(
-            "default",
-            "s1",
-            events(&batch),
-            Some(&once("k-1", "digest-a")),
-        )
-        .await
-        .unwrap();
+    let after = keyed(&sub, "s1", &batch, "k-1", "digest-a").await.unwrap();
     assert!(after.replayed);
     assert_eq!(after.ids, first.ids);
     assert_eq!(stored(&sub, "s1").await, 2);
@@ -145,31 +124,20 @@ async fn keys_are_forgotten_after_the_window_and_removed_from_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(VirtualClock::new(T0));
     let sub = open(dir.path(), &clock);
-    let first = sub
-        .record_once("default", "s1", events(&["one"]), Some(&once("old", "d1")))
-        .await
-        .unwrap();
+    let first = keyed(&sub, "s1", &["one"], "old", "d1").await.unwrap();
     let window = Duration::from_millis(IDEMPOTENCY_WINDOW as u64);
     clock.advance(window - Duration::from_secs(60));
     // Still inside the window.
-    let inside = sub
-        .record_once("default", "s1", events(&["one"]), Some(&once("old", "d1")))
-        .await
-        .unwrap();
+    let inside = keyed(&sub, "s1", &["one"], "old", "d1").await.unwrap();
     assert!(inside.replayed);
     clock.advance(Duration::from_secs(120));
     assert!(clock.now() - T0 > IDEMPOTENCY_WINDOW);
     // Past it, another key's write expires `old`; `old`'s entry is gone from the store.
-    sub.record_once("default", "s1", events(&["two"]), Some(&once("new", "d2")))
-        .await
-        .unwrap();
+    keyed(&sub, "s1", &["two"], "new", "d2").await.unwrap();
     assert_eq!(sub.store().idempotent("default", "old").unwrap(), None);
     assert!(sub.store().idempotent("default", "new").unwrap().is_some());
     // And the expired key makes a new write again.
-    let reused = sub
-        .record_once("default", "s1", events(&["one"]), Some(&once("old", "d1")))
-        .await
-        .unwrap();
+    let reused = keyed(&sub, "s1", &["one"], "old", "d1").await.unwrap();
     assert!(!reused.replayed);
     assert_ne!(reused.ids, first.ids);
     assert_eq!(stored(&sub, "s1").await, 3);
