@@ -10,7 +10,8 @@
 //! chunks ([`crate::server::router`]), connections past [`Edge::max_connections`] are
 //! answered `503 overloaded` at once, and a shutdown stops accepting, lets each connection
 //! finish the request it is serving, and closes whatever is still open after
-//! [`Edge::drain_timeout`].
+//! [`Edge::drain_timeout`]. The answers hyper writes itself to requests it cannot parse
+//! get the contract's error body on the way out ([`malformed`]).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -32,6 +33,9 @@ use tokio::task::JoinSet;
 use tower::ServiceExt;
 
 use crate::server::ApiError;
+use malformed::ErrorBodies;
+
+mod malformed;
 
 /// The `[server]` section as written: durations are human strings (`"30s"`, `"2m"`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -192,7 +196,7 @@ pub async fn serve_connections(
                 };
                 let peer = stream.peer_addr().ok();
                 let _ = stream.set_nodelay(true);
-                let io = TokioIo::new(stream);
+                let io = TokioIo::new(ErrorBodies::new(stream));
                 let mut stop = stop_rx.clone();
                 match slots.clone().try_acquire_owned() {
                     Ok(slot) => {

@@ -454,6 +454,34 @@ fn every_error_answer_has_the_contract_shape() {
         serde_json::from_str::<Value>(&body).unwrap()["error"]["message"].is_string(),
         "{body}"
     );
+    // Requests hyper refuses before any route sees them.
+    let many_headers: String = (0..200).map(|i| format!("X-{i}: y\r\n")).collect();
+    for (request, status, expected) in [
+        ("GARBAGE\r\n\r\n".to_string(), 400, "bad_request"),
+        (
+            "POST /v1/sessions/s1/events HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\
+             Content-Length: 6\r\n\r\nhello"
+                .to_string(),
+            400,
+            "bad_request",
+        ),
+        (
+            format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000)),
+            414,
+            "uri_too_long",
+        ),
+        (
+            format!("GET /healthz HTTP/1.1\r\nHost: x\r\n{many_headers}\r\n"),
+            431,
+            "headers_too_large",
+        ),
+    ] {
+        let (got, headers, body) = ask(&request);
+        assert_eq!(got, status, "{body}");
+        assert_eq!(code(&body), expected, "{body}");
+        assert_eq!(header(&headers, "content-type"), Some("application/json"));
+        assert_eq!(header(&headers, "connection"), Some("close"));
+    }
 }
 
 /// Sends a keyed write on a fresh connection; with `read`, returns its answer.
