@@ -7,10 +7,13 @@
 //! schema is declared here as strings with the values listed, so the runtime crate does not
 //! depend on the OpenAPI generator.
 
+use std::collections::BTreeMap;
+
 use crate::{
     AuditAction, AuditEntry, Edge, Kind, MemoryRecord, Outcome, PolicyStamp, RecallResult,
     Relation, Scope, SessionStats, Status, Tier, Utility, Why, to_rfc3339,
 };
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -516,4 +519,18 @@ pub struct PolicyOut {
     /// The compiled policy, every section resolved.
     #[schema(value_type = Object)]
     pub policy: Value,
+    /// After a reload, when the operator gave namespaces policies of their own
+    /// (`[[namespaces]]`): each one's name and hash, by namespace. The fields above are
+    /// then the default policy's, in force for every other namespace.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub namespaces: BTreeMap<String, PolicyStampOut>,
+}
+
+/// A policy's name and hash.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PolicyStampOut {
+    /// The policy's `name`.
+    pub name: String,
+    /// The hex content hash of the compiled policy.
+    pub hash: String,
 }

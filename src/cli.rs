@@ -247,25 +247,31 @@ async fn serve(
     Ok(())
 }
 
-/// Says so at start-up when the policy and the `[llm]` section disagree: a policy asking
+/// Says so at start-up when the policies and the `[llm]` section disagree: a policy asking
 /// for an LLM without one configured quietly gets rules, and an LLM no policy mode uses
 /// costs nothing but is probably a mistake.
-fn warn_on_llm_mismatch(policy: &Policy, llm: LlmKind) {
-    let wants = policy.evaluation.mode != EvaluationMode::Rules
-        || policy.condensation.mode == CondensationMode::Llm;
-    match (wants, llm) {
-        (true, LlmKind::None) => tracing::warn!(
-            policy = %policy.name,
-            "the policy asks for an LLM ([evaluation] mode `llm`/`hybrid` or [condensation] mode \
-             `llm`) but the config has no [llm] section: rules and extractive condensation \
-             stand in, and each record's history says so; add [llm] kind = \"openai\" to use one"
+fn warn_on_llm_mismatch<'a>(policies: impl IntoIterator<Item = &'a Policy>, llm: LlmKind) {
+    let wants = |p: &Policy| {
+        p.evaluation.mode != EvaluationMode::Rules || p.condensation.mode == CondensationMode::Llm
+    };
+    let policies: Vec<&Policy> = policies.into_iter().collect();
+    match llm {
+        LlmKind::None => {
+            for policy in policies.iter().filter(|p| wants(p)) {
+                tracing::warn!(
+                    policy = %policy.name,
+                    "the policy asks for an LLM ([evaluation] mode `llm`/`hybrid` or \
+                     [condensation] mode `llm`) but the config has no [llm] section: rules and \
+                     extractive condensation stand in, and each record's history says so; add \
+                     [llm] kind = \"openai\" to use one"
+                );
+            }
+        }
+        LlmKind::Openai if !policies.iter().any(|p| wants(p)) => tracing::info!(
+            "[llm] is configured, but every policy uses rules and extractive condensation, \
+             so it is never called; set [evaluation] mode or [condensation] mode to use it"
         ),
-        (false, LlmKind::Openai) => tracing::info!(
-            policy = %policy.name,
-            "[llm] is configured, but the policy uses rules and extractive condensation, so \
-             it is never called; set [evaluation] mode or [condensation] mode to use it"
-        ),
-        _ => {}
+        LlmKind::Openai => {}
     }
 }
 
@@ -327,6 +333,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     .with_context(|| format!("loading the policy {}", policy.display()))?;
             }
             let cfg = load_config(config.as_deref())?;
+            rt_config = with_namespace_policies(rt_config, &cfg)?;
             rt_config.substrate.embedder =
                 embedder_for(&cfg.embedder, &data, Choice::Keep(None), true)?;
             rt_config.substrate.limits = cfg.limits;
@@ -348,7 +355,11 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 rt_config.evaluation_concurrency = cfg.llm.max_concurrency;
                 rt_config.evaluation_wait = cfg.llm.batch_wait()?;
             }
-            warn_on_llm_mismatch(&rt_config.substrate.policy, cfg.llm.kind);
+            let substrate = &rt_config.substrate;
+            warn_on_llm_mismatch(
+                std::iter::once(&substrate.policy).chain(substrate.namespace_policies.values()),
+                cfg.llm.kind,
+            );
             tokio::runtime::Runtime::new()?.block_on(serve(addr, &data, rt_config, cfg))
         }
         Command::Record(args) => memory::record(args),
@@ -398,6 +409,25 @@ fn backend_of(data: &Path) -> Backend {
     Store::detect_backend(&data.join("store")).unwrap_or_default()
 }
 
+/// `config` with the policies of the config file's `[[namespaces]]` read.
+fn with_namespace_policies(
+    mut config: RuntimeConfig,
+    cfg: &ConfigFile,
+) -> anyhow::Result<RuntimeConfig> {
+    for entry in &cfg.namespaces {
+        config = config
+            .with_namespace_policy_file(&entry.name, &entry.policy)
+            .with_context(|| {
+                format!(
+                    "loading the policy {} of namespace {:?} ([[namespaces]])",
+                    entry.policy.display(),
+                    entry.name
+                )
+            })?;
+    }
+    Ok(config)
+}
+
 /// The runtime configuration `serve` would use for these arguments, minus what only a
 /// long-running server wants: no periodic decay sweep (a one-shot command must not forget
 /// on the side; sweeps are the server's job).
@@ -410,6 +440,7 @@ fn runtime_config(args: &RuntimeArgs) -> anyhow::Result<RuntimeConfig> {
             .with_context(|| format!("loading the policy {}", policy.display()))?;
     }
     let cfg = load_config(args.store.config.as_deref())?;
+    let mut config = with_namespace_policies(config, &cfg)?;
     config.substrate.embedder = embedder_for(&cfg.embedder, data, Choice::Keep(None), false)?;
     config.substrate.limits = cfg.limits;
     config.substrate.backend = backend_of(data);

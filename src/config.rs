@@ -1,6 +1,6 @@
 //! The server's config file (`--config`, TOML; DESIGN §6–7), read with `config` so every
 //! key can be overridden from the environment as `SHADOWBRAIN__SECTION__KEY` (e.g.
-//! `SHADOWBRAIN__LIMITS__MAX_K=50`). Six sections, each optional:
+//! `SHADOWBRAIN__LIMITS__MAX_K=50`). Seven sections, each optional:
 //!
 //! - `[provider]`: `base_url`, `api_key_env` and `timeout` shared by `[embedder]` and
 //!   `[llm]` when their kind is `openai` and they do not set their own — so one section
@@ -15,10 +15,14 @@
 //!   keep-alive timeout; 30 s between body chunks; a 10 s drain; 1024 connections), see
 //!   [`crate::listen`].
 //!
+//! - `[[namespaces]]`: a policy file of its own for a namespace (`name`, `policy`; a
+//!   relative path is read from the config file's directory), so tenants never share a
+//!   forgetting policy by accident.
+//!
 //! Every mistake is refused at start-up with what to fix — an unknown section or key, a
 //! value out of range — rather than discovered on the first request.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::Limits;
 use crate::embed::EmbedderConfig;
@@ -30,7 +34,25 @@ use crate::listen::{Edge, ServerConfig};
 use crate::server::{ApiKey, Auth};
 
 /// The sections a config file may have.
-const SECTIONS: [&str; 6] = ["provider", "embedder", "llm", "auth", "limits", "server"];
+const SECTIONS: [&str; 7] = [
+    "provider",
+    "embedder",
+    "llm",
+    "auth",
+    "limits",
+    "server",
+    "namespaces",
+];
+
+/// One `[[namespaces]]` entry: a namespace with a policy file of its own.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespacePolicy {
+    /// The namespace (as an API key's `namespace` names it).
+    pub name: String,
+    /// Its policy file; relative paths are read from the config file's directory.
+    pub policy: PathBuf,
+}
 
 /// The `[provider]` section: connection settings `[embedder]` and `[llm]` inherit.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -60,6 +82,9 @@ pub struct ConfigFile {
     pub limits: Limits,
     /// `[server]`, checked.
     pub edge: Edge,
+    /// `[[namespaces]]`, names checked and paths resolved (the files are read when the
+    /// runtime is configured).
+    pub namespaces: Vec<NamespacePolicy>,
 }
 
 impl ConfigFile {
@@ -99,7 +124,8 @@ impl ConfigFile {
             unknown.sort();
             anyhow::bail!(
                 "unknown config section(s) {unknown:?}; the sections are [provider], \
-                 [embedder], [llm], [[auth.keys]], [limits] and [server] (see the README)"
+                 [embedder], [llm], [[auth.keys]], [limits], [server] and [[namespaces]] \
+                 (see the README)"
             );
         }
         // Checked for unknown keys, then merged as written into the sections that use it.
@@ -124,14 +150,40 @@ impl ConfigFile {
             .map_err(|problems| {
                 anyhow::anyhow!("the [server] section is invalid: {}", problems.join("; "))
             })?;
+        let base = path.and_then(Path::parent).unwrap_or(Path::new("."));
+        let namespaces = namespaces(section(&cfg, "namespaces")?.unwrap_or_default(), base)?;
         Ok(ConfigFile {
             embedder,
             llm,
             auth,
             limits,
             edge,
+            namespaces,
         })
     }
+}
+
+/// The `[[namespaces]]` entries checked (valid, distinct names), their paths resolved
+/// against `base`.
+fn namespaces(entries: Vec<NamespacePolicy>, base: &Path) -> anyhow::Result<Vec<NamespacePolicy>> {
+    let mut seen = std::collections::BTreeSet::new();
+    entries
+        .into_iter()
+        .map(|mut entry| {
+            crate::validate_id("namespace", &entry.name)
+                .map_err(|e| anyhow::anyhow!("a [[namespaces]] entry is invalid: {e}"))?;
+            if !seen.insert(entry.name.clone()) {
+                anyhow::bail!(
+                    "[[namespaces]] names {:?} twice; give each namespace one entry",
+                    entry.name
+                );
+            }
+            if entry.policy.is_relative() {
+                entry.policy = base.join(&entry.policy);
+            }
+            Ok(entry)
+        })
+        .collect()
 }
 
 /// Like [`section`], with the `[provider]` keys the section does not set filled in when
@@ -169,6 +221,10 @@ fn section<T: serde::de::DeserializeOwned>(
     match cfg.get::<T>(key) {
         Ok(v) => Ok(Some(v)),
         Err(config::ConfigError::NotFound(_)) => Ok(None),
+        Err(e) if key == "namespaces" => Err(anyhow::anyhow!(
+            "the [[namespaces]] entries are invalid: {e}; each needs `name` (the namespace) \
+             and `policy` (its policy file)"
+        )),
         Err(e) if key == "auth.keys" => Err(anyhow::anyhow!(
             "the [[auth.keys]] entries are invalid: {e}; each needs `sha256` (hex SHA-256 of \
              the key) and `namespace`"

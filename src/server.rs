@@ -9,7 +9,7 @@
 //! only HTTP has (body size, malformed JSON, query parameters) and maps each error variant
 //! to a status without rewriting its message, which already says how to fix the request.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,8 +36,8 @@ use utoipa::OpenApi;
 
 use crate::api::{
     CondenseOut, ErrorBody, ErrorDetail, EventsIn, FeedbackIn, Graph, Health, History, Ids,
-    KnowledgeSearchIn, Memory, PolicyOut, RecallIn, RecallOut, Sessions, StatusIn, Timeline,
-    Updated,
+    KnowledgeSearchIn, Memory, PolicyOut, PolicyStampOut, RecallIn, RecallOut, Sessions, StatusIn,
+    Timeline, Updated,
 };
 use crate::listen::{Drained, Edge};
 use crate::metrics::Metrics;
@@ -1291,34 +1291,50 @@ fn policy_out(policy: &crate::policy::Policy) -> PolicyOut {
         name: stamp.name,
         hash: stamp.hash,
         policy: policy.to_json(),
+        namespaces: BTreeMap::new(),
     }
 }
 
 /// `GET /v1/policy`.
 #[utoipa::path(get, path = "/v1/policy", tag = "policy",
     responses(
-        (status = 200, description = "The active policy", body = PolicyOut),
+        (status = 200, description = "The policy in force for the caller's namespace (its own when `[[namespaces]]` gives it one, else the default)", body = PolicyOut),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
     ))]
-async fn get_policy(State(s): State<AppState>, _ns: Namespace) -> Json<PolicyOut> {
-    Json(policy_out(&s.rt.policy()))
+async fn get_policy(State(s): State<AppState>, ns: Namespace) -> Json<PolicyOut> {
+    Json(policy_out(&s.rt.policy_for(&ns.0)))
 }
 
 /// `POST /v1/policy/reload`: the new policy, or 422 with every error of the file (the
 /// running policy stays).
 #[utoipa::path(post, path = "/v1/policy/reload", tag = "policy",
     responses(
-        (status = 200, description = "The newly active policy", body = PolicyOut),
+        (status = 200, description = "The newly active default policy, and the name and hash of each namespace's own", body = PolicyOut),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 403, description = "A tenant key: the policy is server-wide, reloading it needs an admin key", body = ErrorBody),
-        (status = 422, description = "The file's errors; the running policy stays", body = ErrorBody),
+        (status = 422, description = "Every error of every policy file; all the running policies stay", body = ErrorBody),
     ))]
 async fn post_policy_reload(
     State(s): State<AppState>,
     _admin: Admin,
 ) -> ApiResult<Json<PolicyOut>> {
-    let policy = s.rt.reload_policy().await?;
-    Ok(Json(policy_out(&policy)))
+    let policies = s.rt.reload_policy().await?;
+    let mut out = policy_out(&policies.default);
+    out.namespaces = policies
+        .namespaces
+        .iter()
+        .map(|(ns, p)| {
+            let stamp = p.stamp();
+            (
+                ns.clone(),
+                PolicyStampOut {
+                    name: stamp.name,
+                    hash: stamp.hash,
+                },
+            )
+        })
+        .collect();
+    Ok(Json(out))
 }
 
 #[cfg(test)]

@@ -1280,3 +1280,161 @@ fn serve_with_an_llm_section_judges_importance_in_the_background() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+#[test]
+fn namespaces_run_the_policies_the_operator_assigned_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir(&policies).unwrap();
+    let shared = policies.join("shared.toml");
+    std::fs::write(&shared, "name = \"shared\"\n").unwrap();
+    // alpha forgets within seconds; beta runs the shared policy (30 days' half-life).
+    let alpha = policies.join("alpha.toml");
+    let forgetful = |name: &str| {
+        format!(
+            "name = \"{name}\"\n[forgetting]\nhalf_life = \"1s\"\narchive_below = 0.5\n\
+             interval = \"1s\"\n"
+        )
+    };
+    std::fs::write(&alpha, forgetful("alpha-forgets")).unwrap();
+    let config = dir.path().join("shadowbrain.toml");
+    let key = |k: &str, ns: &str, role: &str| {
+        format!(
+            "[[auth.keys]]\nsha256 = \"{}\"\nnamespace = \"{ns}\"\nrole = \"{role}\"\n",
+            sha256_hex(k)
+        )
+    };
+    std::fs::write(
+        &config,
+        format!(
+            "[embedder]\nkind = \"hash\"\n{}{}{}\
+             [[namespaces]]\nname = \"alpha\"\npolicy = \"policies/alpha.toml\"\n",
+            key("key-a", "alpha", "tenant"),
+            key("key-b", "beta", "tenant"),
+            key("key-ops", "ops", "admin"),
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
+        .arg(dir.path().join("data"))
+        .arg("--policy")
+        .arg(&shared)
+        .arg("--config")
+        .arg(&config)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (addr, _stderr) = wait_for_address(child.stderr.take().unwrap());
+    let name_for = |key: &str| {
+        let (status, policy) = http_as(addr, Some(key), "GET", "/v1/policy", None);
+        assert_eq!(status, 200, "{policy}");
+        policy["name"].as_str().unwrap().to_string()
+    };
+    assert_eq!(name_for("key-a"), "alpha-forgets");
+    assert_eq!(name_for("key-b"), "shared");
+    assert_eq!(name_for("key-ops"), "shared");
+
+    // Each namespace's records are decided, and its recalls ranked, by its own policy.
+    let event = json!({"kind": "observation", "text": "the runner lives in eu-1"}).to_string();
+    let recall = json!({"query": "where is the runner?"}).to_string();
+    let mut ids = Vec::new();
+    for k in ["key-a", "key-b"] {
+        let (status, written) = http_as(
+            addr,
+            Some(k),
+            "POST",
+            "/v1/sessions/s1/events",
+            Some(event.as_bytes()),
+        );
+        assert_eq!(status, 201, "{written}");
+        ids.push(written["ids"][0].as_str().unwrap().to_string());
+        let (status, found) = http_as(
+            addr,
+            Some(k),
+            "POST",
+            "/v1/sessions/s1/recall",
+            Some(recall.as_bytes()),
+        );
+        assert_eq!(status, 200, "{found}");
+        assert_eq!(found["policy"]["name"], name_for(k).as_str(), "{found}");
+    }
+    let status_of = |k: &str, id: &str| {
+        let (code, memory) = http_as(addr, Some(k), "GET", &format!("/v1/memories/{id}"), None);
+        assert_eq!(code, 200, "{memory}");
+        memory["status"].as_str().unwrap().to_string()
+    };
+    let started = std::time::Instant::now();
+    while status_of("key-a", &ids[0]) != "archived" {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "alpha's policy archives its record within seconds"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        status_of("key-b", &ids[1]),
+        "active",
+        "beta keeps the shared policy"
+    );
+
+    // A reload reads every file again, all or nothing, and only with the admin key.
+    let reload = "/v1/policy/reload";
+    let (status, refused) = http_as(addr, Some("key-a"), "POST", reload, None);
+    assert_eq!(
+        (status, error_code(&refused)),
+        (403, "forbidden"),
+        "{refused}"
+    );
+    std::fs::write(&shared, "name = \"shared-2\"\n").unwrap();
+    std::fs::write(
+        &alpha,
+        "name = \"alpha-2\"\n[forgetting]\nhalf_lief = \"1s\"\n",
+    )
+    .unwrap();
+    let (status, refused) = http_as(addr, Some("key-ops"), "POST", reload, None);
+    assert_eq!(
+        (status, error_code(&refused)),
+        (422, "invalid_policy"),
+        "{refused}"
+    );
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("alpha.toml") && message.contains("half_lief"),
+        "{message}"
+    );
+    assert_eq!(
+        name_for("key-b"),
+        "shared",
+        "a refused reload changes no namespace"
+    );
+    assert_eq!(name_for("key-a"), "alpha-forgets");
+    std::fs::write(&alpha, forgetful("alpha-2")).unwrap();
+    let (status, reloaded) = http_as(addr, Some("key-ops"), "POST", reload, None);
+    assert_eq!(status, 200, "{reloaded}");
+    assert_eq!(reloaded["name"], "shared-2", "{reloaded}");
+    assert_eq!(
+        reloaded["namespaces"]["alpha"]["name"], "alpha-2",
+        "{reloaded}"
+    );
+    assert_eq!(name_for("key-a"), "alpha-2");
+    assert_eq!(name_for("key-b"), "shared-2");
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // A [[namespaces]] entry whose file is missing stops the start, naming it.
+    std::fs::remove_file(&alpha).unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
+        .arg(dir.path().join("data2"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("alpha.toml") && said.contains("\"alpha\""),
+        "{said}"
+    );
+}

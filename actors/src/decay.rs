@@ -123,7 +123,11 @@ impl Actor for Decay {
     ) -> std::result::Result<(), ActorProcessingErr> {
         match message {
             DecayMessage::Tick => {
-                let Some(interval) = state.substrate.policy().forgetting.interval else {
+                // One sweep serves every namespace: it runs as often as the most
+                // frequent of their policies asks.
+                let policies = state.substrate.policies();
+                let Some(interval) = policies.all().filter_map(|p| p.forgetting.interval).min()
+                else {
                     return Ok(());
                 };
                 let now = state.substrate.clock().now();

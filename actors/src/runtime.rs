@@ -2,6 +2,7 @@
 //! supervision tree, and turns every request into a message with a timeout — callers never
 //! see an `ActorRef`, and every failure comes back as a [`shadowbrain_runtime::Error`].
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -14,8 +15,9 @@ use shadowbrain_runtime::policy::{EvaluationMode, Policy};
 use shadowbrain_runtime::{
     AuditEntry, Condensed, Edge, Error, EvaluationReport, FeedbackReport, FeedbackTarget,
     Idempotency, Judge, KNOWLEDGE_SESSION, MAX_STRIKES, MemoryId, MemoryRecord, NewMemory, Outcome,
-    Promotion, QuarantineEntry, RecallRequest, RecallResult, Recorded, Result, SessionStats,
-    Status, Substrate, SubstrateOptions, Summarizer, SweepReport, quarantined_error, validate_id,
+    Policies, PolicyErrors, Promotion, QuarantineEntry, RecallRequest, RecallResult, Recorded,
+    Result, SessionStats, Status, Substrate, SubstrateOptions, Summarizer, SweepReport,
+    quarantined_error, validate_id,
 };
 use tokio::task::JoinHandle;
 
@@ -58,6 +60,10 @@ pub struct RuntimeConfig {
     /// again; `None` when the policy was built in code. Set by
     /// [`RuntimeConfig::with_policy_file`].
     pub policy_file: Option<PathBuf>,
+    /// The files of the namespaces with a policy of their own, read again with the default
+    /// one by [`Runtime::reload_policy`]. Set by
+    /// [`RuntimeConfig::with_namespace_policy_file`].
+    pub namespace_policy_files: BTreeMap<String, PathBuf>,
     /// The judge of `[evaluation] mode = "llm"` / `"hybrid"`. Without one, records queued
     /// for judging keep the rules' score, and their audit log says why.
     pub judge: Option<Arc<dyn Judge>>,
@@ -114,6 +120,7 @@ impl RuntimeConfig {
             decay_check: Some(Duration::from_secs(1)),
             index_tick: Duration::from_millis(50),
             policy_file: None,
+            namespace_policy_files: BTreeMap::new(),
             judge: None,
             evaluation_batch: 16,
             evaluation_concurrency: 1,
@@ -129,6 +136,24 @@ impl RuntimeConfig {
         let path = path.into();
         self.substrate.policy = Policy::load(&path)?;
         self.policy_file = Some(path);
+        Ok(self)
+    }
+
+    /// Gives `namespace` the policy in `path` (every error in the file, or none), instead
+    /// of the default one; remembers the path for [`Runtime::reload_policy`].
+    pub fn with_namespace_policy_file(
+        mut self,
+        namespace: &str,
+        path: impl Into<PathBuf>,
+    ) -> Result<Self> {
+        validate_id("namespace", namespace)?;
+        let path = path.into();
+        let policy = Policy::load(&path)?;
+        self.substrate
+            .namespace_policies
+            .insert(namespace.to_string(), policy);
+        self.namespace_policy_files
+            .insert(namespace.to_string(), path);
         Ok(self)
     }
 }
@@ -330,29 +355,73 @@ impl Runtime {
             .await
     }
 
-    /// The active policy.
+    /// The active policy of the namespaces without one of their own.
     pub fn policy(&self) -> Arc<Policy> {
         self.inner.substrate.policy()
     }
 
-    /// Reads the policy file again and makes it the active policy; decisions from now on
-    /// carry its name and hash. A file with errors changes nothing: the error lists them
-    /// all. Fails when the runtime was opened without a policy file.
-    pub async fn reload_policy(&self) -> Result<Arc<Policy>> {
-        let Some(path) = self.inner.config.policy_file.clone() else {
+    /// The policy in force for `namespace`.
+    pub fn policy_for(&self, namespace: &str) -> Arc<Policy> {
+        self.inner.substrate.policy_for(namespace)
+    }
+
+    /// Every active policy: the default and the namespaces' own.
+    pub fn policies(&self) -> Arc<Policies> {
+        self.inner.substrate.policies()
+    }
+
+    /// Reads the policy files again (the default one and every namespace's) and makes them
+    /// the active policies; decisions from now on carry their names and hashes. All or
+    /// nothing: when any file has errors nothing changes, and the error lists every
+    /// error of every file. Fails when the runtime was opened without policy files.
+    pub async fn reload_policy(&self) -> Result<Arc<Policies>> {
+        let config = &self.inner.config;
+        if config.policy_file.is_none() && config.namespace_policy_files.is_empty() {
             return Err(Error::invalid(
                 "policy",
                 "the runtime was opened without a policy file, so there is nothing to \
                  reload; open it with `RuntimeConfig::with_policy_file` (or `--policy`)",
             ));
-        };
-        let policy = self
-            .blocking("the policy file", move |_| Ok(Policy::load(&path)?))
+        }
+        let default_file = config.policy_file.clone();
+        let files = config.namespace_policy_files.clone();
+        // The default policy stays when it was built in code (no file): only the
+        // namespaces' files are read again.
+        let current = self.policy();
+        let (policy, namespaces) = self
+            .blocking("the policy files", move |_| {
+                let mut issues = Vec::new();
+                let policy = match &default_file {
+                    Some(path) => Policy::load(path).map_err(|e| issues.extend(e.0)).ok(),
+                    None => None,
+                };
+                let mut namespaces = BTreeMap::new();
+                for (namespace, path) in &files {
+                    match Policy::load(path) {
+                        Ok(p) => {
+                            namespaces.insert(namespace.clone(), p);
+                        }
+                        Err(e) => issues.extend(e.0),
+                    }
+                }
+                if !issues.is_empty() {
+                    return Err(PolicyErrors(issues).into());
+                }
+                Ok((policy, namespaces))
+            })
             .await?;
-        self.inner.substrate.set_policy(policy);
-        // The active policy, with the defaults that follow the embedder filled in.
-        let active = self.inner.substrate.policy();
-        tracing::info!(name = %active.name, hash = %active.hash, "policy reloaded");
+        let policy = policy.unwrap_or_else(|| Policy::clone(&current));
+        self.inner.substrate.set_policies(policy, namespaces);
+        // The active policies, with the defaults that follow the embedder filled in.
+        let active = self.policies();
+        for (namespace, p) in std::iter::once(("*", &active.default)).chain(
+            active
+                .namespaces
+                .iter()
+                .map(|(namespace, p)| (namespace.as_str(), p)),
+        ) {
+            tracing::info!(namespace, name = %p.name, hash = %p.hash, "policy reloaded");
+        }
         Ok(active)
     }
 
@@ -392,7 +461,11 @@ impl Runtime {
             .call(|reply| KnowledgeMessage::Sync { reply }, self.timeout())
             .await;
         self.answer("the knowledge graph", outcome)?;
-        if self.policy().evaluation.mode != EvaluationMode::Rules {
+        if self
+            .policies()
+            .all()
+            .any(|p| p.evaluation.mode != EvaluationMode::Rules)
+        {
             self.evaluate_now().await?;
         }
         Ok(())

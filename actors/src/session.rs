@@ -99,7 +99,7 @@ impl SessionState {
         let substrate = &self.args.substrate;
         let (events, oldest) = self.backlog;
         if !substrate
-            .policy()
+            .policy_for(&self.args.key.namespace)
             .condensation_due(events, oldest, substrate.clock().now())
         {
             return;
@@ -247,7 +247,8 @@ impl Actor for SessionActor {
                 if written > 0 {
                     state.backlog.0 += written;
                     state.backlog.1.get_or_insert(now);
-                    let judged = substrate.policy().evaluation.mode != EvaluationMode::Rules;
+                    let judged = substrate.policy_for(&key.namespace).evaluation.mode
+                        != EvaluationMode::Rules;
                     state.condense_if_due();
                     if judged {
                         // The records are on the evaluation queue already; a lost wake-up

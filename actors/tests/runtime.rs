@@ -828,7 +828,7 @@ async fn records_sessions_and_the_policy_through_the_handle() {
 
     // Reloading picks up the edited file; a broken file changes nothing.
     std::fs::write(&policy_path, "name = \"second\"\n").unwrap();
-    assert_eq!(rt.reload_policy().await.unwrap().name, "second");
+    assert_eq!(rt.reload_policy().await.unwrap().default.name, "second");
     std::fs::write(&policy_path, "name = \"third\"\n[scoring]\nrecency = -1\n").unwrap();
     let err = rt.reload_policy().await.unwrap_err();
     assert!(matches!(err, Error::Policy(_)), "{err}");

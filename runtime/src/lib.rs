@@ -41,7 +41,7 @@ pub use clock::{
 pub use engine::{
     Condensed, EnrichWake, EvaluationReport, FeedbackReport, FeedbackTarget, Graph,
     IDEMPOTENCY_WINDOW, Idempotency, IndexKind, IndexPass, IndexingOptions, Judge, JudgeBatch,
-    JudgeItem, Judgement, KNOWLEDGE_SESSION, MAX_STRIKES, Outcome, PassageHit, Promotion,
+    JudgeItem, Judgement, KNOWLEDGE_SESSION, MAX_STRIKES, Outcome, PassageHit, Policies, Promotion,
     RecallRequest, RecallResult, Recalled, Recorded, Substrate, SubstrateOptions, Summarizer,
     Summary, SummaryRequest, SweepReport, Verdict, Why, panic_message, quarantined_error,
 };

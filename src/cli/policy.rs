@@ -35,6 +35,7 @@ pub(super) fn run(command: PolicyCommand) -> anyhow::Result<()> {
                     name: policy.name.clone(),
                     hash: policy.hash.clone(),
                     policy: compiled,
+                    namespaces: Default::default(),
                 })?
             } else {
                 format!(

@@ -111,7 +111,7 @@ impl Substrate {
                 None => report.gone += 1,
             }
         }
-        let policy = self.policy();
+        let policies = self.policies();
         let now = self.clock().now();
         let mut items = Vec::with_capacity(records.len());
         for r in &records {
@@ -143,7 +143,7 @@ impl Substrate {
                     let batch = JudgeBatch {
                         namespace,
                         items: &group,
-                        instructions: policy.evaluation.prompt.as_deref(),
+                        instructions: policies.get(namespace).evaluation.prompt.as_deref(),
                         now,
                     };
                     match j.judge(batch).await {
@@ -198,7 +198,7 @@ impl Substrate {
                             if_strength_at: r.strength_at,
                             patch: RecordPatch {
                                 strength: Some((
-                                    policy.initial_strength(j.importance),
+                                    policies.get(&r.namespace).initial_strength(j.importance),
                                     r.strength_at,
                                 )),
                                 ..RecordPatch::default()

@@ -203,7 +203,7 @@ impl Substrate {
                 }
             }
         }
-        let policy = self.policy();
+        let policy = self.policy_for(namespace);
         let stamp = policy.stamp();
         let now = self.inner.clock.now();
         let ids = self.inner.store.allocate_ids(valid.len())?;

@@ -160,7 +160,7 @@ impl Substrate {
         if let Some(knowledge) = store.promoted_into(id)? {
             return Ok(Promotion::AlreadyPromoted { knowledge });
         }
-        let policy = self.policy();
+        let policy = self.policy_for(namespace);
         let candidate = self.get(namespace, id)?;
         if let Err(why) = policy.promotion(&candidate) {
             return Ok(Promotion::NotEligible(why));

@@ -65,13 +65,12 @@ pub struct Condensed {
 }
 
 impl Substrate {
-    /// One decay sweep over every record, at the runtime clock's `now`, by the active
-    /// policy: lowers strength that fell by at least a step, archives what fell under
+    /// One decay sweep over every record, at the runtime clock's `now`, each by its
+    /// namespace's policy: lowers strength that fell by at least a step, archives what fell under
     /// `archive_below`, purges archives older than `purge_archived_after`. Pinned records,
     /// obsolete ones and protected kinds are left alone. Every change is audited as `by`.
     pub fn decay_sweep(&self, by: &str) -> Result<SweepReport> {
-        let policy = self.policy();
-        let stamp = policy.stamp();
+        let policies = self.policies();
         let now = self.clock().now();
         let store = self.store();
         // Decide on every reinforcement queued so far (recall does not wait for its own).
@@ -89,6 +88,8 @@ impl Substrate {
                     continue;
                 };
                 report.examined += 1;
+                let policy = policies.get(&r.namespace);
+                let stamp = policy.stamp();
                 let audit = |action, detail: String| AuditEntry {
                     at: now,
                     action,
@@ -222,7 +223,7 @@ impl Substrate {
         by: &str,
         summarizer: Option<&dyn Summarizer>,
     ) -> Result<Option<Condensed>> {
-        let policy = self.policy();
+        let policy = self.policy_for(namespace);
         let window = self.uncondensed(namespace, session)?;
         if window.is_empty() || window.len() < policy.condensation.min_events as usize {
             return Ok(None);
@@ -575,7 +576,7 @@ impl Substrate {
             ),
             FeedbackTarget::Memories(ids) => (ids.clone(), "memory ids".to_string()),
         };
-        let policy = self.policy();
+        let policy = self.policy_for(namespace);
         let now = self.clock().now();
         // Read what recalls have queued (their reinforcement) before deciding on top of it.
         self.store().sync().await?;

@@ -26,6 +26,7 @@ mod lifecycle;
 mod quarantine;
 mod recall;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -95,8 +96,11 @@ impl Default for IndexingOptions {
 pub struct SubstrateOptions {
     /// Store backend.
     pub backend: Backend,
-    /// The active policy.
+    /// The active policy: every namespace's, unless `namespace_policies` names it.
     pub policy: Policy,
+    /// Policies the operator assigned to single namespaces (`[[namespaces]]`), by
+    /// namespace: those namespaces never fall back on `policy`.
+    pub namespace_policies: BTreeMap<String, Policy>,
     /// The embedder.
     pub embedder: Arc<dyn Embedder>,
     /// The runtime clock.
@@ -116,6 +120,7 @@ impl Default for SubstrateOptions {
         SubstrateOptions {
             backend: Backend::default(),
             policy: Policy::default_policy(),
+            namespace_policies: BTreeMap::new(),
             embedder: Arc::new(crate::embed::HashEmbedder::default()),
             clock: Arc::new(SystemClock),
             limits: Limits::default(),
@@ -123,6 +128,38 @@ impl Default for SubstrateOptions {
             indexing: IndexingOptions::default(),
             recent_n: 8,
         }
+    }
+}
+
+/// The active policies: the default, and those the operator assigned to single
+/// namespaces. Each is compiled with the defaults that follow the embedder.
+#[derive(Debug, Clone)]
+pub struct Policies {
+    /// The policy of every namespace not in `namespaces`.
+    pub default: Arc<Policy>,
+    /// Namespaces with a policy of their own.
+    pub namespaces: BTreeMap<String, Arc<Policy>>,
+}
+
+impl Policies {
+    fn new(default: Policy, namespaces: BTreeMap<String, Policy>, semantic: bool) -> Policies {
+        Policies {
+            default: Arc::new(default.for_embedder(semantic)),
+            namespaces: namespaces
+                .into_iter()
+                .map(|(ns, p)| (ns, Arc::new(p.for_embedder(semantic))))
+                .collect(),
+        }
+    }
+
+    /// The policy in force for `namespace`.
+    pub fn get(&self, namespace: &str) -> &Arc<Policy> {
+        self.namespaces.get(namespace).unwrap_or(&self.default)
+    }
+
+    /// Every active policy, the default first.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Policy>> {
+        std::iter::once(&self.default).chain(self.namespaces.values())
     }
 }
 
@@ -139,7 +176,7 @@ struct Inner {
     vectors: VectorIndex,
     keywords: KeywordIndex,
     embedder: Arc<dyn Embedder>,
-    policy: RwLock<Arc<Policy>>,
+    policy: RwLock<Arc<Policies>>,
     clock: Arc<dyn Clock>,
     limits: Limits,
     indexing: IndexingOptions,
@@ -216,7 +253,8 @@ impl Substrate {
         let vectors = VectorIndex::open(&dir.join("vectors"), dims, opts.vector.clone())?;
         vectors.read_back_from(Arc::new(StoreVectors(store.clone())));
         let keywords = KeywordIndex::open(&dir.join("keywords"))?;
-        let policy = opts.policy.for_embedder(opts.embedder.is_semantic());
+        let semantic = opts.embedder.is_semantic();
+        let policy = Policies::new(opts.policy, opts.namespace_policies, semantic);
         let inner = Arc::new(Inner {
             dir: dir.to_path_buf(),
             store,
@@ -290,8 +328,18 @@ impl Substrate {
         &self.inner.dir
     }
 
-    /// The active policy.
+    /// The active policy of the namespaces that have none of their own.
     pub fn policy(&self) -> Arc<Policy> {
+        self.policies().default.clone()
+    }
+
+    /// The policy in force for `namespace`.
+    pub fn policy_for(&self, namespace: &str) -> Arc<Policy> {
+        self.policies().get(namespace).clone()
+    }
+
+    /// Every active policy at once (one consistent view, for work across namespaces).
+    pub fn policies(&self) -> Arc<Policies> {
         self.inner
             .policy
             .read()
@@ -299,11 +347,24 @@ impl Substrate {
             .clone()
     }
 
-    /// Makes `policy` the active one (later decisions carry its name and hash), with the
-    /// defaults that follow the embedder filled in ([`Policy::for_embedder`]).
+    /// Makes `policy` the active one of the namespaces without their own (later decisions
+    /// carry its name and hash), with the defaults that follow the embedder filled in
+    /// ([`Policy::for_embedder`]).
     pub fn set_policy(&self, policy: Policy) {
-        let policy = policy.for_embedder(self.inner.embedder.is_semantic());
-        *self.inner.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
+        let namespaces = self.policies().namespaces.clone();
+        let semantic = self.inner.embedder.is_semantic();
+        let policies = Policies {
+            default: Arc::new(policy.for_embedder(semantic)),
+            namespaces,
+        };
+        *self.inner.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
+    }
+
+    /// Replaces every active policy at once: `policy` for the namespaces without their own,
+    /// `namespaces` for those assigned one.
+    pub fn set_policies(&self, policy: Policy, namespaces: BTreeMap<String, Policy>) {
+        let policies = Policies::new(policy, namespaces, self.inner.embedder.is_semantic());
+        *self.inner.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
     }
 
     /// Embedder calls that failed since open.

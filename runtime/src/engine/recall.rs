@@ -208,7 +208,7 @@ impl Substrate {
                 Err(e) => return Err(e),
             },
         };
-        let policy = self.policy();
+        let policy = self.policy_for(&req.namespace);
         let sub = self.clone();
         let req2 = req.clone();
         let _turn = self
