@@ -581,6 +581,7 @@ impl From<Error> for ApiError {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable".into())
             }
             Error::Timeout { .. } => (StatusCode::SERVICE_UNAVAILABLE, "timeout".into()),
+            Error::StorageFull { .. } => (StatusCode::INSUFFICIENT_STORAGE, "storage_full".into()),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal".into()),
         };
         if status == StatusCode::INTERNAL_SERVER_ERROR {

@@ -39,14 +39,18 @@ impl Served {
         data: std::path::PathBuf,
         config: &std::path::Path,
     ) -> Served {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        let mut serve = Command::new(env!("CARGO_BIN_EXE_shadowbrain"));
+        serve
             .args(["serve", "--addr", "127.0.0.1:0", "--data"])
             .arg(&data)
             .arg("--config")
-            .arg(config)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+            .arg(config);
+        Served::spawn(serve, dir, data)
+    }
+
+    /// Runs `command`, which must become `serve` (or exec it), and waits for it to listen.
+    fn spawn(mut command: Command, dir: tempfile::TempDir, data: std::path::PathBuf) -> Served {
+        let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
         let stderr = child.stderr.take().unwrap();
         let (tx, lines) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -786,4 +790,179 @@ fn work_past_the_admission_limits_is_refused_at_once_not_queued() {
     assert_eq!(statuses, [201, 200]);
     // Their slots are free again.
     assert_eq!(post_event(served.addr, "s1", "after the slow one"), 201);
+}
+
+/// Whether this machine lets a test mount a small filesystem of its own (`unshare` into
+/// new user and mount namespaces). CI sets `SHADOWBRAIN_REQUIRE_TMPFS=1`, so there a
+/// machine that cannot fails the test instead of skipping it.
+fn can_mount_tmpfs() -> bool {
+    let ok = Command::new("unshare")
+        .args(["--map-root-user", "--mount", "sh", "-c"])
+        .arg(
+            "d=$(mktemp -d) && mount -t tmpfs -o size=1m tmpfs \"$d\"; s=$?; rmdir \"$d\"; exit $s",
+        )
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok && std::env::var_os("SHADOWBRAIN_REQUIRE_TMPFS").is_some() {
+        panic!(
+            "SHADOWBRAIN_REQUIRE_TMPFS is set but `unshare --map-root-user --mount` cannot mount a tmpfs here"
+        );
+    }
+    ok
+}
+
+/// Posts a batch of `n` events of about 1 KiB; the status, the body and the ids written.
+fn post_batch(addr: SocketAddr, session: &str, tag: &str, n: usize) -> (u16, String, Vec<String>) {
+    let filler = "the deploy runner moved regions and the lesson was written down ".repeat(16);
+    let events: Vec<Value> = (0..n)
+        .map(|i| json!({"kind": "observation", "text": format!("{tag} {i} {filler}")}))
+        .collect();
+    let body = json!({ "events": events }).to_string();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "POST /v1/sessions/{session}/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let (status, _, body) = answer(&mut s);
+    let ids = match status {
+        201 => serde_json::from_str::<Value>(&body).unwrap()["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|id| id.as_str().unwrap().to_string())
+            .collect(),
+        _ => Vec::new(),
+    };
+    (status, body, ids)
+}
+
+/// A plain GET on a fresh connection.
+fn get(addr: SocketAddr, path: &str) -> Answer {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    answer(&mut s)
+}
+
+/// Writes batches until one is refused; the ids acknowledged before, and that answer.
+fn fill(addr: SocketAddr, tag: &str, acked: &mut Vec<String>) -> (u16, String) {
+    for round in 0..10_000 {
+        let (status, body, ids) = post_batch(addr, &format!("s{}", round % 4), tag, 50);
+        if status != 201 {
+            return (status, body);
+        }
+        acked.extend(ids);
+    }
+    panic!("the disk never filled");
+}
+
+#[test]
+fn a_full_disk_answers_507_keeps_serving_reads_and_resumes_when_space_returns() {
+    if !can_mount_tmpfs() {
+        eprintln!("skipped: this machine cannot mount a tmpfs in a user namespace");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let config = dir.path().join("shadowbrain.toml");
+    std::fs::write(&config, "[embedder]\nkind = \"hash\"\n").unwrap();
+    // The server runs on a 24 MiB filesystem of its own, in a mount namespace that ends
+    // with it; `exec` makes the child's pid the server's.
+    let mut serve = Command::new("unshare");
+    serve
+        .args(["--map-root-user", "--mount", "sh", "-c"])
+        .arg(
+            "mount -t tmpfs -o size=24m tmpfs \"$1\" && exec \"$2\" serve --addr 127.0.0.1:0 \
+             --data \"$1/data\" --config \"$3\"",
+        )
+        .arg("sh")
+        .arg(&disk)
+        .arg(env!("CARGO_BIN_EXE_shadowbrain"))
+        .arg(&config);
+    let mut served = Served::spawn(serve, dir, disk.join("data"));
+    let addr = served.addr;
+    let resize = |size: &str| {
+        let status = Command::new("nsenter")
+            .args([
+                "-t",
+                &served.child.id().to_string(),
+                "-U",
+                "-m",
+                "--preserve-credentials",
+            ])
+            .args(["mount", "-o", &format!("remount,size={size}")])
+            .arg(&disk)
+            .status()
+            .unwrap();
+        assert!(status.success(), "resizing the server's filesystem");
+    };
+
+    let mut acked = Vec::new();
+    let (status, body) = fill(addr, "first", &mut acked);
+    assert_eq!(status, 507, "{body}");
+    assert_eq!(code(&body), "storage_full", "{body}");
+    assert!(body.contains("free space"), "says what to do: {body}");
+    assert!(acked.len() >= 50, "some writes fit first: {}", acked.len());
+    // Still full (what fits in the space a refused commit left is taken): refused the
+    // same way, never a 500; reads keep working.
+    let (status, body) = fill(addr, "again", &mut acked);
+    assert_eq!(
+        (status, code(&body).as_str()),
+        (507, "storage_full"),
+        "{body}"
+    );
+    let (status, _, body) = get(addr, &format!("/v1/memories/{}", acked[0]));
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) = get(addr, "/v1/sessions");
+    assert_eq!(status, 200, "{body}");
+
+    // Space returns: writes resume by themselves, without a restart.
+    resize("32m");
+    let started = Instant::now();
+    let resumed = loop {
+        let (status, body, ids) = post_batch(addr, "s9", "resumed", 5);
+        if status == 201 {
+            acked.extend(ids);
+            break started.elapsed();
+        }
+        assert_eq!(status, 507, "{body}");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "writes never resumed: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // Full again, then stopped while full: a clean drain and exit 0, whatever the indexes
+    // could not save (the next start builds it from the store).
+    let (status, body) = fill(addr, "second", &mut acked);
+    assert_eq!(
+        (status, code(&body).as_str()),
+        (507, "storage_full"),
+        "{body}"
+    );
+    // Nothing acknowledged was lost: every id reads back.
+    for id in &acked {
+        let (status, _, body) = get(addr, &format!("/v1/memories/{id}"));
+        assert_eq!(status, 200, "{id}: {body}");
+    }
+    served.terminate();
+    let status = served
+        .exit_within(Duration::from_secs(60))
+        .expect("the server stops on a full disk");
+    let said = served.said();
+    assert!(status.success(), "{status:?}: {said}");
+    eprintln!(
+        "{} events acknowledged, writes resumed {resumed:?} after space returned",
+        acked.len()
+    );
 }

@@ -71,6 +71,26 @@ pub enum Error {
         #[source]
         source: Option<Source>,
     },
+    /// The disk holding the data directory is full: nothing of the write was stored.
+    /// Writes succeed again by themselves once space is freed; reads keep working.
+    #[error(
+        "the disk holding {dir} is full ({free_bytes} bytes free; the store said: {message}): \
+         nothing of this write was stored; free space on that disk or move the data \
+         directory to a larger one, then retry (writes resume by themselves; reads keep \
+         working meanwhile)",
+        dir = dir.display()
+    )]
+    StorageFull {
+        /// The store's directory.
+        dir: PathBuf,
+        /// Bytes an unprivileged writer may still use on that filesystem.
+        free_bytes: u64,
+        /// The backend's own message.
+        message: String,
+        /// The backend's error, when it reported one.
+        #[source]
+        source: Option<Source>,
+    },
     /// A derived index (vector or keyword) failed; it can be rebuilt from the store.
     #[error("{index} index error: {message}; if it persists, run `shadowbrain reindex`")]
     Index {

@@ -387,7 +387,8 @@ impl Substrate {
     }
 
     /// Stops the background threads and builds everything that is staged, so the next open
-    /// starts with nothing to replay. Records still waiting for enrichment stay queued.
+    /// starts with nothing to replay (when the indexes cannot save it, on a full disk, the
+    /// next open builds it instead). Records still waiting for enrichment stay queued.
     pub fn close(&self) -> Result<()> {
         self.inner.closed.store(true, Ordering::SeqCst);
         self.inner
@@ -412,7 +413,17 @@ impl Substrate {
         for h in threads {
             let _ = h.join();
         }
-        self.flush_indexes()
+        // The indexes are derived: what they cannot save now (a full disk) stays in the
+        // store's change log, which is truncated only past what both have built, and is
+        // built at the next open. Nothing acknowledged depends on it, so closing succeeds.
+        if let Err(e) = self.flush_indexes() {
+            tracing::warn!(
+                error = %e,
+                "the indexes could not save their last changes; the next open builds them \
+                 from the store"
+            );
+        }
+        Ok(())
     }
 
     /// Disk use of the whole data directory.

@@ -5,6 +5,7 @@
 //! sequence counters) race-free without locks.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
@@ -86,6 +87,8 @@ enum CatalogOp {
 
 struct Worker {
     kv: Arc<dyn Kv>,
+    /// The store's directory: a failed commit checks the space left on its disk.
+    dir: PathBuf,
     catalog: Arc<RwLock<Catalog>>,
     next_id: Arc<AtomicU32>,
     next_recall: Arc<AtomicU32>,
@@ -98,6 +101,49 @@ struct Worker {
     commits: Arc<AtomicU64>,
     write_sets: Arc<AtomicU64>,
     backlog: Arc<AtomicU64>,
+}
+
+/// Space left under which a failed write is taken for a full disk even when the backend
+/// reports it as something else: LMDB answers a write into a full filesystem with `EIO`.
+const NEARLY_FULL: u64 = 64 << 20;
+
+/// The bytes still free on `dir`'s disk when `e` comes from that disk being full: the
+/// error says so (`ENOSPC`, `EDQUOT`), or it is an I/O error while almost nothing is free.
+/// `None` for every other failure.
+pub(super) fn disk_full(dir: &Path, e: &Error) -> Option<u64> {
+    let mut says_full = false;
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        let io = c
+            .downcast_ref::<std::io::Error>()
+            .or_else(|| match c.downcast_ref() {
+                Some(heed::Error::Io(io)) => Some(io),
+                _ => None,
+            });
+        if let Some(io) = io {
+            says_full |= io.kind() == std::io::ErrorKind::StorageFull
+                || io.kind() == std::io::ErrorKind::QuotaExceeded
+                || matches!(io.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT));
+        }
+        cause = c.source();
+    }
+    let free = free_bytes(dir)?;
+    (says_full || free < NEARLY_FULL).then_some(free)
+}
+
+/// Bytes an unprivileged writer may still use on the filesystem holding `dir`.
+pub(crate) fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is NUL-terminated and `stat` is written in full when the call succeeds.
+    let stat = unsafe {
+        if libc::statvfs(path.as_ptr(), stat.as_mut_ptr()) != 0 {
+            return None;
+        }
+        stat.assume_init()
+    };
+    Some(stat.f_bavail as u64 * stat.f_frsize as u64)
 }
 
 /// The id counters every commit persists (handed out in memory, ahead of the disk).
@@ -114,6 +160,7 @@ impl Committer {
         catalog: Arc<RwLock<Catalog>>,
         counters: Counters,
         next_seq: u64,
+        dir: PathBuf,
     ) -> Result<Self> {
         let (tx, rx) = mpsc::channel::<Request>();
         let shared_seq = Arc::new(AtomicU64::new(next_seq));
@@ -122,6 +169,7 @@ impl Committer {
         let backlog = Arc::new(AtomicU64::new(0));
         let mut worker = Worker {
             kv,
+            dir,
             catalog,
             next_id: counters.next_id,
             next_recall: counters.next_recall,
@@ -279,9 +327,22 @@ impl Worker {
                 }
             }
             Err(e) => {
-                tracing::error!(error = %e, "store commit failed; nothing in this group was written");
                 self.next_seq = seq_before;
                 self.stats.clear();
+                let full = disk_full(&self.dir, &e);
+                match full {
+                    Some(free_bytes) => tracing::error!(
+                        error = %e,
+                        dir = %self.dir.display(),
+                        free_bytes,
+                        "the store's disk is full; nothing in this group was written, and \
+                         writes are refused (507 storage_full) until space is freed"
+                    ),
+                    None => tracing::error!(
+                        error = %e,
+                        "store commit failed; nothing in this group was written"
+                    ),
+                }
                 // Every writer of the group gets the backend's error, source and all.
                 let (message, source) = match e {
                     Error::Storage {
@@ -293,10 +354,18 @@ impl Worker {
                     ),
                 };
                 for (reply, _, _) in accepted {
-                    reply.send(Err(Error::Storage {
-                        backend: self.kv.backend().as_str(),
-                        message: message.clone(),
-                        source: source.clone(),
+                    reply.send(Err(match full {
+                        Some(free_bytes) => Error::StorageFull {
+                            dir: self.dir.clone(),
+                            free_bytes,
+                            message: message.clone(),
+                            source: source.clone(),
+                        },
+                        None => Error::Storage {
+                            backend: self.kv.backend().as_str(),
+                            message: message.clone(),
+                            source: source.clone(),
+                        },
                     }));
                 }
             }

@@ -383,6 +383,7 @@ impl Store {
                 next_recall: next_recall.clone(),
             },
             next_seq,
+            dir.to_path_buf(),
         )?;
         Ok(Store {
             inner: Arc::new(Inner {
