@@ -392,6 +392,10 @@ impl Substrate {
                 }
                 pass.more
             }
+            Err(Error::Closed) => {
+                tracing::debug!(index = ?kind, "index pass given up: the substrate is closing");
+                false
+            }
             Err(e) => {
                 tracing::warn!(index = ?kind, error = %e, "index pass failed; the next tick retries");
                 false

@@ -50,7 +50,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
@@ -354,6 +354,9 @@ pub struct VectorIndex {
     /// Serialises the write work (build, clear): LMDB allows one write transaction anyway,
     /// and this keeps a second builder from blocking inside LMDB with locks held.
     writer: Mutex<()>,
+    /// Set by [`VectorIndex::cancel_builds`]: a build in progress gives up (its
+    /// transaction is aborted, its changes stay staged) at arroy's next check.
+    cancelled: AtomicBool,
     /// Held shared by every transaction and exclusively by a map resize, which LMDB forbids
     /// while any transaction of this process is open.
     gate: RwLock<()>,
@@ -466,6 +469,7 @@ impl VectorIndex {
             tail: RwLock::new(Tail::new(opts.hot_cache_bytes)),
             opts,
             writer: Mutex::new(()),
+            cancelled: AtomicBool::new(false),
             gate: RwLock::new(()),
             release: MapRelease::new(dir),
             shard_items: AtomicU64::new(ONE_SHARD),
@@ -725,6 +729,16 @@ impl VectorIndex {
         Ok(total)
     }
 
+    /// Makes a build in progress, and every later one, give up soon (the closing index
+    /// must not wait minutes for a tree build: what it leaves staged is still in the
+    /// store's change log and is built after the next open). Builds that gave up fail
+    /// with [`Error::Closed`]. Waits until no build is running, then lets builds run again.
+    pub fn cancel_builds(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+        drop(self.writer.lock().unwrap_or_else(|p| p.into_inner()));
+        self.cancelled.store(false, Ordering::Relaxed);
+    }
+
     /// One transaction of [`VectorIndex::build`]: the first
     /// [`VectorOptions::max_build_items`] staged changes, on the lower-priority threads when
     /// `background` (a build that may wait for ingest and recall). `watermark` is recorded
@@ -857,6 +871,9 @@ impl VectorIndex {
             };
             let mut changed = false;
             for (id, staged) in run {
+                if self.cancelled.load(Ordering::Relaxed) {
+                    return Err(arroy::Error::BuildCancelled);
+                }
                 let vector = match &staged.change {
                     Change::Upsert(v) => Some(v.clone()),
                     // `None` when it is gone from the store: its removal is (or was) logged.
@@ -906,6 +923,7 @@ impl VectorIndex {
                 if let Some(n) = self.opts.n_trees {
                     builder.n_trees(n.max(1));
                 }
+                builder.cancel(|| self.cancelled.load(Ordering::Relaxed));
                 builder.build(wtxn)?;
             }
             shards = shards.max(u64::from(shard) + 1);
@@ -1423,6 +1441,8 @@ fn is_map_full(e: &arroy::Error) -> bool {
 fn arroy_error(e: arroy::Error) -> Error {
     match e {
         arroy::Error::Heed(e) => Error::from(e),
+        // Only [`VectorIndex::cancel_builds`] cancels, when the index is closing.
+        arroy::Error::BuildCancelled => Error::Closed,
         other => Error::from(other),
     }
 }
