@@ -482,20 +482,37 @@ async fn mixed_phase(edge: Edge, clients: usize, secs: f64) -> Mixed {
         .await
         .expect("listen");
     let addr = listener.local_addr().expect("an address");
-    let app = server::router(rt.clone(), Limits::default(), Auth::open(), edge);
+    // Served as `serve` serves: the connections on a thread of their own, the answers on
+    // this runtime.
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(shadowbrain::listen::serve_connections(
+    let served = tokio::spawn(server::serve(
         listener,
-        app,
+        rt,
+        Limits::default(),
+        Auth::open(),
         edge,
         async {
             let _ = stopped.await;
         },
     ));
-    let m = mixed_load(addr, clients, secs).await;
+    // The clients run on a runtime of their own, as separate processes would: sharing the
+    // server's workers, their own scheduling would be counted as the server's latency.
+    let m = tokio::task::spawn_blocking(move || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("mixed-client")
+            .enable_all()
+            .build()
+            .expect("the clients' runtime")
+            .block_on(mixed_load(addr, clients, secs))
+    })
+    .await
+    .expect("the mixed clients");
     let _ = stop.send(());
-    let _ = served.await;
-    rt.shutdown().await.expect("a clean shutdown");
+    served
+        .await
+        .expect("the server task")
+        .expect("a clean shutdown");
     m
 }
 
