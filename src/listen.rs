@@ -32,6 +32,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 
+use crate::metrics::ConnectionMetrics;
 use crate::server::ApiError;
 use malformed::ErrorBodies;
 
@@ -51,6 +52,10 @@ pub struct ServerConfig {
     /// After SIGTERM or Ctrl-C, how long requests in flight may take to finish before the
     /// connections still open are closed and the runtime is flushed. Default `"10s"`.
     pub drain_timeout: String,
+    /// How long an admitted request may take to be answered, its body's arrival included;
+    /// past it the answer is `503 timeout` (with `Retry-After`) and the work is abandoned,
+    /// so no request holds its admission slot without end. Default `"30s"`.
+    pub request_timeout: String,
     /// Connections served at once; one more is answered `503 overloaded` and closed.
     /// Default 1024.
     pub max_connections: usize,
@@ -71,6 +76,7 @@ impl Default for ServerConfig {
             header_timeout: "30s".into(),
             body_timeout: "30s".into(),
             drain_timeout: "10s".into(),
+            request_timeout: "30s".into(),
             max_connections: 1024,
             max_recalls: 4 * cores(),
             max_writes: 512,
@@ -103,6 +109,7 @@ impl ServerConfig {
             header_timeout: duration("header_timeout", &self.header_timeout),
             body_timeout: duration("body_timeout", &self.body_timeout),
             drain_timeout: duration("drain_timeout", &self.drain_timeout),
+            request_timeout: duration("request_timeout", &self.request_timeout),
             max_connections: self.max_connections,
             max_recalls: self.max_recalls,
             max_writes: self.max_writes,
@@ -140,6 +147,8 @@ pub struct Edge {
     pub body_timeout: Duration,
     /// Time the drain gives requests in flight after a shutdown signal.
     pub drain_timeout: Duration,
+    /// Time an admitted request has to be answered.
+    pub request_timeout: Duration,
     /// Connections served at once.
     pub max_connections: usize,
     /// Recalls and knowledge searches answered at once.
@@ -169,6 +178,7 @@ pub async fn serve_connections(
     listener: TcpListener,
     app: Router,
     edge: Edge,
+    counts: ConnectionMetrics,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Drained {
     let slots = Arc::new(Semaphore::new(edge.max_connections));
@@ -209,6 +219,8 @@ pub async fn serve_connections(
                             req
                         });
                         let conn = builder.serve_connection(io, TowerToHyperService::new(app));
+                        let open = counts.open.clone();
+                        open.inc();
                         connections.spawn(async move {
                             tokio::pin!(conn);
                             tokio::select! {
@@ -220,10 +232,12 @@ pub async fn serve_connections(
                                 }
                             }
                             drop(slot);
+                            open.dec();
                         });
                     }
                     Err(_) => {
                         // Over the bound: answered at once, never queued.
+                        counts.refused.inc();
                         let mut refusal = http1::Builder::new();
                         refusal
                             .timer(TokioTimer::new())
@@ -259,6 +273,7 @@ pub async fn serve_connections(
             }
             () = &mut deadline => {
                 let cut = connections.len();
+                counts.cut.inc_by(cut as u64);
                 tracing::warn!(
                     connections = cut,
                     "closing connections still open {}s after the shutdown signal \

@@ -74,6 +74,19 @@ pub struct Metrics {
     provider_errors: Counter,
     rebuilds: Counter,
     llm: LlmMetrics,
+    connections: ConnectionMetrics,
+}
+
+/// What the accept loop counts ([`crate::listen::serve_connections`]): connections open,
+/// refused past `server.max_connections`, and cut at the drain deadline.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionMetrics {
+    /// Connections being served now.
+    pub open: Gauge,
+    /// Connections answered 503 at once because `max_connections` were open.
+    pub refused: Counter,
+    /// Connections still open at the drain deadline, closed without their answer.
+    pub cut: Counter,
 }
 
 /// The LLM layer's counters (registered whether or not an LLM is configured, so dashboards
@@ -241,6 +254,22 @@ impl Metrics {
             "Index rebuilds from the store (a clean restart causes none)",
             rebuilds.clone(),
         );
+        let connections = ConnectionMetrics::default();
+        registry.register(
+            "http_connections_open",
+            "HTTP connections being served",
+            connections.open.clone(),
+        );
+        registry.register(
+            "http_connections_refused",
+            "Connections answered 503 overloaded because server.max_connections were open",
+            connections.refused.clone(),
+        );
+        registry.register(
+            "http_connections_cut",
+            "Connections closed at the drain deadline without their answer",
+            connections.cut.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             requests,
@@ -262,7 +291,13 @@ impl Metrics {
             provider_errors,
             rebuilds,
             llm,
+            connections,
         }
+    }
+
+    /// The accept loop's counters, shared with these metrics.
+    pub fn connections(&self) -> ConnectionMetrics {
+        self.connections.clone()
     }
 
     /// Counts one answered request.

@@ -320,12 +320,24 @@ pub fn router_on(
     edge: Edge,
     work: Option<tokio::runtime::Handle>,
 ) -> Router {
+    router_with(rt, limits, auth, edge, work, Arc::new(Metrics::new()))
+}
+
+/// [`router_on`], counting into `metrics`.
+fn router_with(
+    rt: Runtime,
+    limits: Limits,
+    auth: Auth,
+    edge: Edge,
+    work: Option<tokio::runtime::Handle>,
+    metrics: Arc<Metrics>,
+) -> Router {
     let body_limit = limits.max_body_bytes;
     let state = AppState {
         rt,
         limits: Arc::new(limits),
         auth: Arc::new(auth),
-        metrics: Arc::new(Metrics::new()),
+        metrics,
         edge,
         throttle: Arc::new(AuthThrottle::default()),
         admission: Arc::new(Admission {
@@ -380,7 +392,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<Drained> {
     let work = tokio::runtime::Handle::current();
-    let app = router_on(rt.clone(), limits, auth, edge, Some(work));
+    let metrics = Arc::new(Metrics::new());
+    let counts = metrics.connections();
+    let app = router_with(rt.clone(), limits, auth, edge, Some(work), metrics);
     // The listener moves to the edge thread's runtime, whose reactor then drives every
     // accepted connection.
     let listener = listener.into_std()?;
@@ -395,7 +409,9 @@ pub async fn serve(
                 .and_then(|edge_rt| {
                     edge_rt.block_on(async move {
                         let listener = tokio::net::TcpListener::from_std(listener)?;
-                        Ok(crate::listen::serve_connections(listener, app, edge, shutdown).await)
+                        let served =
+                            crate::listen::serve_connections(listener, app, edge, counts, shutdown);
+                        Ok(served.await)
                     })
                 });
             let _ = done.send(outcome);
@@ -407,28 +423,50 @@ pub async fn serve(
     Ok(drained)
 }
 
-/// Answers an admitted request: on the work runtime when there is one (see [`serve`]).
+/// Answers an admitted request: on the work runtime when there is one (see [`serve`]),
+/// within `server.request_timeout`; past it the work is abandoned and the answer is 503.
 async fn answer_on(s: &AppState, request: Request, next: Next) -> Response {
-    match &s.work {
-        None => next.run(request).await,
-        // The request's span follows it, so what the handler logs names the request.
-        Some(work) => match work
-            .spawn(tracing::Instrument::in_current_span(next.run(request)))
+    let limit = s.edge.request_timeout;
+    let late = || {
+        let mut e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "timeout",
+            format!(
+                "answering took longer than server.request_timeout ({}), so the request was \
+                 abandoned; a write may have been stored all the same (send writes with an \
+                 Idempotency-Key to retry them safely); retry shortly",
+                humantime::format_duration(limit)
+            ),
+        );
+        e.retry_after = Some(1);
+        // The body may be unread: the connection cannot carry another request.
+        closing(e)
+    };
+    let Some(work) = &s.work else {
+        return tokio::time::timeout(limit, next.run(request))
             .await
-        {
-            Ok(answer) => answer,
-            Err(e) => {
-                let panic = e.is_panic().then(|| crate::panic_message(&*e.into_panic()));
-                tracing::error!(panic, "a request handler failed");
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "answering this request failed inside the server (a bug: the log has \
-                     the details); the server keeps serving",
-                )
-                .into_response()
-            }
-        },
+            .unwrap_or_else(|_| late());
+    };
+    // The request's span follows it, so what the handler logs names the request.
+    let task = work.spawn(tracing::Instrument::in_current_span(next.run(request)));
+    let abandon = task.abort_handle();
+    match tokio::time::timeout(limit, task).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => {
+            let panic = e.is_panic().then(|| crate::panic_message(&*e.into_panic()));
+            tracing::error!(panic, "a request handler failed");
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "answering this request failed inside the server (a bug: the log has the \
+                 details); the server keeps serving",
+            )
+            .into_response()
+        }
+        Err(_) => {
+            abandon.abort();
+            late()
+        }
     }
 }
 

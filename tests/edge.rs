@@ -391,6 +391,26 @@ fn connections_past_the_bound_are_refused_at_once_and_slots_come_back() {
             other => panic!("a freed slot answers {other}"),
         }
     }
+    // The refusal is counted, and the connection asking is open (a closed one before it
+    // may not be reaped yet).
+    let (status, _, metrics) = get(served.addr, "/metrics");
+    assert_eq!(status, 200);
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("{name} is missing: {metrics}"))
+            .to_string()
+    };
+    assert!(
+        value("shadowbrain_http_connections_refused_total")
+            .parse::<u64>()
+            .unwrap()
+            >= 1
+    );
+    let open: u64 = value("shadowbrain_http_connections_open").parse().unwrap();
+    assert!((1..=2).contains(&open), "{open}");
+    assert_eq!(value("shadowbrain_http_connections_cut_total"), "0");
 }
 
 /// `serve` with `config` as its config file: it must refuse to start; its stderr.
@@ -1210,4 +1230,49 @@ fn soak_mixed_load_with_slow_clients_then_sigterm_loses_nothing() {
         answered.load(Ordering::Relaxed),
         acked.len()
     );
+}
+
+#[test]
+fn a_request_past_its_deadline_is_abandoned_with_503() {
+    let served = Served::start("request_timeout = \"300ms\"");
+    // A write whose body stops half way (well within body_timeout's 30 s between chunks):
+    // the deadline, not the body timeout, ends it.
+    let body = r#"{"kind": "observation", "text": "half of it"}"#;
+    let mut s = served.connect();
+    write!(
+        s,
+        "POST /v1/sessions/s1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{}",
+        body.len(),
+        &body[..10]
+    )
+    .unwrap();
+    let started = Instant::now();
+    let (status, headers, answer_body) = answer(&mut s);
+    assert_eq!(
+        (status, code(&answer_body).as_str()),
+        (503, "timeout"),
+        "{answer_body}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        answer_body.contains("server.request_timeout"),
+        "{answer_body}"
+    );
+    assert_eq!(header(&headers, "retry-after"), Some("1"));
+    assert_eq!(header(&headers, "connection"), Some("close"));
+    // Its admission slot is free again, and a whole request fits in the deadline (retried:
+    // other tests may be loading the machine).
+    let started = Instant::now();
+    while post_event(served.addr, "s1", "a short one") != 201 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "writes never fit again"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
