@@ -162,6 +162,12 @@ fn answer(s: &mut TcpStream) -> Answer {
     }
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let (status, headers) = parse_head(head);
+    (status, headers, body.to_string())
+}
+
+/// An answer's status line and headers (lower-case names).
+fn parse_head(head: &str) -> (u16, Vec<(String, String)>) {
     let mut lines = head.lines();
     let status = lines
         .next()
@@ -175,7 +181,7 @@ fn answer(s: &mut TcpStream) -> Answer {
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
-    (status, headers, body.to_string())
+    (status, headers)
 }
 
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -522,17 +528,11 @@ fn keyed_write(addr: SocketAddr, key: &str, body: &str, read: bool) -> Option<An
     read.then(|| answer(&mut s))
 }
 
-fn session_texts(data: &std::path::Path) -> Vec<String> {
+/// What a one-shot command prints on stdout for `args` then `--data DATA`; it must succeed.
+fn command_output(args: &[&str], data: &std::path::Path) -> Vec<u8> {
     let out = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-        .args([
-            "timeline",
-            "--session",
-            "s1",
-            "--limit",
-            "1000",
-            "--json",
-            "--data",
-        ])
+        .args(args)
+        .arg("--data")
         .arg(data)
         .output()
         .unwrap();
@@ -541,7 +541,15 @@ fn session_texts(data: &std::path::Path) -> Vec<String> {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let timeline: Value = serde_json::from_slice(&out.stdout).unwrap();
+    out.stdout
+}
+
+fn session_texts(data: &std::path::Path) -> Vec<String> {
+    let out = command_output(
+        &["timeline", "--session", "s1", "--limit", "1000", "--json"],
+        data,
+    );
+    let timeline: Value = serde_json::from_slice(&out).unwrap();
     let mut texts: Vec<String> = timeline["items"]
         .as_array()
         .unwrap()
@@ -1029,19 +1037,7 @@ fn keep_alive(
     }
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = text.split_at(head_len);
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
+    let (status, headers) = parse_head(head.trim_end());
     if header(&headers, "connection") == Some("close") {
         *conn = None;
     }
@@ -1050,17 +1046,8 @@ fn keep_alive(
 
 /// The ids of every record in an exported data directory.
 fn exported_ids(data: &std::path::Path) -> std::collections::HashSet<String> {
-    let out = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-        .args(["export", "--data"])
-        .arg(data)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
+    let out = command_output(&["export"], data);
+    String::from_utf8(out)
         .unwrap()
         .lines()
         .skip(1)

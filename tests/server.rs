@@ -931,11 +931,29 @@ fn sigterm_drains_flushes_and_exits_zero() {
     });
 }
 
+/// `shadowbrain serve` on port 0 over `data`, with a config file and a policy file when
+/// given.
+fn serve_command(
+    data: &std::path::Path,
+    config: Option<&std::path::Path>,
+    policy: Option<&std::path::Path>,
+) -> Command {
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_shadowbrain"));
+    serve
+        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
+        .arg(data);
+    if let Some(config) = config {
+        serve.arg("--config").arg(config);
+    }
+    if let Some(policy) = policy {
+        serve.arg("--policy").arg(policy);
+    }
+    serve
+}
+
 /// Starts the binary on port 0 over `data`; answers the child and its address.
 fn spawn_server(data: &std::path::Path) -> (std::process::Child, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
-        .arg(data)
+    let mut child = serve_command(data, None, None)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -1109,11 +1127,7 @@ fn the_config_file_sets_limits_and_keys_with_environment_overrides() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
-        .arg(dir.path().join("data"))
-        .arg("--config")
-        .arg(&config)
+    let mut child = serve_command(&dir.path().join("data"), Some(&config), None)
         // The environment wins over the file.
         .env("SHADOWBRAIN__LIMITS__MAX_K", "3")
         .stderr(Stdio::piped())
@@ -1164,11 +1178,7 @@ fn the_config_file_sets_limits_and_keys_with_environment_overrides() {
 
     // A mistake in the file stops the start with what to fix.
     std::fs::write(&config, "[limits]\nmax_kk = 5\n").unwrap();
-    let refused = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
-        .arg(dir.path().join("data"))
-        .arg("--config")
-        .arg(&config)
+    let refused = serve_command(&dir.path().join("data"), Some(&config), None)
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&refused.stderr);
@@ -1212,13 +1222,7 @@ fn serve_with_an_llm_section_judges_importance_in_the_background() {
         default.replace("mode = \"rules\"", "mode = \"llm\""),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
-        .arg(dir.path().join("data"))
-        .arg("--config")
-        .arg(&config)
-        .arg("--policy")
-        .arg(&policy)
+    let mut child = serve_command(&dir.path().join("data"), Some(&config), Some(&policy))
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -1315,13 +1319,7 @@ fn namespaces_run_the_policies_the_operator_assigned_them() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
-        .arg(dir.path().join("data"))
-        .arg("--policy")
-        .arg(&shared)
-        .arg("--config")
-        .arg(&config)
+    let mut child = serve_command(&dir.path().join("data"), Some(&config), Some(&shared))
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -1424,11 +1422,7 @@ fn namespaces_run_the_policies_the_operator_assigned_them() {
 
     // A [[namespaces]] entry whose file is missing stops the start, naming it.
     std::fs::remove_file(&alpha).unwrap();
-    let refused = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
-        .arg(dir.path().join("data2"))
-        .arg("--config")
-        .arg(&config)
+    let refused = serve_command(&dir.path().join("data2"), Some(&config), None)
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&refused.stderr);
