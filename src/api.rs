@@ -523,14 +523,5 @@ pub struct PolicyOut {
     /// (`[[namespaces]]`): each one's name and hash, by namespace. The fields above are
     /// then the default policy's, in force for every other namespace.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub namespaces: BTreeMap<String, PolicyStampOut>,
-}
-
-/// A policy's name and hash.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct PolicyStampOut {
-    /// The policy's `name`.
-    pub name: String,
-    /// The hex content hash of the compiled policy.
-    pub hash: String,
+    pub namespaces: BTreeMap<String, PolicyRef>,
 }

@@ -36,8 +36,8 @@ use utoipa::OpenApi;
 
 use crate::api::{
     CondenseOut, ErrorBody, ErrorDetail, EventsIn, FeedbackIn, Graph, Health, History, Ids,
-    KnowledgeSearchIn, Memory, PolicyOut, PolicyStampOut, RecallIn, RecallOut, Sessions, StatusIn,
-    Timeline, Updated,
+    KnowledgeSearchIn, Memory, PolicyOut, RecallIn, RecallOut, Sessions, StatusIn, Timeline,
+    Updated,
 };
 use crate::listen::{Drained, Edge};
 use crate::metrics::Metrics;
@@ -1432,16 +1432,7 @@ async fn post_policy_reload(
     out.namespaces = policies
         .namespaces
         .iter()
-        .map(|(ns, p)| {
-            let stamp = p.stamp();
-            (
-                ns.clone(),
-                PolicyStampOut {
-                    name: stamp.name,
-                    hash: stamp.hash,
-                },
-            )
-        })
+        .map(|(ns, p)| (ns.clone(), p.stamp().into()))
         .collect();
     Ok(Json(out))
 }

@@ -88,7 +88,6 @@ impl Substrate {
                 };
                 report.examined += 1;
                 let policy = policies.get(&r.namespace);
-                let stamp = policy.stamp();
                 let audit = |action, detail: String| AuditEntry {
                     at: now,
                     action,
@@ -104,7 +103,7 @@ impl Substrate {
                             if_strength_at: r.strength_at,
                             patch: RecordPatch {
                                 strength: Some((strength, now)),
-                                policy: Some(stamp.clone()),
+                                policy: Some(policy.stamp()),
                                 ..RecordPatch::default()
                             },
                             audit: audit(
@@ -121,7 +120,7 @@ impl Substrate {
                             patch: RecordPatch {
                                 status: Some((Status::Archived, now)),
                                 strength: Some((strength, now)),
-                                policy: Some(stamp.clone()),
+                                policy: Some(policy.stamp()),
                                 ..RecordPatch::default()
                             },
                             audit: audit(
@@ -444,13 +443,6 @@ fn condensed_kind(name: &'static str) -> Kind {
     Kind::new(name).unwrap_or_else(|_| unreachable!("`{name}` is a valid kind"))
 }
 
-/// Indexes into `window` of the events to quote, in time order: about √n of them
-/// (1..=[`MAX_PICKS`]), the best by `centrality + importance / 10` — except that events as
-/// important as the promotion threshold (`promotable`) come first, most important first.
-/// Centrality favours what a window keeps coming back to, so without that rule a lesson
-/// written once among routine events (the least central thing there) would never reach a
-/// condensed record, and so could never be promoted. The count stays √n either way: a
-/// window of important events is not quoted whole.
 /// `v` scaled to length 1 (all zeros for a near-zero vector, whose cosine with anything
 /// is 0, as [`crate::index::cosine`] has it).
 fn unit(v: &[f32]) -> Vec<f32> {
@@ -461,6 +453,13 @@ fn unit(v: &[f32]) -> Vec<f32> {
     }
 }
 
+/// Indexes into `window` of the events to quote, in time order: about √n of them
+/// (1..=[`MAX_PICKS`]), the best by `centrality + importance / 10` — except that events as
+/// important as the promotion threshold (`promotable`) come first, most important first.
+/// Centrality favours what a window keeps coming back to, so without that rule a lesson
+/// written once among routine events (the least central thing there) would never reach a
+/// condensed record, and so could never be promoted. The count stays √n either way: a
+/// window of important events is not quoted whole.
 fn pick_representatives(
     window: &[MemoryRecord],
     embeddings: &[Option<Vec<f32>>],

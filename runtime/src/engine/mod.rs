@@ -357,17 +357,23 @@ impl Substrate {
     pub fn set_policy(&self, policy: Policy) {
         let namespaces = self.policies().namespaces.clone();
         let semantic = self.inner.embedder.is_semantic();
-        let policies = Policies {
+        self.install(Policies {
             default: Arc::new(policy.for_embedder(semantic)),
             namespaces,
-        };
-        *self.inner.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
+        });
     }
 
     /// Replaces every active policy at once: `policy` for the namespaces without their own,
     /// `namespaces` for those assigned one.
     pub fn set_policies(&self, policy: Policy, namespaces: BTreeMap<String, Policy>) {
-        let policies = Policies::new(policy, namespaces, self.inner.embedder.is_semantic());
+        self.install(Policies::new(
+            policy,
+            namespaces,
+            self.inner.embedder.is_semantic(),
+        ));
+    }
+
+    fn install(&self, policies: Policies) {
         *self.inner.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
     }
 

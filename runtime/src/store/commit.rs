@@ -110,7 +110,7 @@ const NEARLY_FULL: u64 = 64 << 20;
 /// The bytes still free on `dir`'s disk when `e` comes from that disk being full: the
 /// error says so (`ENOSPC`, `EDQUOT`), or it is an I/O error while almost nothing is free.
 /// `None` for every other failure.
-pub(super) fn disk_full(dir: &Path, e: &Error) -> Option<u64> {
+fn disk_full(dir: &Path, e: &Error) -> Option<u64> {
     let mut says_full = false;
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(c) = cause {
@@ -132,7 +132,7 @@ pub(super) fn disk_full(dir: &Path, e: &Error) -> Option<u64> {
 }
 
 /// Bytes an unprivileged writer may still use on the filesystem holding `dir`.
-pub(crate) fn free_bytes(dir: &Path) -> Option<u64> {
+fn free_bytes(dir: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
     let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
