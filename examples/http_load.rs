@@ -17,10 +17,16 @@
 //! a slow answer that delays the next request is not hidden). Phase 4 (mixed,
 //! `--mixed-secs 20`): `--mixed-clients` keep-alive clients each loop over a write of 1–50
 //! events to one of 2,000 sessions or a recall, half and half, for that long — first
-//! against a second server on the same runtime with admission control off (the anchor),
-//! then with the default `[server]` limits (`--mixed-max-recalls` to try another); a refused request (503) waits
-//! its `Retry-After`, as a client should. Prints progress on stderr and, last, one JSON
-//! line.
+//! against a fresh server with admission control off (the anchor), then against another
+//! with the default `[server]` limits (`--mixed-max-recalls` to try another); a refused
+//! request (503) waits its `Retry-After`, as a client should. Beside them a probe recalls
+//! every 50 ms from one of 100 sessions nobody writes to: its p99 per third of the phase
+//! shows what a recall of a fixed scope costs while the store grows around it. Prints
+//! progress on stderr and, last, one JSON line.
+//!
+//! `--target HOST:PORT --mixed-secs 60`: only the mixed load, against a server already
+//! running in another process (the release binary, on an empty data directory), so the
+//! clients and the server are separate processes as in production.
 //!
 //! The clients check each answer's shape without building a JSON tree: they share the
 //! cores with the server, and their own parsing would be counted against it.
@@ -64,6 +70,8 @@ struct Args {
     mixed_secs: f64,
     mixed_clients: usize,
     mixed_max_recalls: usize,
+    /// A server already running (the release binary): only the mixed load, against it.
+    target: Option<SocketAddr>,
 }
 
 fn args() -> Result<Args, String> {
@@ -78,6 +86,7 @@ fn args() -> Result<Args, String> {
         mixed_secs: 0.0,
         mixed_clients: 200,
         mixed_max_recalls: Edge::default().max_recalls,
+        target: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -96,6 +105,12 @@ fn args() -> Result<Args, String> {
             "--mixed-secs" => a.mixed_secs = value()? as f64,
             "--mixed-clients" => a.mixed_clients = value()?.max(1),
             "--mixed-max-recalls" => a.mixed_max_recalls = value()?.max(1),
+            "--target" => {
+                a.target =
+                    Some(it.next().and_then(|v| v.parse().ok()).ok_or(
+                        "--target needs the server's address, e.g. --target 127.0.0.1:7420",
+                    )?);
+            }
             "--rates" => {
                 a.rates = it
                     .next()
@@ -108,7 +123,8 @@ fn args() -> Result<Args, String> {
             other => {
                 return Err(format!(
                     "unknown flag {other}; use --clients, --sessions, --events, --batch, \
-                     --recalls, --rates, --paced-secs, --mixed-secs, --mixed-clients, --mixed-max-recalls"
+                     --recalls, --rates, --paced-secs, --mixed-secs, --mixed-clients, --mixed-max-recalls, \
+                     --target"
                 ));
             }
         }
@@ -120,6 +136,8 @@ fn args() -> Result<Args, String> {
 struct Client {
     stream: BufReader<TcpStream>,
     addr: SocketAddr,
+    /// The server closed after the last answer: the next request needs a new connection.
+    closed: bool,
 }
 
 impl Client {
@@ -129,10 +147,21 @@ impl Client {
         Client {
             stream: BufReader::new(stream),
             addr,
+            closed: false,
+        }
+    }
+
+    /// Reconnects if the server closed after the last answer. Done before a request's
+    /// clock starts, so a refusal's latency is the time to its answer, not to the next
+    /// connection.
+    async fn ready(&mut self) {
+        if self.closed {
+            *self = Client::connect(self.addr).await;
         }
     }
 
     async fn post(&mut self, path: &str, body: &str) -> (u16, Vec<u8>) {
+        self.ready().await;
         let head = format!(
             "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
              Content-Length: {}\r\n\r\n",
@@ -169,9 +198,7 @@ impl Client {
         self.stream.read_exact(&mut body).await.expect("body");
         // The server closes after this answer (a refusal whose body it did not read):
         // the next request goes on a new connection.
-        if close {
-            *self = Client::connect(self.addr).await;
-        }
+        self.closed = close;
         (status, body)
     }
 
@@ -218,6 +245,9 @@ async fn main() {
             std::process::exit(2);
         }
     };
+    if let Some(addr) = a.target {
+        return against(addr, &a).await;
+    }
     let dir = tempfile::tempdir().expect("a temporary directory");
     let rt = Runtime::open(RuntimeConfig::new(dir.path()))
         .await
@@ -411,12 +441,32 @@ async fn main() {
     );
 }
 
+/// `--target`: the mixed load against a server in another process (the release binary, as
+/// an operator runs it), after loading it as [`mixed_phase`] loads its own, over HTTP.
+async fn against(addr: SocketAddr, a: &Args) {
+    preload(addr).await;
+    let secs = if a.mixed_secs > 0.0 {
+        a.mixed_secs
+    } else {
+        20.0
+    };
+    let m = mixed_load(addr, a.mixed_clients, secs).await;
+    eprintln!("http_load: mixed, against {addr}: {}", m.line());
+    println!("{{\"target\":\"{addr}\",{}}}", m.json());
+}
+
 /// What one mixed phase measured.
 struct Mixed {
     secs: f64,
     events: usize,
     writes: Vec<f64>,
     recalls: Vec<f64>,
+    /// Recall p99 in each third of the phase: flat if recall cost does not grow with the
+    /// store, which grows by the writes of the phase.
+    recall_thirds: [f64; 3],
+    /// The probe's recall p99 in each third (see [`PROBES`]), and how many it sent.
+    probe_thirds: [f64; 3],
+    probes: usize,
     refused: Vec<f64>,
 }
 
@@ -424,21 +474,30 @@ impl Mixed {
     fn line(&self) -> String {
         format!(
             "{:.0} events/s, write p99 {:.0} ms, {:.0} recalls/s, recall p50 {:.1} ms p99 {:.1} ms \
-             max {:.0} ms, {} refused (p99 {:.2} ms)",
+             max {:.0} ms (p99 by third {:.0} / {:.0} / {:.0} ms; a fixed scope's {:.0} / {:.0} / \
+             {:.0} ms), {} refused (p50 {:.2} ms, p99 \
+             {:.2} ms)",
             self.events as f64 / self.secs,
             percentile(&self.writes, 0.99),
             self.recalls.len() as f64 / self.secs,
             percentile(&self.recalls, 0.5),
             percentile(&self.recalls, 0.99),
             self.recalls.last().copied().unwrap_or(0.0),
+            self.recall_thirds[0],
+            self.recall_thirds[1],
+            self.recall_thirds[2],
+            self.probe_thirds[0],
+            self.probe_thirds[1],
+            self.probe_thirds[2],
             self.refused.len(),
+            percentile(&self.refused, 0.5),
             percentile(&self.refused, 0.99),
         )
     }
 
     fn json(&self) -> String {
         format!(
-            "\"events_per_s\":{:.0},\"write_p50_ms\":{:.2},\"write_p99_ms\":{:.2},\"recalls_per_s\":{:.0},\"recall_p50_ms\":{:.2},\"recall_p99_ms\":{:.2},\"recall_max_ms\":{:.2},\"refused\":{},\"refused_p99_ms\":{:.3}",
+            "\"events_per_s\":{:.0},\"write_p50_ms\":{:.2},\"write_p99_ms\":{:.2},\"recalls_per_s\":{:.0},\"recall_p50_ms\":{:.2},\"recall_p99_ms\":{:.2},\"recall_max_ms\":{:.2},\"recall_p99_by_third_ms\":[{:.2},{:.2},{:.2}],\"probe_p99_by_third_ms\":[{:.2},{:.2},{:.2}],\"probes\":{},\"refused\":{},\"refused_p50_ms\":{:.3},\"refused_p99_ms\":{:.3}",
             self.events as f64 / self.secs,
             percentile(&self.writes, 0.5),
             percentile(&self.writes, 0.99),
@@ -446,15 +505,55 @@ impl Mixed {
             percentile(&self.recalls, 0.5),
             percentile(&self.recalls, 0.99),
             self.recalls.last().copied().unwrap_or(0.0),
+            self.recall_thirds[0],
+            self.recall_thirds[1],
+            self.recall_thirds[2],
+            self.probe_thirds[0],
+            self.probe_thirds[1],
+            self.probe_thirds[2],
+            self.probes,
             self.refused.len(),
+            percentile(&self.refused, 0.5),
             percentile(&self.refused, 0.99),
         )
     }
 }
 
-/// The events each mixed phase's runtime holds before its clients start: 20 per session
-/// of the 2,000.
-const MIXED_PRELOAD: usize = 40_000;
+/// The events each mixed phase's server holds before its clients start: 20 in each of the
+/// 2,000 sessions the clients write to and recall from, and in each of the [`PROBES`].
+const MIXED_PRELOAD: usize = 20 * (2_000 + PROBES);
+
+/// Sessions `p0…` that only the probe recalls from and nobody writes to: their recalls'
+/// latency shows what a recall of a fixed scope costs while the store grows around it.
+const PROBES: usize = 100;
+
+/// Loads [`MIXED_PRELOAD`] events into the server at `addr`, over HTTP.
+async fn preload(addr: SocketAddr) {
+    eprintln!("http_load: loading {MIXED_PRELOAD} events into http://{addr}");
+    let mut client = Client::connect(addr).await;
+    let sessions = (0..2_000)
+        .map(|s| format!("m{s}"))
+        .chain((0..PROBES).map(|s| format!("p{s}")));
+    for (s, session) in sessions.enumerate() {
+        let events: Vec<Value> = (0..20)
+            .map(|i| {
+                json!({"kind": "observation",
+                            "text": format!("{} (preload {i})", TOPICS[(s + i) % TOPICS.len()])})
+            })
+            .collect();
+        let (status, answer) = client
+            .post(
+                &format!("/v1/sessions/{session}/events"),
+                &json!({ "events": events }).to_string(),
+            )
+            .await;
+        assert!(
+            status == 201,
+            "{status} {}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+}
 
 /// One mixed phase: a fresh runtime with [`MIXED_PRELOAD`] events, served with `edge`, and
 /// [`mixed_load`] against it.
@@ -463,21 +562,6 @@ async fn mixed_phase(edge: Edge, clients: usize, secs: f64) -> Mixed {
     let rt = Runtime::open(RuntimeConfig::new(dir.path()))
         .await
         .expect("open the runtime");
-    for s in 0..2_000 {
-        let events = (0..MIXED_PRELOAD / 2_000)
-            .map(|i| {
-                shadowbrain::NewMemory::new(
-                    "observation",
-                    format!("{} (preload {i})", TOPICS[(s + i) % TOPICS.len()]),
-                )
-            })
-            .collect();
-        rt.session("default", &format!("m{s}"))
-            .expect("a session")
-            .record_batch(events)
-            .await
-            .expect("the preload");
-    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("listen");
@@ -495,6 +579,7 @@ async fn mixed_phase(edge: Edge, clients: usize, secs: f64) -> Mixed {
             let _ = stopped.await;
         },
     ));
+    preload(addr).await;
     // The clients run on a runtime of their own, as separate processes would: sharing the
     // server's workers, their own scheduling would be counted as the server's latency.
     let m = tokio::task::spawn_blocking(move || {
@@ -520,7 +605,8 @@ async fn mixed_phase(edge: Edge, clients: usize, secs: f64) -> Mixed {
 /// 2,000 sessions or recalls in one, half and half (a fixed pseudo-random sequence per
 /// client). A 503 is counted as refused and the client waits its `Retry-After`.
 async fn mixed_load(addr: SocketAddr, clients: usize, secs: f64) -> Mixed {
-    let end = Instant::now() + Duration::from_secs_f64(secs);
+    let begin = Instant::now();
+    let end = begin + Duration::from_secs_f64(secs);
     let mut tasks = tokio::task::JoinSet::new();
     for c in 0..clients {
         tasks.spawn(async move {
@@ -536,9 +622,10 @@ async fn mixed_load(addr: SocketAddr, clients: usize, secs: f64) -> Mixed {
             let (mut events, mut writes, mut recalls, mut refused) = (0, vec![], vec![], vec![]);
             while Instant::now() < end {
                 let session = next() % 2_000;
-                let t = Instant::now();
                 let write = next() % 2 == 0;
-                let (status, answer) = if write {
+                // The request is built before its clock starts: the client's own work is
+                // not the server's latency.
+                let (path, body, n) = if write {
                     let n = 1 + (next() % 50) as usize;
                     let body: Vec<Value> = (0..n)
                         .map(|i| {
@@ -547,29 +634,27 @@ async fn mixed_load(addr: SocketAddr, clients: usize, secs: f64) -> Mixed {
                                    "text": format!("{topic} (client {c}, event {i})")})
                         })
                         .collect();
-                    let r = client
-                        .post(
-                            &format!("/v1/sessions/m{session}/events"),
-                            &json!({ "events": body }).to_string(),
-                        )
-                        .await;
-                    if r.0 == 201 {
-                        events += n;
-                    }
-                    r
+                    let body = json!({ "events": body }).to_string();
+                    (format!("/v1/sessions/m{session}/events"), body, n)
                 } else {
                     let query = TOPICS[(next() as usize) % TOPICS.len()];
-                    client
-                        .post(
-                            &format!("/v1/sessions/m{session}/recall"),
-                            &json!({"query": query, "k": 10}).to_string(),
-                        )
-                        .await
+                    let body = json!({"query": query, "k": 10}).to_string();
+                    (format!("/v1/sessions/m{session}/recall"), body, 0)
                 };
+                client.ready().await;
+                let t = Instant::now();
+                let (status, answer) = client.post(&path, &body).await;
+                if write && status == 201 {
+                    events += n;
+                }
                 let ms = t.elapsed().as_secs_f64() * 1000.0;
                 match status {
                     201 if write => writes.push(ms),
-                    200 if !write => recalls.push(ms),
+                    200 if !write => {
+                        // Each recall's latency with the third of the phase it started in.
+                        let third = (t.duration_since(begin).as_secs_f64() * 3.0 / secs) as usize;
+                        recalls.push((third.min(2), ms));
+                    }
                     503 => {
                         refused.push(ms);
                         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -580,26 +665,73 @@ async fn mixed_load(addr: SocketAddr, clients: usize, secs: f64) -> Mixed {
             (events, writes, recalls, refused)
         });
     }
+    // The probe: every 50 ms a recall from a session nobody writes to.
+    let probe = tokio::spawn(async move {
+        let mut client = Client::connect(addr).await;
+        let mut timed = Vec::new();
+        let mut n = 0usize;
+        while Instant::now() < end {
+            let body = json!({"query": TOPICS[n % TOPICS.len()], "k": 10}).to_string();
+            let path = format!("/v1/sessions/p{}/recall", n % PROBES);
+            n += 1;
+            client.ready().await;
+            let t = Instant::now();
+            let (status, answer) = client.post(&path, &body).await;
+            let ms = t.elapsed().as_secs_f64() * 1000.0;
+            match status {
+                200 => {
+                    let third = (t.duration_since(begin).as_secs_f64() * 3.0 / secs) as usize;
+                    timed.push((third.min(2), ms));
+                }
+                503 => {}
+                other => panic!("probe: {other} {}", String::from_utf8_lossy(&answer)),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        (n, timed)
+    });
     let t0 = Instant::now();
     let mut m = Mixed {
         secs: 0.0,
         events: 0,
         writes: Vec::new(),
         recalls: Vec::new(),
+        recall_thirds: [0.0; 3],
+        probe_thirds: [0.0; 3],
+        probes: 0,
         refused: Vec::new(),
     };
+    let mut thirds = [vec![], vec![], vec![]];
     while let Some(t) = tasks.join_next().await {
         let (events, writes, recalls, refused) = t.expect("a mixed client");
         m.events += events;
         m.writes.extend(writes);
-        m.recalls.extend(recalls);
+        for (third, ms) in recalls {
+            m.recalls.push(ms);
+            thirds[third].push(ms);
+        }
         m.refused.extend(refused);
     }
+    let (probes, timed) = probe.await.expect("the probe");
+    m.probes = probes;
+    m.recall_thirds = p99_by_third(thirds);
+    let mut probe_thirds = [vec![], vec![], vec![]];
+    for (third, ms) in timed {
+        probe_thirds[third].push(ms);
+    }
+    m.probe_thirds = p99_by_third(probe_thirds);
     m.secs = t0.elapsed().as_secs_f64();
     for v in [&mut m.writes, &mut m.recalls, &mut m.refused] {
         v.sort_by(f64::total_cmp);
     }
     m
+}
+
+fn p99_by_third(thirds: [Vec<f64>; 3]) -> [f64; 3] {
+    thirds.map(|mut third| {
+        third.sort_by(f64::total_cmp);
+        percentile(&third, 0.99)
+    })
 }
 
 /// `clients` connections send recalls together at `rate` per second for `secs`: client `c`
