@@ -61,9 +61,11 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Recalls and knowledge searches being answered at once; one more is answered
     /// `503 overloaded` with `Retry-After` at once instead of waiting in a queue that
-    /// grows without bound. Default 4 per core (8 on 2 cores: with 200 mixed clients on
-    /// this machine, admitted recalls' p99 was 119 ms at 8, 225 ms at 16, 420 ms at 32 and
-    /// 1,003 ms without the limit; `examples/http_load.rs --mixed-secs`).
+    /// grows without bound. Default 2 per core: ranking is CPU work, so more at once only
+    /// share the cores and each takes longer (with 200 mixed clients for 60 s on this
+    /// 2-core machine, admitted recalls' p99 was 78–94 ms at 4, 171–336 ms at 8 and ~1 s
+    /// without the limit, with as many recalls answered at 4 as at 8;
+    /// `examples/http_load.rs --mixed-secs`).
     pub max_recalls: usize,
     /// Writes (events, feedback, condense, status changes) being answered at once; one
     /// more is answered `503 overloaded`. Default 512.
@@ -78,7 +80,7 @@ impl Default for ServerConfig {
             drain_timeout: "10s".into(),
             request_timeout: "30s".into(),
             max_connections: 1024,
-            max_recalls: 4 * cores(),
+            max_recalls: 2 * cores(),
             max_writes: 512,
         }
     }
@@ -116,7 +118,7 @@ impl ServerConfig {
         };
         for (key, value, default) in [
             ("max_connections", self.max_connections, 1024),
-            ("max_recalls", self.max_recalls, 4 * cores()),
+            ("max_recalls", self.max_recalls, 2 * cores()),
             ("max_writes", self.max_writes, 512),
         ] {
             if value == 0 {
