@@ -18,15 +18,10 @@
 //!
 //! A due release is also skipped while the process has at most [`MAP_BUDGET`] of
 //! file-backed pages resident in all (`/proc/self/statm`, read only when one is due): a
-//! count of reads is the worst case, and a small store's hot pages need not be dropped
-//! and faulted in again every [`RELEASE_INTERVAL`]. A busy large store still pays: under
-//! 60 s of `http_load`'s mixed load the process holds more than the budget (its store, its
-//! vector index and tantivy's mapped segments), releases still follow the read count
-//! (130–210 `madvise` calls a second, 6–19k page faults a second), and page faults and
-//! `madvise` took 10 % of the server's CPU in the run's first seconds and 15 % in its last
-//! (the check changes nothing there). A budget of 384 GiB (release by time only) answered
-//! 229 recalls/s where runs with this one answered 163–204, at the price of an RSS as
-//! large as the hot part of the store.
+//! count of reads is the worst case, and under a mixed load most reads hit pages already
+//! mapped. Releasing on the count alone dropped a busy store's hot pages ~50 times a second
+//! and re-faulted them (page faults and `madvise` grew from 10 % to 15 % of the server's
+//! CPU over a 60 s mixed load, and recall p99 grew with them).
 //!
 //! It is safe for LMDB's map, a shared read-only mapping of the file: LMDB writes with
 //! `pwrite`, never through the map, so a dropped page is read again from the page cache,
