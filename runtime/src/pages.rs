@@ -16,13 +16,6 @@
 //! fault their pages in again (at 1M records, session recall p50 went from 0.45–0.54 to
 //! 0.63–0.83 ms), so a file within the budget is only ever released by time.
 //!
-//! A due release is also skipped while the process has at most [`MAP_BUDGET`] of
-//! file-backed pages resident in all (`/proc/self/statm`, read only when one is due): a
-//! count of reads is the worst case, and under a mixed load most reads hit pages already
-//! mapped. Releasing on the count alone dropped a busy store's hot pages ~50 times a second
-//! and re-faulted them (page faults and `madvise` grew from 10 % to 15 % of the server's
-//! CPU over a 60 s mixed load, and recall p99 grew with them).
-//!
 //! It is safe for LMDB's map, a shared read-only mapping of the file: LMDB writes with
 //! `pwrite`, never through the map, so a dropped page is read again from the page cache,
 //! with the same bytes, on its next access (a minor fault of a few µs, not a disk read).
@@ -106,7 +99,7 @@ impl MapRelease {
     /// the environment's resize gate: held shared meanwhile, so the map cannot move or
     /// close under the `madvise`. Skipped, not waited for, when a resize holds or wants it.
     pub(crate) fn tick(&self, gate: &RwLock<()>, reads: u64) {
-        if !self.due(reads) || resident_file_bytes().is_some_and(|b| b <= MAP_BUDGET) {
+        if !self.due(reads) {
             return;
         }
         let Ok(_shared) = gate.try_read() else {
@@ -155,23 +148,6 @@ impl MapRelease {
     pub(crate) fn map_moved(&self) {
         *self.ranges.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
-}
-
-/// Bytes of file-backed pages this process has resident (the third field of
-/// `/proc/self/statm`, in pages): every map's, LMDB's and others'. `None` where it cannot
-/// be read, and a release then goes ahead.
-#[cfg(target_os = "linux")]
-fn resident_file_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(2)?.parse().ok()?;
-    // SAFETY: sysconf reads a constant of the system.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    Some(pages * u64::try_from(page).ok()?)
-}
-
-#[cfg(not(target_os = "linux"))]
-fn resident_file_bytes() -> Option<u64> {
-    None
 }
 
 /// The address ranges that map `file` in this process.
@@ -304,46 +280,5 @@ mod tests {
         assert!(!large.due(1), "the count starts again after a release");
         std::thread::sleep(RELEASE_INTERVAL);
         assert!(small.due(1), "activity after the interval releases any map");
-    }
-
-    /// The process's file-backed resident pages are read, and grow as a mapped file is read.
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn resident_file_pages_are_counted() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("data.mdb");
-        std::fs::write(&path, vec![7u8; 16 << 20]).unwrap();
-        let file = std::fs::File::open(&path).unwrap();
-        // SAFETY: a read-only map of a file this test owns, unmapped below.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                16 << 20,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&file),
-                0,
-            )
-        };
-        assert_ne!(map, libc::MAP_FAILED);
-        // SAFETY: every read is inside the 16 MiB just mapped.
-        let sum: u64 = (0..16 << 20)
-            .step_by(4096)
-            .map(|i| u64::from(unsafe { *(map as *const u8).add(i) }))
-            .sum();
-        assert_eq!(sum, 7 * 4096);
-        // Other tests of this process map and unmap files meanwhile: only a lower bound
-        // holds, and the total resident set an upper one.
-        let file_backed = resident_file_bytes().expect("statm is readable");
-        let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-        let resident: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-        // SAFETY: sysconf reads a constant of the system.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
-        // SAFETY: the map made above, not used after this.
-        unsafe { libc::munmap(map, 16 << 20) };
-        assert!(
-            file_backed >= 16 << 20 && file_backed <= resident * page,
-            "16 MiB read through a map: {file_backed} bytes file-backed of {resident} pages"
-        );
     }
 }
