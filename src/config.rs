@@ -13,7 +13,8 @@
 //!   text, 256 KiB content, k ≤ 200, token_budget ≤ 32768).
 //! - `[server]`: how connections are held (defaults: 30 s to send headers, also the idle
 //!   keep-alive timeout; 30 s between body chunks; 30 s to answer; a 10 s drain; 1024
-//!   connections; admission limits per route class), see [`crate::listen`].
+//!   connections; admission limits per route class; the edge thread at normal priority,
+//!   `edge_realtime` to raise it), see [`crate::listen`].
 //!
 //! - `[[namespaces]]`: a policy file of its own for a namespace (`name`, `policy`; a
 //!   relative path is read from the config file's directory), so tenants never share a

@@ -70,6 +70,14 @@ pub struct ServerConfig {
     /// Writes (events, feedback, condense, status changes) being answered at once; one
     /// more is answered `503 overloaded`. Default 512.
     pub max_writes: usize,
+    /// Run the thread that reads requests and answers refusals at real-time priority
+    /// (`SCHED_FIFO`, the lowest level; Linux, with `CAP_SYS_NICE` or an `RLIMIT_RTPRIO`
+    /// of at least 1). On a saturated machine a woken thread of normal priority waits for
+    /// a scheduler tick: with 200 mixed clients on 2 cores, refusals' p99 was 13–15 ms at
+    /// normal priority and 2.5–7 ms with this. The thread only parses requests and moves
+    /// bytes, and the kernel caps real-time threads at 95 % of a core. When the priority
+    /// cannot be had, `serve` says so and runs at normal priority. Default `false`.
+    pub edge_realtime: bool,
 }
 
 impl Default for ServerConfig {
@@ -82,6 +90,7 @@ impl Default for ServerConfig {
             max_connections: 1024,
             max_recalls: 2 * cores(),
             max_writes: 512,
+            edge_realtime: false,
         }
     }
 }
@@ -115,6 +124,7 @@ impl ServerConfig {
             max_connections: self.max_connections,
             max_recalls: self.max_recalls,
             max_writes: self.max_writes,
+            realtime: self.edge_realtime,
         };
         for (key, value, default) in [
             ("max_connections", self.max_connections, 1024),
@@ -157,6 +167,8 @@ pub struct Edge {
     pub max_recalls: usize,
     /// Writes answered at once.
     pub max_writes: usize,
+    /// The connections' thread asks for real-time priority ([`raise_to_realtime`]).
+    pub realtime: bool,
 }
 
 impl Default for Edge {
@@ -165,6 +177,34 @@ impl Default for Edge {
             .edge()
             .expect("the default [server] settings are valid")
     }
+}
+
+/// Puts the calling thread at the lowest real-time priority (`SCHED_FIFO` 1), so that when
+/// it wakes it preempts every thread of normal priority instead of waiting for the next
+/// scheduler tick; threads it creates start at normal priority again. The error says what
+/// would allow it.
+pub fn raise_to_realtime() -> Result<(), String> {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 1 };
+        // SAFETY: changes only the calling thread's (pid 0) scheduling; `param` outlives
+        // the call.
+        let rc = unsafe {
+            libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &param)
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        Err(format!(
+            "server.edge_realtime: real-time priority was refused ({e}); grant the process \
+             CAP_SYS_NICE (systemd: AmbientCapabilities=CAP_SYS_NICE; docker: --cap-add \
+             SYS_NICE) or an RLIMIT_RTPRIO of 1 (systemd: LimitRTPRIO=1); serving at normal \
+             priority"
+        ))
+    }
+    #[cfg(not(target_os = "linux"))]
+    Err("server.edge_realtime needs Linux; serving at normal priority".into())
 }
 
 /// What [`serve_connections`] did, for the operator's last lines.

@@ -403,6 +403,11 @@ pub async fn serve(
     std::thread::Builder::new()
         .name("shadowbrain-edge".into())
         .spawn(move || {
+            if edge.realtime
+                && let Err(e) = crate::listen::raise_to_realtime()
+            {
+                tracing::warn!("{e}");
+            }
             let outcome = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()

@@ -1263,3 +1263,67 @@ fn a_request_past_its_deadline_is_abandoned_with_503() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// The scheduling policy of the thread of `pid` named `name` (`/proc/…/stat` field 41:
+/// 0 normal, 1 `SCHED_FIFO`), once it exists.
+fn thread_policy(pid: u32, name: &str) -> u32 {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(30) {
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+            let task = task.unwrap().path();
+            let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+            if comm.trim() == name {
+                let stat = std::fs::read_to_string(task.join("stat")).unwrap();
+                let fields: Vec<&str> = stat
+                    .rsplit_once(')')
+                    .unwrap()
+                    .1
+                    .split_whitespace()
+                    .collect();
+                // Fields from the third on, after the command's closing parenthesis.
+                return fields[41 - 3].parse().unwrap();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no thread {name} in process {pid}");
+}
+
+#[test]
+fn the_edge_thread_runs_at_real_time_priority_only_when_asked() {
+    // Whether this process may: the server, its child, may then too.
+    let allowed = std::thread::spawn(|| shadowbrain::listen::raise_to_realtime().is_ok())
+        .join()
+        .unwrap();
+    let plain = Served::start("");
+    assert_eq!(thread_policy(plain.child.id(), "shadowbrain-edg"), 0);
+    drop(plain);
+
+    let asked = Served::start("edge_realtime = true");
+    let policy = thread_policy(asked.child.id(), "shadowbrain-edg");
+    if allowed {
+        assert_eq!(policy, 1, "SCHED_FIFO");
+        // No other thread is: not the workers that answer requests, nor any it started.
+        assert_eq!(post_event(asked.addr, "s", "first"), 201);
+        let realtime = std::fs::read_dir(format!("/proc/{}/task", asked.child.id()))
+            .unwrap()
+            .filter(|t| {
+                let stat = std::fs::read_to_string(t.as_ref().unwrap().path().join("stat"))
+                    .unwrap_or_default();
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(41 - 3))
+                    .is_some_and(|p| p != "0")
+            })
+            .count();
+        assert_eq!(realtime, 1);
+    } else {
+        assert_eq!(policy, 0);
+        let said = asked.said();
+        assert!(
+            said.contains("real-time priority was refused") && said.contains("CAP_SYS_NICE"),
+            "{said}"
+        );
+    }
+    // It serves as ever.
+    assert_eq!(post_event(asked.addr, "s", "hello"), 201);
+}
