@@ -412,7 +412,7 @@ async fn main() {
         for (name, edge) in [("off", unbounded), ("on", bounded)] {
             let m = mixed_phase(edge, a.mixed_clients, a.mixed_secs).await;
             eprintln!("http_load: mixed, admission {name}: {}", m.line());
-            mixed.push(format!("{{\"admission\":\"{name}\",{}}}", m.json()));
+            mixed.push(m.json(("admission", name)));
         }
     }
 
@@ -444,6 +444,13 @@ async fn main() {
 /// `--target`: the mixed load against a server in another process (the release binary, as
 /// an operator runs it), after loading it as [`mixed_phase`] loads its own, over HTTP.
 async fn against(addr: SocketAddr, a: &Args) {
+    if let Err(e) = TcpStream::connect(addr).await {
+        eprintln!(
+            "http_load: cannot reach {addr} ({e}); start the server first, e.g. \
+             `shadowbrain serve --addr {addr} --data /tmp/load`"
+        );
+        std::process::exit(2);
+    }
     preload(addr).await;
     let secs = if a.mixed_secs > 0.0 {
         a.mixed_secs
@@ -452,7 +459,7 @@ async fn against(addr: SocketAddr, a: &Args) {
     };
     let m = mixed_load(addr, a.mixed_clients, secs).await;
     eprintln!("http_load: mixed, against {addr}: {}", m.line());
-    println!("{{\"target\":\"{addr}\",{}}}", m.json());
+    println!("{}", m.json(("target", &addr.to_string())));
 }
 
 /// What one mixed phase measured.
@@ -495,27 +502,27 @@ impl Mixed {
         )
     }
 
-    fn json(&self) -> String {
-        format!(
-            "\"events_per_s\":{:.0},\"write_p50_ms\":{:.2},\"write_p99_ms\":{:.2},\"recalls_per_s\":{:.0},\"recall_p50_ms\":{:.2},\"recall_p99_ms\":{:.2},\"recall_max_ms\":{:.2},\"recall_p99_by_third_ms\":[{:.2},{:.2},{:.2}],\"probe_p99_by_third_ms\":[{:.2},{:.2},{:.2}],\"probes\":{},\"refused\":{},\"refused_p50_ms\":{:.3},\"refused_p99_ms\":{:.3}",
-            self.events as f64 / self.secs,
-            percentile(&self.writes, 0.5),
-            percentile(&self.writes, 0.99),
-            self.recalls.len() as f64 / self.secs,
-            percentile(&self.recalls, 0.5),
-            percentile(&self.recalls, 0.99),
-            self.recalls.last().copied().unwrap_or(0.0),
-            self.recall_thirds[0],
-            self.recall_thirds[1],
-            self.recall_thirds[2],
-            self.probe_thirds[0],
-            self.probe_thirds[1],
-            self.probe_thirds[2],
-            self.probes,
-            self.refused.len(),
-            percentile(&self.refused, 0.5),
-            percentile(&self.refused, 0.99),
-        )
+    /// The same figures as [`Mixed::line`], with `tag` (what was measured) first.
+    fn json(&self, tag: (&str, &str)) -> String {
+        let ms = |v: f64| (v * 1000.0).round() / 1000.0;
+        let p = |v: &[f64], q: f64| ms(percentile(v, q));
+        json!({
+            tag.0: tag.1,
+            "events_per_s": (self.events as f64 / self.secs).round(),
+            "write_p50_ms": p(&self.writes, 0.5),
+            "write_p99_ms": p(&self.writes, 0.99),
+            "recalls_per_s": (self.recalls.len() as f64 / self.secs).round(),
+            "recall_p50_ms": p(&self.recalls, 0.5),
+            "recall_p99_ms": p(&self.recalls, 0.99),
+            "recall_max_ms": ms(self.recalls.last().copied().unwrap_or(0.0)),
+            "recall_p99_by_third_ms": self.recall_thirds.map(ms),
+            "probe_p99_by_third_ms": self.probe_thirds.map(ms),
+            "probes": self.probes,
+            "refused": self.refused.len(),
+            "refused_p50_ms": p(&self.refused, 0.5),
+            "refused_p99_ms": p(&self.refused, 0.99),
+        })
+        .to_string()
     }
 }
 
