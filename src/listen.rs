@@ -73,10 +73,12 @@ pub struct ServerConfig {
     /// Run the thread that reads requests and answers refusals at real-time priority
     /// (`SCHED_FIFO`, the lowest level; Linux, with `CAP_SYS_NICE` or an `RLIMIT_RTPRIO`
     /// of at least 1). On a saturated machine a woken thread of normal priority waits for
-    /// a scheduler tick: with 200 mixed clients on 2 cores, refusals' p99 was 13–15 ms at
-    /// normal priority and 2.5–7 ms with this. The thread only parses requests and moves
-    /// bytes, and the kernel caps real-time threads at 95 % of a core. When the priority
-    /// cannot be had, `serve` says so and runs at normal priority. Default `false`.
+    /// a scheduler tick: with 200 mixed clients on 2 cores, refusals' p99 was 11–16 ms at
+    /// normal priority, 7–10 ms with this, and 2.5–3.8 ms with this and clients that did
+    /// not compete for the same cores. The thread only parses requests and moves bytes,
+    /// and the kernel leaves other threads at least 5 % of every core
+    /// (`sched_rt_runtime_us`). When the priority cannot be had, `serve` says so and runs
+    /// at normal priority. Default `false`.
     pub edge_realtime: bool,
 }
 

@@ -1264,8 +1264,16 @@ fn a_request_past_its_deadline_is_abandoned_with_503() {
     }
 }
 
-/// The scheduling policy of the thread of `pid` named `name` (`/proc/…/stat` field 41:
-/// 0 normal, 1 `SCHED_FIFO`), once it exists.
+/// The scheduling policy of the thread at `task` (`/proc/PID/task/TID`): `stat` field 41,
+/// 0 normal, 1 `SCHED_FIFO`.
+fn policy_of(task: &std::path::Path) -> Option<u32> {
+    let stat = std::fs::read_to_string(task.join("stat")).ok()?;
+    // Fields from the third on follow the command's closing parenthesis.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(41 - 3)?.parse().ok()
+}
+
+/// The scheduling policy of the thread of `pid` named `name`, once it exists.
 fn thread_policy(pid: u32, name: &str) -> u32 {
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(30) {
@@ -1273,15 +1281,7 @@ fn thread_policy(pid: u32, name: &str) -> u32 {
             let task = task.unwrap().path();
             let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
             if comm.trim() == name {
-                let stat = std::fs::read_to_string(task.join("stat")).unwrap();
-                let fields: Vec<&str> = stat
-                    .rsplit_once(')')
-                    .unwrap()
-                    .1
-                    .split_whitespace()
-                    .collect();
-                // Fields from the third on, after the command's closing parenthesis.
-                return fields[41 - 3].parse().unwrap();
+                return policy_of(&task).expect("a readable stat");
             }
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -1307,13 +1307,7 @@ fn the_edge_thread_runs_at_real_time_priority_only_when_asked() {
         assert_eq!(post_event(asked.addr, "s", "first"), 201);
         let realtime = std::fs::read_dir(format!("/proc/{}/task", asked.child.id()))
             .unwrap()
-            .filter(|t| {
-                let stat = std::fs::read_to_string(t.as_ref().unwrap().path().join("stat"))
-                    .unwrap_or_default();
-                stat.rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().nth(41 - 3))
-                    .is_some_and(|p| p != "0")
-            })
+            .filter(|t| policy_of(&t.as_ref().unwrap().path()).is_some_and(|p| p != 0))
             .count();
         assert_eq!(realtime, 1);
     } else {
