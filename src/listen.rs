@@ -63,7 +63,7 @@ pub struct ServerConfig {
     /// `503 overloaded` with `Retry-After` at once instead of waiting in a queue that
     /// grows without bound. Default 2 per core, what the runtime ranks at once: a recall
     /// admitted past that waits in the runtime's queue (with 200 mixed clients for 60 s
-    /// on this 2-core machine, admitted recalls' p99 was 78–116 ms at 4, 171–336 ms at 8
+    /// on this 2-core machine, admitted recalls' p99 was 78–151 ms at 4, 171–336 ms at 8
     /// and ~1 s without the limit, with as many recalls answered at 4 as at 8;
     /// `examples/http_load.rs --mixed-secs`).
     pub max_recalls: usize,
