@@ -482,8 +482,7 @@ impl Mixed {
         format!(
             "{:.0} events/s, write p99 {:.0} ms, {:.0} recalls/s, recall p50 {:.1} ms p99 {:.1} ms \
              max {:.0} ms (p99 by third {:.0} / {:.0} / {:.0} ms; a fixed scope's {:.0} / {:.0} / \
-             {:.0} ms), {} refused (p50 {:.2} ms, p99 \
-             {:.2} ms)",
+             {:.0} ms), {} refused (p50 {:.2} ms, p99 {:.2} ms)",
             self.events as f64 / self.secs,
             percentile(&self.writes, 0.99),
             self.recalls.len() as f64 / self.secs,
@@ -657,11 +656,7 @@ async fn mixed_load(addr: SocketAddr, clients: usize, secs: f64) -> Mixed {
                 let ms = t.elapsed().as_secs_f64() * 1000.0;
                 match status {
                     201 if write => writes.push(ms),
-                    200 if !write => {
-                        // Each recall's latency with the third of the phase it started in.
-                        let third = (t.duration_since(begin).as_secs_f64() * 3.0 / secs) as usize;
-                        recalls.push((third.min(2), ms));
-                    }
+                    200 if !write => recalls.push((third(begin, t, secs), ms)),
                     503 => {
                         refused.push(ms);
                         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -686,10 +681,7 @@ async fn mixed_load(addr: SocketAddr, clients: usize, secs: f64) -> Mixed {
             let (status, answer) = client.post(&path, &body).await;
             let ms = t.elapsed().as_secs_f64() * 1000.0;
             match status {
-                200 => {
-                    let third = (t.duration_since(begin).as_secs_f64() * 3.0 / secs) as usize;
-                    timed.push((third.min(2), ms));
-                }
+                200 => timed.push((third(begin, t, secs), ms)),
                 503 => {}
                 other => panic!("probe: {other} {}", String::from_utf8_lossy(&answer)),
             }
@@ -708,25 +700,19 @@ async fn mixed_load(addr: SocketAddr, clients: usize, secs: f64) -> Mixed {
         probes: 0,
         refused: Vec::new(),
     };
-    let mut thirds = [vec![], vec![], vec![]];
+    let mut timed_recalls = Vec::new();
     while let Some(t) = tasks.join_next().await {
         let (events, writes, recalls, refused) = t.expect("a mixed client");
         m.events += events;
         m.writes.extend(writes);
-        for (third, ms) in recalls {
-            m.recalls.push(ms);
-            thirds[third].push(ms);
-        }
+        m.recalls.extend(recalls.iter().map(|&(_, ms)| ms));
+        timed_recalls.extend(recalls);
         m.refused.extend(refused);
     }
-    let (probes, timed) = probe.await.expect("the probe");
+    let (probes, timed_probes) = probe.await.expect("the probe");
     m.probes = probes;
-    m.recall_thirds = p99_by_third(thirds);
-    let mut probe_thirds = [vec![], vec![], vec![]];
-    for (third, ms) in timed {
-        probe_thirds[third].push(ms);
-    }
-    m.probe_thirds = p99_by_third(probe_thirds);
+    m.recall_thirds = p99_by_third(timed_recalls);
+    m.probe_thirds = p99_by_third(timed_probes);
     m.secs = t0.elapsed().as_secs_f64();
     for v in [&mut m.writes, &mut m.recalls, &mut m.refused] {
         v.sort_by(f64::total_cmp);
@@ -734,7 +720,17 @@ async fn mixed_load(addr: SocketAddr, clients: usize, secs: f64) -> Mixed {
     m
 }
 
-fn p99_by_third(thirds: [Vec<f64>; 3]) -> [f64; 3] {
+/// Which third (0, 1, 2) of a phase of `secs` begun at `begin` the instant `t` falls in.
+fn third(begin: Instant, t: Instant, secs: f64) -> usize {
+    ((t.duration_since(begin).as_secs_f64() * 3.0 / secs) as usize).min(2)
+}
+
+/// The p99 of each third, from latencies tagged with their [`third`].
+fn p99_by_third(timed: Vec<(usize, f64)>) -> [f64; 3] {
+    let mut thirds = [vec![], vec![], vec![]];
+    for (third, ms) in timed {
+        thirds[third].push(ms);
+    }
     thirds.map(|mut third| {
         third.sort_by(f64::total_cmp);
         percentile(&third, 0.99)
