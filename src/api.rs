@@ -6,6 +6,9 @@
 //! Runtime types (tiers, statuses, kinds, audit actions) keep their own serde form; their
 //! schema is declared here as strings with the values listed, so the runtime crate does not
 //! depend on the OpenAPI generator.
+//!
+//! The same structs are the MCP tools' structured output (`crate::mcp`): they also derive
+//! a JSON Schema (schemars), which the tools publish as their `outputSchema`.
 
 use std::collections::BTreeMap;
 
@@ -14,19 +17,20 @@ use crate::{
     Relation, Scope, SessionStats, Status, Tier, Utility, Why, to_rfc3339,
 };
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
 /// Every error answer: `{"error":{"code","message"}}`.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct ErrorBody {
     /// What went wrong.
     pub error: ErrorDetail,
 }
 
 /// The code and message of an error answer.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct ErrorDetail {
     /// A stable snake_case code, e.g. `malformed_json`, `invalid_kind`, `not_found`,
     /// `body_too_large`, `unauthorized`.
@@ -37,7 +41,7 @@ pub struct ErrorDetail {
 }
 
 /// `GET /healthz`.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct Health {
     /// Always `ok` while the server answers.
     #[schema(example = "ok")]
@@ -48,7 +52,7 @@ pub struct Health {
 
 /// One event, as an agent sends it. `kind` is required; `text` is required unless
 /// `content` is given (then `text` is derived from it).
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Deserialize, ToSchema, JsonSchema)]
 #[allow(dead_code)] // The handler reads events as JSON values first (RFC 3339 times); this is their schema.
 pub struct EventIn {
     /// `thought`, `action`, `observation`, `user_message`, `goal`, `feedback`, or any custom
@@ -80,7 +84,7 @@ pub struct EventIn {
 }
 
 /// `POST /v1/sessions/{session_id}/events`: one event, or a batch of at most 1000.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Deserialize, ToSchema, JsonSchema)]
 #[serde(untagged)]
 #[allow(dead_code)] // Schema only, as for `EventIn`.
 pub enum EventsIn {
@@ -94,14 +98,14 @@ pub enum EventsIn {
 }
 
 /// The ids of the events written, in the order sent.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct Ids {
     /// `mem-…` ids.
     pub ids: Vec<String>,
 }
 
 /// `POST /v1/sessions/{session_id}/recall`; only `query` is required.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Deserialize, ToSchema, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RecallIn {
     /// What the agent wants to remember.
@@ -114,6 +118,7 @@ pub struct RecallIn {
     /// `session` (default), `agent` (needs `agent_id`) or `namespace`.
     #[serde(default)]
     #[schema(value_type = Option<String>, example = "session")]
+    #[schemars(with = "Option<ScopeName>")]
     pub scope: Option<Scope>,
     /// The agent, for `agent` scope.
     #[serde(default)]
@@ -139,7 +144,7 @@ pub struct RecallIn {
 }
 
 /// The policy that ranked an answer or decided about a record.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct PolicyRef {
     /// Its `name`.
     pub name: String,
@@ -157,7 +162,7 @@ impl From<PolicyStamp> for PolicyRef {
 }
 
 /// Success and failure counts from feedback.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct UtilityOut {
     /// Recalls that returned it and ended in success.
     pub successes: u32,
@@ -176,7 +181,7 @@ impl From<Utility> for UtilityOut {
 
 /// A stored record: all fields, status, strength, utility and sources (its embedding is
 /// left out; clients that want vectors keep their own).
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct Memory {
     /// `mem-…`.
     #[schema(example = "mem-0000002a")]
@@ -189,9 +194,11 @@ pub struct Memory {
     pub agent_id: Option<String>,
     /// `episodic`, `condensed` or `knowledge`.
     #[schema(value_type = String, example = "episodic")]
+    #[schemars(with = "TierName")]
     pub tier: Tier,
     /// The event's kind.
     #[schema(value_type = String, example = "observation")]
+    #[schemars(with = "String")]
     pub kind: Kind,
     /// The text that is embedded, indexed and shown.
     pub text: String,
@@ -222,6 +229,7 @@ pub struct Memory {
     pub utility: UtilityOut,
     /// `active`, `pinned`, `obsolete` or `archived`.
     #[schema(value_type = String, example = "active")]
+    #[schemars(with = "StatusName")]
     pub status: Status,
     /// When `status` last changed (milliseconds).
     pub status_at: i64,
@@ -261,7 +269,7 @@ impl From<MemoryRecord> for Memory {
 }
 
 /// Why a memory ranked where it did: each policy component's weighted contribution.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct WhyOut {
     /// Query relevance (fused vector and keyword).
     pub relevance: f32,
@@ -278,7 +286,7 @@ pub struct WhyOut {
 }
 
 /// Which passage of a long memory matched the query.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct PassageOut {
     /// Its place among the memory's passages, from 0.
     pub index: u32,
@@ -308,7 +316,7 @@ impl From<Why> for WhyOut {
 }
 
 /// A recalled memory: the record's fields, its score and why.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct Recalled {
     /// The record.
     #[serde(flatten)]
@@ -320,7 +328,7 @@ pub struct Recalled {
 }
 
 /// A recall's answer (also knowledge search's).
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct RecallOut {
     /// Send it back with feedback to credit every memory of this answer.
     pub recall_id: Option<String>,
@@ -357,7 +365,7 @@ impl From<RecallResult> for RecallOut {
 }
 
 /// `POST /v1/sessions/{session_id}/feedback`: a recall or some memories, and the outcome.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Deserialize, ToSchema, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FeedbackIn {
     /// Credit every memory of this recall …
@@ -368,25 +376,26 @@ pub struct FeedbackIn {
     pub memory_ids: Option<Vec<String>>,
     /// `success` or `failure`.
     #[schema(value_type = String, example = "success")]
+    #[schemars(with = "OutcomeName")]
     pub outcome: Outcome,
 }
 
 /// How many records a feedback changed.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct Updated {
     /// Records updated.
     pub updated: usize,
 }
 
 /// The condensed record, or `null` when there was nothing to condense.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct CondenseOut {
     /// `mem-…` or `null`.
     pub memory_id: Option<String>,
 }
 
 /// One session of the namespace.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct SessionOut {
     /// The session id.
     pub session_id: String,
@@ -411,36 +420,38 @@ impl From<SessionStats> for SessionOut {
 }
 
 /// `GET /v1/sessions`.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct Sessions {
     /// Every session of the namespace.
     pub sessions: Vec<SessionOut>,
 }
 
 /// `GET /v1/sessions/{session_id}/timeline`: newest first.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct Timeline {
     /// Records, newest first.
     pub items: Vec<Memory>,
 }
 
 /// `PATCH /v1/memories/{id}`.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Deserialize, ToSchema, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StatusIn {
     /// `pinned`, `obsolete` or `active` (archive with DELETE).
     #[schema(value_type = String, example = "pinned")]
+    #[schemars(with = "SettableStatusSchema")]
     pub status: Status,
 }
 
 /// One audited change.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct HistoryEntry {
     /// When, RFC 3339.
     #[schema(format = DateTime)]
     pub at: String,
     /// `created`, `scored`, `embedded`, `reinforced`, `status_changed`, …
     #[schema(value_type = String, example = "created")]
+    #[schemars(with = "String")]
     pub action: AuditAction,
     /// Who: `api`, `recall`, a policy stage, …
     pub by: String,
@@ -460,14 +471,14 @@ impl From<AuditEntry> for HistoryEntry {
 }
 
 /// `GET /v1/memories/{id}/history`: oldest first.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct History {
     /// The audit entries.
     pub entries: Vec<HistoryEntry>,
 }
 
 /// `POST /v1/knowledge/search`.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Deserialize, ToSchema, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KnowledgeSearchIn {
     /// What to look for.
@@ -479,7 +490,7 @@ pub struct KnowledgeSearchIn {
 }
 
 /// An edge of the knowledge graph.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct EdgeOut {
     /// Where it starts (`mem-…`).
     pub from: String,
@@ -487,6 +498,7 @@ pub struct EdgeOut {
     pub to: String,
     /// `derived_from`, `similar_to`, `supersedes`, …
     #[schema(value_type = String, example = "derived_from")]
+    #[schemars(with = "RelationName")]
     pub relation: Relation,
 }
 
@@ -501,7 +513,7 @@ impl From<Edge> for EdgeOut {
 }
 
 /// `GET /v1/knowledge/graph`: the records within `depth` edges and the edges among them.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct Graph {
     /// The records.
     pub nodes: Vec<Memory>,
@@ -510,7 +522,7 @@ pub struct Graph {
 }
 
 /// `GET /v1/policy` and `POST /v1/policy/reload`.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
 pub struct PolicyOut {
     /// The policy's `name`.
     pub name: String,
@@ -524,4 +536,68 @@ pub struct PolicyOut {
     /// then the default policy's, in force for every other namespace.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub namespaces: BTreeMap<String, PolicyRef>,
+}
+
+// The JSON Schema of the runtime's enums, by their wire names (schema only: the runtime's
+// own serde form is what goes over the wire).
+
+/// A record's tier.
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum TierName {
+    Episodic,
+    Condensed,
+    Knowledge,
+}
+
+/// A record's status.
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum StatusName {
+    Active,
+    Pinned,
+    Obsolete,
+    Archived,
+}
+
+/// A status a caller may set (archiving is its own operation).
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub(crate) enum SettableStatusSchema {
+    Pinned,
+    Obsolete,
+    Active,
+}
+
+/// Where recall looks.
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum ScopeName {
+    Session,
+    Agent,
+    Namespace,
+}
+
+/// How it went.
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum OutcomeName {
+    Success,
+    Failure,
+}
+
+/// How two records are related.
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum RelationName {
+    DerivedFrom,
+    SimilarTo,
+    Supersedes,
+    Contradicts,
 }

@@ -73,6 +73,26 @@ struct RuntimeArgs {
     policy: Option<PathBuf>,
 }
 
+/// `shadowbrain mcp`.
+#[derive(Debug, Args)]
+struct McpArgs {
+    /// The data directory (created when missing).
+    #[arg(long, env = "SHADOWBRAIN_DATA", default_value = "./shadowbrain-data")]
+    data: PathBuf,
+    /// A config file (TOML), as for `serve`: `[embedder]`, `[llm]`, `[limits]`.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// A policy file (TOML); the built-in default policy without one.
+    #[arg(long)]
+    policy: Option<PathBuf>,
+    /// The namespace every call acts in.
+    #[arg(long, default_value = server::DEFAULT_NAMESPACE)]
+    namespace: String,
+    /// The session a tool call acts in when it names none.
+    #[arg(long, default_value = shadowbrain::mcp::DEFAULT_SESSION)]
+    session: String,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the HTTP API on the data directory until SIGINT or SIGTERM, then drain, flush
@@ -92,6 +112,12 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Serve the memory as an MCP server over stdio, for an agent host that starts it
+    /// (Claude Desktop, Claude Code, Cursor, …); `serve` offers the same at `/mcp`.
+    ///
+    /// stdout carries the protocol only; messages go to stderr. Ends when the host closes
+    /// stdin, or on SIGINT or SIGTERM, after flushing every write.
+    Mcp(McpArgs),
     /// Record one event into a session and print its id.
     Record(memory::RecordArgs),
     /// Ask what a session should remember: the ranked memories with why they ranked, and
@@ -224,11 +250,14 @@ async fn serve(
     if !addr.ip().is_loopback() && !auth.required() {
         tracing::warn!(%addr, "serving beyond this machine without API keys: anyone who can reach the address reads and writes namespace `default`");
     }
-    say(format_args!(
-        "serving {} on http://{}",
-        data.display(),
-        listener.local_addr()?
-    ));
+    let url = format!("http://{}", listener.local_addr()?);
+    say(format_args!("serving {} on {url}", data.display()));
+    say(format_args!("MCP (Streamable HTTP) at {url}/mcp"));
+    // Read by `shadowbrain mcp` when it finds the directory held (a stale file after a
+    // crash is only ever read while a server holds the directory again and rewrote it).
+    if let Err(e) = std::fs::write(data.join(SERVE_URL), &url) {
+        tracing::warn!(error = %e, "cannot write {SERVE_URL} in the data directory");
+    }
     let drained = server::serve(
         listener,
         rt,
@@ -237,7 +266,9 @@ async fn serve(
         file.edge,
         shutdown_signal(),
     )
-    .await?;
+    .await;
+    let _ = std::fs::remove_file(data.join(SERVE_URL));
+    let drained = drained?;
     match drained.cut {
         0 => say(format_args!("drained and flushed; bye")),
         n => say(format_args!(
@@ -326,42 +357,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             policy,
             config,
         } => {
-            let mut rt_config = RuntimeConfig::new(&data);
-            if let Some(policy) = policy {
-                rt_config = rt_config
-                    .with_policy_file(&policy)
-                    .with_context(|| format!("loading the policy {}", policy.display()))?;
-            }
-            let cfg = load_config(config.as_deref())?;
-            rt_config = with_namespace_policies(rt_config, &cfg)?;
-            rt_config.substrate.embedder =
-                embedder_for(&cfg.embedder, &data, Choice::Keep(None), true)?;
-            rt_config.substrate.limits = cfg.limits;
-            // As for the one-shot commands: a directory made with another backend is opened
-            // with it (serve has no --backend to say so).
-            rt_config.substrate.backend = backend_of(&data);
-            if cfg.llm.kind == LlmKind::Openai {
-                // The judge of `[evaluation] mode = "llm"` / `"hybrid"`, in batches of the
-                // section's `batch_size`; ingest never waits for it.
-                let client = ChatClient::new(&cfg.llm).context("setting up the [llm] endpoint")?;
-                let llm = Arc::new(Llm::new(Arc::new(client), cfg.llm.tokens_per_hour));
-                let judge = LlmJudge::with_options(llm.clone(), cfg.llm.judge_options());
-                rt_config.judge = Some(Arc::new(judge));
-                // The condenser of `[condensation] mode = "llm"`, on the same client and
-                // budget.
-                rt_config.summarizer = Some(Arc::new(LlmCondenser::new(llm.clone())));
-                rt_config.llm = Some(llm);
-                rt_config.evaluation_batch = cfg.llm.batch_size;
-                rt_config.evaluation_concurrency = cfg.llm.max_concurrency;
-                rt_config.evaluation_wait = cfg.llm.batch_wait()?;
-            }
-            let substrate = &rt_config.substrate;
-            warn_on_llm_mismatch(
-                std::iter::once(&substrate.policy).chain(substrate.namespace_policies.values()),
-                cfg.llm.kind,
-            );
+            let (rt_config, cfg) = server_config(&data, policy.as_deref(), config.as_deref())?;
             tokio::runtime::Runtime::new()?.block_on(serve(addr, &data, rt_config, cfg))
         }
+        Command::Mcp(args) => mcp(args),
         Command::Record(args) => memory::record(args),
         Command::Recall(args) => memory::recall(args),
         Command::Timeline(args) => memory::timeline(args),
@@ -374,6 +373,115 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Eval { command } => eval::run(command),
     }
 }
+
+/// The runtime configuration and config file of a long-running server on `data` (`serve`
+/// and `mcp`): the policies, the embedder (announced on stderr), the limits, the
+/// directory's backend, and the `[llm]` judge and condenser when configured.
+fn server_config(
+    data: &Path,
+    policy: Option<&Path>,
+    config: Option<&Path>,
+) -> anyhow::Result<(RuntimeConfig, ConfigFile)> {
+    let mut rt_config = RuntimeConfig::new(data);
+    if let Some(policy) = policy {
+        rt_config = rt_config
+            .with_policy_file(policy)
+            .with_context(|| format!("loading the policy {}", policy.display()))?;
+    }
+    let cfg = load_config(config)?;
+    rt_config = with_namespace_policies(rt_config, &cfg)?;
+    rt_config.substrate.embedder = embedder_for(&cfg.embedder, data, Choice::Keep(None), true)?;
+    rt_config.substrate.limits = cfg.limits;
+    // As for the one-shot commands: a directory made with another backend is opened
+    // with it (serve has no --backend to say so).
+    rt_config.substrate.backend = backend_of(data);
+    if cfg.llm.kind == LlmKind::Openai {
+        // The judge of `[evaluation] mode = "llm"` / `"hybrid"`, in batches of the
+        // section's `batch_size`; ingest never waits for it.
+        let client = ChatClient::new(&cfg.llm).context("setting up the [llm] endpoint")?;
+        let llm = Arc::new(Llm::new(Arc::new(client), cfg.llm.tokens_per_hour));
+        let judge = LlmJudge::with_options(llm.clone(), cfg.llm.judge_options());
+        rt_config.judge = Some(Arc::new(judge));
+        // The condenser of `[condensation] mode = "llm"`, on the same client and
+        // budget.
+        rt_config.summarizer = Some(Arc::new(LlmCondenser::new(llm.clone())));
+        rt_config.llm = Some(llm);
+        rt_config.evaluation_batch = cfg.llm.batch_size;
+        rt_config.evaluation_concurrency = cfg.llm.max_concurrency;
+        rt_config.evaluation_wait = cfg.llm.batch_wait()?;
+    }
+    let substrate = &rt_config.substrate;
+    warn_on_llm_mismatch(
+        std::iter::once(&substrate.policy).chain(substrate.namespace_policies.values()),
+        cfg.llm.kind,
+    );
+    Ok((rt_config, cfg))
+}
+
+/// `shadowbrain mcp`: the MCP server of [`shadowbrain::mcp`] over stdio until the host
+/// closes stdin or a signal, then a flushed shutdown.
+fn mcp(args: McpArgs) -> anyhow::Result<()> {
+    use rmcp::ServiceExt;
+    let data = &args.data;
+    if Store::in_use(&data.join("store")).unwrap_or(false) {
+        let url = std::fs::read_to_string(data.join(SERVE_URL)).ok();
+        let mcp_url = url.as_deref().map_or_else(
+            || "the `/mcp` path of its address".to_string(),
+            |u| format!("{}/mcp", u.trim()),
+        );
+        anyhow::bail!(
+            "the data directory {} is in use by another shadowbrain process, most likely a \
+             running `shadowbrain serve`; point the MCP host at {mcp_url} (Streamable HTTP, \
+             the same tools), or stop the server and start `shadowbrain mcp` again",
+            data.display()
+        );
+    }
+    let (rt_config, cfg) = server_config(data, args.policy.as_deref(), args.config.as_deref())?;
+    tokio::runtime::Runtime::new()?.block_on(async {
+        let rt = Runtime::open(rt_config)
+            .await
+            .with_context(|| format!("opening the data directory {}", data.display()))?;
+        let server = shadowbrain::mcp::McpServer::stdio(
+            rt.clone(),
+            cfg.limits,
+            &args.namespace,
+            &args.session,
+        );
+        say(format_args!(
+            "MCP over stdio on {} (namespace `{}`, default session `{}`)",
+            data.display(),
+            args.namespace,
+            args.session
+        ));
+        let served = match server.serve(rmcp::transport::stdio()).await {
+            Ok(running) => {
+                let cancel = running.cancellation_token();
+                tokio::select! {
+                    ended = running.waiting() => ended.map(|_| ()).map_err(anyhow::Error::from),
+                    () = shutdown_signal() => {
+                        cancel.cancel();
+                        Ok(())
+                    }
+                }
+            }
+            // The host went away before the handshake (or sent something else): nothing was
+            // written; still close the store cleanly.
+            Err(e) => Err(anyhow::anyhow!("the MCP handshake on stdin failed: {e}")),
+        };
+        let closed = rt
+            .shutdown()
+            .await
+            .with_context(|| format!("closing the data directory {}", data.display()));
+        served?;
+        closed?;
+        say(format_args!("flushed; bye"));
+        Ok(())
+    })
+}
+
+/// The file in a data directory where `serve` writes the URL it listens on, so a command
+/// refused the directory can say where the server is.
+const SERVE_URL: &str = "serve.url";
 
 /// Refuses a data directory that another process holds (its store's lock is taken), with
 /// the way out. The store checks its lock again when it opens, so a process that starts in

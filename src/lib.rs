@@ -22,6 +22,8 @@ pub mod config;
 #[cfg(feature = "server")]
 pub mod listen;
 #[cfg(feature = "server")]
+pub mod mcp;
+#[cfg(feature = "server")]
 pub mod metrics;
 #[cfg(feature = "server")]
 pub mod server;

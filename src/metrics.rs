@@ -33,6 +33,14 @@ struct RouteLabels {
     route: String,
 }
 
+/// An MCP tool call: the tool (one of the contract's names, else `unknown`) and whether it
+/// answered a result or a tool error.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabels {
+    tool: &'static str,
+    outcome: &'static str,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct IndexLabels {
     index: &'static str,
@@ -59,6 +67,7 @@ pub struct Metrics {
     latency: Family<RouteLabels, Histogram>,
     events: Counter,
     recalls: Counter,
+    tool_calls: Family<ToolLabels, Counter>,
     live_sessions: Gauge,
     restarts: Gauge,
     quarantined: Gauge,
@@ -143,6 +152,13 @@ impl Metrics {
         );
         let recalls = Counter::default();
         registry.register("recalls", "Recalls answered", recalls.clone());
+        let tool_calls = Family::<ToolLabels, Counter>::default();
+        registry.register(
+            "mcp_tool_calls",
+            "MCP tool calls answered over /mcp, by tool and outcome (ok, or error: a tool \
+             error the model was shown)",
+            tool_calls.clone(),
+        );
         let live_sessions = Gauge::default();
         registry.register(
             "live_session_actors",
@@ -276,6 +292,7 @@ impl Metrics {
             latency,
             events,
             recalls,
+            tool_calls,
             live_sessions,
             restarts,
             quarantined,
@@ -324,6 +341,20 @@ impl Metrics {
     /// Counts one recall answered.
     pub fn recall(&self) {
         self.recalls.inc();
+    }
+
+    /// Counts one MCP tool call: `tool` is one of the contract's names (anything else is
+    /// counted as `unknown`, so a client cannot grow the label set).
+    pub fn tool_call(&self, tool: &str, ok: bool) {
+        let tool = crate::mcp::TOOLS
+            .iter()
+            .find(|t| **t == tool)
+            .copied()
+            .unwrap_or("unknown");
+        let outcome = if ok { "ok" } else { "error" };
+        self.tool_calls
+            .get_or_create(&ToolLabels { tool, outcome })
+            .inc();
     }
 
     /// The text exposition, with the runtime's figures read now. A figure the runtime

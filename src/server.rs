@@ -40,7 +40,11 @@ use crate::api::{
     Updated,
 };
 use crate::listen::{Drained, Edge};
+use crate::mcp::{Caller, McpServer, Slots};
 use crate::metrics::Metrics;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
 
 /// The namespace of every request while no API keys are configured.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -320,10 +324,19 @@ pub fn router_on(
     edge: Edge,
     work: Option<tokio::runtime::Handle>,
 ) -> Router {
-    router_with(rt, limits, auth, edge, work, Arc::new(Metrics::new()))
+    router_with(
+        rt,
+        limits,
+        auth,
+        edge,
+        work,
+        Arc::new(Metrics::new()),
+        CancellationToken::new(),
+    )
 }
 
-/// [`router_on`], counting into `metrics`.
+/// [`router_on`], counting into `metrics`; `closing` ends every open MCP session (its
+/// streams) when cancelled.
 fn router_with(
     rt: Runtime,
     limits: Limits,
@@ -331,6 +344,7 @@ fn router_with(
     edge: Edge,
     work: Option<tokio::runtime::Handle>,
     metrics: Arc<Metrics>,
+    closing: CancellationToken,
 ) -> Router {
     let body_limit = limits.max_body_bytes;
     let state = AppState {
@@ -346,6 +360,7 @@ fn router_with(
         }),
         work,
     };
+    let mcp = mcp_service(&state, closing);
     Router::new()
         .route("/healthz", get(healthz))
         .route("/v1/sessions/{session_id}/events", post(post_events))
@@ -365,6 +380,11 @@ fn router_with(
         .route("/v1/policy/reload", post(post_policy_reload))
         .route("/metrics", get(get_metrics))
         .route("/openapi.json", get(get_openapi))
+        .route_service(
+            "/mcp",
+            axum::routing::any_service(mcp)
+                .layer(middleware::from_fn_with_state(state.clone(), mcp_caller)),
+        )
         .route_layer(middleware::from_fn_with_state(state.clone(), admit))
         .route_layer(middleware::from_fn_with_state(state.clone(), track))
         .fallback(no_route)
@@ -372,6 +392,60 @@ fn router_with(
         .layer(middleware::map_response(errors_in_the_contract_shape))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
+}
+
+/// `/mcp`: the MCP server of [`crate::mcp`] over Streamable HTTP (rmcp), one server per
+/// protocol session, bounded by the same body limit and admission slots as `/v1`.
+fn mcp_service(
+    state: &AppState,
+    closing: CancellationToken,
+) -> StreamableHttpService<McpServer, LocalSessionManager> {
+    let server = McpServer::http(
+        state.rt.clone(),
+        state.limits.clone(),
+        state.metrics.clone(),
+        Slots {
+            recalls: state.admission.recalls.clone(),
+            writes: state.admission.writes.clone(),
+            max_recalls: state.edge.max_recalls,
+            max_writes: state.edge.max_writes,
+        },
+    );
+    let mut config = StreamableHttpServerConfig::default()
+        .with_cancellation_token(closing)
+        .with_max_request_body_bytes(state.limits.max_body_bytes);
+    // The SDK refuses a `Host` other than a loopback name, against DNS rebinding: a web
+    // page making a browser talk to a keyless server on this machine. With API keys, a
+    // page cannot send a key it does not have, and the server answers its real hostname.
+    if state.auth.required() {
+        config = config.disable_allowed_hosts();
+    }
+    StreamableHttpService::new(
+        move || Ok(server.clone()),
+        LocalSessionManager::default().into(),
+        config,
+    )
+}
+
+/// In front of `/mcp`: the API key's namespace into the request (the MCP server reads it
+/// per request, so a protocol session cannot outlive its key's reach), or the same 401 /
+/// 429 as `/v1`.
+async fn mcp_caller(State(s): State<AppState>, request: Request, next: Next) -> Response {
+    let (mut parts, body) = request.into_parts();
+    match authenticate(&parts, &s) {
+        Ok((namespace, _)) => {
+            parts.extensions.insert(Caller(namespace));
+            next.run(Request::from_parts(parts, body)).await
+        }
+        Err(e) => {
+            let mut answer = e.into_response();
+            answer.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer"),
+            );
+            answer
+        }
+    }
 }
 
 /// Serves `rt` on `listener` until `shutdown` completes, then stops accepting, lets the
@@ -395,7 +469,22 @@ pub async fn serve(
     let work = tokio::runtime::Handle::current();
     let metrics = Arc::new(Metrics::new());
     let counts = metrics.connections();
-    let app = router_with(rt.clone(), limits, auth, edge, Some(work), metrics);
+    let closing = CancellationToken::new();
+    let app = router_with(
+        rt.clone(),
+        limits,
+        auth,
+        edge,
+        Some(work),
+        metrics,
+        closing.clone(),
+    );
+    // At shutdown the MCP sessions end their open streams, so their connections can drain
+    // instead of waiting for the drain deadline.
+    let shutdown = async move {
+        shutdown.await;
+        closing.cancel();
+    };
     // The listener moves to the edge thread's runtime, whose reactor then drives every
     // accepted connection.
     let listener = listener.into_std()?;
@@ -619,7 +708,22 @@ impl ApiError {
         }
     }
 
-    fn invalid(field: &str, reason: impl Into<String>) -> Self {
+    /// The status the HTTP API answers this error with.
+    pub(crate) fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The error's stable snake_case code (`invalid_k`, `not_found`, …).
+    pub(crate) fn code(&self) -> &str {
+        &self.code
+    }
+
+    /// What was wrong and how to fix it.
+    pub(crate) fn message(&self) -> &str {
+        &self.message
+    }
+
+    pub(crate) fn invalid(field: &str, reason: impl Into<String>) -> Self {
         let reason = reason.into();
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -722,7 +826,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 /// Parses a JSON body: 400 when it is not JSON, with where it broke; 422 when an object
 /// in it repeats a key (serde_json would keep the last one silently, while the typed
@@ -812,7 +916,7 @@ impl<'de> serde::de::Visitor<'de> for StrictVisitor {
 }
 
 /// Reads a JSON value into `T`: 422 when it is JSON of the wrong shape.
-fn from_value<T: serde::de::DeserializeOwned>(what: &str, value: Value) -> ApiResult<T> {
+pub(crate) fn from_value<T: serde::de::DeserializeOwned>(what: &str, value: Value) -> ApiResult<T> {
     serde_json::from_value(value).map_err(|e| ApiError::invalid(what, e.to_string()))
 }
 
@@ -1020,7 +1124,26 @@ async fn post_events(
             fingerprint: hex(&Sha256::digest(&body)),
         }),
     };
-    let mut value = parse_json(Ok(body))?;
+    let events = events_from(parse_json(Ok(body))?)?;
+    let session = s.rt.session(&ns.0, &session_id)?;
+    let recorded = session.record_idempotent(events, idempotency).await?;
+    if !recorded.replayed {
+        s.metrics.events_ingested(recorded.ids.len());
+    }
+    let ids = recorded.ids.iter().map(MemoryId::to_string).collect();
+    let mut answer = (StatusCode::CREATED, Json(Ids { ids })).into_response();
+    if recorded.replayed {
+        answer
+            .headers_mut()
+            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
+    Ok(answer)
+}
+
+/// The events of a write's body: one event, or `{"events":[…]}`, with their RFC 3339 times
+/// read. HTTP's `POST …/events` and MCP's `remember` read their events here, so both
+/// refuse the same things with the same words.
+pub(crate) fn events_from(mut value: Value) -> ApiResult<Vec<NewMemory>> {
     let batch = value.get("kind").is_none();
     let mut events = match value.get_mut("events") {
         Some(Value::Array(events)) if batch => std::mem::take(events),
@@ -1052,20 +1175,7 @@ async fn post_events(
             }
         }
     }
-    let events: Vec<NewMemory> = from_value("event", Value::Array(events))?;
-    let session = s.rt.session(&ns.0, &session_id)?;
-    let recorded = session.record_idempotent(events, idempotency).await?;
-    if !recorded.replayed {
-        s.metrics.events_ingested(recorded.ids.len());
-    }
-    let ids = recorded.ids.iter().map(MemoryId::to_string).collect();
-    let mut answer = (StatusCode::CREATED, Json(Ids { ids })).into_response();
-    if recorded.replayed {
-        answer
-            .headers_mut()
-            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    }
-    Ok(answer)
+    from_value("event", Value::Array(events))
 }
 
 /// `POST /v1/sessions/{id}/recall`.
@@ -1085,22 +1195,30 @@ async fn post_recall(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<RecallOut>> {
     let body: RecallIn = from_json("recall", body)?;
-    let limits = &s.limits;
-    let k = limits.k(body.k)?;
-    let token_budget = limits.token_budget(body.token_budget)?;
     let session = s.rt.session(&ns.0, &session_id)?;
-    let mut request = RecallRequest::new(&ns.0, &session_id, &body.query);
-    request.k = k;
+    let request = recall_request(&s.limits, &ns.0, &session_id, body)?;
+    let result = session.recall_with(request).await?;
+    s.metrics.recall();
+    Ok(Json(result.into()))
+}
+
+/// A recall's body as the runtime's request, within the limits (HTTP and MCP).
+pub(crate) fn recall_request(
+    limits: &Limits,
+    namespace: &str,
+    session_id: &str,
+    body: RecallIn,
+) -> ApiResult<RecallRequest> {
+    let mut request = RecallRequest::new(namespace, session_id, &body.query);
+    request.k = limits.k(body.k)?;
+    request.token_budget = limits.token_budget(body.token_budget)?;
     request.scope = body.scope.unwrap_or_default();
     request.agent_id = body.agent_id;
     request.kinds = body.kinds;
     request.since = body.since.map(|t| time("since", t)).transpose()?;
     request.until = body.until.map(|t| time("until", t)).transpose()?;
     request.include_knowledge = body.include_knowledge.unwrap_or(true);
-    request.token_budget = token_budget;
-    let result = session.recall_with(request).await?;
-    s.metrics.recall();
-    Ok(Json(result.into()))
+    Ok(request)
 }
 
 /// A time given as RFC 3339 text or as milliseconds since the epoch.
@@ -1137,16 +1255,7 @@ async fn get_timeline(
     query: Result<Query<TimelineQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Json<Timeline>> {
     let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
-    let limit = query.limit.unwrap_or(100);
-    if !(1..=s.limits.max_timeline).contains(&limit) {
-        return Err(ApiError::invalid(
-            "limit",
-            format!(
-                "{limit} is out of range; ask for 1 to {} items",
-                s.limits.max_timeline
-            ),
-        ));
-    }
+    let limit = timeline_limit(&s.limits, query.limit)?;
     let session = s.rt.session(&ns.0, &session_id)?;
     let items = session
         .timeline(limit)
@@ -1155,6 +1264,21 @@ async fn get_timeline(
         .map(Memory::from)
         .collect();
     Ok(Json(Timeline { items }))
+}
+
+/// How many records a timeline asks for: 100 by default, at most `[limits] timeline`.
+pub(crate) fn timeline_limit(limits: &Limits, limit: Option<usize>) -> ApiResult<usize> {
+    let limit = limit.unwrap_or(100);
+    if !(1..=limits.max_timeline).contains(&limit) {
+        return Err(ApiError::invalid(
+            "limit",
+            format!(
+                "{limit} is out of range; ask for 1 to {} items",
+                limits.max_timeline
+            ),
+        ));
+    }
+    Ok(limit)
 }
 
 /// `GET /v1/memories/{id}`.
@@ -1197,7 +1321,18 @@ async fn post_feedback(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Updated>> {
     let body: FeedbackIn = from_json("feedback", body)?;
-    let target = match (body.recall_id, body.memory_ids) {
+    let outcome = body.outcome;
+    let target = feedback_target(body)?;
+    let session = s.rt.session(&ns.0, &session_id)?;
+    let report = session.feedback(target, outcome).await?;
+    Ok(Json(Updated {
+        updated: report.updated,
+    }))
+}
+
+/// What a feedback credits: a recall's memories, or memories named (HTTP and MCP).
+pub(crate) fn feedback_target(body: FeedbackIn) -> ApiResult<FeedbackTarget> {
+    Ok(match (body.recall_id, body.memory_ids) {
         (Some(recall), None) => FeedbackTarget::Recall(recall),
         (None, Some(ids)) => FeedbackTarget::Memories(
             ids.iter()
@@ -1211,12 +1346,7 @@ async fn post_feedback(
                  not both and not neither",
             ));
         }
-    };
-    let session = s.rt.session(&ns.0, &session_id)?;
-    let report = session.feedback(target, body.outcome).await?;
-    Ok(Json(Updated {
-        updated: report.updated,
-    }))
+    })
 }
 
 /// `POST /v1/sessions/{id}/condense`: the condensed record's id, or `null`.
@@ -1273,18 +1403,22 @@ async fn patch_memory(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Memory>> {
     let body: StatusIn = from_json("status", body)?;
-    if !matches!(
-        body.status,
-        Status::Pinned | Status::Obsolete | Status::Active
-    ) {
-        return Err(ApiError::invalid(
-            "status",
-            "set `pinned`, `obsolete` or `active`; archive with DELETE",
-        ));
-    }
+    settable(body.status, "archive with DELETE")?;
     let memory = s.rt.memory(&ns.0, id.parse()?)?;
     let record = memory.set_status(body.status, BY_API).await?;
     Ok(Json(record.into()))
+}
+
+/// Refuses a status a caller cannot set (`archived`: archiving is its own operation, named
+/// by `how_to_archive`).
+pub(crate) fn settable(status: Status, how_to_archive: &str) -> ApiResult<()> {
+    match status {
+        Status::Pinned | Status::Obsolete | Status::Active => Ok(()),
+        _ => Err(ApiError::invalid(
+            "status",
+            format!("set `pinned`, `obsolete` or `active`; {how_to_archive}"),
+        )),
+    }
 }
 
 /// `DELETE /v1/memories/{id}`: archives it (a soft delete) and answers the record.
@@ -1382,24 +1516,34 @@ async fn get_knowledge_graph(
             "name the record to start from: `?around=mem-…&depth=2`",
         ));
     };
-    let depth = query.depth.unwrap_or(2);
+    Ok(Json(graph(&s.rt, &ns.0, &around, query.depth).await?))
+}
+
+/// The records within `depth` edges of `around` (default 2) and the edges among them.
+pub(crate) async fn graph(
+    rt: &Runtime,
+    ns: &str,
+    around: &str,
+    depth: Option<usize>,
+) -> ApiResult<Graph> {
+    let depth = depth.unwrap_or(2);
     if depth > MAX_GRAPH_DEPTH {
         return Err(ApiError::invalid(
             "depth",
             format!("{depth} is too deep; ask for 0 to {MAX_GRAPH_DEPTH}"),
         ));
     }
-    let (ids, edges) = s.rt.knowledge(&ns.0)?.graph(around.parse()?, depth).await?;
+    let (ids, edges) = rt.knowledge(ns)?.graph(around.parse()?, depth).await?;
     let mut nodes = Vec::with_capacity(ids.len());
     for id in ids {
-        nodes.push(s.rt.memory(&ns.0, id)?.get().await?.into());
+        nodes.push(rt.memory(ns, id)?.get().await?.into());
     }
     let edges = edges.into_iter().map(Into::into).collect();
-    Ok(Json(Graph { nodes, edges }))
+    Ok(Graph { nodes, edges })
 }
 
 /// The policy answer: its name, hash and compiled form.
-fn policy_out(policy: &crate::policy::Policy) -> PolicyOut {
+pub(crate) fn policy_out(policy: &crate::policy::Policy) -> PolicyOut {
     let stamp = policy.stamp();
     PolicyOut {
         name: stamp.name,

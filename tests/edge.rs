@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 /// A `shadowbrain serve` child on 127.0.0.1:0 with `server` as its `[server]` section.
-struct Served {
-    child: Child,
-    addr: SocketAddr,
+pub(crate) struct Served {
+    pub(crate) child: Child,
+    pub(crate) addr: SocketAddr,
     /// Its stderr lines after the listening line.
     lines: Receiver<String>,
     data: std::path::PathBuf,
@@ -34,7 +34,7 @@ impl Served {
         Served::start_in(dir, data, &config)
     }
 
-    fn start_in(
+    pub(crate) fn start_in(
         dir: tempfile::TempDir,
         data: std::path::PathBuf,
         config: &std::path::Path,
@@ -82,6 +82,11 @@ impl Served {
             .exit_within(Duration::from_secs(60))
             .expect("the server stops");
         assert!(status.success(), "{status:?}");
+        self.restart_stopped()
+    }
+
+    /// Starts another server on this stopped one's data directory and config.
+    pub(crate) fn restart_stopped(mut self) -> Served {
         // The new server takes the directory (data and config); this one leaves with an
         // empty one in its place.
         let dir = std::mem::replace(&mut self._dir, tempfile::tempdir().unwrap());
@@ -96,7 +101,7 @@ impl Served {
         s
     }
 
-    fn terminate(&self) {
+    pub(crate) fn terminate(&self) {
         let sent = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()
@@ -105,7 +110,7 @@ impl Served {
     }
 
     /// Waits up to `limit` for the child to exit; its status, or None if it still runs.
-    fn exit_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+    pub(crate) fn exit_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
         let started = Instant::now();
         while started.elapsed() < limit {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -117,7 +122,7 @@ impl Served {
     }
 
     /// The stderr lines printed so far.
-    fn said(&self) -> String {
+    pub(crate) fn said(&self) -> String {
         let mut out = String::new();
         while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
             out.push_str(&line);

@@ -6,5 +6,6 @@ mod embedder;
 mod eval;
 mod fuzz;
 mod llm;
+mod mcp;
 mod server;
 mod sim;

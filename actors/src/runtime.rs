@@ -776,6 +776,22 @@ impl SessionHandle {
         self.runtime.answer("the condenser", outcome)?
     }
 
+    /// Asks the condenser to condense the session's recent window and returns at once: for
+    /// a caller that must not wait for an LLM summarizer (MCP's `condense`). The condensed
+    /// record appears in the timeline when it is written.
+    pub fn condense_in_background(&self) -> Result<()> {
+        let condenser = self.runtime.inner.directory.condenser()?;
+        condenser
+            .send_message(CondenserMessage::Condense {
+                key: self.key.clone(),
+                reply: None,
+            })
+            .map_err(|e| Error::Unavailable {
+                what: "the condenser".into(),
+                message: e.to_string(),
+            })
+    }
+
     /// The session's newest `limit` records, newest first.
     pub async fn timeline(&self, limit: usize) -> Result<Vec<MemoryRecord>> {
         self.runtime
