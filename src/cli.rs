@@ -437,7 +437,8 @@ fn mcp(args: McpArgs) -> anyhow::Result<()> {
         );
     }
     let (rt_config, cfg) = server_config(data, args.policy.as_deref(), args.config.as_deref())?;
-    tokio::runtime::Runtime::new()?.block_on(async {
+    let runtime = tokio::runtime::Runtime::new()?;
+    let outcome = runtime.block_on(async {
         let rt = Runtime::open(rt_config)
             .await
             .with_context(|| format!("opening the data directory {}", data.display()))?;
@@ -476,7 +477,11 @@ fn mcp(args: McpArgs) -> anyhow::Result<()> {
         closed?;
         say(format_args!("flushed; bye"));
         Ok(())
-    })
+    });
+    // Stdin is read on a blocking thread, which a signal leaves waiting for a line that may
+    // never come; everything is flushed by now, so the runtime does not wait for it.
+    runtime.shutdown_background();
+    outcome
 }
 
 /// The file in a data directory where `serve` writes the URL it listens on, so a command

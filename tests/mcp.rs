@@ -55,8 +55,13 @@ fn client_info(version: ProtocolVersion) -> ClientConfig {
     info
 }
 
-/// `shadowbrain mcp` on `data` as a child process, with the SDK's client on its stdio.
-async fn stdio_client(data: &std::path::Path, version: ProtocolVersion, extra: &[&str]) -> Client {
+/// `shadowbrain mcp` on `data` as a child process, with the SDK's client on its stdio; and
+/// the child's stderr.
+async fn stdio_client(
+    data: &std::path::Path,
+    version: ProtocolVersion,
+    extra: &[&str],
+) -> (Client, tokio::process::ChildStderr, u32) {
     let config = data.with_extension("toml");
     std::fs::write(&config, "[embedder]\nkind = \"hash\"\n").unwrap();
     let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_shadowbrain")).configure(|c| {
@@ -65,14 +70,35 @@ async fn stdio_client(data: &std::path::Path, version: ProtocolVersion, extra: &
             .arg(data)
             .arg("--config")
             .arg(&config)
-            .args(extra)
-            .stderr(Stdio::null());
+            .args(extra);
     });
-    let transport = TokioChildProcess::new(command).unwrap();
-    client_info(version)
+    let (transport, stderr) = TokioChildProcess::builder(command)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = transport.id().expect("a running child");
+    let client = client_info(version)
         .serve(transport)
         .await
-        .expect("the MCP handshake over stdio")
+        .expect("the MCP handshake over stdio");
+    (client, stderr.expect("the child's stderr"), pid)
+}
+
+/// Closes the client's side (stdin) and checks that the server flushed and said goodbye.
+async fn close_stdio(client: Client, stderr: tokio::process::ChildStderr) {
+    client.cancel().await.unwrap();
+    said_goodbye(stderr).await;
+}
+
+/// Reads the server's stderr to its end (the server exited) and checks it flushed.
+async fn said_goodbye(mut stderr: tokio::process::ChildStderr) {
+    use tokio::io::AsyncReadExt;
+    let mut said = String::new();
+    tokio::time::timeout(Duration::from_secs(30), stderr.read_to_string(&mut said))
+        .await
+        .expect("the server exits when its host closes stdin")
+        .unwrap();
+    assert!(said.contains("flushed; bye"), "{said}");
 }
 
 /// A client of `/mcp` on `served`, with `key` as its bearer token when given.
@@ -393,7 +419,7 @@ async fn bad_calls(client: &Client) {
 async fn over_stdio_every_tool_answers_and_every_bad_call_is_a_tool_error() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let client = stdio_client(&data, ProtocolVersion::V_2025_06_18, &[]).await;
+    let (client, stderr, _) = stdio_client(&data, ProtocolVersion::V_2025_06_18, &[]).await;
     let info = client.peer_info().expect("the server's initialize answer");
     assert_eq!(info.protocol_version, ProtocolVersion::V_2025_06_18);
     assert_eq!(
@@ -404,8 +430,9 @@ async fn over_stdio_every_tool_answers_and_every_bad_call_is_a_tool_error() {
     bad_calls(&client).await;
     // The host closes stdin: the server flushes and exits; what it acknowledged is there
     // for the next one, which negotiates the newer revision.
-    client.cancel().await.unwrap();
-    let client = stdio_client(&data, ProtocolVersion::V_2025_11_25, &["--session", "ops"]).await;
+    close_stdio(client, stderr).await;
+    let (client, stderr, _) =
+        stdio_client(&data, ProtocolVersion::V_2025_11_25, &["--session", "ops"]).await;
     assert_eq!(
         client.peer_info().unwrap().protocol_version,
         ProtocolVersion::V_2025_11_25
@@ -425,7 +452,7 @@ async fn over_stdio_every_tool_answers_and_every_bad_call_is_a_tool_error() {
         .unwrap();
     assert_eq!(memory["memory"]["session_id"], "ops");
     assert_eq!(memory["memory"]["kind"], "observation", "the default kind");
-    client.cancel().await.unwrap();
+    close_stdio(client, stderr).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -657,4 +684,107 @@ async fn sigterm_with_an_open_mcp_session_drains_in_time_and_keeps_what_was_ackn
     kept.sort();
     ids.sort();
     assert_eq!(kept, ids);
+}
+
+/// The interpreter of the virtualenv `scripts/install-mcp-sdk` makes, if it is there. CI
+/// sets `SHADOWBRAIN_REQUIRE_PYTHON_MCP=1`, so there a missing SDK fails the test instead
+/// of skipping it.
+fn python_sdk() -> Option<std::path::PathBuf> {
+    let python =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-venv/bin/python");
+    if python.is_file() {
+        return Some(python);
+    }
+    assert!(
+        std::env::var_os("SHADOWBRAIN_REQUIRE_PYTHON_MCP").is_none(),
+        "SHADOWBRAIN_REQUIRE_PYTHON_MCP is set but {} is missing: run scripts/install-mcp-sdk",
+        python.display()
+    );
+    eprintln!("skipped: the Python MCP SDK is not installed (scripts/install-mcp-sdk)");
+    None
+}
+
+/// Runs tests/python/mcp_client.py with `args`: one JSON object per connection mode.
+fn python_client(python: &std::path::Path, args: &[&str]) -> Vec<Value> {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/mcp_client.py");
+    let out = Command::new(python)
+        .arg(script)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the Python client failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn the_python_sdk_lists_remembers_recalls_and_sends_feedback_over_both_transports() {
+    let Some(python) = python_sdk() else {
+        return;
+    };
+    // Each run connects twice: `auto` (what the SDK does by default: `server/discover`, the
+    // stateless 2026-07-28 revision) and `legacy` (the initialize handshake).
+    let versions = |runs: &[Value]| -> Vec<String> {
+        runs.iter()
+            .map(|r| {
+                assert_eq!(r["tools"], 10);
+                assert!(r["recalled"].as_u64().unwrap() >= 1);
+                format!(
+                    "{}={}",
+                    r["mode"].as_str().unwrap(),
+                    r["protocol_version"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let stdio = python_client(
+        &python,
+        &[
+            "stdio",
+            env!("CARGO_BIN_EXE_shadowbrain"),
+            dir.path().join("stdio").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(versions(&stdio), ["auto=2026-07-28", "legacy=2025-11-25"]);
+
+    let served = keyed_server();
+    let url = format!("http://{}/mcp", served.addr);
+    let http = python_client(&python, &["http", &url, ALPHA.0]);
+    assert_eq!(versions(&http), ["auto=2026-07-28", "legacy=2025-11-25"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_to_the_stdio_server_flushes_what_it_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (client, stderr, pid) = stdio_client(&data, ProtocolVersion::V_2025_11_25, &[]).await;
+    for i in 0..10 {
+        ok(&client, "remember", json!({"text": format!("event {i}")})).await;
+    }
+    // The host still holds stdin open: the signal alone must stop the server cleanly.
+    let sent = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    said_goodbye(stderr).await;
+    drop(client);
+    let (client, stderr, _) = stdio_client(&data, ProtocolVersion::V_2025_11_25, &[]).await;
+    let timeline = ok(&client, "timeline", json!({})).await;
+    assert_eq!(
+        timeline["items"].as_array().unwrap().len(),
+        10,
+        "{timeline}"
+    );
+    close_stdio(client, stderr).await;
 }

@@ -1,0 +1,92 @@
+"""What a host written in Python does with shadowbrain: the official MCP SDK (`mcp` on the
+Python package index) connects, lists the tools, remembers, recalls and sends feedback.
+
+    python mcp_client.py stdio BINARY DATA_DIR   # starts `BINARY mcp --data DATA_DIR`
+    python mcp_client.py http URL KEY            # Streamable HTTP with `Authorization: Bearer KEY`
+
+Run by tests/mcp.rs with the interpreter of the throwaway virtualenv that
+scripts/install-mcp-sdk makes. Prints one JSON line per connection mode (the protocol
+version negotiated and what the tools answered); exits non-zero when a check fails.
+"""
+
+import asyncio
+import json
+import sys
+
+import httpx2
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+TOOLS = [
+    "remember", "recall", "feedback", "forget", "mark",
+    "timeline", "sessions", "knowledge_search", "knowledge_graph", "condense",
+]
+
+
+def check(condition, what):
+    if not condition:
+        raise SystemExit(f"check failed: {what}")
+
+
+async def session(server, mode, session_id):
+    async with Client(server, mode=mode) as client:
+        tools = await client.list_tools()
+        names = [t.name for t in tools.tools]
+        check(names == TOOLS, f"the tools are the contract's: {names}")
+        check(all(t.output_schema for t in tools.tools), "every tool has an output schema")
+
+        remembered = await client.call_tool("remember", {
+            "session_id": session_id,
+            "events": [
+                {"kind": "observation", "text": "the deploy runner moved to eu-2"},
+                {"kind": "user_message", "text": "send the weekly report as CSV"},
+            ],
+        })
+        check(not remembered.is_error, f"remember: {remembered.content}")
+        ids = remembered.structured_content["ids"]
+        check(len(ids) == 2, f"two ids: {ids}")
+
+        recalled = await client.call_tool("recall", {
+            "session_id": session_id, "query": "which region does the deploy runner use?", "k": 5,
+        })
+        check(not recalled.is_error, f"recall: {recalled.content}")
+        memories = recalled.structured_content["memories"]
+        check(any(m["id"] == ids[0] for m in memories), f"the deploy memory is recalled: {memories}")
+        check("eu-2" in recalled.structured_content["context"], "the context has it")
+        check("recall_id" in recalled.content[0].text, "the text names the recall id")
+        recall_id = recalled.structured_content["recall_id"]
+
+        feedback = await client.call_tool("feedback", {
+            "session_id": session_id, "recall_id": recall_id, "outcome": "success",
+        })
+        check(not feedback.is_error, f"feedback: {feedback.content}")
+        check(feedback.structured_content["updated"] >= 1, "feedback updated the memories")
+
+        bad = await client.call_tool("recall", {"session_id": session_id, "query": "x", "k": 0})
+        check(bad.is_error, "k = 0 is a tool error")
+        check("invalid_k" in bad.content[0].text, f"the error names the field: {bad.content}")
+
+        return {
+            "mode": mode,
+            "protocol_version": client.protocol_version,
+            "tools": len(names),
+            "recalled": len(memories),
+            "updated": feedback.structured_content["updated"],
+        }
+
+
+async def main():
+    kind, target, arg = sys.argv[1:4]
+    results = []
+    for mode in ("auto", "legacy"):
+        if kind == "stdio":
+            server = StdioServerParameters(command=target, args=["mcp", "--data", arg])
+        else:
+            http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {arg}"}, timeout=30)
+            server = streamable_http_client(target, http_client=http)
+        results.append(await session(server, mode, f"python-{mode}"))
+    for result in results:
+        print(json.dumps(result))
+
+
+asyncio.run(main())
