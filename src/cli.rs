@@ -1,4 +1,5 @@
-//! Command-line parsing and the commands themselves: `serve` here, the one-shot commands
+//! Command-line parsing and the commands themselves: `serve` and `mcp` (the MCP server over
+//! stdio, [`shadowbrain::mcp`]) here, the one-shot commands
 //! in the submodules — [`memory`] (record, recall, timeline, inspect), [`policy`] (policy
 //! check), [`transfer`] (export, import, reindex), [`simulate`] (the policy lab) and
 //! [`eval`] (retrieval benchmarks). Commands go through the library and

@@ -1,5 +1,6 @@
 //! The `shadowbrain` binary: thin edges over the library. It carries `serve` (the HTTP
-//! server of [`shadowbrain::server`]) and the one-shot commands over a data directory
+//! server of [`shadowbrain::server`]), `mcp` (the MCP server over stdio of
+//! [`shadowbrain::mcp`]) and the one-shot commands over a data directory
 //! (`record`, `recall`, `timeline`, `inspect`, `policy check`, `export`, `import`,
 //! `reindex`; see `cli`). `main` only parses, runs and maps the error chain to an exit code.
 

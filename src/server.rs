@@ -434,8 +434,15 @@ async fn mcp_caller(State(s): State<AppState>, request: Request, next: Next) -> 
     let (mut parts, body) = request.into_parts();
     match authenticate(&parts, &s) {
         Ok((namespace, _)) => {
+            let ending = parts.method == axum::http::Method::DELETE;
             parts.extensions.insert(Caller(namespace));
-            next.run(Request::from_parts(parts, body)).await
+            let mut answer = next.run(Request::from_parts(parts, body)).await;
+            // The SDK answers a session's end (`DELETE`) 202 with no body; the Python SDK's
+            // client warns on anything but 200 or 204. Nothing is pending: say 204.
+            if ending && answer.status() == StatusCode::ACCEPTED {
+                *answer.status_mut() = StatusCode::NO_CONTENT;
+            }
+            answer
         }
         Err(e) => {
             let mut answer = e.into_response();

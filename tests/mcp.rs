@@ -720,6 +720,11 @@ fn python_client(python: &std::path::Path, args: &[&str]) -> Vec<Value> {
         "the Python client failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("WARNING") && !stderr.contains("failed"),
+        "the Python SDK complained:\n{stderr}"
+    );
     stdout
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())

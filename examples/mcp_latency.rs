@@ -1,0 +1,243 @@
+//! The cost of the MCP door: the same recall, on the same data and server, asked through
+//! the plain HTTP API (`POST /v1/sessions/{id}/recall`, the anchor) and through `/mcp`'s
+//! `recall` tool with the official SDK's client — once on a protocol session (the
+//! 2025-11-25 revision, `initialize` and `Mcp-Session-Id`) and once on the stateless
+//! 2026-07-28 revision.
+//!
+//! ```text
+//! cargo run --release --example mcp_latency -- --sessions 100 --events 100 --recalls 2000
+//! ```
+//!
+//! A real server (in this process, on port 0) is loaded with `--events` events in each of
+//! `--sessions` sessions over HTTP and its indexes are built. Then one client at a time asks
+//! `--recalls` recalls per door, the doors taking turns query by query (each query asked of
+//! every door, the order rotating), so every door meets the same queries on the same store
+//! in the same seconds. Prints p50/p99 per door on stderr and one JSON line on stdout.
+
+use std::time::{Duration, Instant};
+
+use rmcp::model::{CallToolRequestParams, ClientConfig, JsonObject, ProtocolVersion};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RoleClient, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use serde_json::{Value, json};
+use shadowbrain::listen::Edge;
+use shadowbrain::server::{self, Auth};
+use shadowbrain::{Limits, Runtime, RuntimeConfig};
+
+/// Words the events are made of; a query is two of them.
+const WORDS: [&str; 24] = [
+    "backup",
+    "deploy",
+    "runner",
+    "timeout",
+    "invoice",
+    "customer",
+    "report",
+    "csv",
+    "region",
+    "database",
+    "latency",
+    "cache",
+    "ticket",
+    "refund",
+    "schedule",
+    "budget",
+    "alert",
+    "disk",
+    "certificate",
+    "login",
+    "export",
+    "migration",
+    "queue",
+    "billing",
+];
+
+struct Args {
+    sessions: usize,
+    events: usize,
+    recalls: usize,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args {
+        sessions: 100,
+        events: 100,
+        recalls: 2000,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        let n: usize = value
+            .parse()
+            .map_err(|_| format!("{flag} takes a number, not {value}"))?;
+        match flag.as_str() {
+            "--sessions" => a.sessions = n.max(1),
+            "--events" => a.events = n.max(1),
+            "--recalls" => a.recalls = n.max(1),
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    Ok(a)
+}
+
+type Mcp = RunningService<RoleClient, ClientConfig>;
+
+async fn mcp_client(url: &str, version: ProtocolVersion) -> Mcp {
+    let transport = StreamableHttpClientTransport::with_client(
+        reqwest::Client::new(),
+        StreamableHttpClientTransportConfig::with_uri(url),
+    );
+    let mut info = ClientConfig::default();
+    info.protocol_version = version.clone();
+    let lifecycle = if version == ProtocolVersion::V_2026_07_28 {
+        ClientLifecycleMode::Discover {
+            preferred_versions: vec![version],
+        }
+    } else {
+        ClientLifecycleMode::Initialize
+    };
+    info.serve_with_lifecycle(transport, lifecycle)
+        .await
+        .expect("an MCP client")
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+#[tokio::main]
+async fn main() {
+    let a = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("mcp_latency: {e}");
+            std::process::exit(2);
+        }
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let rt = Runtime::open(RuntimeConfig::new(dir.path()))
+        .await
+        .expect("open the runtime");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("listen");
+    let addr = listener.local_addr().expect("an address");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(server::serve(
+        listener,
+        rt.clone(),
+        Limits::default(),
+        Auth::open(),
+        Edge::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let http = reqwest::Client::new();
+    let base = format!("http://{addr}");
+
+    eprintln!(
+        "mcp_latency: {} sessions × {} events over HTTP …",
+        a.sessions, a.events
+    );
+    for s in 0..a.sessions {
+        let events: Vec<Value> = (0..a.events)
+            .map(|i| {
+                let n = s * a.events + i;
+                let (w1, w2, w3) = (WORDS[n % 24], WORDS[(n / 24) % 24], WORDS[(n * 7 + s) % 24]);
+                json!({"kind": "observation", "text": format!("event {i}: the {w1} {w2} needs a {w3} check")})
+            })
+            .collect();
+        let answer = http
+            .post(format!("{base}/v1/sessions/s{s}/events"))
+            .header("content-type", "application/json")
+            .body(json!({ "events": events }).to_string())
+            .send()
+            .await
+            .expect("a write");
+        assert_eq!(answer.status(), 201);
+    }
+    let sub = rt.substrate().clone();
+    tokio::task::spawn_blocking(move || sub.flush_indexes())
+        .await
+        .expect("the flush task")
+        .expect("the indexes built");
+
+    let url = format!("{base}/mcp");
+    let sessioned = mcp_client(&url, ProtocolVersion::V_2025_11_25).await;
+    let stateless = mcp_client(&url, ProtocolVersion::V_2026_07_28).await;
+    let doors = ["http", "mcp 2025-11-25", "mcp 2026-07-28"];
+    let mut latencies: Vec<Vec<f64>> = vec![Vec::new(); doors.len()];
+    eprintln!(
+        "mcp_latency: {} recalls per door, taking turns …",
+        a.recalls
+    );
+    for i in 0..a.recalls {
+        let session = format!("s{}", i % a.sessions);
+        let query = format!("{} {}", WORDS[i % 24], WORDS[(i * 5 + 3) % 24]);
+        for turn in 0..doors.len() {
+            let door = (i + turn) % doors.len();
+            let started = Instant::now();
+            let memories = match door {
+                0 => {
+                    let answer = http
+                        .post(format!("{base}/v1/sessions/{session}/recall"))
+                        .header("content-type", "application/json")
+                        .body(json!({"query": query, "k": 10}).to_string())
+                        .send()
+                        .await
+                        .expect("a recall");
+                    assert_eq!(answer.status(), 200);
+                    let body: Value =
+                        serde_json::from_str(&answer.text().await.expect("a body")).unwrap();
+                    body["memories"].as_array().map_or(0, Vec::len)
+                }
+                _ => {
+                    let client = if door == 1 { &sessioned } else { &stateless };
+                    let args: JsonObject = serde_json::from_value(
+                        json!({"session_id": session, "query": query, "k": 10}),
+                    )
+                    .unwrap();
+                    let result = client
+                        .call_tool(CallToolRequestParams::new("recall").with_arguments(args))
+                        .await
+                        .expect("a tool call");
+                    assert_eq!(result.is_error, Some(false));
+                    let structured = result.structured_content.expect("structured");
+                    structured["memories"].as_array().map_or(0, Vec::len)
+                }
+            };
+            latencies[door].push(started.elapsed().as_secs_f64() * 1e3);
+            assert!(memories > 0, "{} found nothing for {query}", doors[door]);
+        }
+    }
+    let mut rows = Vec::new();
+    for (door, lat) in doors.iter().zip(&mut latencies) {
+        lat.sort_by(f64::total_cmp);
+        let (p50, p99) = (percentile(lat, 0.5), percentile(lat, 0.99));
+        eprintln!("mcp_latency: {door:>15}: recall p50 {p50:.3} ms, p99 {p99:.3} ms");
+        rows.push(json!({"door": door, "p50_ms": p50, "p99_ms": p99, "recalls": lat.len()}));
+    }
+    let anchor = percentile(&latencies[0], 0.5);
+    println!(
+        "{}",
+        json!({
+            "sessions": a.sessions,
+            "events_per_session": a.events,
+            "doors": rows,
+            "mcp_p50_over_http": [
+                percentile(&latencies[1], 0.5) / anchor,
+                percentile(&latencies[2], 0.5) / anchor,
+            ],
+        })
+    );
+    drop((sessioned, stateless));
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(30), served)
+        .await
+        .expect("the server stops")
+        .expect("the server task")
+        .expect("served");
+}
