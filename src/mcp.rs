@@ -36,8 +36,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::api::{
-    CondenseOut, FeedbackIn, Graph, History, Ids, KnowledgeSearchIn, Memory, RecallIn, RecallOut,
-    Sessions, Timeline, Updated,
+    CondenseOut, FeedbackIn, Graph, Ids, KnowledgeSearchIn, Memory, RecallIn, RecallOut, Sessions,
+    Timeline, Updated,
 };
 use crate::metrics::Metrics;
 use crate::policy::CondensationMode;
@@ -372,15 +372,9 @@ impl McpServer {
         if let Some(id) = uri.strip_prefix("shadowbrain://memories/") {
             let memory = rt.memory(ns, id.parse()?)?;
             let record = Memory::from(memory.get().await?);
-            let entries = memory
-                .history()
-                .await?
-                .into_iter()
-                .map(Into::into)
-                .collect();
             return Ok(serde_json::json!({
                 "memory": record,
-                "history": History { entries },
+                "history": server::history(&memory).await?,
             }));
         }
         if let Some(session) = uri
@@ -610,10 +604,13 @@ const INSTRUCTIONS: &str = "shadowbrain is your long-term memory. Before acting 
     `session_id`; without it the server's default session is used. The namespace is fixed by \
     the server (its API key over HTTP) and is never an argument.";
 
-/// Said in every session tool's description: how sessions and namespaces are chosen.
+/// Said in every session tool's description: how the session is chosen.
 const SESSION_NOTE: &str = "`session_id` is optional: without it the call acts in this \
     server's default session (set by the host with `--session` or the `Shadowbrain-Session` \
-    header, else `default`). The namespace is never an argument: it is the API key's (over \
+    header, else `default`).";
+
+/// Said in the description of every tool without a session: how the namespace is chosen.
+const NAMESPACE_NOTE: &str = "The namespace is never an argument: it is the API key's (over \
     HTTP) or the server's `--namespace` (over stdio), and nothing outside it is visible.";
 
 /// The tools with their descriptions (written for a model), input and output schemas.
@@ -630,7 +627,7 @@ fn tools() -> Vec<Tool> {
                  for observations, actions you took, the user's messages and preferences, \
                  goals, decisions and outcomes — one fact per event. It answers at once with \
                  the new ids (`mem-…`); scoring and indexing happen in the background, so a \
-                 memory is recallable a moment later. {SESSION_NOTE}"
+                 memory is recallable a moment later. {SESSION_NOTE} {NAMESPACE_NOTE}"
             ),
         )
         .with_input_schema::<RememberArgs>()
@@ -645,7 +642,7 @@ fn tools() -> Vec<Tool> {
                  background, and a `recall_id` to send back with `feedback` once you know \
                  whether the memories helped. Call it before acting on a task. `scope` widens \
                  the search from the session to the agent (`agent_id`) or the whole \
-                 namespace. {SESSION_NOTE}"
+                 namespace. {SESSION_NOTE} {NAMESPACE_NOTE}"
             ),
         )
         .with_input_schema::<RecallArgs>()
@@ -658,7 +655,7 @@ fn tools() -> Vec<Tool> {
                  or `failure`, for every memory of a recall (`recall_id`) or for memories you \
                  name (`memory_ids`), not both. Helpful memories rank higher afterwards and \
                  misleading ones sink; proven lessons are promoted into the shared knowledge \
-                 pool. {SESSION_NOTE}"
+                 pool. {SESSION_NOTE} {NAMESPACE_NOTE}"
             ),
         )
         .with_input_schema::<FeedbackArgs>()
@@ -666,10 +663,11 @@ fn tools() -> Vec<Tool> {
         .with_annotations(ToolAnnotations::new().read_only(false).destructive(false)),
         tool(
             "forget",
-            "Archive a memory (`id`, `mem-…`): it is never recalled again but is kept, with \
-             its history, and can be restored with `mark` status `active`. Use it for a \
-             memory that is wrong or harmful."
-                .to_string(),
+            format!(
+                "Archive a memory (`id`, `mem-…`): it is never recalled again but is kept, \
+                 with its history, and can be restored with `mark` status `active`. Use it \
+                 for a memory that is wrong or harmful. {NAMESPACE_NOTE}"
+            ),
         )
         .with_input_schema::<MemoryArg>()
         .with_output_schema::<Memory>()
@@ -681,11 +679,12 @@ fn tools() -> Vec<Tool> {
         ),
         tool(
             "mark",
-            "Set a memory's status (`id`, `mem-…`): `pinned` (always kept, never fades), \
-             `obsolete` (kept for history, never recalled: for a fact that is no longer \
-             true) or `active` (normal; also restores a forgotten memory). The change is in \
-             the memory's history."
-                .to_string(),
+            format!(
+                "Set a memory's status (`id`, `mem-…`): `pinned` (always kept, never fades), \
+                 `obsolete` (kept for history, never recalled: for a fact that is no longer \
+                 true) or `active` (normal; also restores a forgotten memory). The change is \
+                 in the memory's history. {NAMESPACE_NOTE}"
+            ),
         )
         .with_input_schema::<MarkArgs>()
         .with_output_schema::<Memory>()
@@ -700,7 +699,7 @@ fn tools() -> Vec<Tool> {
             format!(
                 "A session's records, newest first (`limit`, default 100): what was \
                  recorded, in order, with each record's kind, importance, strength and \
-                 status. {SESSION_NOTE}"
+                 status. {SESSION_NOTE} {NAMESPACE_NOTE}"
             ),
         )
         .with_input_schema::<TimelineArgsSchema>()
@@ -708,30 +707,33 @@ fn tools() -> Vec<Tool> {
         .with_annotations(read_only()),
         tool(
             "sessions",
-            "The sessions of this namespace, with how many events and records each holds and \
-             when it was last active. Takes no arguments."
-                .to_string(),
+            format!(
+                "The sessions of this namespace, with how many events and records each holds \
+                 and when it was last active. Takes no arguments. {NAMESPACE_NOTE}"
+            ),
         )
         .with_input_schema::<NoArgs>()
         .with_output_schema::<Sessions>()
         .with_annotations(read_only()),
         tool(
             "knowledge_search",
-            "Search the namespace's shared knowledge pool: lessons promoted from every \
-             agent's and session's experience because they proved useful. Answers like \
-             `recall`, over knowledge only."
-                .to_string(),
+            format!(
+                "Search the namespace's shared knowledge pool: lessons promoted from every \
+                 agent's and session's experience because they proved useful. Answers like \
+                 `recall`, over knowledge only. {NAMESPACE_NOTE}"
+            ),
         )
         .with_input_schema::<KnowledgeSearchIn>()
         .with_output_schema::<RecallOut>()
         .with_annotations(read_only()),
         tool(
             "knowledge_graph",
-            "The graph around a record (`around`, `mem-…`): the records within `depth` \
-             edges (default 2, at most 5) and the edges among them (`derived_from`, \
-             `similar_to`, `supersedes`, `contradicts`). Use it to see where a lesson came \
-             from and what it relates to."
-                .to_string(),
+            format!(
+                "The graph around a record (`around`, `mem-…`): the records within `depth` \
+                 edges (default 2, at most 5) and the edges among them (`derived_from`, \
+                 `similar_to`, `supersedes`, `contradicts`). Use it to see where a lesson \
+                 came from and what it relates to. {NAMESPACE_NOTE}"
+            ),
         )
         .with_input_schema::<GraphArgs>()
         .with_output_schema::<Graph>()
@@ -741,7 +743,7 @@ fn tools() -> Vec<Tool> {
             format!(
                 "Condense a session's recent records into one condensed memory now (the \
                  policy also does it on its own as sessions grow). Answers the condensed \
-                 record's id, or null when there was nothing to condense. {SESSION_NOTE}"
+                 record's id, or null when there was nothing to condense. {SESSION_NOTE} {NAMESPACE_NOTE}"
             ),
         )
         .with_input_schema::<SessionArg>()

@@ -1,7 +1,9 @@
 //! The HTTP edge (`shadowbrain serve`): axum over the actor runtime's [`Runtime`] handle,
 //! implementing the contract of `DESIGN.md` §7 — paths, bodies, status codes and the error
 //! shape `{"error":{"code","message"}}` — for the endpoints listed in [`router`], with API
-//! keys that map to namespaces ([`Auth`]) and Prometheus metrics (`crate::metrics`).
+//! keys that map to namespaces ([`Auth`]) and Prometheus metrics (`crate::metrics`); and
+//! `/mcp`, the MCP server of [`crate::mcp`] over Streamable HTTP, behind the same keys,
+//! body limit, admission slots and metrics.
 //!
 //! Handlers only translate: they parse and bound the request, call the handle, and map the
 //! answer or the error. Validation of events, ids and limits on text and content lives in
@@ -308,9 +310,9 @@ struct Admission {
 
 /// The routes of `DESIGN.md` §7: health and metrics, session events, recall, feedback,
 /// condense and timeline, the session list, one memory (get, status, archive, history),
-/// knowledge search and graph, and the policy (get, reload). Every request's body is held
-/// to `edge.body_timeout` between chunks and, when it declares its length, to the body
-/// limit before a byte of it is read ([`guard_body`]).
+/// knowledge search and graph, the policy (get, reload), and `/mcp` (`DESIGN.md` §10).
+/// Every request's body is held to `edge.body_timeout` between chunks and, when it
+/// declares its length, to the body limit before a byte of it is read ([`guard_body`]).
 pub fn router(rt: Runtime, limits: Limits, auth: Auth, edge: Edge) -> Router {
     router_on(rt, limits, auth, edge, None)
 }
@@ -1460,13 +1462,18 @@ async fn get_history(
     Path(id): Path<String>,
 ) -> ApiResult<Json<History>> {
     let memory = s.rt.memory(&ns.0, id.parse()?)?;
+    Ok(Json(history(&memory).await?))
+}
+
+/// A memory's audited changes, oldest first (HTTP and MCP).
+pub(crate) async fn history(memory: &crate::MemoryHandle) -> ApiResult<History> {
     let entries = memory
         .history()
         .await?
         .into_iter()
         .map(Into::into)
         .collect();
-    Ok(Json(History { entries }))
+    Ok(History { entries })
 }
 
 /// `POST /v1/knowledge/search`: like recall, over the knowledge tier only.

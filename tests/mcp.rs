@@ -108,11 +108,32 @@ async fn http_client(
     lifecycle: ClientLifecycleMode,
     version: ProtocolVersion,
 ) -> Result<Client, rmcp::service::ClientInitializeError> {
+    http_client_with(served, key, lifecycle, version, &[]).await
+}
+
+/// [`http_client`] sending `headers` with every request.
+async fn http_client_with(
+    served: &Served,
+    key: Option<&str>,
+    lifecycle: ClientLifecycleMode,
+    version: ProtocolVersion,
+    headers: &[(&'static str, &str)],
+) -> Result<Client, rmcp::service::ClientInitializeError> {
+    let headers = headers
+        .iter()
+        .map(|(k, v)| {
+            (
+                reqwest::header::HeaderName::from_static(k),
+                reqwest::header::HeaderValue::from_str(v).unwrap(),
+            )
+        })
+        .collect();
     let mut config =
         StreamableHttpClientTransportConfig::with_uri(format!("http://{}/mcp", served.addr));
     if let Some(key) = key {
         config = config.auth_header(key);
     }
+    config = config.custom_headers(headers);
     let transport = StreamableHttpClientTransport::with_client(http(), config);
     client_info(version)
         .serve_with_lifecycle(transport, lifecycle)
@@ -123,6 +144,18 @@ async fn http_client(
 fn http() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::new()
+}
+
+/// The body of `GET path` on `served` with `key`.
+async fn get(served: &Served, path: &str, key: &str) -> String {
+    let answer = http()
+        .get(format!("http://{}{path}", served.addr))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200, "GET {path}");
+    answer.text().await.unwrap()
 }
 
 async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
@@ -600,16 +633,27 @@ async fn over_http_every_tool_answers_behind_the_keys_and_namespaces_stay_apart(
         .unwrap();
     assert_eq!(memory["memory"]["status"], "active");
 
-    // Metrics: the route and each tool are counted (an admin key reads them).
-    let metrics = http()
-        .get(format!("http://{}/metrics", served.addr))
-        .bearer_auth(ADMIN.0)
-        .send()
-        .await
-        .unwrap()
-        .text()
+    // A host that names its default session in a header: calls without `session_id` land
+    // there.
+    let hosted = http_client_with(
+        &served,
+        Some(ALPHA.0),
+        ClientLifecycleMode::Initialize,
+        ProtocolVersion::V_2025_06_18,
+        &[("shadowbrain-session", "from-header")],
+    )
+    .await
+    .unwrap();
+    let remembered = ok(&hosted, "remember", json!({"text": "named by the host"})).await;
+    let id = remembered["ids"][0].as_str().unwrap();
+    let memory = read(&hosted, &format!("shadowbrain://memories/{id}"))
         .await
         .unwrap();
+    assert_eq!(memory["memory"]["session_id"], "from-header");
+    hosted.cancel().await.unwrap();
+
+    // Metrics: the route and each tool are counted (an admin key reads them).
+    let metrics = get(&served, "/metrics", ADMIN.0).await;
     assert!(
         metrics.contains("route=\"/mcp\""),
         "http_requests_total counts /mcp"
@@ -665,15 +709,7 @@ async fn sigterm_with_an_open_mcp_session_drains_in_time_and_keeps_what_was_ackn
 
     // Every acknowledged event is there after a restart.
     let served = served.restart_stopped();
-    let timeline = http()
-        .get(format!("http://{}/v1/sessions/s/timeline", served.addr))
-        .bearer_auth(ALPHA.0)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let timeline = get(&served, "/v1/sessions/s/timeline", ALPHA.0).await;
     let timeline: Value = serde_json::from_str(&timeline).unwrap();
     let mut kept: Vec<String> = timeline["items"]
         .as_array()
@@ -791,5 +827,62 @@ async fn sigterm_to_the_stdio_server_flushes_what_it_acknowledged() {
         10,
         "{timeline}"
     );
+    close_stdio(client, stderr).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn condense_never_waits_for_an_llm_condenser() {
+    // A policy that condenses with an LLM; none is configured here, so the extractive
+    // condenser stands in, in the background, and the tool answers at once.
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("llm.toml");
+    let default = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
+    )
+    .unwrap();
+    assert!(default.contains("mode = \"extractive\""));
+    std::fs::write(
+        &policy,
+        default.replace("mode = \"extractive\"", "mode = \"llm\""),
+    )
+    .unwrap();
+    let data = dir.path().join("data");
+    let (client, stderr, _) = stdio_client(
+        &data,
+        ProtocolVersion::V_2025_11_25,
+        &["--policy", policy.to_str().unwrap()],
+    )
+    .await;
+    for i in 0..6 {
+        ok(
+            &client,
+            "remember",
+            json!({"text": format!("step {i} of the migration")}),
+        )
+        .await;
+    }
+    let result = call(&client, "condense", json!({})).await;
+    assert_eq!(result.is_error, Some(false));
+    assert!(
+        text(&result).contains("in the background"),
+        "{}",
+        text(&result)
+    );
+    assert_eq!(result.structured_content.unwrap()["memory_id"], Value::Null);
+    let mut condensed = false;
+    for _ in 0..100 {
+        let timeline = ok(&client, "timeline", json!({})).await;
+        if timeline["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["tier"] == "condensed")
+        {
+            condensed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(condensed, "the background condensation wrote its record");
     close_stdio(client, stderr).await;
 }
