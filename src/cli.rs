@@ -424,19 +424,12 @@ fn server_config(
 fn mcp(args: McpArgs) -> anyhow::Result<()> {
     use rmcp::ServiceExt;
     let data = &args.data;
-    if Store::in_use(&data.join("store")).unwrap_or(false) {
-        let url = std::fs::read_to_string(data.join(SERVE_URL)).ok();
-        let mcp_url = url.as_deref().map_or_else(
-            || "the `/mcp` path of its address".to_string(),
-            |u| format!("{}/mcp", u.trim()),
-        );
-        anyhow::bail!(
-            "the data directory {} is in use by another shadowbrain process, most likely a \
-             running `shadowbrain serve`; point the MCP host at {mcp_url} (Streamable HTTP, \
-             the same tools), or stop the server and start `shadowbrain mcp` again",
-            data.display()
-        );
-    }
+    refuse_if_held(data, |url| {
+        format!(
+            "point the MCP host at {url}/mcp (Streamable HTTP, the same tools), or stop the \
+             server and start `shadowbrain mcp` again"
+        )
+    })?;
     let (rt_config, cfg) = server_config(data, args.policy.as_deref(), args.config.as_deref())?;
     let runtime = tokio::runtime::Runtime::new()?;
     let outcome = runtime.block_on(async {
@@ -493,13 +486,24 @@ const SERVE_URL: &str = "serve.url";
 /// the way out. The store checks its lock again when it opens, so a process that starts in
 /// between is still refused, only less kindly.
 fn refuse_if_in_use(data: &Path) -> anyhow::Result<()> {
+    refuse_if_held(data, |url| {
+        format!("stop it, or talk to it over HTTP at {url} instead")
+    })
+}
+
+/// [`refuse_if_in_use`] with the way out said by `way_out`, given the holding server's URL
+/// (from the directory's [`SERVE_URL`] file, which `serve` writes).
+fn refuse_if_held(data: &Path, way_out: impl FnOnce(&str) -> String) -> anyhow::Result<()> {
     let busy = Store::in_use(&data.join("store"))
         .with_context(|| format!("checking whether {} is in use", data.display()))?;
     if busy {
+        let url = std::fs::read_to_string(data.join(SERVE_URL));
+        let url = url.as_deref().map_or("http://HOST:PORT", str::trim);
         anyhow::bail!(
             "the data directory {} is in use by another shadowbrain process (a running \
-             `shadowbrain serve`?); stop it, or talk to it over HTTP instead",
-            data.display()
+             `shadowbrain serve`?); {}",
+            data.display(),
+            way_out(url)
         );
     }
     Ok(())

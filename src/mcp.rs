@@ -41,8 +41,8 @@ use crate::api::{
 };
 use crate::metrics::Metrics;
 use crate::policy::CondensationMode;
-use crate::server::{self, ApiError, ApiResult};
-use crate::{Limits, MemoryId, Runtime, Status};
+use crate::server::{self, Admission, ApiError, ApiResult, Work};
+use crate::{Limits, MemoryId, Outcome, Runtime, Status};
 
 /// The tools, by their contract names.
 pub const TOOLS: [&str; 10] = [
@@ -80,16 +80,6 @@ pub const PROTOCOL_VERSIONS: [ProtocolVersion; 3] = [
 #[derive(Debug, Clone)]
 pub(crate) struct Caller(pub(crate) String);
 
-/// What bounds the tools over HTTP: the server's admission slots, so a recall through
-/// `/mcp` counts against `server.max_recalls` exactly as one through `/v1` does.
-#[derive(Clone)]
-pub(crate) struct Slots {
-    pub(crate) recalls: Arc<tokio::sync::Semaphore>,
-    pub(crate) writes: Arc<tokio::sync::Semaphore>,
-    pub(crate) max_recalls: usize,
-    pub(crate) max_writes: usize,
-}
-
 /// The MCP server over a runtime: one per protocol session (it is cheap to clone).
 #[derive(Clone)]
 pub struct McpServer {
@@ -104,7 +94,9 @@ struct Inner {
     namespace: Option<String>,
     default_session: String,
     metrics: Option<Arc<Metrics>>,
-    slots: Option<Slots>,
+    /// The server's admission slots over HTTP, so a recall through `/mcp` counts against
+    /// `server.max_recalls` exactly as one through `/v1` does.
+    admission: Option<Arc<Admission>>,
 }
 
 /// Where one call acts.
@@ -124,18 +116,18 @@ impl McpServer {
                 namespace: Some(namespace.to_string()),
                 default_session: default_session.to_string(),
                 metrics: None,
-                slots: None,
+                admission: None,
             }),
         }
     }
 
     /// The server behind `/mcp`: each request's namespace from its API key ([`Caller`]),
-    /// its calls counted in `metrics` and bounded by the admission `slots`.
+    /// its calls counted in `metrics` and bounded by the server's `admission`.
     pub(crate) fn http(
         rt: Runtime,
         limits: Arc<Limits>,
         metrics: Arc<Metrics>,
-        slots: Slots,
+        admission: Arc<Admission>,
     ) -> Self {
         McpServer {
             inner: Arc::new(Inner {
@@ -144,7 +136,7 @@ impl McpServer {
                 namespace: None,
                 default_session: DEFAULT_SESSION.to_string(),
                 metrics: Some(metrics),
-                slots: Some(slots),
+                admission: Some(admission),
             }),
         }
     }
@@ -181,30 +173,18 @@ impl McpServer {
         })
     }
 
-    /// Takes an admission slot for a tool that recalls or writes, as `/v1` would; a call
-    /// past the limit is refused at once, as HTTP's 503 `overloaded` is.
+    /// Takes an admission slot for a tool that recalls or writes, as `/v1` does; a call
+    /// past the limit is refused at once, with HTTP's `overloaded`.
     fn admit(&self, tool: &str) -> ApiResult<Option<tokio::sync::OwnedSemaphorePermit>> {
-        let Some(slots) = &self.inner.slots else {
+        let Some(admission) = &self.inner.admission else {
             return Ok(None);
         };
-        let (slots, what, limit) = match tool {
-            "recall" | "knowledge_search" => (&slots.recalls, "recalls", slots.max_recalls),
-            "remember" | "feedback" | "forget" | "mark" | "condense" => {
-                (&slots.writes, "writes", slots.max_writes)
-            }
+        let work = match tool {
+            "recall" | "knowledge_search" => Work::Recall,
+            "remember" | "feedback" | "forget" | "mark" | "condense" => Work::Write,
             _ => return Ok(None),
         };
-        match slots.clone().try_acquire_owned() {
-            Ok(slot) => Ok(Some(slot)),
-            Err(_) => Err(ApiError::new(
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                "overloaded",
-                format!(
-                    "the server is answering its limit of {limit} {what} at once \
-                     (server.max_{what}); call the tool again in a second"
-                ),
-            )),
-        }
+        admission.enter(work).map(Some)
     }
 
     /// Runs one tool: its structured answer and its text.
@@ -251,11 +231,14 @@ impl McpServer {
                     .session(ns, &session_id)?
                     .feedback(target, outcome)
                     .await?;
+                let outcome = match outcome {
+                    Outcome::Success => "success",
+                    Outcome::Failure => "failure",
+                };
                 let text = format!(
-                    "recorded {outcome:?} for {}",
+                    "recorded {outcome} for {}",
                     plural(report.updated, "memory")
-                )
-                .to_lowercase();
+                );
                 answer(
                     &Updated {
                         updated: report.updated,
@@ -279,7 +262,7 @@ impl McpServer {
                     .set_status(status, BY_MCP)
                     .await?;
                 let memory = Memory::from(record);
-                let text = format!("{id} is now {}", status_name(status));
+                let text = format!("{id} is now {}", status.as_str());
                 answer(&memory, text)
             }
             "timeline" => {
@@ -837,15 +820,6 @@ fn plural(n: usize, what: &str) -> String {
     }
 }
 
-fn status_name(status: Status) -> &'static str {
-    match status {
-        Status::Active => "active",
-        Status::Pinned => "pinned",
-        Status::Obsolete => "obsolete",
-        Status::Archived => "archived",
-    }
-}
-
 /// At most `max` bytes of `text` on one line, cut at a character boundary.
 fn excerpt(text: &str, max: usize) -> String {
     let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
@@ -917,7 +891,7 @@ fn render_timeline(session_id: &str, items: &[Memory]) -> String {
             m.tier.as_str(),
             m.importance,
             m.strength,
-            status_name(m.status),
+            m.status.as_str(),
             excerpt(&m.text, 200),
         ));
     }

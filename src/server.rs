@@ -42,7 +42,7 @@ use crate::api::{
     Updated,
 };
 use crate::listen::{Drained, Edge};
-use crate::mcp::{Caller, McpServer, Slots};
+use crate::mcp::{Caller, McpServer};
 use crate::metrics::Metrics;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -302,10 +302,54 @@ struct AppState {
     work: Option<tokio::runtime::Handle>,
 }
 
-/// Per class of route, the requests being answered at once ([`admit`]).
-struct Admission {
+/// Per class of work, the requests being answered at once: `/v1` routes ([`admit`]) and
+/// MCP tool calls take their slots here, so both count against the same limits.
+pub(crate) struct Admission {
     recalls: Arc<tokio::sync::Semaphore>,
     writes: Arc<tokio::sync::Semaphore>,
+    max_recalls: usize,
+    max_writes: usize,
+}
+
+/// What an admitted request does, for [`Admission::enter`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Work {
+    /// A recall or a knowledge search.
+    Recall,
+    /// A write: events, feedback, condensation, a status change or an archive.
+    Write,
+}
+
+impl Admission {
+    fn new(edge: &Edge) -> Self {
+        Admission {
+            recalls: Arc::new(tokio::sync::Semaphore::new(edge.max_recalls)),
+            writes: Arc::new(tokio::sync::Semaphore::new(edge.max_writes)),
+            max_recalls: edge.max_recalls,
+            max_writes: edge.max_writes,
+        }
+    }
+
+    /// A slot for `work`, held until dropped; past `[server] max_recalls` / `max_writes`
+    /// in flight, 503 `overloaded` with `Retry-After: 1`, at once.
+    pub(crate) fn enter(&self, work: Work) -> ApiResult<tokio::sync::OwnedSemaphorePermit> {
+        let (slots, what, limit) = match work {
+            Work::Recall => (&self.recalls, "recalls", self.max_recalls),
+            Work::Write => (&self.writes, "writes", self.max_writes),
+        };
+        slots.clone().try_acquire_owned().map_err(|_| {
+            let mut e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                format!(
+                    "the server is answering its limit of {limit} {what} at once \
+                     (server.max_{what}); retry after a second"
+                ),
+            );
+            e.retry_after = Some(1);
+            e
+        })
+    }
 }
 
 /// The routes of `DESIGN.md` §7: health and metrics, session events, recall, feedback,
@@ -356,10 +400,7 @@ fn router_with(
         metrics,
         edge,
         throttle: Arc::new(AuthThrottle::default()),
-        admission: Arc::new(Admission {
-            recalls: Arc::new(tokio::sync::Semaphore::new(edge.max_recalls)),
-            writes: Arc::new(tokio::sync::Semaphore::new(edge.max_writes)),
-        }),
+        admission: Arc::new(Admission::new(&edge)),
         work,
     };
     let mcp = mcp_service(&state, closing);
@@ -406,12 +447,7 @@ fn mcp_service(
         state.rt.clone(),
         state.limits.clone(),
         state.metrics.clone(),
-        Slots {
-            recalls: state.admission.recalls.clone(),
-            writes: state.admission.writes.clone(),
-            max_recalls: state.edge.max_recalls,
-            max_writes: state.edge.max_writes,
-        },
+        state.admission.clone(),
     );
     let mut config = StreamableHttpServerConfig::default()
         .with_cancellation_token(closing)
@@ -957,30 +993,20 @@ async fn admit(
     next: Next,
 ) -> Response {
     let route = matched.as_ref().map_or("", |m| m.as_str());
-    let (slots, what, limit) = match (request.method().as_str(), route) {
-        ("POST", "/v1/sessions/{session_id}/recall" | "/v1/knowledge/search") => {
-            (&s.admission.recalls, "recalls", s.edge.max_recalls)
-        }
+    let work = match (request.method().as_str(), route) {
+        ("POST", "/v1/sessions/{session_id}/recall" | "/v1/knowledge/search") => Work::Recall,
         (
             "POST" | "PATCH" | "DELETE",
             "/v1/sessions/{session_id}/events"
             | "/v1/sessions/{session_id}/feedback"
             | "/v1/sessions/{session_id}/condense"
             | "/v1/memories/{id}",
-        ) => (&s.admission.writes, "writes", s.edge.max_writes),
+        ) => Work::Write,
         _ => return answer_on(&s, request, next).await,
     };
-    let Ok(slot) = slots.clone().try_acquire_owned() else {
-        let mut e = ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "overloaded",
-            format!(
-                "the server is answering its limit of {limit} {what} at once (server.max_{what}); \
-                 retry after a second"
-            ),
-        );
-        e.retry_after = Some(1);
-        return closing(e);
+    let slot = match s.admission.enter(work) {
+        Ok(slot) => slot,
+        Err(e) => return closing(e),
     };
     let answer = answer_on(&s, request, next).await;
     drop(slot);

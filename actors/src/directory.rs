@@ -62,6 +62,20 @@ impl Directory {
             .ok_or_else(|| missing("the condenser"))
     }
 
+    /// Asks the condenser to condense `key`'s recent window, without waiting for it (the
+    /// session's own trigger, and callers that must not wait for an LLM summarizer).
+    pub fn condense_later(&self, key: &crate::session::SessionKey) -> Result<()> {
+        self.condenser()?
+            .send_message(CondenserMessage::Condense {
+                key: key.clone(),
+                reply: None,
+            })
+            .map_err(|e| Error::Unavailable {
+                what: "the condenser".into(),
+                message: e.to_string(),
+            })
+    }
+
     pub fn evaluator(&self) -> Result<ActorRef<EvaluatorMessage>> {
         self.read()
             .evaluator

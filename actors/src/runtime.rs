@@ -780,16 +780,7 @@ impl SessionHandle {
     /// a caller that must not wait for an LLM summarizer (MCP's `condense`). The condensed
     /// record appears in the timeline when it is written.
     pub fn condense_in_background(&self) -> Result<()> {
-        let condenser = self.runtime.inner.directory.condenser()?;
-        condenser
-            .send_message(CondenserMessage::Condense {
-                key: self.key.clone(),
-                reply: None,
-            })
-            .map_err(|e| Error::Unavailable {
-                what: "the condenser".into(),
-                message: e.to_string(),
-            })
+        self.runtime.inner.directory.condense_later(&self.key)
     }
 
     /// The session's newest `limit` records, newest first.

@@ -43,7 +43,6 @@ use shadowbrain_runtime::{
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::condenser::CondenserMessage;
 use crate::directory::Directory;
 use crate::knowledge::KnowledgeMessage;
 
@@ -104,18 +103,7 @@ impl SessionState {
         {
             return;
         }
-        let sent = self.args.directory.condenser().and_then(|condenser| {
-            condenser
-                .send_message(CondenserMessage::Condense {
-                    key: self.args.key.clone(),
-                    reply: None,
-                })
-                .map_err(|e| Error::Unavailable {
-                    what: "the condenser".into(),
-                    message: e.to_string(),
-                })
-        });
-        match sent {
+        match self.args.directory.condense_later(&self.args.key) {
             Ok(()) => self.backlog = (0, None),
             // Kept: the next write or tick asks again.
             Err(e) => tracing::warn!(error = %e, "condensation trigger not delivered"),
