@@ -437,10 +437,13 @@ pub struct Timeline {
 #[derive(Debug, Deserialize, ToSchema, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StatusIn {
-    /// `pinned`, `obsolete` or `active` (archive with DELETE).
+    /// `pinned`, `obsolete`, `wrong` or `active` (archive with DELETE).
     #[schema(value_type = String, example = "pinned")]
     #[schemars(with = "SettableStatusSchema")]
     pub status: Status,
+    /// Why, kept in the record's history with the change (at most 1024 bytes).
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 /// One audited change.
@@ -569,6 +572,7 @@ enum StatusName {
 pub(crate) enum SettableStatusSchema {
     Pinned,
     Obsolete,
+    Wrong,
     Active,
 }
 

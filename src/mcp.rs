@@ -255,11 +255,12 @@ impl McpServer {
                 answer(&Memory::from(record), text)
             }
             "mark" => {
-                let MarkArgs { id, status } = server::from_value("arguments", Value::Object(args))?;
+                let MarkArgs { id, status, reason } =
+                    server::from_value("arguments", Value::Object(args))?;
                 server::settable(status, "archive with the `forget` tool")?;
                 let record = rt
                     .memory(ns, id.parse()?)?
-                    .set_status(status, BY_MCP)
+                    .set_status_because(status, reason, BY_MCP)
                     .await?;
                 let memory = Memory::from(record);
                 let text = format!("{id} is now {}", status.as_str());
@@ -665,8 +666,10 @@ fn tools() -> Vec<Tool> {
             format!(
                 "Set a memory's status (`id`, `mem-…`): `pinned` (always kept, never fades), \
                  `obsolete` (kept for history, never recalled: for a fact that is no longer \
-                 true) or `active` (normal; also restores a forgotten memory). The change is \
-                 in the memory's history. {NAMESPACE_NOTE}"
+                 true), `wrong` (never recalled and counted as a failure: for a memory that \
+                 was never true or misled you) or `active` (normal; also restores a \
+                 forgotten memory). The change, with the `reason` you give, is in the \
+                 memory's history. {NAMESPACE_NOTE}"
             ),
         )
         .with_input_schema::<MarkArgs>()
@@ -1008,9 +1011,12 @@ struct MemoryArg {
 struct MarkArgs {
     /// The memory's id, `mem-…`.
     id: String,
-    /// `pinned`, `obsolete` or `active`.
+    /// `pinned`, `obsolete`, `wrong` or `active`.
     #[schemars(with = "crate::api::SettableStatusSchema")]
     status: Status,
+    /// Why (optional, kept in the memory's history; at most 1024 bytes).
+    #[serde(default)]
+    reason: Option<String>,
 }
 
 /// `timeline`'s arguments without the session.

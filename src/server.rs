@@ -1420,7 +1420,8 @@ async fn get_sessions(State(s): State<AppState>, ns: Namespace) -> ApiResult<Jso
     Ok(Json(Sessions { sessions }))
 }
 
-/// `PATCH /v1/memories/{id}`: `{"status":"pinned"|"obsolete"|"active"}`.
+/// `PATCH /v1/memories/{id}`: `{"status":"pinned"|"obsolete"|"wrong"|"active",
+/// "reason":"…"}` (the reason is optional and goes into the history).
 #[utoipa::path(patch, path = "/v1/memories/{id}", tag = "memories",
     params(("id" = String, Path, description = "`mem-…`")),
     request_body = StatusIn,
@@ -1440,7 +1441,9 @@ async fn patch_memory(
     let body: StatusIn = from_json("status", body)?;
     settable(body.status, "archive with DELETE")?;
     let memory = s.rt.memory(&ns.0, id.parse()?)?;
-    let record = memory.set_status(body.status, BY_API).await?;
+    let record = memory
+        .set_status_because(body.status, body.reason, BY_API)
+        .await?;
     Ok(Json(record.into()))
 }
 
@@ -1448,10 +1451,10 @@ async fn patch_memory(
 /// by `how_to_archive`).
 pub(crate) fn settable(status: Status, how_to_archive: &str) -> ApiResult<()> {
     match status {
-        Status::Pinned | Status::Obsolete | Status::Active => Ok(()),
-        _ => Err(ApiError::invalid(
+        Status::Pinned | Status::Obsolete | Status::Wrong | Status::Active => Ok(()),
+        Status::Archived => Err(ApiError::invalid(
             "status",
-            format!("set `pinned`, `obsolete` or `active`; {how_to_archive}"),
+            format!("set `pinned`, `obsolete`, `wrong` or `active`; {how_to_archive}"),
         )),
     }
 }

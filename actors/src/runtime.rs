@@ -822,13 +822,25 @@ impl MemoryHandle {
             .await
     }
 
-    /// Sets its status (`active`, `pinned`, `obsolete`, `archived`), audited as done by
-    /// `by`; answers the record as it is now.
+    /// Sets its status (`active`, `pinned`, `obsolete`, `archived`, `wrong`), audited as
+    /// done by `by`; answers the record as it is now.
     pub async fn set_status(&self, status: Status, by: &str) -> Result<MemoryRecord> {
+        self.set_status_because(status, None, by).await
+    }
+
+    /// [`MemoryHandle::set_status`] with the reason given, kept in its history (see
+    /// [`shadowbrain_runtime::Substrate::set_status_because`]: `wrong` also counts a
+    /// failure).
+    pub async fn set_status_because(
+        &self,
+        status: Status,
+        reason: Option<String>,
+        by: &str,
+    ) -> Result<MemoryRecord> {
         let (namespace, id, by) = (self.namespace.clone(), self.id, by.to_string());
         self.runtime
             .blocking("the memory", move |s| {
-                s.set_status(&namespace, id, status, &by)
+                s.set_status_because(&namespace, id, status, reason.as_deref(), &by)
             })
             .await
     }

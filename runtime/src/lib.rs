@@ -41,7 +41,7 @@ pub use clock::{
 pub use engine::{
     Condensed, EnrichWake, EvaluationReport, FeedbackReport, FeedbackTarget, Graph,
     IDEMPOTENCY_WINDOW, Idempotency, IndexKind, IndexPass, IndexingOptions, Judge, JudgeBatch,
-    JudgeItem, Judgement, KNOWLEDGE_SESSION, MAX_STRIKES, Outcome, PassageHit, Policies, Promotion,
+    JudgeItem, Judgement, KNOWLEDGE_SESSION, MAX_REASON_BYTES, MAX_STRIKES, Outcome, PassageHit, Policies, Promotion,
     RecallRequest, RecallResult, Recalled, Recorded, Substrate, SubstrateOptions, Summarizer,
     Summary, SummaryRequest, SweepReport, Verdict, Why, panic_message, quarantined_error,
 };
@@ -52,7 +52,7 @@ pub use model::{
 };
 pub use policy::Policy;
 pub use retrieval::Scope;
-pub use store::{Backend, QuarantineEntry, SessionStats, Strikes};
+pub use store::{Backend, Census, QuarantineEntry, SessionStats, Strikes};
 
 /// The parts under the [`Substrate`], for benchmarks, tests and tools that work on them
 /// directly: the store and its write sets, the indexes, text analysis, the pure recall

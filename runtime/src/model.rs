@@ -106,15 +106,20 @@ pub enum Status {
     Obsolete,
     /// Forgotten (soft-deleted): never recalled, recoverable until purged.
     Archived,
+    /// Judged wrong by a person or a client (with the reason in its history): never
+    /// recalled, kept for the record, and counted once as a failure in its utility. Last
+    /// so that the stored bytes of the other statuses are those of format 1.
+    Wrong,
 }
 
 impl Status {
     /// All statuses, in order.
-    pub const ALL: [Status; 4] = [
+    pub const ALL: [Status; 5] = [
         Status::Active,
         Status::Pinned,
         Status::Obsolete,
         Status::Archived,
+        Status::Wrong,
     ];
 
     /// Whether recall may return a record in this status.
@@ -129,6 +134,7 @@ impl Status {
             Status::Pinned => "pinned",
             Status::Obsolete => "obsolete",
             Status::Archived => "archived",
+            Status::Wrong => "wrong",
         }
     }
 }

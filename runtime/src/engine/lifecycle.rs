@@ -673,13 +673,17 @@ impl Substrate {
     }
 }
 
+/// The longest reason a status change may carry (it is kept in the record's history).
+pub const MAX_REASON_BYTES: usize = 1024;
+
 impl Substrate {
     /// Reads a record of `namespace` (another namespace's ids are not found).
     pub fn get(&self, namespace: &str, id: MemoryId) -> Result<MemoryRecord> {
         self.inner.store.get_in(namespace, id)
     }
 
-    /// Changes a record's status (`active`, `pinned`, `obsolete`, `archived`), audited.
+    /// Changes a record's status (`active`, `pinned`, `obsolete`, `archived`, `wrong`),
+    /// audited; [`Substrate::set_status_because`] with no reason.
     pub fn set_status(
         &self,
         namespace: &str,
@@ -687,6 +691,32 @@ impl Substrate {
         status: Status,
         by: &str,
     ) -> Result<MemoryRecord> {
+        self.set_status_because(namespace, id, status, None, by)
+    }
+
+    /// Changes a record's status with the reason a person or client gave, which goes into
+    /// its history with the change. Marking a record `wrong` also counts one failure in its
+    /// utility, in the same write: the evidence that it misled is kept even if the record
+    /// is later restored. Setting the status it already has changes nothing.
+    pub fn set_status_because(
+        &self,
+        namespace: &str,
+        id: MemoryId,
+        status: Status,
+        reason: Option<&str>,
+        by: &str,
+    ) -> Result<MemoryRecord> {
+        if let Some(reason) = reason
+            && reason.len() > MAX_REASON_BYTES
+        {
+            return Err(Error::invalid(
+                "reason",
+                format!(
+                    "is {} bytes; say why in at most {MAX_REASON_BYTES} bytes",
+                    reason.len()
+                ),
+            ));
+        }
         let r = self.inner.store.get_in(namespace, id)?;
         if r.status == status {
             return Ok(r);
@@ -697,6 +727,11 @@ impl Substrate {
         } else {
             AuditAction::StatusChanged
         };
+        let mut detail = format!("{} -> {}", r.status.as_str(), status.as_str());
+        if let Some(reason) = reason.map(str::trim).filter(|r| !r.is_empty()) {
+            detail.push_str(": ");
+            detail.push_str(reason);
+        }
         self.inner.store.write(WriteSet(vec![
             Mutation::Audit(
                 id,
@@ -704,13 +739,14 @@ impl Substrate {
                     at: now,
                     action,
                     by: by.into(),
-                    detail: format!("{} -> {}", r.status.as_str(), status.as_str()),
+                    detail,
                 },
             ),
             Mutation::Patch(
                 id,
                 RecordPatch {
                     status: Some((status, now)),
+                    add_failures: u32::from(status == Status::Wrong),
                     ..RecordPatch::default()
                 },
             ),

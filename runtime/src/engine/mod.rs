@@ -39,8 +39,8 @@ pub use indexing::{IndexKind, IndexPass};
 pub use ingest::{IDEMPOTENCY_WINDOW, Idempotency, Recorded};
 pub use knowledge::{Graph, KNOWLEDGE_SESSION, Promotion};
 pub use lifecycle::{
-    Condensed, FeedbackReport, FeedbackTarget, Outcome, Summarizer, Summary, SummaryRequest,
-    SweepReport,
+    Condensed, FeedbackReport, FeedbackTarget, MAX_REASON_BYTES, Outcome, Summarizer, Summary,
+    SummaryRequest, SweepReport,
 };
 pub use quarantine::{MAX_STRIKES, panic_message, quarantined_error};
 pub use recall::{PassageHit, RecallRequest, RecallResult, Recalled, Why};

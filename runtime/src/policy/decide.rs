@@ -242,7 +242,7 @@ impl Policy {
     ///
     /// - archived: purged once `now - status_at >= purge_archived_after` (whatever its kind:
     ///   archiving was already decided), else kept;
-    /// - obsolete (kept for history), pinned, and protected kinds: kept;
+    /// - obsolete and wrong (kept for history), pinned, and protected kinds: kept;
     /// - active: archived when its strength as of `now` is below `archive_below`, else
     ///   decayed when strength dropped by at least [`DECAY_STEP`], else kept.
     ///
@@ -257,7 +257,7 @@ impl Policy {
                     _ => ForgetDecision::Keep,
                 };
             }
-            Status::Obsolete | Status::Pinned => return ForgetDecision::Keep,
+            Status::Obsolete | Status::Wrong | Status::Pinned => return ForgetDecision::Keep,
             Status::Active => {}
         }
         if self.is_protected(record) {

@@ -34,7 +34,8 @@ pub struct Catalog {
     recallable: RoaringBitmap,
     /// Long records whose passages are stored.
     passages: RoaringBitmap,
-    archived: RoaringBitmap,
+    /// By status, in [`Status::ALL`] order.
+    statuses: [RoaringBitmap; 5],
     tiers: [RoaringBitmap; 3],
     namespaces: HashMap<String, Scoped>,
 }
@@ -45,6 +46,46 @@ struct Scoped {
     sessions: HashMap<String, RoaringBitmap>,
     agents: HashMap<String, RoaringBitmap>,
     kinds: HashMap<String, RoaringBitmap>,
+}
+
+/// How many records of one namespace are in each tier and status, and its sessions: what
+/// an overview shows, counted from the bitmaps without reading a record.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Census {
+    /// Records by tier (episodic, condensed, knowledge) and status ([`Status::ALL`] order).
+    pub by_tier_status: [[u64; 5]; 3],
+    /// Sessions with at least one record.
+    pub sessions: usize,
+}
+
+impl Census {
+    /// Every record counted.
+    pub fn total(&self) -> u64 {
+        self.by_tier_status.iter().flatten().sum()
+    }
+
+    /// Records of one tier, every status.
+    pub fn tier(&self, tier: Tier) -> u64 {
+        self.by_tier_status[tier_index(tier)].iter().sum()
+    }
+
+    /// Records of one status, every tier.
+    pub fn status(&self, status: Status) -> u64 {
+        self.by_tier_status
+            .iter()
+            .map(|t| t[status_index(status)])
+            .sum()
+    }
+}
+
+fn status_index(s: Status) -> usize {
+    match s {
+        Status::Active => 0,
+        Status::Pinned => 1,
+        Status::Obsolete => 2,
+        Status::Archived => 3,
+        Status::Wrong => 4,
+    }
 }
 
 fn tier_index(t: Tier) -> usize {
@@ -64,11 +105,7 @@ impl Catalog {
         } else {
             self.recallable.remove(n);
         }
-        if h.status == Status::Archived {
-            self.archived.insert(n);
-        } else {
-            self.archived.remove(n);
-        }
+        self.set_status_bit(n, h.status);
         self.tiers[tier_index(h.tier)].insert(n);
         let ns = self.namespaces.entry(h.namespace.clone()).or_default();
         ns.all.insert(n);
@@ -89,10 +126,16 @@ impl Catalog {
         } else {
             self.recallable.remove(id.0);
         }
-        if status == Status::Archived {
-            self.archived.insert(id.0);
-        } else {
-            self.archived.remove(id.0);
+        self.set_status_bit(id.0, status);
+    }
+
+    fn set_status_bit(&mut self, n: u32, status: Status) {
+        for (i, b) in self.statuses.iter_mut().enumerate() {
+            if i == status_index(status) {
+                b.insert(n);
+            } else {
+                b.remove(n);
+            }
         }
     }
 
@@ -101,7 +144,9 @@ impl Catalog {
         let n = id.0;
         self.recallable.remove(n);
         self.passages.remove(n);
-        self.archived.remove(n);
+        for b in &mut self.statuses {
+            b.remove(n);
+        }
         self.tiers[tier_index(h.tier)].remove(n);
         if let Some(ns) = self.namespaces.get_mut(&h.namespace) {
             ns.all.remove(n);
@@ -187,7 +232,31 @@ impl Catalog {
 
     /// Archived records (kept for history until purged).
     pub fn archived_len(&self) -> u64 {
-        self.archived.len()
+        self.statuses[status_index(Status::Archived)].len()
+    }
+
+    /// One namespace's records by tier and status, and its sessions.
+    pub fn census(&self, namespace: &str) -> Census {
+        let mut census = Census::default();
+        let Some(ns) = self.namespaces.get(namespace) else {
+            return census;
+        };
+        for (t, tier) in self.tiers.iter().enumerate() {
+            let in_tier = &ns.all & tier;
+            for (s, status) in self.statuses.iter().enumerate() {
+                census.by_tier_status[t][s] = in_tier.intersection_len(status);
+            }
+        }
+        census.sessions = ns.sessions.values().filter(|s| !s.is_empty()).count();
+        census
+    }
+
+    /// One namespace's records in `status`.
+    pub fn with_status(&self, namespace: &str, status: Status) -> RoaringBitmap {
+        match self.namespaces.get(namespace) {
+            Some(ns) => &ns.all & &self.statuses[status_index(status)],
+            None => RoaringBitmap::new(),
+        }
     }
 
     /// Number of records known.

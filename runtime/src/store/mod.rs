@@ -22,7 +22,7 @@ use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
 
-pub use catalog::{Catalog, Filter};
+pub use catalog::{Catalog, Census, Filter};
 pub use commit::CommitStats;
 pub use families::{Idempotent, QuarantineEntry, RememberedRecall, Strikes};
 pub use kv::{Backend, Visit, dir_disk_bytes};
@@ -809,6 +809,17 @@ impl Store {
     /// Archived records (soft-deleted or faded; kept for history until purged).
     pub fn archived_len(&self) -> u64 {
         self.catalog().archived_len()
+    }
+
+    /// One namespace's records by tier and status, and its sessions (from the catalog, no
+    /// record read).
+    pub fn census(&self, namespace: &str) -> Census {
+        self.catalog().census(namespace)
+    }
+
+    /// One namespace's records in `status`.
+    pub fn with_status(&self, namespace: &str, status: Status) -> roaring::RoaringBitmap {
+        self.catalog().with_status(namespace, status)
     }
 
     /// Write sets waiting for the commit thread (recall's reinforcement among them).
