@@ -246,6 +246,11 @@ impl Runtime {
         self.inner.config.llm.as_ref().map(|llm| llm.stats())
     }
 
+    /// The LLM layer (model, token budget, counters), when an LLM is configured.
+    pub fn llm(&self) -> Option<&Llm> {
+        self.inner.config.llm.as_deref()
+    }
+
     /// A handle on one session of a namespace. The session needs no creating: its actor
     /// starts on the first request. Ids are 1–128 characters of `A-Z a-z 0-9 _ . : -`.
     pub fn session(&self, namespace: &str, session: &str) -> Result<SessionHandle> {

@@ -166,6 +166,17 @@ pub struct RecallLog {
     pub at: Timestamp,
     /// The records it returned, best first.
     pub ids: Vec<MemoryId>,
+    /// Feedback on it that said it went well (absent: none, as in exports made before
+    /// feedback on recalls was kept apart).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub successes: u32,
+    /// Feedback on it that said it did not.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failures: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One line of an export.
@@ -358,13 +369,18 @@ pub fn export_extra(store: &Store, extra: Extra) -> Result<Option<Line>> {
             }
         }
         Extra::Recall(n) => match store.recall(n)? {
-            Some(r) => Some(Line::Recall(RecallLog {
-                id: recall_id(n),
-                namespace: r.namespace,
-                session: r.session,
-                at: r.at,
-                ids: r.ids,
-            })),
+            Some(r) => {
+                let (successes, failures) = store.recall_outcomes(n)?;
+                Some(Line::Recall(RecallLog {
+                    id: recall_id(n),
+                    namespace: r.namespace,
+                    session: r.session,
+                    at: r.at,
+                    ids: r.ids,
+                    successes,
+                    failures,
+                }))
+            }
             None => None,
         },
     })
@@ -1037,6 +1053,12 @@ impl Importer {
             });
         }
         self.writes.push(Mutation::RememberRecall(n, stored));
+        for success in std::iter::repeat_n(true, r.successes as usize)
+            .chain(std::iter::repeat_n(false, r.failures as usize))
+        {
+            self.writes
+                .push(Mutation::RecallOutcome { recall: n, success });
+        }
         Ok(Outcome::Imported)
     }
 

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 
-use super::Substrate;
+use super::{Substrate, recall_number};
 use crate::clock::{Timestamp, to_human};
 use crate::error::{Error, Result};
 use crate::model::{AuditAction, AuditEntry, Kind, MemoryId, MemoryRecord, Status, Tier};
@@ -616,6 +616,10 @@ impl Substrate {
             ),
             FeedbackTarget::Memories(ids) => (ids.clone(), "memory ids".to_string()),
         };
+        let recall = match target {
+            FeedbackTarget::Recall(recall_id) => recall_number(recall_id),
+            FeedbackTarget::Memories(_) => None,
+        };
         let policy = self.policy_for(namespace);
         let now = self.clock().now();
         // Read what recalls have queued (their reinforcement) before deciding on top of it.
@@ -654,6 +658,12 @@ impl Substrate {
                     ..RecordPatch::default()
                 },
             ));
+        }
+        if let Some(recall) = recall {
+            writes.push(Mutation::RecallOutcome {
+                recall,
+                success: outcome == Outcome::Success,
+            });
         }
         if !writes.0.is_empty() {
             self.store().write_async(writes).await?;

@@ -21,6 +21,7 @@
 mod evaluate;
 mod indexing;
 mod ingest;
+mod insights;
 mod knowledge;
 mod lifecycle;
 mod quarantine;
@@ -37,6 +38,7 @@ use std::time::Duration;
 pub use evaluate::{EvaluationReport, Judge, JudgeBatch, JudgeItem, Judgement, Verdict};
 pub use indexing::{IndexKind, IndexPass};
 pub use ingest::{IDEMPOTENCY_WINDOW, Idempotency, Recorded};
+pub use insights::{Counted, Fading, Insights, Superseded};
 pub use knowledge::{Graph, KNOWLEDGE_SESSION, Promotion};
 pub use lifecycle::{
     Condensed, FeedbackReport, FeedbackTarget, MAX_REASON_BYTES, Outcome, Summarizer, Summary,

@@ -48,6 +48,11 @@ impl TokenBudget {
         }
     }
 
+    /// Tokens each namespace may spend per hour; 0 means unlimited.
+    pub fn per_hour(&self) -> u64 {
+        self.per_hour
+    }
+
     /// Tokens `namespace` has spent in the hour holding `now`.
     pub fn spent(&self, namespace: &str, now: Timestamp) -> u64 {
         let hour = now.div_euclid(HOUR_MS);

@@ -686,6 +686,10 @@ impl Worker {
                     ));
                 }
                 Mutation::RememberRecall(n, recall) => ops.push(families::recall_op(n, &recall)),
+                Mutation::RecallOutcome { recall, success } => {
+                    let seq = self.seq();
+                    ops.push(families::recall_outcome_op(recall, seq, success));
+                }
                 Mutation::RememberIdempotent {
                     namespace,
                     key,

@@ -81,6 +81,13 @@ pub(super) fn recall_op(n: u32, recall: &RememberedRecall) -> Op {
     Op::Put(keys::recall(n).to_vec(), codec::encode(recall))
 }
 
+pub(super) fn recall_outcome_op(n: u32, seq: u64, success: bool) -> Op {
+    Op::Put(
+        keys::recall_outcome(n, seq).to_vec(),
+        vec![u8::from(success)],
+    )
+}
+
 /// The two entries of an idempotency key: by key (read by retries) and by time (read by
 /// expiry).
 pub(super) fn idempotent_ops(namespace: &str, key: &str, entry: &Idempotent) -> [Op; 2] {
@@ -151,6 +158,35 @@ impl Store {
         self.scan_prefix(&[layer::RECALL], &mut |k, v| match keys::id_from_key(k) {
             Some(n) => f(n.0, codec::decode(k, v)?),
             None => Ok(Visit::Continue),
+        })
+    }
+
+    /// How the feedback on recall `n` went: (successes, failures).
+    pub fn recall_outcomes(&self, n: u32) -> Result<(u32, u32)> {
+        let mut counts = (0, 0);
+        let prefix = &keys::recall_outcome(n, 0)[..5];
+        self.scan_prefix(prefix, &mut |_, v| {
+            if v.first() == Some(&1) {
+                counts.0 += 1;
+            } else {
+                counts.1 += 1;
+            }
+            Ok(Visit::Continue)
+        })?;
+        Ok(counts)
+    }
+
+    /// Every piece of feedback given on a recall id, in recall order: the recall's number
+    /// and whether it was a success.
+    pub fn for_each_recall_outcome(
+        &self,
+        mut f: impl FnMut(u32, bool) -> Result<Visit>,
+    ) -> Result<()> {
+        self.scan_prefix(&[layer::RECALL_OUTCOME], &mut |k, v| {
+            match keys::recall_outcome_number(k) {
+                Some(n) => f(n, v.first() == Some(&1)),
+                None => Ok(Visit::Continue),
+            }
         })
     }
 

@@ -137,6 +137,8 @@ pub mod layer {
     pub const IDEMPOTENT: u8 = 0x17;
     /// The same keys by the time they were written, so expired ones are found in order.
     pub const IDEMPOTENT_BY_TIME: u8 = 0x18;
+    /// Per recall and feedback: how a recall's feedback said it went (one entry each time).
+    pub const RECALL_OUTCOME: u8 = 0x19;
 }
 
 /// A namespace's idempotency key (keys are visible ASCII, never `0x00`).
@@ -229,6 +231,20 @@ pub fn recall(id: u32) -> [u8; 5] {
     let mut k = [layer::RECALL, 0, 0, 0, 0];
     k[1..].copy_from_slice(&id.to_be_bytes());
     k
+}
+
+/// One piece of feedback on recall `n` (`seq` from the shared sequence keeps each apart).
+pub fn recall_outcome(n: u32, seq: u64) -> [u8; 13] {
+    let mut k = [0; 13];
+    k[0] = layer::RECALL_OUTCOME;
+    k[1..5].copy_from_slice(&n.to_be_bytes());
+    k[5..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// The recall number of a [`recall_outcome`] key.
+pub fn recall_outcome_number(key: &[u8]) -> Option<u32> {
+    key.get(1..5)?.try_into().ok().map(u32::from_be_bytes)
 }
 
 /// When the last decay sweep ran (runtime clock).

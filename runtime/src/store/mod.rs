@@ -142,6 +142,14 @@ pub enum Mutation {
     TruncateChanges(u64),
     /// Remember what recall number `n` returned, for feedback on its recall id.
     RememberRecall(u32, RememberedRecall),
+    /// Feedback on recall number `n`: whether it went well (kept apart from each
+    /// record's utility, so that what successful recalls returned can be counted).
+    RecallOutcome {
+        /// The recall's number.
+        recall: u32,
+        /// Success (else failure).
+        success: bool,
+    },
     /// Remember what a write sent with an idempotency key did (written with the write).
     RememberIdempotent {
         /// The namespace the key belongs to.

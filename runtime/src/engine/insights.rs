@@ -1,0 +1,218 @@
+//! What a namespace's memory has been doing, for a person looking at it: the records recall
+//! returned most, those feedback found most useful, those most often part of a recall that
+//! went well, those about to fade into the archive, and those lately retired (archived,
+//! obsolete, wrong) or superseded. Read-only: it never changes a record, so looking does
+//! not disturb what it shows.
+//!
+//! One pass over the namespace's records (headers and scores, never embeddings) and one
+//! over the remembered recalls; the dashboard runs it off the async workers and keeps the
+//! answer for a little while.
+
+use std::collections::{HashMap, HashSet};
+
+use super::Substrate;
+use crate::clock::Timestamp;
+use crate::error::Result;
+use crate::model::{MemoryId, MemoryRecord, Relation, Status};
+use crate::policy::Policy;
+use crate::store::{Filter, Visit};
+
+/// How far ahead [`Fading::archive_at`] is looked for: past it, a record is not fading.
+const FADING_HORIZON_MS: i64 = 10 * 365 * 24 * 3_600_000;
+
+/// A record with a count: how many recalls returned it, or how many successful ones did.
+#[derive(Debug, Clone)]
+pub struct Counted {
+    /// The record (without its embedding).
+    pub record: MemoryRecord,
+    /// The count.
+    pub times: u64,
+}
+
+/// A record on its way to the archive under the policy's forgetting curve.
+#[derive(Debug, Clone)]
+pub struct Fading {
+    /// The record (without its embedding).
+    pub record: MemoryRecord,
+    /// Its strength now, after decay.
+    pub strength_now: f32,
+    /// When its strength falls below the policy's `archive_below` if nothing reinforces it
+    /// (the next decay sweep after this archives it).
+    pub archive_at: Timestamp,
+}
+
+/// A record another one replaces (a `supersedes` edge).
+#[derive(Debug, Clone)]
+pub struct Superseded {
+    /// The older record.
+    pub record: MemoryRecord,
+    /// The record that replaces it.
+    pub by: MemoryId,
+}
+
+/// What [`Substrate::insights`] found.
+#[derive(Debug, Clone, Default)]
+pub struct Insights {
+    /// Returned by the most recalls.
+    pub most_recalled: Vec<Counted>,
+    /// The most success feedback (ties: the better success share).
+    pub most_useful: Vec<MemoryRecord>,
+    /// Returned by the most recalls whose feedback said they went well.
+    pub in_successful_recalls: Vec<Counted>,
+    /// Active records that will be archived soonest if nothing reinforces them.
+    pub fading: Vec<Fading>,
+    /// Archived, obsolete or wrong, most recent change first.
+    pub retired: Vec<MemoryRecord>,
+    /// Replaced by a newer record.
+    pub superseded: Vec<Superseded>,
+    /// Records read.
+    pub records: u64,
+    /// Remembered recalls of the namespace read.
+    pub recalls: u64,
+}
+
+impl Substrate {
+    /// [`Insights`] on `namespace` as of `now`, at most `limit` entries per list.
+    pub fn insights(&self, namespace: &str, now: Timestamp, limit: usize) -> Result<Insights> {
+        let store = self.store();
+        let policy = self.policy_for(namespace);
+        let mut successful = HashSet::new();
+        store.for_each_recall_outcome(|n, success| {
+            if success {
+                successful.insert(n);
+            }
+            Ok(Visit::Continue)
+        })?;
+        let mut recalled: HashMap<MemoryId, u64> = HashMap::new();
+        let mut in_success: HashMap<MemoryId, u64> = HashMap::new();
+        let mut recalls = 0;
+        store.for_each_recall(|n, recall| {
+            if recall.namespace == namespace {
+                recalls += 1;
+                let good = successful.contains(&n);
+                for id in recall.ids {
+                    *recalled.entry(id).or_default() += 1;
+                    if good {
+                        *in_success.entry(id).or_default() += 1;
+                    }
+                }
+            }
+            Ok(Visit::Continue)
+        })?;
+
+        let ids = store.candidates(&Filter {
+            namespace,
+            ..Filter::default()
+        });
+        let mut useful = Vec::new();
+        let mut fading = Vec::new();
+        let mut retired = Vec::new();
+        let mut records = 0;
+        for id in ids.iter().map(MemoryId) {
+            let Some(r) = store.get_light(id)? else {
+                continue;
+            };
+            records += 1;
+            if r.utility.successes > 0 {
+                useful.push((r.utility.successes, r.utility.mean(), id));
+            }
+            match r.status {
+                Status::Active if !policy.is_protected(&r) => {
+                    let strength = policy.strength_at(&r, now);
+                    if strength >= policy.forgetting.archive_below {
+                        fading.push((strength, id));
+                    }
+                }
+                Status::Archived | Status::Obsolete | Status::Wrong => {
+                    retired.push((r.status_at, id));
+                }
+                _ => {}
+            }
+        }
+        useful.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)).then(a.2.cmp(&b.2)));
+        fading.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        retired.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
+
+        let light = |id: MemoryId| store.get_light(id);
+        let mut out = Insights {
+            records,
+            recalls,
+            ..Insights::default()
+        };
+        out.most_recalled = top_counted(&recalled, limit, light)?;
+        out.in_successful_recalls = top_counted(&in_success, limit, light)?;
+        for &(_, _, id) in useful.iter().take(limit) {
+            out.most_useful.extend(light(id)?);
+        }
+        for &(strength, id) in &fading {
+            if out.fading.len() == limit {
+                break;
+            }
+            let Some(record) = light(id)? else { continue };
+            // Strength only falls between reinforcements: the crossing is found by halving.
+            if let Some(archive_at) = archive_time(&policy, &record, now) {
+                out.fading.push(Fading {
+                    record,
+                    strength_now: strength,
+                    archive_at,
+                });
+            }
+        }
+        for &(_, id) in retired.iter().take(limit) {
+            out.retired.extend(light(id)?);
+        }
+        for edge in store.edges(namespace, None)? {
+            if edge.relation == Relation::Supersedes && out.superseded.len() < limit {
+                if let Some(record) = light(edge.to)? {
+                    out.superseded.push(Superseded {
+                        record,
+                        by: edge.from,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The `limit` ids with the highest counts (ties: the lower id first), with their records.
+fn top_counted(
+    counts: &HashMap<MemoryId, u64>,
+    limit: usize,
+    light: impl Fn(MemoryId) -> Result<Option<MemoryRecord>>,
+) -> Result<Vec<Counted>> {
+    let mut ranked: Vec<(u64, MemoryId)> = counts.iter().map(|(id, n)| (*n, *id)).collect();
+    ranked.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut out = Vec::new();
+    for (times, id) in ranked {
+        if out.len() == limit {
+            break;
+        }
+        // A record purged since the recall is no longer there to show.
+        if let Some(record) = light(id)? {
+            out.push(Counted { record, times });
+        }
+    }
+    Ok(out)
+}
+
+/// When `record`'s strength falls below the policy's `archive_below`, within
+/// [`FADING_HORIZON_MS`] of `now`; `None` when it stays above it that long (or
+/// archiving is off).
+fn archive_time(policy: &Policy, record: &MemoryRecord, now: Timestamp) -> Option<Timestamp> {
+    let below = |t| policy.strength_at(record, t) < policy.forgetting.archive_below;
+    let (mut lo, mut hi) = (now, now.saturating_add(FADING_HORIZON_MS));
+    if !below(hi) {
+        return None;
+    }
+    // To the second: 40 halvings of ten years.
+    while hi - lo > 1_000 {
+        let mid = lo + (hi - lo) / 2;
+        if below(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Some(hi)
+}
