@@ -227,7 +227,7 @@ pub struct Memory {
     pub reinforcements: u32,
     /// Feedback counts.
     pub utility: UtilityOut,
-    /// `active`, `pinned`, `obsolete` or `archived`.
+    /// `active`, `pinned`, `obsolete`, `archived` or `wrong`.
     #[schema(value_type = String, example = "active")]
     #[schemars(with = "StatusName")]
     pub status: Status,
@@ -563,6 +563,7 @@ enum StatusName {
     Pinned,
     Obsolete,
     Archived,
+    Wrong,
 }
 
 /// A status a caller may set (archiving is its own operation).

@@ -343,6 +343,12 @@ impl Metrics {
         self.recalls.inc();
     }
 
+    /// Events written and recalls answered since start (what the dashboard turns into
+    /// rates).
+    pub fn served(&self) -> (u64, u64) {
+        (self.events.get(), self.recalls.get())
+    }
+
     /// Counts one MCP tool call: `tool` is one of the contract's names (anything else is
     /// counted as `unknown`, so a client cannot grow the label set).
     pub fn tool_call(&self, tool: &str, ok: bool) {

@@ -36,6 +36,8 @@ use sha2::{Digest, Sha256};
 use tracing::Instrument;
 use utoipa::OpenApi;
 
+mod dashboard;
+
 use crate::api::{
     CondenseOut, ErrorBody, ErrorDetail, EventsIn, FeedbackIn, Graph, Health, History, Ids,
     KnowledgeSearchIn, Memory, PolicyOut, RecallIn, RecallOut, Sessions, StatusIn, Timeline,
@@ -300,6 +302,8 @@ struct AppState {
     /// Where admitted requests are answered, when not on the connections' own runtime
     /// (see [`serve`]).
     work: Option<tokio::runtime::Handle>,
+    /// The dashboard's sign-ins, rates and cached insights.
+    ui: Arc<dashboard::Ui>,
 }
 
 /// Per class of work, the requests being answered at once: `/v1` routes ([`admit`]) and
@@ -402,6 +406,7 @@ fn router_with(
         throttle: Arc::new(AuthThrottle::default()),
         admission: Arc::new(Admission::new(&edge)),
         work,
+        ui: Arc::new(dashboard::Ui::new()),
     };
     let mcp = mcp_service(&state, closing);
     Router::new()
@@ -423,6 +428,7 @@ fn router_with(
         .route("/v1/policy/reload", post(post_policy_reload))
         .route("/metrics", get(get_metrics))
         .route("/openapi.json", get(get_openapi))
+        .merge(dashboard::routes())
         .route_service(
             "/mcp",
             axum::routing::any_service(mcp)
@@ -633,18 +639,29 @@ fn is_json(content_type: &str) -> bool {
         || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
+/// `application/x-www-form-urlencoded`, with any parameters.
+fn is_form(content_type: &str) -> bool {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+}
+
 /// Gives every error answer made inside the router the contract's shape: axum's own
 /// rejections (a 405 for a method a route does not have, a path segment that is not
 /// UTF-8, …) come as empty or plain-text bodies. Their text, when they have one, becomes
 /// the message; the code follows the status.
 async fn errors_in_the_contract_shape(response: Response) -> Response {
     let status = response.status();
-    let is_json = response
+    // The dashboard's error pages are for people: HTML, shown as they are.
+    let shaped = response
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
-    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        .is_some_and(|v| v.starts_with("application/json") || v.starts_with("text/html"));
+    if !(status.is_client_error() || status.is_server_error()) || shaped {
         return response;
     }
     let (mut parts, body) = response.into_parts();
@@ -710,9 +727,12 @@ async fn guard_body(State(s): State<AppState>, request: Request, next: Next) -> 
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
         .map(|v| v.to_str().unwrap_or("?").to_string());
+    // The dashboard's forms post as browsers do.
+    let form = request.uri().path().starts_with("/ui/");
     if let Some(kind) = declared_type
         && declared.is_none_or(|n| n > 0)
         && !is_json(&kind)
+        && !(form && is_form(&kind))
     {
         return closing(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,

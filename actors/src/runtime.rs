@@ -246,6 +246,18 @@ impl Runtime {
         self.inner.config.llm.as_ref().map(|llm| llm.stats())
     }
 
+    /// Runs `read` on the substrate off the async workers (store and index reads are
+    /// synchronous), bounded by the call timeout like every other call: for a door that
+    /// shows what the store holds (the dashboard's listings and insights) without an actor
+    /// in the way. `what` names the read in a timeout's error.
+    pub async fn inspect<T: Send + 'static>(
+        &self,
+        what: &str,
+        read: impl FnOnce(&Substrate) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        self.blocking(what, read).await
+    }
+
     /// The LLM layer (model, token budget, counters), when an LLM is configured.
     pub fn llm(&self) -> Option<&Llm> {
         self.inner.config.llm.as_deref()

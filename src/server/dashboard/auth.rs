@@ -1,0 +1,451 @@
+//! Who is looking: signing in with an API key, the session cookie that stands for it, the
+//! CSRF token every form carries, and the checks on a state-changing request. The key
+//! itself is read once, at sign-in, and never stored or sent back; the cookie holds a
+//! random token whose SHA-256 names the sign-in in memory.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use axum::extract::rejection::FormRejection;
+use axum::extract::{ConnectInfo, Form, FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use maud::html;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::{UiError, page, redirect};
+use crate::server::{AppState, DEFAULT_NAMESPACE, Role};
+
+/// The cookie that carries a sign-in's token.
+const COOKIE: &str = "shadowbrain_ui";
+
+/// How long a sign-in lasts.
+const SIGN_IN_FOR: Duration = Duration::from_secs(12 * 3600);
+
+/// Sign-ins kept at most; past it the one closest to expiry makes room.
+const MAX_SIGN_INS: usize = 10_000;
+
+/// The sign-ins in force, by the SHA-256 of their token.
+pub(super) struct Logins {
+    map: Mutex<HashMap<[u8; 32], SignIn>>,
+    /// The forms' token while no keys are configured (random per start).
+    open_csrf: String,
+}
+
+#[derive(Debug, Clone)]
+struct SignIn {
+    namespace: String,
+    role: Role,
+    csrf: String,
+    expires: Instant,
+}
+
+impl Logins {
+    pub(super) fn new() -> Self {
+        Logins {
+            map: Mutex::new(HashMap::new()),
+            open_csrf: random_token(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], SignIn>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new sign-in for a key's namespace and role: its token (for the cookie).
+    fn start(&self, namespace: String, role: Role) -> String {
+        let token = random_token();
+        let now = Instant::now();
+        let mut map = self.lock();
+        map.retain(|_, s| s.expires > now);
+        if map.len() >= MAX_SIGN_INS
+            && let Some(oldest) = map.iter().min_by_key(|(_, s)| s.expires).map(|(k, _)| *k)
+        {
+            map.remove(&oldest);
+        }
+        map.insert(
+            digest(&token),
+            SignIn {
+                namespace,
+                role,
+                csrf: random_token(),
+                expires: now + SIGN_IN_FOR,
+            },
+        );
+        token
+    }
+
+    fn find(&self, token: &str) -> Option<SignIn> {
+        let now = Instant::now();
+        self.lock()
+            .get(&digest(token))
+            .filter(|s| s.expires > now)
+            .cloned()
+    }
+
+    fn end(&self, token: &str) {
+        self.lock().remove(&digest(token));
+    }
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// 32 random bytes, hex.
+fn random_token() -> String {
+    let mut bytes = [0u8; 32];
+    // The operating system's generator; without it no token would be safe to hand out.
+    getrandom::fill(&mut bytes).expect("the operating system's random generator failed");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The visitor of a dashboard page: the namespace shown, the role, and the token the
+/// page's forms must carry. Without keys configured, a loopback visitor in `default` with
+/// every operation; with keys, whoever signed in (otherwise the sign-in page answers).
+#[derive(Debug, Clone)]
+pub(in crate::server) struct Viewer {
+    /// The namespace every view shows.
+    pub(in crate::server) namespace: String,
+    /// What the visitor may do beyond the namespace's data.
+    pub(in crate::server) role: Role,
+    /// The CSRF token of this visitor's forms.
+    pub(in crate::server) csrf: String,
+    /// Whether the visitor signed in with a key (and can sign out).
+    pub(in crate::server) signed_in: bool,
+}
+
+impl Viewer {
+    /// Whether the server-wide figures and operations are shown.
+    pub(in crate::server) fn admin(&self) -> bool {
+        self.role == Role::Admin
+    }
+}
+
+impl FromRequestParts<AppState> for Viewer {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Self, Response> {
+        if !s.auth.required() {
+            // A keyless server listens on loopback only; a page elsewhere that makes a
+            // browser resolve its own name to 127.0.0.1 (DNS rebinding) is refused here.
+            if !loopback_host(&parts.headers) {
+                return Err(UiError::new(
+                    StatusCode::FORBIDDEN,
+                    "forbidden_host",
+                    "a server without API keys shows its dashboard at a loopback name only \
+                     (localhost, 127.0.0.1, [::1]); configure keys to serve it under another",
+                )
+                .into_response());
+            }
+            return Ok(Viewer {
+                namespace: DEFAULT_NAMESPACE.to_string(),
+                role: Role::Admin,
+                csrf: s.ui.logins.open_csrf.clone(),
+                signed_in: false,
+            });
+        }
+        match cookie_token(&parts.headers).and_then(|t| s.ui.logins.find(&t)) {
+            Some(sign_in) => Ok(Viewer {
+                namespace: sign_in.namespace,
+                role: sign_in.role,
+                csrf: sign_in.csrf,
+                signed_in: true,
+            }),
+            None => {
+                let next = match parts.method {
+                    axum::http::Method::GET => parts
+                        .uri
+                        .path_and_query()
+                        .map_or("/".to_string(), |p| p.as_str().to_string()),
+                    _ => "/".to_string(),
+                };
+                Err(sign_in_page(&next, None, StatusCode::UNAUTHORIZED))
+            }
+        }
+    }
+}
+
+/// Whether the `Host` names this machine's loopback (or is absent, as from HTTP/1.0).
+fn loopback_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+        return headers.get(header::HOST).is_none();
+    };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    }
+    .to_ascii_lowercase();
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name
+            .parse::<IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+fn cookie_token(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| value.to_string())
+}
+
+/// Refuses a state change this server's own page did not send: a cross-site
+/// `Sec-Fetch-Site`, an `Origin` other than this server, or a CSRF token other than the
+/// visitor's.
+pub(super) fn check_form(viewer: &Viewer, headers: &HeaderMap, csrf: &str) -> Result<(), UiError> {
+    same_origin(headers)?;
+    let (a, b) = (csrf.as_bytes(), viewer.csrf.as_bytes());
+    // Compared in full whatever differs first, so the time taken says nothing of the token.
+    let same = a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0;
+    if !same {
+        return Err(UiError::new(
+            StatusCode::FORBIDDEN,
+            "csrf",
+            "this form did not come from this dashboard's own page (its token is missing or \
+             stale); reload the page and submit it again",
+        ));
+    }
+    Ok(())
+}
+
+fn same_origin(headers: &HeaderMap) -> Result<(), UiError> {
+    let cross = || {
+        UiError::new(
+            StatusCode::FORBIDDEN,
+            "cross_site",
+            "another site's page sent this request; the dashboard takes changes from its own \
+             pages only",
+        )
+    };
+    let text = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
+    if let Some(site) = text(header::HeaderName::from_static("sec-fetch-site"))
+        && !matches!(site, "same-origin" | "none")
+    {
+        return Err(cross());
+    }
+    if let Some(origin) = text(header::ORIGIN) {
+        let host = origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"));
+        let this = text(header::HOST);
+        if !matches!((host, this), (Some(h), Some(t)) if h.eq_ignore_ascii_case(t)) {
+            return Err(cross());
+        }
+    }
+    Ok(())
+}
+
+/// Where to go after signing in: a path of this server only (never another site).
+fn safe_next(next: Option<&str>) -> String {
+    match next {
+        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => {
+            n.to_string()
+        }
+        _ => "/".to_string(),
+    }
+}
+
+/// The sign-in page: a key prompt and nothing else.
+fn sign_in_page(next: &str, error: Option<&str>, status: StatusCode) -> Response {
+    let body = page::bare(
+        "Sign in",
+        html! {
+            h1 { "Sign in to shadowbrain" }
+            p { "This server has API keys. Enter one to see its namespace; an admin key also \
+                 shows the server's figures." }
+            @if let Some(error) = error {
+                p.error role="alert" { (error) }
+            }
+            form.signin method="post" action="/ui/login" {
+                input type="hidden" name="next" value=(next);
+                label for="key" { "API key" }
+                input #key type="password" name="key" required autocomplete="off" autofocus;
+                button type="submit" { "Sign in" }
+            }
+        },
+    );
+    (status, axum::response::Html(body.into_string())).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct NextQuery {
+    next: Option<String>,
+}
+
+/// `GET /ui/login`: the key prompt (or, when already signed in or no keys are
+/// configured, straight on).
+pub(super) async fn login_page(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    query: axum::extract::Query<NextQuery>,
+) -> Response {
+    let next = safe_next(query.next.as_deref());
+    let signed_in = cookie_token(&headers).is_some_and(|t| s.ui.logins.find(&t).is_some());
+    if !s.auth.required() || signed_in {
+        return redirect(&next);
+    }
+    sign_in_page(&next, None, StatusCode::OK)
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct SignInForm {
+    key: String,
+    next: Option<String>,
+}
+
+/// The client's address, for the failed-sign-in throttle.
+pub(super) struct ClientIp(Option<IpAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for ClientIp {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(ClientIp(
+            parts
+                .extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|c| c.0.ip()),
+        ))
+    }
+}
+
+/// `POST /ui/login`: checks the key as `/v1` would (same failed-attempt throttle), then
+/// sets the session cookie and goes on to `next`.
+pub(super) async fn login(
+    State(s): State<AppState>,
+    ClientIp(ip): ClientIp,
+    headers: HeaderMap,
+    form: Result<Form<SignInForm>, FormRejection>,
+) -> Response {
+    if let Err(e) = same_origin(&headers) {
+        return e.into_response();
+    }
+    let Ok(Form(form)) = form else {
+        return sign_in_page("/", Some("The form was incomplete; enter a key."), StatusCode::BAD_REQUEST);
+    };
+    let next = safe_next(form.next.as_deref());
+    if !s.auth.required() {
+        return redirect(&next);
+    }
+    let now = Instant::now();
+    if let Some(wait) = ip.and_then(|ip| s.throttle.blocked(ip, now)) {
+        let message = format!(
+            "Too many failed sign-ins from this address; wait {}s and try again.",
+            wait.as_secs().max(1)
+        );
+        return sign_in_page(&next, Some(&message), StatusCode::TOO_MANY_REQUESTS);
+    }
+    let bearer = format!("Bearer {}", form.key.trim());
+    match s.auth.caller(Some(&bearer)) {
+        Ok((namespace, role)) => {
+            let token = s.ui.logins.start(namespace, role);
+            let mut answer = redirect(&next);
+            let cookie = format!(
+                "{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+                SIGN_IN_FOR.as_secs()
+            );
+            if let Ok(value) = HeaderValue::from_str(&cookie) {
+                answer.headers_mut().insert(header::SET_COOKIE, value);
+            }
+            answer
+        }
+        Err(_) => {
+            if let Some(ip) = ip {
+                s.throttle.failed(ip, now);
+            }
+            sign_in_page(
+                &next,
+                Some("That key is not one of this server's keys."),
+                StatusCode::UNAUTHORIZED,
+            )
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct CsrfForm {
+    pub(super) csrf: String,
+}
+
+/// `POST /ui/logout`: ends the sign-in and clears the cookie.
+pub(super) async fn logout(
+    State(s): State<AppState>,
+    viewer: Viewer,
+    headers: HeaderMap,
+    form: Result<Form<CsrfForm>, FormRejection>,
+) -> Response {
+    let csrf = form.map(|Form(f)| f.csrf).unwrap_or_default();
+    if let Err(e) = check_form(&viewer, &headers, &csrf) {
+        return e.into_response();
+    }
+    if let Some(token) = cookie_token(&headers) {
+        s.ui.logins.end(&token);
+    }
+    let mut answer = redirect("/ui/login");
+    answer.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_static("shadowbrain_ui=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
+    );
+    answer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(name: header::HeaderName, value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(name, HeaderValue::from_str(value).unwrap());
+        h
+    }
+
+    #[test]
+    fn only_loopback_names_pass_the_keyless_host_check() {
+        for ok in ["localhost:7420", "127.0.0.1:7420", "[::1]:7420", "a.localhost", "127.0.0.1"] {
+            assert!(loopback_host(&with(header::HOST, ok)), "{ok}");
+        }
+        for bad in ["evil.example:7420", "10.0.0.1:7420", "localhost.evil.example", "[fe80::1]:1"] {
+            assert!(!loopback_host(&with(header::HOST, bad)), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_next_page_is_always_on_this_server() {
+        assert_eq!(safe_next(Some("/ui/search?query=x")), "/ui/search?query=x");
+        for bad in ["//evil.example/", "https://evil.example/", "/\\evil.example", "ui"] {
+            assert_eq!(safe_next(Some(bad)), "/", "{bad}");
+        }
+        assert_eq!(safe_next(None), "/");
+    }
+
+    #[test]
+    fn a_cross_site_request_is_refused_and_a_same_origin_one_passes() {
+        let mut h = with(header::HOST, "127.0.0.1:7420");
+        assert!(same_origin(&h).is_ok());
+        h.insert(header::ORIGIN, HeaderValue::from_static("http://127.0.0.1:7420"));
+        assert!(same_origin(&h).is_ok());
+        h.insert(header::ORIGIN, HeaderValue::from_static("http://evil.example"));
+        assert!(same_origin(&h).is_err());
+        h.insert(header::ORIGIN, HeaderValue::from_static("null"));
+        assert!(same_origin(&h).is_err());
+        let mut h = with(header::HOST, "127.0.0.1:7420");
+        h.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
+        assert!(same_origin(&h).is_err());
+    }
+
+    #[test]
+    fn the_cookie_token_is_read_among_other_cookies() {
+        let h = with(header::COOKIE, "a=1; shadowbrain_ui=abc; b=2");
+        assert_eq!(cookie_token(&h).as_deref(), Some("abc"));
+        assert_eq!(cookie_token(&HeaderMap::new()), None);
+    }
+}

@@ -1,0 +1,174 @@
+//! `/ui/insights`: what the namespace's memory has been doing ([`crate::Insights`]): most
+//! recalled, most useful (success feedback), most often part of successful recalls, about
+//! to be archived by decay, and lately retired or superseded. Computing them reads every
+//! record of the namespace, so the answer is kept for [`FRESH_FOR`] and the page says when
+//! it was computed and how long that took; `?fresh=1` computes anew.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Query, State};
+use maud::{Markup, html};
+use serde::Deserialize;
+
+use super::page::{self, Nav};
+use super::{UiResult, Viewer, html};
+use crate::server::AppState;
+use crate::{Insights, MemoryRecord};
+
+/// How long computed insights are shown before they are computed again.
+const FRESH_FOR: Duration = Duration::from_secs(30);
+
+/// Entries per list.
+const TOP: usize = 20;
+
+/// Insights computed for one namespace.
+pub(super) struct Cached {
+    insights: Arc<Insights>,
+    at: Instant,
+    took: Duration,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct InsightsQuery {
+    fresh: Option<String>,
+}
+
+/// `GET /ui/insights`.
+pub(super) async fn page(
+    State(s): State<AppState>,
+    viewer: Viewer,
+    Query(query): Query<InsightsQuery>,
+) -> UiResult {
+    let cached = {
+        let cache = s.ui.insights.lock().unwrap_or_else(|p| p.into_inner());
+        cache
+            .get(&viewer.namespace)
+            .filter(|c| c.at.elapsed() < FRESH_FOR && query.fresh.is_none())
+            .map(|c| (c.insights.clone(), c.at, c.took))
+    };
+    let (insights, at, took) = match cached {
+        Some(c) => c,
+        None => {
+            let ns = viewer.namespace.clone();
+            let now = s.rt.substrate().clock().now();
+            let started = Instant::now();
+            let insights = Arc::new(
+                s.rt.inspect("the insights", move |sub| sub.insights(&ns, now, TOP))
+                    .await?,
+            );
+            let took = started.elapsed();
+            s.ui.insights
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(
+                    viewer.namespace.clone(),
+                    Cached {
+                        insights: insights.clone(),
+                        at: started,
+                        took,
+                    },
+                );
+            (insights, started, took)
+        }
+    };
+    let i = &insights;
+    let body = html! {
+        p.small {
+            "From " (i.records) " records and " (i.recalls) " remembered recalls, computed "
+            (format!("{:.0}", at.elapsed().as_secs_f64())) " s ago in "
+            (format!("{:.0}", took.as_secs_f64() * 1e3)) " ms. "
+            a href="/ui/insights?fresh=1" { "Compute again" }
+        }
+        div.grid {
+            (counted("Most recalled", "times returned", &i.most_recalled))
+            (list("Most useful", "success feedback", &i.most_useful, |r| html! {
+                (r.utility.successes) " successes, " (r.utility.failures) " failures"
+            }))
+            (counted("Most often in successful recalls", "successful recalls", &i.in_successful_recalls))
+            (section("About to be archived by decay", html! {
+                @if i.fading.is_empty() { p { "Nothing is fading: no active, unprotected record will fall below the policy's archive threshold in ten years." } }
+                @else {
+                    ol.insight {
+                        @for f in &i.fading {
+                            li {
+                                (page::memory_link(f.record.id)) " " span.text { (page::short(&f.record.text, 120)) }
+                                br;
+                                span.small { "strength " (format!("{:.3}", f.strength_now)) " now; archived after " (page::when(f.archive_at)) " unless recalled" }
+                            }
+                        }
+                    }
+                }
+            }))
+            (list("Recently retired", "archived, obsolete or wrong", &i.retired, |r| html! {
+                (page::status(r.status)) " " (page::when(r.status_at))
+            }))
+            (section("Superseded", html! {
+                @if i.superseded.is_empty() { p { "No record is superseded by another." } }
+                @else {
+                    ol.insight {
+                        @for s in &i.superseded {
+                            li {
+                                (page::memory_link(s.record.id)) " " span.text { (page::short(&s.record.text, 120)) }
+                                br; span.small { "superseded by " (page::memory_link(s.by)) }
+                            }
+                        }
+                    }
+                }
+            }))
+        }
+    };
+    Ok(html(page::page("Insights", &viewer, Nav::Insights, body)))
+}
+
+fn section(title: &str, content: Markup) -> Markup {
+    html! {
+        section.card {
+            h2 { (title) }
+            (content)
+        }
+    }
+}
+
+fn counted(title: &str, unit: &str, items: &[crate::Counted]) -> Markup {
+    section(
+        title,
+        html! {
+            @if items.is_empty() { p { "None yet." } }
+            @else {
+                ol.insight {
+                    @for c in items {
+                        li {
+                            (page::memory_link(c.record.id)) " " span.text { (page::short(&c.record.text, 120)) }
+                            br; span.small { (c.times) " " (unit) }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+fn list(
+    title: &str,
+    what: &str,
+    items: &[MemoryRecord],
+    detail: impl Fn(&MemoryRecord) -> Markup,
+) -> Markup {
+    section(
+        title,
+        html! {
+            @if items.is_empty() { p { "None yet (" (what) ")." } }
+            @else {
+                ol.insight {
+                    @for r in items {
+                        li {
+                            (page::memory_link(r.id)) " " span.text { (page::short(&r.text, 120)) }
+                            br; span.small { (detail(r)) }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}

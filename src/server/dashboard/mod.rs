@@ -1,0 +1,235 @@
+//! The dashboard (`DESIGN.md` §10): `GET /` and the views under `/ui/`, served by `serve`
+//! on its own port, as server-rendered HTML (maud templates, which escape every value) with
+//! two small ES modules for what HTML cannot do alone (the graph, drawn by the vendored
+//! Cytoscape.js, and the overview's live figures). Every asset is compiled into the binary;
+//! the pages fetch nothing from anywhere else.
+//!
+//! Who sees what follows the API keys: with none configured, a loopback visitor sees
+//! namespace `default` with every operation (as `/v1` does); with keys, a visitor signs in
+//! with one (`/ui/login`) and sees only that key's namespace, and the server-wide figures
+//! and policy reload need an admin key. The key is never put in a URL or a cookie: signing
+//! in makes a random session token, kept in an `HttpOnly; SameSite=Strict` cookie and mapped
+//! to the key's namespace and role in memory (a restart signs everyone out). Every state
+//! change is a `POST` carrying the page's CSRF token and, when the browser sends them, an
+//! `Origin` of this server and a `Sec-Fetch-Site` of `same-origin`.
+//!
+//! The views only read, except the memory actions (pin, obsolete, wrong, archive, restore)
+//! and the policy reload, which go through the same handles and audit trail as `/v1`.
+
+mod auth;
+mod insights;
+mod knowledge;
+mod memory;
+mod overview;
+mod page;
+mod policy;
+mod search;
+mod sessions;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{Path, Request};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+
+use super::{ApiError, AppState};
+pub(super) use auth::Viewer;
+
+/// The state the dashboard keeps beside the server's: sign-ins, the figures the overview
+/// turns into rates, and insights recently computed.
+pub(super) struct Ui {
+    logins: auth::Logins,
+    rates: Mutex<overview::Samples>,
+    insights: Mutex<HashMap<String, insights::Cached>>,
+    started: Instant,
+}
+
+impl Ui {
+    pub(super) fn new() -> Self {
+        Ui {
+            logins: auth::Logins::new(),
+            rates: Mutex::new(overview::Samples::default()),
+            insights: Mutex::new(HashMap::new()),
+            started: Instant::now(),
+        }
+    }
+}
+
+/// The dashboard's routes, to merge into the server's router.
+pub(super) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/", get(overview::page))
+        .route("/ui", get(|| async { redirect("/") }))
+        .route("/ui/", get(|| async { redirect("/") }))
+        .route("/ui/login", get(auth::login_page).post(auth::login))
+        .route("/ui/logout", post(auth::logout))
+        .route("/ui/sessions", get(sessions::list))
+        .route("/ui/sessions/{id}", get(sessions::timeline))
+        .route("/ui/search", get(search::page))
+        .route("/ui/memories/{id}", get(memory::page))
+        .route("/ui/memories/{id}/status", post(memory::set_status))
+        .route("/ui/knowledge", get(knowledge::pool))
+        .route("/ui/graph", get(knowledge::graph))
+        .route("/ui/insights", get(insights::page))
+        .route("/ui/policy", get(policy::page))
+        .route("/ui/policy/reload", post(policy::reload))
+        .route("/ui/assets/{name}", get(asset))
+        .route("/ui/{*rest}", get(not_found))
+        .layer(middleware::from_fn(protect))
+}
+
+/// Every dashboard answer: what the page may load (itself only, no inline script), never
+/// framed, never sniffed, never cached when it shows data.
+async fn protect(request: Request, next: Next) -> Response {
+    let is_asset = request.uri().path().starts_with("/ui/assets/");
+    let mut answer = next.run(request).await;
+    let headers = answer.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+             connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    if !is_asset {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    answer
+}
+
+/// A `303 See Other` to `to` (after a form, so a reload does not post it again).
+fn redirect(to: &str) -> Response {
+    let mut answer = StatusCode::SEE_OTHER.into_response();
+    if let Ok(location) = HeaderValue::from_str(to) {
+        answer.headers_mut().insert(header::LOCATION, location);
+    }
+    answer
+}
+
+/// A dashboard page that could not be shown: the status and the error's code and words,
+/// on a page of its own (the same words `/v1` would answer).
+#[derive(Debug)]
+pub(super) struct UiError {
+    status: StatusCode,
+    code: String,
+    message: String,
+}
+
+impl UiError {
+    fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        UiError {
+            status,
+            code: code.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<ApiError> for UiError {
+    fn from(e: ApiError) -> Self {
+        UiError::new(e.status(), e.code(), e.message())
+    }
+}
+
+impl From<crate::Error> for UiError {
+    fn from(e: crate::Error) -> Self {
+        ApiError::from(e).into()
+    }
+}
+
+impl IntoResponse for UiError {
+    fn into_response(self) -> Response {
+        let title = self.status.canonical_reason().unwrap_or("Error");
+        let body = page::bare(
+            title,
+            maud::html! {
+                h1 { (title) }
+                p.error role="alert" { code { (self.code) } ": " (self.message) }
+                p { a href="/" { "Back to the overview" } }
+            },
+        );
+        (self.status, Html(body.into_string())).into_response()
+    }
+}
+
+/// What a view answers.
+type UiResult = Result<Response, UiError>;
+
+/// An HTML page with status 200.
+fn html(markup: maud::Markup) -> Response {
+    Html(markup.into_string()).into_response()
+}
+
+async fn not_found(viewer: Viewer) -> UiError {
+    let _ = viewer;
+    UiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "the dashboard has no such page; its views are listed in the navigation",
+    )
+}
+
+/// The assets, compiled in: the stylesheet, the two modules and the vendored
+/// Cytoscape.js (MIT, its licence beside it and served at `cytoscape.LICENSE.txt`).
+const ASSETS: [(&str, &str, &[u8]); 5] = [
+    (
+        "app.css",
+        "text/css; charset=utf-8",
+        include_bytes!("assets/app.css"),
+    ),
+    (
+        "live.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("assets/live.js"),
+    ),
+    (
+        "graph.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("assets/graph.js"),
+    ),
+    (
+        "cytoscape.esm.min.mjs",
+        "text/javascript; charset=utf-8",
+        include_bytes!("assets/vendor/cytoscape/cytoscape.esm.min.mjs"),
+    ),
+    (
+        "cytoscape.LICENSE.txt",
+        "text/plain; charset=utf-8",
+        include_bytes!("assets/vendor/cytoscape/LICENSE"),
+    ),
+];
+
+/// `GET /ui/assets/{name}`: public (the sign-in page needs its stylesheet) and cacheable
+/// for an hour; the names change with their content's version.
+async fn asset(Path(name): Path<String>) -> Response {
+    match ASSETS.iter().find(|(n, _, _)| *n == name) {
+        Some((_, kind, bytes)) => (
+            [
+                (header::CONTENT_TYPE, *kind),
+                (header::CACHE_CONTROL, "public, max-age=3600"),
+            ],
+            *bytes,
+        )
+            .into_response(),
+        None => UiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no asset `{name}`"),
+        )
+        .into_response(),
+    }
+}

@@ -1,0 +1,272 @@
+//! `GET /`: the overview. For the visitor's namespace: records by tier and status, its
+//! sessions, the policy and the embedder in force, and the LLM tokens it spent this hour.
+//! For an admin (or a keyless server): the server's live figures, the same as
+//! `/metrics` reads at scrape time (work-queue depths and the age of their oldest item,
+//! the commit backlog, index lag, session actors), with ingest and recall rates over the
+//! last minute; `live.js` refreshes them every few seconds.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use maud::{Markup, html};
+
+use super::page::{self, Nav};
+use super::{UiResult, Viewer, html};
+use crate::internals::Queue;
+use crate::server::AppState;
+use crate::{Census, Status, Tier};
+
+/// Samples of the served counters older than this are dropped; rates are over it.
+const RATE_WINDOW: Duration = Duration::from_secs(60);
+
+/// Served-counter samples, one at most per second, for rates over [`RATE_WINDOW`].
+#[derive(Debug, Default)]
+pub(super) struct Samples {
+    ring: VecDeque<(Instant, u64, u64)>,
+}
+
+impl Samples {
+    /// Events and recalls per second over the window (since `started` while the window
+    /// has no older sample), and the seconds the rate is over.
+    fn rates(&mut self, now: Instant, served: (u64, u64), started: Instant) -> (f64, f64, f64) {
+        if self
+            .ring
+            .back()
+            .is_none_or(|(at, _, _)| now.duration_since(*at) >= Duration::from_secs(1))
+        {
+            self.ring.push_back((now, served.0, served.1));
+        }
+        // Keep one sample at or before the window's start, so the rate spans all of it.
+        while self.ring.len() > 2 && now.duration_since(self.ring[1].0) >= RATE_WINDOW {
+            self.ring.pop_front();
+        }
+        let (from, events, recalls) = match self.ring.front() {
+            Some(&(at, e, r)) if now.duration_since(at) >= Duration::from_secs(1) => (at, e, r),
+            _ => (started, 0, 0),
+        };
+        let secs = now.duration_since(from).as_secs_f64().max(1e-3);
+        (
+            served.0.saturating_sub(events) as f64 / secs,
+            served.1.saturating_sub(recalls) as f64 / secs,
+            secs,
+        )
+    }
+}
+
+/// The server-wide figures, read from the store.
+struct Live {
+    queues: Vec<(&'static str, usize, Option<f64>)>,
+    commit_backlog: u64,
+    unbuilt: [(&'static str, usize); 2],
+}
+
+/// `GET /`.
+pub(super) async fn page(State(s): State<AppState>, viewer: Viewer) -> UiResult {
+    let ns = viewer.namespace.clone();
+    let census = s
+        .rt
+        .inspect("the overview", move |sub| Ok(sub.store().census(&ns)))
+        .await?;
+    let policy = s.rt.policy_for(&viewer.namespace);
+    let sub = s.rt.substrate();
+    let embedder = sub.embedder();
+    let llm = s.rt.llm().map(|llm| {
+        let now = sub.clock().now();
+        (
+            llm.model().to_string(),
+            llm.budget().spent(&viewer.namespace, now),
+            llm.budget().per_hour(),
+            llm.stats(),
+        )
+    });
+    let server = if viewer.admin() {
+        Some(server_figures(&s).await?)
+    } else {
+        None
+    };
+    let body = html! {
+        section aria-labelledby="ns-h" {
+            h2 #ns-h { "Namespace " code { (viewer.namespace) } }
+            (census_table(&census))
+            dl.facts {
+                dt { "sessions" } dd { a href="/ui/sessions" { (census.sessions) } }
+                dt { "policy" } dd { a href="/ui/policy" { (policy.name) } " " code.hash { (policy.hash) } }
+                dt { "embedder" } dd { (embedder.name()) " (" (embedder.dimensions()) " dimensions)" }
+                dt { "LLM" } dd {
+                    @match &llm {
+                        Some((model, spent, per_hour, _)) => {
+                            (model) ": " (spent) " tokens this hour"
+                            @if *per_hour > 0 { " of a budget of " (per_hour) }
+                            @else { " (no budget set)" }
+                        }
+                        None => "none configured: importance by rules, extractive condensation",
+                    }
+                }
+            }
+        }
+        @match server {
+            Some(figures) => (figures_section(figures, llm.as_ref().map(|l| &l.3))),
+            None => section.note {
+                p { "The server's figures (queues, rates, LLM calls) are shown to admin keys." }
+            },
+        }
+    };
+    Ok(html(page::page("Overview", &viewer, Nav::Overview, body)))
+}
+
+fn census_table(c: &Census) -> Markup {
+    html! {
+        div.scroll {
+            table.census {
+                caption { (c.total()) " records by tier and status" }
+                thead { tr {
+                    th scope="col" { "tier" }
+                    @for status in Status::ALL { th scope="col" { (status.as_str()) } }
+                    th scope="col" { "all" }
+                } }
+                tbody {
+                    @for (t, tier) in Tier::ALL.iter().enumerate() {
+                        tr {
+                            th scope="row" { (tier.as_str()) }
+                            @for n in c.by_tier_status[t] { td.num { (n) } }
+                            td.num { strong { (c.tier(*tier)) } }
+                        }
+                    }
+                }
+                tfoot { tr {
+                    th scope="row" { "all" }
+                    @for status in Status::ALL { td.num { (c.status(status)) } }
+                    td.num { strong { (c.total()) } }
+                } }
+            }
+        }
+    }
+}
+
+/// What an admin sees beyond the namespace.
+struct Figures {
+    live: Live,
+    sessions_live: usize,
+    in_flight: u64,
+    quarantined: usize,
+    restarts: u64,
+    rates: (f64, f64, f64),
+    uptime: Duration,
+}
+
+async fn server_figures(s: &AppState) -> Result<Figures, super::UiError> {
+    let live = s
+        .rt
+        .inspect("the server's figures", |sub| {
+            let store = sub.store();
+            let now = sub.clock().now();
+            let mut queues = Vec::new();
+            for (name, q) in [
+                ("enrich", Queue::Enrich),
+                ("evaluate", Queue::Evaluate),
+                ("condense", Queue::Condense),
+            ] {
+                let depth = store.queue_depth(q, 1_000_000)?;
+                // Queues are in id order and ids follow arrival: the first is the oldest.
+                let age = store
+                    .queued(q, 1)?
+                    .first()
+                    .and_then(|id| store.get_light(*id).ok().flatten())
+                    .map(|r| (now - r.recorded_time).max(0) as f64 / 1000.0);
+                queues.push((name, depth, age));
+            }
+            Ok(Live {
+                queues,
+                commit_backlog: store.commit_backlog(),
+                unbuilt: [
+                    ("vectors", sub.vectors().pending()),
+                    ("keywords", sub.keywords().pending()),
+                ],
+            })
+        })
+        .await?;
+    let rates = s
+        .ui
+        .rates
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .rates(Instant::now(), s.metrics.served(), s.ui.started);
+    Ok(Figures {
+        live,
+        sessions_live: s.rt.live_sessions().await.unwrap_or(0),
+        in_flight: s.rt.session_calls_in_flight(),
+        quarantined: s.rt.quarantined(None).await.map_or(0, |q| q.len()),
+        restarts: s.rt.restarts().await.unwrap_or(0),
+        rates,
+        uptime: s.ui.started.elapsed(),
+    })
+}
+
+fn figures_section(f: Figures, llm: Option<&crate::llm::cost::LlmStats>) -> Markup {
+    let (events, recalls, over) = f.rates;
+    html! {
+        section #live aria-labelledby="live-h" aria-live="polite" {
+            h2 #live-h { "Server" }
+            p.small { "Live: refreshed every 5 s. Rates over the last " (format!("{over:.0}")) " s; up " (format!("{:.0}", f.uptime.as_secs_f64())) " s." }
+            dl.facts {
+                dt { "ingest" } dd { (format!("{events:.1}")) " events/s" }
+                dt { "recall" } dd { (format!("{recalls:.1}")) " recalls/s" }
+                dt { "session actors" } dd { (f.sessions_live) " live, " (f.in_flight) " calls in flight" }
+                dt { "commit backlog" } dd { (f.live.commit_backlog) " write sets" }
+                @for (index, n) in f.live.unbuilt {
+                    dt { (index) " index lag" } dd { (n) " changes not yet built" }
+                }
+                dt { "quarantined" } dd { (f.quarantined) }
+                dt { "actor restarts" } dd { (f.restarts) }
+            }
+            div.scroll {
+                table {
+                    caption { "Work queues" }
+                    thead { tr { th scope="col" { "queue" } th scope="col" { "depth" } th scope="col" { "oldest item" } } }
+                    tbody {
+                        @for (name, depth, age) in &f.live.queues {
+                            tr {
+                                th scope="row" { (name) }
+                                td.num { (depth) }
+                                td.num { @match age { Some(a) => { (format!("{a:.1}")) " s" } None => "—" } }
+                            }
+                        }
+                    }
+                }
+            }
+            @if let Some(llm) = llm {
+                dl.facts {
+                    dt { "LLM calls" } dd { (llm.chat.requests) " (" (llm.chat.retries) " retried, " (llm.chat.failures) " failed)" }
+                    dt { "LLM tokens" } dd { (llm.chat.prompt_tokens) " prompt, " (llm.chat.completion_tokens) " completion" }
+                    dt { "records judged" } dd { (llm.judged) " (" (llm.cache_hits) " from cache, " (llm.over_budget) " over budget, " (llm.fallbacks) " fell back)" }
+                }
+            }
+        }
+        script type="module" src="/ui/assets/live.js" {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_span_the_window_and_start_from_the_first_view() {
+        let start = Instant::now();
+        let mut s = Samples::default();
+        // First view, 10 s after start: the rate since start.
+        let (e, r, over) = s.rates(start + Duration::from_secs(10), (100, 20), start);
+        assert!((e - 10.0).abs() < 1e-9 && (r - 2.0).abs() < 1e-9 && (over - 10.0).abs() < 1e-9);
+        // 10 s later: the rate between the two views.
+        let (e, _, over) = s.rates(start + Duration::from_secs(20), (300, 20), start);
+        assert!((e - 20.0).abs() < 1e-9 && (over - 10.0).abs() < 1e-9);
+        // Two minutes on, with a view every 30 s: the rate over the last window only.
+        for i in 1..=4 {
+            s.rates(start + Duration::from_secs(20 + 30 * i), (300 + 30 * i, 20), start);
+        }
+        let (e, _, over) = s.rates(start + Duration::from_secs(170), (450, 20), start);
+        assert!(over <= 61.0, "{over}");
+        assert!((e - 1.0).abs() < 1e-9, "{e}");
+    }
+}
