@@ -183,9 +183,14 @@ async fn not_found(viewer: Viewer) -> UiError {
     )
 }
 
-/// The assets, compiled in: the stylesheet, the two modules and the vendored
+/// The assets, compiled in: the stylesheet, the icon, the two modules and the vendored
 /// Cytoscape.js (MIT, its licence beside it and served at `cytoscape.LICENSE.txt`).
-const ASSETS: [(&str, &str, &[u8]); 5] = [
+const ASSETS: [(&str, &str, &[u8]); 6] = [
+    (
+        "favicon.svg",
+        "image/svg+xml",
+        include_bytes!("assets/favicon.svg"),
+    ),
     (
         "app.css",
         "text/css; charset=utf-8",

@@ -37,6 +37,7 @@ fn head(title: &str) -> Markup {
             meta name="viewport" content="width=device-width, initial-scale=1";
             title { (title) " · shadowbrain" }
             link rel="stylesheet" href="/ui/assets/app.css";
+            link rel="icon" href="/ui/assets/favicon.svg" type="image/svg+xml";
         }
     }
 }

@@ -1,4 +1,5 @@
-//! `/ui/search`: a recall as an agent would make it (query, session, scope, agent, k,
+//! `/ui/search`: a recall as an agent would make it (query, session, scope — the whole
+//! namespace unless another is chosen —, agent, k,
 //! kinds, time range, knowledge on or off), read by the same function as `/v1`'s recall,
 //! so a bad field gets the same error; each result with its score and the parts of its
 //! `why` drawn as meters, then the context block an agent's prompt would get.
@@ -57,12 +58,12 @@ pub(super) async fn page(
     Query(q): Query<SearchQuery>,
 ) -> UiResult {
     let session = given(&q.session).unwrap_or("default").to_string();
-    let scope = given(&q.scope).unwrap_or("session").to_string();
+    let scope = given(&q.scope).unwrap_or("namespace").to_string();
     let reinforce = q.reinforce.as_deref() == Some("on");
     let knowledge = q.knowledge.as_deref() != Some("off");
     let outcome = match given(&q.query) {
         None => None,
-        Some(query) => Some(run(&s, &viewer, &q, query, &session, knowledge, reinforce).await),
+        Some(query) => Some(run(&s, &viewer, &q, query, (&session, &scope), knowledge, reinforce).await),
     };
     let selected = |name: &str| (scope == name).then_some("selected");
     let body = html! {
@@ -109,7 +110,7 @@ async fn run(
     viewer: &Viewer,
     q: &SearchQuery,
     query: &str,
-    session: &str,
+    (session, scope): (&str, &str),
     knowledge: bool,
     reinforce: bool,
 ) -> Result<maud::Markup, UiError> {
@@ -123,9 +124,10 @@ async fn run(
         })?),
         None => None,
     };
-    let scope = given(&q.scope)
-        .map(|sc| crate::server::from_value("recall", Value::String(sc.to_string())))
-        .transpose()?;
+    let scope = Some(crate::server::from_value(
+        "recall",
+        Value::String(scope.to_string()),
+    )?);
     let kinds = given(&q.kinds).map(|k| {
         k.split(',')
             .map(|k| k.trim().to_string())
