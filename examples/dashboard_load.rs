@@ -2,8 +2,9 @@
 //! records (default 100,000: `--sessions` sessions of the hash embedder's records, some
 //! recalled, some with feedback, some condensed), serves it on 127.0.0.1:0 as `serve`
 //! does, then loads every view `--rounds` times and reports p50, p99 and the page size,
-//! beside two anchors measured in the same run: `GET /healthz` (the server's floor) and
-//! `GET /v1/sessions/{id}/timeline?limit=50` (the API reading what the timeline page shows).
+//! beside anchors measured in the same run: `GET /healthz` (the server's floor), `GET
+//! /v1/sessions/{id}/timeline?limit=50` (the API reading what the timeline page shows) and
+//! `POST /v1/sessions/{id}/recall` with the search page's query (the recall it makes).
 //! Insights are reported twice: computed (`?fresh=1`, every record read) and as cached.
 //!
 //! ```sh
@@ -15,6 +16,8 @@
 //! breaks.
 
 use std::time::{Duration, Instant};
+
+use serde_json::json;
 
 use shadowbrain::listen::Edge;
 use shadowbrain::server::{self, Auth};
@@ -35,16 +38,24 @@ fn args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
-        let n: usize = value.parse().map_err(|_| format!("{flag}: `{value}` is not a number"))?;
+        let n: usize = value
+            .parse()
+            .map_err(|_| format!("{flag}: `{value}` is not a number"))?;
         match flag.as_str() {
             "--records" => a.records = n,
             "--sessions" => a.sessions = n,
             "--rounds" => a.rounds = n,
-            _ => return Err(format!("unknown flag {flag}; use --records, --sessions, --rounds")),
+            _ => {
+                return Err(format!(
+                    "unknown flag {flag}; use --records, --sessions, --rounds"
+                ));
+            }
         }
     }
     if a.records == 0 || a.sessions == 0 || a.rounds == 0 || a.sessions > a.records {
-        return Err("--records, --sessions and --rounds must be positive, sessions ≤ records".into());
+        return Err(
+            "--records, --sessions and --rounds must be positive, sessions ≤ records".into(),
+        );
     }
     Ok(a)
 }
@@ -81,13 +92,22 @@ async fn main() {
     let t0 = Instant::now();
     let per = a.records / a.sessions;
     for s in 0..a.sessions {
-        let session = rt.session("default", &format!("s{s:05}")).expect("a session");
-        let n = if s + 1 == a.sessions { a.records - per * s } else { per };
+        let session = rt
+            .session("default", &format!("s{s:05}"))
+            .expect("a session");
+        let n = if s + 1 == a.sessions {
+            a.records - per * s
+        } else {
+            per
+        };
         for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
             let events: Vec<NewMemory> = chunk
                 .iter()
                 .map(|i| {
-                    let text = format!("{} (note {i} of session {s})", TOPICS[(s + i) % TOPICS.len()]);
+                    let text = format!(
+                        "{} (note {i} of session {s})",
+                        TOPICS[(s + i) % TOPICS.len()]
+                    );
                     NewMemory::new("observation", text)
                 })
                 .collect();
@@ -99,13 +119,21 @@ async fn main() {
     // Recalls, a quarter of them with success feedback, and some condensed sessions, so
     // insights and the knowledge views have something to show.
     for s in 0..a.sessions.min(200) {
-        let session = rt.session("default", &format!("s{s:05}")).expect("a session");
-        let result = session.recall(TOPICS[s % TOPICS.len()]).await.expect("recalled");
+        let session = rt
+            .session("default", &format!("s{s:05}"))
+            .expect("a session");
+        let result = session
+            .recall(TOPICS[s % TOPICS.len()])
+            .await
+            .expect("recalled");
         if s % 4 == 0
             && let Some(id) = result.recall_id
         {
             session
-                .feedback(shadowbrain::FeedbackTarget::Recall(id), shadowbrain::Outcome::Success)
+                .feedback(
+                    shadowbrain::FeedbackTarget::Recall(id),
+                    shadowbrain::Outcome::Success,
+                )
                 .await
                 .expect("feedback");
         }
@@ -121,7 +149,9 @@ async fn main() {
         ingest.as_secs_f64()
     );
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("listen");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("listen");
     let addr = listener.local_addr().expect("an address");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let served = tokio::spawn(server::serve(
@@ -137,20 +167,67 @@ async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let http = reqwest::Client::new();
     let base = format!("http://{addr}");
-    let some = rt.session("default", "s00000").expect("a session").timeline(1).await.expect("a record")[0].id;
+    let some = rt
+        .session("default", "s00000")
+        .expect("a session")
+        .timeline(1)
+        .await
+        .expect("a record")[0]
+        .id;
 
+    // A recall the API answers: the anchor of the search page's.
+    let recall = |scope: &str| json!({"query": "deploy runner", "scope": scope}).to_string();
     let views: Vec<(&str, String, &str)> = vec![
         ("anchor: GET /healthz", "/healthz".into(), "ok"),
-        ("anchor: GET /v1 timeline (50)", "/v1/sessions/s00001/timeline?limit=50".into(), "items"),
+        (
+            "anchor: GET /v1 timeline (50)",
+            "/v1/sessions/s00001/timeline?limit=50".into(),
+            "items",
+        ),
+        (
+            "anchor: POST /v1 recall (namespace, k 10)",
+            "/v1/sessions/default/recall".into(),
+            "context",
+        ),
+        (
+            "anchor: POST /v1 recall (session, k 10)",
+            "/v1/sessions/s00001/recall".into(),
+            "context",
+        ),
         ("/", "/".into(), "<h1>Overview"),
         ("/ui/sessions", "/ui/sessions".into(), "<h1>Sessions"),
-        ("/ui/sessions/{id}", "/ui/sessions/s00001".into(), "<h1>Session s00001"),
-        ("/ui/search (namespace, k 10)", "/ui/search?query=deploy+runner".into(), "Context block"),
-        ("/ui/memories/{id}", format!("/ui/memories/{some}"), "<h1>Memory"),
+        (
+            "/ui/sessions/{id}",
+            "/ui/sessions/s00001".into(),
+            "<h1>Session s00001",
+        ),
+        (
+            "/ui/search (namespace, k 10)",
+            "/ui/search?query=deploy+runner".into(),
+            "Context block",
+        ),
+        (
+            "/ui/search (session, k 10)",
+            "/ui/search?query=deploy+runner&session=s00001&scope=session".into(),
+            "Context block",
+        ),
+        (
+            "/ui/memories/{id}",
+            format!("/ui/memories/{some}"),
+            "<h1>Memory",
+        ),
         ("/ui/knowledge", "/ui/knowledge".into(), "<h1>Knowledge"),
         ("/ui/graph", "/ui/graph".into(), "<h1>Graph"),
-        ("/ui/insights (computed)", "/ui/insights?fresh=1".into(), "Most recalled"),
-        ("/ui/insights (cached)", "/ui/insights".into(), "Most recalled"),
+        (
+            "/ui/insights (computed)",
+            "/ui/insights?fresh=1".into(),
+            "Most recalled",
+        ),
+        (
+            "/ui/insights (cached)",
+            "/ui/insights".into(),
+            "Most recalled",
+        ),
         ("/ui/policy", "/ui/policy".into(), "<h1>Policy"),
     ];
     println!("| view | p50 ms | p99 ms | bytes |");
@@ -159,12 +236,28 @@ async fn main() {
         let mut times = Vec::new();
         let mut bytes = 0;
         for _ in 0..a.rounds {
+            let url = format!("{base}{path}");
+            let request = match path.strip_suffix("/recall") {
+                Some(session) => http
+                    .post(url)
+                    .header("content-type", "application/json")
+                    .body(recall(if session.ends_with("default") {
+                        "namespace"
+                    } else {
+                        "session"
+                    })),
+                None => http.get(url),
+            };
             let started = Instant::now();
-            let answer = http.get(format!("{base}{path}")).send().await.expect("an answer");
+            let answer = request.send().await.expect("an answer");
             let status = answer.status();
             let body = answer.text().await.expect("a body");
             times.push(started.elapsed().as_secs_f64() * 1e3);
-            assert!(status.is_success() && body.contains(wanted), "{path}: {status} {}", &body[..body.len().min(300)]);
+            assert!(
+                status.is_success() && body.contains(wanted),
+                "{path}: {status} {}",
+                &body[..body.len().min(300)]
+            );
             bytes = body.len();
         }
         times.sort_by(f64::total_cmp);

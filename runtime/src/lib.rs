@@ -39,11 +39,12 @@ pub use clock::{
     Clock, DAY_MS, SystemClock, Timestamp, VirtualClock, parse_rfc3339, to_human, to_rfc3339,
 };
 pub use engine::{
-    Condensed, Counted, EnrichWake, EvaluationReport, Fading, FeedbackReport, FeedbackTarget, Graph,
-    IDEMPOTENCY_WINDOW, Idempotency, IndexKind, Insights, IndexPass, IndexingOptions, Judge, JudgeBatch,
-    JudgeItem, Judgement, KNOWLEDGE_SESSION, MAX_REASON_BYTES, MAX_STRIKES, Outcome, PassageHit, Policies, Promotion,
-    RecallRequest, RecallResult, Recalled, Recorded, Substrate, SubstrateOptions, Summarizer,
-    Summary, SummaryRequest, Superseded, SweepReport, Verdict, Why, panic_message, quarantined_error,
+    Condensed, Counted, EnrichWake, EvaluationReport, Fading, FeedbackReport, FeedbackTarget,
+    Graph, IDEMPOTENCY_WINDOW, Idempotency, IndexKind, IndexPass, IndexingOptions, Insights, Judge,
+    JudgeBatch, JudgeItem, Judgement, KNOWLEDGE_SESSION, MAX_REASON_BYTES, MAX_STRIKES, Outcome,
+    PassageHit, Policies, Promotion, RecallRequest, RecallResult, Recalled, Recorded, Substrate,
+    SubstrateOptions, Summarizer, Summary, SummaryRequest, Superseded, SweepReport, Verdict, Why,
+    panic_message, quarantined_error,
 };
 pub use error::{Error, PolicyErrors, PolicyIssue, Result};
 pub use model::{

@@ -182,12 +182,13 @@ impl Store {
         &self,
         mut f: impl FnMut(u32, bool) -> Result<Visit>,
     ) -> Result<()> {
-        self.scan_prefix(&[layer::RECALL_OUTCOME], &mut |k, v| {
-            match keys::recall_outcome_number(k) {
+        self.scan_prefix(
+            &[layer::RECALL_OUTCOME],
+            &mut |k, v| match keys::recall_outcome_number(k) {
                 Some(n) => f(n, v.first() == Some(&1)),
                 None => Ok(Visit::Continue),
-            }
-        })
+            },
+        )
     }
 
     /// A namespace's knowledge-graph edges; only those starting at `from` when given.

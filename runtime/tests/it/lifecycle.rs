@@ -332,3 +332,83 @@ async fn condensation_quotes_an_important_outlier_a_promotion_could_need() {
     );
     assert_eq!(sub.get("default", condensed.id).unwrap().importance, 10.0);
 }
+
+/// A record marked wrong is kept but never recalled, is spared by decay, counts one
+/// failure, and its history keeps the reason; restoring it brings it back with the failure
+/// still counted. The census and insights see it retired.
+#[tokio::test]
+async fn a_record_marked_wrong_leaves_recall_with_its_reason_and_one_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sub, clock) = open(dir.path(), Policy::default_policy());
+    let wrong = rec(&sub, "s", "observation", "the deploy runner is eu-1").await;
+    let right = rec(&sub, "s", "observation", "the deploy runner is eu-2").await;
+    sub.catch_up().unwrap();
+    let recalled = |sub: &Substrate| {
+        let sub = sub.clone();
+        async move {
+            sub.recall(&RecallRequest::new("default", "s", "deploy runner"))
+                .await
+                .unwrap()
+                .memories
+                .iter()
+                .map(|m| m.record.id)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert!(recalled(&sub).await.contains(&wrong));
+
+    let too_long = "x".repeat(shadowbrain_runtime::MAX_REASON_BYTES + 1);
+    let refused = sub.set_status_because("default", wrong, Status::Wrong, Some(&too_long), "test");
+    assert!(refused.unwrap_err().to_string().contains("reason"));
+    assert_eq!(
+        sub.get("default", wrong).unwrap().status,
+        Status::Active,
+        "a refusal changes nothing"
+    );
+
+    let r = sub
+        .set_status_because(
+            "default",
+            wrong,
+            Status::Wrong,
+            Some(" eu-1 was retired "),
+            "curator",
+        )
+        .unwrap();
+    assert_eq!((r.status, r.utility.failures), (Status::Wrong, 1));
+    let last = sub.history("default", wrong).unwrap().pop().unwrap();
+    assert_eq!(
+        (last.action, last.by.as_str()),
+        (AuditAction::StatusChanged, "curator")
+    );
+    assert_eq!(last.detail, "active -> wrong: eu-1 was retired");
+    let got = recalled(&sub).await;
+    assert!(!got.contains(&wrong) && got.contains(&right), "{got:?}");
+
+    // Marking it wrong again counts nothing more.
+    let again = sub
+        .set_status("default", wrong, Status::Wrong, "curator")
+        .unwrap();
+    assert_eq!(again.utility.failures, 1);
+    let census = sub.store().census("default");
+    assert_eq!(
+        (census.status(Status::Wrong), census.status(Status::Active)),
+        (1, 1)
+    );
+    assert_eq!(census.tier(Tier::Episodic), 2);
+    // Decay spares it, like an obsolete record: it is kept for the record.
+    clock.advance(Duration::from_secs(400 * 24 * 3600));
+    sub.decay_sweep("decay").unwrap();
+    assert_eq!(sub.get("default", wrong).unwrap().status, Status::Wrong);
+    let insights = sub.insights("default", clock.now(), 10).unwrap();
+    assert!(
+        insights.retired.iter().any(|r| r.id == wrong),
+        "{:?}",
+        insights.retired
+    );
+
+    let back = sub
+        .set_status("default", wrong, Status::Active, "curator")
+        .unwrap();
+    assert_eq!((back.status, back.utility.failures), (Status::Active, 1));
+}

@@ -182,9 +182,7 @@ fn loopback_host(headers: &HeaderMap) -> bool {
     .to_ascii_lowercase();
     name == "localhost"
         || name.ends_with(".localhost")
-        || name
-            .parse::<IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+        || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 fn cookie_token(headers: &HeaderMap) -> Option<String> {
@@ -226,7 +224,11 @@ fn same_origin(headers: &HeaderMap) -> Result<(), UiError> {
              pages only",
         )
     };
-    let text = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
+    let text = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+    };
     if let Some(site) = text(header::HeaderName::from_static("sec-fetch-site"))
         && !matches!(site, "same-origin" | "none")
     {
@@ -247,9 +249,7 @@ fn same_origin(headers: &HeaderMap) -> Result<(), UiError> {
 /// Where to go after signing in: a path of this server only (never another site).
 fn safe_next(next: Option<&str>) -> String {
     match next {
-        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => {
-            n.to_string()
-        }
+        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n.to_string(),
         _ => "/".to_string(),
     }
 }
@@ -330,7 +330,11 @@ pub(super) async fn login(
         return e.into_response();
     }
     let Ok(Form(form)) = form else {
-        return sign_in_page("/", Some("The form was incomplete; enter a key."), StatusCode::BAD_REQUEST);
+        return sign_in_page(
+            "/",
+            Some("The form was incomplete; enter a key."),
+            StatusCode::BAD_REQUEST,
+        );
     };
     let next = safe_next(form.next.as_deref());
     if !s.auth.required() {
@@ -410,10 +414,21 @@ mod tests {
 
     #[test]
     fn only_loopback_names_pass_the_keyless_host_check() {
-        for ok in ["localhost:7420", "127.0.0.1:7420", "[::1]:7420", "a.localhost", "127.0.0.1"] {
+        for ok in [
+            "localhost:7420",
+            "127.0.0.1:7420",
+            "[::1]:7420",
+            "a.localhost",
+            "127.0.0.1",
+        ] {
             assert!(loopback_host(&with(header::HOST, ok)), "{ok}");
         }
-        for bad in ["evil.example:7420", "10.0.0.1:7420", "localhost.evil.example", "[fe80::1]:1"] {
+        for bad in [
+            "evil.example:7420",
+            "10.0.0.1:7420",
+            "localhost.evil.example",
+            "[fe80::1]:1",
+        ] {
             assert!(!loopback_host(&with(header::HOST, bad)), "{bad}");
         }
     }
@@ -421,7 +436,12 @@ mod tests {
     #[test]
     fn the_next_page_is_always_on_this_server() {
         assert_eq!(safe_next(Some("/ui/search?query=x")), "/ui/search?query=x");
-        for bad in ["//evil.example/", "https://evil.example/", "/\\evil.example", "ui"] {
+        for bad in [
+            "//evil.example/",
+            "https://evil.example/",
+            "/\\evil.example",
+            "ui",
+        ] {
             assert_eq!(safe_next(Some(bad)), "/", "{bad}");
         }
         assert_eq!(safe_next(None), "/");
@@ -431,9 +451,15 @@ mod tests {
     fn a_cross_site_request_is_refused_and_a_same_origin_one_passes() {
         let mut h = with(header::HOST, "127.0.0.1:7420");
         assert!(same_origin(&h).is_ok());
-        h.insert(header::ORIGIN, HeaderValue::from_static("http://127.0.0.1:7420"));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:7420"),
+        );
         assert!(same_origin(&h).is_ok());
-        h.insert(header::ORIGIN, HeaderValue::from_static("http://evil.example"));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://evil.example"),
+        );
         assert!(same_origin(&h).is_err());
         h.insert(header::ORIGIN, HeaderValue::from_static("null"));
         assert!(same_origin(&h).is_err());

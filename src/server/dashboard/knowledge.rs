@@ -127,7 +127,11 @@ pub(super) async fn graph(
     viewer: Viewer,
     Query(query): Query<GraphQuery>,
 ) -> UiResult {
-    let around = query.around.as_deref().map(str::trim).filter(|a| !a.is_empty());
+    let around = query
+        .around
+        .as_deref()
+        .map(str::trim)
+        .filter(|a| !a.is_empty());
     let (nodes, edges): (Vec<MemoryRecord>, Vec<crate::Edge>) = match around {
         Some(id) => {
             let graph = crate::server::graph(&s.rt, &viewer.namespace, id, query.depth).await?;
@@ -250,7 +254,10 @@ mod tests {
     fn script_json_cannot_close_its_element() {
         let v = json!({"label": "</script><script>alert(1)</script>&"});
         let out = script_json(&v);
-        assert!(!out.contains('<') && !out.contains('>') && !out.contains('&'), "{out}");
+        assert!(
+            !out.contains('<') && !out.contains('>') && !out.contains('&'),
+            "{out}"
+        );
         let back: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(back, v);
     }

@@ -44,9 +44,8 @@ pub(super) async fn page(
 ) -> UiResult {
     let id: MemoryId = id.parse()?;
     let ns = viewer.namespace.clone();
-    let around = s
-        .rt
-        .inspect("the memory", move |sub| {
+    let around =
+        s.rt.inspect("the memory", move |sub| {
             let store = sub.store();
             let record = sub.get(&ns, id)?;
             let history = sub.history(&ns, id)?;
@@ -259,10 +258,8 @@ pub(super) async fn set_status(
         )
     })?;
     check_form(&viewer, &headers, &form.csrf)?;
-    let status: Status = crate::server::from_value(
-        "status",
-        serde_json::Value::String(form.status.clone()),
-    )?;
+    let status: Status =
+        crate::server::from_value("status", serde_json::Value::String(form.status.clone()))?;
     let id: MemoryId = id.parse()?;
     let memory = s.rt.memory(&viewer.namespace, id)?;
     let reason = form

@@ -64,10 +64,9 @@ struct Live {
 /// `GET /`.
 pub(super) async fn page(State(s): State<AppState>, viewer: Viewer) -> UiResult {
     let ns = viewer.namespace.clone();
-    let census = s
-        .rt
-        .inspect("the overview", move |sub| Ok(sub.store().census(&ns)))
-        .await?;
+    let census =
+        s.rt.inspect("the overview", move |sub| Ok(sub.store().census(&ns)))
+            .await?;
     let policy = s.rt.policy_for(&viewer.namespace);
     let sub = s.rt.substrate();
     let embedder = sub.embedder();
@@ -156,9 +155,8 @@ struct Figures {
 }
 
 async fn server_figures(s: &AppState) -> Result<Figures, super::UiError> {
-    let live = s
-        .rt
-        .inspect("the server's figures", |sub| {
+    let live =
+        s.rt.inspect("the server's figures", |sub| {
             let store = sub.store();
             let now = sub.clock().now();
             let mut queues = Vec::new();
@@ -186,12 +184,11 @@ async fn server_figures(s: &AppState) -> Result<Figures, super::UiError> {
             })
         })
         .await?;
-    let rates = s
-        .ui
-        .rates
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .rates(Instant::now(), s.metrics.served(), s.ui.started);
+    let rates = s.ui.rates.lock().unwrap_or_else(|p| p.into_inner()).rates(
+        Instant::now(),
+        s.metrics.served(),
+        s.ui.started,
+    );
     Ok(Figures {
         live,
         sessions_live: s.rt.live_sessions().await.unwrap_or(0),
@@ -263,7 +260,11 @@ mod tests {
         assert!((e - 20.0).abs() < 1e-9 && (over - 10.0).abs() < 1e-9);
         // Two minutes on, with a view every 30 s: the rate over the last window only.
         for i in 1..=4 {
-            s.rates(start + Duration::from_secs(20 + 30 * i), (300 + 30 * i, 20), start);
+            s.rates(
+                start + Duration::from_secs(20 + 30 * i),
+                (300 + 30 * i, 20),
+                start,
+            );
         }
         let (e, _, over) = s.rates(start + Duration::from_secs(170), (450, 20), start);
         assert!(over <= 61.0, "{over}");

@@ -33,7 +33,12 @@ pub(super) async fn page(
     Ok(html(view(&s, &viewer, flash, &[]).await))
 }
 
-async fn view(s: &AppState, viewer: &Viewer, flash: Option<Markup>, errors: &[PolicyIssue]) -> Markup {
+async fn view(
+    s: &AppState,
+    viewer: &Viewer,
+    flash: Option<Markup>,
+    errors: &[PolicyIssue],
+) -> Markup {
     let policy = s.rt.policy_for(&viewer.namespace);
     let on_disk = match policy.file.as_str() {
         "<default>" | "<inline>" => None,

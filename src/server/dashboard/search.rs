@@ -63,7 +63,18 @@ pub(super) async fn page(
     let knowledge = q.knowledge.as_deref() != Some("off");
     let outcome = match given(&q.query) {
         None => None,
-        Some(query) => Some(run(&s, &viewer, &q, query, (&session, &scope), knowledge, reinforce).await),
+        Some(query) => Some(
+            run(
+                &s,
+                &viewer,
+                &q,
+                query,
+                (&session, &scope),
+                knowledge,
+                reinforce,
+            )
+            .await,
+        ),
     };
     let selected = |name: &str| (scope == name).then_some("selected");
     let body = html! {
@@ -195,7 +206,10 @@ mod tests {
     fn form_times_become_rfc_3339() {
         assert_eq!(form_time("2026-12-01T10:30"), "2026-12-01T10:30:00Z");
         assert_eq!(form_time("2026-12-01T10:30:15"), "2026-12-01T10:30:15Z");
-        assert_eq!(form_time("2026-12-01T10:30:15+02:00"), "2026-12-01T10:30:15+02:00");
+        assert_eq!(
+            form_time("2026-12-01T10:30:15+02:00"),
+            "2026-12-01T10:30:15+02:00"
+        );
         assert_eq!(form_time("2026-12-01T10:30:15Z"), "2026-12-01T10:30:15Z");
     }
 }

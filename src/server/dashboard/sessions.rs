@@ -42,7 +42,11 @@ pub(super) async fn list(
     });
     let total = sessions.len();
     let page_no = query.page.unwrap_or(0);
-    let shown: Vec<_> = sessions.into_iter().skip(page_no * PAGE).take(PAGE).collect();
+    let shown: Vec<_> = sessions
+        .into_iter()
+        .skip(page_no * PAGE)
+        .take(PAGE)
+        .collect();
     let link = |p: usize| {
         let mut url = format!("/ui/sessions?page={p}");
         if let Some(q) = filter {
@@ -101,9 +105,8 @@ pub(super) async fn timeline(
     s.rt.session(&viewer.namespace, &id)?;
     let before = query.before.as_deref().map(cursor).transpose()?;
     let (ns, session) = (viewer.namespace.clone(), id.clone());
-    let (stats, mut items) = s
-        .rt
-        .inspect("the timeline", move |sub| {
+    let (stats, mut items) =
+        s.rt.inspect("the timeline", move |sub| {
             let store = sub.store();
             Ok((
                 store.session_stats(&ns, &session)?,

@@ -57,6 +57,9 @@ if (container && data.nodes.length > 0) {
     style,
     layout: { name: data.nodes.length > 1 ? "cose" : "grid", animate: false, randomize: false },
     wheelSensitivity: 0.3,
+    // A small graph fitted to the box would be drawn huge.
+    maxZoom: 1.5,
+    minZoom: 0.1,
   });
   cy.on("tap", "node", (event) => {
     location.href = `/ui/memories/${encodeURIComponent(event.target.id())}`;
