@@ -934,7 +934,7 @@ async fn in_chromium_the_key_prompt_signs_in_to_the_keys_namespace() {
     let Some((_driver, client)) = browser().await else {
         return;
     };
-    let (served, policy_file) = keyed();
+    let (served, _) = keyed();
     let site = Site::of(&served);
     seed(&site, Some(ACME)).await;
     let base = site.base.clone();
