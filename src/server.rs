@@ -3,7 +3,8 @@
 //! shape `{"error":{"code","message"}}` — for the endpoints listed in [`router`], with API
 //! keys that map to namespaces ([`Auth`]) and Prometheus metrics (`crate::metrics`); and
 //! `/mcp`, the MCP server of [`crate::mcp`] over Streamable HTTP, behind the same keys,
-//! body limit, admission slots and metrics.
+//! body limit, admission slots and metrics; and the dashboard (`GET /`, `/ui/…`,
+//! `dashboard`), HTML for people, through a sign-in with the same keys.
 //!
 //! Handlers only translate: they parse and bound the request, call the handle, and map the
 //! answer or the error. Validation of events, ids and limits on text and content lives in
@@ -358,7 +359,8 @@ impl Admission {
 
 /// The routes of `DESIGN.md` §7: health and metrics, session events, recall, feedback,
 /// condense and timeline, the session list, one memory (get, status, archive, history),
-/// knowledge search and graph, the policy (get, reload), and `/mcp` (`DESIGN.md` §10).
+/// knowledge search and graph, the policy (get, reload), `/mcp` and the dashboard
+/// (`DESIGN.md` §10).
 /// Every request's body is held to `edge.body_timeout` between chunks and, when it
 /// declares its length, to the body limit before a byte of it is read ([`guard_body`]).
 pub fn router(rt: Runtime, limits: Limits, auth: Auth, edge: Edge) -> Router {

@@ -8,6 +8,7 @@
 //! installs them); without them they skip, unless `SHADOWBRAIN_REQUIRE_BROWSER=1` (CI)
 //! makes a missing browser a failure.
 
+use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -676,7 +677,17 @@ struct Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // chromedriver and the Chromium it started share its process group: a test that
+        // fails before closing its session leaves no browser behind.
+        if let Ok(group) = i32::try_from(self.child.id())
+            && group > 1
+        {
+            // SAFETY: kill(2) with a negative pid signals that process group only: the
+            // group chromedriver leads (`process_group(0)`), never this process's.
+            unsafe {
+                libc::kill(-group, libc::SIGKILL);
+            }
+        }
         let _ = self.child.wait();
     }
 }
@@ -701,6 +712,7 @@ async fn browser() -> Option<(Driver, fantoccini::Client)> {
         .port();
     let child = std::process::Command::new(driver)
         .arg(format!("--port={port}"))
+        .process_group(0)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

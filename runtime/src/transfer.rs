@@ -16,7 +16,7 @@
 //! - `quarantine` — an entry set aside because processing it kept failing, with the audit
 //!   history of an input that never became a record.
 //! - `recall` — what a recall returned ([`RecallLog`]), so feedback on a recall id given
-//!   before the move keeps working after it.
+//!   before the move keeps working after it, and how the feedback on it went so far.
 //!
 //! What is **not** exported, because it is derived or local to a running process: the
 //! vector and keyword indexes (rebuilt from the records), the change log, strike counts of
@@ -1326,6 +1326,15 @@ mod tests {
             .unwrap()
             .recall_id
             .unwrap();
+        // How that recall went travels with it (it counts toward "in successful recalls").
+        a.feedback(
+            "default",
+            &FeedbackTarget::Recall(recall.clone()),
+            Feedback::Success,
+            "test",
+        )
+        .await
+        .unwrap();
         a.close().unwrap();
         let first = export_all(a.store());
         let next_id = a.store().next_id();
@@ -1349,7 +1358,8 @@ mod tests {
         );
         assert!(first[4].contains("\"quarantine\"") && first[4].contains("\"history\""));
         assert!(
-            first[5].contains(&format!("\"id\":\"{recall}\"")),
+            first[5].contains(&format!("\"id\":\"{recall}\""))
+                && first[5].contains("\"successes\":1"),
             "{}",
             first[5]
         );

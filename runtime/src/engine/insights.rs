@@ -162,13 +162,14 @@ impl Substrate {
             out.retired.extend(light(id)?);
         }
         for edge in store.edges(namespace, None)? {
-            if edge.relation == Relation::Supersedes && out.superseded.len() < limit {
-                if let Some(record) = light(edge.to)? {
-                    out.superseded.push(Superseded {
-                        record,
-                        by: edge.from,
-                    });
-                }
+            if edge.relation == Relation::Supersedes
+                && out.superseded.len() < limit
+                && let Some(record) = light(edge.to)?
+            {
+                out.superseded.push(Superseded {
+                    record,
+                    by: edge.from,
+                });
             }
         }
         Ok(out)
