@@ -399,28 +399,15 @@ impl Metrics {
                 .set(gauge(store.tier_len(t)));
         }
         self.archived.set(gauge(store.archived_len()));
-        for (queue, q) in [
-            ("enrich", Queue::Enrich),
-            ("evaluate", Queue::Evaluate),
-            ("condense", Queue::Condense),
-        ] {
-            if let Ok(n) = store.queue_depth(q, QUEUE_COUNT_CAP) {
+        for (queue, depth, age) in work_queues(sub) {
+            if let Some(n) = depth {
                 self.queues
                     .get_or_create(&QueueLabels { queue })
                     .set(gauge(n as u64));
             }
-            // The queues are in id order, and ids follow arrival: the first is the oldest.
-            let oldest = store
-                .queued(q, 1)
-                .ok()
-                .and_then(|ids| ids.first().copied())
-                .and_then(|id| store.get_light(id).ok().flatten());
-            let age = oldest.map_or(0.0, |r| {
-                (sub.clock().now() - r.recorded_time).max(0) as f64 / 1000.0
-            });
             self.queue_age
                 .get_or_create(&QueueLabels { queue })
-                .set(age);
+                .set(age.unwrap_or(0.0));
         }
         self.commit_backlog.set(gauge(store.commit_backlog()));
         catch_up(&self.promotions, sub.promotions());
@@ -458,6 +445,34 @@ impl Metrics {
         let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
         text
     }
+}
+
+/// Each work queue (`enrich`, `evaluate`, `condense`): its depth, counted up to
+/// [`QUEUE_COUNT_CAP`] (`None` when the store could not count it), and the age in seconds
+/// of its oldest item (`None` when it is empty). Read from the store: call it off the async
+/// workers when the answer must not wait on a busy disk.
+pub(crate) fn work_queues(
+    sub: &crate::Substrate,
+) -> Vec<(&'static str, Option<usize>, Option<f64>)> {
+    let store = sub.store();
+    [
+        ("enrich", Queue::Enrich),
+        ("evaluate", Queue::Evaluate),
+        ("condense", Queue::Condense),
+    ]
+    .into_iter()
+    .map(|(name, q)| {
+        let depth = store.queue_depth(q, QUEUE_COUNT_CAP).ok();
+        // The queues are in id order, and ids follow arrival: the first is the oldest.
+        let age = store
+            .queued(q, 1)
+            .ok()
+            .and_then(|ids| ids.first().copied())
+            .and_then(|id| store.get_light(id).ok().flatten())
+            .map(|r| (sub.clock().now() - r.recorded_time).max(0) as f64 / 1000.0);
+        (name, depth, age)
+    })
+    .collect()
 }
 
 /// A count as a gauge value (saturating: a gauge is an `i64`).

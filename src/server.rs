@@ -1591,6 +1591,20 @@ pub(crate) async fn graph(
     around: &str,
     depth: Option<usize>,
 ) -> ApiResult<Graph> {
+    let (nodes, edges) = graph_records(rt, ns, around, depth).await?;
+    Ok(Graph {
+        nodes: nodes.into_iter().map(Into::into).collect(),
+        edges: edges.into_iter().map(Into::into).collect(),
+    })
+}
+
+/// [`graph`] as the runtime's records and edges (what the dashboard draws).
+pub(crate) async fn graph_records(
+    rt: &Runtime,
+    ns: &str,
+    around: &str,
+    depth: Option<usize>,
+) -> ApiResult<(Vec<crate::MemoryRecord>, Vec<crate::Edge>)> {
     let depth = depth.unwrap_or(2);
     if depth > MAX_GRAPH_DEPTH {
         return Err(ApiError::invalid(
@@ -1601,10 +1615,9 @@ pub(crate) async fn graph(
     let (ids, edges) = rt.knowledge(ns)?.graph(around.parse()?, depth).await?;
     let mut nodes = Vec::with_capacity(ids.len());
     for id in ids {
-        nodes.push(rt.memory(ns, id)?.get().await?.into());
+        nodes.push(rt.memory(ns, id)?.get().await?);
     }
-    let edges = edges.into_iter().map(Into::into).collect();
-    Ok(Graph { nodes, edges })
+    Ok((nodes, edges))
 }
 
 /// The policy answer: its name, hash and compiled form.

@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::edge::Served;
+use crate::server::sha256_hex;
 
 /// A `serve` child with the hash embedder and `extra` in its config file, and namespace
 /// `acme`'s policy file `acme.toml` beside it (the path of that file is answered too).
@@ -32,14 +33,6 @@ fn serve(extra: &str) -> (Served, std::path::PathBuf) {
     )
     .unwrap();
     (Served::start_in(dir, data, &config), policy)
-}
-
-fn sha256_hex(key: &str) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// Keys: a tenant of `acme`, a tenant of `globex`, an admin whose namespace is `acme`.

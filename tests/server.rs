@@ -457,7 +457,8 @@ fn feedback_condense_sessions_memories_knowledge_and_policy_answer() {
     );
 }
 
-fn sha256_hex(key: &str) -> String {
+/// The hex SHA-256 of a key, as the config file's `[[auth.keys]]` holds it.
+pub(crate) fn sha256_hex(key: &str) -> String {
     use sha2::{Digest, Sha256};
     Sha256::digest(key.as_bytes())
         .iter()

@@ -101,7 +101,7 @@ fn random_token() -> String {
     let mut bytes = [0u8; 32];
     // The operating system's generator; without it no token would be safe to hand out.
     getrandom::fill(&mut bytes).expect("the operating system's random generator failed");
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    crate::server::hex(&bytes)
 }
 
 /// The visitor of a dashboard page: the namespace shown, the role, and the token the

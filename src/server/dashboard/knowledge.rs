@@ -133,26 +133,7 @@ pub(super) async fn graph(
         .map(str::trim)
         .filter(|a| !a.is_empty());
     let (nodes, edges): (Vec<MemoryRecord>, Vec<crate::Edge>) = match around {
-        Some(id) => {
-            let graph = crate::server::graph(&s.rt, &viewer.namespace, id, query.depth).await?;
-            let mut nodes = Vec::new();
-            for n in &graph.nodes {
-                let id: MemoryId = n.id.parse()?;
-                nodes.push(s.rt.memory(&viewer.namespace, id)?.get().await?);
-            }
-            let edges = graph
-                .edges
-                .into_iter()
-                .filter_map(|e| {
-                    Some(crate::Edge {
-                        from: e.from.parse().ok()?,
-                        to: e.to.parse().ok()?,
-                        relation: e.relation,
-                    })
-                })
-                .collect();
-            (nodes, edges)
-        }
+        Some(id) => crate::server::graph_records(&s.rt, &viewer.namespace, id, query.depth).await?,
         None => {
             let ns = viewer.namespace.clone();
             s.rt.inspect("the knowledge graph", move |sub| {

@@ -174,8 +174,8 @@ fn html(markup: maud::Markup) -> Response {
     Html(markup.into_string()).into_response()
 }
 
-async fn not_found(viewer: Viewer) -> UiError {
-    let _ = viewer;
+/// An unknown view: only a visitor who may see the dashboard learns that it is unknown.
+async fn not_found(_viewer: Viewer) -> UiError {
     UiError::new(
         StatusCode::NOT_FOUND,
         "not_found",

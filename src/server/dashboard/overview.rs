@@ -13,7 +13,6 @@ use maud::{Markup, html};
 
 use super::page::{self, Nav};
 use super::{UiResult, Viewer, html};
-use crate::internals::Queue;
 use crate::server::AppState;
 use crate::{Census, Status, Tier};
 
@@ -56,7 +55,7 @@ impl Samples {
 
 /// The server-wide figures, read from the store.
 struct Live {
-    queues: Vec<(&'static str, usize, Option<f64>)>,
+    queues: Vec<(&'static str, Option<usize>, Option<f64>)>,
     commit_backlog: u64,
     unbuilt: [(&'static str, usize); 2],
 }
@@ -158,22 +157,7 @@ async fn server_figures(s: &AppState) -> Result<Figures, super::UiError> {
     let live =
         s.rt.inspect("the server's figures", |sub| {
             let store = sub.store();
-            let now = sub.clock().now();
-            let mut queues = Vec::new();
-            for (name, q) in [
-                ("enrich", Queue::Enrich),
-                ("evaluate", Queue::Evaluate),
-                ("condense", Queue::Condense),
-            ] {
-                let depth = store.queue_depth(q, 1_000_000)?;
-                // Queues are in id order and ids follow arrival: the first is the oldest.
-                let age = store
-                    .queued(q, 1)?
-                    .first()
-                    .and_then(|id| store.get_light(*id).ok().flatten())
-                    .map(|r| (now - r.recorded_time).max(0) as f64 / 1000.0);
-                queues.push((name, depth, age));
-            }
+            let queues = crate::metrics::work_queues(sub);
             Ok(Live {
                 queues,
                 commit_backlog: store.commit_backlog(),
@@ -225,7 +209,7 @@ fn figures_section(f: Figures, llm: Option<&crate::llm::cost::LlmStats>) -> Mark
                         @for (name, depth, age) in &f.live.queues {
                             tr {
                                 th scope="row" { (name) }
-                                td.num { (depth) }
+                                td.num { @match depth { Some(n) => (n), None => "?" } }
                                 td.num { @match age { Some(a) => { (format!("{a:.1}")) " s" } None => "—" } }
                             }
                         }
