@@ -9,12 +9,13 @@
 //! the memory model, the clock, the one [`Error`]. Families with many parts keep a module
 //! of their own: [`policy`] (the policy schema, compiled), [`embed`] (embedders),
 //! [`llm`] (the judge and condenser over an OpenAI-compatible endpoint), [`eval`]
-//! (retrieval benchmarks), [`transfer`] (export and import). [`internals`] is for the few
+//! (retrieval benchmarks), [`transfer`] (export and import), [`updates`] (whether a newer
+//! record supersedes, contradicts or repeats an older one). [`internals`] is for the few
 //! that need more — the store, the indexes, text analysis — such as benchmarks and tests.
 //!
 //! Layers, lowest first (each uses only those before it): `clock`, `error`, `model` →
 //! `store` (the system of record; no other module builds a key) and `index` (derived) →
-//! `policy`, `retrieval` (pure decisions) → `provider` (the one OpenAI-compatible
+//! `policy`, `retrieval`, `updates` (pure decisions) → `provider` (the one OpenAI-compatible
 //! transport) → `embed` → `engine` (the [`Substrate`] handle over all of them, and the
 //! seams a judge or summarizer plugs into) → `llm` (the LLM-backed judge and condenser),
 //! `transfer`, `eval`.
@@ -34,6 +35,7 @@ mod provider;
 mod retrieval;
 mod store;
 pub mod transfer;
+pub mod updates;
 
 pub use clock::{
     Clock, DAY_MS, SystemClock, Timestamp, VirtualClock, parse_rfc3339, to_human, to_rfc3339,

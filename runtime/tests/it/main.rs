@@ -9,3 +9,4 @@ mod local_model;
 mod passages;
 mod recall;
 mod store_model;
+mod updates;
