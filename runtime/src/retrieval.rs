@@ -268,7 +268,8 @@ impl TimeCue {
     }
 }
 
-const MONTHS: [&str; 12] = [
+/// English month names, lower case, January first (time cues here, dates in `updates`).
+pub(crate) const MONTHS: [&str; 12] = [
     "january",
     "february",
     "march",

@@ -31,6 +31,7 @@
 use std::collections::HashSet;
 
 use crate::index::text::for_each_token;
+use crate::retrieval::MONTHS;
 
 /// What a newer record is to an older one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -214,21 +215,6 @@ const CEASED: &[&str] = &[
 /// Words that open a rule's condition.
 const CONDITIONS: &[&str] = &[
     "if", "when", "whenever", "before", "after", "once", "unless",
-];
-
-const MONTHS: [&str; 12] = [
-    "january",
-    "february",
-    "march",
-    "april",
-    "may",
-    "june",
-    "july",
-    "august",
-    "september",
-    "october",
-    "november",
-    "december",
 ];
 
 /// Number words read as numbers (not `one`: far more often a pronoun).
