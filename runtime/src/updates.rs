@@ -12,10 +12,10 @@
 //!
 //! The decision, for a newer text against an older one whose embeddings are `similarity`
 //! apart:
-//! - **supersedes**: a value of the same kind about the same thing changed (the terms
-//!   around the two values agree, and neither side names a subject the other never
-//!   mentions right beside its value); or an aligned sentence of the newer text negates the
-//!   older with a cue of change (`no longer`, `stopped`); or it names a new value with a
+//! - **supersedes**: a value of the same kind about the same thing changed (the two
+//!   clauses share at least two terms, a unit counting, and not both name, within a few
+//!   words before the value, a subject the other text never mentions); or an aligned sentence of the newer text negates the
+//!   older with a cue of change (`no longer`, `stopped`); or it names a new term with a
 //!   cue (`switched from Postgres to MySQL`, `CSV instead of XLSX`); or a rule keeps its
 //!   condition and changes its action;
 //! - **contradicts**: aligned sentences, one negated and one not, without a cue of change
@@ -350,24 +350,24 @@ fn novel(a: &Sentence, b: &Sentence, older: &Claims) -> bool {
 fn value_change(newer: &Claims, older: &Claims) -> Option<String> {
     for a in &newer.sentences {
         for u in &a.values {
+            // A value the older text also states is not new: the newer text is listing
+            // facts (a count beside a date), not changing one.
+            if older
+                .sentences
+                .iter()
+                .flat_map(|s| &s.values)
+                .any(|o| o.text == u.text)
+            {
+                continue;
+            }
             for b in &older.sentences {
                 for v in &b.values {
                     if u.text == v.text || !same_kind(&u.kind, &v.kind) {
                         continue;
                     }
-                    // About the same thing: the two clauses share terms (a shared unit counts).
+                    // About the same thing: the two clauses share terms (a number's unit is
+                    // one of its clause's terms, so a shared unit counts).
                     let mut shared: Vec<&String> = a.terms.intersection(&b.terms).collect();
-                    let unit = match (&u.kind, &v.kind) {
-                        (ValueKind::Number(Some(x)), ValueKind::Number(Some(y))) if x == y => {
-                            Some(x)
-                        }
-                        _ => None,
-                    };
-                    if let Some(unit) = unit
-                        && !shared.contains(&unit)
-                    {
-                        shared.push(unit);
-                    }
                     if shared.len() < 2 {
                         continue;
                     }
@@ -378,16 +378,6 @@ fn value_change(newer: &Claims, older: &Claims) -> Option<String> {
                         before(s, at).any(|w| !other.terms.contains(w) && !is_cue_term(w))
                     };
                     if other_subject(a, u.at, older) && other_subject(b, v.at, newer) {
-                        continue;
-                    }
-                    // A value the older text also states is not new: the newer text is
-                    // listing facts (a count beside a date), not changing one.
-                    if older
-                        .sentences
-                        .iter()
-                        .flat_map(|s| &s.values)
-                        .any(|o| o.text == u.text)
-                    {
                         continue;
                     }
                     shared.sort();
