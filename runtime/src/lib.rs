@@ -45,7 +45,8 @@ pub use engine::{
     Graph, IDEMPOTENCY_WINDOW, Idempotency, IndexKind, IndexPass, IndexingOptions, Insights, Judge,
     JudgeBatch, JudgeItem, Judgement, KNOWLEDGE_SESSION, MAX_REASON_BYTES, MAX_STRIKES, Outcome,
     PassageHit, Policies, Promotion, RecallRequest, RecallResult, Recalled, Recorded, Substrate,
-    SubstrateOptions, Summarizer, Summary, SummaryRequest, Superseded, SweepReport, Verdict, Why,
+    SubstrateOptions, Summarizer, Summary, SummaryRequest, Superseded, SweepReport, UpdatesRound, Verdict,
+    Why,
     panic_message, quarantined_error,
 };
 pub use error::{Error, PolicyErrors, PolicyIssue, Result};
@@ -55,7 +56,7 @@ pub use model::{
 };
 pub use policy::Policy;
 pub use retrieval::Scope;
-pub use store::{Backend, Census, QuarantineEntry, SessionStats, Strikes};
+pub use store::{Backend, Census, QuarantineEntry, SessionStats, Strikes, Validity, ValidityChange};
 
 /// The parts under the [`Substrate`], for benchmarks, tests and tools that work on them
 /// directly: the store and its write sets, the indexes, text analysis, the pure recall

@@ -361,6 +361,14 @@ pub enum AuditAction {
     Quarantined,
     /// Linked to another record in the knowledge graph.
     Linked,
+    /// A newer record states a newer value of its fact (or it supersedes an older one).
+    Superseded,
+    /// Found in conflict with another record.
+    Contradicted,
+    /// Found to repeat an older record (which was reinforced instead).
+    Repeated,
+    /// A conflict or a supersession settled by hand.
+    Resolved,
 }
 
 /// How two records are related.

@@ -643,3 +643,32 @@ mod tests {
         assert!(in_window(6, None, None));
     }
 }
+
+/// Words with which a question asks about an earlier state ("what did we use before?",
+/// "my original deadline", "where did I live previously?"): recall then ranks superseded
+/// records as if they were current, since the old value is what is asked for.
+const PAST_WORDS: [&str; 12] = [
+    "before",
+    "previously",
+    "previous",
+    "originally",
+    "original",
+    "formerly",
+    "former",
+    "earlier",
+    "initially",
+    "initial",
+    "prior",
+    "old",
+];
+
+/// Whether `query` asks about an earlier state (see [`PAST_WORDS`]; also "used to").
+pub fn asks_about_past(query: &str) -> bool {
+    let words: Vec<String> = query
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect();
+    words.iter().any(|w| PAST_WORDS.contains(&w.as_str()))
+        || words.windows(2).any(|p| p[0] == "used" && p[1] == "to")
+}

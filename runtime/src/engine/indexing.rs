@@ -383,8 +383,17 @@ impl Substrate {
 
     /// One scheduled indexing pass of `kind` (never forced), logged; whether the log holds
     /// more, so the caller should run the next one at once. A failed pass is logged and
-    /// reported as "no more": the scheduler's next tick retries it.
+    /// reported as "no more": the scheduler's next tick retries it. A keyword pass is
+    /// followed by a round of update detection, which needs the records it applied.
     pub fn index_step(&self, kind: IndexKind) -> bool {
+        let more = self.index_pass_step(kind);
+        match kind {
+            IndexKind::Keywords => self.updates_step() | more,
+            IndexKind::Vectors => more,
+        }
+    }
+
+    fn index_pass_step(&self, kind: IndexKind) -> bool {
         match self.index_pass_for(kind, false) {
             Ok(pass) => {
                 if pass.built {

@@ -274,6 +274,9 @@ impl Substrate {
             if record.embedding.is_none() {
                 writes.push(Mutation::Enqueue(Queue::Enrich, id));
             }
+            if policy.updates.on() {
+                writes.push(Mutation::Enqueue(Queue::Updates, id));
+            }
             queued |= record.embedding.is_none();
             out.push(record.id);
             writes.push(Mutation::Insert(Box::new(record)));

@@ -380,6 +380,9 @@ impl Substrate {
         if queued {
             writes.push(Mutation::Enqueue(Queue::Enrich, id));
         }
+        if policy.updates.on() {
+            writes.push(Mutation::Enqueue(Queue::Updates, id));
+        }
         writes.push(Mutation::Insert(Box::new(record)));
         if !passages.is_empty() {
             writes.push(Mutation::SetPassages(id, passages));

@@ -10,7 +10,8 @@
 //! the derived indexes following the store; [`recall`](self::recall) ranks and remembers
 //! recalls; [`lifecycle`](self::lifecycle) holds decay, condensation, feedback and status
 //! changes; [`knowledge`](self::knowledge) the knowledge pool; [`evaluate`](self::evaluate)
-//! the judge's importance scores; [`quarantine`](self::quarantine) poison inputs.
+//! the judge's importance scores; [`quarantine`](self::quarantine) poison inputs;
+//! [`updates`](self::updates) facts that change (supersession, contradiction, repeats).
 //!
 //! Indexing model: every write appends to the store's change log; the indexer applies
 //! changes to the indexes' in-memory tails (searchable at once) and builds / commits them
@@ -26,6 +27,7 @@ mod knowledge;
 mod lifecycle;
 mod quarantine;
 mod recall;
+mod updates;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -37,6 +39,7 @@ use std::time::Duration;
 
 pub use evaluate::{EvaluationReport, Judge, JudgeBatch, JudgeItem, Judgement, Verdict};
 pub use indexing::{IndexKind, IndexPass};
+pub use updates::UpdatesRound;
 pub use ingest::{IDEMPOTENCY_WINDOW, Idempotency, Recorded};
 pub use insights::{Counted, Fading, Insights, Superseded};
 pub use knowledge::{Graph, KNOWLEDGE_SESSION, Promotion};
@@ -193,6 +196,8 @@ struct Inner {
     staged_times: Mutex<[StagedTimes; 2]>,
     /// Serialises applying changes to the tails.
     apply_lock: Mutex<()>,
+    /// Serialises update-detection rounds (each reads what the one before it wrote).
+    updates_lock: Mutex<()>,
     /// Serialise the builds of each index (one writer per index; the two run side by side).
     build_locks: [Mutex<()>; 2],
     /// The change log is truncated up to here (both indexes have built it).
@@ -275,6 +280,7 @@ impl Substrate {
             applied: AtomicU64::new(0),
             staged_times: Mutex::new([StagedTimes::default(); 2]),
             apply_lock: Mutex::new(()),
+            updates_lock: Mutex::new(()),
             build_locks: [Mutex::new(()), Mutex::new(())],
             truncated: AtomicU64::new(0),
             rebuilds: AtomicU64::new(0),

@@ -54,6 +54,10 @@ pub struct RecallRequest {
     pub token_budget: Option<usize>,
     /// Strengthen what is returned (the policy's `reinforce_on_recall`).
     pub reinforce: bool,
+    /// Rank superseded records as if they were current (they are always eligible, and
+    /// `why.superseded_by` says what replaced them); also when the query asks about the
+    /// past ("what did we use before?").
+    pub include_superseded: bool,
 }
 
 impl RecallRequest {
@@ -73,13 +77,14 @@ impl RecallRequest {
             include_knowledge: true,
             token_budget: None,
             reinforce: true,
+            include_superseded: false,
         }
     }
 }
 
 /// Why a memory ranked where it did: each policy component's weighted contribution, and
 /// for a long record the passage that matched.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Why {
     /// Query relevance (fused vector + keyword).
     pub relevance: f32,
@@ -93,6 +98,18 @@ pub struct Why {
     /// a record that is one passage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub passage: Option<PassageHit>,
+    /// The record that states a newer value of this one's fact: it is returned as history,
+    /// its score multiplied by the policy's `updates.superseded_weight` unless the query
+    /// asks about the past or the request includes superseded records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<MemoryId>,
+    /// When it stopped being true (the newer record's event time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_until: Option<Timestamp>,
+    /// Records it is in open conflict with: both sides are returned as they rank, and the
+    /// caller decides (or resolves the conflict with `PATCH`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conflicts_with: Vec<MemoryId>,
 }
 
 /// Which passage of a long record matched: its place among the record's passages and its
@@ -432,6 +449,17 @@ impl Substrate {
             }
         }
         let now = self.inner.clock.now();
+        // What is known against the candidates: few records have an entry, so the two
+        // bitmaps say which to read.
+        let ids: roaring::RoaringBitmap = loaded.iter().map(|(r, _)| r.id.0).collect();
+        let mut validity = HashMap::new();
+        for n in &(store.superseded(&ids) | store.conflicted(&ids)) {
+            validity.insert(MemoryId(n), store.validity(MemoryId(n))?);
+        }
+        let demote = match req.include_superseded || retrieval::asks_about_past(&req.query) {
+            true => 1.0,
+            false => policy.updates.superseded_weight,
+        };
         let mut scored: Vec<(f32, Why, usize)> = loaded
             .iter()
             .enumerate()
@@ -443,14 +471,22 @@ impl Substrate {
                     utility: r.utility.mean(),
                     strength: policy.strength_at(r, now),
                 });
+                let v = validity.get(&r.id);
                 let why = Why {
                     relevance: b.relevance,
                     recency: b.recency,
                     importance: b.importance,
                     utility: b.utility,
                     passage: None,
+                    superseded_by: v.and_then(|v| v.superseded_by),
+                    valid_until: v.and_then(|v| v.valid_until),
+                    conflicts_with: v.map(|v| v.conflicts.clone()).unwrap_or_default(),
                 };
-                (b.total, why, i)
+                let total = match why.superseded_by {
+                    Some(_) => b.total * demote,
+                    None => b.total,
+                };
+                (total, why, i)
             })
             .collect();
         scored.sort_by(|a, b| {
@@ -514,7 +550,7 @@ impl Substrate {
         let ranked: Vec<&MemoryRecord> = shown.iter().map(|r| r.as_ref()).collect();
         let keep = retrieval::fit_budget(&ranked, req.token_budget);
         let context = retrieval::render_context(&ranked[..keep]);
-        let why_of = |i: usize| scored.iter().find(|s| s.2 == i).map(|s| (s.0, s.1));
+        let why_of = |i: usize| scored.iter().find(|s| s.2 == i).map(|s| (s.0, s.1.clone()));
         let mut memories = Vec::with_capacity(keep);
         let mut reinforce = WriteSet::new();
         let amount = policy.scoring.reinforce_on_recall;

@@ -22,6 +22,8 @@
 //! | `promotion.min_importance` | `0..=10` |
 //! | `promotion.min_utility`, `promotion.merge_similarity` | `0..=1` |
 //! | `promotion.min_successes` | `0..=1000000` |
+//! | `updates.candidates` | `1..=50` |
+//! | `updates.min_similarity`, `updates.duplicate_similarity`, `updates.sentence_overlap`, `updates.superseded_weight` | `0..=1` |
 //! | `evaluation.prompt`, `condensation.prompt` | not blank, at most 8 KiB |
 //! | durations | `"90s"`, `"1h"`, `"3d"`, `"1h 30m"` … up to 1000 years; `"never"` where noted |
 
@@ -202,6 +204,49 @@ pub struct Promotion {
     pub merge_similarity: f32,
 }
 
+/// Who decides whether a newer record updates an older one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpdatesMode {
+    /// Nobody: records are never compared (default, as before the section existed).
+    Off,
+    /// The in-process rules of [`crate::updates`].
+    Rules,
+}
+
+/// Where a new record's older neighbours are looked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpdatesScope {
+    /// Anywhere in its namespace (default): a fact stated in one session and changed in
+    /// another is still one fact.
+    Namespace,
+    /// Only in its own session.
+    Session,
+}
+
+/// `[updates]`, compiled: detecting facts that change.
+#[derive(Debug, Clone)]
+pub struct Updates {
+    /// Off, or who decides.
+    pub mode: UpdatesMode,
+    /// Where older records are looked for.
+    pub scope: UpdatesScope,
+    /// How many nearest older records each new one is compared with.
+    pub candidates: u32,
+    /// Neighbours less similar than this are not compared.
+    pub min_similarity: f32,
+    /// The decision's thresholds.
+    pub thresholds: crate::updates::Thresholds,
+    /// What a superseded record's recall score is multiplied by.
+    pub superseded_weight: f32,
+}
+
+impl Updates {
+    /// Whether new records are compared at all.
+    pub fn on(&self) -> bool {
+        self.mode != UpdatesMode::Off
+    }
+}
+
 /// DESIGN §5's values: what an empty file means.
 pub(crate) mod defaults {
     pub const NAME: &str = "default";
@@ -245,6 +290,16 @@ pub(crate) mod defaults {
     pub const MIN_UTILITY: f64 = 0.6;
     pub const MIN_SUCCESSES: u32 = 1;
     pub const MERGE_SIMILARITY: f64 = 0.9;
+    /// A few neighbours find the record a fact was last stated in without comparing with
+    /// the whole topic.
+    pub const UPDATES_CANDIDATES: u32 = 5;
+    /// Below this, MiniLM pairs in the labelled set are on different subjects.
+    pub const UPDATES_MIN_SIMILARITY: f64 = 0.5;
+    pub const DUPLICATE_SIMILARITY: f64 = 0.85;
+    pub const SENTENCE_OVERLAP: f64 = 0.5;
+    /// Half its score: the current value ranks first, and the old one still answers
+    /// questions only it matches.
+    pub const SUPERSEDED_WEIGHT: f64 = 0.5;
 
     /// DESIGN's two rules: goals matter most, failed observations next.
     pub fn rules() -> Vec<crate::policy::raw::RawRule> {
@@ -824,6 +879,62 @@ impl Policy {
             ),
         };
 
+        let u = &raw.updates;
+        let updates = Updates {
+            mode: c.choice(
+                "updates.mode",
+                u.mode.as_deref(),
+                UpdatesMode::Off,
+                &[("off", UpdatesMode::Off), ("rules", UpdatesMode::Rules)],
+            ),
+            scope: c.choice(
+                "updates.scope",
+                u.scope.as_deref(),
+                UpdatesScope::Namespace,
+                &[
+                    ("namespace", UpdatesScope::Namespace),
+                    ("session", UpdatesScope::Session),
+                ],
+            ),
+            candidates: c.count(
+                "updates.candidates",
+                u.candidates,
+                defaults::UPDATES_CANDIDATES,
+                1,
+                50,
+            ),
+            min_similarity: c.ranged(
+                "updates.min_similarity",
+                u.min_similarity,
+                defaults::UPDATES_MIN_SIMILARITY,
+                0.0,
+                1.0,
+            ),
+            thresholds: crate::updates::Thresholds {
+                duplicate_similarity: c.ranged(
+                    "updates.duplicate_similarity",
+                    u.duplicate_similarity,
+                    defaults::DUPLICATE_SIMILARITY,
+                    0.0,
+                    1.0,
+                ),
+                sentence_overlap: c.ranged(
+                    "updates.sentence_overlap",
+                    u.sentence_overlap,
+                    defaults::SENTENCE_OVERLAP,
+                    0.0,
+                    1.0,
+                ),
+            },
+            superseded_weight: c.ranged(
+                "updates.superseded_weight",
+                u.superseded_weight,
+                defaults::SUPERSEDED_WEIGHT,
+                0.0,
+                1.0,
+            ),
+        };
+
         if !c.issues.is_empty() {
             c.issues.sort_by(|a, b| a.key.cmp(&b.key));
             return Err(PolicyErrors(c.issues));
@@ -837,6 +948,7 @@ impl Policy {
             condensation,
             forgetting,
             promotion,
+            updates,
         };
         policy.hash = policy.content_hash();
         Ok(policy)

@@ -26,11 +26,13 @@ use crate::model::PolicyStamp;
 
 pub use compile::{
     Condensation, CondensationMode, Curve, Evaluation, EvaluationMode, Forgetting, Fusion,
-    Promotion, RecencyBasis, Rule, Scoring, format_duration, parse_duration,
+    Promotion, RecencyBasis, Rule, Scoring, Updates, UpdatesMode, UpdatesScope, format_duration,
+    parse_duration,
 };
 pub use decide::{ForgetDecision, ImportanceDecision, ScoreBreakdown, ScoreInput};
 pub use raw::{
     RawCondensation, RawEvaluation, RawForgetting, RawPolicy, RawPromotion, RawRule, RawScoring,
+    RawUpdates,
 };
 
 /// The file label of [`Policy::default_policy`].
@@ -57,6 +59,8 @@ pub struct Policy {
     pub forgetting: Forgetting,
     /// Promotion into the knowledge pool.
     pub promotion: Promotion,
+    /// Detecting facts that change.
+    pub updates: Updates,
 }
 
 impl Default for Policy {
@@ -290,6 +294,29 @@ impl Policy {
             if let (Some(text), Some(Value::Object(map))) = (prompt, v.get_mut(section)) {
                 map.insert("prompt".into(), json!(text));
             }
+        }
+        // Likewise `[updates]`: a policy that does not turn it on behaves as before it
+        // existed, whatever else the section says, and keeps its hash.
+        let u = &self.updates;
+        if let (true, Value::Object(map)) = (u.on(), &mut v) {
+            map.insert(
+                "updates".into(),
+                json!({
+                    "mode": match u.mode {
+                        UpdatesMode::Off => "off",
+                        UpdatesMode::Rules => "rules",
+                    },
+                    "scope": match u.scope {
+                        UpdatesScope::Namespace => "namespace",
+                        UpdatesScope::Session => "session",
+                    },
+                    "candidates": u.candidates,
+                    "min_similarity": u.min_similarity,
+                    "duplicate_similarity": u.thresholds.duplicate_similarity,
+                    "sentence_overlap": u.thresholds.sentence_overlap,
+                    "superseded_weight": u.superseded_weight,
+                }),
+            );
         }
         v
     }

@@ -52,6 +52,10 @@ pub struct RawPolicy {
     /// Which condensed records enter the knowledge pool.
     #[serde(default)]
     pub promotion: RawPromotion,
+    /// Extension: whether and how newer records are checked against older ones for
+    /// updates, contradictions and duplicates (off when absent).
+    #[serde(default)]
+    pub updates: RawUpdates,
 }
 
 /// `[scoring]` as written.
@@ -190,6 +194,33 @@ pub struct RawForgetting {
     /// Decay sweep period on the runtime clock (duration or `"never"`).
     #[serde(default)]
     pub interval: Option<String>,
+}
+
+/// `[updates]` as written.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpdates {
+    /// `"off"` (default) or `"rules"`.
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// `"namespace"` (default) or `"session"`: where older records are looked for.
+    #[serde(default)]
+    pub scope: Option<String>,
+    /// How many nearest older records each new record is compared with.
+    #[serde(default, deserialize_with = "count")]
+    pub candidates: Option<u32>,
+    /// Embedding similarity below which a neighbour is not compared at all.
+    #[serde(default, deserialize_with = "number")]
+    pub min_similarity: Option<f64>,
+    /// Similarity at or above which two records without a conflict are one fact.
+    #[serde(default, deserialize_with = "number")]
+    pub duplicate_similarity: Option<f64>,
+    /// Share of the shorter sentence's terms two sentences must share to be aligned.
+    #[serde(default, deserialize_with = "number")]
+    pub sentence_overlap: Option<f64>,
+    /// What a superseded record's recall score is multiplied by (1 keeps it as it was).
+    #[serde(default, deserialize_with = "number")]
+    pub superseded_weight: Option<f64>,
 }
 
 /// `[promotion]` as written.
@@ -428,6 +459,7 @@ fn diagnose_policy(tree: Value, issues: &mut Vec<(String, String)>) -> Option<Va
             ("condensation", diagnose_table_at::<RawCondensation>),
             ("forgetting", diagnose_table_at::<RawForgetting>),
             ("promotion", diagnose_table_at::<RawPromotion>),
+            ("updates", diagnose_table_at::<RawUpdates>),
         ],
     )
 }

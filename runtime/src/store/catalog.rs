@@ -1,7 +1,9 @@
 //! The in-memory catalog: roaring bitmaps of record ids by namespace, session, agent, tier,
-//! kind and recallability, and the long records that have passages. Recall builds its candidate set from these (scoped vector and
-//! keyword search take a bitmap), so a session-scoped query never even looks at another
-//! session's records. Rebuilt from record headers when the store opens; updated by the
+//! kind and recallability, the long records that have passages, and the records superseded
+//! or in conflict. Recall builds its candidate set from these (scoped vector and keyword
+//! search take a bitmap), so a session-scoped query never even looks at another session's
+//! records. Rebuilt from record headers (and the passage and validity keys) when the store
+//! opens; updated by the
 //! commit thread only after a write is durable, so nothing unacknowledged is ever visible.
 
 use std::collections::HashMap;
@@ -34,6 +36,10 @@ pub struct Catalog {
     recallable: RoaringBitmap,
     /// Long records whose passages are stored.
     passages: RoaringBitmap,
+    /// Records a newer one superseded (recall demotes them).
+    superseded: RoaringBitmap,
+    /// Records in an open conflict with another.
+    conflicted: RoaringBitmap,
     /// By status, in [`Status::ALL`] order.
     statuses: [RoaringBitmap; 5],
     tiers: [RoaringBitmap; 3],
@@ -144,6 +150,8 @@ impl Catalog {
         let n = id.0;
         self.recallable.remove(n);
         self.passages.remove(n);
+        self.superseded.remove(n);
+        self.conflicted.remove(n);
         for b in &mut self.statuses {
             b.remove(n);
         }
@@ -174,6 +182,30 @@ impl Catalog {
     /// The records with stored passages (long, and embedded).
     pub fn with_passages(&self) -> &RoaringBitmap {
         &self.passages
+    }
+
+    /// Marks whether `id` is superseded, and whether it is in an open conflict.
+    pub fn set_validity(&mut self, id: MemoryId, superseded: bool, conflicted: bool) {
+        for (set, on) in [
+            (&mut self.superseded, superseded),
+            (&mut self.conflicted, conflicted),
+        ] {
+            if on {
+                set.insert(id.0);
+            } else {
+                set.remove(id.0);
+            }
+        }
+    }
+
+    /// The records a newer one superseded.
+    pub fn superseded(&self) -> &RoaringBitmap {
+        &self.superseded
+    }
+
+    /// The records in an open conflict.
+    pub fn conflicted(&self) -> &RoaringBitmap {
+        &self.conflicted
     }
 
     /// The ids a query may see.

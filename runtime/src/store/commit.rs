@@ -18,7 +18,7 @@ use super::codec::{self, Header};
 use super::families;
 use super::keys::{self, meta};
 use super::kv::{Kv, Op, Range, Visit};
-use super::{Change, Mutation, Queue, RecordPatch, SessionStats, WriteSet};
+use super::{Change, Mutation, Queue, RecordPatch, SessionStats, Validity, WriteSet};
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 use crate::model::{AuditAction, AuditEntry, MemoryId, Status, Tier};
@@ -78,11 +78,15 @@ pub(super) struct Committer {
     backlog: Arc<AtomicU64>,
 }
 
+/// Overlay entries to put back if a write set fails to encode: each key's value before.
+type Undo = Vec<(Vec<u8>, Option<Option<Vec<u8>>>)>;
+
 enum CatalogOp {
     Insert(MemoryId, Header),
     Status(MemoryId, Status),
     Remove(MemoryId, Header),
     Passages(MemoryId, bool),
+    Validity(MemoryId, bool, bool),
 }
 
 struct Worker {
@@ -95,9 +99,10 @@ struct Worker {
     next_seq: u64,
     shared_seq: Arc<AtomicU64>,
     stats: HashMap<Vec<u8>, SessionStats>,
-    /// Encoded records written earlier in the current group (`None`: purged), so a patch
-    /// later in the same group applies to what it will follow, not to the disk's older copy.
-    overlay: HashMap<MemoryId, Option<Vec<u8>>>,
+    /// Values of read-modify-write keys (records, validity) written earlier in the current
+    /// group, by key (`None`: deleted), so a patch later in the same group applies to what
+    /// it will follow, not to the disk's older copy.
+    overlay: HashMap<Vec<u8>, Option<Vec<u8>>>,
     commits: Arc<AtomicU64>,
     write_sets: Arc<AtomicU64>,
     backlog: Arc<AtomicU64>,
@@ -318,6 +323,9 @@ impl Worker {
                                 CatalogOp::Status(id, s) => catalog.set_status(*id, *s),
                                 CatalogOp::Remove(id, h) => catalog.remove(*id, h),
                                 CatalogOp::Passages(id, has) => catalog.set_passages(*id, *has),
+                                CatalogOp::Validity(id, superseded, conflicted) => {
+                                    catalog.set_validity(*id, *superseded, *conflicted)
+                                }
                             }
                         }
                     }
@@ -415,7 +423,7 @@ impl Worker {
 
     fn encode(&mut self, writes: WriteSet) -> Result<(Vec<Op>, Vec<CatalogOp>)> {
         let mut touched: Vec<Vec<u8>> = Vec::new();
-        let mut undo: Vec<(MemoryId, Option<Option<Vec<u8>>>)> = Vec::new();
+        let mut undo: Undo = Vec::new();
         let result = self.encode_into(writes, &mut touched, &mut undo);
         if result.is_err() {
             // The cached stats and the overlay were changed for a write set that will not be
@@ -423,10 +431,10 @@ impl Worker {
             for key in &touched {
                 self.stats.remove(key);
             }
-            for (id, before) in undo.into_iter().rev() {
+            for (key, before) in undo.into_iter().rev() {
                 match before {
-                    Some(b) => self.overlay.insert(id, b),
-                    None => self.overlay.remove(&id),
+                    Some(b) => self.overlay.insert(key, b),
+                    None => self.overlay.remove(&key),
                 };
             }
         }
@@ -435,19 +443,19 @@ impl Worker {
 
     /// The record as this group will leave it: from the overlay, else from disk.
     fn current(&self, id: MemoryId) -> Result<Option<Vec<u8>>> {
-        match self.overlay.get(&id) {
+        self.current_at(&keys::record(id))
+    }
+
+    /// The value under `key` as this group will leave it.
+    fn current_at(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        match self.overlay.get(key) {
             Some(v) => Ok(v.clone()),
-            None => self.kv.get(&keys::record(id)),
+            None => self.kv.get(key),
         }
     }
 
-    fn set_overlay(
-        &mut self,
-        undo: &mut Vec<(MemoryId, Option<Option<Vec<u8>>>)>,
-        id: MemoryId,
-        v: Option<Vec<u8>>,
-    ) {
-        undo.push((id, self.overlay.insert(id, v)));
+    fn set_overlay(&mut self, undo: &mut Undo, key: Vec<u8>, v: Option<Vec<u8>>) {
+        undo.push((key.clone(), self.overlay.insert(key, v)));
     }
 
     /// Applies a patch to the record as this group leaves it; `false` (nothing written)
@@ -459,7 +467,7 @@ impl Worker {
         if_strength_at: Option<Timestamp>,
         ops: &mut Vec<Op>,
         cat: &mut Vec<CatalogOp>,
-        undo: &mut Vec<(MemoryId, Option<Option<Vec<u8>>>)>,
+        undo: &mut Undo,
     ) -> Result<bool> {
         let key = keys::record(id);
         // A record purged meanwhile has nothing left to patch.
@@ -473,7 +481,7 @@ impl Worker {
         let status_before = r.status;
         patch.apply(&mut r);
         let bytes = codec::encode_record(&r);
-        self.set_overlay(undo, id, Some(bytes.clone()));
+        self.set_overlay(undo, keys::record(id).to_vec(), Some(bytes.clone()));
         ops.push(Op::Put(key.to_vec(), bytes));
         if r.status != status_before {
             cat.push(CatalogOp::Status(id, r.status));
@@ -485,7 +493,7 @@ impl Worker {
         &mut self,
         writes: WriteSet,
         touched: &mut Vec<Vec<u8>>,
-        undo: &mut Vec<(MemoryId, Option<Option<Vec<u8>>>)>,
+        undo: &mut Undo,
     ) -> Result<(Vec<Op>, Vec<CatalogOp>)> {
         let mut ops = Vec::new();
         let mut cat = Vec::new();
@@ -494,7 +502,7 @@ impl Worker {
                 Mutation::Insert(r) => {
                     let id = r.id;
                     let bytes = codec::encode_record(&r);
-                    self.set_overlay(undo, id, Some(bytes.clone()));
+                    self.set_overlay(undo, keys::record(id).to_vec(), Some(bytes.clone()));
                     ops.push(Op::Put(keys::record(id).to_vec(), bytes));
                     if let Some(e) = &r.embedding {
                         ops.push(Op::Put(
@@ -528,7 +536,7 @@ impl Worker {
                 Mutation::Update { record: r, reindex } => {
                     let id = r.id;
                     let bytes = codec::encode_record(&r);
-                    self.set_overlay(undo, id, Some(bytes.clone()));
+                    self.set_overlay(undo, keys::record(id).to_vec(), Some(bytes.clone()));
                     ops.push(Op::Put(keys::record(id).to_vec(), bytes));
                     if reindex {
                         match &r.embedding {
@@ -552,7 +560,7 @@ impl Worker {
                 }
                 Mutation::Purge(r) => {
                     let id = r.id;
-                    self.set_overlay(undo, id, None);
+                    self.set_overlay(undo, keys::record(id).to_vec(), None);
                     ops.push(Op::Delete(keys::record(id).to_vec()));
                     ops.push(Op::Delete(keys::embedding(id).to_vec()));
                     ops.push(Op::Delete(keys::passages(id).to_vec()));
@@ -571,9 +579,14 @@ impl Worker {
                         r.event_time,
                         id,
                     )));
-                    for q in [Queue::Enrich, Queue::Evaluate, Queue::Condense] {
+                    for q in [Queue::Enrich, Queue::Evaluate, Queue::Condense, Queue::Updates] {
                         ops.push(Op::Delete(keys::queue_item(q as u8, id).to_vec()));
                     }
+                    // What was known against it goes with it; the records it named keep
+                    // their own entries (and their history says who named them).
+                    let key = keys::validity(id).to_vec();
+                    self.set_overlay(undo, key.clone(), None);
+                    ops.push(Op::Delete(key));
                     let stats = self.stats_entry(&r.namespace, &r.session_id)?;
                     stats.memories = stats.memories.saturating_sub(1);
                     if r.tier == Tier::Episodic {
@@ -619,7 +632,7 @@ impl Worker {
                         .curve
                         .apply(&mut r, reinforcement.at, reinforcement.amount);
                     let bytes = codec::encode_record(&r);
-                    self.set_overlay(undo, id, Some(bytes.clone()));
+                    self.set_overlay(undo, keys::record(id).to_vec(), Some(bytes.clone()));
                     ops.push(Op::Put(key.to_vec(), bytes));
                     let seq = self.seq();
                     ops.push(Op::Put(
@@ -734,6 +747,28 @@ impl Worker {
                     upto,
                 } => ops.push(families::condensed_upto_op(&namespace, &session, upto)),
                 Mutation::SetLastDecaySweep(at) => ops.push(families::last_decay_sweep_op(at)),
+                Mutation::Validity(id, change) => {
+                    if self.current(id)?.is_none() {
+                        continue;
+                    }
+                    let key = keys::validity(id).to_vec();
+                    let mut v: Validity = match self.current_at(&key)? {
+                        Some(bytes) => codec::decode(&key, &bytes)?,
+                        None => Validity::default(),
+                    };
+                    change.apply(&mut v);
+                    cat.push(CatalogOp::Validity(
+                        id,
+                        v.superseded(),
+                        !v.conflicts.is_empty(),
+                    ));
+                    let bytes = (!v.is_clear()).then(|| codec::encode(&v));
+                    self.set_overlay(undo, key.clone(), bytes.clone());
+                    ops.push(match bytes {
+                        Some(b) => Op::Put(key, b),
+                        None => Op::Delete(key),
+                    });
+                }
             }
         }
         touched.sort();

@@ -1,6 +1,7 @@
 //! The store's small typed tables, kept for the layers above it: what each recall returned,
 //! knowledge-graph edges, promotion markers, strike counts and quarantine entries, where a
-//! session's condensation stands, and when the last decay sweep ran. Each has a type here,
+//! session's condensation stands, when the last decay sweep ran, and whether a record
+//! still holds (its validity). Each has a type here,
 //! a [`Mutation`](super::Mutation) that writes it and a reader on [`Store`]; the key bytes
 //! and the encoding stay inside the store (built by `keys`, encoded by `codec`), so no
 //! caller ever builds or parses a key, and the on-disk bytes are those of format 1.
@@ -76,6 +77,92 @@ pub struct QuarantineEntry {
     pub input: Option<String>,
 }
 
+/// Whether a record still holds: what the update detector (or a person resolving a
+/// conflict) found about it. Bi-temporal: `valid_until` is when the fact stopped being true
+/// (the newer record's event time), `learned_at` when the runtime learned it. A record
+/// without an entry is current and unchallenged. Postcard is positional: these fields, in
+/// this order, are the stored bytes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Validity {
+    /// The record that states its newer value.
+    pub superseded_by: Option<MemoryId>,
+    /// When it stopped being true (event time of `superseded_by`).
+    pub valid_until: Option<Timestamp>,
+    /// When that was learned (runtime clock).
+    pub learned_at: Option<Timestamp>,
+    /// Records it is in open conflict with.
+    pub conflicts: Vec<MemoryId>,
+    /// The older record this one repeats.
+    pub duplicate_of: Option<MemoryId>,
+}
+
+impl Validity {
+    /// Whether a newer record replaced it.
+    pub fn superseded(&self) -> bool {
+        self.superseded_by.is_some()
+    }
+
+    /// Whether nothing is known against it (no entry needs to be kept).
+    pub fn is_clear(&self) -> bool {
+        *self == Validity::default()
+    }
+}
+
+/// One change to a record's [`Validity`], applied at commit time to the entry as it is
+/// then, so the detector and a person resolving a conflict never undo each other.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValidityChange {
+    /// `by` states a newer value; the fact stopped being true `until`, learned `at`. The
+    /// first supersession stays: a later record naming the same old value extends the
+    /// chain from its successor, and the time it stopped being true does not move.
+    SupersededBy {
+        /// The newer record.
+        by: MemoryId,
+        /// Its event time.
+        until: Timestamp,
+        /// Runtime clock.
+        at: Timestamp,
+    },
+    /// Current again (a person said the newer record was wrong about it).
+    Reinstated,
+    /// In open conflict with `with` (`open`), or no longer (`!open`: resolved).
+    Conflict {
+        /// The other record.
+        with: MemoryId,
+        /// Whether the conflict is open.
+        open: bool,
+    },
+    /// It repeats the older record `of`.
+    DuplicateOf(MemoryId),
+}
+
+impl ValidityChange {
+    /// Applies the change to `v`.
+    pub fn apply(&self, v: &mut Validity) {
+        match *self {
+            ValidityChange::SupersededBy { .. } if v.superseded() => {}
+            ValidityChange::SupersededBy { by, until, at } => {
+                v.superseded_by = Some(by);
+                v.valid_until = Some(until);
+                v.learned_at = Some(at);
+            }
+            ValidityChange::Reinstated => {
+                v.superseded_by = None;
+                v.valid_until = None;
+                v.learned_at = None;
+            }
+            ValidityChange::Conflict { with, open } => {
+                v.conflicts.retain(|c| *c != with);
+                if open {
+                    v.conflicts.push(with);
+                    v.conflicts.sort_unstable();
+                }
+            }
+            ValidityChange::DuplicateOf(of) => v.duplicate_of = Some(of),
+        }
+    }
+}
+
 /// The backend write of a typed-table mutation (called by the commit thread).
 pub(super) fn recall_op(n: u32, recall: &RememberedRecall) -> Op {
     Op::Put(keys::recall(n).to_vec(), codec::encode(recall))
@@ -143,6 +230,13 @@ impl Store {
             Some(v) => codec::decode(key, &v).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// A record's validity (clear when nothing is known against it).
+    pub fn validity(&self, id: MemoryId) -> Result<Validity> {
+        Ok(self
+            .decoded(&keys::validity(id))?
+            .unwrap_or_default())
     }
 
     /// What recall number `n` returned, if it was remembered.

@@ -139,6 +139,9 @@ pub mod layer {
     pub const IDEMPOTENT_BY_TIME: u8 = 0x18;
     /// Per recall and feedback: how a recall's feedback said it went (one entry each time).
     pub const RECALL_OUTCOME: u8 = 0x19;
+    /// Per record: whether it still holds (superseded, in conflict, a repeat); see
+    /// `families::Validity`.
+    pub const VALIDITY: u8 = 0x1a;
 }
 
 /// A namespace's idempotency key (keys are visible ASCII, never `0x00`).
@@ -182,6 +185,13 @@ pub fn idempotent_by_time_parts(entry: &[u8]) -> Option<(&str, &str)> {
 /// A record's strike count (see `families::Strikes`).
 pub fn strikes(id: MemoryId) -> [u8; 5] {
     let mut k = [layer::STRIKES, 0, 0, 0, 0];
+    k[1..].copy_from_slice(&id.0.to_be_bytes());
+    k
+}
+
+/// A record's validity (see `families::Validity`).
+pub fn validity(id: MemoryId) -> [u8; 5] {
+    let mut k = [layer::VALIDITY, 0, 0, 0, 0];
     k[1..].copy_from_slice(&id.0.to_be_bytes());
     k
 }

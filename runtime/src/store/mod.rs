@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 pub use catalog::{Catalog, Census, Filter};
 pub use commit::CommitStats;
-pub use families::{Idempotent, QuarantineEntry, RememberedRecall, Strikes};
+pub use families::{Idempotent, QuarantineEntry, RememberedRecall, Strikes, Validity, ValidityChange};
 pub use kv::{Backend, Visit, dir_disk_bytes};
 
 use crate::clock::Timestamp;
@@ -48,6 +48,8 @@ pub enum Queue {
     Evaluate = 2,
     /// Sessions or records waiting for condensation.
     Condense = 3,
+    /// Records waiting to be compared with older ones for updates and contradictions.
+    Updates = 4,
 }
 
 /// A listing entry: a record's event time and id.
@@ -187,6 +189,9 @@ pub enum Mutation {
     },
     /// Runtime-clock time of the decay sweep that just ran.
     SetLastDecaySweep(Timestamp),
+    /// Change what is known about whether a record still holds (applied to its
+    /// [`Validity`] as it is at commit time; skipped if the record was purged).
+    Validity(MemoryId, ValidityChange),
 }
 
 /// A reinforcement to apply at commit time ([`Mutation::Reinforce`]).
@@ -362,6 +367,16 @@ impl Store {
             let header = codec::decode_header(k, v)?;
             catalog.insert(id, &header);
             max_id = Some(id.0);
+            Ok(Visit::Continue)
+        })?;
+        // Which records are superseded or in conflict: few, so decoded at open.
+        let prefix = [keys::layer::VALIDITY];
+        let mut end = Vec::new();
+        kv.scan(Range::prefix(&prefix, &mut end), false, &mut |k, v| {
+            if let Some(id) = keys::id_from_key(k) {
+                let validity: Validity = codec::decode(k, v)?;
+                catalog.set_validity(id, validity.superseded(), !validity.conflicts.is_empty());
+            }
             Ok(Visit::Continue)
         })?;
         // Keys only: which records have passages.
@@ -802,6 +817,16 @@ impl Store {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .candidates(filter)
+    }
+
+    /// Which of `ids` a newer record superseded.
+    pub fn superseded(&self, ids: &roaring::RoaringBitmap) -> roaring::RoaringBitmap {
+        self.catalog().superseded() & ids
+    }
+
+    /// Which of `ids` are in an open conflict.
+    pub fn conflicted(&self, ids: &roaring::RoaringBitmap) -> roaring::RoaringBitmap {
+        self.catalog().conflicted() & ids
     }
 
     /// Which of `ids` have stored passages (long records, once embedded).

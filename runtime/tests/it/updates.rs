@@ -4,13 +4,21 @@
 //! are the half the rules were tuned on, even ids the held-out half; precision and recall
 //! per class are printed for both, and the held-out half must keep the floors below.
 //! Similarity comes from the local model when it is installed (as in `serve`), else from
-//! the hash embedder.
+//! the hash embedder. Then the detector on a real substrate: what a supersession, a
+//! contradiction and a repeat write, and how recall shows them.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde_json::Value;
 use shadowbrain_runtime::embed::{Embedder, HashEmbedder, LocalEmbedder};
+use shadowbrain_runtime::policy::Policy;
+use shadowbrain_runtime::internals::Queue;
 use shadowbrain_runtime::updates::{Change, Claims, Thresholds, compare};
+use shadowbrain_runtime::{
+    AuditAction, Edge, IndexingOptions, MemoryId, NewMemory, RecallRequest, Relation, Scope,
+    Substrate, SubstrateOptions, UpdatesRound, VirtualClock,
+};
 
 const CLASSES: [Change; 4] = [
     Change::Supersedes,
@@ -153,4 +161,182 @@ async fn the_rules_find_updates_contradictions_and_duplicates_in_the_labelled_se
             class.as_str()
         );
     }
+}
+
+/// A substrate with `[updates]` as `updates` says, on the local model when installed
+/// (else the hash embedder, whose similarities are lower: the threshold follows).
+fn open_with_updates(dir: &std::path::Path, updates: &str) -> Substrate {
+    let (embedder, floor): (Arc<dyn Embedder>, f32) = match crate::local_model::model() {
+        Some(dir) => (Arc::new(LocalEmbedder::open(&dir, None).unwrap()), 0.5),
+        None => (Arc::new(HashEmbedder::new(384).unwrap()), 0.2),
+    };
+    let toml = format!("[updates]\n{updates}\nmin_similarity = {floor}\n");
+    Substrate::open(
+        dir,
+        SubstrateOptions {
+            clock: Arc::new(VirtualClock::new(1_780_000_000_000)),
+            policy: Policy::from_toml("<test>", &toml).unwrap(),
+            embedder,
+            indexing: IndexingOptions {
+                background: false,
+                ..IndexingOptions::default()
+            },
+            ..SubstrateOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+async fn write(sub: &Substrate, session: &str, at: i64, text: &str) -> MemoryId {
+    sub.record(
+        "acme",
+        session,
+        vec![NewMemory {
+            timestamp: Some(at),
+            ..NewMemory::new("observation", text)
+        }],
+    )
+    .await
+    .unwrap()[0]
+}
+
+async fn settle(sub: &Substrate) -> UpdatesRound {
+    while sub.enrich_pending(64).await.unwrap() > 0 {}
+    sub.detect_all_updates().unwrap()
+}
+
+const DAY: i64 = 86_400_000;
+
+#[tokio::test]
+async fn a_newer_value_supersedes_the_older_which_stays_readable_and_ranks_below_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = open_with_updates(dir.path(), "mode = \"rules\"");
+    let t0 = 1_770_000_000_000;
+    let old = write(&sub, "ops", t0, "The deploy runner for production is in eu-1.").await;
+    write(&sub, "ops", t0 + DAY, "I ordered pizza for the team lunch on Friday.").await;
+    let new = write(
+        &sub,
+        "planning",
+        t0 + 30 * DAY,
+        "The deploy runner for production moved to eu-2.",
+    )
+    .await;
+    let round = settle(&sub).await;
+    assert_eq!(round.superseded, 1, "{round:?}");
+    assert_eq!(round.contradicted, 0, "{round:?}");
+
+    // Validity, not deletion: the old record is still there, and says what replaced it
+    // and since when; both histories say why and by whom.
+    let v = sub.store().validity(old).unwrap();
+    assert_eq!(v.superseded_by, Some(new));
+    assert_eq!(v.valid_until, Some(t0 + 30 * DAY));
+    assert!(v.learned_at.is_some());
+    assert_eq!(sub.get("acme", old).unwrap().text, "The deploy runner for production is in eu-1.");
+    let history = sub.history("acme", old).unwrap();
+    let entry = history
+        .iter()
+        .find(|e| e.action == AuditAction::Superseded)
+        .expect("the old record's history says it was superseded");
+    assert_eq!(entry.by, "updates:rules");
+    assert!(entry.detail.contains(&new.to_string()) && entry.detail.contains("eu-1"), "{entry:?}");
+    assert!(
+        sub.history("acme", new)
+            .unwrap()
+            .iter()
+            .any(|e| e.action == AuditAction::Superseded && e.detail.contains(&old.to_string()))
+    );
+    assert!(sub.store().edges("acme", None).unwrap().contains(&Edge {
+        from: new,
+        to: old,
+        relation: Relation::Supersedes
+    }));
+
+    // Recall prefers the current value and says what the old one is.
+    sub.flush_indexes().unwrap();
+    let ask = |query: &str, include_superseded: bool| RecallRequest {
+        scope: Scope::Namespace,
+        include_superseded,
+        reinforce: false,
+        ..RecallRequest::new("acme", "asker", query)
+    };
+    let r = sub.recall(&ask("where is the production deploy runner?", false)).await.unwrap();
+    let ids: Vec<MemoryId> = r.memories.iter().map(|m| m.record.id).collect();
+    let (at_new, at_old) = (
+        ids.iter().position(|i| *i == new).unwrap(),
+        ids.iter().position(|i| *i == old).expect("the old value is still returned"),
+    );
+    assert!(at_new < at_old, "{ids:?}");
+    let old_why = &r.memories[at_old].why;
+    assert_eq!(old_why.superseded_by, Some(new));
+    assert_eq!(old_why.valid_until, Some(t0 + 30 * DAY));
+    assert_eq!(r.memories[at_new].why.superseded_by, None);
+    // Asked as history, the old value is ranked as it matches (undemoted).
+    let before = sub
+        .recall(&ask("where was the production deploy runner before?", false))
+        .await
+        .unwrap();
+    let old_score = |r: &shadowbrain_runtime::RecallResult| {
+        r.memories.iter().find(|m| m.record.id == old).unwrap().score
+    };
+    let included = sub
+        .recall(&ask("where is the production deploy runner?", true))
+        .await
+        .unwrap();
+    assert!(old_score(&included) > old_score(&r), "include_superseded undoes the demotion");
+    assert!(old_score(&before) > old_score(&r), "a question about the past undoes it too");
+}
+
+#[tokio::test]
+async fn a_contradiction_without_order_is_kept_open_on_both_sides_and_a_repeat_reinforces() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = open_with_updates(dir.path(), "mode = \"rules\"");
+    let t0 = 1_770_000_000_000;
+    // The same moment in two sessions: nothing says which came later.
+    let a = write(&sub, "s1", t0, "I have never written a Flask route for this project.").await;
+    let b = write(&sub, "s2", t0, "I wrote the /login route in Flask for this project.").await;
+    let round = settle(&sub).await;
+    assert_eq!(round.contradicted, 1, "{round:?}");
+    assert_eq!(sub.store().validity(a).unwrap().conflicts, vec![b]);
+    assert_eq!(sub.store().validity(b).unwrap().conflicts, vec![a]);
+    assert!(sub.history("acme", a).unwrap().iter().any(|e| e.action == AuditAction::Contradicted));
+    sub.flush_indexes().unwrap();
+    let r = sub
+        .recall(&RecallRequest {
+            scope: Scope::Namespace,
+            reinforce: false,
+            ..RecallRequest::new("acme", "asker", "have I written Flask routes?")
+        })
+        .await
+        .unwrap();
+    for m in r.memories.iter().filter(|m| [a, b].contains(&m.record.id)) {
+        assert_eq!(m.why.conflicts_with.len(), 1, "{:?}", m.why);
+    }
+
+    let first = write(&sub, "s3", t0 + DAY, "Our staging database runs Postgres 15.").await;
+    let before = sub.get("acme", first).unwrap().reinforcements;
+    let again = write(&sub, "s4", t0 + 2 * DAY, "Our staging database runs Postgres 15.").await;
+    let round = settle(&sub).await;
+    assert_eq!(round.repeated, 1, "{round:?}");
+    assert_eq!(sub.store().validity(again).unwrap().duplicate_of, Some(first));
+    assert_eq!(sub.get("acme", first).unwrap().reinforcements, before + 1);
+}
+
+#[tokio::test]
+async fn without_the_section_nothing_is_queued_and_the_hash_is_unchanged() {
+    let plain = Policy::from_toml("<test>", "").unwrap();
+    let off = Policy::from_toml("<test>", "[updates]\nmode = \"off\"\ncandidates = 9\n").unwrap();
+    let on = Policy::from_toml("<test>", "[updates]\nmode = \"rules\"\n").unwrap();
+    assert_eq!(plain.hash, off.hash);
+    assert_ne!(plain.hash, on.hash);
+    let bad = Policy::from_toml("<test>", "[updates]\nmode = \"sometimes\"\ncandidates = 0\n")
+        .unwrap_err()
+        .to_string();
+    assert!(bad.contains("updates.mode") && bad.contains("updates.candidates"), "{bad}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let sub = open_with_updates(dir.path(), "mode = \"off\"");
+    write(&sub, "ops", 1, "The deploy runner is in eu-1.").await;
+    write(&sub, "ops", 2, "The deploy runner moved to eu-2.").await;
+    assert_eq!(sub.store().queue_depth(Queue::Updates, 10).unwrap(), 0);
+    assert_eq!(settle(&sub).await, UpdatesRound::default());
 }
