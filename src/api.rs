@@ -13,8 +13,9 @@
 use std::collections::BTreeMap;
 
 use crate::{
-    AuditAction, AuditEntry, Edge, Kind, MemoryRecord, Outcome, PolicyStamp, RecallResult,
-    Relation, Scope, SessionStats, Status, Tier, Utility, Why, to_rfc3339,
+    AuditAction, AuditEntry, Chain, Edge, Kind, MemoryId, MemoryRecord, Outcome, PolicyStamp,
+    RecallResult, Relation, Resolution, Scope, SessionStats, Status, Tier, Utility, Why,
+    to_rfc3339,
 };
 
 use schemars::JsonSchema;
@@ -141,6 +142,10 @@ pub struct RecallIn {
     #[serde(default)]
     #[schema(maximum = 32768)]
     pub token_budget: Option<usize>,
+    /// Rank memories a newer one superseded as if they were current (default false: they
+    /// rank below, and `why.superseded_by` says so).
+    #[serde(default)]
+    pub include_superseded: Option<bool>,
 }
 
 /// The policy that ranked an answer or decided about a record.
@@ -237,6 +242,51 @@ pub struct Memory {
     pub sources: Vec<String>,
     /// The policy that last decided about it.
     pub policy: PolicyRef,
+    /// The record that states a newer value of its fact (set by the policy's `[updates]`
+    /// detection or by a resolved conflict); absent while it is current.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<String>,
+    /// When it stopped being true (the newer record's event time, milliseconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_until: Option<i64>,
+    /// Records it is in open conflict with (settle with `PATCH` and `resolve`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conflicts: Vec<String>,
+    /// Its place among the values of its fact: on `GET` and `PATCH` of one memory only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<ChainOut>,
+}
+
+/// A memory's place among the values of its fact.
+#[derive(Debug, Serialize, ToSchema, JsonSchema)]
+pub struct ChainOut {
+    /// The records it superseded.
+    pub supersedes: Vec<String>,
+    /// The newer values after it, oldest first, ending with the current one.
+    pub newer: Vec<String>,
+    /// When the runtime learned it was superseded (milliseconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learned_at: Option<i64>,
+    /// The older record it repeats (the older was reinforced instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duplicate_of: Option<String>,
+}
+
+impl Memory {
+    /// The memory with its validity and chain filled in.
+    pub fn with_chain(mut self, c: Chain) -> Self {
+        let ids = |v: &[MemoryId]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
+        self.superseded_by = c.validity.superseded_by.map(|id| id.to_string());
+        self.valid_until = c.validity.valid_until;
+        self.conflicts = ids(&c.validity.conflicts);
+        self.chain = Some(ChainOut {
+            supersedes: ids(&c.supersedes),
+            newer: ids(&c.newer),
+            learned_at: c.validity.learned_at,
+            duplicate_of: c.validity.duplicate_of.map(|id| id.to_string()),
+        });
+        self
+    }
 }
 
 impl From<MemoryRecord> for Memory {
@@ -264,6 +314,10 @@ impl From<MemoryRecord> for Memory {
             status_at: r.status_at,
             sources: r.sources.iter().map(ToString::to_string).collect(),
             policy: r.policy.into(),
+            superseded_by: None,
+            valid_until: None,
+            conflicts: Vec::new(),
+            chain: None,
         }
     }
 }
@@ -283,6 +337,17 @@ pub struct WhyOut {
     /// context shows in place of the whole text. Absent for a memory that is one passage.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub passage: Option<PassageOut>,
+    /// The record that states a newer value of this one's fact: it was ranked as history,
+    /// below the current value, unless the request set `include_superseded` or the query
+    /// asked about the past.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<String>,
+    /// When it stopped being true (milliseconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub valid_until: Option<i64>,
+    /// Records it is in open conflict with: both sides rank as they match.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub conflicts_with: Vec<String>,
 }
 
 /// Which passage of a long memory matched the query.
@@ -311,6 +376,9 @@ impl From<Why> for WhyOut {
                 start: p.start,
                 end: p.end,
             }),
+            superseded_by: w.superseded_by.map(|id| id.to_string()),
+            valid_until: w.valid_until,
+            conflicts_with: w.conflicts_with.iter().map(ToString::to_string).collect(),
         }
     }
 }
@@ -352,10 +420,17 @@ impl From<RecallResult> for RecallOut {
             memories: r
                 .memories
                 .into_iter()
-                .map(|m| Recalled {
-                    memory: m.record.into(),
-                    score: m.score,
-                    why: m.why.into(),
+                .map(|m| {
+                    let why = WhyOut::from(m.why);
+                    let mut memory = Memory::from(m.record);
+                    memory.superseded_by = why.superseded_by.clone();
+                    memory.valid_until = why.valid_until;
+                    memory.conflicts = why.conflicts_with.clone();
+                    Recalled {
+                        memory,
+                        score: m.score,
+                        why,
+                    }
                 })
                 .collect(),
             context: r.context,
@@ -437,10 +512,19 @@ pub struct Timeline {
 #[derive(Debug, Deserialize, ToSchema, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StatusIn {
-    /// `pinned`, `obsolete`, `wrong` or `active` (archive with DELETE).
-    #[schema(value_type = String, example = "pinned")]
-    #[schemars(with = "SettableStatusSchema")]
-    pub status: Status,
+    /// `pinned`, `obsolete`, `wrong` or `active` (archive with DELETE). Send this or
+    /// `resolve`.
+    #[serde(default)]
+    #[schema(value_type = Option<String>, example = "pinned")]
+    #[schemars(with = "Option<SettableStatusSchema>")]
+    pub status: Option<Status>,
+    /// Settle what was found about it: `keep` (it is right; the records in conflict with it
+    /// become superseded by it), `dismiss` (the conflicts are not real) or `reinstate` (it
+    /// was wrongly taken for superseded). Audited on every record it changes.
+    #[serde(default)]
+    #[schema(value_type = Option<String>, example = "keep")]
+    #[schemars(with = "Option<ResolveName>")]
+    pub resolve: Option<ResolveName>,
     /// Why, kept in the record's history with the change (at most 1024 bytes).
     #[serde(default)]
     pub reason: Option<String>,
@@ -575,6 +659,28 @@ pub(crate) enum SettableStatusSchema {
     Obsolete,
     Wrong,
     Active,
+}
+
+/// How a conflict or a supersession is settled by hand.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ResolveName {
+    /// It is right: the records in conflict with it become superseded by it.
+    Keep,
+    /// The conflicts are not real.
+    Dismiss,
+    /// It was wrongly taken for superseded.
+    Reinstate,
+}
+
+impl From<ResolveName> for Resolution {
+    fn from(r: ResolveName) -> Self {
+        match r {
+            ResolveName::Keep => Resolution::Keep,
+            ResolveName::Dismiss => Resolution::Dismiss,
+            ResolveName::Reinstate => Resolution::Reinstate,
+        }
+    }
 }
 
 /// Where recall looks.

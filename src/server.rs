@@ -1275,6 +1275,7 @@ pub(crate) fn recall_request(
     request.since = body.since.map(|t| time("since", t)).transpose()?;
     request.until = body.until.map(|t| time("until", t)).transpose()?;
     request.include_knowledge = body.include_knowledge.unwrap_or(true);
+    request.include_superseded = body.include_superseded.unwrap_or(false);
     Ok(request)
 }
 
@@ -1353,8 +1354,10 @@ async fn get_memory(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Memory>> {
     let id: MemoryId = id.parse()?;
-    let record = s.rt.memory(&ns.0, id)?.get().await?;
-    Ok(Json(record.into()))
+    let memory = s.rt.memory(&ns.0, id)?;
+    let record = memory.get().await?;
+    let chain = memory.chain().await?;
+    Ok(Json(Memory::from(record).with_chain(chain)))
 }
 
 /// Who changed a record, in its history.
@@ -1443,7 +1446,9 @@ async fn get_sessions(State(s): State<AppState>, ns: Namespace) -> ApiResult<Jso
 }
 
 /// `PATCH /v1/memories/{id}`: `{"status":"pinned"|"obsolete"|"wrong"|"active",
-/// "reason":"…"}` (the reason is optional and goes into the history).
+/// "reason":"…"}` (the reason is optional and goes into the history), or
+/// `{"resolve":"keep"|"dismiss"|"reinstate","reason":"…"}` to settle what the `[updates]`
+/// detection found about it.
 #[utoipa::path(patch, path = "/v1/memories/{id}", tag = "memories",
     params(("id" = String, Path, description = "`mem-…`")),
     request_body = StatusIn,
@@ -1452,7 +1457,7 @@ async fn get_sessions(State(s): State<AppState>, ns: Namespace) -> ApiResult<Jso
         (status = 400, description = "Malformed JSON", body = ErrorBody),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 404, description = "No such record in this namespace", body = ErrorBody),
-        (status = 422, description = "Not a status that can be set", body = ErrorBody),
+        (status = 422, description = "Not a status that can be set, or nothing to resolve", body = ErrorBody),
     ))]
 async fn patch_memory(
     State(s): State<AppState>,
@@ -1461,12 +1466,28 @@ async fn patch_memory(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Memory>> {
     let body: StatusIn = from_json("status", body)?;
-    settable(body.status, "archive with DELETE")?;
     let memory = s.rt.memory(&ns.0, id.parse()?)?;
-    let record = memory
-        .set_status_because(body.status, body.reason, BY_API)
-        .await?;
-    Ok(Json(record.into()))
+    let record = match (body.status, body.resolve) {
+        (Some(status), None) => {
+            settable(status, "archive with DELETE")?;
+            memory
+                .set_status_because(status, body.reason, BY_API)
+                .await?
+        }
+        (None, Some(resolve)) => {
+            memory.resolve(resolve.into(), body.reason, BY_API).await?;
+            memory.get().await?
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "status",
+                "send either `status` (pinned, obsolete, wrong or active) or `resolve` \
+                 (keep, dismiss or reinstate), not both and not neither",
+            ));
+        }
+    };
+    let chain = memory.chain().await?;
+    Ok(Json(Memory::from(record).with_chain(chain)))
 }
 
 /// Refuses a status a caller cannot set (`archived`: archiving is its own operation, named

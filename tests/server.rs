@@ -1433,3 +1433,100 @@ fn namespaces_run_the_policies_the_operator_assigned_them() {
         "{said}"
     );
 }
+
+#[test]
+fn serve_with_updates_links_a_changed_fact_recall_says_so_and_patch_settles_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("updates.toml");
+    // The hash embedder's similarities are lower than a model's: the floor follows.
+    std::fs::write(
+        &policy,
+        "name = \"facts-change\"\n[updates]\nmode = \"rules\"\nmin_similarity = 0.2\n",
+    )
+    .unwrap();
+    let config = dir.path().join("shadowbrain.toml");
+    std::fs::write(&config, "[embedder]\nkind = \"hash\"\n").unwrap();
+    let mut child = serve_command(&dir.path().join("data"), Some(&config), Some(&policy))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (addr, _stderr) = wait_for_address(child.stderr.take().unwrap());
+    let post = |path: &str, body: Value| {
+        let (status, answer) = http(addr, "POST", path, Some(body.to_string().as_bytes()));
+        assert!(status == 200 || status == 201, "{status} {answer}");
+        answer
+    };
+    let written = post(
+        "/v1/sessions/ops/events",
+        json!({"events": [
+            {"kind": "observation", "text": "The deploy runner for production is in eu-1.",
+             "timestamp": "2026-03-01T10:00:00Z"},
+            {"kind": "observation", "text": "Lunch on Friday is pizza for the whole team.",
+             "timestamp": "2026-03-02T10:00:00Z"},
+            {"kind": "observation", "text": "The deploy runner for production moved to eu-2.",
+             "timestamp": "2026-05-01T10:00:00Z"},
+        ]}),
+    );
+    let old = written["ids"][0].as_str().unwrap().to_string();
+    let new = written["ids"][2].as_str().unwrap().to_string();
+    let get = |id: &str| {
+        let (status, memory) = http(addr, "GET", &format!("/v1/memories/{id}"), None);
+        assert_eq!(status, 200, "{memory}");
+        memory
+    };
+    // Detection runs in the background, after the write was acknowledged.
+    let started = std::time::Instant::now();
+    while get(&old)["superseded_by"].is_null() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the older value is linked within seconds: {}",
+            get(&old)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let memory = get(&old);
+    assert_eq!(memory["superseded_by"], new.as_str(), "{memory}");
+    assert_eq!(memory["chain"]["newer"], json!([new]), "{memory}");
+    assert_eq!(memory["text"], "The deploy runner for production is in eu-1.");
+    assert!(memory["valid_until"].as_i64().is_some(), "{memory}");
+    assert_eq!(get(&new)["chain"]["supersedes"], json!([old]));
+
+    let recall = |body: Value| post("/v1/sessions/asker/recall", body);
+    let found = recall(json!({"query": "where is the production deploy runner?", "scope": "namespace"}));
+    let ids: Vec<&str> = found["memories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    let at = |id: &str| ids.iter().position(|i| *i == id).unwrap();
+    assert!(at(&new) < at(&old), "the current value first: {found}");
+    let old_memory = &found["memories"][at(&old)];
+    assert_eq!(old_memory["why"]["superseded_by"], new.as_str(), "{found}");
+    assert_eq!(old_memory["superseded_by"], new.as_str(), "{found}");
+
+    // Resolving by hand is audited; nothing to resolve is a clear 422.
+    let patch = |id: &str, body: Value| {
+        http(addr, "PATCH", &format!("/v1/memories/{id}"), Some(body.to_string().as_bytes()))
+    };
+    let (status, refused) = patch(&new, json!({"resolve": "keep"}));
+    assert_eq!((status, error_code(&refused)), (422, "invalid_resolve"), "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("no open conflict"));
+    let (status, refused) = patch(&old, json!({"resolve": "keep", "status": "pinned"}));
+    assert_eq!(status, 422, "{refused}");
+    let (status, reinstated) = patch(&old, json!({"resolve": "reinstate", "reason": "eu-1 is back"}));
+    assert_eq!(status, 200, "{reinstated}");
+    assert!(reinstated["superseded_by"].is_null(), "{reinstated}");
+    let (_, history) = http(addr, "GET", &format!("/v1/memories/{old}/history"), None);
+    let actions: Vec<&str> = history["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert!(actions.contains(&"superseded") && actions.contains(&"resolved"), "{history}");
+    let text = history.to_string();
+    assert!(text.contains("eu-1 is back") && text.contains("updates:rules"), "{history}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -13,9 +13,9 @@ use ractor::{Actor, ActorRef, RpcReplyPort};
 use shadowbrain_runtime::llm::cost::{Llm, LlmStats};
 use shadowbrain_runtime::policy::{EvaluationMode, Policy};
 use shadowbrain_runtime::{
-    AuditEntry, Condensed, Edge, Error, EvaluationReport, FeedbackReport, FeedbackTarget,
+    AuditEntry, Chain, Condensed, Edge, Error, EvaluationReport, FeedbackReport, FeedbackTarget,
     Idempotency, Judge, KNOWLEDGE_SESSION, MAX_STRIKES, MemoryId, MemoryRecord, NewMemory, Outcome,
-    Policies, PolicyErrors, Promotion, QuarantineEntry, RecallRequest, RecallResult, Recorded,
+    Policies, PolicyErrors, Promotion, QuarantineEntry, RecallRequest, RecallResult, Recorded, Resolution,
     Result, SessionStats, Status, Substrate, SubstrateOptions, Summarizer, SweepReport,
     quarantined_error, validate_id,
 };
@@ -858,6 +858,31 @@ impl MemoryHandle {
         self.runtime
             .blocking("the memory", move |s| {
                 s.set_status_because(&namespace, id, status, reason.as_deref(), &by)
+            })
+            .await
+    }
+
+    /// Its validity and its place among the values of its fact (see
+    /// [`shadowbrain_runtime::Substrate::chain`]).
+    pub async fn chain(&self) -> Result<Chain> {
+        let (namespace, id) = (self.namespace.clone(), self.id);
+        self.runtime
+            .blocking("the memory's chain", move |s| s.chain(&namespace, id))
+            .await
+    }
+
+    /// Settles a conflict or undoes a supersession by hand, audited as done by `by` (see
+    /// [`shadowbrain_runtime::Substrate::resolve`]); answers the chain as it is now.
+    pub async fn resolve(
+        &self,
+        resolution: Resolution,
+        reason: Option<String>,
+        by: &str,
+    ) -> Result<Chain> {
+        let (namespace, id, by) = (self.namespace.clone(), self.id, by.to_string());
+        self.runtime
+            .blocking("the memory", move |s| {
+                s.resolve(&namespace, id, resolution, reason.as_deref(), &by)
             })
             .await
     }

@@ -46,6 +46,7 @@ pub use engine::{
     JudgeBatch, JudgeItem, Judgement, KNOWLEDGE_SESSION, MAX_REASON_BYTES, MAX_STRIKES, Outcome,
     PassageHit, Policies, Promotion, RecallRequest, RecallResult, Recalled, Recorded, Substrate,
     SubstrateOptions, Summarizer, Summary, SummaryRequest, Superseded, SweepReport, UpdatesRound, Verdict,
+    Chain, Resolution,
     Why,
     panic_message, quarantined_error,
 };

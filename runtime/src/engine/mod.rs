@@ -39,7 +39,7 @@ use std::time::Duration;
 
 pub use evaluate::{EvaluationReport, Judge, JudgeBatch, JudgeItem, Judgement, Verdict};
 pub use indexing::{IndexKind, IndexPass};
-pub use updates::UpdatesRound;
+pub use updates::{Chain, Resolution, UpdatesRound};
 pub use ingest::{IDEMPOTENCY_WINDOW, Idempotency, Recorded};
 pub use insights::{Counted, Fading, Insights, Superseded};
 pub use knowledge::{Graph, KNOWLEDGE_SESSION, Promotion};

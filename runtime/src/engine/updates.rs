@@ -22,10 +22,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::Substrate;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::{AuditAction, AuditEntry, Edge, MemoryId, MemoryRecord, Reinforce, Relation};
 use crate::policy::{UpdatesMode, UpdatesScope};
-use crate::store::{Filter, Mutation, Queue, Reinforcement, ValidityChange, WriteSet};
+use crate::store::{Filter, Mutation, Queue, Reinforcement, Validity, ValidityChange, WriteSet};
 use crate::updates::{Change, Claims, compare};
 
 /// How many queued records one scheduled round takes: a few milliseconds of searches.
@@ -252,6 +252,211 @@ impl Substrate {
                 false
             }
         }
+    }
+}
+
+/// How a person settles what was found about a record ([`Substrate::resolve`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// This record is right: every record in open conflict with it is superseded by it.
+    Keep,
+    /// The conflicts are not real (both can hold): they are closed, nothing superseded.
+    Dismiss,
+    /// It was wrongly taken for superseded: it is current again.
+    Reinstate,
+}
+
+impl Resolution {
+    /// The name used in APIs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Resolution::Keep => "keep",
+            Resolution::Dismiss => "dismiss",
+            Resolution::Reinstate => "reinstate",
+        }
+    }
+}
+
+/// A record's place among the values of its fact ([`Substrate::chain`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Chain {
+    /// What is known against it.
+    pub validity: Validity,
+    /// The records it superseded.
+    pub supersedes: Vec<MemoryId>,
+    /// The newer values after it, oldest first: its `superseded_by`, what superseded that,
+    /// and so on to the current one.
+    pub newer: Vec<MemoryId>,
+}
+
+/// Longest chain of newer values followed (a fact changed more often is still readable
+/// record by record).
+const MAX_CHAIN: usize = 64;
+
+impl Substrate {
+    /// A record's validity, the records it superseded, and the newer values after it.
+    pub fn chain(&self, namespace: &str, id: MemoryId) -> Result<Chain> {
+        let store = &self.inner.store;
+        store.get_in(namespace, id)?;
+        let validity = store.validity(id)?;
+        let supersedes = store
+            .edges(namespace, Some(id))?
+            .into_iter()
+            .filter(|e| e.relation == Relation::Supersedes)
+            .map(|e| e.to)
+            .collect();
+        let mut newer = Vec::new();
+        let mut next = validity.superseded_by;
+        while let Some(n) = next {
+            if n == id || newer.contains(&n) || newer.len() >= MAX_CHAIN {
+                break;
+            }
+            newer.push(n);
+            next = store.validity(n)?.superseded_by;
+        }
+        Ok(Chain {
+            validity,
+            supersedes,
+            newer,
+        })
+    }
+
+    /// Settles what was found about record `id` by hand (see [`Resolution`]), audited on
+    /// every record it changes as done by `by`, with `reason`. Answers the record's chain
+    /// as it is now. Refused, with what to do instead, when there is nothing to settle.
+    pub fn resolve(
+        &self,
+        namespace: &str,
+        id: MemoryId,
+        resolution: Resolution,
+        reason: Option<&str>,
+        by: &str,
+    ) -> Result<Chain> {
+        if let Some(reason) = reason
+            && reason.len() > super::MAX_REASON_BYTES
+        {
+            return Err(Error::invalid(
+                "reason",
+                format!(
+                    "is {} bytes; say why in at most {} bytes",
+                    reason.len(),
+                    super::MAX_REASON_BYTES
+                ),
+            ));
+        }
+        let store = &self.inner.store;
+        let record = store.get_in(namespace, id)?;
+        let validity = store.validity(id)?;
+        let now = self.inner.clock.now();
+        let because = match reason.map(str::trim).filter(|r| !r.is_empty()) {
+            Some(r) => format!(": {r}"),
+            None => String::new(),
+        };
+        let audit = |on: MemoryId, detail: String| {
+            Mutation::Audit(
+                on,
+                AuditEntry {
+                    at: now,
+                    action: AuditAction::Resolved,
+                    by: by.to_string(),
+                    detail: format!("{detail}{because}"),
+                },
+            )
+        };
+        let mut writes = WriteSet::new();
+        let contradiction = |a: MemoryId, b: MemoryId| {
+            // Detection writes the edge from the newer record; either way round is removed.
+            [(a, b), (b, a)].map(|(from, to)| {
+                Mutation::DeleteEdge(
+                    namespace.to_string(),
+                    Edge {
+                        from,
+                        to,
+                        relation: Relation::Contradicts,
+                    },
+                )
+            })
+        };
+        match resolution {
+            Resolution::Keep | Resolution::Dismiss if validity.conflicts.is_empty() => {
+                return Err(Error::invalid(
+                    "resolve",
+                    format!(
+                        "{id} is in no open conflict; `keep` and `dismiss` settle conflicts                          (see `conflicts` on the record), `reinstate` undoes a supersession"
+                    ),
+                ));
+            }
+            Resolution::Reinstate if !validity.superseded() => {
+                return Err(Error::invalid(
+                    "resolve",
+                    format!(
+                        "{id} is not superseded; `reinstate` makes a superseded record                          current again (see `superseded_by` on the record)"
+                    ),
+                ));
+            }
+            Resolution::Keep => {
+                for &other in &validity.conflicts {
+                    let Some(loser) = store.get_light(other)? else {
+                        continue;
+                    };
+                    writes.0.extend(contradiction(id, other));
+                    writes.push(Mutation::PutEdge(
+                        namespace.to_string(),
+                        Edge {
+                            from: id,
+                            to: other,
+                            relation: Relation::Supersedes,
+                        },
+                    ));
+                    writes.push(Mutation::Validity(
+                        other,
+                        ValidityChange::SupersededBy {
+                            by: id,
+                            // It stopped holding when the kept claim was made, or never
+                            // held if it came later.
+                            until: record.event_time.max(loser.event_time),
+                            at: now,
+                        },
+                    ));
+                    for (a, b) in [(id, other), (other, id)] {
+                        writes.push(Mutation::Validity(
+                            a,
+                            ValidityChange::Conflict { with: b, open: false },
+                        ));
+                    }
+                    writes.push(audit(id, format!("kept against {other}")));
+                    writes.push(audit(other, format!("superseded by {id}, kept by hand")));
+                }
+            }
+            Resolution::Dismiss => {
+                for &other in &validity.conflicts {
+                    writes.0.extend(contradiction(id, other));
+                    for (a, b) in [(id, other), (other, id)] {
+                        writes.push(Mutation::Validity(
+                            a,
+                            ValidityChange::Conflict { with: b, open: false },
+                        ));
+                        writes.push(audit(a, format!("conflict with {b} dismissed")));
+                    }
+                }
+            }
+            Resolution::Reinstate => {
+                let by_id = validity.superseded_by.unwrap_or(id);
+                writes.push(Mutation::DeleteEdge(
+                    namespace.to_string(),
+                    Edge {
+                        from: by_id,
+                        to: id,
+                        relation: Relation::Supersedes,
+                    },
+                ));
+                writes.push(Mutation::Validity(id, ValidityChange::Reinstated));
+                writes.push(audit(id, format!("reinstated: not superseded by {by_id}")));
+                writes.push(audit(by_id, format!("no longer supersedes {id}")));
+            }
+        }
+        store.write(writes)?;
+        self.chain(namespace, id)
     }
 }
 

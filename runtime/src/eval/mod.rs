@@ -373,6 +373,13 @@ pub struct Ingested {
     whole: WholeBm25,
 }
 
+impl Ingested {
+    /// The turn id of each record of the `i`-th conversation ingested.
+    pub fn turns_of(&self, i: usize) -> Option<&HashMap<MemoryId, String>> {
+        self.turns.get(i)
+    }
+}
+
 /// BM25 over whole turns, however long (k1 = 1.2, b = 0.75, tantivy's idf; statistics over
 /// every turn of every conversation, as the keyword index's are over the namespace),
 /// computed here from the data alone: the anchor the figures had before long turns were
@@ -485,6 +492,9 @@ pub async fn ingest(
         progress(Stage::Embedding, done.saturating_sub(queued as u64))
     })
     .await?;
+    // Under a policy with `[updates]` on, questions are asked once every record has been
+    // compared with its neighbours, as in a store that has settled.
+    sub.detect_all_updates()?;
     Ok(out)
 }
 
@@ -516,6 +526,20 @@ pub async fn ask(
     ingested: &Ingested,
     ks: &[usize],
     layout: Layout,
+    progress: impl FnMut(u64),
+) -> Result<Report> {
+    ask_with(sub, conversations, ingested, ks, layout, |_| {}, progress).await
+}
+
+/// [`ask`], with each recall request changed by `tweak` before it is asked (e.g.
+/// `include_superseded`, to compare rankings on one ingest).
+pub async fn ask_with(
+    sub: &Substrate,
+    conversations: &[Conversation],
+    ingested: &Ingested,
+    ks: &[usize],
+    layout: Layout,
+    tweak: impl Fn(&mut RecallRequest),
     mut progress: impl FnMut(u64),
 ) -> Result<Report> {
     let depth = ks.iter().copied().max().unwrap_or(10).max(RANKED_KEPT);
@@ -531,6 +555,7 @@ pub async fn ask(
             req.scope = Scope::Session;
             req.include_knowledge = false;
             req.reinforce = false;
+            tweak(&mut req);
             let res = sub.recall(&req).await?;
             let ranked = turns(&mut res.memories.iter().map(|m| m.record.id));
             let bm25 = sub.bm25("default", &conv.sample_id, &q.question, depth)?;

@@ -732,6 +732,14 @@ impl Worker {
                 Mutation::PutEdge(namespace, edge) => {
                     ops.push(families::edge_op(&namespace, &edge));
                 }
+                Mutation::DeleteEdge(namespace, edge) => {
+                    ops.push(Op::Delete(keys::graph_edge(
+                        &namespace,
+                        edge.from,
+                        edge.relation as u8,
+                        edge.to,
+                    )));
+                }
                 Mutation::MarkPromoted {
                     condensed,
                     knowledge,

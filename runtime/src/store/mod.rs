@@ -165,6 +165,9 @@ pub enum Mutation {
     ExpireIdempotent(crate::clock::Timestamp),
     /// A knowledge-graph edge of a namespace (written again, it stays one edge).
     PutEdge(String, Edge),
+    /// Remove a knowledge-graph edge (a conflict settled, a supersession undone by hand;
+    /// the records' histories keep what it was).
+    DeleteEdge(String, Edge),
     /// A condensed record was promoted (or merged) into this knowledge record.
     MarkPromoted {
         /// The condensed record.

@@ -155,6 +155,7 @@ async fn run(
         until: given(&q.until).map(|t| Value::String(form_time(t))),
         include_knowledge: Some(knowledge),
         token_budget: None,
+        include_superseded: None,
     };
     let handle = s.rt.session(&viewer.namespace, session)?;
     let mut request = recall_request(&s.limits, &viewer.namespace, session, body)?;
