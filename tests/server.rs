@@ -1487,12 +1487,16 @@ fn serve_with_updates_links_a_changed_fact_recall_says_so_and_patch_settles_it()
     let memory = get(&old);
     assert_eq!(memory["superseded_by"], new.as_str(), "{memory}");
     assert_eq!(memory["chain"]["newer"], json!([new]), "{memory}");
-    assert_eq!(memory["text"], "The deploy runner for production is in eu-1.");
+    assert_eq!(
+        memory["text"],
+        "The deploy runner for production is in eu-1."
+    );
     assert!(memory["valid_until"].as_i64().is_some(), "{memory}");
     assert_eq!(get(&new)["chain"]["supersedes"], json!([old]));
 
     let recall = |body: Value| post("/v1/sessions/asker/recall", body);
-    let found = recall(json!({"query": "where is the production deploy runner?", "scope": "namespace"}));
+    let found =
+        recall(json!({"query": "where is the production deploy runner?", "scope": "namespace"}));
     let ids: Vec<&str> = found["memories"]
         .as_array()
         .unwrap()
@@ -1507,14 +1511,31 @@ fn serve_with_updates_links_a_changed_fact_recall_says_so_and_patch_settles_it()
 
     // Resolving by hand is audited; nothing to resolve is a clear 422.
     let patch = |id: &str, body: Value| {
-        http(addr, "PATCH", &format!("/v1/memories/{id}"), Some(body.to_string().as_bytes()))
+        http(
+            addr,
+            "PATCH",
+            &format!("/v1/memories/{id}"),
+            Some(body.to_string().as_bytes()),
+        )
     };
     let (status, refused) = patch(&new, json!({"resolve": "keep"}));
-    assert_eq!((status, error_code(&refused)), (422, "invalid_resolve"), "{refused}");
-    assert!(refused["error"]["message"].as_str().unwrap().contains("no open conflict"));
+    assert_eq!(
+        (status, error_code(&refused)),
+        (422, "invalid_resolve"),
+        "{refused}"
+    );
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no open conflict")
+    );
     let (status, refused) = patch(&old, json!({"resolve": "keep", "status": "pinned"}));
     assert_eq!(status, 422, "{refused}");
-    let (status, reinstated) = patch(&old, json!({"resolve": "reinstate", "reason": "eu-1 is back"}));
+    let (status, reinstated) = patch(
+        &old,
+        json!({"resolve": "reinstate", "reason": "eu-1 is back"}),
+    );
     assert_eq!(status, 200, "{reinstated}");
     assert!(reinstated["superseded_by"].is_null(), "{reinstated}");
     let (_, history) = http(addr, "GET", &format!("/v1/memories/{old}/history"), None);
@@ -1524,9 +1545,15 @@ fn serve_with_updates_links_a_changed_fact_recall_says_so_and_patch_settles_it()
         .iter()
         .map(|e| e["action"].as_str().unwrap())
         .collect();
-    assert!(actions.contains(&"superseded") && actions.contains(&"resolved"), "{history}");
+    assert!(
+        actions.contains(&"superseded") && actions.contains(&"resolved"),
+        "{history}"
+    );
     let text = history.to_string();
-    assert!(text.contains("eu-1 is back") && text.contains("updates:rules"), "{history}");
+    assert!(
+        text.contains("eu-1 is back") && text.contains("updates:rules"),
+        "{history}"
+    );
     child.kill().unwrap();
     child.wait().unwrap();
 }

@@ -15,8 +15,8 @@ use shadowbrain_runtime::policy::{EvaluationMode, Policy};
 use shadowbrain_runtime::{
     AuditEntry, Chain, Condensed, Edge, Error, EvaluationReport, FeedbackReport, FeedbackTarget,
     Idempotency, Judge, KNOWLEDGE_SESSION, MAX_STRIKES, MemoryId, MemoryRecord, NewMemory, Outcome,
-    Policies, PolicyErrors, Promotion, QuarantineEntry, RecallRequest, RecallResult, Recorded, Resolution,
-    Result, SessionStats, Status, Substrate, SubstrateOptions, Summarizer, SweepReport,
+    Policies, PolicyErrors, Promotion, QuarantineEntry, RecallRequest, RecallResult, Recorded,
+    Resolution, Result, SessionStats, Status, Substrate, SubstrateOptions, Summarizer, SweepReport,
     quarantined_error, validate_id,
 };
 use tokio::task::JoinHandle;

@@ -1,5 +1,10 @@
 //! Facts that change, measured on BEAM and LoCoMo with the policy's `[updates]` section off
-//! and on, in one run, on the same embedder (issue 21):
+//! and on, in one run, on the same embedder (issue 21). Each data set is ingested once with
+//! `[updates] mode = "rules"`; "off" is the same store asked with `include_superseded`,
+//! which ranks exactly as a store without detection would (detection changes no scored
+//! component: it only adds validity, edges and, for repeats, strength, which the default
+//! scoring weighs 0). `--off-run` also ingests each data set without the section, to check
+//! that equality and to compare the cost of ingest, off against on.
 //!
 //! - BEAM's `knowledge_update` and `contradiction_resolution` questions: R@5, and
 //!   "newest first @5" (the newest evidence message is in the top 5 and above every older
@@ -19,7 +24,8 @@
 //! ```text
 //! scripts/install-model     # else the hash embedder is used, and said so
 //! cargo run --release -p shadowbrain-runtime --example updates_eval -- \
-//!     [--beam ../shared/data/beam/100K] [--locomo ../shared/data/locomo/locomo10.json]
+//!     [--beam ../shared/data/beam/100K] [--locomo ../shared/data/locomo/locomo10.json] \
+//!     [--embedder local|hash] [--off-run]
 //! ```
 
 use std::collections::{HashMap, HashSet};
@@ -35,6 +41,16 @@ use shadowbrain_runtime::policy::Policy;
 use shadowbrain_runtime::{MemoryId, Relation, Substrate, SubstrateOptions};
 
 const GROUPS: [&str; 2] = ["knowledge_update", "contradiction_resolution"];
+
+fn flag(name: &str) -> bool {
+    std::env::args().any(|a| a == name)
+}
+
+fn value(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == name)?;
+    args.get(i + 1).cloned()
+}
 
 fn arg(name: &str, default: &str) -> PathBuf {
     let args: Vec<String> = std::env::args().collect();
@@ -61,6 +77,8 @@ struct Run {
     _dir: tempfile::TempDir,
     ingested: Ingested,
     report: Report,
+    /// The same questions with `include_superseded`: the ranking without detection.
+    as_off: Report,
     record_seconds: f64,
     ingest_seconds: f64,
     ingest_cpu: f64,
@@ -94,14 +112,33 @@ async fn run(
     let ingest_seconds = started.elapsed().as_secs_f64();
     let ingest_cpu = cpu_seconds() - cpu;
     sub.flush_indexes().unwrap();
-    let report = eval::ask(&sub, conversations, &ingested, &[5, 10], layout, |_| {})
-        .await
-        .unwrap();
+    let report = eval::ask(
+        &sub,
+        conversations,
+        &ingested,
+        &[5, 10],
+        layout.clone(),
+        |_| {},
+    )
+    .await
+    .unwrap();
+    let as_off = eval::ask_with(
+        &sub,
+        conversations,
+        &ingested,
+        &[5, 10],
+        layout,
+        |r| r.include_superseded = true,
+        |_| {},
+    )
+    .await
+    .unwrap();
     Run {
         sub,
         _dir: dir,
         ingested,
         report,
+        as_off,
         record_seconds: recorded.unwrap_or(ingest_seconds),
         ingest_seconds,
         ingest_cpu,
@@ -144,10 +181,15 @@ fn r10(report: &Report) -> f64 {
 }
 
 /// BEAM's probed pairs (older message ids, newer message ids) per conversation, by group.
-fn probed_pairs(beam: &Path, conversations: &[Conversation]) -> Vec<(usize, &'static str, Vec<u64>, Vec<u64>)> {
+fn probed_pairs(
+    beam: &Path,
+    conversations: &[Conversation],
+) -> Vec<(usize, &'static str, Vec<u64>, Vec<u64>)> {
     let mut out = Vec::new();
     for (i, c) in conversations.iter().enumerate() {
-        let path = beam.join(c.index.to_string()).join("probing_questions.json");
+        let path = beam
+            .join(c.index.to_string())
+            .join("probing_questions.json");
         let probing: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         let ids = |v: &Value| -> Vec<u64> {
             v.as_array()
@@ -158,11 +200,25 @@ fn probed_pairs(beam: &Path, conversations: &[Conversation]) -> Vec<(usize, &'st
         };
         for q in probing["knowledge_update"].as_array().into_iter().flatten() {
             let s = &q["source_chat_ids"];
-            out.push((i, GROUPS[0], ids(&s["original_info"]), ids(&s["updated_info"])));
+            out.push((
+                i,
+                GROUPS[0],
+                ids(&s["original_info"]),
+                ids(&s["updated_info"]),
+            ));
         }
-        for q in probing["contradiction_resolution"].as_array().into_iter().flatten() {
+        for q in probing["contradiction_resolution"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             let s = &q["source_chat_ids"];
-            out.push((i, GROUPS[1], ids(&s["first_statement"]), ids(&s["second_statement"])));
+            out.push((
+                i,
+                GROUPS[1],
+                ids(&s["first_statement"]),
+                ids(&s["second_statement"]),
+            ));
         }
     }
     out
@@ -210,8 +266,7 @@ fn links(run: &Run, beam: &Path, conversations: &[Conversation]) -> Value {
                 match group {
                     "knowledge_update" => e.relation == Relation::Supersedes && forward,
                     _ => {
-                        either
-                            && matches!(e.relation, Relation::Supersedes | Relation::Contradicts)
+                        either && matches!(e.relation, Relation::Supersedes | Relation::Contradicts)
                     }
                 }
             };
@@ -248,7 +303,11 @@ fn samples(run: &Run, n: usize) -> Vec<String> {
     let store = run.sub.store();
     let edges = store.edges("default", None).unwrap();
     let short = |id: MemoryId| -> String {
-        let t = store.get_light(id).unwrap().map(|r| r.text).unwrap_or_default();
+        let t = store
+            .get_light(id)
+            .unwrap()
+            .map(|r| r.text)
+            .unwrap_or_default();
         t.chars().take(110).collect()
     };
     let wanted: Vec<_> = edges
@@ -260,7 +319,14 @@ fn samples(run: &Run, n: usize) -> Vec<String> {
         .iter()
         .step_by(step)
         .take(n)
-        .map(|e| format!("  {} ⇒ {}\n      over {}", e.from, short(e.from), short(e.to)))
+        .map(|e| {
+            format!(
+                "  {} ⇒ {}\n      over {}",
+                e.from,
+                short(e.from),
+                short(e.to)
+            )
+        })
         .collect()
 }
 
@@ -274,7 +340,11 @@ fn detection_alone(run: &Run) -> (usize, f64) {
             Ok(Visit::Continue)
         })
         .unwrap();
-    let writes = WriteSet(ids.iter().map(|&id| Mutation::Enqueue(Queue::Updates, id)).collect());
+    let writes = WriteSet(
+        ids.iter()
+            .map(|&id| Mutation::Enqueue(Queue::Updates, id))
+            .collect(),
+    );
     store.write(writes).unwrap();
     let started = Instant::now();
     let round = run.sub.detect_all_updates().unwrap();
@@ -285,22 +355,23 @@ fn detection_alone(run: &Run) -> (usize, f64) {
 async fn main() {
     let beam_dir = arg("--beam", "../../shared/data/beam/100K");
     let locomo_path = arg("--locomo", "../../shared/data/locomo/locomo10.json");
-    let local = build_embedder(&EmbedderConfig {
-        kind: EmbedderKind::Local,
-        ..EmbedderConfig::default()
-    });
-    let embedder: Arc<dyn Embedder> = match local {
-        Ok(e) => Arc::from(e),
-        Err(e) => {
+    let hash = || {
+        build_embedder(&EmbedderConfig {
+            kind: EmbedderKind::Hash,
+            ..EmbedderConfig::default()
+        })
+        .unwrap()
+    };
+    let embedder: Arc<dyn Embedder> = match value("--embedder").as_deref() {
+        Some("hash") => hash(),
+        _ => build_embedder(&EmbedderConfig {
+            kind: EmbedderKind::Local,
+            ..EmbedderConfig::default()
+        })
+        .unwrap_or_else(|e| {
             eprintln!("the local model is not installed ({e}); using the hash embedder");
-            Arc::from(
-                build_embedder(&EmbedderConfig {
-                    kind: EmbedderKind::Hash,
-                    ..EmbedderConfig::default()
-                })
-                .unwrap(),
-            )
-        }
+            hash()
+        }),
     };
     let on = "[updates]\nmode = \"rules\"\n";
     let beam = eval::beam::load(&beam_dir).expect("BEAM data (pass --beam DIR)");
@@ -314,15 +385,20 @@ async fn main() {
         locomo.len(),
         records(&locomo)
     );
-    let beam_off = run(&beam, eval::beam::LAYOUT, "", &embedder).await;
     let beam_on = run(&beam, eval::beam::LAYOUT, on, &embedder).await;
-    let locomo_off = run(&locomo, eval::locomo::LAYOUT, "", &embedder).await;
     let locomo_on = run(&locomo, eval::locomo::LAYOUT, on, &embedder).await;
+    let (beam_off, locomo_off) = match flag("--off-run") {
+        true => (
+            Some(run(&beam, eval::beam::LAYOUT, "", &embedder).await),
+            Some(run(&locomo, eval::locomo::LAYOUT, "", &embedder).await),
+        ),
+        false => (None, None),
+    };
 
     println!("BEAM, {} (off → on):", embedder.name());
     let mut groups = serde_json::Map::new();
     for g in GROUPS {
-        let (n, r5_off, nf_off) = group_figures(&beam_off.report, g);
+        let (n, r5_off, nf_off) = group_figures(&beam_on.as_off, g);
         let (_, r5_on, nf_on) = group_figures(&beam_on.report, g);
         println!(
             "  {g:<26} n={n:<3} R@5 {r5_off:.4} → {r5_on:.4}   newest first @5 {nf_off:.4} → {nf_on:.4}"
@@ -335,20 +411,24 @@ async fn main() {
     }
     let halves = |r: &Report| {
         let [(a, b), (c, d)] = eval::beam::LAYOUT.halves;
-        [r.split(Ranking::Recall, a, b).recall[&10], r.split(Ranking::Recall, c, d).recall[&10]]
+        [
+            r.split(Ranking::Recall, a, b).recall[&10],
+            r.split(Ranking::Recall, c, d).recall[&10],
+        ]
     };
+    let (off, on_) = (&beam_on.as_off, &beam_on.report);
     println!(
         "  overall R@10 {:.4} → {:.4} (chats 1-10 {:.4} → {:.4}, 11-20 {:.4} → {:.4})",
-        r10(&beam_off.report),
-        r10(&beam_on.report),
-        halves(&beam_off.report)[0],
-        halves(&beam_on.report)[0],
-        halves(&beam_off.report)[1],
-        halves(&beam_on.report)[1],
+        r10(off),
+        r10(on_),
+        halves(off)[0],
+        halves(on_)[0],
+        halves(off)[1],
+        halves(on_)[1],
     );
     println!(
         "LoCoMo cats 1-4 R@10 {:.4} → {:.4}",
-        r10(&locomo_off.report),
+        r10(&locomo_on.as_off),
         r10(&locomo_on.report)
     );
     let linked = links(&beam_on, &beam_dir, &beam);
@@ -361,27 +441,47 @@ async fn main() {
         json!({"record_s": r.record_seconds, "ingest_s": r.ingest_seconds,
                "cpu_s": r.ingest_cpu, "cpu_us_per_record": r.ingest_cpu * 1e6 / n as f64})
     };
+    let mut off_runs = serde_json::Map::new();
+    for (name, off, on, n) in [
+        ("beam", &beam_off, &beam_on, records(&beam)),
+        ("locomo", &locomo_off, &locomo_on, records(&locomo)),
+    ] {
+        let Some(off) = off else { continue };
+        let same = r10(&off.report) == r10(&on.as_off);
+        println!(
+            "{name} without the section: R@10 {:.4} (the include_superseded ranking: {:.4}, \
+             {}); acks {:.2}s → {:.2}s, ingest {:.1}s → {:.1}s, CPU {:.1}s → {:.1}s",
+            r10(&off.report),
+            r10(&on.as_off),
+            if same { "equal" } else { "DIFFERENT" },
+            off.record_seconds,
+            on.record_seconds,
+            off.ingest_seconds,
+            on.ingest_seconds,
+            off.ingest_cpu,
+            on.ingest_cpu,
+        );
+        off_runs.insert(
+            name.into(),
+            json!({"r10": r10(&off.report), "equal": same,
+                   "cost_off": cost(off, n), "cost_on": cost(on, n)}),
+        );
+    }
     let (compared, alone) = detection_alone(&beam_on);
     let per_record_us = alone * 1e6 / compared.max(1) as f64;
     println!(
-        "cost (BEAM): acks {:.2}s → {:.2}s, ingest {:.1}s → {:.1}s, CPU {:.1}s → {:.1}s; \
-         detection alone {compared} records in {alone:.2}s = {per_record_us:.0} µs per record",
-        beam_off.record_seconds,
-        beam_on.record_seconds,
-        beam_off.ingest_seconds,
-        beam_on.ingest_seconds,
-        beam_off.ingest_cpu,
-        beam_on.ingest_cpu,
+        "detection alone (BEAM, every record queued again): {compared} records in {alone:.2}s \
+         = {per_record_us:.0} µs per record, one thread"
     );
     let figures = json!({
         "embedder": embedder.name(),
-        "beam": {"groups": groups, "r10_off": r10(&beam_off.report), "r10_on": r10(&beam_on.report),
-                 "halves_r10_off": halves(&beam_off.report), "halves_r10_on": halves(&beam_on.report),
-                 "links": linked,
-                 "cost_off": cost(&beam_off, records(&beam)), "cost_on": cost(&beam_on, records(&beam)),
+        "beam": {"groups": groups, "r10_off": r10(off), "r10_on": r10(on_),
+                 "halves_r10_off": halves(off), "halves_r10_on": halves(on_),
+                 "links": linked, "cost_on": cost(&beam_on, records(&beam)),
                  "detection_alone": {"records": compared, "seconds": alone, "us_per_record": per_record_us}},
-        "locomo": {"r10_off": r10(&locomo_off.report), "r10_on": r10(&locomo_on.report),
-                   "cost_off": cost(&locomo_off, records(&locomo)), "cost_on": cost(&locomo_on, records(&locomo))},
+        "locomo": {"r10_off": r10(&locomo_on.as_off), "r10_on": r10(&locomo_on.report),
+                   "cost_on": cost(&locomo_on, records(&locomo))},
+        "off_runs": off_runs,
     });
     println!("{figures}");
 }

@@ -41,14 +41,12 @@ pub use clock::{
     Clock, DAY_MS, SystemClock, Timestamp, VirtualClock, parse_rfc3339, to_human, to_rfc3339,
 };
 pub use engine::{
-    Condensed, Counted, EnrichWake, EvaluationReport, Fading, FeedbackReport, FeedbackTarget,
-    Graph, IDEMPOTENCY_WINDOW, Idempotency, IndexKind, IndexPass, IndexingOptions, Insights, Judge,
-    JudgeBatch, JudgeItem, Judgement, KNOWLEDGE_SESSION, MAX_REASON_BYTES, MAX_STRIKES, Outcome,
-    PassageHit, Policies, Promotion, RecallRequest, RecallResult, Recalled, Recorded, Substrate,
-    SubstrateOptions, Summarizer, Summary, SummaryRequest, Superseded, SweepReport, UpdatesRound, Verdict,
-    Chain, Resolution,
-    Why,
-    panic_message, quarantined_error,
+    Chain, Condensed, Counted, EnrichWake, EvaluationReport, Fading, FeedbackReport,
+    FeedbackTarget, Graph, IDEMPOTENCY_WINDOW, Idempotency, IndexKind, IndexPass, IndexingOptions,
+    Insights, Judge, JudgeBatch, JudgeItem, Judgement, KNOWLEDGE_SESSION, MAX_REASON_BYTES,
+    MAX_STRIKES, Outcome, PassageHit, Policies, Promotion, RecallRequest, RecallResult, Recalled,
+    Recorded, Resolution, Substrate, SubstrateOptions, Summarizer, Summary, SummaryRequest,
+    Superseded, SweepReport, UpdatesRound, Verdict, Why, panic_message, quarantined_error,
 };
 pub use error::{Error, PolicyErrors, PolicyIssue, Result};
 pub use model::{
@@ -57,7 +55,9 @@ pub use model::{
 };
 pub use policy::Policy;
 pub use retrieval::Scope;
-pub use store::{Backend, Census, QuarantineEntry, SessionStats, Strikes, Validity, ValidityChange};
+pub use store::{
+    Backend, Census, QuarantineEntry, SessionStats, Strikes, Validity, ValidityChange,
+};
 
 /// The parts under the [`Substrate`], for benchmarks, tests and tools that work on them
 /// directly: the store and its write sets, the indexes, text analysis, the pure recall

@@ -452,6 +452,35 @@ pub fn in_window(t: Timestamp, since: Option<Timestamp>, until: Option<Timestamp
     since.is_none_or(|s| t >= s) && until.is_none_or(|u| t <= u)
 }
 
+/// Words with which a question asks about an earlier state ("what did we use before?",
+/// "my original deadline", "where did I live previously?"): recall then ranks superseded
+/// records as if they were current, since the old value is what is asked for.
+const PAST_WORDS: [&str; 12] = [
+    "before",
+    "previously",
+    "previous",
+    "originally",
+    "original",
+    "formerly",
+    "former",
+    "earlier",
+    "initially",
+    "initial",
+    "prior",
+    "old",
+];
+
+/// Whether `query` asks about an earlier state (see [`PAST_WORDS`]; also "used to").
+pub fn asks_about_past(query: &str) -> bool {
+    let words: Vec<String> = query
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect();
+    words.iter().any(|w| PAST_WORDS.contains(&w.as_str()))
+        || words.windows(2).any(|p| p[0] == "used" && p[1] == "to")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -642,33 +671,13 @@ mod tests {
         assert!(!in_window(6, None, Some(5)));
         assert!(in_window(6, None, None));
     }
-}
 
-/// Words with which a question asks about an earlier state ("what did we use before?",
-/// "my original deadline", "where did I live previously?"): recall then ranks superseded
-/// records as if they were current, since the old value is what is asked for.
-const PAST_WORDS: [&str; 12] = [
-    "before",
-    "previously",
-    "previous",
-    "originally",
-    "original",
-    "formerly",
-    "former",
-    "earlier",
-    "initially",
-    "initial",
-    "prior",
-    "old",
-];
-
-/// Whether `query` asks about an earlier state (see [`PAST_WORDS`]; also "used to").
-pub fn asks_about_past(query: &str) -> bool {
-    let words: Vec<String> = query
-        .split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .map(str::to_lowercase)
-        .collect();
-    words.iter().any(|w| PAST_WORDS.contains(&w.as_str()))
-        || words.windows(2).any(|p| p[0] == "used" && p[1] == "to")
+    #[test]
+    fn a_question_about_an_earlier_state_is_told_apart() {
+        assert!(asks_about_past("Where was the runner before the move?"));
+        assert!(asks_about_past("what did we used to deploy with"));
+        assert!(asks_about_past("my original deadline"));
+        assert!(!asks_about_past("Where is the deploy runner now?"));
+        assert!(!asks_about_past("Have I ever completed a first draft?"));
+    }
 }

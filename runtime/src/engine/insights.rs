@@ -1,8 +1,8 @@
 //! What a namespace's memory has been doing, for a person looking at it: the records recall
 //! returned most, those feedback found most useful, those most often part of a recall that
-//! went well, those about to fade into the archive, and those lately retired (archived,
-//! obsolete, wrong) or superseded. Read-only: it never changes a record, so looking does
-//! not disturb what it shows.
+//! went well, those about to fade into the archive, those lately retired (archived,
+//! obsolete, wrong) or superseded, and open contradictions held for review. Read-only: it
+//! never changes a record, so looking does not disturb what it shows.
 //!
 //! One pass over the namespace's records (headers and scores, never embeddings) and one
 //! over the remembered recalls; the dashboard runs it off the async workers and keeps the
@@ -65,6 +65,9 @@ pub struct Insights {
     pub retired: Vec<MemoryRecord>,
     /// Replaced by a newer record.
     pub superseded: Vec<Superseded>,
+    /// Open contradictions, held for review: each record with the records it conflicts
+    /// with (settle them with [`Substrate::resolve`]).
+    pub conflicts: Vec<(MemoryRecord, Vec<MemoryId>)>,
     /// Records read.
     pub records: u64,
     /// Remembered recalls of the namespace read.
@@ -170,6 +173,16 @@ impl Substrate {
                     record,
                     by: edge.from,
                 });
+            }
+        }
+        let ns = store.candidates(&Filter {
+            namespace,
+            ..Filter::default()
+        });
+        for n in store.conflicted(&ns).iter().take(limit) {
+            let id = MemoryId(n);
+            if let Some(record) = light(id)? {
+                out.conflicts.push((record, store.validity(id)?.conflicts));
             }
         }
         Ok(out)

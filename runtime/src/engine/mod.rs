@@ -39,7 +39,6 @@ use std::time::Duration;
 
 pub use evaluate::{EvaluationReport, Judge, JudgeBatch, JudgeItem, Judgement, Verdict};
 pub use indexing::{IndexKind, IndexPass};
-pub use updates::{Chain, Resolution, UpdatesRound};
 pub use ingest::{IDEMPOTENCY_WINDOW, Idempotency, Recorded};
 pub use insights::{Counted, Fading, Insights, Superseded};
 pub use knowledge::{Graph, KNOWLEDGE_SESSION, Promotion};
@@ -50,6 +49,7 @@ pub use lifecycle::{
 pub use quarantine::{MAX_STRIKES, panic_message, quarantined_error};
 pub use recall::{PassageHit, RecallRequest, RecallResult, Recalled, Why};
 pub(crate) use recall::{recall_id, recall_number};
+pub use updates::{Chain, Resolution, UpdatesRound};
 
 use crate::clock::{Clock, SystemClock};
 use crate::embed::Embedder;

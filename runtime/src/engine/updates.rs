@@ -179,7 +179,10 @@ impl Substrate {
                         for (a, b) in [(newer.id, older.id), (older.id, newer.id)] {
                             writes.push(Mutation::Validity(
                                 a,
-                                ValidityChange::Conflict { with: b, open: true },
+                                ValidityChange::Conflict {
+                                    with: b,
+                                    open: true,
+                                },
                             ));
                             writes.push(audit(
                                 a,
@@ -421,7 +424,10 @@ impl Substrate {
                     for (a, b) in [(id, other), (other, id)] {
                         writes.push(Mutation::Validity(
                             a,
-                            ValidityChange::Conflict { with: b, open: false },
+                            ValidityChange::Conflict {
+                                with: b,
+                                open: false,
+                            },
                         ));
                     }
                     writes.push(audit(id, format!("kept against {other}")));
@@ -434,7 +440,10 @@ impl Substrate {
                     for (a, b) in [(id, other), (other, id)] {
                         writes.push(Mutation::Validity(
                             a,
-                            ValidityChange::Conflict { with: b, open: false },
+                            ValidityChange::Conflict {
+                                with: b,
+                                open: false,
+                            },
                         ));
                         writes.push(audit(a, format!("conflict with {b} dismissed")));
                     }

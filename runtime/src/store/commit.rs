@@ -579,7 +579,12 @@ impl Worker {
                         r.event_time,
                         id,
                     )));
-                    for q in [Queue::Enrich, Queue::Evaluate, Queue::Condense, Queue::Updates] {
+                    for q in [
+                        Queue::Enrich,
+                        Queue::Evaluate,
+                        Queue::Condense,
+                        Queue::Updates,
+                    ] {
                         ops.push(Op::Delete(keys::queue_item(q as u8, id).to_vec()));
                     }
                     // What was known against it goes with it; the records it named keep

@@ -234,9 +234,7 @@ impl Store {
 
     /// A record's validity (clear when nothing is known against it).
     pub fn validity(&self, id: MemoryId) -> Result<Validity> {
-        Ok(self
-            .decoded(&keys::validity(id))?
-            .unwrap_or_default())
+        Ok(self.decoded(&keys::validity(id))?.unwrap_or_default())
     }
 
     /// What recall number `n` returned, if it was remembered.

@@ -24,7 +24,9 @@ use serde::{Deserialize, Serialize};
 
 pub use catalog::{Catalog, Census, Filter};
 pub use commit::CommitStats;
-pub use families::{Idempotent, QuarantineEntry, RememberedRecall, Strikes, Validity, ValidityChange};
+pub use families::{
+    Idempotent, QuarantineEntry, RememberedRecall, Strikes, Validity, ValidityChange,
+};
 pub use kv::{Backend, Visit, dir_disk_bytes};
 
 use crate::clock::Timestamp;

@@ -12,12 +12,12 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use shadowbrain_runtime::embed::{Embedder, HashEmbedder, LocalEmbedder};
-use shadowbrain_runtime::policy::Policy;
 use shadowbrain_runtime::internals::Queue;
+use shadowbrain_runtime::policy::Policy;
 use shadowbrain_runtime::updates::{Change, Claims, Thresholds, compare};
 use shadowbrain_runtime::{
-    AuditAction, Edge, IndexingOptions, MemoryId, NewMemory, RecallRequest, Relation, Scope,
-    Substrate, SubstrateOptions, UpdatesRound, VirtualClock,
+    AuditAction, Edge, IndexingOptions, MemoryId, NewMemory, RecallRequest, Relation, Resolution,
+    Scope, Substrate, SubstrateOptions, UpdatesRound, VirtualClock,
 };
 
 const CLASSES: [Change; 4] = [
@@ -212,8 +212,20 @@ async fn a_newer_value_supersedes_the_older_which_stays_readable_and_ranks_below
     let dir = tempfile::tempdir().unwrap();
     let sub = open_with_updates(dir.path(), "mode = \"rules\"");
     let t0 = 1_770_000_000_000;
-    let old = write(&sub, "ops", t0, "The deploy runner for production is in eu-1.").await;
-    write(&sub, "ops", t0 + DAY, "I ordered pizza for the team lunch on Friday.").await;
+    let old = write(
+        &sub,
+        "ops",
+        t0,
+        "The deploy runner for production is in eu-1.",
+    )
+    .await;
+    write(
+        &sub,
+        "ops",
+        t0 + DAY,
+        "I ordered pizza for the team lunch on Friday.",
+    )
+    .await;
     let new = write(
         &sub,
         "planning",
@@ -231,14 +243,20 @@ async fn a_newer_value_supersedes_the_older_which_stays_readable_and_ranks_below
     assert_eq!(v.superseded_by, Some(new));
     assert_eq!(v.valid_until, Some(t0 + 30 * DAY));
     assert!(v.learned_at.is_some());
-    assert_eq!(sub.get("acme", old).unwrap().text, "The deploy runner for production is in eu-1.");
+    assert_eq!(
+        sub.get("acme", old).unwrap().text,
+        "The deploy runner for production is in eu-1."
+    );
     let history = sub.history("acme", old).unwrap();
     let entry = history
         .iter()
         .find(|e| e.action == AuditAction::Superseded)
         .expect("the old record's history says it was superseded");
     assert_eq!(entry.by, "updates:rules");
-    assert!(entry.detail.contains(&new.to_string()) && entry.detail.contains("eu-1"), "{entry:?}");
+    assert!(
+        entry.detail.contains(&new.to_string()) && entry.detail.contains("eu-1"),
+        "{entry:?}"
+    );
     assert!(
         sub.history("acme", new)
             .unwrap()
@@ -259,11 +277,16 @@ async fn a_newer_value_supersedes_the_older_which_stays_readable_and_ranks_below
         reinforce: false,
         ..RecallRequest::new("acme", "asker", query)
     };
-    let r = sub.recall(&ask("where is the production deploy runner?", false)).await.unwrap();
+    let r = sub
+        .recall(&ask("where is the production deploy runner?", false))
+        .await
+        .unwrap();
     let ids: Vec<MemoryId> = r.memories.iter().map(|m| m.record.id).collect();
     let (at_new, at_old) = (
         ids.iter().position(|i| *i == new).unwrap(),
-        ids.iter().position(|i| *i == old).expect("the old value is still returned"),
+        ids.iter()
+            .position(|i| *i == old)
+            .expect("the old value is still returned"),
     );
     assert!(at_new < at_old, "{ids:?}");
     let old_why = &r.memories[at_old].why;
@@ -272,18 +295,31 @@ async fn a_newer_value_supersedes_the_older_which_stays_readable_and_ranks_below
     assert_eq!(r.memories[at_new].why.superseded_by, None);
     // Asked as history, the old value is ranked as it matches (undemoted).
     let before = sub
-        .recall(&ask("where was the production deploy runner before?", false))
+        .recall(&ask(
+            "where was the production deploy runner before?",
+            false,
+        ))
         .await
         .unwrap();
     let old_score = |r: &shadowbrain_runtime::RecallResult| {
-        r.memories.iter().find(|m| m.record.id == old).unwrap().score
+        r.memories
+            .iter()
+            .find(|m| m.record.id == old)
+            .unwrap()
+            .score
     };
     let included = sub
         .recall(&ask("where is the production deploy runner?", true))
         .await
         .unwrap();
-    assert!(old_score(&included) > old_score(&r), "include_superseded undoes the demotion");
-    assert!(old_score(&before) > old_score(&r), "a question about the past undoes it too");
+    assert!(
+        old_score(&included) > old_score(&r),
+        "include_superseded undoes the demotion"
+    );
+    assert!(
+        old_score(&before) > old_score(&r),
+        "a question about the past undoes it too"
+    );
 }
 
 #[tokio::test]
@@ -292,13 +328,34 @@ async fn a_contradiction_without_order_is_kept_open_on_both_sides_and_a_repeat_r
     let sub = open_with_updates(dir.path(), "mode = \"rules\"");
     let t0 = 1_770_000_000_000;
     // The same moment in two sessions: nothing says which came later.
-    let a = write(&sub, "s1", t0, "I have never written a Flask route for this project.").await;
-    let b = write(&sub, "s2", t0, "I wrote the /login route in Flask for this project.").await;
+    let a = write(
+        &sub,
+        "s1",
+        t0,
+        "I have never written a Flask route for this project.",
+    )
+    .await;
+    let b = write(
+        &sub,
+        "s2",
+        t0,
+        "I wrote the /login route in Flask for this project.",
+    )
+    .await;
     let round = settle(&sub).await;
     assert_eq!(round.contradicted, 1, "{round:?}");
     assert_eq!(sub.store().validity(a).unwrap().conflicts, vec![b]);
     assert_eq!(sub.store().validity(b).unwrap().conflicts, vec![a]);
-    assert!(sub.history("acme", a).unwrap().iter().any(|e| e.action == AuditAction::Contradicted));
+    assert!(
+        sub.history("acme", a)
+            .unwrap()
+            .iter()
+            .any(|e| e.action == AuditAction::Contradicted)
+    );
+    // Held for review where a person looks.
+    let held = sub.insights("acme", t0, 10).unwrap().conflicts;
+    let held: Vec<(MemoryId, Vec<MemoryId>)> = held.into_iter().map(|(r, w)| (r.id, w)).collect();
+    assert_eq!(held, vec![(a, vec![b]), (b, vec![a])]);
     sub.flush_indexes().unwrap();
     let r = sub
         .recall(&RecallRequest {
@@ -312,12 +369,39 @@ async fn a_contradiction_without_order_is_kept_open_on_both_sides_and_a_repeat_r
         assert_eq!(m.why.conflicts_with.len(), 1, "{:?}", m.why);
     }
 
-    let first = write(&sub, "s3", t0 + DAY, "Our staging database runs Postgres 15.").await;
+    // Settled by hand: `a` was right; `b` becomes superseded by it, the conflict closes.
+    sub.resolve("acme", a, Resolution::Keep, Some("checked the repo"), "ops")
+        .unwrap();
+    assert!(sub.store().validity(a).unwrap().conflicts.is_empty());
+    assert_eq!(sub.store().validity(b).unwrap().superseded_by, Some(a));
+    assert!(sub.insights("acme", t0, 10).unwrap().conflicts.is_empty());
+    let err = sub
+        .resolve("acme", a, Resolution::Dismiss, None, "ops")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no open conflict"), "{err}");
+
+    let first = write(
+        &sub,
+        "s3",
+        t0 + DAY,
+        "Our staging database runs Postgres 15.",
+    )
+    .await;
     let before = sub.get("acme", first).unwrap().reinforcements;
-    let again = write(&sub, "s4", t0 + 2 * DAY, "Our staging database runs Postgres 15.").await;
+    let again = write(
+        &sub,
+        "s4",
+        t0 + 2 * DAY,
+        "Our staging database runs Postgres 15.",
+    )
+    .await;
     let round = settle(&sub).await;
     assert_eq!(round.repeated, 1, "{round:?}");
-    assert_eq!(sub.store().validity(again).unwrap().duplicate_of, Some(first));
+    assert_eq!(
+        sub.store().validity(again).unwrap().duplicate_of,
+        Some(first)
+    );
     assert_eq!(sub.get("acme", first).unwrap().reinforcements, before + 1);
 }
 
@@ -328,10 +412,16 @@ async fn without_the_section_nothing_is_queued_and_the_hash_is_unchanged() {
     let on = Policy::from_toml("<test>", "[updates]\nmode = \"rules\"\n").unwrap();
     assert_eq!(plain.hash, off.hash);
     assert_ne!(plain.hash, on.hash);
-    let bad = Policy::from_toml("<test>", "[updates]\nmode = \"sometimes\"\ncandidates = 0\n")
-        .unwrap_err()
-        .to_string();
-    assert!(bad.contains("updates.mode") && bad.contains("updates.candidates"), "{bad}");
+    let bad = Policy::from_toml(
+        "<test>",
+        "[updates]\nmode = \"sometimes\"\ncandidates = 0\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        bad.contains("updates.mode") && bad.contains("updates.candidates"),
+        "{bad}"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let sub = open_with_updates(dir.path(), "mode = \"off\"");

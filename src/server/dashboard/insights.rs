@@ -1,8 +1,9 @@
 //! `/ui/insights`: what the namespace's memory has been doing ([`crate::Insights`]): most
 //! recalled, most useful (success feedback), most often part of successful recalls, about
-//! to be archived by decay, and lately retired or superseded. Computing them reads every
-//! record of the namespace, so the answer is kept for [`FRESH_FOR`] and the page says when
-//! it was computed and how long that took; `?fresh=1` computes anew.
+//! to be archived by decay, lately retired or superseded, and open contradictions.
+//! Computing them reads every record of the namespace, so the answer is kept for
+//! [`FRESH_FOR`] and the page says when it was computed and how long that took; `?fresh=1`
+//! computes anew.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -111,6 +112,25 @@ pub(super) async fn page(
                             li {
                                 (page::memory_link(s.record.id)) " " span.text { (page::short(&s.record.text, 120)) }
                                 br; span.small { "superseded by " (page::memory_link(s.by)) }
+                            }
+                        }
+                    }
+                }
+            }))
+            (section("Open contradictions", html! {
+                @if i.conflicts.is_empty() { p { "No record is in an open contradiction." } }
+                @else {
+                    p.small { "Held for review: settle each with PATCH /v1/memories/{id} and {\"resolve\": \"keep\"} or \"dismiss\"." }
+                    ol.insight {
+                        @for (r, with) in &i.conflicts {
+                            li {
+                                (page::memory_link(r.id)) " " span.text { (page::short(&r.text, 120)) }
+                                br; span.small { "conflicts with "
+                                    @for (n, w) in with.iter().enumerate() {
+                                        @if n > 0 { ", " }
+                                        (page::memory_link(*w))
+                                    }
+                                }
                             }
                         }
                     }
