@@ -441,19 +441,29 @@ thread_local! {
 
 /// Splits a text into clauses: at sentence ends, line breaks and semicolons, and before
 /// the conjunctions that turn a clause around (`but`, `however`, `although` …), so that a
-/// negation covers only its own clause.
+/// negation covers only its own clause. Questions are left out: they claim nothing.
 fn clauses(text: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let mut start = 0;
+    // Where the current sentence's clauses begin in `out`: a question drops them all.
+    let mut sentence_start = 0;
     let bytes = text.as_bytes();
     let mut i = 0;
     while i < bytes.len() {
         let c = bytes[i];
         let end_of_sentence = matches!(c, b'.' | b'!' | b'?')
             && bytes.get(i + 1).is_none_or(|n| n.is_ascii_whitespace());
-        if end_of_sentence || matches!(c, b'\n' | b';') {
+        if end_of_sentence && c == b'?' {
+            // A question states nothing to update or contradict ("is the runner still in
+            // eu-1?"); on BEAM, users' questions naming numbers were most of the false
+            // supersessions.
+            out.truncate(sentence_start);
+            start = i + 1;
+            sentence_start = out.len();
+        } else if end_of_sentence || matches!(c, b'\n' | b';') {
             out.push(&text[start..i]);
             start = i + 1;
+            sentence_start = out.len();
         } else if c == b' ' {
             let rest = &text[i + 1..];
             let turn = [
@@ -476,7 +486,12 @@ fn clauses(text: &str) -> Vec<&str> {
         }
         i += 1;
     }
-    out.push(&text[start..]);
+    let rest = text[start..].trim_end();
+    if rest.ends_with('?') {
+        out.truncate(sentence_start);
+    } else {
+        out.push(&text[start..]);
+    }
     out.retain(|c| !c.trim().is_empty());
     out
 }

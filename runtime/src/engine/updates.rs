@@ -87,8 +87,10 @@ impl Substrate {
             writes.push(Mutation::Dequeue(Queue::Updates, id));
             done.insert(id);
             round.compared += 1;
-            // The policy was turned off since the record was queued.
-            if !u.on() {
+            // The policy was turned off since the record was queued, or the record is too
+            // long to state one fact.
+            let short = |r: &MemoryRecord| r.text.len() <= u.max_chars as usize;
+            if !u.on() || !short(&record) {
                 continue;
             }
             // Within its tier: a condensed record restates its own sources, and knowledge
@@ -102,10 +104,13 @@ impl Substrate {
                 ..Filter::default()
             });
             pool.remove(id.0);
-            let hits = self
-                .inner
-                .vectors
-                .search(embedding, u.candidates as usize, Some(&pool))?;
+            // Long neighbours are passed over: a few more are asked for so that `candidates`
+            // short ones are still compared where there are some.
+            let hits =
+                self.inner
+                    .vectors
+                    .search(embedding, 4 * u.candidates as usize, Some(&pool))?;
+            let mut compared = 0;
             let by = format!(
                 "updates:{}",
                 match u.mode {
@@ -126,6 +131,13 @@ impl Substrate {
                 let Some(other) = store.get_light(other_id)? else {
                     continue;
                 };
+                if !short(&other) {
+                    continue;
+                }
+                if compared == u.candidates {
+                    break;
+                }
+                compared += 1;
                 let other_claims = Claims::of(&other.text);
                 let (newer, older, finding) = if is_newer(&record, &other) {
                     let f = compare(&claims, &other_claims, similarity, &u.thresholds);

@@ -311,6 +311,7 @@ impl Policy {
                         UpdatesScope::Session => "session",
                     },
                     "candidates": u.candidates,
+                    "max_chars": u.max_chars,
                     "min_similarity": u.min_similarity,
                     "duplicate_similarity": u.thresholds.duplicate_similarity,
                     "sentence_overlap": u.thresholds.sentence_overlap,

@@ -209,6 +209,9 @@ pub struct RawUpdates {
     /// How many nearest older records each new record is compared with.
     #[serde(default, deserialize_with = "count")]
     pub candidates: Option<u32>,
+    /// Records longer than this (bytes of text) are neither compared nor compared with.
+    #[serde(default, deserialize_with = "count")]
+    pub max_chars: Option<u32>,
     /// Embedding similarity below which a neighbour is not compared at all.
     #[serde(default, deserialize_with = "number")]
     pub min_similarity: Option<f64>,
