@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use crate::{
     AuditAction, AuditEntry, Chain, Edge, Kind, MemoryId, MemoryRecord, Outcome, PolicyStamp,
-    RecallResult, Relation, Resolution, Scope, SessionStats, Status, Tier, Utility, Why,
+    RecallResult, Relation, Resolution, Scope, SessionStats, Status, Tier, Utility, Validity, Why,
     to_rfc3339,
 };
 
@@ -243,14 +243,12 @@ pub struct Memory {
     /// The policy that last decided about it.
     pub policy: PolicyRef,
     /// The record that states a newer value of its fact (set by the policy's `[updates]`
-    /// detection or by a resolved conflict); absent while it is current.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// detection or by a resolved conflict); `null` while it is current.
     pub superseded_by: Option<String>,
-    /// When it stopped being true (the newer record's event time, milliseconds).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// When it stopped being true (the newer record's event time, milliseconds); `null`
+    /// while it is current.
     pub valid_until: Option<i64>,
     /// Records it is in open conflict with (settle with `PATCH` and `resolve`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conflicts: Vec<String>,
     /// Its place among the values of its fact: on `GET` and `PATCH` of one memory only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -273,6 +271,29 @@ pub struct ChainOut {
 }
 
 impl Memory {
+    /// The memory with what is known against it (from [`crate::Substrate::validity_of`]).
+    pub fn with_validity(mut self, v: Option<&Validity>) -> Self {
+        if let Some(v) = v {
+            self.superseded_by = v.superseded_by.map(|id| id.to_string());
+            self.valid_until = v.valid_until;
+            self.conflicts = v.conflicts.iter().map(ToString::to_string).collect();
+        }
+        self
+    }
+
+    /// Records as memories, each with what is known against it.
+    pub fn all_of(sub: &crate::Substrate, records: Vec<MemoryRecord>) -> crate::Result<Vec<Self>> {
+        let ids: Vec<MemoryId> = records.iter().map(|r| r.id).collect();
+        let known = sub.validity_of(&ids)?;
+        Ok(records
+            .into_iter()
+            .map(|r| {
+                let v = known.get(&r.id);
+                Memory::from(r).with_validity(v)
+            })
+            .collect())
+    }
+
     /// The memory with its validity and chain filled in.
     pub fn with_chain(mut self, c: Chain) -> Self {
         let ids = |v: &[MemoryId]| v.iter().map(ToString::to_string).collect::<Vec<_>>();

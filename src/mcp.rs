@@ -252,7 +252,10 @@ impl McpServer {
                 let text = format!(
                     "archived {id}: it is no longer recalled; `mark` it `active` to restore it"
                 );
-                answer(&Memory::from(record), text)
+                answer(
+                    &Memory::all_of(rt.substrate(), vec![record])?.remove(0),
+                    text,
+                )
             }
             "mark" => {
                 let MarkArgs { id, status, reason } =
@@ -262,7 +265,7 @@ impl McpServer {
                     .memory(ns, id.parse()?)?
                     .set_status_because(status, reason, BY_MCP)
                     .await?;
-                let memory = Memory::from(record);
+                let memory = Memory::all_of(rt.substrate(), vec![record])?.remove(0);
                 let text = format!("{id} is now {}", status.as_str());
                 answer(&memory, text)
             }
@@ -270,13 +273,8 @@ impl McpServer {
                 let session_id = session_arg(&mut args, &place)?;
                 let TimelineArgs { limit } = server::from_value("arguments", Value::Object(args))?;
                 let limit = server::timeline_limit(limits, limit)?;
-                let items: Vec<Memory> = rt
-                    .session(ns, &session_id)?
-                    .timeline(limit)
-                    .await?
-                    .into_iter()
-                    .map(Memory::from)
-                    .collect();
+                let records = rt.session(ns, &session_id)?.timeline(limit).await?;
+                let items = Memory::all_of(rt.substrate(), records)?;
                 let text = render_timeline(&session_id, &items);
                 answer(&Timeline { items }, text)
             }
@@ -355,7 +353,7 @@ impl McpServer {
         }
         if let Some(id) = uri.strip_prefix("shadowbrain://memories/") {
             let memory = rt.memory(ns, id.parse()?)?;
-            let record = Memory::from(memory.get().await?);
+            let record = Memory::from(memory.get().await?).with_chain(memory.chain().await?);
             return Ok(serde_json::json!({
                 "memory": record,
                 "history": server::history(&memory).await?,
@@ -366,13 +364,8 @@ impl McpServer {
             .and_then(|rest| rest.strip_suffix("/timeline"))
         {
             let limit = server::timeline_limit(&self.inner.limits, None)?;
-            let items: Vec<Memory> = rt
-                .session(ns, session)?
-                .timeline(limit)
-                .await?
-                .into_iter()
-                .map(Memory::from)
-                .collect();
+            let records = rt.session(ns, session)?.timeline(limit).await?;
+            let items = Memory::all_of(rt.substrate(), records)?;
             return Ok(json(&Timeline { items }));
         }
         Err(ApiError::new(

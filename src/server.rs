@@ -1315,12 +1315,7 @@ async fn get_timeline(
     let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
     let limit = timeline_limit(&s.limits, query.limit)?;
     let session = s.rt.session(&ns.0, &session_id)?;
-    let items = session
-        .timeline(limit)
-        .await?
-        .into_iter()
-        .map(Memory::from)
-        .collect();
+    let items = Memory::all_of(s.rt.substrate(), session.timeline(limit).await?)?;
     Ok(Json(Timeline { items }))
 }
 
@@ -1517,7 +1512,9 @@ async fn delete_memory(
 ) -> ApiResult<Json<Memory>> {
     let memory = s.rt.memory(&ns.0, id.parse()?)?;
     let record = memory.archive(BY_API).await?;
-    Ok(Json(record.into()))
+    Ok(Json(
+        Memory::all_of(s.rt.substrate(), vec![record])?.remove(0),
+    ))
 }
 
 /// `GET /v1/memories/{id}/history`.
@@ -1614,7 +1611,7 @@ pub(crate) async fn graph(
 ) -> ApiResult<Graph> {
     let (nodes, edges) = graph_records(rt, ns, around, depth).await?;
     Ok(Graph {
-        nodes: nodes.into_iter().map(Into::into).collect(),
+        nodes: Memory::all_of(rt.substrate(), nodes)?,
         edges: edges.into_iter().map(Into::into).collect(),
     })
 }

@@ -18,7 +18,7 @@
 //! schedulers — the substrate's own indexer thread and the runtime's Indexer actor — run
 //! it without knowing about it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::Substrate;
@@ -309,6 +309,18 @@ pub struct Chain {
 const MAX_CHAIN: usize = 64;
 
 impl Substrate {
+    /// The validity of those of `ids` that are superseded or in a conflict (the catalog's
+    /// bitmaps say which, so a list of current records reads nothing).
+    pub fn validity_of(&self, ids: &[MemoryId]) -> Result<HashMap<MemoryId, Validity>> {
+        let store = &self.inner.store;
+        let set: roaring::RoaringBitmap = ids.iter().map(|id| id.0).collect();
+        let mut out = HashMap::new();
+        for n in &(store.superseded(&set) | store.conflicted(&set)) {
+            out.insert(MemoryId(n), store.validity(MemoryId(n))?);
+        }
+        Ok(out)
+    }
+
     /// A record's validity, the records it superseded, and the newer values after it.
     pub fn chain(&self, namespace: &str, id: MemoryId) -> Result<Chain> {
         let store = &self.inner.store;
