@@ -719,17 +719,7 @@ impl Substrate {
         reason: Option<&str>,
         by: &str,
     ) -> Result<MemoryRecord> {
-        if let Some(reason) = reason
-            && reason.len() > MAX_REASON_BYTES
-        {
-            return Err(Error::invalid(
-                "reason",
-                format!(
-                    "is {} bytes; say why in at most {MAX_REASON_BYTES} bytes",
-                    reason.len()
-                ),
-            ));
-        }
+        check_reason(reason)?;
         let r = self.inner.store.get_in(namespace, id)?;
         if r.status == status {
             return Ok(r);
@@ -807,5 +797,19 @@ impl Substrate {
                 id: id.to_string(),
             }),
         }
+    }
+}
+
+/// Refuses a reason too long to keep in a history (a status change's, a resolution's).
+pub(super) fn check_reason(reason: Option<&str>) -> Result<()> {
+    match reason {
+        Some(reason) if reason.len() > MAX_REASON_BYTES => Err(Error::invalid(
+            "reason",
+            format!(
+                "is {} bytes; say why in at most {MAX_REASON_BYTES} bytes",
+                reason.len()
+            ),
+        )),
+        _ => Ok(()),
     }
 }

@@ -359,18 +359,7 @@ impl Substrate {
         reason: Option<&str>,
         by: &str,
     ) -> Result<Chain> {
-        if let Some(reason) = reason
-            && reason.len() > super::MAX_REASON_BYTES
-        {
-            return Err(Error::invalid(
-                "reason",
-                format!(
-                    "is {} bytes; say why in at most {} bytes",
-                    reason.len(),
-                    super::MAX_REASON_BYTES
-                ),
-            ));
-        }
+        super::lifecycle::check_reason(reason)?;
         let store = &self.inner.store;
         let record = store.get_in(namespace, id)?;
         let validity = store.validity(id)?;
