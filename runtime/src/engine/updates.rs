@@ -28,7 +28,8 @@ use crate::policy::{UpdatesMode, UpdatesScope};
 use crate::store::{Filter, Mutation, Queue, Reinforcement, Validity, ValidityChange, WriteSet};
 use crate::updates::{Change, Claims, compare};
 
-/// How many queued records one scheduled round takes: a few milliseconds of searches.
+/// How many queued records one scheduled round takes: about a tenth of a second of
+/// searches and comparisons (453 µs per record measured on BEAM).
 const ROUND: usize = 256;
 
 /// What one detection round did.
