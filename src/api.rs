@@ -295,18 +295,16 @@ impl Memory {
     }
 
     /// The memory with its validity and chain filled in.
-    pub fn with_chain(mut self, c: Chain) -> Self {
+    pub fn with_chain(self, c: Chain) -> Self {
         let ids = |v: &[MemoryId]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
-        self.superseded_by = c.validity.superseded_by.map(|id| id.to_string());
-        self.valid_until = c.validity.valid_until;
-        self.conflicts = ids(&c.validity.conflicts);
-        self.chain = Some(ChainOut {
+        let mut this = self.with_validity(Some(&c.validity));
+        this.chain = Some(ChainOut {
             supersedes: ids(&c.supersedes),
             newer: ids(&c.newer),
             learned_at: c.validity.learned_at,
             duplicate_of: c.validity.duplicate_of.map(|id| id.to_string()),
         });
-        self
+        this
     }
 }
 

@@ -482,13 +482,9 @@ impl Substrate {
             }
         }
         let now = self.inner.clock.now();
-        // What is known against the candidates: few records have an entry, so the two
-        // bitmaps say which to read.
-        let ids: roaring::RoaringBitmap = loaded.iter().map(|(r, _)| r.id.0).collect();
-        let mut validity = HashMap::new();
-        for n in &(store.superseded(&ids) | store.conflicted(&ids)) {
-            validity.insert(MemoryId(n), store.validity(MemoryId(n))?);
-        }
+        // What is known against the candidates (few have an entry).
+        let ids: Vec<MemoryId> = loaded.iter().map(|(r, _)| r.id).collect();
+        let validity = self.validity_of(&ids)?;
         let as_history = !req.include_superseded && !retrieval::asks_about_past(&req.query);
         let demote = match as_history {
             true => policy.updates.superseded_weight,
