@@ -1493,6 +1493,20 @@ fn serve_with_updates_links_a_changed_fact_recall_says_so_and_patch_settles_it()
     );
     assert!(memory["valid_until"].as_i64().is_some(), "{memory}");
     assert_eq!(get(&new)["chain"]["supersedes"], json!([old]));
+    // The knowledge graph shows what detection wrote in the background (its cached graph
+    // follows edges written by others), and, below, what a resolution removed.
+    let supersedes = json!({"from": new, "to": old, "relation": "supersedes"});
+    let graph_edges = || {
+        let (status, graph) = http(
+            addr,
+            "GET",
+            &format!("/v1/knowledge/graph?around={old}"),
+            None,
+        );
+        assert_eq!(status, 200, "{graph}");
+        graph["edges"].as_array().unwrap().clone()
+    };
+    assert!(graph_edges().contains(&supersedes), "{:?}", graph_edges());
 
     let recall = |body: Value| post("/v1/sessions/asker/recall", body);
     let found =
@@ -1538,6 +1552,7 @@ fn serve_with_updates_links_a_changed_fact_recall_says_so_and_patch_settles_it()
     );
     assert_eq!(status, 200, "{reinstated}");
     assert!(reinstated["superseded_by"].is_null(), "{reinstated}");
+    assert!(!graph_edges().contains(&supersedes), "{:?}", graph_edges());
     let (_, history) = http(addr, "GET", &format!("/v1/memories/{old}/history"), None);
     let actions: Vec<&str> = history["entries"]
         .as_array()

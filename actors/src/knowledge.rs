@@ -4,7 +4,9 @@
 //! to create the same knowledge twice (the second merges into the first). Feedback and the
 //! condenser *tell* it about candidates; the handle *asks* it for graph queries, links and
 //! explicit promotions. A namespace's graph is loaded from the store on first use and kept
-//! in step with every write; a restart simply loads it again.
+//! in step with its own writes; edges written elsewhere (update detection, resolutions by
+//! hand) move the store's edge count, and a graph cached at another count is loaded again.
+//! A restart simply loads it again.
 
 use std::collections::HashMap;
 
@@ -21,6 +23,8 @@ pub(crate) struct KnowledgeGraph;
 pub(crate) struct KnowledgeState {
     substrate: Substrate,
     graphs: HashMap<String, Graph>,
+    /// The store's edge count when the cached graphs were last known to be current.
+    edge_changes: u64,
 }
 
 /// A neighbourhood: the records around one, and the edges among them.
@@ -57,6 +61,13 @@ pub(crate) enum KnowledgeMessage {
 
 impl KnowledgeState {
     fn graph(&mut self, namespace: &str) -> Result<&mut Graph> {
+        // Read before loading: an edge committed during the load moves the count again,
+        // so the next query loads once more rather than missing it.
+        let changes = self.substrate.store().edge_changes();
+        if changes != self.edge_changes {
+            self.graphs.clear();
+            self.edge_changes = changes;
+        }
         if !self.graphs.contains_key(namespace) {
             let graph = self.substrate.knowledge_graph(namespace)?;
             self.graphs.insert(namespace.to_string(), graph);
@@ -83,7 +94,9 @@ impl KnowledgeState {
                     to: id,
                     relation: Relation::DerivedFrom,
                 }),
-                Promotion::AlreadyPromoted { .. } | Promotion::NotEligible(_) => {}
+                Promotion::Held { .. }
+                | Promotion::AlreadyPromoted { .. }
+                | Promotion::NotEligible(_) => {}
             }
             out.push(promotion);
         }
@@ -102,6 +115,7 @@ impl Actor for KnowledgeGraph {
         substrate: Substrate,
     ) -> std::result::Result<KnowledgeState, ActorProcessingErr> {
         Ok(KnowledgeState {
+            edge_changes: substrate.store().edge_changes(),
             substrate,
             graphs: HashMap::new(),
         })

@@ -385,16 +385,9 @@ async fn main() {
         locomo.len(),
         records(&locomo)
     );
+    // BEAM first, printed as soon as it is measured: with the local model its ingest
+    // alone takes tens of minutes.
     let beam_on = run(&beam, eval::beam::LAYOUT, on, &embedder).await;
-    let locomo_on = run(&locomo, eval::locomo::LAYOUT, on, &embedder).await;
-    let (beam_off, locomo_off) = match flag("--off-run") {
-        true => (
-            Some(run(&beam, eval::beam::LAYOUT, "", &embedder).await),
-            Some(run(&locomo, eval::locomo::LAYOUT, "", &embedder).await),
-        ),
-        false => (None, None),
-    };
-
     println!("BEAM, {} (off → on):", embedder.name());
     let mut groups = serde_json::Map::new();
     for g in GROUPS {
@@ -426,17 +419,25 @@ async fn main() {
         halves(off)[1],
         halves(on_)[1],
     );
-    println!(
-        "LoCoMo cats 1-4 R@10 {:.4} → {:.4}",
-        r10(&locomo_on.as_off),
-        r10(&locomo_on.report)
-    );
     let linked = links(&beam_on, &beam_dir, &beam);
     println!("links against BEAM's probed pairs: {linked}");
     println!("a sample of supersedes edges (newer ⇒ over older):");
     for s in samples(&beam_on, 8) {
         println!("{s}");
     }
+    let locomo_on = run(&locomo, eval::locomo::LAYOUT, on, &embedder).await;
+    println!(
+        "LoCoMo cats 1-4 R@10 {:.4} → {:.4}",
+        r10(&locomo_on.as_off),
+        r10(&locomo_on.report)
+    );
+    let (beam_off, locomo_off) = match flag("--off-run") {
+        true => (
+            Some(run(&beam, eval::beam::LAYOUT, "", &embedder).await),
+            Some(run(&locomo, eval::locomo::LAYOUT, "", &embedder).await),
+        ),
+        false => (None, None),
+    };
     let cost = |r: &Run, n: usize| {
         json!({"record_s": r.record_seconds, "ingest_s": r.ingest_seconds,
                "cpu_s": r.ingest_cpu, "cpu_us_per_record": r.ingest_cpu * 1e6 / n as f64})

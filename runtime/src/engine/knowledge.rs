@@ -9,6 +9,18 @@
 //! `derived_from` its source and `similar_to` related knowledge. Each condensed record is
 //! promoted at most once (a marker is written in the same commit).
 //!
+//! Under a policy whose `[updates]` section is on, a candidate is also read against the
+//! knowledge it is near ([`crate::updates::compare`]) before it is merged or written:
+//! - a newer value of a lesson (a changed number, place, rule …) becomes a new knowledge
+//!   record that supersedes the old one (a `supersedes` edge and the old one's validity),
+//!   never merged into it;
+//! - a claim incompatible with a lesson, with no clear order between them, is **held for
+//!   review**: a `contradicts` edge and an open conflict on both sides (listed in the
+//!   insights and on the records), nothing promoted or merged until a person settles it
+//!   ([`Substrate::resolve`]); a candidate already in an open conflict is held too;
+//! - a candidate that is itself superseded, or an older value than the lesson, is not
+//!   promoted.
+//!
 //! Knowledge records live in the namespace's [`KNOWLEDGE_SESSION`], so they are recalled
 //! by any session of the namespace that asks for `include_knowledge`, and by no other
 //! namespace.
@@ -19,9 +31,12 @@ use petgraph::Direction;
 use petgraph::graphmap::DiGraphMap;
 
 use super::Substrate;
+use super::updates::{clear_order, is_newer};
 use crate::error::Result;
 use crate::model::{AuditAction, AuditEntry, Edge, Kind, MemoryId, MemoryRecord, Relation, Tier};
-use crate::store::{Filter, Mutation, WriteSet};
+use crate::policy::Policy;
+use crate::store::{Filter, Mutation, ValidityChange, WriteSet};
+use crate::updates::{Change, Claims, compare};
 
 /// The session that holds a namespace's knowledge records.
 pub const KNOWLEDGE_SESSION: &str = "_knowledge";
@@ -55,8 +70,32 @@ pub enum Promotion {
         /// The knowledge record.
         knowledge: MemoryId,
     },
+    /// Held for review: it contradicts knowledge (or is one side of an open conflict), so
+    /// nothing was promoted or merged until a person settles the conflict.
+    Held {
+        /// The records it is in open conflict with.
+        against: Vec<MemoryId>,
+        /// The edges written now (none when the conflict was open already).
+        edges: Vec<Edge>,
+        /// Why, and what to do.
+        reason: String,
+    },
     /// The policy does not admit it (every reason, joined with `; `).
     NotEligible(String),
+}
+
+/// What the candidate is to the knowledge near it (see the module docs).
+#[derive(Default)]
+struct Against {
+    /// Current lessons it states a newer value of, with the reason.
+    supersedes: Vec<(MemoryId, String)>,
+    /// Lessons a person already took as superseded by the candidate itself (kept by hand):
+    /// the new knowledge record takes the candidate's place in their chain.
+    kept_against: Vec<MemoryId>,
+    /// Lessons it contradicts, with the reason.
+    contradicts: Vec<(MemoryId, String)>,
+    /// A lesson it states an older value of, with the reason.
+    older_than: Option<(MemoryId, String)>,
 }
 
 /// A namespace's knowledge graph, in memory.
@@ -165,6 +204,19 @@ impl Substrate {
         if let Err(why) = policy.promotion(&candidate) {
             return Ok(Promotion::NotEligible(why));
         }
+        let validity = store.validity(id)?;
+        if let Some(newer) = validity.superseded_by {
+            return Ok(Promotion::NotEligible(format!(
+                "it is superseded by {newer}; the current value is what gets promoted"
+            )));
+        }
+        if !validity.conflicts.is_empty() {
+            return Ok(Promotion::Held {
+                reason: held_reason(id, &validity.conflicts),
+                against: validity.conflicts,
+                edges: Vec::new(),
+            });
+        }
         let Some(embedding) = store.embedding(id)? else {
             return Ok(Promotion::NotEligible(
                 "its embedding is not ready yet (the enricher is behind); try again shortly".into(),
@@ -192,108 +244,289 @@ impl Substrate {
             detail,
         };
         let mut writes = WriteSet::new();
-        let outcome =
-            match near.first() {
-                Some(&(k, similarity)) if similarity >= policy.promotion.merge_similarity => {
-                    let mut knowledge = self.get(namespace, MemoryId(k))?;
-                    knowledge.sources.push(id);
-                    knowledge.importance = knowledge.importance.max(candidate.importance);
-                    knowledge.utility.successes += candidate.utility.successes;
-                    knowledge.utility.failures += candidate.utility.failures;
-                    let support = knowledge.sources.len();
-                    writes.push(Mutation::Audit(
-                        knowledge.id,
-                        audit(
-                            AuditAction::Promoted,
-                            format!("merged {id} (similarity {similarity:.3}); support {support}"),
-                        ),
-                    ));
-                    writes.push(Mutation::Audit(
-                        id,
-                        audit(
-                            AuditAction::Promoted,
-                            format!("merged into {}", knowledge.id),
-                        ),
-                    ));
-                    writes.push(edge_write(
-                        namespace,
-                        Edge {
-                            from: knowledge.id,
-                            to: id,
-                            relation: Relation::DerivedFrom,
+        let against = self.against_knowledge(&policy, &candidate, &near)?;
+        if let Some((k, reason)) = against.older_than {
+            return Ok(Promotion::NotEligible(format!(
+                "it states an older value than knowledge {k} ({reason})"
+            )));
+        }
+        if !against.contradicts.is_empty() {
+            let mut edges = Vec::new();
+            let mut ids = Vec::new();
+            for (k, reason) in &against.contradicts {
+                let e = Edge {
+                    from: id,
+                    to: *k,
+                    relation: Relation::Contradicts,
+                };
+                writes.push(edge_write(namespace, e));
+                edges.push(e);
+                ids.push(*k);
+                for (a, b) in [(id, *k), (*k, id)] {
+                    writes.push(Mutation::Validity(
+                        a,
+                        ValidityChange::Conflict {
+                            with: b,
+                            open: true,
                         },
                     ));
-                    writes.push(marker(id, knowledge.id));
-                    let k = knowledge.id;
-                    writes.push(Mutation::Update {
-                        record: Box::new(knowledge),
-                        reindex: false,
-                    });
-                    Promotion::Merged {
-                        knowledge: k,
-                        support,
-                    }
+                    writes.push(Mutation::Audit(
+                        a,
+                        audit(
+                            AuditAction::Contradicted,
+                            format!("in conflict with {b}, held for review ({reason})"),
+                        ),
+                    ));
                 }
-                _ => {
-                    let k = store.allocate_ids(1)?[0];
-                    let mut edges = vec![Edge {
-                        from: k,
+            }
+            store.write_async(writes).await?;
+            self.after_write(false);
+            return Ok(Promotion::Held {
+                reason: held_reason(id, &ids),
+                against: ids,
+                edges,
+            });
+        }
+        let superseding = !against.supersedes.is_empty() || !against.kept_against.is_empty();
+        let outcome = match near.first() {
+            Some(&(k, similarity))
+                if similarity >= policy.promotion.merge_similarity && !superseding =>
+            {
+                let mut knowledge = self.get(namespace, MemoryId(k))?;
+                knowledge.sources.push(id);
+                knowledge.importance = knowledge.importance.max(candidate.importance);
+                knowledge.utility.successes += candidate.utility.successes;
+                knowledge.utility.failures += candidate.utility.failures;
+                let support = knowledge.sources.len();
+                writes.push(Mutation::Audit(
+                    knowledge.id,
+                    audit(
+                        AuditAction::Promoted,
+                        format!("merged {id} (similarity {similarity:.3}); support {support}"),
+                    ),
+                ));
+                writes.push(Mutation::Audit(
+                    id,
+                    audit(
+                        AuditAction::Promoted,
+                        format!("merged into {}", knowledge.id),
+                    ),
+                ));
+                writes.push(edge_write(
+                    namespace,
+                    Edge {
+                        from: knowledge.id,
                         to: id,
                         relation: Relation::DerivedFrom,
-                    }];
-                    edges.extend(near.iter().filter(|(_, s)| *s >= SIMILAR_TO).map(
-                        |&(other, _)| Edge {
+                    },
+                ));
+                writes.push(marker(id, knowledge.id));
+                let k = knowledge.id;
+                writes.push(Mutation::Update {
+                    record: Box::new(knowledge),
+                    reindex: false,
+                });
+                Promotion::Merged {
+                    knowledge: k,
+                    support,
+                }
+            }
+            _ => {
+                let k = store.allocate_ids(1)?[0];
+                let mut edges = vec![Edge {
+                    from: k,
+                    to: id,
+                    relation: Relation::DerivedFrom,
+                }];
+                let replaced: Vec<MemoryId> = (against.supersedes.iter().map(|(o, _)| *o))
+                    .chain(against.kept_against.iter().copied())
+                    .collect();
+                edges.extend(
+                    near.iter()
+                        .filter(|&&(o, s)| s >= SIMILAR_TO && !replaced.contains(&MemoryId(o)))
+                        .map(|&(other, _)| Edge {
                             from: k,
                             to: MemoryId(other),
                             relation: Relation::SimilarTo,
+                        }),
+                );
+                for (old, reason) in &against.supersedes {
+                    edges.push(Edge {
+                        from: k,
+                        to: *old,
+                        relation: Relation::Supersedes,
+                    });
+                    writes.push(Mutation::Validity(
+                        *old,
+                        ValidityChange::SupersededBy {
+                            by: k,
+                            until: candidate.event_time,
+                            at: now,
                         },
                     ));
-                    let lesson = Kind::new("lesson")
-                        .unwrap_or_else(|_| unreachable!("`lesson` is a valid kind"));
-                    let record = MemoryRecord {
-                        tier: Tier::Knowledge,
-                        importance: candidate.importance,
-                        strength: policy.initial_strength(candidate.importance),
-                        utility: candidate.utility,
-                        sources: vec![id],
-                        event_time: candidate.event_time,
-                        metadata: serde_json::json!({
-                            "knowledge": { "from_session": candidate.session_id }
-                        }),
-                        policy: policy.stamp(),
-                        embedding: Some(embedding),
-                        ..MemoryRecord::episodic(
-                            k,
-                            namespace,
-                            KNOWLEDGE_SESSION,
-                            lesson,
-                            candidate.text.clone(),
-                            now,
-                        )
-                    };
+                    writes.push(Mutation::Audit(
+                        *old,
+                        audit(
+                            AuditAction::Superseded,
+                            format!("superseded by {k}, promoted from {id} ({reason})"),
+                        ),
+                    ));
                     writes.push(Mutation::Audit(
                         k,
-                        audit(AuditAction::Created, format!("promoted from {id}")),
+                        audit(
+                            AuditAction::Superseded,
+                            format!("supersedes {old} ({reason})"),
+                        ),
+                    ));
+                }
+                for old in &against.kept_against {
+                    // Kept by hand against the candidate: its newer value is now this
+                    // knowledge record, from the same moment.
+                    let was = store.validity(*old)?;
+                    edges.push(Edge {
+                        from: k,
+                        to: *old,
+                        relation: Relation::Supersedes,
+                    });
+                    writes.push(Mutation::Validity(*old, ValidityChange::Reinstated));
+                    writes.push(Mutation::Validity(
+                        *old,
+                        ValidityChange::SupersededBy {
+                            by: k,
+                            until: was.valid_until.unwrap_or(candidate.event_time),
+                            at: was.learned_at.unwrap_or(now),
+                        },
                     ));
                     writes.push(Mutation::Audit(
-                        id,
-                        audit(AuditAction::Promoted, format!("into {k}")),
+                        *old,
+                        audit(
+                            AuditAction::Superseded,
+                            format!("superseded by {k}, promoted from {id} (kept by hand)"),
+                        ),
                     ));
-                    for e in &edges {
-                        writes.push(edge_write(namespace, *e));
-                    }
-                    writes.push(marker(id, k));
-                    writes.push(Mutation::Insert(Box::new(record)));
-                    Promotion::Created {
-                        knowledge: k,
-                        edges,
-                    }
                 }
-            };
+                let lesson = Kind::new("lesson")
+                    .unwrap_or_else(|_| unreachable!("`lesson` is a valid kind"));
+                let record = MemoryRecord {
+                    tier: Tier::Knowledge,
+                    importance: candidate.importance,
+                    strength: policy.initial_strength(candidate.importance),
+                    utility: candidate.utility,
+                    sources: vec![id],
+                    event_time: candidate.event_time,
+                    metadata: serde_json::json!({
+                        "knowledge": { "from_session": candidate.session_id }
+                    }),
+                    policy: policy.stamp(),
+                    embedding: Some(embedding),
+                    ..MemoryRecord::episodic(
+                        k,
+                        namespace,
+                        KNOWLEDGE_SESSION,
+                        lesson,
+                        candidate.text.clone(),
+                        now,
+                    )
+                };
+                writes.push(Mutation::Audit(
+                    k,
+                    audit(AuditAction::Created, format!("promoted from {id}")),
+                ));
+                writes.push(Mutation::Audit(
+                    id,
+                    audit(AuditAction::Promoted, format!("into {k}")),
+                ));
+                for e in &edges {
+                    writes.push(edge_write(namespace, *e));
+                }
+                writes.push(marker(id, k));
+                writes.push(Mutation::Insert(Box::new(record)));
+                Promotion::Created {
+                    knowledge: k,
+                    edges,
+                }
+            }
+        };
         store.write_async(writes).await?;
         self.after_write(false);
         Ok(outcome)
     }
+}
+
+impl Substrate {
+    /// Reads the candidate against the knowledge near it (`near`, most similar first) by
+    /// the `[updates]` rules; nothing when the section is off.
+    fn against_knowledge(
+        &self,
+        policy: &Policy,
+        candidate: &MemoryRecord,
+        near: &[(u32, f32)],
+    ) -> Result<Against> {
+        let u = &policy.updates;
+        let mut against = Against::default();
+        if !u.on() || candidate.text.len() > u.max_chars as usize {
+            return Ok(against);
+        }
+        let store = self.store();
+        // A person who settled a conflict of this candidate by hand decided about it: it
+        // is not held again for the same knowledge.
+        let settled = store
+            .history(candidate.id)?
+            .iter()
+            .any(|e| e.action == AuditAction::Resolved);
+        let claims = Claims::of(&candidate.text);
+        for &(n, similarity) in near {
+            if similarity < u.min_similarity {
+                continue;
+            }
+            let k = MemoryId(n);
+            let Some(knowledge) = store.get_light(k)? else {
+                continue;
+            };
+            let validity = store.validity(k)?;
+            if validity.superseded_by == Some(candidate.id) {
+                against.kept_against.push(k);
+                continue;
+            }
+            if validity.superseded() || knowledge.text.len() > u.max_chars as usize {
+                continue;
+            }
+            let knowledge_claims = Claims::of(&knowledge.text);
+            let newer = is_newer(candidate, &knowledge);
+            let finding = if newer {
+                compare(&claims, &knowledge_claims, similarity, &u.thresholds)
+            } else {
+                compare(&knowledge_claims, &claims, similarity, &u.thresholds)
+            };
+            let (first, second) = match newer {
+                true => (candidate, &knowledge),
+                false => (&knowledge, candidate),
+            };
+            match finding.change {
+                Change::Supersedes if clear_order(first, second) => match newer {
+                    true => against.supersedes.push((k, finding.reason)),
+                    false => {
+                        against.older_than.get_or_insert((k, finding.reason));
+                    }
+                },
+                Change::Supersedes | Change::Contradicts if !settled => {
+                    against.contradicts.push((k, finding.reason));
+                }
+                _ => {}
+            }
+        }
+        Ok(against)
+    }
+}
+
+/// Why a candidate is held, and how to settle it.
+fn held_reason(id: MemoryId, against: &[MemoryId]) -> String {
+    let list: Vec<String> = against.iter().map(ToString::to_string).collect();
+    format!(
+        "it contradicts {}, held for review: settle it by hand (PATCH /v1/memories/{id} with \
+         \"resolve\": \"keep\" or \"dismiss\"); it is offered again with its next feedback",
+        list.join(", ")
+    )
 }
 
 fn edge_write(namespace: &str, e: Edge) -> Mutation {

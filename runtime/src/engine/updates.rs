@@ -399,7 +399,8 @@ impl Substrate {
                 return Err(Error::invalid(
                     "resolve",
                     format!(
-                        "{id} is in no open conflict; `keep` and `dismiss` settle conflicts                          (see `conflicts` on the record), `reinstate` undoes a supersession"
+                        "{id} is in no open conflict; `keep` and `dismiss` settle conflicts \
+                         (see `conflicts` on the record), `reinstate` undoes a supersession"
                     ),
                 ));
             }
@@ -407,7 +408,8 @@ impl Substrate {
                 return Err(Error::invalid(
                     "resolve",
                     format!(
-                        "{id} is not superseded; `reinstate` makes a superseded record                          current again (see `superseded_by` on the record)"
+                        "{id} is not superseded; `reinstate` makes a superseded record \
+                         current again (see `superseded_by` on the record)"
                     ),
                 ));
             }
@@ -484,14 +486,14 @@ impl Substrate {
 }
 
 /// Whether `a` happened after `b`: later event time, or the same time and written later.
-fn is_newer(a: &MemoryRecord, b: &MemoryRecord) -> bool {
+pub(super) fn is_newer(a: &MemoryRecord, b: &MemoryRecord) -> bool {
     (a.event_time, a.id) > (b.event_time, b.id)
 }
 
 /// Whether a newer value clearly replaces the older one: the two happened at different
 /// times, or in one session (where arrival order is the order), and nobody reinforced the
 /// older one after the newer was written.
-fn clear_order(newer: &MemoryRecord, older: &MemoryRecord) -> bool {
+pub(super) fn clear_order(newer: &MemoryRecord, older: &MemoryRecord) -> bool {
     let ordered = newer.event_time != older.event_time || newer.session_id == older.session_id;
     let reinforced_since = older.reinforcements > 0 && older.strength_at > newer.recorded_time;
     ordered && !reinforced_since

@@ -44,6 +44,9 @@ pub struct Catalog {
     statuses: [RoaringBitmap; 5],
     tiers: [RoaringBitmap; 3],
     namespaces: HashMap<String, Scoped>,
+    /// Graph edges written or deleted since open: a graph cached at another count is
+    /// stale (edges are written by promotion, detection and resolutions alike).
+    edge_changes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -182,6 +185,16 @@ impl Catalog {
     /// The records with stored passages (long, and embedded).
     pub fn with_passages(&self) -> &RoaringBitmap {
         &self.passages
+    }
+
+    /// Counts an edge written or deleted.
+    pub fn edges_changed(&mut self) {
+        self.edge_changes += 1;
+    }
+
+    /// Edges written or deleted since open.
+    pub fn edge_changes(&self) -> u64 {
+        self.edge_changes
     }
 
     /// Marks whether `id` is superseded, and whether it is in an open conflict.

@@ -87,6 +87,7 @@ enum CatalogOp {
     Remove(MemoryId, Header),
     Passages(MemoryId, bool),
     Validity(MemoryId, bool, bool),
+    Edges,
 }
 
 struct Worker {
@@ -326,6 +327,7 @@ impl Worker {
                                 CatalogOp::Validity(id, superseded, conflicted) => {
                                     catalog.set_validity(*id, *superseded, *conflicted)
                                 }
+                                CatalogOp::Edges => catalog.edges_changed(),
                             }
                         }
                     }
@@ -736,8 +738,10 @@ impl Worker {
                 }
                 Mutation::PutEdge(namespace, edge) => {
                     ops.push(families::edge_op(&namespace, &edge));
+                    cat.push(CatalogOp::Edges);
                 }
                 Mutation::DeleteEdge(namespace, edge) => {
+                    cat.push(CatalogOp::Edges);
                     ops.push(Op::Delete(keys::graph_edge(
                         &namespace,
                         edge.from,

@@ -829,6 +829,12 @@ impl Store {
         self.catalog().superseded() & ids
     }
 
+    /// How many graph edges were written or deleted since open: a graph loaded at another
+    /// count may be stale.
+    pub fn edge_changes(&self) -> u64 {
+        self.catalog().edge_changes()
+    }
+
     /// Which of `ids` are in an open conflict.
     pub fn conflicted(&self, ids: &roaring::RoaringBitmap) -> roaring::RoaringBitmap {
         self.catalog().conflicted() & ids

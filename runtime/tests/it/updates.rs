@@ -16,8 +16,9 @@ use shadowbrain_runtime::internals::Queue;
 use shadowbrain_runtime::policy::Policy;
 use shadowbrain_runtime::updates::{Change, Claims, Thresholds, compare};
 use shadowbrain_runtime::{
-    AuditAction, Edge, IndexingOptions, MemoryId, NewMemory, RecallRequest, Relation, Resolution,
-    Scope, Substrate, SubstrateOptions, UpdatesRound, VirtualClock,
+    AuditAction, Edge, FeedbackTarget, IndexingOptions, MemoryId, NewMemory, Outcome, Promotion,
+    RecallRequest, Relation, Resolution, Scope, Substrate, SubstrateOptions, UpdatesRound,
+    VirtualClock,
 };
 
 const CLASSES: [Change; 4] = [
@@ -166,11 +167,16 @@ async fn the_rules_find_updates_contradictions_and_duplicates_in_the_labelled_se
 /// A substrate with `[updates]` as `updates` says, on the local model when installed
 /// (else the hash embedder, whose similarities are lower: the threshold follows).
 fn open_with_updates(dir: &std::path::Path, updates: &str) -> Substrate {
+    open_with_policy(dir, "", updates)
+}
+
+/// [`open_with_updates`] with other policy sections (`before`) too.
+fn open_with_policy(dir: &std::path::Path, before: &str, updates: &str) -> Substrate {
     let (embedder, floor): (Arc<dyn Embedder>, f32) = match crate::local_model::model() {
         Some(dir) => (Arc::new(LocalEmbedder::open(&dir, None).unwrap()), 0.5),
         None => (Arc::new(HashEmbedder::new(384).unwrap()), 0.2),
     };
-    let toml = format!("[updates]\n{updates}\nmin_similarity = {floor}\n");
+    let toml = format!("{before}[updates]\n{updates}\nmin_similarity = {floor}\n");
     Substrate::open(
         dir,
         SubstrateOptions {
@@ -428,4 +434,170 @@ async fn without_the_section_nothing_is_queued_and_the_hash_is_unchanged() {
     write(&sub, "ops", 2, "The deploy runner moved to eu-2.").await;
     assert_eq!(sub.store().queue_depth(Queue::Updates, 10).unwrap(), 0);
     assert_eq!(settle(&sub).await, UpdatesRound::default());
+}
+
+/// A condensed record of `session` (three events at `at` stating `lesson`), proven by a
+/// success so that promotion admits it.
+async fn proven_lesson(sub: &Substrate, session: &str, at: i64, lesson: &str) -> MemoryId {
+    let events = ["tried it", "it worked", "note for next time"]
+        .into_iter()
+        .map(|what| NewMemory {
+            importance: Some(8.0),
+            timestamp: Some(at),
+            ..NewMemory::new("observation", format!("{what}: {lesson}"))
+        })
+        .collect();
+    sub.record("acme", session, events).await.unwrap();
+    let c = sub.condense("acme", session, "condenser").await.unwrap();
+    let c = c.expect("three events condense").id;
+    while sub.enrich_pending(64).await.unwrap() > 0 {}
+    sub.feedback(
+        "acme",
+        &FeedbackTarget::Memories(vec![c]),
+        Outcome::Success,
+        session,
+    )
+    .await
+    .unwrap();
+    c
+}
+
+#[tokio::test]
+async fn promotion_supersedes_an_old_lesson_and_holds_a_contradicting_one_for_review() {
+    let dir = tempfile::tempdir().unwrap();
+    // Scope `session`: the condensed records of the three sessions are not compared with
+    // each other, so what is seen here is promotion's own check against the pool.
+    let promotion = "[condensation]\nevery_events = 50\nmin_events = 3\n\
+                     [promotion]\nmin_importance = 6\nmin_utility = 0.6\nmin_successes = 1\n";
+    let sub = open_with_policy(
+        dir.path(),
+        promotion,
+        "mode = \"rules\"\nscope = \"session\"",
+    );
+    let t0 = 1_770_000_000_000;
+    let c1 = proven_lesson(&sub, "a", t0, "the deploy runner for production is in eu-1").await;
+    let Promotion::Created { knowledge: k1, .. } = sub.promote("acme", c1, "kg").await.unwrap()
+    else {
+        panic!("the first lesson is created");
+    };
+
+    // A newer value: a new knowledge record that supersedes the old one, never merged.
+    let c2 = proven_lesson(
+        &sub,
+        "b",
+        t0 + 30 * DAY,
+        "the deploy runner for production moved to eu-2",
+    )
+    .await;
+    let promoted = sub.promote("acme", c2, "kg").await.unwrap();
+    let Promotion::Created {
+        knowledge: k2,
+        edges,
+    } = &promoted
+    else {
+        panic!("a newer value is a new lesson, not a merge: {promoted:?}");
+    };
+    let k2 = *k2;
+    let supersedes = Edge {
+        from: k2,
+        to: k1,
+        relation: Relation::Supersedes,
+    };
+    assert!(edges.contains(&supersedes), "{edges:?}");
+    assert!(
+        sub.store()
+            .edges("acme", None)
+            .unwrap()
+            .contains(&supersedes)
+    );
+    let v1 = sub.store().validity(k1).unwrap();
+    assert_eq!(v1.superseded_by, Some(k2));
+    assert_eq!(v1.valid_until, Some(t0 + 30 * DAY));
+    assert!(
+        sub.history("acme", k1)
+            .unwrap()
+            .iter()
+            .any(|e| e.action == AuditAction::Superseded && e.detail.contains(&c2.to_string())),
+        "the old lesson's history says what replaced it"
+    );
+
+    // A claim against the current lesson from the same moment, in another session: no
+    // order, so it is held for review: an edge, open on both sides, nothing merged.
+    let c3 = proven_lesson(
+        &sub,
+        "c",
+        t0 + 30 * DAY,
+        "the deploy runner for production moved to eu-3",
+    )
+    .await;
+    let held = sub.promote("acme", c3, "kg").await.unwrap();
+    let Promotion::Held {
+        against,
+        edges,
+        reason,
+    } = &held
+    else {
+        panic!("a contradicting lesson is held: {held:?}");
+    };
+    assert_eq!(against, &vec![k2]);
+    assert!(reason.contains("resolve"), "{reason}");
+    let contradicts = Edge {
+        from: c3,
+        to: k2,
+        relation: Relation::Contradicts,
+    };
+    assert_eq!(edges, &vec![contradicts]);
+    assert_eq!(sub.store().validity(c3).unwrap().conflicts, vec![k2]);
+    assert_eq!(sub.store().validity(k2).unwrap().conflicts, vec![c3]);
+    assert_eq!(sub.store().promoted_into(c3).unwrap(), None);
+    assert_eq!(
+        sub.get("acme", k2).unwrap().sources.len(),
+        1,
+        "nothing merged"
+    );
+    let insights = sub.insights("acme", t0 + 31 * DAY, 10).unwrap();
+    assert!(
+        insights
+            .conflicts
+            .iter()
+            .any(|(r, with)| r.id == c3 && with == &vec![k2]),
+        "{:?}",
+        insights.conflicts
+    );
+    // Offered again while the conflict is open: still held, nothing written twice.
+    let again = sub.promote("acme", c3, "kg").await.unwrap();
+    assert!(
+        matches!(&again, Promotion::Held { edges, .. } if edges.is_empty()),
+        "{again:?}"
+    );
+
+    // A person keeps the newer claim: the lesson it contradicted is superseded, and the
+    // promotion that follows makes it knowledge that takes the old lesson's place.
+    sub.resolve("acme", c3, Resolution::Keep, Some("eu-3 is right"), "ops")
+        .unwrap();
+    let after = sub.promote("acme", c3, "kg").await.unwrap();
+    let Promotion::Created { knowledge: k3, .. } = after else {
+        panic!("settled, it is promoted: {after:?}");
+    };
+    let v2 = sub.store().validity(k2).unwrap();
+    assert_eq!(v2.superseded_by, Some(k3));
+    assert!(v2.conflicts.is_empty());
+    assert_eq!(
+        sub.chain("acme", k1).unwrap().newer,
+        vec![k2, k3],
+        "the pool's chain of values"
+    );
+    // The old value itself is not promoted any more.
+    let c0 = proven_lesson(
+        &sub,
+        "d",
+        t0 - DAY,
+        "the deploy runner for production is in eu-0",
+    )
+    .await;
+    let refused = sub.promote("acme", c0, "kg").await.unwrap();
+    assert!(
+        matches!(&refused, Promotion::NotEligible(why) if why.contains("older value")),
+        "{refused:?}"
+    );
 }
