@@ -10,7 +10,9 @@
 //! - `record` — one per record of every tier and status ([`Exported`]), in id order: the
 //!   record itself (id, sources, status, strength, utility, timestamps, metadata, embedding),
 //!   its audit history, its knowledge-graph links, the knowledge record it was promoted
-//!   into, and the work queues it waits on.
+//!   into, what is known against it (its `validity`: superseded by, valid until, open
+//!   conflicts, the record it repeats; absent while clear, so older exports import
+//!   unchanged), and the work queues it waits on.
 //! - `purged` — a purged record's tombstone ([`Purged`]): its namespace, its audit history
 //!   and the graph edges that still start at it.
 //! - `quarantine` — an entry set aside because processing it kept failing, with the audit
@@ -51,7 +53,8 @@ use crate::model::{
     validate_id,
 };
 use crate::store::{
-    Filter, Mutation, QuarantineEntry, Queue, RememberedRecall, Store, Visit, WriteSet,
+    Filter, Mutation, QuarantineEntry, Queue, RememberedRecall, Store, Validity, ValidityChange,
+    Visit, WriteSet,
 };
 
 /// The version of the line format this build writes and reads.
@@ -91,16 +94,24 @@ pub enum Waiting {
     Evaluate,
     /// Waiting for condensation.
     Condense,
+    /// Waiting to be compared with older records (`[updates]`).
+    Updates,
 }
 
 impl Waiting {
-    const ALL: [Waiting; 3] = [Waiting::Enrich, Waiting::Evaluate, Waiting::Condense];
+    const ALL: [Waiting; 4] = [
+        Waiting::Enrich,
+        Waiting::Evaluate,
+        Waiting::Condense,
+        Waiting::Updates,
+    ];
 
     fn queue(self) -> Queue {
         match self {
             Waiting::Enrich => Queue::Enrich,
             Waiting::Evaluate => Queue::Evaluate,
             Waiting::Condense => Queue::Condense,
+            Waiting::Updates => Queue::Updates,
         }
     }
 }
@@ -132,6 +143,9 @@ pub struct Exported {
     /// The knowledge record a condensed record was promoted (or merged) into.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub promoted_into: Option<MemoryId>,
+    /// What is known against it: superseded, in open conflict, a repeat.
+    #[serde(default, skip_serializing_if = "Validity::is_clear")]
+    pub validity: Validity,
     /// The work queues it waits on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting: Vec<Waiting>,
@@ -264,6 +278,7 @@ pub fn export_record(store: &Store, id: MemoryId) -> Result<Option<Exported>> {
     let history = store.history(id)?;
     let links = links_from(store, &record.namespace, id)?;
     let promoted_into = store.promoted_into(id)?;
+    let validity = store.validity(id)?;
     let mut waiting = Vec::new();
     for w in Waiting::ALL {
         if store.is_queued(w.queue(), id)? {
@@ -276,8 +291,24 @@ pub fn export_record(store: &Store, id: MemoryId) -> Result<Option<Exported>> {
         history,
         links,
         promoted_into,
+        validity,
         waiting,
     }))
+}
+
+/// The changes that give a record with no validity yet the validity `v`.
+fn validity_changes(v: &Validity) -> Vec<ValidityChange> {
+    let mut changes = Vec::new();
+    if let (Some(by), Some(until), Some(at)) = (v.superseded_by, v.valid_until, v.learned_at) {
+        changes.push(ValidityChange::SupersededBy { by, until, at });
+    }
+    changes.extend(
+        v.conflicts
+            .iter()
+            .map(|&with| ValidityChange::Conflict { with, open: true }),
+    );
+    changes.extend(v.duplicate_of.map(ValidityChange::DuplicateOf));
+    changes
 }
 
 /// The knowledge-graph edges that start at `id`.
@@ -818,6 +849,16 @@ impl Importer {
         if let Some(k) = line.promoted_into {
             self.references.push((id, "promoted_into", k));
         }
+        let v = &line.validity;
+        for (field, other) in (v
+            .superseded_by
+            .iter()
+            .map(|o| ("validity.superseded_by", *o)))
+        .chain(v.conflicts.iter().map(|o| ("validity.conflicts", *o)))
+        .chain(v.duplicate_of.iter().map(|o| ("validity.duplicate_of", *o)))
+        {
+            self.references.push((id, field, other));
+        }
         self.push(line).map_err(ImportError::Store)?;
         Ok(Outcome::Imported)
     }
@@ -1068,6 +1109,7 @@ impl Importer {
             history,
             links,
             promoted_into,
+            validity,
             waiting,
             ..
         } = line;
@@ -1101,6 +1143,10 @@ impl Importer {
             }
         }
         self.writes.push(Mutation::Insert(Box::new(record)));
+        // After the insert: a validity change applies to a record that exists.
+        for change in validity_changes(&validity) {
+            self.writes.push(Mutation::Validity(id, change));
+        }
         Ok(())
     }
 
@@ -1272,6 +1318,89 @@ mod tests {
         while b.enrich_pending(16).await.unwrap() > 0 {}
         assert_eq!(b.store().passages(id).unwrap(), passages);
         assert_eq!(b.store().get(id).unwrap().unwrap().text, text);
+    }
+
+    #[tokio::test]
+    async fn validity_and_the_updates_queue_survive_a_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = || SubstrateOptions {
+            policy: crate::policy::Policy::from_toml("<test>", "[updates]\nmode = \"rules\"\n")
+                .unwrap(),
+            // No background pass: nothing is embedded, so detection cannot change the
+            // validity written below, and every record stays queued for it.
+            indexing: crate::engine::IndexingOptions {
+                background: false,
+                ..Default::default()
+            },
+            ..SubstrateOptions::default()
+        };
+        let a = Substrate::open(&dir.path().join("a"), opts()).unwrap();
+        let texts = [
+            "the runner is in eu-1",
+            "the runner moved to eu-2",
+            "tabs, not spaces",
+        ];
+        let mut ids = Vec::new();
+        for text in texts {
+            ids.extend(
+                a.record("default", "s1", vec![NewMemory::new("observation", text)])
+                    .await
+                    .unwrap(),
+            );
+        }
+        // Written by hand, so the test does not depend on what the rules find: one
+        // supersession, one open conflict both ways, one repeat.
+        let store = a.store();
+        let now = 1_780_000_000_000;
+        store
+            .write(WriteSet(vec![
+                Mutation::Validity(
+                    ids[0],
+                    ValidityChange::SupersededBy {
+                        by: ids[1],
+                        until: now - 5,
+                        at: now,
+                    },
+                ),
+                Mutation::Validity(
+                    ids[1],
+                    ValidityChange::Conflict {
+                        with: ids[2],
+                        open: true,
+                    },
+                ),
+                Mutation::Validity(
+                    ids[2],
+                    ValidityChange::Conflict {
+                        with: ids[1],
+                        open: true,
+                    },
+                ),
+                Mutation::Validity(ids[2], ValidityChange::DuplicateOf(ids[0])),
+            ]))
+            .unwrap();
+        let before: Vec<Validity> = ids.iter().map(|i| store.validity(*i).unwrap()).collect();
+        assert!(before[0].superseded() && before[2].duplicate_of.is_some());
+        let lines = export_all(store);
+        assert!(
+            lines.iter().any(|l| l.contains("\"validity\"")),
+            "validity is exported"
+        );
+        let b = Substrate::open(&dir.path().join("b"), opts()).unwrap();
+        let (_, dangling) = import_all(&b, &lines);
+        assert!(dangling.is_empty(), "{dangling:?}");
+        let after: Vec<Validity> = ids
+            .iter()
+            .map(|i| b.store().validity(*i).unwrap())
+            .collect();
+        assert_eq!(after, before);
+        let all: roaring::RoaringBitmap = ids.iter().map(|i| i.0).collect();
+        assert_eq!(b.store().superseded(&all), a.store().superseded(&all));
+        assert_eq!(b.store().conflicted(&all).len(), 2);
+        for id in &ids {
+            assert!(b.store().is_queued(Queue::Updates, *id).unwrap());
+        }
+        assert_eq!(export_all(b.store()), lines, "the same bytes again");
     }
 
     #[tokio::test]
