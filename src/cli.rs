@@ -29,6 +29,7 @@ use shadowbrain::llm::chat::ChatClient;
 use shadowbrain::llm::condense::LlmCondenser;
 use shadowbrain::llm::cost::Llm;
 use shadowbrain::llm::judge::LlmJudge;
+use shadowbrain::llm::updates::LlmUpdateJudge;
 use shadowbrain::policy::{CondensationMode, EvaluationMode, Policy};
 use shadowbrain::server;
 use shadowbrain::{Runtime, RuntimeConfig};
@@ -284,7 +285,9 @@ async fn serve(
 /// costs nothing but is probably a mistake.
 fn warn_on_llm_mismatch<'a>(policies: impl IntoIterator<Item = &'a Policy>, llm: LlmKind) {
     let wants = |p: &Policy| {
-        p.evaluation.mode != EvaluationMode::Rules || p.condensation.mode == CondensationMode::Llm
+        p.evaluation.mode != EvaluationMode::Rules
+            || p.condensation.mode == CondensationMode::Llm
+            || p.updates.mode.asks_llm()
     };
     let policies: Vec<&Policy> = policies.into_iter().collect();
     match llm {
@@ -292,10 +295,10 @@ fn warn_on_llm_mismatch<'a>(policies: impl IntoIterator<Item = &'a Policy>, llm:
             for policy in policies.iter().filter(|p| wants(p)) {
                 tracing::warn!(
                     policy = %policy.name,
-                    "the policy asks for an LLM ([evaluation] mode `llm`/`hybrid` or \
-                     [condensation] mode `llm`) but the config has no [llm] section: rules and \
-                     extractive condensation stand in, and each record's history says so; add \
-                     [llm] kind = \"openai\" to use one"
+                    "the policy asks for an LLM ([evaluation] or [updates] mode `llm`/`hybrid`, \
+                     or [condensation] mode `llm`) but the config has no [llm] section: rules \
+                     and extractive condensation stand in, and each record's history says so; \
+                     add [llm] kind = \"openai\" to use one"
                 );
             }
         }
@@ -403,6 +406,13 @@ fn server_config(
         let llm = Arc::new(Llm::new(Arc::new(client), cfg.llm.tokens_per_hour));
         let judge = LlmJudge::with_options(llm.clone(), cfg.llm.judge_options());
         rt_config.judge = Some(Arc::new(judge));
+        // The judge of `[updates] mode = "llm"` / `"hybrid"`: same client, budget, batch
+        // size and cache size; asked by the Evaluator in the background.
+        rt_config.update_judge = Some(Arc::new(LlmUpdateJudge::new(
+            llm.clone(),
+            cfg.llm.batch_size,
+            cfg.llm.cache_entries,
+        )));
         // The condenser of `[condensation] mode = "llm"`, on the same client and
         // budget.
         rt_config.summarizer = Some(Arc::new(LlmCondenser::new(llm.clone())));

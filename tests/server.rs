@@ -1287,6 +1287,83 @@ fn serve_with_an_llm_section_judges_importance_in_the_background() {
 }
 
 #[test]
+fn serve_with_updates_in_llm_mode_asks_the_model_in_the_background() {
+    use shadowbrain_test_support::{Endpoint, Reply};
+    // A scripted model that takes every pair it is shown for a newer value.
+    let llm = Endpoint::start_in_thread(|request| {
+        let pairs = request.user().matches(". OLDER: ").count();
+        let items: Vec<Value> = (0..pairs)
+            .map(|i| json!({"index": i, "relation": "supersedes", "reason": "scripted update"}))
+            .collect();
+        Reply::chat(&json!({ "items": items }).to_string(), Some((10, 5)))
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("shadowbrain.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[embedder]\nkind = \"hash\"\n\
+             [llm]\nkind = \"openai\"\nbase_url = \"{}\"\nmodel = \"judge\"\n",
+            llm.base_url()
+        ),
+    )
+    .unwrap();
+    let policy = dir.path().join("updates.toml");
+    std::fs::write(
+        &policy,
+        "name = \"facts-change-llm\"\n[updates]\nmode = \"llm\"\nmin_similarity = 0.2\n",
+    )
+    .unwrap();
+    let mut child = serve_command(&dir.path().join("data"), Some(&config), Some(&policy))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (addr, _stderr) = wait_for_address(child.stderr.take().unwrap());
+    let (status, written) = post(
+        addr,
+        "/v1/sessions/ops/events",
+        &json!({"events": [
+            {"kind": "observation", "text": "The nightly backup runs at 02:00 on the NAS.",
+             "timestamp": "2026-03-01T10:00:00Z"},
+            {"kind": "observation", "text": "The nightly backup now runs at 04:30 on the NAS.",
+             "timestamp": "2026-04-01T10:00:00Z"},
+        ]}),
+    );
+    assert_eq!(status, 201, "{written}");
+    let (old, new) = (
+        written["ids"][0].as_str().unwrap().to_string(),
+        written["ids"][1].as_str().unwrap().to_string(),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, record) = http(addr, "GET", &format!("/v1/memories/{old}"), None);
+        if !record["superseded_by"].is_null() {
+            assert_eq!(record["superseded_by"], new.as_str(), "{record}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never linked: {record}; {} calls",
+            llm.requests()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (_, history) = http(addr, "GET", &format!("/v1/memories/{old}/history"), None);
+    assert!(
+        history["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["by"] == "updates:llm:judge"
+                && e["detail"].as_str().unwrap().contains("scripted update")),
+        "{history}"
+    );
+    assert!(llm.requests() >= 1);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
 fn namespaces_run_the_policies_the_operator_assigned_them() {
     let dir = tempfile::tempdir().unwrap();
     let policies = dir.path().join("policies");

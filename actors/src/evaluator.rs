@@ -26,7 +26,7 @@ use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use shadowbrain_runtime::internals::{Mutation, Queue};
 use shadowbrain_runtime::{
-    EvaluationReport, Judge, MAX_STRIKES, MemoryId, Result, Substrate, panic_message,
+    EvaluationReport, Judge, MAX_STRIKES, MemoryId, Result, Substrate, UpdateJudge, panic_message,
 };
 
 /// How the evaluator signs its audit entries and strikes.
@@ -40,6 +40,9 @@ pub(crate) struct EvaluatorArgs {
     pub substrate: Substrate,
     /// The judge for `llm`/`hybrid` modes; `None` keeps the rules' scores (audited).
     pub judge: Option<Arc<dyn Judge>>,
+    /// The judge of `[updates]` in `llm`/`hybrid` modes: each round also runs one update
+    /// detection round with it (the indexer's rules-only rounds are off then).
+    pub update_judge: Option<Arc<dyn UpdateJudge>>,
     /// Set while a wake-up waits in the mailbox (see `Directory::wake_evaluator`).
     pub woken: Arc<AtomicBool>,
     /// Records per judge request.
@@ -136,7 +139,11 @@ impl Actor for Evaluator {
                         .is_some_and(|t| t.elapsed() < state.tick / 2) => {}
             EvaluatorMessage::Wake | EvaluatorMessage::Tick => {
                 state.args.woken.store(false, Ordering::Release);
-                let round = state.drain(Some(1)).await?;
+                let more_updates = state.detect_updates().await;
+                let round = match state.drain(Some(1)).await? {
+                    Ok(Round::Empty | Round::Wait) if more_updates => Ok(Round::More),
+                    other => other,
+                };
                 state.last_round = Some(std::time::Instant::now());
                 match round {
                     Err(e) => {
@@ -157,6 +164,7 @@ impl Actor for Evaluator {
                 }
             }
             EvaluatorMessage::Drain { reply } => {
+                while state.detect_updates().await {}
                 let result = state.drain(None).await?.map(|_| ());
                 let _ = reply.send(result.map(|()| state.done));
             }
@@ -168,6 +176,33 @@ impl Actor for Evaluator {
 }
 
 impl EvaluatorState {
+    /// One update detection round with the update judge, if there is one; whether more
+    /// records wait to be compared. A failed round is logged and retried next tick (the
+    /// queue is in the store).
+    async fn detect_updates(&mut self) -> bool {
+        const ROUND: usize = 256;
+        let Some(judge) = self.args.update_judge.clone() else {
+            return false;
+        };
+        match self
+            .args
+            .substrate
+            .detect_updates_with(judge.as_ref(), ROUND)
+            .await
+        {
+            Ok(r) => {
+                if r.superseded + r.contradicted + r.repeated + r.fell_back > 0 {
+                    tracing::debug!(?r, "updates detected");
+                }
+                r.compared == ROUND
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "update detection failed; the next tick retries");
+                false
+            }
+        }
+    }
+
     /// Judges what is queued: `rounds` rounds of up to `concurrency` batches, or (`None`)
     /// until the queue is empty. The outer error fails the actor (a panic in the judge,
     /// after its strikes are counted); the inner one is a store or judge error to report.

@@ -17,7 +17,7 @@ use shadowbrain_runtime::{
     Idempotency, Judge, KNOWLEDGE_SESSION, MAX_STRIKES, MemoryId, MemoryRecord, NewMemory, Outcome,
     Policies, PolicyErrors, Promotion, QuarantineEntry, RecallRequest, RecallResult, Recorded,
     Resolution, Result, SessionStats, Status, Substrate, SubstrateOptions, Summarizer, SweepReport,
-    quarantined_error, validate_id,
+    UpdateJudge, quarantined_error, validate_id,
 };
 use tokio::task::JoinHandle;
 
@@ -67,6 +67,10 @@ pub struct RuntimeConfig {
     /// The judge of `[evaluation] mode = "llm"` / `"hybrid"`. Without one, records queued
     /// for judging keep the rules' score, and their audit log says why.
     pub judge: Option<Arc<dyn Judge>>,
+    /// The judge of `[updates] mode = "llm"` / `"hybrid"`: the Evaluator asks it about
+    /// the pairs detection finds, about once a second. Without one, those policies' pairs
+    /// are decided by the rules, and the records' histories say why.
+    pub update_judge: Option<Arc<dyn UpdateJudge>>,
     /// Records per judge request. Default 16.
     pub evaluation_batch: usize,
     /// Judge requests in flight at once: the evaluator hands the judge up to
@@ -122,6 +126,7 @@ impl RuntimeConfig {
             policy_file: None,
             namespace_policy_files: BTreeMap::new(),
             judge: None,
+            update_judge: None,
             evaluation_batch: 16,
             evaluation_concurrency: 1,
             evaluation_wait: Duration::ZERO,
@@ -200,6 +205,9 @@ impl Runtime {
                 what: "the store".into(),
                 message: format!("opening it panicked: {e}"),
             })??;
+        if config.update_judge.is_some() {
+            substrate.attach_update_judge();
+        }
         let registry: Registry = Arc::new(RwLock::new(Default::default()));
         let directory = Directory::default();
         let args = RootArgs {
@@ -211,6 +219,7 @@ impl Runtime {
             decay_check: config.decay_check,
             index_tick: config.index_tick,
             judge: config.judge.clone(),
+            update_judge: config.update_judge.clone(),
             evaluation_batch: config.evaluation_batch,
             evaluation_concurrency: config.evaluation_concurrency,
             evaluation_wait: config.evaluation_wait,
@@ -464,7 +473,8 @@ impl Runtime {
 
     /// Waits until the work already sent to the background actors is done: the condenser's
     /// triggered condensations, then the promotions they and feedback offered to the
-    /// knowledge graph (and, outside `rules` mode, the evaluator's queue). Writes send
+    /// knowledge graph (and, outside `rules` mode, the evaluator's queue; under an
+    /// `[updates]` policy, the comparisons of every record already embedded). Writes send
     /// their triggers before they answer, so after `settle` everything caused by the
     /// answered requests has happened — what a simulation needs to run the same twice.
     pub async fn settle(&self) -> Result<()> {
@@ -473,6 +483,21 @@ impl Runtime {
             .call(|reply| CondenserMessage::Sync { reply }, self.timeout())
             .await;
         self.answer("the condenser", outcome)?;
+        if self.policies().all().any(|p| p.updates.on()) {
+            match self.inner.config.update_judge.clone() {
+                Some(judge) => {
+                    let substrate = self.inner.substrate.clone();
+                    self.within("update detection", async move {
+                        substrate.detect_all_updates_with(judge.as_ref()).await
+                    })
+                    .await?;
+                }
+                None => {
+                    self.blocking("update detection", |s| s.detect_all_updates())
+                        .await?;
+                }
+            }
+        }
         let knowledge = self.inner.directory.knowledge()?;
         let outcome = knowledge
             .call(|reply| KnowledgeMessage::Sync { reply }, self.timeout())

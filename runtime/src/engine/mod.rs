@@ -49,7 +49,7 @@ pub use lifecycle::{
 pub use quarantine::{MAX_STRIKES, panic_message, quarantined_error};
 pub use recall::{PassageHit, RecallRequest, RecallResult, Recalled, Why};
 pub(crate) use recall::{recall_id, recall_number};
-pub use updates::{Chain, Resolution, UpdatesRound};
+pub use updates::{Chain, PairBatch, PairItem, PairVerdict, Resolution, UpdateJudge, UpdatesRound};
 
 use crate::clock::{Clock, SystemClock};
 use crate::embed::Embedder;
@@ -198,6 +198,11 @@ struct Inner {
     apply_lock: Mutex<()>,
     /// Serialises update-detection rounds (each reads what the one before it wrote).
     updates_lock: Mutex<()>,
+    /// Serialises the rounds that ask a judge (held across its call, so not `updates_lock`).
+    updates_round: tokio::sync::Mutex<()>,
+    /// Set when a runtime asks an LLM judge about updates: the scheduled rules-only
+    /// rounds stop, so records of `llm`/`hybrid` policies wait for the judge's rounds.
+    update_judge: std::sync::atomic::AtomicBool,
     /// Serialise the builds of each index (one writer per index; the two run side by side).
     build_locks: [Mutex<()>; 2],
     /// The change log is truncated up to here (both indexes have built it).
@@ -281,6 +286,8 @@ impl Substrate {
             staged_times: Mutex::new([StagedTimes::default(); 2]),
             apply_lock: Mutex::new(()),
             updates_lock: Mutex::new(()),
+            updates_round: tokio::sync::Mutex::new(()),
+            update_judge: std::sync::atomic::AtomicBool::new(false),
             build_locks: [Mutex::new(()), Mutex::new(())],
             truncated: AtomicU64::new(0),
             rebuilds: AtomicU64::new(0),

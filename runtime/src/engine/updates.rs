@@ -21,12 +21,15 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use async_trait::async_trait;
+
 use super::Substrate;
+use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 use crate::model::{AuditAction, AuditEntry, Edge, MemoryId, MemoryRecord, Reinforce, Relation};
-use crate::policy::{UpdatesMode, UpdatesScope};
+use crate::policy::{Policy, UpdatesMode, UpdatesScope};
 use crate::store::{Filter, Mutation, Queue, Reinforcement, Validity, ValidityChange, WriteSet};
-use crate::updates::{Change, Claims, compare};
+use crate::updates::{Change, Claims, Finding, compare};
 
 /// How many queued records one scheduled round takes: about a tenth of a second of
 /// searches and comparisons (453 µs per record measured on BEAM).
@@ -45,49 +48,232 @@ pub struct UpdatesRound {
     pub contradicted: usize,
     /// Repeats found.
     pub repeated: usize,
+    /// Pairs an LLM judge decided.
+    pub judged: usize,
+    /// Pairs that went to the rules because the judge could not decide them (missing,
+    /// failed, over budget, or an unusable answer).
+    pub fell_back: usize,
+}
+
+/// A pair as the LLM judge sees it: which record is newer, and what the rules made of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PairItem {
+    /// The newer record's text.
+    pub newer: String,
+    /// The older record's text.
+    pub older: String,
+    /// Their embeddings' cosine similarity.
+    pub similarity: f32,
+    /// What the rules decided (the fallback).
+    pub rules: Change,
+}
+
+/// One call's worth of pairs, all of one namespace.
+#[derive(Debug, Clone, Copy)]
+pub struct PairBatch<'a> {
+    /// The namespace the records belong to (budgets are per namespace).
+    pub namespace: &'a str,
+    /// The pairs.
+    pub items: &'a [PairItem],
+    /// Runtime-clock time of the call (the token budget's hours follow this clock).
+    pub now: Timestamp,
+}
+
+/// The judge's decision about one pair, or why the rules decide it.
+pub type PairVerdict = std::result::Result<Finding, String>;
+
+/// Decides what newer records are to older ones (an LLM, or anything else): the judge of
+/// `[updates] mode = "llm"` and `"hybrid"`.
+#[async_trait]
+pub trait UpdateJudge: Send + Sync + std::fmt::Debug {
+    /// Short name for the audit log (`llm:qwen2.5`).
+    fn name(&self) -> &str;
+    /// One verdict per pair, in order. An `Err` verdict leaves that pair to the rules with
+    /// the reason audited; an error leaves the whole batch to them.
+    async fn judge(&self, batch: PairBatch<'_>) -> Result<Vec<PairVerdict>>;
+}
+
+/// A pair a round decides about.
+struct Pair {
+    newer: MemoryRecord,
+    older: MemoryRecord,
+    similarity: f32,
+    rules: Finding,
+    policy: Arc<Policy>,
+}
+
+impl Pair {
+    /// Whether the judge is asked about it (else the rules' finding stands).
+    fn asks_judge(&self) -> bool {
+        match self.policy.updates.mode {
+            UpdatesMode::Llm => true,
+            UpdatesMode::Hybrid => self.rules.change == Change::Unrelated,
+            UpdatesMode::Off | UpdatesMode::Rules => false,
+        }
+    }
+}
+
+/// What a round found to decide, and the queue items it takes.
+#[derive(Default)]
+struct Plan {
+    writes: WriteSet,
+    pairs: Vec<Pair>,
+    round: UpdatesRound,
+}
+
+/// How a pair was decided.
+enum Decided {
+    /// By the rules, as the policy asks.
+    Rules,
+    /// By the judge of this name.
+    Judge(String),
+    /// By the rules, because the judge could not (why).
+    FellBack(String),
 }
 
 impl Substrate {
     /// Compares up to `max` queued records (oldest first) with their nearest older records
-    /// and writes what it finds (see the module docs). Records still waiting for their
-    /// embedding stay queued for a later round.
+    /// by the rules and writes what it finds (see the module docs). Records still waiting
+    /// for their embedding stay queued for a later round. Policies in `llm` or `hybrid`
+    /// mode get the rules here, with the reason audited: the judge is asked only through
+    /// [`Substrate::detect_updates_with`].
     pub fn detect_updates(&self, max: usize) -> Result<UpdatesRound> {
         let _one_round = self
             .inner
             .updates_lock
             .lock()
             .unwrap_or_else(|p| p.into_inner());
+        let mut plan = self.plan_updates(max)?;
+        let decided = plan
+            .pairs
+            .iter()
+            .map(|p| match p.asks_judge() {
+                true => (
+                    p.rules.clone(),
+                    Decided::FellBack(
+                        "no LLM judge is configured ([llm] in the server config)".into(),
+                    ),
+                ),
+                false => (p.rules.clone(), Decided::Rules),
+            })
+            .collect();
+        self.apply_updates(&mut plan, decided)
+    }
+
+    /// [`Substrate::detect_updates`] with `judge` asked about the pairs the policy gives it
+    /// (`llm`: every pair; `hybrid`: those the rules find nothing in), one call per
+    /// namespace. A verdict the judge cannot give leaves its pair to the rules, audited.
+    pub async fn detect_updates_with(
+        &self,
+        judge: &dyn UpdateJudge,
+        max: usize,
+    ) -> Result<UpdatesRound> {
+        // One round at a time; the queue items it takes are written with its findings.
+        let _one_round = self.inner.updates_round.lock().await;
+        let mut plan = {
+            let _sync = self
+                .inner
+                .updates_lock
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            self.plan_updates(max)?
+        };
+        let mut decided: Vec<Option<(Finding, Decided)>> = plan
+            .pairs
+            .iter()
+            .map(|p| (!p.asks_judge()).then(|| (p.rules.clone(), Decided::Rules)))
+            .collect();
+        let mut by_namespace: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, p) in plan.pairs.iter().enumerate() {
+            if decided[i].is_none() {
+                by_namespace.entry(&p.newer.namespace).or_default().push(i);
+            }
+        }
+        let now = self.inner.clock.now();
+        for (namespace, at) in by_namespace {
+            let items: Vec<PairItem> = at
+                .iter()
+                .map(|&i| {
+                    let p = &plan.pairs[i];
+                    PairItem {
+                        newer: p.newer.text.clone(),
+                        older: p.older.text.clone(),
+                        similarity: p.similarity,
+                        rules: p.rules.change,
+                    }
+                })
+                .collect();
+            let verdicts = judge
+                .judge(PairBatch {
+                    namespace,
+                    items: &items,
+                    now,
+                })
+                .await;
+            let verdicts: Vec<PairVerdict> = match verdicts {
+                Ok(v) if v.len() == items.len() => v,
+                Ok(v) => vec![
+                    Err(format!(
+                        "the judge answered {} verdicts for {} pairs",
+                        v.len(),
+                        items.len()
+                    ));
+                    items.len()
+                ],
+                Err(e) => vec![Err(e.to_string()); items.len()],
+            };
+            for (&i, verdict) in at.iter().zip(verdicts) {
+                let rules = plan.pairs[i].rules.clone();
+                decided[i] = Some(match verdict {
+                    Ok(f) => (f, Decided::Judge(judge.name().to_string())),
+                    Err(why) => (rules, Decided::FellBack(why)),
+                });
+            }
+        }
+        let decided = decided
+            .into_iter()
+            .map(|d| d.unwrap_or_else(|| unreachable!("every pair is decided above")))
+            .collect();
+        let _sync = self
+            .inner
+            .updates_lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        self.apply_updates(&mut plan, decided)
+    }
+
+    /// Reads up to `max` queued records and their neighbours: the pairs to decide and the
+    /// queue items to take.
+    fn plan_updates(&self, max: usize) -> Result<Plan> {
         let store = &self.inner.store;
         let ids = store.queued(Queue::Updates, max)?;
-        let mut round = UpdatesRound::default();
+        let mut plan = Plan::default();
         if ids.is_empty() {
-            return Ok(round);
+            return Ok(plan);
         }
         // The older records' vectors must be searchable, even those still in the tails.
         self.catch_up()?;
-        let now = self.inner.clock.now();
-        let mut writes = WriteSet::new();
         // Compared in this round: their queue items go with this write, so a newer record
         // later in the round must not take them for ones still waiting.
         let mut done: HashSet<MemoryId> = HashSet::new();
         for id in ids {
             let Some(record) = store.get(id)? else {
-                writes.push(Mutation::Dequeue(Queue::Updates, id));
+                plan.writes.push(Mutation::Dequeue(Queue::Updates, id));
                 continue;
             };
             let policy = self.policy_for(&record.namespace);
             let u = &policy.updates;
             let Some(embedding) = record.embedding.as_deref() else {
                 if u.on() && store.is_queued(Queue::Enrich, id)? {
-                    round.waiting += 1;
+                    plan.round.waiting += 1;
                 } else {
-                    writes.push(Mutation::Dequeue(Queue::Updates, id));
+                    plan.writes.push(Mutation::Dequeue(Queue::Updates, id));
                 }
                 continue;
             };
-            writes.push(Mutation::Dequeue(Queue::Updates, id));
+            plan.writes.push(Mutation::Dequeue(Queue::Updates, id));
             done.insert(id);
-            round.compared += 1;
+            plan.round.compared += 1;
             // The policy was turned off since the record was queued, or the record is too
             // long to state one fact.
             let short = |r: &MemoryRecord| r.text.len() <= u.max_chars as usize;
@@ -112,13 +298,6 @@ impl Substrate {
                     .vectors
                     .search(embedding, 4 * u.candidates as usize, Some(&pool))?;
             let mut compared = 0;
-            let by = format!(
-                "updates:{}",
-                match u.mode {
-                    UpdatesMode::Off => "off",
-                    UpdatesMode::Rules => "rules",
-                }
-            );
             let claims = Claims::of(&record.text);
             for (n, similarity) in hits {
                 let other_id = MemoryId(n);
@@ -140,94 +319,137 @@ impl Substrate {
                 }
                 compared += 1;
                 let other_claims = Claims::of(&other.text);
-                let (newer, older, finding) = if is_newer(&record, &other) {
-                    let f = compare(&claims, &other_claims, similarity, &u.thresholds);
-                    (&record, &other, f)
+                let mut light = record.clone();
+                light.embedding = None;
+                let pair = if is_newer(&record, &other) {
+                    let rules = compare(&claims, &other_claims, similarity, &u.thresholds);
+                    (light, other, rules)
                 } else {
-                    let f = compare(&other_claims, &claims, similarity, &u.thresholds);
-                    (&other, &record, f)
+                    let rules = compare(&other_claims, &claims, similarity, &u.thresholds);
+                    (other, light, rules)
                 };
-                let change = match finding.change {
-                    Change::Supersedes if !clear_order(newer, older) => Change::Contradicts,
-                    c => c,
-                };
-                let audit = |id: MemoryId, action: AuditAction, detail: String| {
-                    Mutation::Audit(
-                        id,
-                        AuditEntry {
-                            at: now,
-                            action,
-                            by: by.clone(),
-                            detail,
-                        },
-                    )
-                };
-                let reason = &finding.reason;
-                match change {
-                    Change::Supersedes => {
-                        round.superseded += 1;
-                        writes.push(edge(newer, older, Relation::Supersedes));
-                        writes.push(Mutation::Validity(
-                            older.id,
-                            ValidityChange::SupersededBy {
-                                by: newer.id,
-                                until: newer.event_time,
-                                at: now,
-                            },
-                        ));
-                        writes.push(audit(
-                            older.id,
-                            AuditAction::Superseded,
-                            format!("superseded by {} ({reason})", newer.id),
-                        ));
-                        writes.push(audit(
-                            newer.id,
-                            AuditAction::Superseded,
-                            format!("supersedes {} ({reason})", older.id),
-                        ));
-                    }
-                    Change::Contradicts => {
-                        round.contradicted += 1;
-                        writes.push(edge(newer, older, Relation::Contradicts));
-                        for (a, b) in [(newer.id, older.id), (older.id, newer.id)] {
-                            writes.push(Mutation::Validity(
-                                a,
-                                ValidityChange::Conflict {
-                                    with: b,
-                                    open: true,
-                                },
-                            ));
-                            writes.push(audit(
-                                a,
-                                AuditAction::Contradicted,
-                                format!("in conflict with {b} ({reason})"),
-                            ));
-                        }
-                    }
-                    Change::Duplicate => {
-                        round.repeated += 1;
-                        writes.push(Mutation::Validity(
-                            newer.id,
-                            ValidityChange::DuplicateOf(older.id),
-                        ));
-                        writes.push(audit(
-                            newer.id,
-                            AuditAction::Repeated,
-                            format!("repeats {} ({reason})", older.id),
-                        ));
-                        // Stating a fact again is evidence that it matters, as a recall is.
-                        writes.push(Mutation::Reinforce {
-                            id: older.id,
-                            reinforcement: Reinforcement {
-                                curve: Arc::clone(&policy) as Arc<dyn Reinforce>,
-                                at: now,
-                                amount: policy.scoring.reinforce_on_recall,
-                            },
-                            by: format!("{by} (repeated by {})", newer.id),
-                        });
-                    }
-                    Change::Unrelated => {}
+                plan.pairs.push(Pair {
+                    newer: pair.0,
+                    older: pair.1,
+                    similarity,
+                    rules: pair.2,
+                    policy: Arc::clone(&policy),
+                });
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Writes what was decided about each of the plan's pairs (in order), with its queue
+    /// items, in one write.
+    fn apply_updates(
+        &self,
+        plan: &mut Plan,
+        decided: Vec<(Finding, Decided)>,
+    ) -> Result<UpdatesRound> {
+        let store = &self.inner.store;
+        let now = self.inner.clock.now();
+        let mut round = plan.round;
+        let mut writes = std::mem::take(&mut plan.writes);
+        for (pair, (finding, how)) in plan.pairs.iter().zip(decided) {
+            let (newer, older, policy) = (&pair.newer, &pair.older, &pair.policy);
+            let mode = policy.updates.mode.as_str();
+            let (by, reason) = match how {
+                Decided::Rules => ("updates:rules".to_string(), finding.reason.clone()),
+                Decided::Judge(name) => {
+                    round.judged += 1;
+                    (format!("updates:{name}"), finding.reason.clone())
                 }
+                Decided::FellBack(why) => {
+                    round.fell_back += 1;
+                    (
+                        "updates:rules".to_string(),
+                        format!(
+                            "{}; rules, as the {mode} judge could not decide: {why}",
+                            finding.reason
+                        ),
+                    )
+                }
+            };
+            let change = match finding.change {
+                Change::Supersedes if !clear_order(newer, older) => Change::Contradicts,
+                c => c,
+            };
+            let audit = |id: MemoryId, action: AuditAction, detail: String| {
+                Mutation::Audit(
+                    id,
+                    AuditEntry {
+                        at: now,
+                        action,
+                        by: by.clone(),
+                        detail,
+                    },
+                )
+            };
+            match change {
+                Change::Supersedes => {
+                    round.superseded += 1;
+                    writes.push(edge(newer, older, Relation::Supersedes));
+                    writes.push(Mutation::Validity(
+                        older.id,
+                        ValidityChange::SupersededBy {
+                            by: newer.id,
+                            until: newer.event_time,
+                            at: now,
+                        },
+                    ));
+                    writes.push(audit(
+                        older.id,
+                        AuditAction::Superseded,
+                        format!("superseded by {} ({reason})", newer.id),
+                    ));
+                    writes.push(audit(
+                        newer.id,
+                        AuditAction::Superseded,
+                        format!("supersedes {} ({reason})", older.id),
+                    ));
+                }
+                Change::Contradicts => {
+                    round.contradicted += 1;
+                    writes.push(edge(newer, older, Relation::Contradicts));
+                    for (a, b) in [(newer.id, older.id), (older.id, newer.id)] {
+                        writes.push(Mutation::Validity(
+                            a,
+                            ValidityChange::Conflict {
+                                with: b,
+                                open: true,
+                            },
+                        ));
+                        writes.push(audit(
+                            a,
+                            AuditAction::Contradicted,
+                            format!("in conflict with {b} ({reason})"),
+                        ));
+                    }
+                }
+                Change::Duplicate => {
+                    round.repeated += 1;
+                    writes.push(Mutation::Validity(
+                        newer.id,
+                        ValidityChange::DuplicateOf(older.id),
+                    ));
+                    writes.push(audit(
+                        newer.id,
+                        AuditAction::Repeated,
+                        format!("repeats {} ({reason})", older.id),
+                    ));
+                    // Stating a fact again is evidence that it matters, as a recall is.
+                    writes.push(Mutation::Reinforce {
+                        id: older.id,
+                        reinforcement: Reinforcement {
+                            curve: Arc::clone(policy) as Arc<dyn Reinforce>,
+                            at: now,
+                            amount: policy.scoring.reinforce_on_recall,
+                        },
+                        by: format!("{by} (repeated by {})", newer.id),
+                    });
+                }
+                Change::Unrelated => {}
             }
         }
         if !writes.0.is_empty() {
@@ -242,19 +464,41 @@ impl Substrate {
         let mut total = UpdatesRound::default();
         loop {
             let r = self.detect_updates(ROUND)?;
-            total.compared += r.compared;
-            total.superseded += r.superseded;
-            total.contradicted += r.contradicted;
-            total.repeated += r.repeated;
-            total.waiting = r.waiting;
-            if r.compared == 0 {
+            if total.add(r) {
                 return Ok(total);
             }
         }
     }
 
+    /// [`Substrate::detect_all_updates`] with a judge ([`Substrate::detect_updates_with`]).
+    pub async fn detect_all_updates_with(&self, judge: &dyn UpdateJudge) -> Result<UpdatesRound> {
+        let mut total = UpdatesRound::default();
+        loop {
+            let r = self.detect_updates_with(judge, ROUND).await?;
+            if total.add(r) {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Says that a runtime asks `judge` rounds from now on (its Evaluator runs them): the
+    /// scheduled rules-only rounds stop, so no record of an `llm` or `hybrid` policy is
+    /// decided by the rules while a judge could decide it.
+    pub fn attach_update_judge(&self) {
+        self.inner
+            .update_judge
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
     /// One scheduled round, logged; whether more waits to be compared now.
     pub(super) fn updates_step(&self) -> bool {
+        if self
+            .inner
+            .update_judge
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return false;
+        }
         match self.detect_updates(ROUND) {
             Ok(r) => {
                 if r.superseded + r.contradicted + r.repeated > 0 {
@@ -268,6 +512,21 @@ impl Substrate {
                 false
             }
         }
+    }
+}
+
+impl UpdatesRound {
+    /// Adds one round's counts (the waiting count is the latest round's); whether that
+    /// round compared nothing, so the queue holds nothing more to compare now.
+    fn add(&mut self, r: UpdatesRound) -> bool {
+        self.compared += r.compared;
+        self.superseded += r.superseded;
+        self.contradicted += r.contradicted;
+        self.repeated += r.repeated;
+        self.judged += r.judged;
+        self.fell_back += r.fell_back;
+        self.waiting = r.waiting;
+        r.compared == 0
     }
 }
 

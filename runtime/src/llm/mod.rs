@@ -17,6 +17,7 @@ pub mod json;
 pub mod judge;
 #[cfg(test)]
 mod script;
+pub mod updates;
 
 use std::time::Duration;
 

@@ -212,6 +212,28 @@ pub enum UpdatesMode {
     Off,
     /// The in-process rules of [`crate::updates`].
     Rules,
+    /// The LLM judge decides every pair the rules would look at (the rules when it is
+    /// missing, fails or is over budget, with the reason audited).
+    Llm,
+    /// The rules first; the pairs they find nothing in go to the LLM judge.
+    Hybrid,
+}
+
+impl UpdatesMode {
+    /// The name used in policy files and audit entries.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpdatesMode::Off => "off",
+            UpdatesMode::Rules => "rules",
+            UpdatesMode::Llm => "llm",
+            UpdatesMode::Hybrid => "hybrid",
+        }
+    }
+
+    /// Whether an LLM judge is asked about some pairs.
+    pub fn asks_llm(self) -> bool {
+        matches!(self, UpdatesMode::Llm | UpdatesMode::Hybrid)
+    }
 }
 
 /// Where a new record's older neighbours are looked for.
@@ -895,7 +917,12 @@ impl Policy {
                 "updates.mode",
                 u.mode.as_deref(),
                 UpdatesMode::Off,
-                &[("off", UpdatesMode::Off), ("rules", UpdatesMode::Rules)],
+                &[
+                    ("off", UpdatesMode::Off),
+                    ("rules", UpdatesMode::Rules),
+                    ("llm", UpdatesMode::Llm),
+                    ("hybrid", UpdatesMode::Hybrid),
+                ],
             ),
             scope: c.choice(
                 "updates.scope",

@@ -302,10 +302,7 @@ impl Policy {
             map.insert(
                 "updates".into(),
                 json!({
-                    "mode": match u.mode {
-                        UpdatesMode::Off => "off",
-                        UpdatesMode::Rules => "rules",
-                    },
+                    "mode": u.mode.as_str(),
                     "scope": match u.scope {
                         UpdatesScope::Namespace => "namespace",
                         UpdatesScope::Session => "session",

@@ -200,7 +200,7 @@ pub struct RawForgetting {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpdates {
-    /// `"off"` (default) or `"rules"`.
+    /// `"off"` (default), `"rules"`, `"llm"` or `"hybrid"`.
     #[serde(default)]
     pub mode: Option<String>,
     /// `"namespace"` (default) or `"session"`: where older records are looked for.
