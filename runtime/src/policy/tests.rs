@@ -85,6 +85,21 @@ fn every_shipped_policy_compiles_and_says_what_it_claims() {
             assert_eq!(p.stability_ms(0), 86_400_000.0);
             assert_eq!(p.stability_ms(2), 3.0 * 86_400_000.0);
         }),
+        ("facts-change.toml", |p| {
+            assert_eq!(p.name, "facts-change");
+            let u = &p.updates;
+            assert_eq!(u.mode, UpdatesMode::Rules);
+            assert_eq!(u.scope, UpdatesScope::Namespace);
+            assert_eq!((u.candidates, u.max_chars), (5, 600));
+            assert_eq!((u.min_similarity, u.superseded_weight), (0.5, 1.0));
+            assert_eq!(u.thresholds, crate::updates::Thresholds::default());
+            // Ranking and forgetting are the default's, so runs differ only in detection.
+            let d = Policy::default_policy();
+            assert_eq!(p.scoring.relevance, d.scoring.relevance);
+            assert_eq!(p.scoring.recency_half_life, d.scoring.recency_half_life);
+            assert_eq!(p.forgetting.half_life, d.forgetting.half_life);
+            assert_eq!(p.promotion.merge_similarity, d.promotion.merge_similarity);
+        }),
         ("keep-everything.toml", |p| {
             assert_eq!(p.name, "keep-everything");
             assert_eq!(p.forgetting.half_life, None);
@@ -120,6 +135,7 @@ fn every_shipped_policy_compiles_and_says_what_it_claims() {
         vec![
             "default.toml",
             "ebbinghaus.toml",
+            "facts-change.toml",
             "generative-agents.toml",
             "keep-everything.toml"
         ]
