@@ -129,8 +129,9 @@ enum ValueKind {
     Date,
     /// A version, and the word before it (`flask` of `Flask 2.3.1`).
     Version(Option<String>),
-    /// An identifier with digits, by its leading letters (`eu` of `eu-2`).
-    Ident(String),
+    /// An identifier with digits, by its leading letters (`eu` of `eu-2`) and its shape
+    /// (`aa-dddd` of `qx-4821`: a letter, a digit or the character itself, in order).
+    Ident(String, String),
     Time,
 }
 
@@ -400,7 +401,12 @@ fn same_kind(a: &ValueKind, b: &ValueKind) -> bool {
             (Some(x), Some(y)) => x == y,
             _ => true,
         },
-        (ValueKind::Ident(x), ValueKind::Ident(y)) => x == y,
+        // The same prefix (`eu-1`, `eu-2`), or codes of one format (`QX-4821`, `BT-0397`:
+        // a reference, a ticket, a room) with at least two digits, so that `v2` and `b7`
+        // stay apart.
+        (ValueKind::Ident(x, xs), ValueKind::Ident(y, ys)) => {
+            x == y || (xs == ys && xs.bytes().filter(|&b| b == b'd').count() >= 2)
+        }
         (ValueKind::Date, ValueKind::Date) | (ValueKind::Time, ValueKind::Time) => true,
         _ => false,
     }
@@ -713,7 +719,15 @@ fn value_at(lower: &[String], raw: &[RawWord<'_>], i: usize) -> Option<(Value, u
         .take_while(|c| c.is_ascii_alphabetic())
         .collect();
     if !prefix.is_empty() {
-        return Some((value(ValueKind::Ident(prefix), word.to_string()), 1));
+        let shape = word
+            .chars()
+            .map(|c| match c {
+                c if c.is_ascii_alphabetic() => 'a',
+                c if c.is_ascii_digit() => 'd',
+                c => c,
+            })
+            .collect();
+        return Some((value(ValueKind::Ident(prefix, shape), word.to_string()), 1));
     }
     None
 }

@@ -283,9 +283,17 @@ impl Substrate {
             // Within its tier: a condensed record restates its own sources, and knowledge
             // is checked against knowledge when it is promoted.
             let tier = [record.tier];
+            let (session, agent) = match (u.scope, record.agent_id.as_deref()) {
+                (UpdatesScope::Namespace, _) => (None, None),
+                (UpdatesScope::Agent, Some(agent)) => (None, Some(agent)),
+                (UpdatesScope::Session | UpdatesScope::Agent, _) => {
+                    (Some(record.session_id.as_str()), None)
+                }
+            };
             let mut pool = store.candidates(&Filter {
                 namespace: &record.namespace,
-                session: (u.scope == UpdatesScope::Session).then_some(record.session_id.as_str()),
+                session,
+                agent,
                 tiers: Some(&tier),
                 recallable_only: true,
                 ..Filter::default()

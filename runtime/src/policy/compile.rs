@@ -244,6 +244,10 @@ pub enum UpdatesScope {
     Namespace,
     /// Only in its own session.
     Session,
+    /// Only among the records of its own agent (`agent_id`), in any session: agents of
+    /// one namespace may each hold their own value of the same thing. A record without
+    /// an agent is compared within its session.
+    Agent,
 }
 
 /// `[updates]`, compiled: detecting facts that change.
@@ -931,6 +935,7 @@ impl Policy {
                 &[
                     ("namespace", UpdatesScope::Namespace),
                     ("session", UpdatesScope::Session),
+                    ("agent", UpdatesScope::Agent),
                 ],
             ),
             candidates: c.count(

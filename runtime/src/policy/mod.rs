@@ -306,6 +306,7 @@ impl Policy {
                     "scope": match u.scope {
                         UpdatesScope::Namespace => "namespace",
                         UpdatesScope::Session => "session",
+                        UpdatesScope::Agent => "agent",
                     },
                     "candidates": u.candidates,
                     "max_chars": u.max_chars,

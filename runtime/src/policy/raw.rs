@@ -203,7 +203,7 @@ pub struct RawUpdates {
     /// `"off"` (default), `"rules"`, `"llm"` or `"hybrid"`.
     #[serde(default)]
     pub mode: Option<String>,
-    /// `"namespace"` (default) or `"session"`: where older records are looked for.
+    /// `"namespace"` (default), `"session"` or `"agent"`: where older records are looked for.
     #[serde(default)]
     pub scope: Option<String>,
     /// How many nearest older records each new record is compared with.

@@ -859,3 +859,50 @@ async fn in_llm_mode_the_judge_decides_and_a_failing_judge_leaves_the_rules_audi
     assert_eq!(entry.by, "updates:rules");
     assert!(entry.detail.contains("could not decide"), "{entry:?}");
 }
+
+#[tokio::test]
+async fn with_scope_agent_each_agent_keeps_its_own_value_and_its_own_update_supersedes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = open_with_updates(dir.path(), "mode = \"rules\"\nscope = \"agent\"");
+    let t0 = 1_770_000_000_000;
+    let told = |agent: &str, session: &str, at: i64, text: &str| {
+        let (agent, session, text) = (agent.to_string(), session.to_string(), text.to_string());
+        let sub = sub.clone();
+        async move {
+            sub.record(
+                "acme",
+                &session,
+                vec![NewMemory {
+                    agent_id: Some(agent),
+                    timestamp: Some(at),
+                    ..NewMemory::new("observation", text)
+                }],
+            )
+            .await
+            .unwrap()[0]
+        }
+    };
+    let a_old = told("a", "a-1", t0, "The Acme account reference code is K3X9.").await;
+    let b_own = told(
+        "b",
+        "b-1",
+        t0 + DAY,
+        "The Acme account reference code is P2Q8.",
+    )
+    .await;
+    let a_new = told(
+        "a",
+        "a-2",
+        t0 + 2 * DAY,
+        "The Acme account reference code is now Z7W1.",
+    )
+    .await;
+    let round = settle(&sub).await;
+    assert_eq!(round.superseded, 1, "{round:?}");
+    assert_eq!(
+        sub.store().validity(a_old).unwrap().superseded_by,
+        Some(a_new)
+    );
+    // Another agent's value is neither superseded by a's update nor superseding a's.
+    assert!(sub.store().validity(b_own).unwrap().is_clear());
+}
