@@ -18,8 +18,8 @@
 //!   review**: a `contradicts` edge and an open conflict on both sides (listed in the
 //!   insights and on the records), nothing promoted or merged until a person settles it
 //!   ([`Substrate::resolve`]); a candidate already in an open conflict is held too;
-//! - a candidate that is itself superseded, or an older value than the lesson, is not
-//!   promoted.
+//! - a candidate that is itself superseded (unless it has more successes than the record
+//!   that superseded it), or an older value than the lesson, is not promoted.
 //!
 //! Knowledge records live in the namespace's [`KNOWLEDGE_SESSION`], so they are recalled
 //! by any session of the namespace that asks for `include_knowledge`, and by no other
@@ -206,9 +206,15 @@ impl Substrate {
         }
         let validity = store.validity(id)?;
         if let Some(newer) = validity.superseded_by {
-            return Ok(Promotion::NotEligible(format!(
-                "it is superseded by {newer}; the current value is what gets promoted"
-            )));
+            // A lesson proven by more successes than the claim that replaced it stays
+            // eligible: for what to do, outcomes are better evidence than which was said
+            // last (two remedies told for one situation read as a rule that changed).
+            let successor = store.get_light(newer)?;
+            if successor.is_none_or(|s| s.utility.successes >= candidate.utility.successes) {
+                return Ok(Promotion::NotEligible(format!(
+                    "it is superseded by {newer}; the current value is what gets promoted"
+                )));
+            }
         }
         if !validity.conflicts.is_empty() {
             return Ok(Promotion::Held {
