@@ -167,6 +167,40 @@ fn schema(path: impl Into<String>, problem: impl Into<String>) -> JsonFault {
     }
 }
 
+/// The JSON schema of a judge's answer for `n` items: `{"items": [...]}` with exactly one
+/// object per index `0..n`, each holding `index` and the `fields` given (name → schema),
+/// all required. Shared by the importance judge and the update judge.
+pub fn items_schema(n: usize, fields: &[(&str, Value)]) -> Value {
+    let mut properties = serde_json::Map::new();
+    properties.insert(
+        "index".into(),
+        serde_json::json!({"type": "integer", "minimum": 0, "maximum": n.saturating_sub(1)}),
+    );
+    let mut required = vec![Value::from("index")];
+    for (name, schema) in fields {
+        properties.insert((*name).into(), schema.clone());
+        required.push(Value::from(*name));
+    }
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "items": {
+                "type": "array",
+                "minItems": n,
+                "maxItems": n,
+                "items": {
+                    "type": "object",
+                    "properties": properties,
+                    "required": required,
+                    "additionalProperties": false
+                }
+            }
+        },
+        "required": ["items"],
+        "additionalProperties": false
+    })
+}
+
 /// Finds the JSON a model meant in its answer, repairing common faults.
 ///
 /// Tolerated around the JSON: a byte-order mark and whitespace, prose before and after,

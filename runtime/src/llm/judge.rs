@@ -226,29 +226,15 @@ impl LlmJudge {
 
 /// The JSON schema of the answer for `n` records.
 fn schema(n: usize) -> serde_json::Value {
-    json!({
-        "type": "object",
-        "properties": {
-            "items": {
-                "type": "array",
-                "minItems": n,
-                "maxItems": n,
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "index": {"type": "integer", "minimum": 0, "maximum": n.saturating_sub(1)},
-                        "importance": {"type": "number", "minimum": 0, "maximum": 10},
-                        "reusability": {"type": "number", "minimum": 0, "maximum": 10},
-                        "reason": {"type": "string"}
-                    },
-                    "required": ["index", "importance", "reusability", "reason"],
-                    "additionalProperties": false
-                }
-            }
-        },
-        "required": ["items"],
-        "additionalProperties": false
-    })
+    let score = json!({"type": "number", "minimum": 0, "maximum": 10});
+    json::items_schema(
+        n,
+        &[
+            ("importance", score.clone()),
+            ("reusability", score),
+            ("reason", json!({"type": "string"})),
+        ],
+    )
 }
 
 /// Reads an answer into one judgement per record, in the records' order.

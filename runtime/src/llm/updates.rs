@@ -215,29 +215,14 @@ fn pair_key(item: &PairItem) -> u128 {
 
 /// The JSON schema of the answer for `n` pairs.
 fn schema(n: usize) -> Value {
-    json!({
-        "type": "object",
-        "properties": {
-            "items": {
-                "type": "array",
-                "minItems": n,
-                "maxItems": n,
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "index": {"type": "integer", "minimum": 0, "maximum": n.saturating_sub(1)},
-                        "relation": {"type": "string",
-                                     "enum": ["supersedes", "contradicts", "duplicate", "unrelated"]},
-                        "reason": {"type": "string"}
-                    },
-                    "required": ["index", "relation", "reason"],
-                    "additionalProperties": false
-                }
-            }
-        },
-        "required": ["items"],
-        "additionalProperties": false
-    })
+    let relations = ["supersedes", "contradicts", "duplicate", "unrelated"];
+    json::items_schema(
+        n,
+        &[
+            ("relation", json!({"type": "string", "enum": relations})),
+            ("reason", json!({"type": "string"})),
+        ],
+    )
 }
 
 fn fault(path: impl Into<String>, problem: impl Into<String>) -> JsonFault {
