@@ -18,7 +18,7 @@
 //! Detection runs in the background, on records the store already holds: nothing here
 //! ever blocks a write.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -146,9 +146,10 @@ impl UpdateJudge for LlmUpdateJudge {
     async fn judge(&self, batch: PairBatch<'_>) -> Result<Vec<PairVerdict>> {
         let keys: Vec<u128> = batch.items.iter().map(pair_key).collect();
         let mut verdicts: Vec<Option<PairVerdict>> = vec![None; batch.items.len()];
-        // First position of each key still to ask, and positions that copy it.
+        // Positions to ask about, and the first position of each key among them (a repeat
+        // later in the batch takes that one's verdict).
         let mut ask: Vec<usize> = Vec::new();
-        let mut asked: HashSet<u128> = HashSet::new();
+        let mut first_of: HashMap<u128, usize> = HashMap::new();
         {
             let cache = self.cache();
             for (i, key) in keys.iter().enumerate() {
@@ -157,7 +158,8 @@ impl UpdateJudge for LlmUpdateJudge {
                         change: f.change,
                         reason: format!("{} (cached: the same pair was judged before)", f.reason),
                     }));
-                } else if asked.insert(*key) {
+                } else if let std::collections::hash_map::Entry::Vacant(e) = first_of.entry(*key) {
+                    e.insert(i);
                     ask.push(i);
                 }
             }
@@ -187,17 +189,12 @@ impl UpdateJudge for LlmUpdateJudge {
                 }
             }
         }
-        // Repeats of a pair asked about in this batch take its verdict.
         Ok((0..batch.items.len())
-            .map(|i| match verdicts[i].clone() {
-                Some(v) => v,
-                None => {
-                    let first = ask
-                        .iter()
-                        .find(|&&a| keys[a] == keys[i])
-                        .and_then(|&a| verdicts[a].clone());
-                    first.unwrap_or_else(|| Err("no verdict".to_string()))
-                }
+            .map(|i| {
+                verdicts[i]
+                    .clone()
+                    .or_else(|| verdicts[first_of[&keys[i]]].clone())
+                    .unwrap_or_else(|| Err("no verdict".to_string()))
             })
             .collect())
     }
