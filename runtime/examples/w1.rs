@@ -27,6 +27,7 @@ struct Args {
     defer_index: bool,
     trees: Option<usize>,
     search_k_factor: Option<usize>,
+    recalls: usize,
 }
 
 fn args() -> Result<Args, String> {
@@ -39,6 +40,7 @@ fn args() -> Result<Args, String> {
         defer_index: false,
         trees: None,
         search_k_factor: None,
+        recalls: 200,
     };
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or(format!("{flag} needs a value"));
@@ -56,9 +58,10 @@ fn args() -> Result<Args, String> {
                 )
             }
             "--writers" => a.writers = val()?.parse().map_err(|e| format!("--writers: {e}"))?,
+            "--recalls" => a.recalls = val()?.parse().map_err(|e| format!("--recalls: {e}"))?,
             other => {
                 return Err(format!(
-                    "unknown argument {other}; use --data DIR [--backend sled|lmdb] [--work DIR] [--writers N]"
+                    "unknown argument {other}; use --data DIR [--backend sled|lmdb] [--work DIR] [--writers N] [--recalls N]"
                 ));
             }
         }
@@ -293,7 +296,7 @@ fn main() {
         .build()
         .unwrap();
     let mut recall_lat = Vec::new();
-    for i in 0..200 {
+    for i in (0..a.recalls).map(|i| i % 1000) {
         let sid = format!("s{:04}", q1_s[i]);
         let mut req = shadowbrain_runtime::RecallRequest::new(
             "default",
@@ -351,6 +354,7 @@ fn main() {
             "build_100k_s": build_100k_s, "reopen_s": reopen_s,
             "disk_bytes": disk_bytes, "raw_bytes": raw_bytes,
             "recall_path_p50_ms": percentile(&recall_lat, 0.5),
+            "recall_path_p99_ms": percentile(&recall_lat, 0.99),
             "backend": a.backend.as_str(),
         })
     );
