@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::{self, Timestamp};
-use crate::index::{QueryStats, cosine, text};
+use crate::index::{QueryStats, TermCounts, cosine, text};
 use crate::model::{MemoryId, MemoryRecord, Tier};
 
 /// RRF's damping constant. Cormack et al. (2009) use 60, which only orders; here the fused
@@ -180,16 +180,16 @@ const BM25_K1: f32 = 1.2;
 const BM25_B: f32 = 0.75;
 
 /// BM25 of a record read together with its neighbours: each query term's frequency is its
-/// count in `own` plus `weight` × its count in each of `neighbours` (all analysed terms),
-/// and the length is counted the same way, against a mean length grown by the same share
-/// (`2 × window` neighbours at `weight`). A conversation's answer often shares no word
-/// with the question while the turn before it does ("What did you paint?" — "A sunset");
-/// counting the neighbours at a discount finds it without letting it outrank a turn that
-/// matches on its own.
+/// count in `own` plus `weight` × its count in each of `neighbours`, and the length is
+/// counted the same way, against a mean length grown by the same share (`2 × window`
+/// neighbours at `weight`). A conversation's answer often shares no word with the question
+/// while the turn before it does ("What did you paint?" — "A sunset"); counting the
+/// neighbours at a discount finds it without letting it outrank a turn that matches on its
+/// own. Counts are in the order of `stats.terms` ([`TermCounts`]).
 pub fn context_bm25(
     stats: &QueryStats,
-    own: &[String],
-    neighbours: &[&[String]],
+    own: &TermCounts,
+    neighbours: &[&TermCounts],
     weight: f32,
     window: u32,
 ) -> f32 {
@@ -197,14 +197,15 @@ pub fn context_bm25(
     if mean <= 0.0 {
         return 0.0;
     }
-    let len = own.len() as f32 + weight * neighbours.iter().map(|n| n.len()).sum::<usize>() as f32;
+    let len = own.len as f32 + weight * neighbours.iter().map(|n| n.len as f32).sum::<f32>();
     let norm = BM25_K1 * (1.0 - BM25_B + BM25_B * len / mean);
-    let count = |terms: &[String], t: &str| terms.iter().filter(|x| *x == t).count() as f32;
+    let count = |c: &TermCounts, i: usize| c.tf.get(i).copied().unwrap_or(0) as f32;
     stats
         .terms
         .iter()
-        .map(|(t, idf)| {
-            let tf = count(own, t) + weight * neighbours.iter().map(|n| count(n, t)).sum::<f32>();
+        .enumerate()
+        .map(|(i, (_, idf))| {
+            let tf = count(own, i) + weight * neighbours.iter().map(|n| count(n, i)).sum::<f32>();
             if tf == 0.0 {
                 0.0
             } else {
@@ -493,10 +494,6 @@ mod tests {
         }
     }
 
-    fn terms(text: &str) -> Vec<String> {
-        text::analyze(text)
-    }
-
     #[test]
     fn a_neighbour_s_words_count_at_a_discount() {
         let stats = QueryStats {
@@ -504,6 +501,7 @@ mod tests {
             mean_len: 4.0,
             terms: vec![("paint".into(), 2.0), ("sunset".into(), 3.0)],
         };
+        let terms = |text: &str| TermCounts::of(&stats, &text::analyze(text));
         let question = terms("what did you paint");
         let answer = terms("a sunset over the lake");
         let other = terms("the lake was cold today");
@@ -566,9 +564,12 @@ mod tests {
     fn speakers_are_capitalised_names_before_a_colon() {
         assert_eq!(
             speaker_terms("Caroline: I went to a group"),
-            Some(terms("Caroline"))
+            Some(text::analyze("Caroline"))
         );
-        assert_eq!(speaker_terms("Mary Ann: hi"), Some(terms("Mary Ann")));
+        assert_eq!(
+            speaker_terms("Mary Ann: hi"),
+            Some(text::analyze("Mary Ann"))
+        );
         for not_a_speaker in [
             "no colon here",
             "caroline: lower case",
@@ -579,10 +580,10 @@ mod tests {
         ] {
             assert_eq!(speaker_terms(not_a_speaker), None, "{not_a_speaker}");
         }
-        let q = terms("What did Caroline's friends say?");
-        assert!(names_speaker(&q, &terms("Caroline")));
-        assert!(!names_speaker(&q, &terms("Melanie")));
-        assert!(!names_speaker(&q, &terms("Mary Caroline")));
+        let q = text::analyze("What did Caroline's friends say?");
+        assert!(names_speaker(&q, &text::analyze("Caroline")));
+        assert!(!names_speaker(&q, &text::analyze("Melanie")));
+        assert!(!names_speaker(&q, &text::analyze("Mary Caroline")));
     }
 
     #[test]

@@ -15,9 +15,9 @@ use serde::{Deserialize, Serialize};
 use super::Substrate;
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
-use crate::index::cosine;
 use crate::index::passage::is_long;
 use crate::index::text::analyze;
+use crate::index::{TermCounts, cosine};
 use crate::model::{
     MemoryId, MemoryRecord, Passage, PolicyStamp, Reinforce, Tier, validate_embedding, validate_id,
 };
@@ -425,10 +425,13 @@ impl Substrate {
         let lambda = policy.scoring.mmr_lambda;
         let mut loaded: Vec<(MemoryRecord, Option<Vec<f32>>)> =
             Vec::with_capacity(cands.by_id.len());
-        for (id, ev) in cands.by_id.iter_mut() {
-            let Some(mut r) = store.get(*id)? else {
-                continue;
-            };
+        let ids: Vec<MemoryId> = cands.by_id.keys().copied().collect();
+        for (mut r, ev) in store
+            .get_many(&ids)?
+            .into_iter()
+            .zip(cands.by_id.values_mut())
+            .filter_map(|(r, ev)| Some((r?, ev)))
+        {
             if !r.recallable() || r.namespace != req.namespace {
                 continue;
             }
@@ -633,28 +636,23 @@ impl Substrate {
     ) -> Result<Vec<(u32, f32)>> {
         let store = &self.inner.store;
         let stats = self.inner.keywords.query_stats(query)?;
-        // Analysed text per record, each read once however many runs it appears in.
-        let mut terms: HashMap<MemoryId, Vec<String>> = HashMap::new();
-        // Long records are documents, not turns: they neither borrow nor lend words.
-        let mut documents: HashSet<MemoryId> = HashSet::new();
-        let mut scores: HashMap<MemoryId, f32> = HashMap::new();
-        for &(hit, _) in hits.iter().take(CONTEXT_HITS) {
-            let hit = MemoryId(hit);
-            let Some(r) = store.get_light(hit)? else {
+        // One run of the session around each hit, `2 × window` each side, holds every member
+        // within `window` of it together with that member's own neighbours.
+        let mut runs: Vec<(usize, Vec<(Timestamp, MemoryId)>)> = Vec::new();
+        let mut members: Vec<u32> = Vec::new();
+        let first: Vec<MemoryId> = hits
+            .iter()
+            .take(CONTEXT_HITS)
+            .map(|&(id, _)| MemoryId(id))
+            .collect();
+        for (hit, place) in first.iter().copied().zip(store.places(&first)?) {
+            let Some((namespace, session, time)) = place else {
                 continue;
             };
-            if is_long(&r.text) {
-                documents.insert(hit);
-            }
-            terms
-                .entry(hit)
-                .or_insert_with(|| own_terms(&stats, &r.text));
-            // One run of the session around the hit, `2 × window` each side, holds every
-            // member within `window` of it together with that member's own neighbours.
             let (before, after) = store.session_neighbours(
-                &r.namespace,
-                &r.session_id,
-                (r.event_time, r.id),
+                &namespace,
+                &session,
+                (time, hit),
                 2 * window,
                 CONTEXT_GAP_MS,
                 |n| allowed.contains(n.0),
@@ -663,35 +661,55 @@ impl Substrate {
             let run: Vec<(Timestamp, MemoryId)> = before
                 .into_iter()
                 .rev()
-                .chain(std::iter::once((r.event_time, hit)))
+                .chain(std::iter::once((time, hit)))
                 .chain(after)
                 .collect();
-            for &(_, id) in &run {
-                if !terms.contains_key(&id)
-                    && let Some(n) = store.get_light(id)?
-                {
-                    if is_long(&n.text) {
-                        documents.insert(id);
-                    }
-                    terms.insert(id, own_terms(&stats, &n.text));
-                }
-            }
+            members.extend(run.iter().map(|(_, id)| id.0));
+            runs.push((at, run));
+        }
+        members.sort_unstable();
+        members.dedup();
+        // Each member's query-term counts, from the index (no text is read or analysed): a
+        // turn's one document, or a long record's best passage by plain BM25, as the keyword
+        // index scores it. Long records are documents, not turns: they neither borrow nor
+        // lend words.
+        let profiles: HashMap<MemoryId, (TermCounts, bool)> = self
+            .inner
+            .keywords
+            .term_counts(&stats, &members)?
+            .into_iter()
+            .map(|(id, docs)| {
+                let document = docs.len() > 1;
+                let best = docs
+                    .into_iter()
+                    .map(|c| (retrieval::context_bm25(&stats, &c, &[], 0.0, 0), c))
+                    .max_by(|a, b| a.0.total_cmp(&b.0))
+                    .map(|(_, c)| c)
+                    .unwrap_or_default();
+                (MemoryId(id), (best, document))
+            })
+            .collect();
+        let is_document = |id: &MemoryId| profiles.get(id).is_some_and(|p| p.1);
+        let none = TermCounts::default();
+        let mut scores: HashMap<MemoryId, f32> = HashMap::new();
+        for (at, run) in &runs {
+            let at = *at;
             for q in at.saturating_sub(window)..=(at + window).min(run.len() - 1) {
                 let (t, id) = run[q];
                 if scores.contains_key(&id) {
                     continue;
                 }
-                let own = terms.get(&id).map_or(&[][..], Vec::as_slice);
-                if documents.contains(&id) {
+                let own = profiles.get(&id).map_or(&none, |p| &p.0);
+                if is_document(&id) {
                     scores.insert(id, retrieval::context_bm25(&stats, own, &[], 0.0, 0));
                     continue;
                 }
-                let neighbours: Vec<&[String]> = run
+                let neighbours: Vec<&TermCounts> = run
                     [q.saturating_sub(window)..=(q + window).min(run.len() - 1)]
                     .iter()
                     .filter(|(tn, n)| *n != id && tn.abs_diff(t) <= CONTEXT_GAP_MS.unsigned_abs())
-                    .filter(|(_, n)| !documents.contains(n))
-                    .filter_map(|(_, n)| terms.get(n).map(Vec::as_slice))
+                    .filter(|(_, n)| !is_document(n))
+                    .filter_map(|(_, n)| profiles.get(n).map(|p| &p.0))
                     .collect();
                 let score =
                     retrieval::context_bm25(&stats, own, &neighbours, weight, window as u32);
@@ -897,23 +915,6 @@ impl PassageCache {
         }
         Ok(*best)
     }
-}
-
-/// The analysed terms a record is scored by in the keyword path: its text's, or for a long
-/// record its best passage's by plain BM25 (the keyword index scores it as that passage).
-fn own_terms(stats: &crate::index::QueryStats, text: &str) -> Vec<String> {
-    if !is_long(text) {
-        return analyze(text);
-    }
-    let mut best: Option<(f32, Vec<String>)> = None;
-    for range in crate::index::passage::split(text) {
-        let terms = analyze(&text[range]);
-        let score = retrieval::context_bm25(stats, &terms, &[], 0.0, 0);
-        if best.as_ref().is_none_or(|(b, _)| score > *b) {
-            best = Some((score, terms));
-        }
-    }
-    best.map(|(_, t)| t).unwrap_or_default()
 }
 
 #[cfg(test)]

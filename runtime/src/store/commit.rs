@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -25,6 +26,11 @@ use crate::model::{AuditAction, AuditEntry, MemoryId, Status, Tier};
 
 /// Most write sets folded into one commit: bounds the latency a single large group adds.
 const MAX_GROUP: usize = 512;
+
+/// How long a group holding only detached writes waits for more before it commits. A crash
+/// within it loses what detached writes always risked (a reinforcement, a recall's memory
+/// for feedback); at 32 recalls in flight it turns ~1,000 flushes a second into ~100.
+const DETACHED_LINGER: Duration = Duration::from_millis(10);
 
 /// Cumulative group-commit counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -259,10 +265,26 @@ impl Worker {
     fn run(&mut self, rx: mpsc::Receiver<Request>) {
         while let Ok(first) = rx.recv() {
             let mut group = vec![first];
+            // A group of detached writes only (recall's reinforcement and its memory for
+            // feedback) keeps the door open a little: nobody waits for them, and a stream of
+            // recalls then shares one flush instead of paying one each. A write somebody
+            // waits for closes the group at once.
+            let linger_until = Instant::now() + DETACHED_LINGER;
             while group.len() < MAX_GROUP {
                 match rx.try_recv() {
                     Ok(r) => group.push(r),
-                    Err(_) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => break,
+                    Err(mpsc::TryRecvError::Empty) => {
+                        let waited_on = group.iter().any(|r| !matches!(r.reply, Reply::Detached));
+                        let left = linger_until.saturating_duration_since(Instant::now());
+                        if waited_on || left.is_zero() {
+                            break;
+                        }
+                        match rx.recv_timeout(left) {
+                            Ok(r) => group.push(r),
+                            Err(_) => break,
+                        }
+                    }
                 }
             }
             self.commit_group(group);

@@ -506,6 +506,51 @@ impl Store {
         }
     }
 
+    /// Several records with their embeddings, as [`get`](Self::get) reads each, in one
+    /// snapshot of the backend (LMDB: one read transaction).
+    pub fn get_many(&self, ids: &[MemoryId]) -> Result<Vec<Option<MemoryRecord>>> {
+        let keys: Vec<[[u8; 5]; 2]> = ids
+            .iter()
+            .map(|&id| [keys::record(id), keys::embedding(id)])
+            .collect();
+        let flat: Vec<&[u8]> = keys.iter().flatten().map(|k| &k[..]).collect();
+        let mut values = self.inner.kv.get_many(&flat)?.into_iter();
+        ids.iter()
+            .zip(&keys)
+            .map(|(&id, [record_key, embedding_key])| {
+                let (record, embedding) = (values.next().flatten(), values.next().flatten());
+                let Some(bytes) = record else {
+                    return Ok(None);
+                };
+                let embedding = embedding
+                    .map(|b| codec::decode_embedding(embedding_key, &b))
+                    .transpose()?;
+                codec::decode_record(id, record_key, &bytes, embedding).map(Some)
+            })
+            .collect()
+    }
+
+    /// Where each of `ids` sits: its namespace, session and event time (`None` for a
+    /// record that is gone), read from the headers alone, in one snapshot.
+    pub fn places(&self, ids: &[MemoryId]) -> Result<Vec<Option<(String, String, Timestamp)>>> {
+        let keys: Vec<[u8; 5]> = ids.iter().map(|&id| keys::record(id)).collect();
+        let flat: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        self.inner
+            .kv
+            .get_many(&flat)?
+            .into_iter()
+            .zip(&keys)
+            .map(|(bytes, key)| {
+                bytes
+                    .map(|b| {
+                        let h = codec::decode_header(key, &b)?;
+                        Ok((h.namespace, h.session_id, h.event_time))
+                    })
+                    .transpose()
+            })
+            .collect()
+    }
+
     /// The namespace a record belongs to — or belonged to, if it was purged.
     pub fn owner(&self, id: MemoryId) -> Result<Option<String>> {
         if let Some(bytes) = self.inner.kv.get(&keys::record(id))? {

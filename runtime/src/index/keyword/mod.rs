@@ -42,6 +42,7 @@ use tantivy::{
 };
 
 use tantivy::DocSet;
+use tantivy::postings::Postings;
 
 use crate::error::{Error, Result};
 use crate::index::passage::split;
@@ -478,6 +479,99 @@ impl KeywordIndex {
         })
     }
 
+    /// The [`TermCounts`] of every document of each of `ids` (a long record has one per
+    /// passage, in no particular order; an id the index does not hold is absent), for the
+    /// terms of `stats`. Recall reads a keyword hit together with its neighbouring turns:
+    /// their query-term frequencies and lengths come from the postings and field norms the
+    /// index already holds, where analysing each neighbour's text again cost three quarters
+    /// of that step.
+    pub fn term_counts(
+        &self,
+        stats: &QueryStats,
+        ids: &[u32],
+    ) -> Result<HashMap<u32, Vec<TermCounts>>> {
+        let mut out: HashMap<u32, Vec<TermCounts>> = HashMap::with_capacity(ids.len());
+        let tail = self.read_tail();
+        let searcher = self.reader.searcher();
+        let hidden = tail.staged_ids();
+        // Staged records are counted from the tail's own analysis, rounded as a commit
+        // would round them.
+        for &id in ids.iter().filter(|id| hidden.contains(**id)) {
+            if let Some(doc) = tail.doc(id) {
+                let counts = doc
+                    .passages
+                    .iter()
+                    .map(|p| TermCounts {
+                        len: quantised_len(p.num_tokens),
+                        tf: stats.terms.iter().map(|(t, _)| p.term_freq(t)).collect(),
+                    })
+                    .collect();
+                out.insert(id, counts);
+            }
+        }
+        let terms: Vec<Term> = stats
+            .terms
+            .iter()
+            .map(|(t, _)| Term::from_field_text(self.text_field, t))
+            .collect();
+        for segment in searcher.segment_readers() {
+            let ids_index = segment.inverted_index(self.id_field)?;
+            let alive = segment.alive_bitset();
+            let mut docs = Vec::with_capacity(ids.len());
+            for &id in ids.iter().filter(|id| !hidden.contains(**id)) {
+                let term = Term::from_field_u64(self.id_field, u64::from(id));
+                let postings = ids_index
+                    .read_postings(&term, IndexRecordOption::Basic)
+                    .map_err(|e| Error::index("keyword", e))?;
+                if let Some(mut p) = postings {
+                    let mut doc = p.doc();
+                    while doc != tantivy::TERMINATED {
+                        if !alive.is_some_and(|a| a.is_deleted(doc)) {
+                            docs.push((doc, id));
+                        }
+                        doc = p.advance();
+                    }
+                }
+            }
+            if docs.is_empty() {
+                continue;
+            }
+            docs.sort_unstable();
+            let norms = segment.get_fieldnorms_reader(self.text_field)?;
+            let mut counts: Vec<TermCounts> = docs
+                .iter()
+                .map(|(doc, _)| TermCounts {
+                    len: norms.fieldnorm(*doc),
+                    tf: vec![0; terms.len()],
+                })
+                .collect();
+            let text_index = segment.inverted_index(self.text_field)?;
+            for (i, term) in terms.iter().enumerate() {
+                let Some(mut postings) = text_index
+                    .read_postings(term, IndexRecordOption::WithFreqs)
+                    .map_err(|e| Error::index("keyword", e))?
+                else {
+                    continue;
+                };
+                for ((doc, _), c) in docs.iter().zip(counts.iter_mut()) {
+                    if postings.doc() < *doc {
+                        postings.seek(*doc);
+                    }
+                    if postings.doc() == tantivy::TERMINATED {
+                        break;
+                    }
+                    if postings.doc() == *doc {
+                        c.tf[i] = postings.term_freq();
+                    }
+                }
+            }
+            for ((_, id), c) in docs.into_iter().zip(counts) {
+                out.entry(id).or_default().push(c);
+            }
+        }
+        Ok(out)
+    }
+
     /// Number of searchable documents: committed ones not shadowed by the tail, plus staged
     /// upserts.
     pub fn len(&self) -> Result<u64> {
@@ -544,6 +638,38 @@ pub struct QueryStats {
     pub mean_len: f32,
     /// Each distinct analysed query term and its idf.
     pub terms: Vec<(String, f32)>,
+}
+
+/// One document's length and how often each query term occurs in it, in the order of
+/// [`QueryStats::terms`]: all that BM25 needs of a text, read from the index instead of
+/// analysing the text again (see [`KeywordIndex::term_counts`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TermCounts {
+    /// The document's length in analysed terms, as tantivy's field norm holds it (exact up
+    /// to 40 terms, then rounded to a few per cent).
+    pub len: u32,
+    /// Each query term's frequency.
+    pub tf: Vec<u32>,
+}
+
+impl TermCounts {
+    /// The counts of an already analysed text, with its length rounded as the index rounds
+    /// it, so a text scores the same whether or not it came from the index.
+    pub fn of(stats: &QueryStats, terms: &[String]) -> Self {
+        TermCounts {
+            len: quantised_len(u32::try_from(terms.len()).unwrap_or(u32::MAX)),
+            tf: stats
+                .terms
+                .iter()
+                .map(|(t, _)| terms.iter().filter(|x| *x == t).count() as u32)
+                .collect(),
+        }
+    }
+}
+
+/// `len` as tantivy's one-byte field norm stores it.
+fn quantised_len(len: u32) -> u32 {
+    FieldNormReader::id_to_fieldnorm(FieldNormReader::fieldnorm_to_id(len))
 }
 
 /// BM25's idf, as tantivy computes it: `ln(1 + (N − n + 0.5) / (n + 0.5))`.

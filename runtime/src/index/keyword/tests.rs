@@ -625,3 +625,62 @@ fn the_top_k_holds_each_record_once_at_its_best() {
     top.push(2.5, 9);
     assert_eq!(top.into_sorted(), vec![(7, 3.0), (9, 2.5)]);
 }
+
+#[test]
+fn term_counts_from_the_index_equal_the_analysed_texts_before_and_after_a_commit() {
+    let (_d, index) = open();
+    // 45 analysed terms: past the 40 a field norm holds exactly, so the rounding shows.
+    let wordy = "database ".repeat(3) + &"migration timeout rollback ".repeat(14);
+    let long = long_text("the database migration timed out at noon");
+    let texts = docs(&[
+        (
+            1,
+            "the deploy pipeline failed with a timeout on the database migration",
+        ),
+        (2, "user asked about the weather in Paris tomorrow"),
+        (3, &wordy),
+        (4, &long),
+    ]);
+    index.upsert(&texts);
+    let stats = index.query_stats("database migration timeout").unwrap();
+    assert_eq!(stats.terms.len(), 3);
+    let expected = |text: &str| -> Vec<super::TermCounts> {
+        crate::index::passage::split(text)
+            .into_iter()
+            .map(|r| super::TermCounts::of(&stats, &analyze(&text[r])))
+            .collect()
+    };
+    let sorted_counts = |ids: &[u32]| {
+        let mut all = index.term_counts(&stats, ids).unwrap();
+        for counts in all.values_mut() {
+            counts.sort_by_key(|c| (c.len, c.tf.clone()));
+        }
+        all
+    };
+    for committed in [false, true] {
+        let counts = sorted_counts(&[1, 2, 3, 4, 99]);
+        assert_eq!(
+            counts.len(),
+            4,
+            "99 is not in the index (committed: {committed})"
+        );
+        for (id, text) in &texts {
+            let mut want = expected(text);
+            want.sort_by_key(|c| (c.len, c.tf.clone()));
+            assert_eq!(counts[id], want, "record {id} (committed: {committed})");
+        }
+        assert_eq!(counts[&2][0].tf, vec![0, 0, 0]);
+        assert!(
+            counts[&3][0].len < 45 && counts[&3][0].len > 40,
+            "rounded as tantivy rounds"
+        );
+        assert!(
+            counts[&4].len() > 1,
+            "a long record has a document per passage"
+        );
+        index.commit(1).unwrap();
+    }
+    // A removal staged after the commit hides the record at once.
+    index.remove(&[1]);
+    assert!(!sorted_counts(&[1, 2]).contains_key(&1));
+}

@@ -293,6 +293,18 @@ impl Kv for LmdbKv {
         Ok(value)
     }
 
+    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
+        let values = {
+            let _shared = self.gate.read().unwrap_or_else(|p| p.into_inner());
+            let rtxn = self.env.read_txn()?;
+            keys.iter()
+                .map(|key| Ok(self.tables[slot(key)].get(&rtxn, key)?.map(<[u8]>::to_vec)))
+                .collect::<Result<Vec<_>>>()?
+        };
+        self.release.tick(&self.gate, keys.len() as u64);
+        Ok(values)
+    }
+
     fn scan(&self, range: Range<'_>, reverse: bool, visit: &mut Visitor<'_>) -> Result<()> {
         let scanned = self.scan_shared(range, reverse, visit);
         self.release.tick(&self.gate, 1);

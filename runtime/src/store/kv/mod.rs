@@ -85,6 +85,11 @@ pub trait Kv: Send + Sync + std::fmt::Debug {
     fn backend(&self) -> Backend;
     /// Reads one key.
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>>;
+    /// Reads several keys, as one snapshot where the backend has them (LMDB: one read
+    /// transaction for all, where a `get` each opens one; recall reads a hundred records).
+    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
+        keys.iter().map(|k| self.get(k)).collect()
+    }
     /// Visits the entries of `range` in key order (or reverse), until the visitor stops.
     fn scan(&self, range: Range<'_>, reverse: bool, visit: &mut Visitor<'_>) -> Result<()>;
     /// Applies every batch, each atomically, and returns only once all of them are durable
