@@ -29,8 +29,9 @@ const MAX_GROUP: usize = 512;
 
 /// How long a group holding only detached writes waits for more before it commits. A crash
 /// within it loses what detached writes always risked (a reinforcement, a recall's memory
-/// for feedback); at 32 recalls in flight it turns ~1,000 flushes a second into ~100.
-const DETACHED_LINGER: Duration = Duration::from_millis(10);
+/// for feedback). Under a stream of recalls each reinforces ten records, and a flush writes
+/// every page they dirtied: the longer the group, the more of those pages are shared.
+const DETACHED_LINGER: Duration = Duration::from_millis(50);
 
 /// Cumulative group-commit counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

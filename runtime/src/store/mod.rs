@@ -507,27 +507,30 @@ impl Store {
     }
 
     /// Several records with their embeddings, as [`get`](Self::get) reads each, in one
-    /// snapshot of the backend (LMDB: one read transaction).
+    /// snapshot of the backend (LMDB: one read transaction, values decoded in place).
     pub fn get_many(&self, ids: &[MemoryId]) -> Result<Vec<Option<MemoryRecord>>> {
         let keys: Vec<[[u8; 5]; 2]> = ids
             .iter()
             .map(|&id| [keys::record(id), keys::embedding(id)])
             .collect();
         let flat: Vec<&[u8]> = keys.iter().flatten().map(|k| &k[..]).collect();
-        let mut values = self.inner.kv.get_many(&flat)?.into_iter();
-        ids.iter()
-            .zip(&keys)
-            .map(|(&id, [record_key, embedding_key])| {
-                let (record, embedding) = (values.next().flatten(), values.next().flatten());
-                let Some(bytes) = record else {
-                    return Ok(None);
-                };
-                let embedding = embedding
-                    .map(|b| codec::decode_embedding(embedding_key, &b))
-                    .transpose()?;
-                codec::decode_record(id, record_key, &bytes, embedding).map(Some)
-            })
-            .collect()
+        let mut out: Vec<Option<MemoryRecord>> = Vec::with_capacity(ids.len());
+        // Each id's record comes first, then its embedding.
+        self.inner.kv.get_each(&flat, &mut |i, value| {
+            let (n, key) = (i / 2, flat[i]);
+            match (i % 2, value) {
+                (0, Some(bytes)) => out.push(Some(codec::decode_record(ids[n], key, bytes, None)?)),
+                (0, None) => out.push(None),
+                (_, Some(bytes)) => {
+                    if let Some(Some(r)) = out.last_mut() {
+                        r.embedding = Some(codec::decode_embedding(key, bytes)?);
+                    }
+                }
+                (_, None) => {}
+            }
+            Ok(())
+        })?;
+        Ok(out)
     }
 
     /// Where each of `ids` sits: its namespace, session and event time (`None` for a
@@ -535,20 +538,19 @@ impl Store {
     pub fn places(&self, ids: &[MemoryId]) -> Result<Vec<Option<(String, String, Timestamp)>>> {
         let keys: Vec<[u8; 5]> = ids.iter().map(|&id| keys::record(id)).collect();
         let flat: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-        self.inner
-            .kv
-            .get_many(&flat)?
-            .into_iter()
-            .zip(&keys)
-            .map(|(bytes, key)| {
-                bytes
-                    .map(|b| {
-                        let h = codec::decode_header(key, &b)?;
-                        Ok((h.namespace, h.session_id, h.event_time))
+        let mut out = Vec::with_capacity(ids.len());
+        self.inner.kv.get_each(&flat, &mut |i, value| {
+            out.push(
+                value
+                    .map(|bytes| {
+                        let h = codec::decode_header(flat[i], bytes)?;
+                        Ok::<_, Error>((h.namespace, h.session_id, h.event_time))
                     })
-                    .transpose()
-            })
-            .collect()
+                    .transpose()?,
+            );
+            Ok(())
+        })?;
+        Ok(out)
     }
 
     /// The namespace a record belongs to — or belonged to, if it was purged.

@@ -22,7 +22,7 @@ use std::sync::RwLock;
 use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, PutFlags, RwTxn, WithoutTls};
 
-use super::{Backend, Kv, Op, Range, Visit, Visitor};
+use super::{Backend, Kv, Op, Range, ValueVisitor, Visit, Visitor};
 use crate::error::{Error, Result};
 use crate::pages::MapRelease;
 
@@ -293,16 +293,16 @@ impl Kv for LmdbKv {
         Ok(value)
     }
 
-    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
-        let values = {
+    fn get_each(&self, keys: &[&[u8]], visit: &mut ValueVisitor<'_>) -> Result<()> {
+        {
             let _shared = self.gate.read().unwrap_or_else(|p| p.into_inner());
             let rtxn = self.env.read_txn()?;
-            keys.iter()
-                .map(|key| Ok(self.tables[slot(key)].get(&rtxn, key)?.map(<[u8]>::to_vec)))
-                .collect::<Result<Vec<_>>>()?
-        };
+            for (i, key) in keys.iter().enumerate() {
+                visit(i, self.tables[slot(key)].get(&rtxn, key)?)?;
+            }
+        }
         self.release.tick(&self.gate, keys.len() as u64);
-        Ok(values)
+        Ok(())
     }
 
     fn scan(&self, range: Range<'_>, reverse: bool, visit: &mut Visitor<'_>) -> Result<()> {

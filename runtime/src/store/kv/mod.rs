@@ -79,6 +79,9 @@ pub enum Visit {
 /// The callback a scan calls for each entry, in order; it may stop the scan.
 pub type Visitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<Visit> + 'a;
 
+/// What [`Kv::get_each`] calls with each key's index and value (`None`: absent).
+pub type ValueVisitor<'a> = dyn FnMut(usize, Option<&[u8]>) -> Result<()> + 'a;
+
 /// An ordered byte key-value store with durable batch commits.
 pub trait Kv: Send + Sync + std::fmt::Debug {
     /// `sled` or `lmdb`.
@@ -86,9 +89,14 @@ pub trait Kv: Send + Sync + std::fmt::Debug {
     /// Reads one key.
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>>;
     /// Reads several keys, as one snapshot where the backend has them (LMDB: one read
-    /// transaction for all, where a `get` each opens one; recall reads a hundred records).
-    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
-        keys.iter().map(|k| self.get(k)).collect()
+    /// transaction for all, where a `get` each opens one; recall reads a hundred records),
+    /// handing each value to `visit` with the key's index, in order, without copying it
+    /// where the backend can lend it.
+    fn get_each(&self, keys: &[&[u8]], visit: &mut ValueVisitor<'_>) -> Result<()> {
+        for (i, k) in keys.iter().enumerate() {
+            visit(i, self.get(k)?.as_deref())?;
+        }
+        Ok(())
     }
     /// Visits the entries of `range` in key order (or reverse), until the visitor stops.
     fn scan(&self, range: Range<'_>, reverse: bool, visit: &mut Visitor<'_>) -> Result<()>;
