@@ -31,7 +31,7 @@ const MAX_GROUP: usize = 512;
 /// within it loses what detached writes always risked (a reinforcement, a recall's memory
 /// for feedback). Under a stream of recalls each reinforces ten records, and a flush writes
 /// every page they dirtied: the longer the group, the more of those pages are shared.
-const DETACHED_LINGER: Duration = Duration::from_millis(50);
+const DETACHED_LINGER: Duration = Duration::from_millis(10);
 
 /// Cumulative group-commit counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
