@@ -372,28 +372,11 @@ impl KeywordIndex {
                 // A small scope (a session): look its docs up by id and score only them,
                 // instead of scoring every doc that shares a query term and filtering.
                 for segment in searcher.segment_readers() {
-                    let mut docs = Vec::with_capacity(c.len() as usize);
-                    let ids_index = segment.inverted_index(self.id_field)?;
-                    let alive = segment.alive_bitset();
-                    for id in c.iter().filter(|id| !hidden.contains(*id)) {
-                        let term = Term::from_field_u64(self.id_field, u64::from(id));
-                        let postings = ids_index
-                            .read_postings(&term, IndexRecordOption::Basic)
-                            .map_err(|e| Error::index("keyword", e))?;
-                        if let Some(mut p) = postings {
-                            let mut doc = p.doc();
-                            while doc != tantivy::TERMINATED {
-                                if !alive.is_some_and(|a| a.is_deleted(doc)) {
-                                    docs.push((doc, id));
-                                }
-                                doc = p.advance();
-                            }
-                        }
-                    }
+                    let docs =
+                        self.docs_of(segment, c.iter().filter(|id| !hidden.contains(*id)))?;
                     if docs.is_empty() {
                         continue;
                     }
-                    docs.sort_unstable();
                     let mut scores = vec![None::<Score>; docs.len()];
                     for weight in &weights {
                         let mut scorer = weight.scorer(segment, 1.0)?;
@@ -515,28 +498,13 @@ impl KeywordIndex {
             .map(|(t, _)| Term::from_field_text(self.text_field, t))
             .collect();
         for segment in searcher.segment_readers() {
-            let ids_index = segment.inverted_index(self.id_field)?;
-            let alive = segment.alive_bitset();
-            let mut docs = Vec::with_capacity(ids.len());
-            for &id in ids.iter().filter(|id| !hidden.contains(**id)) {
-                let term = Term::from_field_u64(self.id_field, u64::from(id));
-                let postings = ids_index
-                    .read_postings(&term, IndexRecordOption::Basic)
-                    .map_err(|e| Error::index("keyword", e))?;
-                if let Some(mut p) = postings {
-                    let mut doc = p.doc();
-                    while doc != tantivy::TERMINATED {
-                        if !alive.is_some_and(|a| a.is_deleted(doc)) {
-                            docs.push((doc, id));
-                        }
-                        doc = p.advance();
-                    }
-                }
-            }
+            let docs = self.docs_of(
+                segment,
+                ids.iter().copied().filter(|id| !hidden.contains(*id)),
+            )?;
             if docs.is_empty() {
                 continue;
             }
-            docs.sort_unstable();
             let norms = segment.get_fieldnorms_reader(self.text_field)?;
             let mut counts: Vec<TermCounts> = docs
                 .iter()
@@ -570,6 +538,35 @@ impl KeywordIndex {
             }
         }
         Ok(out)
+    }
+
+    /// The live documents of `ids` in one segment, as (doc, id) in doc order: a record's
+    /// documents (one per passage) are found through its id's postings.
+    fn docs_of(
+        &self,
+        segment: &tantivy::SegmentReader,
+        ids: impl Iterator<Item = u32>,
+    ) -> Result<Vec<(tantivy::DocId, u32)>> {
+        let ids_index = segment.inverted_index(self.id_field)?;
+        let alive = segment.alive_bitset();
+        let mut docs = Vec::new();
+        for id in ids {
+            let term = Term::from_field_u64(self.id_field, u64::from(id));
+            let postings = ids_index
+                .read_postings(&term, IndexRecordOption::Basic)
+                .map_err(|e| Error::index("keyword", e))?;
+            if let Some(mut p) = postings {
+                let mut doc = p.doc();
+                while doc != tantivy::TERMINATED {
+                    if !alive.is_some_and(|a| a.is_deleted(doc)) {
+                        docs.push((doc, id));
+                    }
+                    doc = p.advance();
+                }
+            }
+        }
+        docs.sort_unstable();
+        Ok(docs)
     }
 
     /// Number of searchable documents: committed ones not shadowed by the tail, plus staged
