@@ -194,8 +194,9 @@ pub struct RecallResult {
 const CONTEXT_GAP_MS: Timestamp = 3_600_000;
 
 /// The keyword path's best hits read with their neighbours. Each costs a session scan and
-/// the analysis of up to `4 × context_window` more texts; past the first 30, a hit and its
-/// neighbours almost never reach a top 20 (LoCoMo: the same figures with 30 as with 80).
+/// the index's term counts of up to `4 × context_window` more records; past the first 30, a
+/// hit and its neighbours almost never reach a top 20 (LoCoMo: the same figures with 30 as
+/// with 80).
 const CONTEXT_HITS: usize = 30;
 
 /// Scopes up to this many records have every long record's passages scored against the

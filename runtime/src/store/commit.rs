@@ -29,8 +29,9 @@ const MAX_GROUP: usize = 512;
 
 /// How long a group holding only detached writes waits for more before it commits. A crash
 /// within it loses what detached writes always risked (a reinforcement, a recall's memory
-/// for feedback). Under a stream of recalls each reinforces ten records, and a flush writes
-/// every page they dirtied: the longer the group, the more of those pages are shared.
+/// for feedback). It bounds the flushes a stream of recalls causes; it does not make their
+/// writes cheaper (each recall rewrites the records it reinforces): 10 ms and 50 ms gave
+/// the same HTTP recall throughput.
 const DETACHED_LINGER: Duration = Duration::from_millis(10);
 
 /// Cumulative group-commit counters.
