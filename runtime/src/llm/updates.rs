@@ -18,6 +18,7 @@
 //! Detection runs in the background, on records the store already holds: nothing here
 //! ever blocks a write.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
@@ -158,7 +159,7 @@ impl UpdateJudge for LlmUpdateJudge {
                         change: f.change,
                         reason: format!("{} (cached: the same pair was judged before)", f.reason),
                     }));
-                } else if let std::collections::hash_map::Entry::Vacant(e) = first_of.entry(*key) {
+                } else if let Entry::Vacant(e) = first_of.entry(*key) {
                     e.insert(i);
                     ask.push(i);
                 }

@@ -477,12 +477,7 @@ impl Store {
 
     /// Reads one record with its embedding.
     pub fn get(&self, id: MemoryId) -> Result<Option<MemoryRecord>> {
-        let key = keys::record(id);
-        let Some(bytes) = self.inner.kv.get(&key)? else {
-            return Ok(None);
-        };
-        let embedding = self.embedding(id)?;
-        codec::decode_record(id, &key, &bytes, embedding).map(Some)
+        Ok(self.get_many(&[id])?.pop().flatten())
     }
 
     /// Reads one record without its embedding (cheaper; for listings and rendering).

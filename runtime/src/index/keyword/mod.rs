@@ -651,7 +651,9 @@ pub struct TermCounts {
 
 impl TermCounts {
     /// The counts of an already analysed text, with its length rounded as the index rounds
-    /// it, so a text scores the same whether or not it came from the index.
+    /// it, so a text scores the same whether or not it came from the index (for tests:
+    /// recall reads counts from the index).
+    #[cfg(test)]
     pub fn of(stats: &QueryStats, terms: &[String]) -> Self {
         TermCounts {
             len: quantised_len(u32::try_from(terms.len()).unwrap_or(u32::MAX)),
