@@ -40,6 +40,10 @@ def sample(pid):
     return parts
 
 
+def mib(kib):
+    return f"{kib / 1024:.0f} MiB"
+
+
 def main():
     pid = sys.argv[1]
     peaks = collections.Counter()
@@ -54,7 +58,6 @@ def main():
         if sum(parts.values()) > best:
             best, best_parts = sum(parts.values()), dict(parts)
         time.sleep(0.5)
-    mib = lambda kib: f"{kib / 1024:.0f} MiB"
     print(f"peak {mib(best)}: " + ", ".join(f"{k} {mib(v)}" for k, v in sorted(best_parts.items())))
     print("each part's own peak: " + ", ".join(f"{k} {mib(v)}" for k, v in sorted(peaks.items())))
 
