@@ -8,6 +8,10 @@
 //! python3 ../shared/bench/gen_w1.py /tmp/w1-data
 //! cargo run --release -p shadowbrain-runtime --example w1 -- --data /tmp/w1-data [--backend sled|lmdb]
 //! ```
+//!
+//! `--work DIR --reuse` reopens a store an earlier run left in `DIR` and runs only the full
+//! recall loop (`--recalls N`): what a profiler or `valgrind --tool=callgrind` should watch,
+//! without the ingest and index builds around it.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -28,6 +32,7 @@ struct Args {
     trees: Option<usize>,
     search_k_factor: Option<usize>,
     recalls: usize,
+    reuse: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -41,6 +46,7 @@ fn args() -> Result<Args, String> {
         trees: None,
         search_k_factor: None,
         recalls: 200,
+        reuse: false,
     };
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or(format!("{flag} needs a value"));
@@ -59,15 +65,19 @@ fn args() -> Result<Args, String> {
             }
             "--writers" => a.writers = val()?.parse().map_err(|e| format!("--writers: {e}"))?,
             "--recalls" => a.recalls = val()?.parse().map_err(|e| format!("--recalls: {e}"))?,
+            "--reuse" => a.reuse = true,
             other => {
                 return Err(format!(
-                    "unknown argument {other}; use --data DIR [--backend sled|lmdb] [--work DIR] [--writers N] [--recalls N]"
+                    "unknown argument {other}; use --data DIR [--backend sled|lmdb] [--work DIR [--reuse]] [--writers N] [--recalls N]"
                 ));
             }
         }
     }
     if a.data.as_os_str().is_empty() {
         return Err("--data DIR is required (make it with ../shared/bench/gen_w1.py DIR)".into());
+    }
+    if a.reuse && a.work.is_none() {
+        return Err("--reuse needs --work DIR (a directory an earlier run left)".into());
     }
     Ok(a)
 }
@@ -106,6 +116,39 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i]
 }
 
+/// Runs `n` full session recalls (vector, keyword, recent paths, scoring, context) with
+/// W1's Q1 queries and their vectors, one at a time; returns their latencies in ms, sorted.
+fn full_recalls(sub: &Substrate, rows: &[Row], data: &Path, n: usize) -> Vec<f64> {
+    let q1 = read_f32(&data.join("q1.f32"));
+    let q1_s = read_i32(&data.join("q1_session.i32"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut recall_lat = Vec::new();
+    for i in (0..n).map(|i| i % 1000) {
+        let sid = format!("s{:04}", q1_s[i]);
+        let mut req = shadowbrain_runtime::RecallRequest::new(
+            "default",
+            &sid,
+            &rows[q1_s[i] as usize * 100].text,
+        );
+        req.query_embedding = Some(q1[i * DIM..(i + 1) * DIM].to_vec());
+        req.reinforce = false;
+        let t = Instant::now();
+        rt.block_on(sub.recall(&req)).unwrap();
+        recall_lat.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    recall_lat.sort_by(f64::total_cmp);
+    eprintln!(
+        "w1: full session recall (4 paths, scoring, context) p50 {:.3} ms p99 {:.3} ms",
+        percentile(&recall_lat, 0.5),
+        percentile(&recall_lat, 0.99)
+    );
+    recall_lat
+}
+
 fn main() {
     let a = match args() {
         Ok(a) => a,
@@ -135,7 +178,9 @@ fn main() {
     let tmp;
     let work = match &a.work {
         Some(w) => {
-            let _ = std::fs::remove_dir_all(w);
+            if !a.reuse {
+                let _ = std::fs::remove_dir_all(w);
+            }
             w.clone()
         }
         None => {
@@ -156,6 +201,24 @@ fn main() {
         opts.vector.search_k_factor = f;
     }
     let sub = Substrate::open(&work, opts.clone()).unwrap();
+    if a.reuse {
+        assert_eq!(
+            sub.store().len(),
+            n as u64,
+            "{} holds another store",
+            work.display()
+        );
+        let lat = full_recalls(&sub, &rows, &a.data, a.recalls);
+        sub.close().unwrap();
+        println!(
+            "{}",
+            serde_json::json!({
+                "recall_path_p50_ms": percentile(&lat, 0.5),
+                "recall_path_p99_ms": percentile(&lat, 0.99),
+            })
+        );
+        return;
+    }
 
     // Ingest: batches of 1,000 events (10 sessions × 100), several writers at once; each
     // call returns after its events are durable.
@@ -290,31 +353,7 @@ fn main() {
     let (q2_p50, q2_p99, q2_recall) = run_queries("Q2 global top-10", &q2, &q2_gt, None);
 
     // Full recall path (vector + keyword + recent, policy scoring), for context.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut recall_lat = Vec::new();
-    for i in (0..a.recalls).map(|i| i % 1000) {
-        let sid = format!("s{:04}", q1_s[i]);
-        let mut req = shadowbrain_runtime::RecallRequest::new(
-            "default",
-            &sid,
-            &rows[q1_s[i] as usize * 100].text,
-        );
-        req.query_embedding = Some(q1[i * DIM..(i + 1) * DIM].to_vec());
-        req.reinforce = false;
-        let t = Instant::now();
-        rt.block_on(sub.recall(&req)).unwrap();
-        recall_lat.push(t.elapsed().as_secs_f64() * 1000.0);
-    }
-    recall_lat.sort_by(f64::total_cmp);
-    eprintln!(
-        "w1: full session recall (4 paths, scoring, context) p50 {:.3} ms p99 {:.3} ms",
-        percentile(&recall_lat, 0.5),
-        percentile(&recall_lat, 0.99)
-    );
+    let recall_lat = full_recalls(&sub, &rows, &a.data, a.recalls);
 
     // Footprint of the workload as ingested and indexed (a forced rebuild below leaves
     // LMDB free pages behind, which is not what the workload costs).

@@ -21,7 +21,7 @@ use crate::model::{
     validate_id,
 };
 use crate::policy::EvaluationMode;
-use crate::store::{Idempotent, Mutation, Queue, WriteSet};
+use crate::store::{Idempotent, Mutation, Queue, WriteSet, stored_embedding};
 
 /// How long a write's idempotency key is remembered: a retry within this window answers
 /// the first write's ids and stores nothing; after it, the key is forgotten and a write
@@ -187,8 +187,12 @@ impl Substrate {
         // An inline embedder (hash) costs microseconds: embed now so the acknowledged record
         // is complete. Any other would make ingest wait on the network or on milliseconds
         // of model per text: queue instead, for the enricher.
-        let mut embeddings: Vec<Option<Vec<f32>>> =
-            valid.iter_mut().map(|v| v.embedding.take()).collect();
+        // A client's vector as the store will keep it (half precision), so what this
+        // write hands on equals what every later read sees.
+        let mut embeddings: Vec<Option<Vec<f32>>> = valid
+            .iter_mut()
+            .map(|v| v.embedding.take().map(|e| stored_embedding(&e)))
+            .collect();
         let mut passages: Vec<Vec<Passage>> = vec![Vec::new(); valid.len()];
         if self.inner.embedder.embeds_inline() {
             let missing: Vec<usize> = (0..valid.len())

@@ -17,7 +17,7 @@ use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 use crate::index::passage::is_long;
 use crate::index::text::analyze;
-use crate::index::{TermCounts, cosine};
+use crate::index::{ScopeCounts, TermCounts, cosine};
 use crate::model::{
     MemoryId, MemoryRecord, Passage, PolicyStamp, Reinforce, Tier, validate_embedding, validate_id,
 };
@@ -198,6 +198,22 @@ const CONTEXT_GAP_MS: Timestamp = 3_600_000;
 /// hit and its neighbours almost never reach a top 20 (LoCoMo: the same figures with 30 as
 /// with 80).
 const CONTEXT_HITS: usize = 30;
+
+/// What the neighbouring-turn step works with (see `keyword_in_context`).
+#[derive(Clone, Copy)]
+struct Context<'a> {
+    query: &'a str,
+    /// Only these records are read or counted.
+    allowed: &'a roaring::RoaringBitmap,
+    /// What the keyword search read of a small scope, when it did.
+    counts: Option<&'a ScopeCounts>,
+    /// Neighbours counted on each side of a hit.
+    window: usize,
+    /// What a neighbour's words weigh beside the hit's own.
+    weight: f32,
+    /// How many of the step's results are kept.
+    depth: usize,
+}
 
 /// Scopes up to this many records have every long record's passages scored against the
 /// query (a store read per long record, found by the catalog, and a dot product per
@@ -391,16 +407,22 @@ impl Substrate {
                 }
                 cands.add_vector(&hits);
             }
-            let hits = self
+            let (hits, counts) = self
                 .inner
                 .keywords
-                .search(&req.query, depth, Some(&allowed))?;
+                .search_with_counts(&req.query, depth, &allowed)?;
             let window = policy.scoring.context_window as usize;
             let weight = policy.scoring.context_weight;
             if window > 0 && weight > 0.0 && !hits.is_empty() {
-                cands.add_keyword(
-                    &self.keyword_in_context(&req.query, &hits, &allowed, window, weight, depth)?,
-                );
+                let context = Context {
+                    query: &req.query,
+                    allowed: &allowed,
+                    counts: counts.as_ref(),
+                    window,
+                    weight,
+                    depth,
+                };
+                cands.add_keyword(&self.keyword_in_context(&context, &hits)?);
             } else {
                 cands.add_keyword(&hits);
             }
@@ -621,22 +643,27 @@ impl Substrate {
     }
 
     /// Re-scores the best [`CONTEXT_HITS`] of the keyword path's `hits` with each record's
-    /// neighbours in its session (`window` each side, within [`CONTEXT_GAP_MS`]) counted at
-    /// `weight` ([`retrieval::context_bm25`]), and brings in the neighbours themselves,
-    /// scored the same way: the turn that answers a question is often the one after the
-    /// turn that matches it. Only `allowed` records are read or counted. The other hits keep
-    /// their scores. Returns the best `depth`, best first, as the keyword path's new ranking.
-    fn keyword_in_context(
-        &self,
-        query: &str,
-        hits: &[(u32, f32)],
-        allowed: &roaring::RoaringBitmap,
-        window: usize,
-        weight: f32,
-        depth: usize,
-    ) -> Result<Vec<(u32, f32)>> {
+    /// neighbours in its session (`cx.window` each side, within [`CONTEXT_GAP_MS`]) counted
+    /// at `cx.weight` ([`retrieval::context_bm25`]), and brings in the neighbours
+    /// themselves, scored the same way: the turn that answers a question is often the one
+    /// after the turn that matches it. Only `cx.allowed` records are read or counted. The
+    /// other hits keep their scores. Returns the best `cx.depth`, best first, as the keyword
+    /// path's new ranking.
+    fn keyword_in_context(&self, cx: &Context<'_>, hits: &[(u32, f32)]) -> Result<Vec<(u32, f32)>> {
+        let Context {
+            query,
+            allowed,
+            counts,
+            window,
+            weight,
+            depth,
+        } = *cx;
         let store = &self.inner.store;
-        let stats = self.inner.keywords.query_stats(query)?;
+        // A session's search read every turn's counts already; a wider scope asks again.
+        let stats = match counts {
+            Some(c) => c.stats.clone(),
+            None => self.inner.keywords.query_stats(query)?,
+        };
         // One run of the session around each hit, `2 × window` each side, holds every member
         // within `window` of it together with that member's own neighbours.
         let mut runs: Vec<(usize, Vec<(Timestamp, MemoryId)>)> = Vec::new();
@@ -674,10 +701,11 @@ impl Substrate {
         // turn's one document, or a long record's best passage by plain BM25, as the keyword
         // index scores it. Long records are documents, not turns: they neither borrow nor
         // lend words.
-        let profiles: HashMap<MemoryId, (TermCounts, bool)> = self
-            .inner
-            .keywords
-            .term_counts(&stats, &members)?
+        let member_counts = match counts {
+            Some(c) => c.term_counts(&members),
+            None => self.inner.keywords.term_counts(&stats, &members)?,
+        };
+        let profiles: HashMap<MemoryId, (TermCounts, bool)> = member_counts
             .into_iter()
             .map(|(id, docs)| {
                 let document = docs.len() > 1;

@@ -23,6 +23,7 @@ use std::sync::{Arc, RwLock};
 use serde::{Deserialize, Serialize};
 
 pub use catalog::{Catalog, Census, Filter};
+pub use codec::stored_embedding;
 pub use commit::CommitStats;
 pub use families::{
     Idempotent, QuarantineEntry, RememberedRecall, Strikes, Validity, ValidityChange,

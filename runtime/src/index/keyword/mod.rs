@@ -23,12 +23,13 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use roaring::RoaringBitmap;
 use tantivy::collector::Count;
 use tantivy::directory::MmapDirectory;
 use tantivy::fieldnorm::FieldNormReader;
+use tantivy::index::SegmentId;
 use tantivy::query::{
     Bm25StatisticsProvider, Bm25Weight, BooleanQuery, EnableScoring, Occur, Query, TermQuery,
     TermSetQuery,
@@ -38,7 +39,8 @@ use tantivy::schema::{
 };
 use tantivy::tokenizer::{MAX_TOKEN_LEN, TokenizerManager};
 use tantivy::{
-    Index, IndexReader, IndexWriter, ReloadPolicy, Score, Searcher, TantivyDocument, Term,
+    DocId, Index, IndexReader, IndexWriter, ReloadPolicy, Score, Searcher, SegmentReader,
+    TantivyDocument, Term,
 };
 
 use tantivy::DocSet;
@@ -81,7 +83,20 @@ pub struct KeywordIndex {
     /// tantivy keeps each pending delete as a query until the commit (about 1 KB each,
     /// 280 MB for a 300k-document commit), and record ids only grow.
     fresh_from: AtomicU64,
+    /// Each segment's documents by record id, as (id, doc) sorted: segments never change,
+    /// so the table is read once from the `id` fast field when a segment is first searched
+    /// by id (8 bytes a document), and dropped when the segment leaves the searcher. A
+    /// session-scoped recall finds its hundred-odd documents by binary search here, where
+    /// a lookup in the id field's term dictionary per id cost a few percent of the recall.
+    id_docs: Mutex<HashMap<SegmentId, IdTable>>,
 }
+
+/// A segment's (record id, doc) pairs, sorted.
+type IdTable = Arc<[(u32, DocId)]>;
+
+/// Record ids with their BM25 scores, best first, and what a small scope's search read on
+/// the way (see [`KeywordIndex::search_with_counts`]).
+type Counted = (Vec<(u32, f32)>, Option<ScopeCounts>);
 
 impl fmt::Debug for KeywordIndex {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -192,6 +207,7 @@ impl KeywordIndex {
             text_field,
             watermark: AtomicU64::new(watermark),
             fresh_from: AtomicU64::new(fresh_from),
+            id_docs: Mutex::new(HashMap::new()),
         })
     }
 
@@ -325,23 +341,43 @@ impl KeywordIndex {
         k: usize,
         candidates: Option<&RoaringBitmap>,
     ) -> Result<Vec<(u32, f32)>> {
+        Ok(self.run(query, k, candidates, false)?.0)
+    }
+
+    /// [`search`](Self::search) within `scope`, and, when the scope is small enough to be
+    /// looked up document by document (a session), the [`ScopeCounts`] that walk read on
+    /// the way: every scope document's query-term counts and length, and the query's
+    /// statistics. Recall's neighbouring-turn step needs exactly those for the turns around
+    /// each hit, all of them in the scope, and would otherwise walk the same postings again.
+    pub fn search_with_counts(
+        &self,
+        query: &str,
+        k: usize,
+        scope: &RoaringBitmap,
+    ) -> Result<Counted> {
+        self.run(query, k, Some(scope), true)
+    }
+
+    fn run(
+        &self,
+        query: &str,
+        k: usize,
+        candidates: Option<&RoaringBitmap>,
+        count: bool,
+    ) -> Result<Counted> {
         if k == 0 || candidates.is_some_and(RoaringBitmap::is_empty) {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         }
-        let mut words = analyze(query);
-        words.retain(|w| w.len() <= MAX_TOKEN_LEN);
-        // A repeated query word is not more important than a single one.
-        words.sort_unstable();
-        words.dedup();
+        let words = query_words(query);
         if words.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         }
 
         let tail = self.read_tail();
         let searcher = self.reader.searcher();
         let stats = Stats::new(&searcher, &tail, self.text_field)?;
         if stats.docs == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         }
         let mut top = TopK::new(k, stats.docs);
         let terms: Vec<Term> = words
@@ -352,55 +388,68 @@ impl KeywordIndex {
         if tail.live_docs() > 0 {
             score_tail(&tail, &stats, &words, &terms, candidates, &mut top)?;
         }
-
-        if searcher.num_docs() > 0 {
-            let scoring = EnableScoring::enabled_from_statistics_provider(&stats, &searcher);
-            let hidden = tail.staged_ids();
-            if let Some(c) = candidates
-                && c.len() <= SCOPED_LOOKUP_MAX
-            {
-                // One scorer per term, summed per doc: what the should-union below computes,
-                // but a term's postings seek by skip list, where the union's buffered seek
-                // refills its window from every term (measured: 14 % of a session recall's
-                // CPU went to that seek).
-                let weights = terms
-                    .iter()
-                    .map(|t| {
-                        TermQuery::new(t.clone(), IndexRecordOption::WithFreqs).weight(scoring)
-                    })
-                    .collect::<tantivy::Result<Vec<_>>>()?;
-                // A small scope (a session): look its docs up by id and score only them,
-                // instead of scoring every doc that shares a query term and filtering.
-                for segment in searcher.segment_readers() {
-                    let docs =
-                        self.docs_of(segment, c.iter().filter(|id| !hidden.contains(*id)))?;
-                    if docs.is_empty() {
-                        continue;
-                    }
-                    let mut scores = vec![None::<Score>; docs.len()];
-                    for weight in &weights {
-                        let mut scorer = weight.scorer(segment, 1.0)?;
-                        for ((doc, _), total) in docs.iter().zip(scores.iter_mut()) {
-                            if scorer.doc() == tantivy::TERMINATED {
-                                break;
-                            }
-                            if scorer.doc() < *doc {
-                                scorer.seek(*doc);
-                            }
-                            if scorer.doc() == *doc {
-                                *total = Some(total.unwrap_or(0.0) + scorer.score());
-                            }
-                        }
-                    }
-                    // A long record has a document per passage and scores as its best.
-                    for ((_, id), total) in docs.into_iter().zip(scores) {
-                        if let Some(score) = total {
-                            top.push(score, id);
-                        }
+        let hidden = tail.staged_ids();
+        if let Some(c) = candidates
+            && c.len() <= SCOPED_LOOKUP_MAX
+        {
+            // A small scope (a session): look its docs up by id and score only them,
+            // instead of scoring every doc that shares a query term and filtering. Each
+            // term's postings seek by skip list from one scope doc to the next, where a
+            // should-union's buffered seek refilled its window from every term (measured:
+            // 14 % of a session recall's CPU went to that seek).
+            let query_stats = query_stats_of(&stats, words)?;
+            let mut counts = HashMap::new();
+            if count {
+                for id in c.iter().filter(|id| hidden.contains(*id)) {
+                    if let Some(doc) = staged_counts(&tail, &query_stats, id) {
+                        counts.insert(id, doc);
                     }
                 }
-                return Ok(top.into_sorted());
             }
+            let weights = terms
+                .iter()
+                .map(|t| Bm25Weight::for_terms(&stats, std::slice::from_ref(t)))
+                .collect::<tantivy::Result<Vec<_>>>()?;
+            for segment in searcher.segment_readers() {
+                let docs = self.docs_of(
+                    &searcher,
+                    segment,
+                    c.iter().filter(|id| !hidden.contains(*id)),
+                )?;
+                if docs.is_empty() {
+                    continue;
+                }
+                let tf = self.term_freqs(segment, &terms, &docs)?;
+                let norms = segment.get_fieldnorms_reader(self.text_field)?;
+                for (&(doc, id), row) in docs.iter().zip(tf.chunks_exact(terms.len())) {
+                    // Summed in term order, as tantivy's scorers would sum them. A long
+                    // record has a document per passage and scores as its best.
+                    let norm = norms.fieldnorm_id(doc);
+                    let mut score = None::<Score>;
+                    for (weight, &f) in weights.iter().zip(row) {
+                        if f > 0 {
+                            score = Some(score.unwrap_or(0.0) + weight.score(norm, f));
+                        }
+                    }
+                    if let Some(score) = score {
+                        top.push(score, id);
+                    }
+                    if count {
+                        counts.entry(id).or_insert_with(Vec::new).push(TermCounts {
+                            len: norms.fieldnorm(doc),
+                            tf: row.to_vec(),
+                        });
+                    }
+                }
+            }
+            let counts = count.then_some(ScopeCounts {
+                stats: query_stats,
+                counts,
+            });
+            return Ok((top.into_sorted(), counts));
+        }
+        if searcher.num_docs() > 0 {
+            let scoring = EnableScoring::enabled_from_statistics_provider(&stats, &searcher);
             let query = BooleanQuery::new(
                 terms
                     .into_iter()
@@ -430,7 +479,39 @@ impl KeywordIndex {
                 })?;
             }
         }
-        Ok(top.into_sorted())
+        Ok((top.into_sorted(), None))
+    }
+
+    /// Each of `terms`' frequency in each of `docs` (sorted by doc) in one segment, as a
+    /// row per doc: every term's postings walked once, seeking from one doc to the next.
+    fn term_freqs(
+        &self,
+        segment: &SegmentReader,
+        terms: &[Term],
+        docs: &[(DocId, u32)],
+    ) -> Result<Vec<u32>> {
+        let mut tf = vec![0u32; docs.len() * terms.len()];
+        let text_index = segment.inverted_index(self.text_field)?;
+        for (i, term) in terms.iter().enumerate() {
+            let Some(mut postings) = text_index
+                .read_postings(term, IndexRecordOption::WithFreqs)
+                .map_err(|e| Error::index("keyword", e))?
+            else {
+                continue;
+            };
+            for (j, (doc, _)) in docs.iter().enumerate() {
+                if postings.doc() < *doc {
+                    postings.seek(*doc);
+                }
+                if postings.doc() == tantivy::TERMINATED {
+                    break;
+                }
+                if postings.doc() == *doc {
+                    tf[j * terms.len() + i] = postings.term_freq();
+                }
+            }
+        }
+        Ok(tf)
     }
 
     /// What scoring a text outside the index needs, for `query`: the document count, the
@@ -438,28 +519,10 @@ impl KeywordIndex {
     /// from the same statistics [`search`](Self::search) scores with. Recall uses it to
     /// score a record together with its neighbours' words.
     pub fn query_stats(&self, query: &str) -> Result<QueryStats> {
-        let mut words = analyze(query);
-        words.retain(|w| w.len() <= MAX_TOKEN_LEN);
-        words.sort_unstable();
-        words.dedup();
         let tail = self.read_tail();
         let searcher = self.reader.searcher();
         let stats = Stats::new(&searcher, &tail, self.text_field)?;
-        let docs = stats.docs;
-        let mut terms = Vec::with_capacity(words.len());
-        for w in words {
-            let n = stats.doc_freq(&Term::from_field_text(self.text_field, &w))?;
-            terms.push((w, bm25_idf(n, docs)));
-        }
-        Ok(QueryStats {
-            docs,
-            mean_len: if docs == 0 {
-                0.0
-            } else {
-                stats.tokens as f32 / docs as f32
-            },
-            terms,
-        })
+        query_stats_of(&stats, query_words(query))
     }
 
     /// The [`TermCounts`] of every document of each of `ids` (a long record has one per
@@ -477,18 +540,8 @@ impl KeywordIndex {
         let tail = self.read_tail();
         let searcher = self.reader.searcher();
         let hidden = tail.staged_ids();
-        // Staged records are counted from the tail's own analysis, rounded as a commit
-        // would round them.
         for &id in ids.iter().filter(|id| hidden.contains(**id)) {
-            if let Some(doc) = tail.doc(id) {
-                let counts = doc
-                    .passages
-                    .iter()
-                    .map(|p| TermCounts {
-                        len: quantised_len(p.num_tokens),
-                        tf: stats.terms.iter().map(|(t, _)| p.term_freq(t)).collect(),
-                    })
-                    .collect();
+            if let Some(counts) = staged_counts(&tail, stats, id) {
                 out.insert(id, counts);
             }
         }
@@ -499,6 +552,7 @@ impl KeywordIndex {
             .collect();
         for segment in searcher.segment_readers() {
             let docs = self.docs_of(
+                &searcher,
                 segment,
                 ids.iter().copied().filter(|id| !hidden.contains(*id)),
             )?;
@@ -506,67 +560,63 @@ impl KeywordIndex {
                 continue;
             }
             let norms = segment.get_fieldnorms_reader(self.text_field)?;
-            let mut counts: Vec<TermCounts> = docs
-                .iter()
-                .map(|(doc, _)| TermCounts {
-                    len: norms.fieldnorm(*doc),
-                    tf: vec![0; terms.len()],
-                })
-                .collect();
-            let text_index = segment.inverted_index(self.text_field)?;
-            for (i, term) in terms.iter().enumerate() {
-                let Some(mut postings) = text_index
-                    .read_postings(term, IndexRecordOption::WithFreqs)
-                    .map_err(|e| Error::index("keyword", e))?
-                else {
-                    continue;
-                };
-                for ((doc, _), c) in docs.iter().zip(counts.iter_mut()) {
-                    if postings.doc() < *doc {
-                        postings.seek(*doc);
-                    }
-                    if postings.doc() == tantivy::TERMINATED {
-                        break;
-                    }
-                    if postings.doc() == *doc {
-                        c.tf[i] = postings.term_freq();
-                    }
-                }
-            }
-            for ((_, id), c) in docs.into_iter().zip(counts) {
-                out.entry(id).or_default().push(c);
+            let tf = self.term_freqs(segment, &terms, &docs)?;
+            for ((doc, id), row) in docs.into_iter().zip(tf.chunks_exact(terms.len().max(1))) {
+                out.entry(id).or_default().push(TermCounts {
+                    len: norms.fieldnorm(doc),
+                    tf: row[..terms.len()].to_vec(),
+                });
             }
         }
         Ok(out)
     }
 
     /// The live documents of `ids` in one segment, as (doc, id) in doc order: a record's
-    /// documents (one per passage) are found through its id's postings.
+    /// documents (one per passage) are found in the segment's id table.
     fn docs_of(
         &self,
-        segment: &tantivy::SegmentReader,
+        searcher: &Searcher,
+        segment: &SegmentReader,
         ids: impl Iterator<Item = u32>,
-    ) -> Result<Vec<(tantivy::DocId, u32)>> {
-        let ids_index = segment.inverted_index(self.id_field)?;
+    ) -> Result<Vec<(DocId, u32)>> {
+        let table = self.id_table(searcher, segment)?;
         let alive = segment.alive_bitset();
         let mut docs = Vec::new();
         for id in ids {
-            let term = Term::from_field_u64(self.id_field, u64::from(id));
-            let postings = ids_index
-                .read_postings(&term, IndexRecordOption::Basic)
-                .map_err(|e| Error::index("keyword", e))?;
-            if let Some(mut p) = postings {
-                let mut doc = p.doc();
-                while doc != tantivy::TERMINATED {
-                    if !alive.is_some_and(|a| a.is_deleted(doc)) {
-                        docs.push((doc, id));
-                    }
-                    doc = p.advance();
+            let from = table.partition_point(|&(i, _)| i < id);
+            for &(_, doc) in table[from..].iter().take_while(|&&(i, _)| i == id) {
+                if !alive.is_some_and(|a| a.is_deleted(doc)) {
+                    docs.push((doc, id));
                 }
             }
         }
         docs.sort_unstable();
         Ok(docs)
+    }
+
+    /// `segment`'s (id, doc) table, read from its `id` fast field the first time it is
+    /// asked for. Tables of segments `searcher` no longer holds (merged away, or cleared)
+    /// are dropped then.
+    fn id_table(&self, searcher: &Searcher, segment: &SegmentReader) -> Result<IdTable> {
+        let key = segment.segment_id();
+        let mut tables = self.id_docs.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(t) = tables.get(&key) {
+            return Ok(Arc::clone(t));
+        }
+        let ids = segment.fast_fields().u64(ID_FIELD)?;
+        let mut table: Vec<(u32, DocId)> = (0..segment.max_doc())
+            .filter_map(|doc| Some((u32::try_from(ids.first(doc)?).ok()?, doc)))
+            .collect();
+        table.sort_unstable();
+        let table: IdTable = table.into();
+        let live: Vec<SegmentId> = searcher
+            .segment_readers()
+            .iter()
+            .map(|s| s.segment_id())
+            .collect();
+        tables.retain(|id, _| live.contains(id));
+        tables.insert(key, Arc::clone(&table));
+        Ok(table)
     }
 
     /// Number of searchable documents: committed ones not shadowed by the tail, plus staged
@@ -635,6 +685,24 @@ pub struct QueryStats {
     pub mean_len: f32,
     /// Each distinct analysed query term and its idf.
     pub terms: Vec<(String, f32)>,
+}
+
+/// What [`KeywordIndex::search_with_counts`] read of a small scope besides its hits.
+#[derive(Debug, Clone, Default)]
+pub struct ScopeCounts {
+    /// The query's statistics, as [`KeywordIndex::query_stats`] gives them.
+    pub stats: QueryStats,
+    counts: HashMap<u32, Vec<TermCounts>>,
+}
+
+impl ScopeCounts {
+    /// What [`KeywordIndex::term_counts`] answers for `ids`, from what the search read: an
+    /// id outside the scope (or not in the index) is absent.
+    pub fn term_counts(&self, ids: &[u32]) -> HashMap<u32, Vec<TermCounts>> {
+        ids.iter()
+            .filter_map(|id| Some((*id, self.counts.get(id)?.clone())))
+            .collect()
+    }
 }
 
 /// One document's length and how often each query term occurs in it, in the order of
@@ -729,6 +797,50 @@ impl Bm25StatisticsProvider for Stats<'_> {
 
 /// Scores the staged documents that contain at least one query term, exactly as tantivy's
 /// `TermQuery` scores committed ones: same weights, same quantised field norms.
+/// A query's distinct analysed terms, sorted (a repeated query word is not more important
+/// than a single one; over-long tokens are never indexed).
+fn query_words(query: &str) -> Vec<String> {
+    let mut words = analyze(query);
+    words.retain(|w| w.len() <= MAX_TOKEN_LEN);
+    words.sort_unstable();
+    words.dedup();
+    words
+}
+
+/// The [`QueryStats`] of `words` under `stats`.
+fn query_stats_of(stats: &Stats<'_>, words: Vec<String>) -> Result<QueryStats> {
+    let docs = stats.docs;
+    let mut terms = Vec::with_capacity(words.len());
+    for w in words {
+        let n = stats.doc_freq(&Term::from_field_text(stats.text_field, &w))?;
+        terms.push((w, bm25_idf(n, docs)));
+    }
+    Ok(QueryStats {
+        docs,
+        mean_len: if docs == 0 {
+            0.0
+        } else {
+            stats.tokens as f32 / docs as f32
+        },
+        terms,
+    })
+}
+
+/// A staged record's [`TermCounts`], from the tail's own analysis, its length rounded as a
+/// commit would round it.
+fn staged_counts(tail: &Tail, stats: &QueryStats, id: u32) -> Option<Vec<TermCounts>> {
+    let doc = tail.doc(id)?;
+    Some(
+        doc.passages
+            .iter()
+            .map(|p| TermCounts {
+                len: quantised_len(p.num_tokens),
+                tf: stats.terms.iter().map(|(t, _)| p.term_freq(t)).collect(),
+            })
+            .collect(),
+    )
+}
+
 fn score_tail(
     tail: &Tail,
     stats: &Stats<'_>,

@@ -684,3 +684,50 @@ fn term_counts_from_the_index_equal_the_analysed_texts_before_and_after_a_commit
     index.remove(&[1]);
     assert!(!sorted_counts(&[1, 2]).contains_key(&1));
 }
+
+#[test]
+fn a_scoped_search_counts_what_term_counts_reads_and_scores_as_the_full_search() {
+    let (_d, index) = open();
+    let long = long_text("the database migration timed out at noon");
+    let mut texts = corpus();
+    texts.push((40, long));
+    index.upsert(&texts[..4]);
+    index.commit(1).unwrap();
+    // Staged beside committed: both kinds are counted and scored.
+    index.upsert(&texts[4..]);
+    let query = "database migration timeout";
+    let scope: RoaringBitmap = [1u32, 3, 4, 5, 40, 77].into_iter().collect();
+    let (hits, counts) = index.search_with_counts(query, 10, &scope).unwrap();
+    let counts = counts.expect("a small scope is looked up doc by doc");
+    assert_eq!(counts.stats, index.query_stats(query).unwrap());
+    let scope_ids: Vec<u32> = scope.iter().collect();
+    let read = counts.term_counts(&scope_ids);
+    let mut want = index.term_counts(&counts.stats, &scope_ids).unwrap();
+    let mut got = read.clone();
+    for all in [&mut want, &mut got] {
+        for c in all.values_mut() {
+            c.sort_by_key(|c| (c.len, c.tf.clone()));
+        }
+    }
+    assert_eq!(got, want);
+    assert!(!read.contains_key(&77), "77 is not in the index");
+    assert!(
+        read[&40].len() > 1,
+        "a long record has a document per passage"
+    );
+    // The same hits and scores as the search over everything, filtered to the scope.
+    let everything = index.search(query, 100, None).unwrap();
+    let filtered: Vec<(u32, f32)> = everything
+        .into_iter()
+        .filter(|(id, _)| scope.contains(*id))
+        .collect();
+    assert_eq!(ids(&hits), ids(&filtered));
+    for ((_, a), (_, b)) in hits.iter().zip(&filtered) {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "{a} vs {b}");
+    }
+    // A scope too wide to look up doc by doc is searched without counts.
+    let wide: RoaringBitmap = (0..super::SCOPED_LOOKUP_MAX as u32 + 1).collect();
+    let (wide_hits, none) = index.search_with_counts(query, 10, &wide).unwrap();
+    assert!(none.is_none());
+    assert!(!wide_hits.is_empty());
+}
