@@ -72,6 +72,6 @@ pub mod internals {
     pub use crate::model::{Reinforce, ValidMemory, text_from_content, validate_embedding};
     pub use crate::store::{
         Catalog, Change, CommitStats, Filter, Listed, Mutation, Queue, RecordPatch, Reinforcement,
-        RememberedRecall, Store, StoreOptions, Visit, WriteSet, dir_disk_bytes,
+        RememberedRecall, Store, StoreOptions, Visit, WriteSet, dir_disk_bytes, neighbours_in,
     };
 }

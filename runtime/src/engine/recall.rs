@@ -23,7 +23,9 @@ use crate::model::{
 };
 use crate::policy::{Fusion, Policy, ScoreInput};
 use crate::retrieval::{self, Candidates, FusionMethod, Scope};
-use crate::store::{Filter, Mutation, Reinforcement, RememberedRecall, Store, WriteSet};
+use crate::store::{
+    Filter, Mutation, Reinforcement, RememberedRecall, Store, WriteSet, neighbours_in,
+};
 
 /// A recall question.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -198,6 +200,10 @@ const CONTEXT_GAP_MS: Timestamp = 3_600_000;
 /// hit and its neighbours almost never reach a top 20 (LoCoMo: the same figures with 30 as
 /// with 80).
 const CONTEXT_HITS: usize = 30;
+
+/// The neighbouring-turn step reads a session of up to this many records whole, once,
+/// rather than scanning around each of its hits (two scans a hit).
+const SESSION_READ_MAX: usize = 1024;
 
 /// What the neighbouring-turn step works with (see `keyword_in_context`).
 #[derive(Clone, Copy)]
@@ -376,9 +382,22 @@ impl Substrate {
         let mut notes = Vec::new();
         let mut cands = Candidates::default();
         let mut passages = PassageCache::default();
+        // A scope the vector index scores exactly (a session) is scored whole: those are
+        // the candidates' similarities too, so their embeddings need not be read again.
+        let mut exact: Option<HashMap<u32, f32>> = None;
         if !allowed.is_empty() {
             if let Some(q) = query_vec {
-                let mut hits = self.inner.vectors.search(q, depth, Some(&allowed))?;
+                let mut hits = if allowed.len() <= self.inner.vectors.options().exact_threshold {
+                    let mut all =
+                        self.inner
+                            .vectors
+                            .search(q, allowed.len() as usize, Some(&allowed))?;
+                    exact = Some(all.iter().copied().collect());
+                    all.truncate(depth);
+                    all
+                } else {
+                    self.inner.vectors.search(q, depth, Some(&allowed))?
+                };
                 if allowed.len() <= PASSAGE_SCAN_MAX {
                     // A long record's detail lives in one passage, which its mean vector
                     // blurs: score each passage and let the best stand for the record.
@@ -441,16 +460,19 @@ impl Substrate {
                 cands.add_recent(&recent);
             }
         }
-        // Load the candidates and their exact similarity to the query, always computed here
-        // from the stored embedding: the vector path's own cosine depends on where it found
-        // the vector (tail, cache or store read-back differ in the last bits), and a replay
-        // must rank identically whatever the indexes had built by then.
+        // Load the candidates and their exact similarity to the query: the exact scope's
+        // scores, or computed here from the stored embedding. Every copy of a vector (the
+        // store's, the index's tail, cache and trees) holds the same stored values, so an
+        // exact score does not depend on where the index found the vector, and a replay
+        // ranks identically whatever the indexes had built by then; arroy's approximate
+        // scores are never used as similarities.
         let lambda = policy.scoring.mmr_lambda;
+        let embeddings = query_vec.is_some() && (lambda < 1.0 || exact.is_none());
         let mut loaded: Vec<(MemoryRecord, Option<Vec<f32>>)> =
             Vec::with_capacity(cands.by_id.len());
         let ids: Vec<MemoryId> = cands.by_id.keys().copied().collect();
         for (mut r, ev) in store
-            .get_many(&ids)?
+            .get_many_with(&ids, embeddings)?
             .into_iter()
             .zip(cands.by_id.values_mut())
             .filter_map(|(r, ev)| Some((r?, ev)))
@@ -459,8 +481,12 @@ impl Substrate {
                 continue;
             }
             let emb = r.embedding.take();
-            if let (Some(q), Some(e)) = (query_vec, emb.as_deref()) {
-                let own = cosine(q, e);
+            let own = match (query_vec, &exact, emb.as_deref()) {
+                (Some(_), Some(scores), _) => scores.get(&r.id.0).copied(),
+                (Some(q), None, Some(e)) => Some(cosine(q, e)),
+                _ => None,
+            };
+            if let (Some(q), Some(own)) = (query_vec, own) {
                 let best = match is_long(&r.text) {
                     true => passages.best(&self.inner.store, r.id, q)?.map(|b| b.1),
                     false => None,
@@ -673,18 +699,35 @@ impl Substrate {
             .take(CONTEXT_HITS)
             .map(|&(id, _)| MemoryId(id))
             .collect();
-        for (hit, place) in first.iter().copied().zip(store.places(&first)?) {
+        let places = store.places(&first)?;
+        // A session's hits (a session-scoped recall's all are) find their neighbours in
+        // one read of the session when it is small, not in two scans each.
+        let mut sessions = places.iter().flatten().map(|(ns, s, _)| (ns, s));
+        let listing = match sessions.next() {
+            Some(one) if sessions.all(|other| other == one) => {
+                store.session_listing(one.0, one.1, SESSION_READ_MAX)?
+            }
+            _ => None,
+        };
+        for (hit, place) in first.iter().copied().zip(places.iter()) {
             let Some((namespace, session, time)) = place else {
                 continue;
             };
-            let (before, after) = store.session_neighbours(
-                &namespace,
-                &session,
-                (time, hit),
-                2 * window,
-                CONTEXT_GAP_MS,
-                |n| allowed.contains(n.0),
-            )?;
+            let time = *time;
+            let keep = |n: MemoryId| allowed.contains(n.0);
+            let (before, after) = match &listing {
+                Some(listing) => {
+                    neighbours_in(listing, (time, hit), 2 * window, CONTEXT_GAP_MS, keep)
+                }
+                None => store.session_neighbours(
+                    namespace,
+                    session,
+                    (time, hit),
+                    2 * window,
+                    CONTEXT_GAP_MS,
+                    keep,
+                )?,
+            };
             let at = before.len();
             let run: Vec<(Timestamp, MemoryId)> = before
                 .into_iter()

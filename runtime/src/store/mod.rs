@@ -505,16 +505,31 @@ impl Store {
     /// Several records with their embeddings, as [`get`](Self::get) reads each, in one
     /// snapshot of the backend (LMDB: one read transaction, values decoded in place).
     pub fn get_many(&self, ids: &[MemoryId]) -> Result<Vec<Option<MemoryRecord>>> {
+        self.get_many_with(ids, true)
+    }
+
+    /// [`get_many`](Self::get_many), with the embeddings or without them (`embeddings`
+    /// false: [`get_light`](Self::get_light) of each, in one snapshot).
+    pub fn get_many_with(
+        &self,
+        ids: &[MemoryId],
+        embeddings: bool,
+    ) -> Result<Vec<Option<MemoryRecord>>> {
+        let per = if embeddings { 2 } else { 1 };
         let keys: Vec<[[u8; 5]; 2]> = ids
             .iter()
             .map(|&id| [keys::record(id), keys::embedding(id)])
             .collect();
-        let flat: Vec<&[u8]> = keys.iter().flatten().map(|k| &k[..]).collect();
+        let flat: Vec<&[u8]> = keys
+            .iter()
+            .flat_map(|k| &k[..per])
+            .map(|k| &k[..])
+            .collect();
         let mut out: Vec<Option<MemoryRecord>> = Vec::with_capacity(ids.len());
-        // Each id's record comes first, then its embedding.
+        // Each id's record comes first, then (when asked for) its embedding.
         self.inner.kv.get_each(&flat, &mut |i, value| {
-            let (n, key) = (i / 2, flat[i]);
-            match (i % 2, value) {
+            let (n, key) = (i / per, flat[i]);
+            match (i % per, value) {
                 (0, Some(bytes)) => out.push(Some(codec::decode_record(ids[n], key, bytes, None)?)),
                 (0, None) => out.push(None),
                 (_, Some(bytes)) => {
@@ -650,28 +665,13 @@ impl Store {
         let mut end_buf = Vec::new();
         let whole = Range::prefix(&prefix, &mut end_buf);
         let side = |range: Range<'_>, reverse: bool| -> Result<Vec<Listed>> {
-            let mut ids = Vec::with_capacity(n);
-            let mut looked = 0;
-            if n == 0 {
-                return Ok(ids);
+            let mut walk = Side::new(at.0, n, max_gap);
+            if n > 0 {
+                self.inner.kv.scan(range, reverse, &mut |k, _| {
+                    Ok(walk.step(keys::listing_time_id(k), &keep))
+                })?;
             }
-            self.inner.kv.scan(range, reverse, &mut |k, _| {
-                looked += 1;
-                match keys::listing_time_id(k) {
-                    // Listings are time-ordered: everything further is further still.
-                    Some((t, _)) if t.abs_diff(at.0) > max_gap.unsigned_abs() => {
-                        return Ok(Visit::Stop);
-                    }
-                    Some((t, id)) if keep(id) => ids.push((t, id)),
-                    _ => {}
-                }
-                Ok(if ids.len() >= n || looked >= 4 * n {
-                    Visit::Stop
-                } else {
-                    Visit::Continue
-                })
-            })?;
-            Ok(ids)
+            Ok(walk.found)
         };
         let before = side(
             Range {
@@ -688,6 +688,34 @@ impl Store {
             false,
         )?;
         Ok((before, after))
+    }
+
+    /// A whole session's listing, oldest first, in one scan: `None` when it holds more
+    /// than `limit` entries. A small session read once answers every
+    /// [`neighbours_in`] of it without a scan per record.
+    pub fn session_listing(
+        &self,
+        namespace: &str,
+        session: &str,
+        limit: usize,
+    ) -> Result<Option<Vec<Listed>>> {
+        let prefix = keys::session_prefix(namespace, session);
+        let mut end_buf = Vec::new();
+        let mut all = Vec::new();
+        let mut over = false;
+        self.inner
+            .kv
+            .scan(Range::prefix(&prefix, &mut end_buf), false, &mut |k, _| {
+                if all.len() == limit {
+                    over = true;
+                    return Ok(Visit::Stop);
+                }
+                if let Some(entry) = keys::listing_time_id(k) {
+                    all.push(entry);
+                }
+                Ok(Visit::Continue)
+            })?;
+        Ok((!over).then_some(all))
     }
 
     /// A namespace's record ids, newest event first.
@@ -1210,6 +1238,76 @@ fn check_format(kv: &dyn Kv) -> Result<()> {
                 FORMAT_VERSION.to_be_bytes().to_vec(),
             );
             kv.commit(&[&[op]])
+        }
+    }
+}
+
+/// [`Store::session_neighbours`] of `at` in a session's whole `listing` (oldest first, as
+/// [`Store::session_listing`] reads it): the same answer, found in memory.
+pub fn neighbours_in(
+    listing: &[Listed],
+    at: Listed,
+    n: usize,
+    max_gap: Timestamp,
+    keep: impl Fn(MemoryId) -> bool,
+) -> (Vec<Listed>, Vec<Listed>) {
+    let (first_after, last_before) = match listing.binary_search(&at) {
+        Ok(i) => (i + 1, i),
+        Err(i) => (i, i),
+    };
+    let side = |entries: &mut dyn Iterator<Item = &Listed>| {
+        let mut walk = Side::new(at.0, n, max_gap);
+        if n > 0 {
+            for &entry in entries {
+                if walk.step(Some(entry), &keep) == Visit::Stop {
+                    break;
+                }
+            }
+        }
+        walk.found
+    };
+    let before = side(&mut listing[..last_before].iter().rev());
+    let after = side(&mut listing[first_after..].iter());
+    (before, after)
+}
+
+/// One side of a record's neighbours, walked away from it in time order: at most `n`
+/// kept entries, at most `4n` looked at, none further than `max_gap` from `at`.
+struct Side {
+    at: Timestamp,
+    n: usize,
+    max_gap: Timestamp,
+    looked: usize,
+    found: Vec<Listed>,
+}
+
+impl Side {
+    fn new(at: Timestamp, n: usize, max_gap: Timestamp) -> Self {
+        Side {
+            at,
+            n,
+            max_gap,
+            looked: 0,
+            found: Vec::with_capacity(n),
+        }
+    }
+
+    /// Takes the next entry (`None`: a key that is not a listing entry); says whether to
+    /// go on.
+    fn step(&mut self, entry: Option<Listed>, keep: impl Fn(MemoryId) -> bool) -> Visit {
+        self.looked += 1;
+        match entry {
+            // Listings are time-ordered: everything further is further still.
+            Some((t, _)) if t.abs_diff(self.at) > self.max_gap.unsigned_abs() => {
+                return Visit::Stop;
+            }
+            Some((t, id)) if keep(id) => self.found.push((t, id)),
+            _ => {}
+        }
+        if self.found.len() >= self.n || self.looked >= 4 * self.n {
+            Visit::Stop
+        } else {
+            Visit::Continue
         }
     }
 }

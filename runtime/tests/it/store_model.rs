@@ -7,7 +7,7 @@ use std::path::Path;
 
 use proptest::prelude::*;
 use shadowbrain_runtime::internals::{
-    Filter, Mutation, Queue, RecordPatch, Store, StoreOptions, WriteSet,
+    Filter, Mutation, Queue, RecordPatch, Store, StoreOptions, WriteSet, neighbours_in,
 };
 use shadowbrain_runtime::{AuditEntry, Backend, Kind, MemoryId, MemoryRecord, PolicyStamp, Status};
 
@@ -408,5 +408,42 @@ fn typed_tables_are_durable_on_both_backends() {
         assert_eq!(store.condensed_upto("ns", "s").unwrap(), Some(b));
         assert_eq!(store.condensed_upto("ns", "s2").unwrap(), None);
         assert_eq!(store.last_decay_sweep().unwrap(), Some(-5));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// Recall's neighbouring-turn step reads a small session once and finds each hit's
+    /// neighbours in memory: the same neighbours the store's scans find, whatever the
+    /// times (repeated, far apart), the filter and the count.
+    #[test]
+    fn neighbours_in_a_session_read_once_equal_the_scans(
+        gaps in proptest::collection::vec(prop_oneof![3 => 0i64..5, 1 => 0i64..100_000], 1..40),
+        dropped in proptest::collection::vec(any::<bool>(), 40),
+        n in 0usize..6,
+        max_gap in prop_oneof![Just(10i64), Just(1_000), Just(i64::MAX / 4)],
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_store(dir.path(), Backend::Lmdb);
+        let mut t = 1_700_000_000_000i64;
+        let mut writes = Vec::new();
+        for (i, gap) in gaps.iter().enumerate() {
+            t += gap;
+            let r = record(MemoryId(i as u32), 0, 1, format!("turn {i}"), t, false);
+            writes.push(Mutation::Insert(Box::new(r)));
+            // Another session between: never a neighbour.
+            let other = record(MemoryId(100 + i as u32), 0, 2, "elsewhere".into(), t, false);
+            writes.push(Mutation::Insert(Box::new(other)));
+        }
+        store.write(WriteSet(writes)).unwrap();
+        let listing = store.session_listing("ns0", "s1", 1024).unwrap().unwrap();
+        prop_assert_eq!(listing.len(), gaps.len());
+        prop_assert!(store.session_listing("ns0", "s1", gaps.len() - 1).unwrap().is_none());
+        let keep = |id: MemoryId| !dropped[id.0 as usize % 40];
+        for &at in &listing {
+            let scanned = store.session_neighbours("ns0", "s1", at, n, max_gap, keep).unwrap();
+            prop_assert_eq!(neighbours_in(&listing, at, n, max_gap, keep), scanned);
+        }
     }
 }
