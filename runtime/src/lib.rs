@@ -73,5 +73,6 @@ pub mod internals {
     pub use crate::store::{
         Catalog, Change, CommitStats, Filter, Listed, Mutation, Queue, RecordPatch, Reinforcement,
         RememberedRecall, Store, StoreOptions, Visit, WriteSet, dir_disk_bytes, neighbours_in,
+        stored_embedding,
     };
 }

@@ -172,6 +172,22 @@ const HALF_TAG: u8 = 0xf1;
 /// The length is 3 + 2d, never a multiple of 4, which tells it from the float32 layout of
 /// stores written before it (4d bytes), still read as they are.
 pub fn encode_embedding(v: &[f32]) -> Vec<u8> {
+    let exp = half_exponent(v);
+    let scale = pow2(exp);
+    let mut out = Vec::with_capacity(3 + 2 * v.len());
+    out.push(HALF_TAG);
+    out.extend_from_slice(&(exp as i16).to_le_bytes());
+    let mut halves = vec![half::f16::ZERO; v.len()];
+    to_halves(v, scale, &mut halves);
+    for h in &halves {
+        out.extend_from_slice(&h.to_bits().to_le_bytes());
+    }
+    out
+}
+
+/// The exponent of the power-of-two scale a vector is stored with: its largest element
+/// divided by the scale lies in [1, 2) and stays below 2 once rounded to binary16.
+pub(crate) fn half_exponent(v: &[f32]) -> i32 {
     let max = v.iter().fold(0f32, |m, x| m.max(x.abs()));
     let mut exp = if max > 0.0 && max.is_finite() {
         max.log2().floor() as i32
@@ -189,31 +205,36 @@ pub fn encode_embedding(v: &[f32]) -> Vec<u8> {
     if exp < 127 && half::f16::from_f32(max / pow2(exp)).to_f32() >= 2.0 {
         exp += 1;
     }
-    let scale = pow2(exp);
-    let mut out = Vec::with_capacity(3 + 2 * v.len());
-    out.push(HALF_TAG);
-    out.extend_from_slice(&(exp as i16).to_le_bytes());
-    // Converted a block at a time: half's slice conversion uses the CPU's F16C
-    // instructions, its per-element one checks for them on every call.
-    let (mut scaled, mut halves) = ([0f32; BLOCK], [half::f16::ZERO; BLOCK]);
-    for chunk in v.chunks(BLOCK) {
-        let n = chunk.len();
-        for (s, x) in scaled.iter_mut().zip(chunk) {
-            *s = x / scale;
-        }
-        halves[..n].convert_from_f32_slice(&scaled[..n]);
-        for h in &halves[..n] {
-            out.extend_from_slice(&h.to_bits().to_le_bytes());
-        }
-    }
-    out
+    exp
 }
 
 /// Elements converted at a time between binary16 and float32.
 const BLOCK: usize = 64;
 
+/// `v / scale` rounded to binary16 into `out` (as long as `v`). Converted a block at a
+/// time: half's slice conversion uses the CPU's F16C instructions, its per-element one
+/// checks for them on every call.
+pub(crate) fn to_halves(v: &[f32], scale: f32, out: &mut [half::f16]) {
+    let mut scaled = [0f32; BLOCK];
+    for (chunk, dst) in v.chunks(BLOCK).zip(out.chunks_mut(BLOCK)) {
+        let n = chunk.len();
+        for (s, x) in scaled.iter_mut().zip(chunk) {
+            *s = x / scale;
+        }
+        dst.convert_from_f32_slice(&scaled[..n]);
+    }
+}
+
+/// `halves × scale` into `out` (as long as `halves`): exact, as the scale is a power of two.
+pub(crate) fn from_halves(halves: &[half::f16], scale: f32, out: &mut [f32]) {
+    halves.convert_to_f32_slice(out);
+    for x in out.iter_mut() {
+        *x *= scale;
+    }
+}
+
 /// 2^e as f32 for e in -149..=127, exactly (subnormal below -126).
-fn pow2(e: i32) -> f32 {
+pub(crate) fn pow2(e: i32) -> f32 {
     let e = e.clamp(-149, 127);
     if e >= -126 {
         f32::from_bits(((e + 127) as u32) << 23)
@@ -235,17 +256,14 @@ pub fn decode_embedding(key: &[u8], bytes: &[u8]) -> Result<Vec<f32>> {
             let scale = pow2(i32::from(i16::from_le_bytes([*e0, *e1])));
             let mut out = vec![0f32; rest.len() / 2];
             // The bytes may sit at any address in the backend's page: copy them into an
-            // aligned block, then convert the block at once (see `encode_embedding`).
+            // aligned block, then convert the block at once (see `to_halves`).
             let mut halves = [half::f16::ZERO; BLOCK];
             for (dst, src) in out.chunks_mut(BLOCK).zip(rest.chunks(2 * BLOCK)) {
                 let n = dst.len();
                 for (h, c) in halves.iter_mut().zip(src.chunks_exact(2)) {
                     *h = half::f16::from_bits(u16::from_le_bytes([c[0], c[1]]));
                 }
-                halves[..n].convert_to_f32_slice(dst);
-                for x in dst.iter_mut() {
-                    *x *= scale;
-                }
+                from_halves(&halves[..n], scale, dst);
             }
             Ok(out)
         }

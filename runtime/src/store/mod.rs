@@ -9,7 +9,7 @@
 //! here: they follow the change log and can be rebuilt from the store at any time.
 
 mod catalog;
-mod codec;
+pub(crate) mod codec;
 mod commit;
 mod families;
 mod keys;
