@@ -24,7 +24,7 @@ use crate::model::{
 use crate::policy::{Fusion, Policy, ScoreInput};
 use crate::retrieval::{self, Candidates, FusionMethod, Scope};
 use crate::store::{
-    Filter, Mutation, Reinforcement, RememberedRecall, Store, WriteSet, neighbours_in,
+    Filter, Mutation, RawJson, Reinforcement, RememberedRecall, Store, WriteSet, neighbours_in,
 };
 
 /// A recall question.
@@ -470,9 +470,11 @@ impl Substrate {
         let embeddings = query_vec.is_some() && (lambda < 1.0 || exact.is_none());
         let mut loaded: Vec<(MemoryRecord, Option<Vec<f32>>)> =
             Vec::with_capacity(cands.by_id.len());
+        // Each loaded candidate's `content` and `metadata`, parsed only for those returned.
+        let mut unparsed: Vec<Option<RawJson>> = Vec::with_capacity(cands.by_id.len());
         let ids: Vec<MemoryId> = cands.by_id.keys().copied().collect();
-        for (mut r, ev) in store
-            .get_many_with(&ids, embeddings)?
+        for ((mut r, json), ev) in store
+            .get_many_deferred(&ids, embeddings)?
             .into_iter()
             .zip(cands.by_id.values_mut())
             .filter_map(|(r, ev)| Some((r?, ev)))
@@ -494,6 +496,7 @@ impl Substrate {
                 ev.similarity = Some(best.map_or(own, |b| b.max(own)));
             }
             loaded.push((r, emb));
+            unparsed.push(Some(json));
         }
         let fusion = match policy.scoring.fusion {
             Fusion::Rrf => FusionMethod::Rrf,
@@ -590,6 +593,11 @@ impl Substrate {
         } else {
             scored.iter().take(req.k).map(|s| s.2).collect()
         };
+        for &i in &order {
+            if let Some(json) = unparsed[i].take() {
+                json.fill(&mut loaded[i].0)?;
+            }
+        }
         // A long record is shown by its best passage: the context names what matched and
         // stays within a prompt's budget whatever the record's length.
         let query_terms = analyze(&req.query);

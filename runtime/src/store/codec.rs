@@ -1,7 +1,9 @@
 //! How records and embeddings become bytes. Records are postcard with a leading format byte;
 //! the fields the catalog needs come first so that opening a store decodes only a header.
-//! JSON fields are kept as JSON text, since postcard is not self-describing. Embeddings live
-//! under their own key as little-endian f32, so listings never drag vectors through memory.
+//! JSON fields are kept as JSON text, since postcard is not self-describing; a reader that
+//! may not need them (recall's candidates, a reinforcement's rewrite) takes that text as
+//! [`RawJson`] and parses it only if it must. Embeddings live under their own key at half
+//! precision, so listings never drag vectors through memory.
 
 use half::slice::HalfFloatSliceExt;
 use serde::{Deserialize, Serialize};
@@ -71,7 +73,6 @@ pub fn header_of(r: &MemoryRecord) -> Header {
 
 /// Encodes a record (its embedding is stored separately).
 pub fn encode_record(r: &MemoryRecord) -> Vec<u8> {
-    let header = header_of(r);
     let json = |v: &serde_json::Value| {
         if v.is_null() {
             String::new()
@@ -79,6 +80,12 @@ pub fn encode_record(r: &MemoryRecord) -> Vec<u8> {
             v.to_string()
         }
     };
+    encode_parts(r, json(&r.content), json(&r.metadata))
+}
+
+/// Encodes `r` with `content` and `metadata` as JSON text (empty for null).
+fn encode_parts(r: &MemoryRecord, content: String, metadata: String) -> Vec<u8> {
+    let header = header_of(r);
     let body = Body {
         recorded_time: r.recorded_time,
         importance: r.importance,
@@ -91,8 +98,8 @@ pub fn encode_record(r: &MemoryRecord) -> Vec<u8> {
         policy: r.policy.clone(),
         parent_id: r.parent_id.clone(),
         text: r.text.clone(),
-        content: json(&r.content),
-        metadata: json(&r.metadata),
+        content,
+        metadata,
     };
     let mut out = vec![RECORD_FORMAT];
     // Serializing plain structs into a Vec cannot fail.
@@ -117,6 +124,37 @@ pub fn decode_header(key: &[u8], bytes: &[u8]) -> Result<Header> {
         .map_err(|e| corrupt(key, e))
 }
 
+/// A record's `content` and `metadata` as the JSON text they are stored as, not yet parsed
+/// (see [`decode_deferred`]).
+#[derive(Debug, Default)]
+pub struct RawJson {
+    content: String,
+    metadata: String,
+}
+
+impl RawJson {
+    /// Parses the text into `r.content` and `r.metadata` (null when empty).
+    pub fn fill(self, r: &mut MemoryRecord) -> Result<()> {
+        let key = super::keys::record(r.id);
+        let json = |s: &str| -> Result<serde_json::Value> {
+            if s.is_empty() {
+                Ok(serde_json::Value::Null)
+            } else {
+                serde_json::from_str(s).map_err(|e| corrupt(&key, e))
+            }
+        };
+        r.content = json(&self.content)?;
+        r.metadata = json(&self.metadata)?;
+        Ok(())
+    }
+
+    /// Encodes `r` with this text as its `content` and `metadata`, whatever `r` holds there:
+    /// a rewrite that changes other fields keeps the JSON byte for byte without parsing it.
+    pub fn encode_with(&self, r: &MemoryRecord) -> Vec<u8> {
+        encode_parts(r, self.content.clone(), self.metadata.clone())
+    }
+}
+
 /// Decodes a whole record.
 pub fn decode_record(
     id: MemoryId,
@@ -124,17 +162,19 @@ pub fn decode_record(
     bytes: &[u8],
     embedding: Option<Vec<f32>>,
 ) -> Result<MemoryRecord> {
+    let (mut r, json) = decode_deferred(id, key, bytes)?;
+    json.fill(&mut r)?;
+    r.embedding = embedding;
+    Ok(r)
+}
+
+/// Decodes a record but its JSON fields: `content` and `metadata` are null in the record and
+/// returned as text, for [`RawJson::fill`] once the caller knows it needs them.
+pub fn decode_deferred(id: MemoryId, key: &[u8], bytes: &[u8]) -> Result<(MemoryRecord, RawJson)> {
     let rest = split_format(key, bytes)?;
     let (h, rest) = postcard::take_from_bytes::<Header>(rest).map_err(|e| corrupt(key, e))?;
     let (b, _) = postcard::take_from_bytes::<Body>(rest).map_err(|e| corrupt(key, e))?;
-    let json = |s: &str| -> Result<serde_json::Value> {
-        if s.is_empty() {
-            Ok(serde_json::Value::Null)
-        } else {
-            serde_json::from_str(s).map_err(|e| corrupt(key, e))
-        }
-    };
-    Ok(MemoryRecord {
+    let record = MemoryRecord {
         id,
         namespace: h.namespace,
         session_id: h.session_id,
@@ -142,8 +182,8 @@ pub fn decode_record(
         tier: h.tier,
         kind: Kind::new(h.kind).map_err(|e| corrupt(key, e))?,
         text: b.text,
-        content: json(&b.content)?,
-        metadata: json(&b.metadata)?,
+        content: serde_json::Value::Null,
+        metadata: serde_json::Value::Null,
         parent_id: b.parent_id,
         event_time: h.event_time,
         recorded_time: b.recorded_time,
@@ -156,8 +196,13 @@ pub fn decode_record(
         status_at: b.status_at,
         sources: b.sources,
         policy: b.policy,
-        embedding,
-    })
+        embedding: None,
+    };
+    let json = RawJson {
+        content: b.content,
+        metadata: b.metadata,
+    };
+    Ok((record, json))
 }
 
 /// The leading byte of an embedding stored at half precision (see [`encode_embedding`]).
@@ -290,6 +335,82 @@ pub fn decode<'a, T: Deserialize<'a>>(key: &[u8], bytes: &'a [u8]) -> Result<T> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn with_json() -> MemoryRecord {
+        let mut r = MemoryRecord::episodic(
+            MemoryId(7),
+            "ns",
+            "s",
+            Kind::new("observation").unwrap(),
+            "the deploy failed",
+            1_000,
+        );
+        r.content = serde_json::json!({"tool": "deploy", "args": [1, 2.5, "x"]});
+        r.metadata = serde_json::json!({"source": "ci", "run": 41});
+        r
+    }
+
+    #[test]
+    fn a_deferred_record_is_the_whole_record_once_filled() {
+        let r = with_json();
+        let key = super::super::keys::record(r.id);
+        let bytes = encode_record(&r);
+        let (mut deferred, json) = decode_deferred(r.id, &key, &bytes).unwrap();
+        assert!(deferred.content.is_null() && deferred.metadata.is_null());
+        json.fill(&mut deferred).unwrap();
+        assert_eq!(deferred, decode_record(r.id, &key, &bytes, None).unwrap());
+        assert_eq!(deferred, r);
+        // Null JSON stays null either way.
+        let plain = MemoryRecord {
+            content: serde_json::Value::Null,
+            metadata: serde_json::Value::Null,
+            ..r
+        };
+        let (mut back, json) = decode_deferred(plain.id, &key, &encode_record(&plain)).unwrap();
+        json.fill(&mut back).unwrap();
+        assert_eq!(back, plain);
+    }
+
+    #[test]
+    fn a_rewrite_with_unparsed_json_keeps_it_and_the_new_fields() {
+        let r = with_json();
+        let key = super::super::keys::record(r.id);
+        let (mut deferred, json) = decode_deferred(r.id, &key, &encode_record(&r)).unwrap();
+        deferred.strength = 0.25;
+        deferred.reinforcements = 3;
+        let rewritten = json.encode_with(&deferred);
+        let back = decode_record(r.id, &key, &rewritten, None).unwrap();
+        assert_eq!((back.strength, back.reinforcements), (0.25, 3));
+        assert_eq!((&back.content, &back.metadata), (&r.content, &r.metadata));
+        // The same bytes as encoding the whole record with those fields.
+        let whole = MemoryRecord {
+            strength: 0.25,
+            reinforcements: 3,
+            ..r
+        };
+        assert_eq!(rewritten, encode_record(&whole));
+    }
+
+    #[test]
+    fn broken_json_is_corrupt_when_it_is_parsed() {
+        let r = with_json();
+        let key = super::super::keys::record(r.id);
+        let (mut deferred, _) = decode_deferred(r.id, &key, &encode_record(&r)).unwrap();
+        let broken = RawJson {
+            content: "{\"tool\":".into(),
+            metadata: String::new(),
+        };
+        let bytes = broken.encode_with(&deferred);
+        let (_, json) = decode_deferred(r.id, &key, &bytes).unwrap();
+        assert!(matches!(
+            json.fill(&mut deferred),
+            Err(Error::Corrupt { .. })
+        ));
+        assert!(matches!(
+            decode_record(r.id, &key, &bytes, None),
+            Err(Error::Corrupt { .. })
+        ));
+    }
 
     fn vector() -> impl proptest::strategy::Strategy<Value = Vec<f32>> {
         use proptest::prelude::*;

@@ -657,12 +657,14 @@ impl Worker {
                     let Some(bytes) = self.current(id)? else {
                         continue;
                     };
-                    let mut r = codec::decode_record(id, &key, &bytes, None)?;
+                    // Only the strength changes: the JSON fields are written back as the
+                    // text they were read as, never parsed.
+                    let (mut r, json) = codec::decode_deferred(id, &key, &bytes)?;
                     let before = r.strength;
                     reinforcement
                         .curve
                         .apply(&mut r, reinforcement.at, reinforcement.amount);
-                    let bytes = codec::encode_record(&r);
+                    let bytes = json.encode_with(&r);
                     self.set_overlay(undo, keys::record(id).to_vec(), Some(bytes.clone()));
                     ops.push(Op::Put(key.to_vec(), bytes));
                     let seq = self.seq();

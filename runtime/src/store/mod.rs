@@ -23,7 +23,7 @@ use std::sync::{Arc, RwLock};
 use serde::{Deserialize, Serialize};
 
 pub use catalog::{Catalog, Census, Filter};
-pub use codec::stored_embedding;
+pub use codec::{RawJson, stored_embedding};
 pub use commit::CommitStats;
 pub use families::{
     Idempotent, QuarantineEntry, RememberedRecall, Strikes, Validity, ValidityChange,
@@ -515,6 +515,26 @@ impl Store {
         ids: &[MemoryId],
         embeddings: bool,
     ) -> Result<Vec<Option<MemoryRecord>>> {
+        self.get_many_deferred(ids, embeddings)?
+            .into_iter()
+            .map(|read| {
+                read.map(|(mut r, json)| {
+                    json.fill(&mut r)?;
+                    Ok(r)
+                })
+                .transpose()
+            })
+            .collect()
+    }
+
+    /// [`get_many_with`](Self::get_many_with), each record's `content` and `metadata` left
+    /// as JSON text ([`RawJson::fill`] parses them): recall reads many candidates and
+    /// returns a few, and parsing JSON it never returns would cost it for nothing.
+    pub fn get_many_deferred(
+        &self,
+        ids: &[MemoryId],
+        embeddings: bool,
+    ) -> Result<Vec<Option<(MemoryRecord, RawJson)>>> {
         let per = if embeddings { 2 } else { 1 };
         let keys: Vec<[[u8; 5]; 2]> = ids
             .iter()
@@ -525,15 +545,15 @@ impl Store {
             .flat_map(|k| &k[..per])
             .map(|k| &k[..])
             .collect();
-        let mut out: Vec<Option<MemoryRecord>> = Vec::with_capacity(ids.len());
+        let mut out: Vec<Option<(MemoryRecord, RawJson)>> = Vec::with_capacity(ids.len());
         // Each id's record comes first, then (when asked for) its embedding.
         self.inner.kv.get_each(&flat, &mut |i, value| {
             let (n, key) = (i / per, flat[i]);
             match (i % per, value) {
-                (0, Some(bytes)) => out.push(Some(codec::decode_record(ids[n], key, bytes, None)?)),
+                (0, Some(bytes)) => out.push(Some(codec::decode_deferred(ids[n], key, bytes)?)),
                 (0, None) => out.push(None),
                 (_, Some(bytes)) => {
-                    if let Some(Some(r)) = out.last_mut() {
+                    if let Some(Some((r, _))) = out.last_mut() {
                         r.embedding = Some(codec::decode_embedding(key, bytes)?);
                     }
                 }

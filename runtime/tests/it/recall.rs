@@ -415,16 +415,43 @@ async fn recall_reinforces_what_it_returns() {
         "flaky test in the payments suite",
     )
     .await;
+    // A record with JSON beside its text: recall parses it only for what it returns, and
+    // the reinforcement rewrites the record without parsing it.
+    let content = serde_json::json!({"suite": "payments", "failures": [3, 5], "rate": 0.25});
+    let metadata = serde_json::json!({"ci": {"run": 41, "flaky": true}});
+    let with_json = sub
+        .record(
+            "default",
+            "s",
+            vec![NewMemory {
+                content: Some(content.clone()),
+                metadata: Some(metadata.clone()),
+                ..NewMemory::new("observation", "payments suite flaky on the retry path")
+            }],
+        )
+        .await
+        .unwrap()[0];
     let before = sub.get("default", id).unwrap();
     clock.advance(Duration::from_secs(86_400));
-    sub.recall(&RecallRequest::new("default", "s", "flaky payments test"))
+    let answer = sub
+        .recall(&RecallRequest::new("default", "s", "flaky payments test"))
         .await
         .unwrap();
+    let returned = answer
+        .memories
+        .iter()
+        .find(|m| m.record.id == with_json)
+        .expect("both records are returned");
+    assert_eq!(returned.record.content, content);
+    assert_eq!(returned.record.metadata, metadata);
     // Recall does not wait for its reinforcement to be flushed; this does.
     sub.store().sync().await.unwrap();
     let after = sub.get("default", id).unwrap();
     assert_eq!(after.reinforcements, before.reinforcements + 1);
     assert_eq!(after.strength_at, T0 + 86_400_000);
+    let rewritten = sub.get("default", with_json).unwrap();
+    assert_eq!(rewritten.reinforcements, 1);
+    assert_eq!((rewritten.content, rewritten.metadata), (content, metadata));
     assert!(
         sub.history("default", id)
             .unwrap()
