@@ -24,6 +24,10 @@
 //! shows what a recall of a fixed scope costs while the store grows around it. Prints
 //! progress on stderr and, last, one JSON line.
 //!
+//! `--policy FILE` runs the in-process servers on that policy instead of the default one
+//! (a file with `[scoring] reinforce_on_recall = 0` measures recall without the
+//! reinforcement writes each recall makes).
+//!
 //! `--target HOST:PORT --mixed-secs 60`: only the mixed load, against a server already
 //! running in another process (the release binary, on an empty data directory), so the
 //! clients and the server are separate processes as in production.
@@ -41,7 +45,7 @@ use serde_json::{Value, json};
 use shadowbrain::Limits;
 use shadowbrain::listen::Edge;
 use shadowbrain::server::{self, Auth};
-use shadowbrain::{Runtime, RuntimeConfig};
+use shadowbrain::{Policy, Runtime, RuntimeConfig};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -72,6 +76,8 @@ struct Args {
     mixed_max_recalls: usize,
     /// A server already running (the release binary): only the mixed load, against it.
     target: Option<SocketAddr>,
+    /// The in-process runtimes' policy (`--policy FILE`); the default one without it.
+    policy: Option<Policy>,
 }
 
 fn args() -> Result<Args, String> {
@@ -87,6 +93,7 @@ fn args() -> Result<Args, String> {
         mixed_clients: 200,
         mixed_max_recalls: Edge::default().max_recalls,
         target: None,
+        policy: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -111,6 +118,13 @@ fn args() -> Result<Args, String> {
                         "--target needs the server's address, e.g. --target 127.0.0.1:7420",
                     )?);
             }
+            "--policy" => {
+                let file = it.next().ok_or("--policy needs a policy file (TOML)")?;
+                a.policy = Some(
+                    Policy::load(std::path::Path::new(&file))
+                        .map_err(|e| format!("--policy {file}: {e}"))?,
+                );
+            }
             "--rates" => {
                 a.rates = it
                     .next()
@@ -124,7 +138,7 @@ fn args() -> Result<Args, String> {
                 return Err(format!(
                     "unknown flag {other}; use --clients, --sessions, --events, --batch, \
                      --recalls, --rates, --paced-secs, --mixed-secs, --mixed-clients, --mixed-max-recalls, \
-                     --target"
+                     --policy, --target"
                 ));
             }
         }
@@ -249,7 +263,7 @@ async fn main() {
         return against(addr, &a).await;
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let rt = Runtime::open(RuntimeConfig::new(dir.path()))
+    let rt = Runtime::open(config(dir.path(), a.policy.as_ref()))
         .await
         .expect("open the runtime");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -410,7 +424,7 @@ async fn main() {
             ..Edge::default()
         };
         for (name, edge) in [("off", unbounded), ("on", bounded)] {
-            let m = mixed_phase(edge, a.mixed_clients, a.mixed_secs).await;
+            let m = mixed_phase(edge, a.policy.as_ref(), a.mixed_clients, a.mixed_secs).await;
             eprintln!("http_load: mixed, admission {name}: {}", m.line());
             mixed.push(m.json(("admission", name)));
         }
@@ -561,11 +575,20 @@ async fn preload(addr: SocketAddr) {
     }
 }
 
+/// The in-process runtime's configuration: the defaults, on `policy` when one is given.
+fn config(dir: &std::path::Path, policy: Option<&Policy>) -> RuntimeConfig {
+    let mut config = RuntimeConfig::new(dir);
+    if let Some(policy) = policy {
+        config.substrate.policy = policy.clone();
+    }
+    config
+}
+
 /// One mixed phase: a fresh runtime with [`MIXED_PRELOAD`] events, served with `edge`, and
 /// [`mixed_load`] against it.
-async fn mixed_phase(edge: Edge, clients: usize, secs: f64) -> Mixed {
+async fn mixed_phase(edge: Edge, policy: Option<&Policy>, clients: usize, secs: f64) -> Mixed {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let rt = Runtime::open(RuntimeConfig::new(dir.path()))
+    let rt = Runtime::open(config(dir.path(), policy))
         .await
         .expect("open the runtime");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
