@@ -126,7 +126,7 @@ pub fn decode_header(key: &[u8], bytes: &[u8]) -> Result<Header> {
 
 /// A record's `content` and `metadata` as the JSON text they are stored as, not yet parsed
 /// (see [`decode_deferred`]).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RawJson {
     content: String,
     metadata: String,
@@ -150,8 +150,8 @@ impl RawJson {
 
     /// Encodes `r` with this text as its `content` and `metadata`, whatever `r` holds there:
     /// a rewrite that changes other fields keeps the JSON byte for byte without parsing it.
-    pub fn encode_with(&self, r: &MemoryRecord) -> Vec<u8> {
-        encode_parts(r, self.content.clone(), self.metadata.clone())
+    pub fn encode_with(self, r: &MemoryRecord) -> Vec<u8> {
+        encode_parts(r, self.content, self.metadata)
     }
 }
 
