@@ -219,6 +219,9 @@ struct Context<'a> {
     weight: f32,
     /// How many of the step's results are kept.
     depth: usize,
+    /// The namespace and session a session-scoped recall is about (`None` for a wider
+    /// scope): its hits' times are read from one listing of that session.
+    session: Option<(&'a str, &'a str)>,
 }
 
 /// Scopes up to this many records have every long record's passages scored against the
@@ -440,6 +443,8 @@ impl Substrate {
                     window,
                     weight,
                     depth,
+                    session: (req.scope == Scope::Session)
+                        .then_some((req.namespace.as_str(), req.session_id.as_str())),
                 };
                 cands.add_keyword(&self.keyword_in_context(&context, &hits)?);
             } else {
@@ -691,6 +696,7 @@ impl Substrate {
             window,
             weight,
             depth,
+            session,
         } = *cx;
         let store = &self.inner.store;
         // A session's search read every turn's counts already; a wider scope asks again.
@@ -707,16 +713,38 @@ impl Substrate {
             .take(CONTEXT_HITS)
             .map(|&(id, _)| MemoryId(id))
             .collect();
-        let places = store.places(&first)?;
         // A session's hits (a session-scoped recall's all are) find their neighbours in
-        // one read of the session when it is small, not in two scans each.
-        let mut sessions = places.iter().flatten().map(|(ns, s, _)| (ns, s));
-        let listing = match sessions.next() {
-            Some(one) if sessions.all(|other| other == one) => {
-                store.session_listing(one.0, one.1, SESSION_READ_MAX)?
+        // one read of the session when it is small, not in two scans each. A session-scoped
+        // recall reads their times there too, not from each record.
+        let mut listing = match session {
+            Some((namespace, session)) => {
+                store.session_listing(namespace, session, SESSION_READ_MAX)?
             }
-            _ => None,
+            None => None,
         };
+        let places = match (&listing, session) {
+            (Some(listed), Some((namespace, session))) => {
+                let times: HashMap<MemoryId, Timestamp> =
+                    listed.iter().map(|&(time, id)| (id, time)).collect();
+                first
+                    .iter()
+                    .map(|id| {
+                        let time = *times.get(id)?;
+                        Some((namespace.to_string(), session.to_string(), time))
+                    })
+                    .collect()
+            }
+            _ => store.places(&first)?,
+        };
+        if listing.is_none() && session.is_none() {
+            let mut sessions = places.iter().flatten().map(|(ns, s, _)| (ns, s));
+            listing = match sessions.next() {
+                Some(one) if sessions.all(|other| other == one) => {
+                    store.session_listing(one.0, one.1, SESSION_READ_MAX)?
+                }
+                _ => None,
+            };
+        }
         for (hit, place) in first.iter().copied().zip(places.iter()) {
             let Some((namespace, session, time)) = place else {
                 continue;
