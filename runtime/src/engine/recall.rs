@@ -722,22 +722,25 @@ impl Substrate {
             }
             None => None,
         };
-        let places = match (&listing, session) {
+        let read;
+        let places: Vec<Option<(&str, &str, Timestamp)>> = match (&listing, session) {
             (Some(listed), Some((namespace, session))) => {
                 let times: HashMap<MemoryId, Timestamp> =
                     listed.iter().map(|&(time, id)| (id, time)).collect();
                 first
                     .iter()
-                    .map(|id| {
-                        let time = *times.get(id)?;
-                        Some((namespace.to_string(), session.to_string(), time))
-                    })
+                    .map(|id| Some((namespace, session, *times.get(id)?)))
                     .collect()
             }
-            _ => store.places(&first)?,
+            _ => {
+                read = store.places(&first)?;
+                read.iter()
+                    .map(|p| p.as_ref().map(|(n, s, t)| (n.as_str(), s.as_str(), *t)))
+                    .collect()
+            }
         };
         if listing.is_none() && session.is_none() {
-            let mut sessions = places.iter().flatten().map(|(ns, s, _)| (ns, s));
+            let mut sessions = places.iter().flatten().map(|&(ns, s, _)| (ns, s));
             listing = match sessions.next() {
                 Some(one) if sessions.all(|other| other == one) => {
                     store.session_listing(one.0, one.1, SESSION_READ_MAX)?
@@ -745,11 +748,10 @@ impl Substrate {
                 _ => None,
             };
         }
-        for (hit, place) in first.iter().copied().zip(places.iter()) {
+        for (hit, place) in first.iter().copied().zip(places) {
             let Some((namespace, session, time)) = place else {
                 continue;
             };
-            let time = *time;
             let keep = |n: MemoryId| allowed.contains(n.0);
             let (before, after) = match &listing {
                 Some(listing) => {

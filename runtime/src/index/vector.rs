@@ -231,9 +231,8 @@ const LANES: usize = 8;
 
 impl StagedVector {
     fn new(values: &[f32], norm: f32) -> Arc<Self> {
-        let scale = codec::pow2(codec::half_exponent(values));
-        let mut halves = vec![half::f16::ZERO; values.len()];
-        codec::to_halves(values, scale, &mut halves);
+        let (exp, halves) = codec::half_precision(values);
+        let scale = codec::pow2(exp);
         let mut widened = [0f32; WIDEN];
         let exact = halves
             .chunks(WIDEN)
@@ -260,15 +259,20 @@ impl StagedVector {
         }
     }
 
-    fn to_vec(&self) -> Vec<f32> {
+    /// The values as float32: borrowed when held so, widened when held at half precision.
+    fn values(&self) -> Cow<'_, [f32]> {
         match &self.values {
-            Values::Full(v) => v.to_vec(),
+            Values::Full(v) => Cow::Borrowed(v),
             Values::Half { scale, halves } => {
                 let mut out = vec![0f32; halves.len()];
                 codec::from_halves(halves, *scale, &mut out);
-                out
+                Cow::Owned(out)
             }
         }
+    }
+
+    fn to_vec(&self) -> Vec<f32> {
+        self.values().into_owned()
     }
 
     /// [`dot`] of `query` and these values, with the same bits whichever way they are held.
@@ -786,7 +790,7 @@ impl VectorIndex {
         let mut valid = Vec::with_capacity(items.len());
         for (id, values) in items {
             match self.check_vector("embedding", values) {
-                Ok(norm) => valid.push((*id, staged_vector(values, norm))),
+                Ok(norm) => valid.push((*id, StagedVector::new(values, norm))),
                 Err(e) => tracing::warn!(id, error = %e, "vector index skipped an item"),
             }
         }
@@ -807,7 +811,7 @@ impl VectorIndex {
                     }
                     other => other,
                 })?;
-            valid.push((*id, staged_vector(values, norm)));
+            valid.push((*id, StagedVector::new(values, norm)));
         }
         self.stage_vectors(valid);
         Ok(())
@@ -840,7 +844,7 @@ impl VectorIndex {
             return Ok(None);
         };
         match self.check_vector("embedding", &values) {
-            Ok(norm) => Ok(Some(staged_vector(&values, norm))),
+            Ok(norm) => Ok(Some(StagedVector::new(&values, norm))),
             Err(e) => {
                 tracing::warn!(id, error = %e, "vector index skipped a stored item");
                 Ok(None)
@@ -1054,7 +1058,7 @@ impl VectorIndex {
                 };
                 match vector {
                     Some(v) => {
-                        let values = v.to_vec();
+                        let values = v.values();
                         if largest.is_none_or(|l| *id > l) {
                             match writer.append_item(wtxn, *id, &values) {
                                 // arroy checks against the table's last key; never fail on it.
@@ -1295,7 +1299,7 @@ impl VectorIndex {
                         let (dot, norm2) = dot_and_norm2(query, &v);
                         let norm = norm2.sqrt();
                         hits.push((id, super::cosine_of(dot, query_norm, norm)));
-                        fetched.push((id, staged_vector(&v, norm)));
+                        fetched.push((id, StagedVector::new(&v, norm)));
                     }
                 }
             }
@@ -1601,10 +1605,6 @@ fn lower_priority() {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
         libc::setpriority(libc::PRIO_PROCESS, tid, 10);
     }
-}
-
-fn staged_vector(values: &[f32], norm: f32) -> Arc<StagedVector> {
-    StagedVector::new(values, norm)
 }
 
 fn read_u64(db: MetaDb, rtxn: &RoTxn<'_>, key: &str) -> heed::Result<Option<u64>> {
@@ -1926,7 +1926,7 @@ mod tests {
     #[test]
     fn the_hot_cache_never_changes_an_answer() {
         let dims = 8;
-        let budget = 5 * Hot::cost(&staged_vector(&axis(dims, 0), 1.0));
+        let budget = 5 * Hot::cost(&StagedVector::new(&axis(dims, 0), 1.0));
         let (dir_hot, dir_cold) = (tempdir().unwrap(), tempdir().unwrap());
         let opts = |hot_cache_bytes| VectorOptions {
             hot_cache_bytes,
@@ -2013,7 +2013,7 @@ mod tests {
     #[test]
     fn a_tail_over_budget_reads_vectors_back_and_answers_the_same() {
         let dims = 8;
-        let budget = 3 * Hot::cost(&staged_vector(&axis(dims, 0), 1.0));
+        let budget = 3 * Hot::cost(&StagedVector::new(&axis(dims, 0), 1.0));
         let source = Arc::new(MapSource::default());
         let dirs = [tempdir().unwrap(), tempdir().unwrap()];
         // Session-sized scopes take the exact path; a zero threshold forces the tail scan
@@ -2637,9 +2637,8 @@ mod tests {
             for magnitude in [1.0, 1e-38, 1e30] {
                 let scaled: Vec<f32> = raw.iter().map(|x| x * magnitude).collect();
                 let stored = crate::store::stored_embedding(&scaled);
-                let scale = codec::pow2(codec::half_exponent(&stored));
-                let mut halves = vec![half::f16::ZERO; len];
-                codec::to_halves(&stored, scale, &mut halves);
+                let (exp, halves) = codec::half_precision(&stored);
+                let scale = codec::pow2(exp);
                 let want = dot(&query, &stored).to_bits();
                 let widened = dot_half_widened(&query, &halves, scale);
                 assert_eq!(widened.to_bits(), want, "{len} {magnitude}");

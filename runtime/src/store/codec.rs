@@ -217,17 +217,23 @@ const HALF_TAG: u8 = 0xf1;
 /// The length is 3 + 2d, never a multiple of 4, which tells it from the float32 layout of
 /// stores written before it (4d bytes), still read as they are.
 pub fn encode_embedding(v: &[f32]) -> Vec<u8> {
-    let exp = half_exponent(v);
-    let scale = pow2(exp);
+    let (exp, halves) = half_precision(v);
     let mut out = Vec::with_capacity(3 + 2 * v.len());
     out.push(HALF_TAG);
     out.extend_from_slice(&(exp as i16).to_le_bytes());
-    let mut halves = vec![half::f16::ZERO; v.len()];
-    to_halves(v, scale, &mut halves);
     for h in &halves {
         out.extend_from_slice(&h.to_bits().to_le_bytes());
     }
     out
+}
+
+/// `v` as the store keeps it: the exponent of its power-of-two scale ([`half_exponent`])
+/// and each element divided by that scale, rounded to binary16.
+pub(crate) fn half_precision(v: &[f32]) -> (i32, Vec<half::f16>) {
+    let exp = half_exponent(v);
+    let mut halves = vec![half::f16::ZERO; v.len()];
+    to_halves(v, pow2(exp), &mut halves);
+    (exp, halves)
 }
 
 /// The exponent of the power-of-two scale a vector is stored with: its largest element
