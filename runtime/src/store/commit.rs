@@ -16,13 +16,13 @@ use tokio::sync::oneshot;
 
 use super::catalog::Catalog;
 use super::codec::{self, Header};
-use super::families;
+use super::families::{self, Reinforcements};
 use super::keys::{self, meta};
 use super::kv::{Kv, Op, Range, Visit};
 use super::{Change, Mutation, Queue, RecordPatch, SessionStats, Validity, WriteSet};
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
-use crate::model::{AuditAction, AuditEntry, MemoryId, Status, Tier};
+use crate::model::{MemoryId, Status, Tier};
 
 /// Most write sets folded into one commit: bounds the latency a single large group adds.
 const MAX_GROUP: usize = 512;
@@ -523,6 +523,7 @@ impl Worker {
     ) -> Result<(Vec<Op>, Vec<CatalogOp>)> {
         let mut ops = Vec::new();
         let mut cat = Vec::new();
+        let mut reinforced: Vec<(String, String, Reinforcements)> = Vec::new();
         for m in writes.0 {
             match m {
                 Mutation::Insert(r) => {
@@ -594,6 +595,7 @@ impl Worker {
                         keys::tombstone(id).to_vec(),
                         r.namespace.as_bytes().to_vec(),
                     ));
+                    ops.push(families::purged_session_op(id, &r.session_id));
                     ops.push(Op::Delete(keys::session_entry(
                         &r.namespace,
                         &r.session_id,
@@ -667,16 +669,24 @@ impl Worker {
                     let bytes = json.encode_with(&r);
                     self.set_overlay(undo, keys::record(id).to_vec(), Some(bytes.clone()));
                     ops.push(Op::Put(key.to_vec(), bytes));
-                    let seq = self.seq();
-                    ops.push(Op::Put(
-                        keys::audit(id, seq).to_vec(),
-                        codec::encode(&AuditEntry {
-                            at: reinforcement.at,
-                            action: AuditAction::Reinforced,
-                            by,
-                            detail: format!("strength {before:.3} -> {:.3}", r.strength),
-                        }),
-                    ));
+                    // Audited in the record's session's reinforcement log, one entry per
+                    // recall and session, written after the loop.
+                    let item = (id, before, r.strength);
+                    let at = reinforcement.at;
+                    match reinforced.iter_mut().find(|(ns, s, e)| {
+                        *ns == r.namespace && *s == r.session_id && e.at == at && e.by == by
+                    }) {
+                        Some((_, _, entry)) => entry.items.push(item),
+                        None => reinforced.push((
+                            std::mem::take(&mut r.namespace),
+                            std::mem::take(&mut r.session_id),
+                            Reinforcements {
+                                at,
+                                by,
+                                items: vec![item],
+                            },
+                        )),
+                    }
                 }
                 Mutation::SetEmbedding(id, embedding) => {
                     if self.current(id)?.is_none() {
@@ -813,6 +823,10 @@ impl Worker {
                     });
                 }
             }
+        }
+        for (namespace, session, entry) in &reinforced {
+            let seq = self.seq();
+            ops.push(families::reinforcements_op(namespace, session, seq, entry));
         }
         touched.sort();
         touched.dedup();

@@ -1,7 +1,8 @@
 //! The store's small typed tables, kept for the layers above it: what each recall returned,
 //! knowledge-graph edges, promotion markers, strike counts and quarantine entries, where a
 //! session's condensation stands, when the last decay sweep ran, and whether a record
-//! still holds (its validity). Each has a type here,
+//! still holds (its validity), and what recalls' reinforcements did, per session. Each has
+//! a type here,
 //! a [`Mutation`](super::Mutation) that writes it and a reader on [`Store`]; the key bytes
 //! and the encoding stay inside the store (built by `keys`, encoded by `codec`), so no
 //! caller ever builds or parses a key, and the on-disk bytes are those of format 1.
@@ -13,7 +14,7 @@ use super::kv::{Op, Visit};
 use super::{Store, codec, read_fixed};
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
-use crate::model::{Edge, MemoryId, Relation};
+use crate::model::{AuditAction, AuditEntry, Edge, MemoryId, Relation};
 
 /// What a recall returned, kept so feedback can name the recall instead of its records.
 /// Postcard is positional: these fields, in this order, are the stored bytes.
@@ -43,6 +44,35 @@ pub struct Idempotent {
     pub at: Timestamp,
     /// The ids it answered, in order.
     pub ids: Vec<MemoryId>,
+}
+
+/// What one recall's reinforcement did to the records of one session: an entry of that
+/// session's reinforcement log. Recall reinforces what it returns, and keeping each
+/// record's entry under the record (as other audit entries are) dirtied a page per record
+/// reinforced; a session's log takes one append per recall, and
+/// [`Store::history`](super::Store::history) merges it back into each record's history.
+/// Postcard is positional: these fields, in this order, are the stored bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reinforcements {
+    /// When (runtime clock).
+    pub at: Timestamp,
+    /// Who reinforced (`recall`).
+    pub by: String,
+    /// Each record reinforced, with its strength before and after.
+    pub items: Vec<(MemoryId, f32, f32)>,
+}
+
+impl Reinforcements {
+    /// The audit entry this log entry holds for record `id`, if it names it.
+    pub fn entry_for(&self, id: MemoryId) -> Option<AuditEntry> {
+        let (_, before, after) = self.items.iter().find(|item| item.0 == id)?;
+        Some(AuditEntry {
+            at: self.at,
+            action: AuditAction::Reinforced,
+            by: self.by.clone(),
+            detail: format!("strength {before:.3} -> {after:.3}"),
+        })
+    }
 }
 
 /// How often processing a record made an actor fail.
@@ -187,6 +217,25 @@ pub(super) fn idempotent_ops(namespace: &str, key: &str, entry: &Idempotent) -> 
     ]
 }
 
+pub(super) fn reinforcements_op(
+    namespace: &str,
+    session: &str,
+    seq: u64,
+    entry: &Reinforcements,
+) -> Op {
+    Op::Put(
+        keys::reinforced(namespace, session, seq),
+        codec::encode(entry),
+    )
+}
+
+pub(super) fn purged_session_op(id: MemoryId, session: &str) -> Op {
+    Op::Put(
+        keys::purged_session(id).to_vec(),
+        session.as_bytes().to_vec(),
+    )
+}
+
 pub(super) fn edge_op(namespace: &str, edge: &Edge) -> Op {
     Op::Put(
         keys::graph_edge(namespace, edge.from, edge.relation as u8, edge.to),
@@ -318,6 +367,35 @@ impl Store {
     /// remembered (expired keys are removed by [`super::Mutation::ExpireIdempotent`]).
     pub fn idempotent(&self, namespace: &str, key: &str) -> Result<Option<Idempotent>> {
         self.decoded(&keys::idempotent(namespace, key))
+    }
+
+    /// The reinforcement-log entries of `namespace`/`session` that name `id`, as audit
+    /// entries with their sequence numbers, oldest first.
+    pub(super) fn reinforcements_of(
+        &self,
+        namespace: &str,
+        session: &str,
+        id: MemoryId,
+    ) -> Result<Vec<(u64, AuditEntry)>> {
+        let mut out = Vec::new();
+        self.scan_prefix(&keys::reinforced_prefix(namespace, session), &mut |k, v| {
+            let entry: Reinforcements = codec::decode(k, v)?;
+            if let (Some(seq), Some(audit)) = (keys::trailing_seq(k), entry.entry_for(id)) {
+                out.push((seq, audit));
+            }
+            Ok(Visit::Continue)
+        })?;
+        Ok(out)
+    }
+
+    /// The session a purged record belonged to, when the purge recorded it (purges before
+    /// the reinforcement log did not, and did not need to).
+    pub(super) fn purged_session(&self, id: MemoryId) -> Result<Option<String>> {
+        Ok(self
+            .inner
+            .kv
+            .get(&keys::purged_session(id))?
+            .map(|v| String::from_utf8_lossy(&v).into_owned()))
     }
 
     /// The strikes counted against a record, if any.

@@ -142,6 +142,12 @@ pub mod layer {
     /// Per record: whether it still holds (superseded, in conflict, a repeat); see
     /// `families::Validity`.
     pub const VALIDITY: u8 = 0x1a;
+    /// Per session of the records reinforced: what each recall's reinforcement did to
+    /// them, in commit order (see `families::Reinforcements`).
+    pub const REINFORCED: u8 = 0x1b;
+    /// Per purged record: its session, so its reinforcements are still found in that
+    /// session's log after the record is gone.
+    pub const PURGED_SESSION: u8 = 0x1c;
 }
 
 /// A namespace's idempotency key (keys are visible ASCII, never `0x00`).
@@ -337,6 +343,36 @@ pub fn audit(id: MemoryId, seq: u64) -> [u8; 13] {
     k
 }
 
+/// The prefix of one session's reinforcement log.
+pub fn reinforced_prefix(namespace: &str, session: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(11 + namespace.len() + session.len());
+    k.push(layer::REINFORCED);
+    k.extend_from_slice(namespace.as_bytes());
+    k.push(0);
+    k.extend_from_slice(session.as_bytes());
+    k.push(0);
+    k
+}
+
+/// One entry of a session's reinforcement log: the session, then the global sequence, so
+/// a session's entries sit together and each new one goes after the last.
+pub fn reinforced(namespace: &str, session: &str, seq: u64) -> Vec<u8> {
+    let mut k = reinforced_prefix(namespace, session);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// The sequence number that ends an audit or reinforcement-log key.
+pub fn trailing_seq(key: &[u8]) -> Option<u64> {
+    let at = key.len().checked_sub(8)?;
+    Some(u64::from_be_bytes(key[at..].try_into().ok()?))
+}
+
+/// A purged record's session (see [`layer::PURGED_SESSION`]).
+pub fn purged_session(id: MemoryId) -> [u8; 5] {
+    id_key(layer::PURGED_SESSION, id)
+}
+
 /// The prefix of one work queue.
 pub fn queue_prefix(queue: u8) -> [u8; 2] {
     [family::QUEUE, queue]
@@ -384,5 +420,11 @@ mod tests {
         assert_eq!(change_seq(&change(1 << 40)), Some(1 << 40));
         assert!(record(MemoryId(1)) < record(MemoryId(256)));
         assert!(audit(MemoryId(1), 5).starts_with(&audit_prefix(MemoryId(1))));
+        assert_eq!(trailing_seq(&audit(MemoryId(1), 5)), Some(5));
+        let entry = reinforced("ns", "s", 1 << 40);
+        assert!(entry.starts_with(&reinforced_prefix("ns", "s")));
+        assert!(!reinforced("ns", "s2", 0).starts_with(&reinforced_prefix("ns", "s")));
+        assert_eq!(trailing_seq(&entry), Some(1 << 40));
+        assert!(reinforced("ns", "s", 9) < reinforced("ns", "s", 256));
     }
 }

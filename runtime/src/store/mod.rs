@@ -786,17 +786,39 @@ impl Store {
     }
 
     /// A record's audit log, oldest first. It outlives the record: purges are audited.
+    ///
+    /// Recall's reinforcements are kept in the log of the record's session (one entry per
+    /// recall, see [`families::Reinforcements`]); they are merged in here by sequence, so
+    /// the history reads as one log. Reading it scans that session's reinforcement log.
     pub fn history(&self, id: MemoryId) -> Result<Vec<AuditEntry>> {
         let prefix = keys::audit_prefix(id);
         let mut end = Vec::new();
-        let mut out = Vec::new();
+        let mut out: Vec<(u64, AuditEntry)> = Vec::new();
         self.inner
             .kv
             .scan(Range::prefix(&prefix, &mut end), false, &mut |k, v| {
-                out.push(codec::decode(k, v)?);
+                out.push((keys::trailing_seq(k).unwrap_or(0), codec::decode(k, v)?));
                 Ok(Visit::Continue)
             })?;
-        Ok(out)
+        let home = match self.inner.kv.get(&keys::record(id))? {
+            Some(bytes) => {
+                let h = codec::decode_header(&keys::record(id), &bytes)?;
+                Some((h.namespace, h.session_id))
+            }
+            None => match (self.tombstone(id)?, self.purged_session(id)?) {
+                (Some(namespace), Some(session)) => Some((namespace, session)),
+                _ => None,
+            },
+        };
+        if let Some((namespace, session)) = home {
+            let reinforced = self.reinforcements_of(&namespace, &session, id)?;
+            if !reinforced.is_empty() {
+                out.extend(reinforced);
+                // Both parts are in sequence order already; a stable sort merges them.
+                out.sort_by_key(|(seq, _)| *seq);
+            }
+        }
+        Ok(out.into_iter().map(|(_, entry)| entry).collect())
     }
 
     /// Up to `limit` records waiting on `queue`, oldest id first.

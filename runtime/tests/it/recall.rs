@@ -461,6 +461,95 @@ async fn recall_reinforces_what_it_returns() {
     sub.close().unwrap();
 }
 
+/// The actions of a record's history, with each reinforcement's detail.
+fn actions(sub: &Substrate, id: MemoryId) -> Vec<String> {
+    sub.history("default", id)
+        .unwrap()
+        .iter()
+        .map(|e| match format!("{:?}", e.action).as_str() {
+            "Reinforced" => format!("Reinforced {} by {}", e.detail, e.by),
+            other => other.to_string(),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn each_reinforcement_is_in_its_records_history_in_order_even_after_a_purge() {
+    // Reinforcements are logged per session, one entry per recall; a record's history
+    // merges them back in sequence with the entries kept under the record.
+    let dir = tempfile::tempdir().unwrap();
+    let (sub, clock) = open(dir.path());
+    let a = rec(
+        &sub,
+        "default",
+        "s",
+        "observation",
+        "the deploy key expired",
+    )
+    .await;
+    let b = rec(
+        &sub,
+        "default",
+        "t",
+        "observation",
+        "the deploy key rotates weekly",
+    )
+    .await;
+    let untouched = rec(&sub, "default", "s", "observation", "lunch was at noon").await;
+    let mut req = RecallRequest::new("default", "s", "deploy key");
+    req.scope = Scope::Namespace;
+    req.k = 2;
+    let strength = |id| sub.get("default", id).unwrap().strength;
+    let (a0, b0) = (strength(a), strength(b));
+    let first = sub.recall(&req).await.unwrap();
+    assert_eq!(ids(&first).len(), 2, "{:?}", ids(&first));
+    sub.store().sync().await.unwrap();
+    let (a1, b1) = (strength(a), strength(b));
+    assert!(a1 > a0 && b1 > b0, "{a0} -> {a1}, {b0} -> {b1}");
+    // Something kept under the record between two recalls stays between them.
+    sub.set_status("default", a, Status::Pinned, "test")
+        .unwrap();
+    clock.advance(Duration::from_secs(3_600));
+    sub.recall(&req).await.unwrap();
+    sub.store().sync().await.unwrap();
+    let a2 = strength(a);
+    let reinforced =
+        |from: f32, to: f32| format!("Reinforced strength {from:.3} -> {to:.3} by recall");
+    let a_history = actions(&sub, a);
+    let tail = &a_history[a_history.len() - 3..];
+    assert_eq!(tail[0], reinforced(a0, a1), "{a_history:?}");
+    assert_eq!(tail[1], "StatusChanged", "{a_history:?}");
+    assert_eq!(tail[2], reinforced(a1, a2), "{a_history:?}");
+    // Only a record's own entries: b shares a's recalls but is in another session, and
+    // `untouched` shares a's session but was never returned.
+    let count = |id| {
+        actions(&sub, id)
+            .iter()
+            .filter(|a| a.starts_with("Reinforced"))
+            .count()
+    };
+    assert_eq!((count(a), count(b), count(untouched)), (2, 2, 0));
+    let b2 = strength(b);
+    sub.purge("default", b, "test").unwrap();
+    let check_b = |sub: &Substrate| {
+        let history = actions(sub, b);
+        let n = history.len();
+        assert_eq!(
+            history[n - 3..],
+            [reinforced(b0, b1), reinforced(b1, b2), "Purged".to_string()],
+            "{history:?}"
+        );
+    };
+    check_b(&sub);
+    sub.close().unwrap();
+    drop(sub);
+    // All of it is durable.
+    let (sub, _) = open(dir.path());
+    check_b(&sub);
+    assert_eq!(actions(&sub, a), a_history);
+    sub.close().unwrap();
+}
+
 #[tokio::test]
 async fn bad_input_is_rejected_and_nothing_accepted_is_lost() {
     let dir = tempfile::tempdir().unwrap();
