@@ -444,9 +444,9 @@ pub struct Edge {
 /// so the store needs this much of a policy and no more.
 pub trait Reinforce: Send + Sync {
     /// Reinforces `record` by `amount` at `now`: new strength and `strength_at`, one more
-    /// reinforcement, and the deciding policy's stamp. The record it is given has null
-    /// `content` and `metadata` (the store writes their stored text back unparsed), so
-    /// those are not its to change.
+    /// reinforcement, and the deciding policy's stamp. Those four fields are all the store
+    /// keeps of what it changes (in its strength table, beside the record's unchanged
+    /// bytes); the record it is given has null `content` and `metadata`.
     fn apply(&self, record: &mut MemoryRecord, now: Timestamp, amount: f32);
     /// The policy that decides, for logs.
     fn stamp(&self) -> PolicyStamp;

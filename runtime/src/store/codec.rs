@@ -1,8 +1,9 @@
 //! How records and embeddings become bytes. Records are postcard with a leading format byte;
 //! the fields the catalog needs come first so that opening a store decodes only a header.
 //! JSON fields are kept as JSON text, since postcard is not self-describing; a reader that
-//! may not need them (recall's candidates, a reinforcement's rewrite) takes that text as
-//! [`RawJson`] and parses it only if it must. Embeddings live under their own key at half
+//! may not need them (recall's candidates, a reinforcement) takes that text as [`RawJson`]
+//! and parses it only if it must. What a reinforcement changes is kept apart, as a small
+//! [`Strength`] entry that readers lay over the record. Embeddings live under their own key at half
 //! precision, so listings never drag vectors through memory.
 
 use half::slice::HalfFloatSliceExt;
@@ -49,6 +50,50 @@ struct Body {
     text: String,
     content: String,
     metadata: String,
+}
+
+/// What recall's reinforcements changed in a record, kept under the record's id in a table
+/// of its own instead of in the record ([`super::keys::strength`]). Each recall reinforces
+/// about ten records, and rewriting each dirtied a page of the record table; these entries
+/// are small enough that a session's fit in a page or two. Readers lay the entry over the
+/// record ([`Strength::lay_over`]); any other rewrite of the record folds it back in and
+/// drops it. Postcard is positional: these fields, in this order, are the stored bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Strength {
+    strength: f32,
+    strength_at: Timestamp,
+    reinforcements: u32,
+    /// The deciding policy, when it is not the one the record's own bytes name (usually it
+    /// is, and the entry stays a dozen bytes).
+    policy: Option<PolicyStamp>,
+}
+
+impl Strength {
+    /// The entry for `r` as reinforced, against `stored`, the stamp in the record's bytes.
+    pub fn of(r: &MemoryRecord, stored: &PolicyStamp) -> Self {
+        Strength {
+            strength: r.strength,
+            strength_at: r.strength_at,
+            reinforcements: r.reinforcements,
+            policy: (r.policy != *stored).then(|| r.policy.clone()),
+        }
+    }
+
+    /// Lays the entry's fields over the record read from the record table.
+    pub fn lay_over(self, r: &mut MemoryRecord) {
+        r.strength = self.strength;
+        r.strength_at = self.strength_at;
+        r.reinforcements = self.reinforcements;
+        if let Some(policy) = self.policy {
+            r.policy = policy;
+        }
+    }
+
+    /// Decodes `bytes` (read under `key`) and lays them over `r`.
+    pub fn decode_over(key: &[u8], bytes: &[u8], r: &mut MemoryRecord) -> Result<()> {
+        decode::<Strength>(key, bytes)?.lay_over(r);
+        Ok(())
+    }
 }
 
 fn corrupt(key: &[u8], e: impl std::fmt::Display) -> Error {
@@ -146,12 +191,6 @@ impl RawJson {
         r.content = json(&self.content)?;
         r.metadata = json(&self.metadata)?;
         Ok(())
-    }
-
-    /// Encodes `r` with this text as its `content` and `metadata`, whatever `r` holds there:
-    /// a rewrite that changes other fields keeps the JSON byte for byte without parsing it.
-    pub fn encode_with(self, r: &MemoryRecord) -> Vec<u8> {
-        encode_parts(r, self.content, self.metadata)
     }
 }
 
@@ -378,23 +417,42 @@ mod tests {
     }
 
     #[test]
-    fn a_rewrite_with_unparsed_json_keeps_it_and_the_new_fields() {
+    fn a_strength_entry_carries_what_a_reinforcement_changes_and_no_more() {
         let r = with_json();
-        let key = super::super::keys::record(r.id);
-        let (mut deferred, json) = decode_deferred(r.id, &key, &encode_record(&r)).unwrap();
-        deferred.strength = 0.25;
-        deferred.reinforcements = 3;
-        let rewritten = json.encode_with(&deferred);
-        let back = decode_record(r.id, &key, &rewritten, None).unwrap();
-        assert_eq!((back.strength, back.reinforcements), (0.25, 3));
-        assert_eq!((&back.content, &back.metadata), (&r.content, &r.metadata));
-        // The same bytes as encoding the whole record with those fields.
-        let whole = MemoryRecord {
-            strength: 0.25,
-            reinforcements: 3,
-            ..r
+        let stored = r.policy.clone();
+        let mut reinforced = MemoryRecord {
+            strength: 0.75,
+            strength_at: r.strength_at + 1_000,
+            reinforcements: r.reinforcements + 1,
+            ..r.clone()
         };
-        assert_eq!(rewritten, encode_record(&whole));
+        let key = super::super::keys::strength(r.id);
+        // Same policy: the entry does not repeat its stamp.
+        let same = encode(&Strength::of(&reinforced, &stored));
+        reinforced.policy = PolicyStamp {
+            name: "other".into(),
+            hash: "ff".into(),
+        };
+        let other = encode(&Strength::of(&reinforced, &stored));
+        assert!(
+            same.len() < 16 && other.len() > same.len(),
+            "{same:?} {other:?}"
+        );
+        for (bytes, policy) in [(same, &stored), (other, &reinforced.policy)] {
+            let mut back = r.clone();
+            Strength::decode_over(&key, &bytes, &mut back).unwrap();
+            assert_eq!(
+                back,
+                MemoryRecord {
+                    policy: policy.clone(),
+                    ..reinforced.clone()
+                }
+            );
+        }
+        assert!(matches!(
+            Strength::decode_over(&key, &[0xff; 3], &mut r.clone()),
+            Err(Error::Corrupt { .. })
+        ));
     }
 
     #[test]
@@ -406,7 +464,7 @@ mod tests {
             content: "{\"tool\":".into(),
             metadata: String::new(),
         };
-        let bytes = broken.encode_with(&deferred);
+        let bytes = encode_parts(&deferred, broken.content, broken.metadata);
         let (_, json) = decode_deferred(r.id, &key, &bytes).unwrap();
         assert!(matches!(
             json.fill(&mut deferred),

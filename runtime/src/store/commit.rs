@@ -22,7 +22,7 @@ use super::kv::{Kv, Op, Range, Visit};
 use super::{Change, Mutation, Queue, RecordPatch, SessionStats, Validity, WriteSet};
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
-use crate::model::{MemoryId, Status, Tier};
+use crate::model::{MemoryId, MemoryRecord, Status, Tier};
 
 /// Most write sets folded into one commit: bounds the latency a single large group adds.
 const MAX_GROUP: usize = 512;
@@ -484,6 +484,27 @@ impl Worker {
         undo.push((key.clone(), self.overlay.insert(key, v)));
     }
 
+    /// Lays the record's reinforced strength, as this group leaves it, over `r` (see
+    /// [`codec::Strength`]); whether it had one.
+    fn lay_strength_over(&self, r: &mut MemoryRecord) -> Result<bool> {
+        let key = keys::strength(r.id);
+        match self.current_at(&key)? {
+            Some(bytes) => {
+                codec::Strength::decode_over(&key, &bytes, r)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Drops a record's reinforced strength: the record's own bytes now carry it (or the
+    /// record is gone).
+    fn drop_strength(&mut self, id: MemoryId, ops: &mut Vec<Op>, undo: &mut Undo) {
+        let key = keys::strength(id).to_vec();
+        self.set_overlay(undo, key.clone(), None);
+        ops.push(Op::Delete(key));
+    }
+
     /// Applies a patch to the record as this group leaves it; `false` (nothing written)
     /// when the record is gone, or when `if_strength_at` is set and no longer matches.
     fn patch(
@@ -501,6 +522,7 @@ impl Worker {
             return Ok(false);
         };
         let mut r = codec::decode_record(id, &key, &bytes, None)?;
+        let reinforced = self.lay_strength_over(&mut r)?;
         if if_strength_at.is_some_and(|at| at != r.strength_at) {
             return Ok(false);
         }
@@ -509,6 +531,9 @@ impl Worker {
         let bytes = codec::encode_record(&r);
         self.set_overlay(undo, keys::record(id).to_vec(), Some(bytes.clone()));
         ops.push(Op::Put(key.to_vec(), bytes));
+        if reinforced {
+            self.drop_strength(id, ops, undo);
+        }
         if r.status != status_before {
             cat.push(CatalogOp::Status(id, r.status));
         }
@@ -565,6 +590,11 @@ impl Worker {
                     let bytes = codec::encode_record(&r);
                     self.set_overlay(undo, keys::record(id).to_vec(), Some(bytes.clone()));
                     ops.push(Op::Put(keys::record(id).to_vec(), bytes));
+                    // The caller read the record with its reinforced strength laid over it,
+                    // so the bytes just written carry it.
+                    if self.current_at(&keys::strength(id))?.is_some() {
+                        self.drop_strength(id, &mut ops, undo);
+                    }
                     if reindex {
                         match &r.embedding {
                             Some(e) => ops.push(Op::Put(
@@ -596,6 +626,7 @@ impl Worker {
                         r.namespace.as_bytes().to_vec(),
                     ));
                     ops.push(families::purged_session_op(id, &r.session_id));
+                    self.drop_strength(id, &mut ops, undo);
                     ops.push(Op::Delete(keys::session_entry(
                         &r.namespace,
                         &r.session_id,
@@ -659,16 +690,19 @@ impl Worker {
                     let Some(bytes) = self.current(id)? else {
                         continue;
                     };
-                    // Only the strength changes: the JSON fields are written back as the
-                    // text they were read as, never parsed.
-                    let (mut r, json) = codec::decode_deferred(id, &key, &bytes)?;
+                    // Only the strength changes, and it goes to the strength table: the
+                    // record's own bytes (and page) are left as they are.
+                    let (mut r, _) = codec::decode_deferred(id, &key, &bytes)?;
+                    let stored = r.policy.clone();
+                    self.lay_strength_over(&mut r)?;
                     let before = r.strength;
                     reinforcement
                         .curve
                         .apply(&mut r, reinforcement.at, reinforcement.amount);
-                    let bytes = json.encode_with(&r);
-                    self.set_overlay(undo, keys::record(id).to_vec(), Some(bytes.clone()));
-                    ops.push(Op::Put(key.to_vec(), bytes));
+                    let strength = codec::encode(&codec::Strength::of(&r, &stored));
+                    let skey = keys::strength(id).to_vec();
+                    self.set_overlay(undo, skey.clone(), Some(strength.clone()));
+                    ops.push(Op::Put(skey, strength));
                     // Audited in the record's session's reinforcement log, one entry per
                     // recall and session, written after the loop.
                     let item = (id, before, r.strength);

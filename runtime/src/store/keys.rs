@@ -31,6 +31,8 @@ pub mod family {
     pub const TOMBSTONE: u8 = 0x09;
     /// A long record's passages (byte ranges and their embeddings), by id.
     pub const PASSAGES: u8 = 0x0a;
+    /// What recall's reinforcements changed in a record, by id (`codec::Strength`).
+    pub const STRENGTH: u8 = 0x0b;
 }
 
 /// Metadata key names.
@@ -99,6 +101,11 @@ fn id_key(family: u8, id: MemoryId) -> [u8; 5] {
 pub fn id_from_key(key: &[u8]) -> Option<MemoryId> {
     let tail: [u8; 4] = key.get(key.len().checked_sub(4)?..)?.try_into().ok()?;
     Some(MemoryId(u32::from_be_bytes(tail)))
+}
+
+/// A record's reinforced strength, when a recall reinforced it since it was last written.
+pub fn strength(id: MemoryId) -> [u8; 5] {
+    id_key(family::STRENGTH, id)
 }
 
 /// A purged record's tombstone.

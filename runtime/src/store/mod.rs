@@ -37,9 +37,12 @@ use keys::{family, meta};
 use kv::{Kv, Range, Visitor};
 
 /// The on-disk format this build reads and writes. 2 added long records' passages and the
-/// change log's `Embedded` entries; a format-1 directory is upgraded in place on open (both
-/// are additions), so an older build then refuses it instead of misreading them.
-pub const FORMAT_VERSION: u32 = 2;
+/// change log's `Embedded` entries; 3 added the strength table (a record's reinforced
+/// strength, laid over its bytes) and the sessions' reinforcement logs. Older directories
+/// are upgraded in place on open (each step is an addition), so an older build then
+/// refuses them instead of misreading them: one that ignored the strength table would read
+/// stale strengths and could write them back.
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Durable work queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -483,11 +486,7 @@ impl Store {
 
     /// Reads one record without its embedding (cheaper; for listings and rendering).
     pub fn get_light(&self, id: MemoryId) -> Result<Option<MemoryRecord>> {
-        let key = keys::record(id);
-        match self.inner.kv.get(&key)? {
-            Some(bytes) => codec::decode_record(id, &key, &bytes, None).map(Some),
-            None => Ok(None),
-        }
+        Ok(self.get_many_with(&[id], false)?.pop().flatten())
     }
 
     /// Reads a record only if it lives in `namespace`: namespace isolation is enforced here,
@@ -535,10 +534,10 @@ impl Store {
         ids: &[MemoryId],
         embeddings: bool,
     ) -> Result<Vec<Option<(MemoryRecord, RawJson)>>> {
-        let per = if embeddings { 2 } else { 1 };
-        let keys: Vec<[[u8; 5]; 2]> = ids
+        let per = if embeddings { 3 } else { 2 };
+        let keys: Vec<[[u8; 5]; 3]> = ids
             .iter()
-            .map(|&id| [keys::record(id), keys::embedding(id)])
+            .map(|&id| [keys::record(id), keys::strength(id), keys::embedding(id)])
             .collect();
         let flat: Vec<&[u8]> = keys
             .iter()
@@ -546,12 +545,18 @@ impl Store {
             .map(|k| &k[..])
             .collect();
         let mut out: Vec<Option<(MemoryRecord, RawJson)>> = Vec::with_capacity(ids.len());
-        // Each id's record comes first, then (when asked for) its embedding.
+        // Each id's record comes first, then its reinforced strength (laid over it), then
+        // (when asked for) its embedding.
         self.inner.kv.get_each(&flat, &mut |i, value| {
             let (n, key) = (i / per, flat[i]);
             match (i % per, value) {
                 (0, Some(bytes)) => out.push(Some(codec::decode_deferred(ids[n], key, bytes)?)),
                 (0, None) => out.push(None),
+                (1, Some(bytes)) => {
+                    if let Some(Some((r, _))) = out.last_mut() {
+                        codec::Strength::decode_over(key, bytes, r)?;
+                    }
+                }
                 (_, Some(bytes)) => {
                     if let Some(Some((r, _))) = out.last_mut() {
                         r.embedding = Some(codec::decode_embedding(key, bytes)?);
@@ -1270,7 +1275,7 @@ fn read_u64(kv: &dyn Kv, name: &str) -> Result<Option<u64>> {
 fn check_format(kv: &dyn Kv) -> Result<()> {
     match read_u32(kv, meta::FORMAT_VERSION)? {
         Some(FORMAT_VERSION) => Ok(()),
-        Some(found) if found != 1 => Err(Error::FormatVersion {
+        Some(found) if !(1..FORMAT_VERSION).contains(&found) => Err(Error::FormatVersion {
             found,
             expected: FORMAT_VERSION,
         }),
@@ -1368,17 +1373,18 @@ mod tests {
     }
 
     #[test]
-    fn a_format_one_directory_is_upgraded_and_an_unknown_format_refused() {
+    fn older_format_directories_are_upgraded_and_an_unknown_format_refused() {
         let dir = tempfile::tempdir().unwrap();
         drop(Store::open(dir.path(), StoreOptions::default()).unwrap());
-        set_format(dir.path(), 1);
-        drop(Store::open(dir.path(), StoreOptions::default()).unwrap());
-        let kv = kv::open(Backend::default(), dir.path()).unwrap();
-        assert_eq!(
-            read_u32(kv.as_ref(), meta::FORMAT_VERSION).unwrap(),
-            Some(FORMAT_VERSION)
-        );
-        drop(kv);
+        for older in 1..FORMAT_VERSION {
+            set_format(dir.path(), older);
+            drop(Store::open(dir.path(), StoreOptions::default()).unwrap());
+            let kv = kv::open(Backend::default(), dir.path()).unwrap();
+            assert_eq!(
+                read_u32(kv.as_ref(), meta::FORMAT_VERSION).unwrap(),
+                Some(FORMAT_VERSION)
+            );
+        }
         set_format(dir.path(), 99);
         let err = Store::open(dir.path(), StoreOptions::default()).unwrap_err();
         assert!(

@@ -1,13 +1,16 @@
-//! Model test of the store: random operations — insert, status changes, archive, purge and
-//! reopen — applied to a real store (LMDB and sled in temp dirs) and to a `BTreeMap`
-//! reference; after every step the two must agree on records, listings, catalog and stats.
+//! Model test of the store: random operations — insert, status changes, archive,
+//! reinforcement, purge and reopen — applied to a real store (LMDB and sled in temp dirs) and
+//! to a `BTreeMap` reference; after every step the two must agree on records (read whole,
+//! light and many at a time), listings, catalog and stats.
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use proptest::prelude::*;
 use shadowbrain_runtime::internals::{
-    Filter, Mutation, Queue, RecordPatch, Store, StoreOptions, WriteSet, neighbours_in,
+    Filter, Mutation, Queue, RecordPatch, Reinforce, Reinforcement, Store, StoreOptions, WriteSet,
+    neighbours_in,
 };
 use shadowbrain_runtime::{AuditEntry, Backend, Kind, MemoryId, MemoryRecord, PolicyStamp, Status};
 
@@ -26,7 +29,52 @@ enum Step {
     Purge {
         pick: usize,
     },
+    /// Reinforce several records in one write, as a recall does.
+    Reinforce {
+        picks: Vec<usize>,
+        other_policy: bool,
+    },
     Reopen,
+}
+
+/// A reinforcement curve for the model: adds the amount, and stamps the record with a
+/// policy of its own when asked, so both kinds of strength entry are written.
+#[derive(Debug)]
+struct Curve {
+    other_policy: bool,
+}
+
+impl Reinforce for Curve {
+    fn apply(&self, r: &mut MemoryRecord, now: i64, amount: f32) {
+        r.strength = (r.strength + amount).min(1.0);
+        r.strength_at = now;
+        r.reinforcements += 1;
+        r.policy = self.stamp_for(&r.policy);
+    }
+
+    fn stamp(&self) -> PolicyStamp {
+        self.stamp_for(&policy())
+    }
+}
+
+impl Curve {
+    fn stamp_for(&self, stored: &PolicyStamp) -> PolicyStamp {
+        if self.other_policy {
+            PolicyStamp {
+                name: "reinforcer".into(),
+                hash: "def".into(),
+            }
+        } else {
+            stored.clone()
+        }
+    }
+}
+
+fn policy() -> PolicyStamp {
+    PolicyStamp {
+        name: "default".into(),
+        hash: "abc".into(),
+    }
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -35,6 +83,8 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (any::<usize>(), prop_oneof![Just(Status::Active), Just(Status::Pinned), Just(Status::Obsolete), Just(Status::Archived)])
             .prop_map(|(pick, status)| Step::SetStatus { pick, status }),
         1 => any::<usize>().prop_map(|pick| Step::Purge { pick }),
+        2 => (proptest::collection::vec(any::<usize>(), 1..4), any::<bool>())
+            .prop_map(|(picks, other_policy)| Step::Reinforce { picks, other_policy }),
         1 => Just(Step::Reopen),
     ]
 }
@@ -45,10 +95,7 @@ fn record(id: MemoryId, ns: u8, session: u8, text: String, t: i64, emb: bool) ->
         agent_id: Some(format!("agent{}", session % 2)),
         content: serde_json::json!({"n": id.0}),
         importance: 3.0,
-        policy: PolicyStamp {
-            name: "default".into(),
-            hash: "abc".into(),
-        },
+        policy: policy(),
         embedding: emb.then(|| vec![id.0 as f32 + 1.0, 0.5, -0.25]),
         ..MemoryRecord::episodic(id, format!("ns{ns}"), format!("s{session}"), kind, text, t)
     }
@@ -74,6 +121,23 @@ fn check(store: &Store, model: &BTreeMap<u32, MemoryRecord>) {
             .unwrap()
             .expect("record in the model is in the store");
         assert_eq!(&got, want);
+        let light = MemoryRecord {
+            embedding: None,
+            ..want.clone()
+        };
+        assert_eq!(
+            store.get_light(MemoryId(*id)).unwrap().as_ref(),
+            Some(&light)
+        );
+    }
+    let ids: Vec<MemoryId> = model.keys().map(|&id| MemoryId(id)).collect();
+    let many = store.get_many_with(&ids, false).unwrap();
+    for (got, want) in many.iter().zip(model.values()) {
+        assert_eq!(
+            got.as_ref()
+                .map(|r| (r.strength, r.reinforcements, &r.policy)),
+            Some((want.strength, want.reinforcements, &want.policy))
+        );
     }
     assert_eq!(store.len(), model.len() as u64);
     for ns in 0..2u8 {
@@ -150,8 +214,10 @@ fn run(backend: Backend, steps: Vec<Step>) {
                 let r = model.get_mut(&key).unwrap();
                 r.status = status;
                 r.status_at = t;
-                // Odd picks rewrite the record; even ones patch it at commit time.
+                // Odd picks rewrite the record (and its strength, as a caller that decays
+                // it would); even ones patch it at commit time.
                 let m = if pick % 2 == 1 {
+                    r.strength *= 0.5;
                     Mutation::Update {
                         record: Box::new(r.clone()),
                         reindex: false,
@@ -177,6 +243,31 @@ fn run(backend: Backend, steps: Vec<Step>) {
                     .write(WriteSet(vec![Mutation::Purge(Box::new(r.clone()))]))
                     .unwrap();
                 assert!(store.get(r.id).unwrap().is_none());
+            }
+            Step::Reinforce {
+                picks,
+                other_policy,
+            } => {
+                if model.is_empty() {
+                    continue;
+                }
+                let curve = Arc::new(Curve { other_policy });
+                let mut writes = Vec::new();
+                for pick in picks {
+                    let key = *model.keys().nth(pick % model.len()).unwrap();
+                    let r = model.get_mut(&key).unwrap();
+                    curve.apply(r, t, 0.125);
+                    writes.push(Mutation::Reinforce {
+                        id: r.id,
+                        reinforcement: Reinforcement {
+                            curve: curve.clone() as Arc<dyn Reinforce>,
+                            at: t,
+                            amount: 0.125,
+                        },
+                        by: "recall".into(),
+                    });
+                }
+                store.write(WriteSet(writes)).unwrap();
             }
             Step::Reopen => {
                 drop(store);
