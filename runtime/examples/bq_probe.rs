@@ -1,0 +1,145 @@
+//! A probe, not part of the runtime: can arroy's one-bit index (`BinaryQuantizedCosine`, 48
+//! bytes a 384-d vector) find W1's global top-10 (Q2) when its candidates are rescored with
+//! the full vectors? That would keep each embedding once in full (the store's copy) and shrink
+//! arroy's items from 1,536 to 48 bytes. `bench/bq_bound.py` gives the best case (exact
+//! Hamming top-N); this measures arroy's approximate one.
+//!
+//! Builds one arroy forest over W1's 100,000 vectors in a temporary LMDB, then for each
+//! (candidates asked, leaves inspected) pair runs the 1,000 Q2 queries one at a time and
+//! prints p50 / p99 latency (arroy's search plus the rescoring) and recall@10 against W1's
+//! exact ground truth, and the index's size on disk. The rescoring reads the float32 vectors
+//! from memory, as the hot cache holds them (at half precision) in a server.
+//!
+//! ```text
+//! cargo run --release -p shadowbrain-runtime --example bq_probe -- /tmp/w1-data [TREES]
+//! ```
+
+use std::num::NonZeroUsize;
+use std::path::Path;
+use std::time::Instant;
+
+use arroy::distances::BinaryQuantizedCosine;
+use arroy::{Database, Reader, Writer};
+use heed::{CommitOrAbort, EnvOpenOptions};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+const DIM: usize = 384;
+
+fn read<T: Copy>(path: &Path, decode: fn(&[u8]) -> T, width: usize) -> Vec<T> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    bytes.chunks_exact(width).map(decode).collect()
+}
+
+fn unit(v: &[f32]) -> Vec<f32> {
+    let norm = v
+        .iter()
+        .map(|x| x * x)
+        .sum::<f32>()
+        .sqrt()
+        .max(f32::MIN_POSITIVE);
+    v.iter().map(|x| x / norm).collect()
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let data = std::path::PathBuf::from(args.next().ok_or("usage: bq_probe W1_DATA [TREES]")?);
+    let trees: usize = args.next().map(|t| t.parse()).transpose()?.unwrap_or(24);
+    let f32le = |c: &[u8]| f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    let emb = read(&data.join("emb.f32"), f32le, 4);
+    let queries = read(&data.join("q2.f32"), f32le, 4);
+    let truth = read(
+        &data.join("q2_gt.i64"),
+        |c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])),
+        8,
+    );
+    let n = emb.len() / DIM;
+    let nq = queries.len() / DIM;
+    let per_query = truth.len() / nq;
+    let vectors: Vec<Vec<f32>> = emb.chunks_exact(DIM).map(unit).collect();
+
+    let dir = tempfile::tempdir()?;
+    // SAFETY: a fresh directory of our own, opened once.
+    let env = unsafe {
+        EnvOpenOptions::new()
+            .map_size(4 << 30)
+            .max_dbs(1)
+            .open(dir.path())?
+    };
+    let db: Database<BinaryQuantizedCosine> = env
+        .create_databases_and_commit(env.write_txn()?, |opener, wtxn| -> heed::Result<_> {
+            Ok(CommitOrAbort::<_, ()>::Commit(
+                opener.create_database(wtxn, None)?,
+            ))
+        })?
+        .unwrap_commit();
+    let mut wtxn = env.write_txn()?;
+    let started = Instant::now();
+    let writer = Writer::new(db, 0, DIM);
+    for (id, v) in vectors.iter().enumerate() {
+        writer.append_item(&mut wtxn, id as u32, v)?;
+    }
+    let mut rng = StdRng::seed_from_u64(7);
+    writer.builder(&mut rng).n_trees(trees).build(&mut wtxn)?;
+    wtxn.commit()?;
+    let build_s = started.elapsed().as_secs_f64();
+    let disk = std::fs::metadata(dir.path().join("data.mdb"))?.len();
+    eprintln!(
+        "bq_probe: {n} vectors, {trees} trees, built in {build_s:.1} s, {disk} bytes on disk"
+    );
+
+    let rtxn = env.read_txn()?;
+    let reader = Reader::open(&rtxn, 0, db)?;
+    let mut rows = Vec::new();
+    for asked in [200usize, 400, 800] {
+        for inspected in [2_000usize, 4_000, 8_000, 16_000] {
+            if inspected < asked {
+                continue;
+            }
+            let mut times = Vec::with_capacity(nq);
+            let mut hits = 0usize;
+            for (q, query) in queries.chunks_exact(DIM).enumerate() {
+                let query = unit(query);
+                let t = Instant::now();
+                let mut nns = reader.nns(asked);
+                nns.search_k(NonZeroUsize::new(inspected).unwrap_or(NonZeroUsize::MIN))
+                    .oversampling(NonZeroUsize::MIN);
+                let found = nns.by_vector(&rtxn, &query)?;
+                let mut scored: Vec<(f32, u32)> = found
+                    .iter()
+                    .map(|&(id, _)| (dot(&vectors[id as usize], &query), id))
+                    .collect();
+                scored.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+                scored.truncate(10);
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+                let expected = &truth[q * per_query..q * per_query + 10];
+                hits += scored
+                    .iter()
+                    .filter(|(_, id)| expected.contains(&i64::from(*id)))
+                    .count();
+            }
+            times.sort_unstable_by(f64::total_cmp);
+            let recall = hits as f64 / (10 * nq) as f64;
+            let (p50, p99) = (percentile(&times, 0.5), percentile(&times, 0.99));
+            eprintln!(
+                "bq_probe: {asked} asked, {inspected} inspected: p50 {p50:.3} ms p99 {p99:.3} ms recall@10 {recall:.4}"
+            );
+            rows.push(format!(
+                "{{\"asked\":{asked},\"inspected\":{inspected},\"p50_ms\":{p50:.3},\"p99_ms\":{p99:.3},\"recall_at_10\":{recall:.4}}}"
+            ));
+        }
+    }
+    println!(
+        "{{\"trees\":{trees},\"build_s\":{build_s:.1},\"disk_bytes\":{disk},\"rows\":[{}]}}",
+        rows.join(",")
+    );
+    Ok(())
+}
