@@ -8,7 +8,9 @@
 //! (candidates asked, leaves inspected) pair runs the 1,000 Q2 queries one at a time and
 //! prints p50 / p99 latency (arroy's search plus the rescoring) and recall@10 against W1's
 //! exact ground truth, and the index's size on disk. The rescoring reads the float32 vectors
-//! from memory, as the hot cache holds them (at half precision) in a server.
+//! from memory, as the hot cache holds them (at half precision) in a server. The anchor,
+//! built and queried the same way in the same run, is the float32 forest with the vector
+//! index's own setting (10 asked, 10 × trees × 8 leaves inspected).
 //!
 //! ```text
 //! cargo run --release -p shadowbrain-runtime --example bq_probe -- /tmp/w1-data [TREES]
@@ -18,8 +20,8 @@ use std::num::NonZeroUsize;
 use std::path::Path;
 use std::time::Instant;
 
-use arroy::distances::BinaryQuantizedCosine;
-use arroy::{Database, Reader, Writer};
+use arroy::distances::{BinaryQuantizedCosine, Cosine};
+use arroy::{Database, Distance, Reader, Writer};
 use heed::{CommitOrAbort, EnvOpenOptions};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -66,6 +68,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let per_query = truth.len() / nq;
     let vectors: Vec<Vec<f32>> = emb.chunks_exact(DIM).map(unit).collect();
 
+    let w1 = W1 {
+        vectors: &vectors,
+        queries: &queries,
+        truth: &truth,
+        per_query,
+    };
+    // The anchor, in the same run: the float32 forest as the vector index searches it
+    // (10 asked, k × trees × 8 leaves), no rescoring.
+    let float = forest::<Cosine>(&w1, trees, &[(10, 10 * trees * 8)], false)?;
+    let one_bit_grid: Vec<(usize, usize)> = [200usize, 400, 800]
+        .into_iter()
+        .flat_map(|asked| [2_000usize, 4_000, 8_000, 16_000].map(|inspected| (asked, inspected)))
+        .collect();
+    let one_bit = forest::<BinaryQuantizedCosine>(&w1, trees, &one_bit_grid, true)?;
+    println!("{{\"vectors\":{n},\"trees\":{trees},\"float32\":{float},\"one_bit\":{one_bit}}}");
+    Ok(())
+}
+
+/// W1's unit vectors, its Q2 queries and their exact top ids.
+struct W1<'a> {
+    vectors: &'a [Vec<f32>],
+    queries: &'a [f32],
+    truth: &'a [i64],
+    per_query: usize,
+}
+
+/// Builds one forest of `D` over every vector in a temporary LMDB and runs the queries for
+/// each (asked, inspected) setting; with `rescore`, the asked candidates are ranked again by
+/// their exact cosine. Returns a JSON object of the build and the rows.
+fn forest<D: Distance>(
+    w1: &W1<'_>,
+    trees: usize,
+    settings: &[(usize, usize)],
+    rescore: bool,
+) -> Result<String, Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     // SAFETY: a fresh directory of our own, opened once.
     let env = unsafe {
@@ -74,7 +111,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .max_dbs(1)
             .open(dir.path())?
     };
-    let db: Database<BinaryQuantizedCosine> = env
+    let db: Database<D> = env
         .create_databases_and_commit(env.write_txn()?, |opener, wtxn| -> heed::Result<_> {
             Ok(CommitOrAbort::<_, ()>::Commit(
                 opener.create_database(wtxn, None)?,
@@ -84,7 +121,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut wtxn = env.write_txn()?;
     let started = Instant::now();
     let writer = Writer::new(db, 0, DIM);
-    for (id, v) in vectors.iter().enumerate() {
+    for (id, v) in w1.vectors.iter().enumerate() {
         writer.append_item(&mut wtxn, id as u32, v)?;
     }
     let mut rng = StdRng::seed_from_u64(7);
@@ -92,54 +129,53 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     wtxn.commit()?;
     let build_s = started.elapsed().as_secs_f64();
     let disk = std::fs::metadata(dir.path().join("data.mdb"))?.len();
-    eprintln!(
-        "bq_probe: {n} vectors, {trees} trees, built in {build_s:.1} s, {disk} bytes on disk"
-    );
+    let name = D::name();
+    eprintln!("bq_probe: {name}: {trees} trees, built in {build_s:.1} s, {disk} bytes on disk");
 
     let rtxn = env.read_txn()?;
     let reader = Reader::open(&rtxn, 0, db)?;
+    let nq = w1.queries.len() / DIM;
     let mut rows = Vec::new();
-    for asked in [200usize, 400, 800] {
-        for inspected in [2_000usize, 4_000, 8_000, 16_000] {
-            if inspected < asked {
-                continue;
-            }
-            let mut times = Vec::with_capacity(nq);
-            let mut hits = 0usize;
-            for (q, query) in queries.chunks_exact(DIM).enumerate() {
-                let query = unit(query);
-                let t = Instant::now();
-                let mut nns = reader.nns(asked);
-                nns.search_k(NonZeroUsize::new(inspected).unwrap_or(NonZeroUsize::MIN))
-                    .oversampling(NonZeroUsize::MIN);
-                let found = nns.by_vector(&rtxn, &query)?;
-                let mut scored: Vec<(f32, u32)> = found
+    for &(asked, inspected) in settings {
+        let mut times = Vec::with_capacity(nq);
+        let mut hits = 0usize;
+        for (q, query) in w1.queries.chunks_exact(DIM).enumerate() {
+            let query = unit(query);
+            let t = Instant::now();
+            let mut nns = reader.nns(asked);
+            nns.search_k(NonZeroUsize::new(inspected).unwrap_or(NonZeroUsize::MIN))
+                .oversampling(NonZeroUsize::MIN);
+            let found = nns.by_vector(&rtxn, &query)?;
+            let mut top: Vec<(f32, u32)> = if rescore {
+                found
                     .iter()
-                    .map(|&(id, _)| (dot(&vectors[id as usize], &query), id))
-                    .collect();
-                scored.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
-                scored.truncate(10);
-                times.push(t.elapsed().as_secs_f64() * 1e3);
-                let expected = &truth[q * per_query..q * per_query + 10];
-                hits += scored
-                    .iter()
-                    .filter(|(_, id)| expected.contains(&i64::from(*id)))
-                    .count();
-            }
-            times.sort_unstable_by(f64::total_cmp);
-            let recall = hits as f64 / (10 * nq) as f64;
-            let (p50, p99) = (percentile(&times, 0.5), percentile(&times, 0.99));
-            eprintln!(
-                "bq_probe: {asked} asked, {inspected} inspected: p50 {p50:.3} ms p99 {p99:.3} ms recall@10 {recall:.4}"
-            );
-            rows.push(format!(
-                "{{\"asked\":{asked},\"inspected\":{inspected},\"p50_ms\":{p50:.3},\"p99_ms\":{p99:.3},\"recall_at_10\":{recall:.4}}}"
-            ));
+                    .map(|&(id, _)| (dot(&w1.vectors[id as usize], &query), id))
+                    .collect()
+            } else {
+                // Ascending distance is descending similarity.
+                found.iter().map(|&(id, d)| (-d, id)).collect()
+            };
+            top.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+            top.truncate(10);
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+            let expected = &w1.truth[q * w1.per_query..q * w1.per_query + 10];
+            hits += top
+                .iter()
+                .filter(|(_, id)| expected.contains(&i64::from(*id)))
+                .count();
         }
+        times.sort_unstable_by(f64::total_cmp);
+        let recall = hits as f64 / (10 * nq) as f64;
+        let (p50, p99) = (percentile(&times, 0.5), percentile(&times, 0.99));
+        eprintln!(
+            "bq_probe: {name}: {asked} asked, {inspected} inspected: p50 {p50:.3} ms p99 {p99:.3} ms recall@10 {recall:.4}"
+        );
+        rows.push(format!(
+            "{{\"asked\":{asked},\"inspected\":{inspected},\"p50_ms\":{p50:.3},\"p99_ms\":{p99:.3},\"recall_at_10\":{recall:.4}}}"
+        ));
     }
-    println!(
-        "{{\"trees\":{trees},\"build_s\":{build_s:.1},\"disk_bytes\":{disk},\"rows\":[{}]}}",
+    Ok(format!(
+        "{{\"build_s\":{build_s:.1},\"disk_bytes\":{disk},\"rows\":[{}]}}",
         rows.join(",")
-    );
-    Ok(())
+    ))
 }
