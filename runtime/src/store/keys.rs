@@ -115,8 +115,15 @@ pub fn tombstone(id: MemoryId) -> [u8; 5] {
 
 /// The prefix of one session's listing.
 pub fn session_prefix(namespace: &str, session: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(3 + namespace.len() + session.len());
-    k.push(family::SESSION_LIST);
+    // Room for an entry's time and id (`session_entry`).
+    per_session(family::SESSION_LIST, namespace, session, 12)
+}
+
+/// `tag namespace 0 session 0`, with room for `tail` more bytes: the prefix of a table kept
+/// per session.
+fn per_session(tag: u8, namespace: &str, session: &str, tail: usize) -> Vec<u8> {
+    let mut k = Vec::with_capacity(3 + namespace.len() + session.len() + tail);
+    k.push(tag);
     k.extend_from_slice(namespace.as_bytes());
     k.push(0);
     k.extend_from_slice(session.as_bytes());
@@ -352,13 +359,7 @@ pub fn audit(id: MemoryId, seq: u64) -> [u8; 13] {
 
 /// The prefix of one session's reinforcement log.
 pub fn reinforced_prefix(namespace: &str, session: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(11 + namespace.len() + session.len());
-    k.push(layer::REINFORCED);
-    k.extend_from_slice(namespace.as_bytes());
-    k.push(0);
-    k.extend_from_slice(session.as_bytes());
-    k.push(0);
-    k
+    per_session(layer::REINFORCED, namespace, session, 8)
 }
 
 /// One entry of a session's reinforcement log: the session, then the global sequence, so
