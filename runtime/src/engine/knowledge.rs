@@ -477,7 +477,7 @@ impl Substrate {
         // A person who settled a conflict of this candidate by hand decided about it: it
         // is not held again for the same knowledge.
         let settled = store
-            .history(candidate.id)?
+            .audit_entries(candidate.id)?
             .iter()
             .any(|e| e.action == AuditAction::Resolved);
         let claims = Claims::of(&candidate.text);

@@ -548,7 +548,12 @@ impl Worker {
     ) -> Result<(Vec<Op>, Vec<CatalogOp>)> {
         let mut ops = Vec::new();
         let mut cat = Vec::new();
-        let mut reinforced: Vec<(String, String, Reinforcements)> = Vec::new();
+        // Each entry's sequence is taken at its first reinforcement, so the history orders
+        // it among the write set's other audit entries where it happened; a reinforcement
+        // after another audit entry starts a new entry (a recall's write set has none, so
+        // it keeps one entry per session).
+        let mut reinforced: Vec<(String, String, u64, Reinforcements)> = Vec::new();
+        let (mut last_entry_seq, mut reusable_from) = (None, 0);
         for m in writes.0 {
             match m {
                 Mutation::Insert(r) => {
@@ -707,19 +712,29 @@ impl Worker {
                     // recall and session, written after the loop.
                     let item = (id, before, r.strength);
                     let at = reinforcement.at;
-                    match reinforced.iter_mut().find(|(ns, s, e)| {
-                        *ns == r.namespace && *s == r.session_id && e.at == at && e.by == by
-                    }) {
-                        Some((_, _, entry)) => entry.items.push(item),
-                        None => reinforced.push((
-                            std::mem::take(&mut r.namespace),
-                            std::mem::take(&mut r.session_id),
-                            Reinforcements {
-                                at,
-                                by,
-                                items: vec![item],
-                            },
-                        )),
+                    if self.next_seq.checked_sub(1) != last_entry_seq {
+                        reusable_from = reinforced.len();
+                    }
+                    match reinforced[reusable_from..]
+                        .iter_mut()
+                        .find(|(ns, s, _, e)| {
+                            *ns == r.namespace && *s == r.session_id && e.at == at && e.by == by
+                        }) {
+                        Some((_, _, _, entry)) => entry.items.push(item),
+                        None => {
+                            let seq = self.seq();
+                            last_entry_seq = Some(seq);
+                            reinforced.push((
+                                std::mem::take(&mut r.namespace),
+                                std::mem::take(&mut r.session_id),
+                                seq,
+                                Reinforcements {
+                                    at,
+                                    by,
+                                    items: vec![item],
+                                },
+                            ));
+                        }
                     }
                 }
                 Mutation::SetEmbedding(id, embedding) => {
@@ -858,9 +873,8 @@ impl Worker {
                 }
             }
         }
-        for (namespace, session, entry) in &reinforced {
-            let seq = self.seq();
-            ops.push(families::reinforcements_op(namespace, session, seq, entry));
+        for (namespace, session, seq, entry) in &reinforced {
+            ops.push(families::reinforcements_op(namespace, session, *seq, entry));
         }
         touched.sort();
         touched.dedup();

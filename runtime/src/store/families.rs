@@ -1,11 +1,11 @@
 //! The store's small typed tables, kept for the layers above it: what each recall returned,
 //! knowledge-graph edges, promotion markers, strike counts and quarantine entries, where a
-//! session's condensation stands, when the last decay sweep ran, and whether a record
-//! still holds (its validity), and what recalls' reinforcements did, per session. Each has
-//! a type here,
-//! a [`Mutation`](super::Mutation) that writes it and a reader on [`Store`]; the key bytes
-//! and the encoding stay inside the store (built by `keys`, encoded by `codec`), so no
-//! caller ever builds or parses a key, and the on-disk bytes are those of format 1.
+//! session's condensation stands, when the last decay sweep ran, whether a record still
+//! holds (its validity), and what recalls' reinforcements did, per session. Each has a type
+//! here, a [`Mutation`](super::Mutation) that writes it and a reader on [`Store`]; the key
+//! bytes and the encoding stay inside the store (built by `keys`, encoded by `codec`), so
+//! no caller ever builds or parses a key. Tables that existed in format 1 keep its bytes;
+//! later formats only added tables.
 
 use serde::{Deserialize, Serialize};
 
@@ -63,15 +63,18 @@ pub struct Reinforcements {
 }
 
 impl Reinforcements {
-    /// The audit entry this log entry holds for record `id`, if it names it.
-    pub fn entry_for(&self, id: MemoryId) -> Option<AuditEntry> {
-        let (_, before, after) = self.items.iter().find(|item| item.0 == id)?;
-        Some(AuditEntry {
-            at: self.at,
-            action: AuditAction::Reinforced,
-            by: self.by.clone(),
-            detail: format!("strength {before:.3} -> {after:.3}"),
-        })
+    /// The audit entries this log entry holds for record `id`, in the order they were made
+    /// (a record reinforced twice in one write has two).
+    pub fn entries_for(&self, id: MemoryId) -> impl Iterator<Item = AuditEntry> + '_ {
+        self.items
+            .iter()
+            .filter(move |item| item.0 == id)
+            .map(|(_, before, after)| AuditEntry {
+                at: self.at,
+                action: AuditAction::Reinforced,
+                by: self.by.clone(),
+                detail: format!("strength {before:.3} -> {after:.3}"),
+            })
     }
 }
 
@@ -380,8 +383,8 @@ impl Store {
         let mut out = Vec::new();
         self.scan_prefix(&keys::reinforced_prefix(namespace, session), &mut |k, v| {
             let entry: Reinforcements = codec::decode(k, v)?;
-            if let (Some(seq), Some(audit)) = (keys::trailing_seq(k), entry.entry_for(id)) {
-                out.push((seq, audit));
+            if let Some(seq) = keys::trailing_seq(k) {
+                out.extend(entry.entries_for(id).map(|audit| (seq, audit)));
             }
             Ok(Visit::Continue)
         })?;

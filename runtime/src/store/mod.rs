@@ -502,7 +502,10 @@ impl Store {
     }
 
     /// Several records with their embeddings, as [`get`](Self::get) reads each, in one
-    /// snapshot of the backend (LMDB: one read transaction, values decoded in place).
+    /// snapshot of the backend (LMDB: one read transaction, values decoded in place). sled
+    /// has no read snapshots: there a record and its reinforced strength are two reads, and
+    /// a write that folds the strength into the record between them can leave the read a
+    /// reinforcement behind (one more reason LMDB is the default).
     pub fn get_many(&self, ids: &[MemoryId]) -> Result<Vec<Option<MemoryRecord>>> {
         self.get_many_with(ids, true)
     }
@@ -796,15 +799,7 @@ impl Store {
     /// recall, see [`families::Reinforcements`]); they are merged in here by sequence, so
     /// the history reads as one log. Reading it scans that session's reinforcement log.
     pub fn history(&self, id: MemoryId) -> Result<Vec<AuditEntry>> {
-        let prefix = keys::audit_prefix(id);
-        let mut end = Vec::new();
-        let mut out: Vec<(u64, AuditEntry)> = Vec::new();
-        self.inner
-            .kv
-            .scan(Range::prefix(&prefix, &mut end), false, &mut |k, v| {
-                out.push((keys::trailing_seq(k).unwrap_or(0), codec::decode(k, v)?));
-                Ok(Visit::Continue)
-            })?;
+        let mut out = self.own_audit(id)?;
         let home = match self.inner.kv.get(&keys::record(id))? {
             Some(bytes) => {
                 let h = codec::decode_header(&keys::record(id), &bytes)?;
@@ -824,6 +819,31 @@ impl Store {
             }
         }
         Ok(out.into_iter().map(|(_, entry)| entry).collect())
+    }
+
+    /// A record's own audit entries, oldest first: its [`history`](Self::history) without
+    /// recall's reinforcements, read without scanning its session's reinforcement log (for
+    /// checks that look for an action a person or a rule took).
+    pub fn audit_entries(&self, id: MemoryId) -> Result<Vec<AuditEntry>> {
+        Ok(self
+            .own_audit(id)?
+            .into_iter()
+            .map(|(_, entry)| entry)
+            .collect())
+    }
+
+    /// The entries kept under the record, with their sequence numbers.
+    fn own_audit(&self, id: MemoryId) -> Result<Vec<(u64, AuditEntry)>> {
+        let prefix = keys::audit_prefix(id);
+        let mut end = Vec::new();
+        let mut out = Vec::new();
+        self.inner
+            .kv
+            .scan(Range::prefix(&prefix, &mut end), false, &mut |k, v| {
+                out.push((keys::trailing_seq(k).unwrap_or(0), codec::decode(k, v)?));
+                Ok(Visit::Continue)
+            })?;
+        Ok(out)
     }
 
     /// Up to `limit` records waiting on `queue`, oldest id first.

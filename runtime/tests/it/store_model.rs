@@ -362,6 +362,80 @@ fn the_other_backend_is_refused_with_the_fix() {
 }
 
 #[test]
+fn history_orders_reinforcements_among_a_writes_other_entries() {
+    use shadowbrain_runtime::AuditAction;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path(), Backend::Lmdb);
+    let ids = store.allocate_ids(2).unwrap();
+    let (a, b) = (ids[0], ids[1]);
+    let entry = |action, detail: &str| AuditEntry {
+        at: 5,
+        action,
+        by: "test".into(),
+        detail: detail.into(),
+    };
+    let reinforce = |id| Mutation::Reinforce {
+        id,
+        reinforcement: Reinforcement {
+            curve: Arc::new(Curve {
+                other_policy: false,
+            }) as Arc<dyn Reinforce>,
+            at: 6,
+            amount: 0.125,
+        },
+        by: "recall".into(),
+    };
+    let half = |id, session| MemoryRecord {
+        strength: 0.5,
+        ..record(id, 0, session, "text".into(), 5, false)
+    };
+    store
+        .write(WriteSet(vec![
+            Mutation::Insert(Box::new(half(a, 0))),
+            Mutation::Insert(Box::new(half(b, 1))),
+            Mutation::Audit(a, entry(AuditAction::Created, "by test")),
+        ]))
+        .unwrap();
+    // One write: a reinforced, then resolved, then reinforced twice more (once beside a
+    // record of another session, as a recall across sessions does).
+    store
+        .write(WriteSet(vec![
+            reinforce(a),
+            Mutation::Audit(a, entry(AuditAction::Resolved, "kept")),
+            reinforce(a),
+            reinforce(b),
+            reinforce(a),
+        ]))
+        .unwrap();
+    let details: Vec<(AuditAction, String)> = store
+        .history(a)
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.action, e.detail))
+        .collect();
+    let strength = |s: &str| (AuditAction::Reinforced, format!("strength {s}"));
+    assert_eq!(
+        details,
+        vec![
+            (AuditAction::Created, "by test".into()),
+            strength("0.500 -> 0.625"),
+            (AuditAction::Resolved, "kept".into()),
+            strength("0.625 -> 0.750"),
+            strength("0.750 -> 0.875"),
+        ]
+    );
+    assert_eq!(store.history(b).unwrap().len(), 1);
+    // A record's own entries, without the session's reinforcement log.
+    let own: Vec<AuditAction> = store
+        .audit_entries(a)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.action)
+        .collect();
+    assert_eq!(own, vec![AuditAction::Created, AuditAction::Resolved]);
+}
+
+#[test]
 fn audit_log_and_queues_and_changes_are_durable() {
     use shadowbrain_runtime::AuditAction;
     use shadowbrain_runtime::internals::Change;
