@@ -98,6 +98,49 @@ enum CatalogOp {
     Edges,
 }
 
+/// A write set's reinforcement-log entries, one per session and recall, before they are
+/// written. Each entry takes its sequence at its first reinforcement, so a history orders it
+/// among the write set's other audit entries where it happened; a reinforcement after any
+/// other sequence was taken starts a new entry (a recall's write set takes none, so it
+/// keeps one entry per session).
+#[derive(Default)]
+struct ReinforcementLog {
+    entries: Vec<(String, String, u64, Reinforcements)>,
+    /// The sequence the newest entry took.
+    last_seq: Option<u64>,
+    /// The first entry a reinforcement may still join.
+    joinable_from: usize,
+}
+
+impl ReinforcementLog {
+    fn add(
+        &mut self,
+        worker: &mut Worker,
+        namespace: String,
+        session: String,
+        at: Timestamp,
+        by: String,
+        item: (MemoryId, f32, f32),
+    ) {
+        if worker.next_seq.checked_sub(1) != self.last_seq {
+            self.joinable_from = self.entries.len();
+        }
+        let joinable = self.entries[self.joinable_from..]
+            .iter_mut()
+            .find(|(ns, s, _, e)| *ns == namespace && *s == session && e.at == at && e.by == by);
+        match joinable {
+            Some((_, _, _, entry)) => entry.items.push(item),
+            None => {
+                let seq = worker.seq();
+                self.last_seq = Some(seq);
+                let items = vec![item];
+                self.entries
+                    .push((namespace, session, seq, Reinforcements { at, by, items }));
+            }
+        }
+    }
+}
+
 struct Worker {
     kv: Arc<dyn Kv>,
     /// The store's directory: a failed commit checks the space left on its disk.
@@ -548,12 +591,7 @@ impl Worker {
     ) -> Result<(Vec<Op>, Vec<CatalogOp>)> {
         let mut ops = Vec::new();
         let mut cat = Vec::new();
-        // Each entry's sequence is taken at its first reinforcement, so the history orders
-        // it among the write set's other audit entries where it happened; a reinforcement
-        // after another audit entry starts a new entry (a recall's write set has none, so
-        // it keeps one entry per session).
-        let mut reinforced: Vec<(String, String, u64, Reinforcements)> = Vec::new();
-        let (mut last_entry_seq, mut reusable_from) = (None, 0);
+        let mut reinforced = ReinforcementLog::default();
         for m in writes.0 {
             match m {
                 Mutation::Insert(r) => {
@@ -711,31 +749,7 @@ impl Worker {
                     // Audited in the record's session's reinforcement log, one entry per
                     // recall and session, written after the loop.
                     let item = (id, before, r.strength);
-                    let at = reinforcement.at;
-                    if self.next_seq.checked_sub(1) != last_entry_seq {
-                        reusable_from = reinforced.len();
-                    }
-                    match reinforced[reusable_from..]
-                        .iter_mut()
-                        .find(|(ns, s, _, e)| {
-                            *ns == r.namespace && *s == r.session_id && e.at == at && e.by == by
-                        }) {
-                        Some((_, _, _, entry)) => entry.items.push(item),
-                        None => {
-                            let seq = self.seq();
-                            last_entry_seq = Some(seq);
-                            reinforced.push((
-                                std::mem::take(&mut r.namespace),
-                                std::mem::take(&mut r.session_id),
-                                seq,
-                                Reinforcements {
-                                    at,
-                                    by,
-                                    items: vec![item],
-                                },
-                            ));
-                        }
-                    }
+                    reinforced.add(self, r.namespace, r.session_id, reinforcement.at, by, item);
                 }
                 Mutation::SetEmbedding(id, embedding) => {
                     if self.current(id)?.is_none() {
@@ -873,7 +887,7 @@ impl Worker {
                 }
             }
         }
-        for (namespace, session, seq, entry) in &reinforced {
+        for (namespace, session, seq, entry) in &reinforced.entries {
             ops.push(families::reinforcements_op(namespace, session, *seq, entry));
         }
         touched.sort();
