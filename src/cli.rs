@@ -229,6 +229,7 @@ fn recorded_embedder(data: &Path) -> Option<String> {
         &dir,
         StoreOptions {
             backend: backend_of(data),
+            ..Default::default()
         },
     )
     .ok()?;

@@ -57,7 +57,8 @@ pub use model::{
 pub use policy::Policy;
 pub use retrieval::Scope;
 pub use store::{
-    Backend, Census, QuarantineEntry, SessionStats, Strikes, Validity, ValidityChange,
+    Backend, Census, CommitLog, QuarantineEntry, Replica, SessionStats, Strikes, Validity,
+    ValidityChange,
 };
 
 /// The parts under the [`Substrate`], for benchmarks, tests and tools that work on them
@@ -71,8 +72,8 @@ pub mod internals {
     };
     pub use crate::model::{Reinforce, ValidMemory, text_from_content, validate_embedding};
     pub use crate::store::{
-        Catalog, Change, CommitStats, Filter, Listed, Mutation, Queue, RecordPatch, Reinforcement,
-        RememberedRecall, Store, StoreOptions, Visit, WriteSet, dir_disk_bytes, neighbours_in,
-        stored_embedding,
+        Catalog, Change, CommitStats, Filter, Listed, Mutation, Op, Queue, RecordPatch,
+        Reinforcement, RememberedRecall, Store, StoreOptions, Visit, WriteSet, decode_entry,
+        dir_disk_bytes, encode_entry, neighbours_in, stored_embedding,
     };
 }

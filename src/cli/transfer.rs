@@ -186,6 +186,7 @@ pub(super) fn export(args: ExportArgs) -> anyhow::Result<()> {
         &data.join("store"),
         StoreOptions {
             backend: backend_of(data),
+            ..Default::default()
         },
     )
     .with_context(|| format!("opening the data directory {}", data.display()))?;

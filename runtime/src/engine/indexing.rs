@@ -104,6 +104,7 @@ impl Substrate {
                 &dir.join("store"),
                 StoreOptions {
                     backend: opts.backend,
+                    log: opts.log.clone(),
                 },
             )?;
             let total = store.len();

@@ -57,7 +57,7 @@ use crate::error::Result;
 use crate::index::{KeywordIndex, VectorIndex, VectorOptions, VectorSource};
 use crate::model::{Limits, MemoryId};
 use crate::policy::Policy;
-use crate::store::{Backend, Store, StoreOptions};
+use crate::store::{Backend, CommitLog, Store, StoreOptions};
 use indexing::StagedTimes;
 
 /// When the indexer builds.
@@ -118,6 +118,9 @@ pub struct SubstrateOptions {
     pub indexing: IndexingOptions,
     /// How many of the session's newest records the recent path contributes.
     pub recent_n: usize,
+    /// In a cluster, the log the store appends every commit group to before committing it
+    /// (see the store's `log.rs`); `None` on a single node.
+    pub log: Option<Arc<dyn CommitLog>>,
 }
 
 impl Default for SubstrateOptions {
@@ -132,6 +135,7 @@ impl Default for SubstrateOptions {
             vector: VectorOptions::default(),
             indexing: IndexingOptions::default(),
             recent_n: 8,
+            log: None,
         }
     }
 }
@@ -262,6 +266,7 @@ impl Substrate {
             &dir.join("store"),
             StoreOptions {
                 backend: opts.backend,
+                log: opts.log.clone(),
             },
         )?;
         let dims = opts.embedder.dimensions();

@@ -19,6 +19,7 @@ use super::codec::{self, Header};
 use super::families::{self, Reinforcements};
 use super::keys::{self, meta};
 use super::kv::{Kv, Op, Range, Visit};
+use super::log::{self, CommitLog};
 use super::{Change, Mutation, Queue, RecordPatch, SessionStats, Validity, WriteSet};
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
@@ -74,6 +75,10 @@ struct Request {
     writes: WriteSet,
     reply: Reply,
 }
+
+/// An encoded write set waiting for its commit: who to answer, its operations, and what it
+/// changes in the catalog once committed.
+type Accepted = (Reply, Vec<Op>, Vec<CatalogOp>);
 
 #[derive(Debug)]
 pub(super) struct Committer {
@@ -158,6 +163,8 @@ struct Worker {
     commits: Arc<AtomicU64>,
     write_sets: Arc<AtomicU64>,
     backlog: Arc<AtomicU64>,
+    /// In a cluster, where each group goes before it is committed here.
+    log: Option<Arc<dyn CommitLog>>,
 }
 
 /// Space left under which a failed write is taken for a full disk even when the backend
@@ -218,6 +225,7 @@ impl Committer {
         counters: Counters,
         next_seq: u64,
         dir: PathBuf,
+        log: Option<Arc<dyn CommitLog>>,
     ) -> Result<Self> {
         let (tx, rx) = mpsc::channel::<Request>();
         let shared_seq = Arc::new(AtomicU64::new(next_seq));
@@ -237,6 +245,7 @@ impl Committer {
             commits: commits.clone(),
             write_sets: write_sets.clone(),
             backlog: backlog.clone(),
+            log,
         };
         let thread = std::thread::Builder::new()
             .name("store-commit".into())
@@ -345,7 +354,7 @@ impl Worker {
 
     fn commit_group_inner(&mut self, group: Vec<Request>) {
         let seq_before = self.next_seq;
-        let mut accepted: Vec<(Reply, Vec<Op>, Vec<CatalogOp>)> = Vec::with_capacity(group.len());
+        let mut accepted: Vec<Accepted> = Vec::with_capacity(group.len());
         for req in group {
             match self.encode(req.writes) {
                 Ok((ops, cat)) => accepted.push((req.reply, ops, cat)),
@@ -357,7 +366,20 @@ impl Worker {
         if accepted.is_empty() {
             return;
         }
-        let counters = vec![
+        if let Some(log) = self.log.clone() {
+            self.commit_logged(log.as_ref(), accepted, seq_before);
+            return;
+        }
+        let counters = self.counters();
+        let mut batches: Vec<&[Op]> = accepted.iter().map(|(_, ops, _)| ops.as_slice()).collect();
+        batches.push(&counters);
+        let outcome = self.kv.commit(&batches);
+        self.answer(accepted, outcome, Some(seq_before));
+    }
+
+    /// The operations that persist the id counters, committed with every group.
+    fn counters(&self) -> Vec<Op> {
+        vec![
             Op::Put(
                 keys::meta(meta::NEXT_SEQ),
                 self.next_seq.to_be_bytes().to_vec(),
@@ -373,10 +395,72 @@ impl Worker {
                     .to_be_bytes()
                     .to_vec(),
             ),
-        ];
-        let mut batches: Vec<&[Op]> = accepted.iter().map(|(_, ops, _)| ops.as_slice()).collect();
-        batches.push(&counters);
-        match self.kv.commit(&batches) {
+        ]
+    }
+
+    /// A cluster's group: cut into entries of at most the log's size (whole write sets),
+    /// each appended to the log and then committed here with its log position in the same
+    /// transaction. An entry the log refuses is answered with the log's error, and so is
+    /// every entry after it (the log refuses them too until its owner caught up).
+    fn commit_logged(&mut self, log: &dyn CommitLog, accepted: Vec<Accepted>, seq_before: u64) {
+        let limit = log.max_entry_bytes();
+        let mut chunks: Vec<Vec<Accepted>> = Vec::new();
+        let mut size = usize::MAX;
+        for a in accepted {
+            let bytes: usize = a.1.iter().map(log::op_bytes).sum();
+            if size.saturating_add(bytes) > limit {
+                chunks.push(Vec::new());
+                size = 0;
+            }
+            size += bytes;
+            chunks.last_mut().expect("pushed above").push(a);
+        }
+        // Sequences are only given back while nothing of the group was committed.
+        let mut rollback = Some(seq_before);
+        let mut failed: Option<String> = None;
+        for chunk in chunks {
+            if let Some(message) = &failed {
+                for (reply, _, _) in chunk {
+                    reply.send(Err(Error::Unavailable {
+                        what: "the cluster log".into(),
+                        message: format!("an earlier part of this commit group failed: {message}"),
+                    }));
+                }
+                continue;
+            }
+            // One batch: the entry's operations, the counters (logged too, so a replica
+            // hands out the same ids) and the log position commit atomically on either
+            // backend.
+            let mut ops: Vec<Op> = chunk
+                .iter()
+                .flat_map(|(_, ops, _)| ops.iter().cloned())
+                .collect();
+            ops.extend(self.counters());
+            let entry = log::encode_entry(&ops);
+            let outcome = match log.append(&entry) {
+                Ok(position) => {
+                    ops.push(log::applied_op(position));
+                    let outcome = self.kv.commit(&[&ops]);
+                    if let Err(e) = &outcome {
+                        log.local_commit_failed(position, e);
+                    }
+                    outcome
+                }
+                Err(e) => Err(e),
+            };
+            match &outcome {
+                Ok(()) => rollback = None,
+                Err(e) => failed = Some(e.to_string()),
+            }
+            self.answer(chunk, outcome, rollback);
+        }
+    }
+
+    /// Updates the catalog and answers every writer of a committed group, or gives every
+    /// writer the error of a failed one.
+    /// `rollback`: the sequence to give back on failure, if nothing was committed yet.
+    fn answer(&mut self, accepted: Vec<Accepted>, outcome: Result<()>, rollback: Option<u64>) {
+        match outcome {
             Ok(()) => {
                 self.shared_seq.store(self.next_seq, Ordering::SeqCst);
                 self.commits.fetch_add(1, Ordering::Relaxed);
@@ -403,8 +487,25 @@ impl Worker {
                     reply.send(Ok(()));
                 }
             }
+            Err(Error::Unavailable { what, message }) => {
+                // The cluster log refused or did not confirm the entry: nothing was
+                // committed here. The writers may retry (on the new owner).
+                if let Some(seq) = rollback {
+                    self.next_seq = seq;
+                }
+                self.stats.clear();
+                tracing::warn!(%what, %message, "a commit group was not logged; nothing in it was committed");
+                for (reply, _, _) in accepted {
+                    reply.send(Err(Error::Unavailable {
+                        what: what.clone(),
+                        message: message.clone(),
+                    }));
+                }
+            }
             Err(e) => {
-                self.next_seq = seq_before;
+                if let Some(seq) = rollback {
+                    self.next_seq = seq;
+                }
                 self.stats.clear();
                 let full = disk_full(&self.dir, &e);
                 match full {

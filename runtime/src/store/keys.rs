@@ -55,6 +55,9 @@ pub mod meta {
     /// The change log has been truncated through this sequence (u64 BE): an index whose
     /// watermark is below it missed changes that can no longer be replayed.
     pub const CHANGES_TRUNCATED: &str = "changes_truncated";
+    /// The position of the last cluster log entry applied to this store (u64 BE; see
+    /// `store/log.rs`), written in the same transaction as the entry.
+    pub const LOG_APPLIED: &str = "log_applied";
 }
 
 /// Timestamps are signed; flipping the sign bit makes their big-endian bytes sort in time

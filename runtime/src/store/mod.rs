@@ -14,6 +14,7 @@ mod commit;
 mod families;
 mod keys;
 pub(crate) mod kv;
+mod log;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -28,7 +29,8 @@ pub use commit::CommitStats;
 pub use families::{
     Idempotent, QuarantineEntry, RememberedRecall, Strikes, Validity, ValidityChange,
 };
-pub use kv::{Backend, Visit, dir_disk_bytes};
+pub use kv::{Backend, Op, Visit, dir_disk_bytes};
+pub use log::{CommitLog, Replica, decode_entry, encode_entry};
 
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
@@ -294,6 +296,9 @@ impl WriteSet {
 pub struct StoreOptions {
     /// Which ordered-KV backend.
     pub backend: Backend,
+    /// In a cluster, the log every commit group is appended to before it is committed
+    /// here (see `store/log.rs`); `None` (single node) commits locally only.
+    pub log: Option<Arc<dyn CommitLog>>,
 }
 
 /// The system of record. Cheap to clone; every clone talks to the same commit thread.
@@ -416,6 +421,7 @@ impl Store {
             },
             next_seq,
             dir.to_path_buf(),
+            opts.log.clone(),
         )?;
         Ok(Store {
             inner: Arc::new(Inner {

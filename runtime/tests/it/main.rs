@@ -6,6 +6,7 @@ mod idempotency;
 mod knowledge;
 mod lifecycle;
 mod local_model;
+mod log;
 mod passages;
 mod recall;
 mod store_model;

@@ -105,7 +105,13 @@ pub(crate) fn open_store(dir: &Path, backend: Backend) -> Store {
     // sled's background threads may hold its lock for a moment after a drop.
     let mut last = None;
     for _ in 0..50 {
-        match Store::open(dir, StoreOptions { backend }) {
+        match Store::open(
+            dir,
+            StoreOptions {
+                backend,
+                ..Default::default()
+            },
+        ) {
             Ok(s) => return s,
             Err(e) => last = Some(e),
         }
@@ -337,6 +343,7 @@ fn a_second_opener_is_refused_politely() {
         dir.path(),
         StoreOptions {
             backend: Backend::Lmdb,
+            ..Default::default()
         },
     )
     .unwrap_err();
@@ -355,6 +362,7 @@ fn the_other_backend_is_refused_with_the_fix() {
         dir.path(),
         StoreOptions {
             backend: Backend::Sled,
+            ..Default::default()
         },
     )
     .unwrap_err();

@@ -16,8 +16,8 @@ mod sled_kv;
 pub use lmdb::LmdbKv;
 pub use sled_kv::SledKv;
 
-/// One write in a batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One write in a batch (serialisable: a cluster logs them, see `store/log.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Op {
     /// Set `key` to `value`.
     Put(Vec<u8>, Vec<u8>),

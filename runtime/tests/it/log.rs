@@ -1,0 +1,217 @@
+//! The cluster's seam under the store (`store/log.rs`): every commit group goes to a log
+//! before it is committed, and a replica that applies the log ends up key for key equal to
+//! the owner's store — also for what a recall, feedback, condensation, a status change and
+//! a decay sweep decided, which a replay must not decide again.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use shadowbrain_runtime::policy::Policy;
+use shadowbrain_runtime::{
+    Backend, CommitLog, DAY_MS, Error, FeedbackTarget, IndexingOptions, NewMemory, Outcome,
+    RecallRequest, Replica, Result, Status, Substrate, SubstrateOptions, VirtualClock,
+};
+
+/// A log in memory: entries at positions 1, 2, …; it can be told to refuse appends.
+#[derive(Debug, Default)]
+struct MemoryLog {
+    entries: Mutex<Vec<Vec<u8>>>,
+    refuse: AtomicBool,
+    max_entry: usize,
+}
+
+impl CommitLog for MemoryLog {
+    fn append(&self, entry: &[u8]) -> Result<u64> {
+        if self.refuse.load(Ordering::SeqCst) {
+            return Err(Error::Unavailable {
+                what: "the test's log".into(),
+                message: "refusing appends".into(),
+            });
+        }
+        let mut entries = self.entries.lock().unwrap();
+        entries.push(entry.to_vec());
+        Ok(entries.len() as u64)
+    }
+
+    fn max_entry_bytes(&self) -> usize {
+        self.max_entry
+    }
+
+    fn local_commit_failed(&self, _position: u64, _error: &Error) {
+        self.refuse.store(true, Ordering::SeqCst);
+    }
+}
+
+fn open(dir: &Path, log: Arc<MemoryLog>, clock: Arc<VirtualClock>) -> Substrate {
+    let opts = SubstrateOptions {
+        clock,
+        policy: Policy::default_policy(),
+        indexing: IndexingOptions {
+            background: false,
+            ..IndexingOptions::default()
+        },
+        log: Some(log),
+        ..SubstrateOptions::default()
+    };
+    Substrate::open(dir, opts).unwrap()
+}
+
+/// Every key and value of a store's files, without the keys a node keeps for itself (never
+/// logged: the format version, the embedder's dimension and name, the text analyzer).
+fn contents(dir: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let replica = Replica::open(dir, Backend::Lmdb).unwrap();
+    let mut all = BTreeMap::new();
+    replica
+        .for_each(&mut |k, v| {
+            let local = [
+                &b"format_version"[..],
+                b"dimension",
+                b"embedder",
+                b"analyzer",
+            ]
+            .iter()
+            .any(|name| k.len() == name.len() + 1 && k[0] == 0 && &k[1..] == *name);
+            if !local {
+                all.insert(k.to_vec(), v.to_vec());
+            }
+        })
+        .unwrap();
+    all
+}
+
+#[tokio::test]
+async fn a_replica_of_the_log_equals_the_owners_store_key_for_key() {
+    let dir = tempfile::tempdir().unwrap();
+    // Small entries: groups are cut, and each part is still applied once.
+    let log = Arc::new(MemoryLog {
+        max_entry: 4096,
+        ..MemoryLog::default()
+    });
+    let clock = Arc::new(VirtualClock::new(1_780_000_000_000));
+    let sub = open(&dir.path().join("owner"), log.clone(), clock.clone());
+    let mut ids = Vec::new();
+    for s in 0..4 {
+        let events: Vec<NewMemory> = (0..30)
+            .map(|i| {
+                NewMemory::new(
+                    "observation",
+                    format!("session {s} talked about topic {i} and the weather"),
+                )
+            })
+            .collect();
+        ids.extend(sub.record("acme", &format!("s{s}"), events).await.unwrap());
+    }
+    sub.record(
+        "acme",
+        "s0",
+        vec![NewMemory::new("goal", "ship the billing migration")],
+    )
+    .await
+    .unwrap();
+    sub.enrich_pending(usize::MAX).await.unwrap();
+    let recalled = sub
+        .recall(&RecallRequest::new("acme", "s0", "what about topic 3"))
+        .await
+        .unwrap();
+    assert!(!recalled.memories.is_empty());
+    sub.feedback(
+        "acme",
+        &FeedbackTarget::Recall(recalled.recall_id.clone().unwrap()),
+        Outcome::Success,
+        "test",
+    )
+    .await
+    .unwrap();
+    sub.set_status("acme", ids[5], Status::Pinned, "test")
+        .unwrap();
+    sub.condense("acme", "s1", "test").await.unwrap();
+    clock.advance(std::time::Duration::from_millis(20 * DAY_MS as u64));
+    sub.decay_sweep("test").unwrap();
+    sub.purge("acme", ids[7], "test").unwrap();
+    sub.archive("acme", ids[9], "test").unwrap();
+    let before: Vec<_> = ids[..10]
+        .iter()
+        .filter(|id| **id != ids[7])
+        .map(|id| sub.get("acme", *id).unwrap())
+        .collect();
+    let query = RecallRequest::new("acme", "s2", "topic 4 and the weather");
+    let ranked = |sub: &Substrate| -> Vec<_> {
+        let (result, _) = sub.rank(&query, None, &sub.policy_for("acme")).unwrap();
+        result
+            .memories
+            .iter()
+            .map(|m| (m.record.id, m.score))
+            .collect()
+    };
+    let owner_ranked = ranked(&sub);
+    assert!(!owner_ranked.is_empty());
+    sub.close().unwrap();
+    drop(sub);
+
+    let entries = log.entries.lock().unwrap().clone();
+    assert!(entries.len() > 5, "{} entries", entries.len());
+    let replica_dir = dir.path().join("replica");
+    let mut replica = Replica::open(&replica_dir.join("store"), Backend::Lmdb).unwrap();
+    for (i, entry) in entries.iter().enumerate() {
+        assert!(replica.apply(i as u64 + 1, entry).unwrap());
+    }
+    // Delivered again (a consumer's redelivery), nothing is applied twice.
+    assert!(!replica.apply(1, &entries[0]).unwrap());
+    assert_eq!(replica.applied(), entries.len() as u64);
+    replica.close();
+    let owner = contents(&dir.path().join("owner").join("store"));
+    let copy = contents(&replica_dir.join("store"));
+    let differ: Vec<_> = owner
+        .iter()
+        .filter(|(k, v)| copy.get(*k) != Some(*v))
+        .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
+        .chain(
+            copy.keys()
+                .filter(|k| !owner.contains_key(*k))
+                .map(|k| format!("only in the copy: {}", String::from_utf8_lossy(k))),
+        )
+        .collect();
+    assert!(differ.is_empty(), "{differ:?}");
+    assert!(owner == copy, "the replica differs from the owner's store");
+
+    // Taken over: the replica opens as a store (its indexes rebuilt from its change log)
+    // and answers what the owner answered, with the strength the owner's recall, feedback
+    // and decay decided.
+    let next = Arc::new(MemoryLog {
+        max_entry: 1 << 20,
+        ..MemoryLog::default()
+    });
+    let taken = open(&replica_dir, next.clone(), clock.clone());
+    for record in &before {
+        let copy = taken.get("acme", record.id).unwrap();
+        assert_eq!(copy.strength, record.strength);
+        assert_eq!(copy.status, record.status);
+        assert_eq!(copy.text, record.text);
+    }
+    assert!(taken.get("acme", ids[7]).is_err(), "the purge was replayed");
+    let again = taken
+        .recall(&RecallRequest::new("acme", "s2", "topic 4 and the weather"))
+        .await
+        .unwrap();
+    assert!(
+        again
+            .memories
+            .iter()
+            .any(|m| m.record.text.contains("topic 4"))
+    );
+
+    // A log that refuses: the write is answered with its error, and nothing is committed.
+    next.refuse.store(true, Ordering::SeqCst);
+    let err = taken
+        .record(
+            "acme",
+            "s9",
+            vec![NewMemory::new("observation", "never logged")],
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+    assert!(taken.store().session_stats("acme", "s9").unwrap().is_none());
+}
