@@ -113,6 +113,11 @@ enum Command {
         /// `[limits]`; any key can be overridden as `SHADOWBRAIN__SECTION__KEY`.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Join a cluster on NATS JetStream, configured by the config file's `[cluster]`
+        /// section (README "Cluster"); the data directory then holds this node's copies
+        /// of the partitions.
+        #[arg(long)]
+        cluster: bool,
     },
     /// Serve the memory as an MCP server over stdio, for an agent host that starts it
     /// (Claude Desktop, Claude Code, Cursor, …); `serve` offers the same at `/mcp`.
@@ -281,6 +286,50 @@ async fn serve(
     Ok(())
 }
 
+/// `serve --cluster`: joins the cluster of the config file's `[cluster]` section and serves
+/// until a shutdown signal, then hands its partitions over.
+async fn serve_cluster(
+    addr: SocketAddr,
+    data: &Path,
+    config: RuntimeConfig,
+    file: ConfigFile,
+) -> anyhow::Result<()> {
+    let cluster = file.cluster.check()?;
+    std::fs::create_dir_all(data)
+        .with_context(|| format!("creating the data directory {}", data.display()))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("listening on {addr}; pick another with --addr"))?;
+    if !addr.ip().is_loopback() && !file.auth.required() {
+        tracing::warn!(%addr, "serving beyond this machine without API keys: anyone who can reach the address reads and writes namespace `default`");
+    }
+    let url = format!("http://{}", listener.local_addr()?);
+    say(format_args!(
+        "node {} of the cluster at {} serving on {url} ({} partitions, data in {})",
+        cluster.node,
+        cluster.urls.join(","),
+        cluster.partitions,
+        data.display()
+    ));
+    let drained = shadowbrain::cluster::serve_cluster(
+        listener,
+        data,
+        config,
+        file,
+        cluster,
+        shutdown_signal(),
+    )
+    .await?;
+    match drained.cut {
+        0 => say(format_args!("drained, partitions handed over; bye")),
+        n => say(format_args!(
+            "partitions handed over; {n} connection(s) were still open at the drain deadline \
+             and were closed (server.drain_timeout); bye"
+        )),
+    }
+    Ok(())
+}
+
 /// Says so at start-up when the policies and the `[llm]` section disagree: a policy asking
 /// for an LLM without one configured quietly gets rules, and an LLM no policy mode uses
 /// costs nothing but is probably a mistake.
@@ -361,9 +410,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             data,
             policy,
             config,
+            cluster,
         } => {
             let (rt_config, cfg) = server_config(&data, policy.as_deref(), config.as_deref())?;
-            tokio::runtime::Runtime::new()?.block_on(serve(addr, &data, rt_config, cfg))
+            let runtime = tokio::runtime::Runtime::new()?;
+            if cluster {
+                runtime.block_on(serve_cluster(addr, &data, rt_config, cfg))
+            } else {
+                runtime.block_on(serve(addr, &data, rt_config, cfg))
+            }
         }
         Command::Mcp(args) => mcp(args),
         Command::Record(args) => memory::record(args),

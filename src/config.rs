@@ -35,7 +35,8 @@ use crate::listen::{Edge, ServerConfig};
 use crate::server::{ApiKey, Auth};
 
 /// The sections a config file may have.
-const SECTIONS: [&str; 7] = [
+const SECTIONS: [&str; 8] = [
+    "cluster",
     "provider",
     "embedder",
     "llm",
@@ -86,6 +87,9 @@ pub struct ConfigFile {
     /// `[[namespaces]]`, names checked and paths resolved (the files are read when the
     /// runtime is configured).
     pub namespaces: Vec<NamespacePolicy>,
+    /// `[cluster]`, read by `serve --cluster` only (unchecked until then).
+    #[cfg(feature = "cluster")]
+    pub cluster: crate::cluster::ClusterConfig,
 }
 
 impl ConfigFile {
@@ -125,8 +129,8 @@ impl ConfigFile {
             unknown.sort();
             anyhow::bail!(
                 "unknown config section(s) {unknown:?}; the sections are [provider], \
-                 [embedder], [llm], [[auth.keys]], [limits], [server] and [[namespaces]] \
-                 (see the README)"
+                 [embedder], [llm], [[auth.keys]], [limits], [server], [[namespaces]] and \
+                 [cluster] (see the README)"
             );
         }
         // Checked for unknown keys, then merged as written into the sections that use it.
@@ -153,7 +157,11 @@ impl ConfigFile {
             })?;
         let base = path.and_then(Path::parent).unwrap_or(Path::new("."));
         let namespaces = namespaces(section(&cfg, "namespaces")?.unwrap_or_default(), base)?;
+        #[cfg(feature = "cluster")]
+        let cluster = section(&cfg, "cluster")?.unwrap_or_default();
         Ok(ConfigFile {
+            #[cfg(feature = "cluster")]
+            cluster,
             embedder,
             llm,
             auth,

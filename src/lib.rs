@@ -17,6 +17,8 @@ pub use shadowbrain_runtime::*;
 
 #[cfg(feature = "server")]
 pub mod api;
+#[cfg(feature = "cluster")]
+pub mod cluster;
 #[cfg(feature = "server")]
 pub mod config;
 #[cfg(feature = "server")]

@@ -137,7 +137,7 @@ impl Auth {
     }
 
     /// The caller's namespace and role, from the `Authorization` header.
-    fn caller(&self, authorization: Option<&str>) -> ApiResult<(String, Role)> {
+    pub(crate) fn caller(&self, authorization: Option<&str>) -> ApiResult<(String, Role)> {
         if !self.required() {
             return Ok((DEFAULT_NAMESPACE.to_string(), Role::Admin));
         }
@@ -388,8 +388,8 @@ pub fn router_on(
 }
 
 /// [`router_on`], counting into `metrics`; `closing` ends every open MCP session (its
-/// streams) when cancelled.
-fn router_with(
+/// streams) when cancelled. Cluster mode builds one per partition it owns.
+pub(crate) fn router_with(
     rt: Runtime,
     limits: Limits,
     auth: Auth,
@@ -532,6 +532,22 @@ pub async fn serve(
         metrics,
         closing.clone(),
     );
+    let drained = serve_app(listener, app, edge, counts, closing, shutdown).await?;
+    rt.shutdown().await?;
+    Ok(drained)
+}
+
+/// The edge of [`serve`] for any `app`: the connections on a thread of their own until
+/// `shutdown` completes (cancelling `closing` then, which ends open MCP streams), then the
+/// drain. Cluster mode serves its front router with it (`crate::cluster`).
+pub(crate) async fn serve_app(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    edge: Edge,
+    counts: crate::metrics::ConnectionMetrics,
+    closing: CancellationToken,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<Drained> {
     // At shutdown the MCP sessions end their open streams, so their connections can drain
     // instead of waiting for the drain deadline.
     let shutdown = async move {
@@ -564,11 +580,9 @@ pub async fn serve(
                 });
             let _ = done.send(outcome);
         })?;
-    let drained = drained
+    drained
         .await
-        .map_err(|_| anyhow::anyhow!("the connections' thread panicked"))??;
-    rt.shutdown().await?;
-    Ok(drained)
+        .map_err(|_| anyhow::anyhow!("the connections' thread panicked"))?
 }
 
 /// Answers an admitted request: on the work runtime when there is one (see [`serve`]),
@@ -758,7 +772,7 @@ pub struct ApiError {
     code: String,
     message: String,
     /// Seconds for a `Retry-After` header, when waiting is the fix.
-    retry_after: Option<u64>,
+    pub(crate) retry_after: Option<u64>,
 }
 
 impl ApiError {

@@ -1,0 +1,216 @@
+//! Requests between nodes: a node that does not own a request's partition sends the whole
+//! HTTP request (method, path, headers, body) over NATS request/reply to the partition's
+//! subject, where the owner answers it with its own router and sends the whole answer back.
+//! Clients need not know the topology; the owner checks the API key again.
+
+use std::time::{Duration, Instant};
+
+use async_nats::client::RequestErrorKind;
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use axum::response::IntoResponse;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tower::ServiceExt;
+
+use crate::server::ApiError;
+
+/// Marks a request that came over NATS (never forwarded again) and, on answers, which node
+/// answered it.
+pub(super) const FORWARDED_BY: &str = "x-shadowbrain-forwarded-by";
+/// On every answer in cluster mode: the node that answered.
+pub(super) const ANSWERED_BY: &str = "x-shadowbrain-node";
+
+/// A request on the wire.
+#[derive(Debug, Serialize, Deserialize)]
+struct WireRequest {
+    method: String,
+    uri: String,
+    headers: Vec<(String, Vec<u8>)>,
+    body: Vec<u8>,
+}
+
+/// An answer on the wire.
+#[derive(Debug, Serialize, Deserialize)]
+struct WireAnswer {
+    status: u16,
+    headers: Vec<(String, Vec<u8>)>,
+    body: Vec<u8>,
+}
+
+fn headers_of(map: &HeaderMap) -> Vec<(String, Vec<u8>)> {
+    map.iter()
+        .map(|(k, v)| (k.as_str().to_string(), v.as_bytes().to_vec()))
+        .collect()
+}
+
+fn header_map(pairs: Vec<(String, Vec<u8>)>) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for (k, v) in pairs {
+        if let (Ok(k), Ok(v)) = (HeaderName::try_from(k), HeaderValue::from_bytes(&v)) {
+            map.append(k, v);
+        }
+    }
+    map
+}
+
+/// Forwards `request` to whoever owns `subject`'s partition, waiting through a takeover
+/// (nobody answering yet) until `deadline` passes.
+pub(super) async fn forward(
+    client: &async_nats::Client,
+    subject: String,
+    node: &str,
+    request: Request<Body>,
+    max_body: usize,
+    deadline: Duration,
+) -> Response<Body> {
+    let (parts, body) = request.into_parts();
+    let body = match axum::body::to_bytes(body, max_body).await {
+        Ok(b) => b,
+        Err(_) => {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!(
+                    "the body is over limits.max_body_bytes ({max_body} bytes); send fewer \
+                     or smaller events per call"
+                ),
+            )
+            .into_response();
+        }
+    };
+    let mut headers = parts.headers;
+    headers.insert(
+        HeaderName::from_static(FORWARDED_BY),
+        HeaderValue::from_str(node).unwrap_or(HeaderValue::from_static("?")),
+    );
+    let wire = WireRequest {
+        method: parts.method.as_str().to_string(),
+        uri: parts.uri.to_string(),
+        headers: headers_of(&headers),
+        body: body.to_vec(),
+    };
+    let payload = bytes::Bytes::from(postcard::to_stdvec(&wire).expect("a request serialises"));
+    let until = Instant::now() + deadline;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        let ask = async_nats::Request::new()
+            .payload(payload.clone())
+            .timeout(Some(left.max(Duration::from_millis(1))));
+        match client.send_request(subject.clone(), ask).await {
+            Ok(message) => match postcard::from_bytes::<WireAnswer>(&message.payload) {
+                Ok(answer) => {
+                    let mut response = Response::new(Body::from(answer.body));
+                    *response.status_mut() =
+                        StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
+                    *response.headers_mut() = header_map(answer.headers);
+                    return response;
+                }
+                Err(e) => {
+                    return unavailable(format!(
+                        "the partition's owner answered something unreadable ({e}); is every \
+                         node on the same shadowbrain version?"
+                    ));
+                }
+            },
+            Err(e) if e.kind() == RequestErrorKind::NoResponders && !left.is_zero() => {
+                // The partition is between owners: the new one subscribes once it caught up.
+                tokio::time::sleep(Duration::from_millis(50).min(left)).await;
+            }
+            Err(e) if e.kind() == RequestErrorKind::MaxPayloadExceeded => {
+                return ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    "the request is larger than the NATS servers' max_payload, so it cannot \
+                     be forwarded to its partition's owner; send fewer or smaller events per \
+                     call, or raise max_payload on the NATS servers",
+                )
+                .into_response();
+            }
+            Err(e) => {
+                return unavailable(format!(
+                    "the partition's owner did not answer within {} ({e})",
+                    humantime::format_duration(deadline)
+                ));
+            }
+        }
+        if Instant::now() >= until {
+            return unavailable(format!(
+                "no node took the partition over within {}",
+                humantime::format_duration(deadline)
+            ));
+        }
+    }
+}
+
+fn unavailable(why: String) -> Response<Body> {
+    let mut e = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "partition_unavailable",
+        format!("{why}; retry shortly (with an Idempotency-Key, a retried write is stored once)"),
+    );
+    e.retry_after = Some(1);
+    e.into_response()
+}
+
+/// Answers the requests forwarded to `subject` with `router`, until the subscription ends
+/// (it is dropped when the partition is given up).
+pub(super) async fn answer_forwarded(
+    client: async_nats::Client,
+    mut requests: async_nats::Subscriber,
+    router: Router,
+    node: String,
+) {
+    while let Some(message) = requests.next().await {
+        let Some(reply) = message.reply.clone() else {
+            continue;
+        };
+        let (client, router, node) = (client.clone(), router.clone(), node.clone());
+        tokio::spawn(async move {
+            let answer = match postcard::from_bytes::<WireRequest>(&message.payload) {
+                Ok(wire) => answer_one(wire, router, &node).await,
+                Err(e) => WireAnswer {
+                    status: 400,
+                    headers: vec![("content-type".into(), b"application/json".to_vec())],
+                    body: format!(
+                        "{{\"error\":{{\"code\":\"bad_forward\",\"message\":\"a forwarded request \
+                         was unreadable ({e}); is every node on the same version?\"}}}}"
+                    )
+                    .into_bytes(),
+                },
+            };
+            let payload = postcard::to_stdvec(&answer).expect("an answer serialises");
+            if let Err(e) = client.publish(reply, payload.into()).await {
+                tracing::warn!(error = %e, "could not send a forwarded request's answer");
+            }
+        });
+    }
+}
+
+async fn answer_one(wire: WireRequest, router: Router, node: &str) -> WireAnswer {
+    let mut request = Request::new(Body::from(wire.body));
+    *request.method_mut() = Method::from_bytes(wire.method.as_bytes()).unwrap_or(Method::GET);
+    *request.uri_mut() = wire.uri.parse().unwrap_or_default();
+    *request.headers_mut() = header_map(wire.headers);
+    let response = match router.oneshot(request).await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    };
+    let (mut parts, body) = response.into_parts();
+    parts.headers.insert(
+        HeaderName::from_static(ANSWERED_BY),
+        HeaderValue::from_str(node).unwrap_or(HeaderValue::from_static("?")),
+    );
+    // Answers are whole JSON documents or an MCP call's finished event stream.
+    let body = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .map(|b| b.to_vec())
+        .unwrap_or_default();
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    WireAnswer {
+        status: parts.status.as_u16(),
+        headers: headers_of(&parts.headers),
+        body,
+    }
+}

@@ -1,0 +1,217 @@
+//! A partition's write log on JetStream: the [`CommitLog`] its owner's store appends every
+//! commit group to before committing it locally.
+//!
+//! Each append carries three headers: a message id (`Nats-Msg-Id`), so a retry after a lost
+//! acknowledgement is dropped as a duplicate; the expected last sequence of the stream
+//! (`Nats-Expected-Last-Sequence`), so a node that lost its lease can never append after
+//! the new owner; and the lease revision it holds (`Sb-Epoch`), which the harness checks
+//! never goes backwards. Any failure whose outcome is unknown fences the log: it refuses
+//! every later append, and the node gives the partition up and catches up from the stream
+//! before it may own it again.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, context::PublishErrorKind};
+use shadowbrain_runtime::{CommitLog, Error, Result};
+
+/// The header carrying the lease revision an entry was appended under.
+pub(super) const EPOCH_HEADER: &str = "Sb-Epoch";
+
+/// How long one publish waits for its acknowledgement before it is sent again (with the
+/// same message id, so it is stored once).
+const ACK_WAIT: Duration = Duration::from_secs(2);
+
+/// How long an append keeps retrying before it gives up (and fences the log).
+const APPEND_DEADLINE: Duration = Duration::from_secs(8);
+
+/// The lease a node holds on a partition: its revision (the fencing epoch) and until when
+/// the node may act on it (measured from when the refresh was *sent*, so a node that was
+/// paused longer than the TTL knows its lease is gone before it writes).
+#[derive(Debug)]
+pub(super) struct Lease {
+    epoch: AtomicU64,
+    valid_until: Mutex<Instant>,
+}
+
+impl Lease {
+    pub(super) fn new(epoch: u64, valid_until: Instant) -> Self {
+        Lease {
+            epoch: AtomicU64::new(epoch),
+            valid_until: Mutex::new(valid_until),
+        }
+    }
+
+    pub(super) fn renew(&self, epoch: u64, valid_until: Instant) {
+        self.epoch.store(epoch, Ordering::SeqCst);
+        *self.valid_until.lock().unwrap_or_else(|p| p.into_inner()) = valid_until;
+    }
+
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    pub(super) fn valid(&self) -> bool {
+        Instant::now() < *self.valid_until.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Counters of what a node appended, for the cost figures.
+#[derive(Debug, Default)]
+pub(super) struct LogCounters {
+    pub entries: AtomicU64,
+    pub bytes: AtomicU64,
+    pub retries: AtomicU64,
+}
+
+#[derive(Debug)]
+struct State {
+    /// The stream's last sequence as this owner knows it: the next append expects it.
+    last: u64,
+    /// Why appends are refused, once the log is fenced.
+    fenced: Option<String>,
+}
+
+/// The write log of one partition, as its owner appends to it.
+#[derive(Debug)]
+pub(super) struct JetStreamLog {
+    js: jetstream::Context,
+    handle: tokio::runtime::Handle,
+    subject: String,
+    /// Message ids start with this: node, partition and the revision the ownership began
+    /// with, so ids never repeat across owners or ownerships.
+    id_prefix: String,
+    lease: std::sync::Arc<Lease>,
+    max_entry: usize,
+    state: Mutex<State>,
+    counters: std::sync::Arc<LogCounters>,
+}
+
+impl JetStreamLog {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        js: jetstream::Context,
+        handle: tokio::runtime::Handle,
+        subject: String,
+        id_prefix: String,
+        lease: std::sync::Arc<Lease>,
+        last: u64,
+        max_entry: usize,
+        counters: std::sync::Arc<LogCounters>,
+    ) -> Self {
+        JetStreamLog {
+            js,
+            handle,
+            subject,
+            id_prefix,
+            lease,
+            max_entry,
+            state: Mutex::new(State { last, fenced: None }),
+            counters,
+        }
+    }
+
+    /// Refuses every later append: the partition is being handed over or was lost.
+    pub(super) fn fence(&self, why: &str) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.fenced.get_or_insert_with(|| why.to_string());
+    }
+
+    /// Why the log refuses appends, if it does.
+    pub(super) fn fenced(&self) -> Option<String> {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .fenced
+            .clone()
+    }
+
+    fn refuse(&self, why: &str) -> Error {
+        Error::Unavailable {
+            what: format!("the cluster log ({})", self.subject),
+            message: format!(
+                "{why}; the partition is moving to another node: retry in a moment (with an \
+                 Idempotency-Key, a retry is stored once)"
+            ),
+        }
+    }
+}
+
+impl CommitLog for JetStreamLog {
+    fn append(&self, entry: &[u8]) -> Result<u64> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(why) = &state.fenced {
+            return Err(self.refuse(why));
+        }
+        let id = format!("{}-{}", self.id_prefix, state.last);
+        let payload = bytes::Bytes::copy_from_slice(entry);
+        let deadline = Instant::now() + APPEND_DEADLINE;
+        loop {
+            // A node paused past its lease (SIGSTOP, a long GC-like stall) must not write:
+            // another node may own the partition by now.
+            if !self.lease.valid() {
+                let why = "this node's lease on the partition ran out before the write was logged";
+                state.fenced = Some(why.into());
+                return Err(self.refuse(why));
+            }
+            let publish = jetstream::message::PublishMessage::build()
+                .payload(payload.clone())
+                .message_id(&id)
+                .expected_last_sequence(state.last)
+                .header(EPOCH_HEADER, self.lease.epoch().to_string().as_str());
+            let outcome = self.handle.block_on(async {
+                let ack = self.js.send_publish(self.subject.clone(), publish).await?;
+                match tokio::time::timeout(ACK_WAIT, ack).await {
+                    Ok(acked) => acked,
+                    Err(_) => Err(PublishErrorKind::TimedOut.into()),
+                }
+            });
+            match outcome {
+                Ok(ack) => {
+                    state.last = ack.sequence;
+                    self.counters.entries.fetch_add(1, Ordering::Relaxed);
+                    self.counters
+                        .bytes
+                        .fetch_add(entry.len() as u64, Ordering::Relaxed);
+                    return Ok(ack.sequence);
+                }
+                Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
+                    let why = "another node appended to the partition's log (its lease moved)";
+                    state.fenced = Some(why.into());
+                    return Err(self.refuse(why));
+                }
+                Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                    // Nothing was sent: the log is unchanged and stays usable.
+                    return Err(Error::TooLarge {
+                        field: "write".into(),
+                        size: entry.len(),
+                        limit: self.max_entry,
+                        hint: "the cluster log's messages are limited by NATS max_payload; \
+                               send fewer or smaller events per call, or raise max_payload"
+                            .into(),
+                    });
+                }
+                Err(e) => {
+                    if Instant::now() >= deadline {
+                        let why = format!("the cluster log did not confirm a write ({e})");
+                        state.fenced = Some(why.clone());
+                        return Err(self.refuse(&why));
+                    }
+                    self.counters.retries.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(error = %e, subject = %self.subject, "retrying an append");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+
+    fn max_entry_bytes(&self) -> usize {
+        self.max_entry
+    }
+
+    fn local_commit_failed(&self, position: u64, error: &Error) {
+        tracing::error!(position, %error, subject = %self.subject, "an entry in the cluster log could not be committed here; giving the partition up");
+        self.fence("this node could not commit an entry of its own log");
+    }
+}

@@ -1,0 +1,328 @@
+//! Cluster mode (`serve --cluster`, README "Cluster", DESIGN §9): several nodes share the
+//! work on NATS JetStream, which replicates the write log, holds the ownership leases and
+//! carries forwarded requests. There is no replication or membership protocol of our own.
+//!
+//! - A namespace belongs to one of a fixed number of **partitions** ([`partition_of`]), so
+//!   its sessions, knowledge pool and namespace-wide recall stay on one owner.
+//! - Each partition has a file-backed, replicated JetStream **stream**. The owner's store
+//!   appends every commit group to it before committing locally ([`log`]); a write is
+//!   acknowledged after JetStream's publish acknowledgement.
+//! - **Ownership** is a lease in a replicated KV bucket with a short TTL; rendezvous hashing
+//!   over the live nodes ([`rendezvous`]) says who should own a partition, the lease says who
+//!   does, and its revision is the fencing epoch stamped on every log entry ([`node`]).
+//! - Every other node keeps a **warm standby** copy of the partition's store by applying the
+//!   stream, so a takeover replays only the tail.
+//! - Any node accepts any request and forwards it to the owner over NATS request/reply
+//!   ([`forward`]).
+//!
+//! Single-node mode (plain `serve`) uses none of this and needs no NATS.
+
+mod forward;
+mod log;
+mod node;
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub use node::serve_cluster;
+
+/// The `[cluster]` section of the config file, read by `serve --cluster`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// The NATS servers to connect to (any of them; the client follows the cluster).
+    pub urls: Vec<String>,
+    /// This node's name, unique in the cluster (default: the host name).
+    pub node: Option<String>,
+    /// Partitions namespaces are spread over. Fixed for the cluster's life: every node
+    /// must say the same, and changing it moves namespaces (a new cluster).
+    pub partitions: u16,
+    /// JetStream replicas of each partition's stream and of the lease buckets (1 or 3 on a
+    /// three-server NATS cluster).
+    pub replicas: usize,
+    /// How long a lease lives without a refresh (`"3s"`): a node that stops refreshing
+    /// loses its partitions after it.
+    pub lease_ttl: String,
+    /// How long a forwarded request may wait for its partition's owner, through a
+    /// takeover (`"15s"`).
+    pub forward_timeout: String,
+    /// Prefix of the streams, buckets and subjects, so several clusters can share NATS.
+    pub prefix: String,
+    /// NATS user name (with `password_env`).
+    pub user: Option<String>,
+    /// The environment variable holding the NATS password (never the password itself).
+    pub password_env: Option<String>,
+    /// The environment variable holding a NATS token.
+    pub token_env: Option<String>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            urls: vec!["nats://127.0.0.1:4222".into()],
+            node: None,
+            partitions: 16,
+            replicas: 3,
+            lease_ttl: "3s".into(),
+            forward_timeout: "15s".into(),
+            prefix: "sb".into(),
+            user: None,
+            password_env: None,
+            token_env: None,
+        }
+    }
+}
+
+/// [`ClusterConfig`] checked, with durations parsed and the node named.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    /// NATS servers.
+    pub urls: Vec<String>,
+    /// This node.
+    pub node: String,
+    /// Partitions.
+    pub partitions: u16,
+    /// Replicas of streams and buckets.
+    pub replicas: usize,
+    /// Lease TTL.
+    pub lease_ttl: Duration,
+    /// Forwarding deadline.
+    pub forward_timeout: Duration,
+    /// Name prefix.
+    pub prefix: String,
+    /// User and password.
+    pub user_password: Option<(String, String)>,
+    /// Token.
+    pub token: Option<String>,
+}
+
+impl ClusterConfig {
+    /// Checks the section: every problem says what to write instead.
+    pub fn check(&self) -> anyhow::Result<Cluster> {
+        let mut problems = Vec::new();
+        if self.urls.is_empty() {
+            problems.push(
+                "urls is empty; list the NATS servers, e.g. [\"nats://127.0.0.1:4222\"]"
+                    .to_string(),
+            );
+        }
+        if !(1..=1024).contains(&self.partitions) {
+            problems.push(format!("partitions is {}; use 1 to 1024", self.partitions));
+        }
+        if !(1..=5).contains(&self.replicas) {
+            problems.push(format!("replicas is {}; use 1, 3 or 5", self.replicas));
+        }
+        let duration =
+            |name: &str, text: &str, problems: &mut Vec<String>| match humantime::parse_duration(
+                text,
+            ) {
+                Ok(d) if d >= Duration::from_millis(500) => d,
+                Ok(_) => {
+                    problems.push(format!("{name} `{text}` is under 500ms"));
+                    Duration::ZERO
+                }
+                Err(e) => {
+                    problems.push(format!(
+                        "{name} `{text}` is not a duration ({e}); write e.g. \"3s\""
+                    ));
+                    Duration::ZERO
+                }
+            };
+        let lease_ttl = duration("lease_ttl", &self.lease_ttl, &mut problems);
+        let forward_timeout = duration("forward_timeout", &self.forward_timeout, &mut problems);
+        let name_ok = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 64
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        };
+        if !name_ok(&self.prefix) {
+            problems.push(format!(
+                "prefix `{}` must be 1 to 64 of A-Z a-z 0-9 - _",
+                self.prefix
+            ));
+        }
+        let node = match &self.node {
+            Some(n) => n.clone(),
+            None => host_name().unwrap_or_default(),
+        };
+        if !name_ok(&node) {
+            problems.push(format!(
+                "node `{node}` must be 1 to 64 of A-Z a-z 0-9 - _ (set [cluster] node, or \
+                 SHADOWBRAIN__CLUSTER__NODE)"
+            ));
+        }
+        let secret = |env: &Option<String>, problems: &mut Vec<String>| {
+            env.as_ref().and_then(|var| match std::env::var(var) {
+                Ok(v) => Some(v),
+                Err(_) => {
+                    problems.push(format!("the environment variable {var} is not set"));
+                    None
+                }
+            })
+        };
+        let password = secret(&self.password_env, &mut problems);
+        let token = secret(&self.token_env, &mut problems);
+        let user_password = match (&self.user, password) {
+            (Some(u), Some(p)) => Some((u.clone(), p)),
+            (None, None) => None,
+            _ => {
+                problems.push("user and password_env go together".into());
+                None
+            }
+        };
+        if !problems.is_empty() {
+            anyhow::bail!("the [cluster] section is invalid: {}", problems.join("; "));
+        }
+        Ok(Cluster {
+            urls: self.urls.clone(),
+            node,
+            partitions: self.partitions,
+            replicas: self.replicas,
+            lease_ttl,
+            forward_timeout,
+            prefix: self.prefix.clone(),
+            user_password,
+            token,
+        })
+    }
+}
+
+fn host_name() -> Option<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())?;
+    let name: String = name
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    (!name.is_empty()).then_some(name)
+}
+
+/// FNV-1a, 64-bit: stable across versions and platforms, which a partition map must be
+/// (every node, every release, computes the same partition for a namespace).
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for b in *part {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        // A separator, so ("ab", "c") and ("a", "bc") differ.
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// MurmurHash3's 64-bit finalizer: FNV-1a alone barely moves its high bits for names that
+/// differ in their last byte (`node1`, `node2`), and rendezvous hashing compares whole
+/// hashes, so every partition went to one node.
+fn mix(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+/// The partition a namespace lives in.
+pub fn partition_of(namespace: &str, partitions: u16) -> u16 {
+    (mix(fnv1a(&[namespace.as_bytes()])) % u64::from(partitions)) as u16
+}
+
+/// Which of `nodes` should own `partition` (rendezvous hashing): the node with the
+/// highest score. A node joining or leaving moves only the partitions it wins or held.
+pub fn rendezvous(partition: u16, nodes: &[String]) -> Option<&String> {
+    nodes.iter().max_by_key(|n| {
+        (
+            mix(fnv1a(&[n.as_bytes(), &partition.to_be_bytes()])),
+            n.as_str(),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partitions_are_stable_and_spread() {
+        // Pinned: a change here moves every namespace of every running cluster.
+        assert_eq!(partition_of("default", 16), partition_of("default", 16));
+        let mut counts = [0u32; 16];
+        for i in 0..16_000 {
+            counts[partition_of(&format!("tenant-{i}"), 16) as usize] += 1;
+        }
+        assert!(counts.iter().all(|c| (800..1200).contains(c)), "{counts:?}");
+    }
+
+    #[test]
+    fn rendezvous_moves_only_what_a_node_held() {
+        // Names that differ in their last character only, as operators name nodes.
+        let three: Vec<String> = ["node1", "node2", "node3"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let two: Vec<String> = ["node1", "node2"].iter().map(|s| s.to_string()).collect();
+        let mut owned = [0; 3];
+        for p in 0..64 {
+            let before = rendezvous(p, &three).unwrap();
+            let after = rendezvous(p, &two).unwrap();
+            if before != "node3" {
+                assert_eq!(before, after, "partition {p} moved without reason");
+            }
+            owned[three.iter().position(|n| n == before).unwrap()] += 1;
+        }
+        assert!(owned.iter().all(|&n| n > 12), "{owned:?}");
+        let mut small = [0; 3];
+        for p in 0..8 {
+            small[three
+                .iter()
+                .position(|n| n == rendezvous(p, &three).unwrap())
+                .unwrap()] += 1;
+        }
+        assert!(
+            small.iter().all(|&n| n > 0),
+            "8 partitions over 3 nodes: {small:?}"
+        );
+        assert_eq!(rendezvous(0, &[]), None);
+    }
+
+    #[test]
+    fn the_section_says_what_is_wrong() {
+        let bad = ClusterConfig {
+            urls: vec![],
+            partitions: 0,
+            lease_ttl: "soon".into(),
+            node: Some("a b".into()),
+            user: Some("u".into()),
+            ..ClusterConfig::default()
+        };
+        let e = bad.check().unwrap_err().to_string();
+        for part in [
+            "urls is empty",
+            "partitions is 0",
+            "lease_ttl `soon`",
+            "node `a b`",
+            "user and password_env",
+        ] {
+            assert!(e.contains(part), "{e}");
+        }
+        let good = ClusterConfig {
+            node: Some("n1".into()),
+            ..ClusterConfig::default()
+        };
+        let c = good.check().unwrap();
+        assert_eq!(c.lease_ttl, Duration::from_secs(3));
+        assert_eq!(c.partitions, 16);
+    }
+}

@@ -1,0 +1,830 @@
+//! One cluster node: its partitions (owned, or kept as warm standbys), the lease keeper and
+//! role task of each, the membership heartbeat, and the front router every request enters.
+//!
+//! Per partition two tasks cooperate. The **keeper** holds the lease: every quarter TTL it
+//! refreshes a held lease (compare-and-set on its revision) or, when the lease is vacant and
+//! rendezvous hashing names this node (or nobody took it for three TTLs), creates it. The
+//! **role** task follows the keeper: with a lease it catches the standby up to the stream's
+//! end and opens the partition's runtime on it, logging to JetStream; without one (or when
+//! its log was fenced) it closes the runtime and goes back to following the stream. A node
+//! that should no longer own a partition (its rendezvous winner is back) hands it over: it
+//! closes the runtime first (its last writes logged), then deletes the lease.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use async_nats::jetstream::{self, consumer, kv, stream};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures::{FutureExt, StreamExt};
+use serde_json::json;
+use shadowbrain_actors::{Runtime, RuntimeConfig};
+use shadowbrain_runtime::{Backend, Limits, Replica};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+use super::forward::{self, ANSWERED_BY};
+use super::log::{JetStreamLog, Lease, LogCounters};
+use super::{Cluster, partition_of, rendezvous};
+use crate::config::ConfigFile;
+use crate::listen::{Drained, Edge};
+use crate::metrics::Metrics;
+use crate::server::{ApiError, Auth};
+
+/// Entries a standby applies in one transaction at most.
+const APPLY_BATCH: usize = 512;
+
+/// How long a takeover waits for the standby to reach the stream's end.
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(60);
+
+/// The lease a node holds, as its keeper knows it.
+#[derive(Debug, Clone)]
+struct Held {
+    revision: u64,
+    lease: Arc<Lease>,
+}
+
+/// A standby: the task applying the stream to the replica, and how far it got.
+struct Follower {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Replica>,
+    applied: watch::Receiver<u64>,
+}
+
+/// An owned partition.
+struct Owned {
+    rt: Runtime,
+    log: Arc<JetStreamLog>,
+    rpc: tokio::task::JoinHandle<()>,
+    epoch: u64,
+}
+
+enum Role {
+    Standby(Follower),
+    Owner(Owned),
+    /// Between the two (only while the role lock is held), or after a failure.
+    Idle,
+}
+
+struct Partition {
+    id: u16,
+    /// The partition's data directory: a whole runtime's (`store/`, `vectors/`, `keywords/`).
+    dir: PathBuf,
+    key: String,
+    stream: String,
+    subject: String,
+    rpc_subject: String,
+    held: Mutex<Option<Held>>,
+    changed: Notify,
+    /// The keeper asks the role task to hand the partition over.
+    hand_over: AtomicBool,
+    role: tokio::sync::Mutex<Role>,
+    /// The router of the owned runtime: the front's fast path.
+    router: RwLock<Option<Router>>,
+    /// When the lease was first seen vacant (keeper only).
+    vacant_since: Mutex<Option<Instant>>,
+}
+
+struct Node {
+    cfg: Cluster,
+    client: async_nats::Client,
+    js: jetstream::Context,
+    leases: kv::Store,
+    members: kv::Store,
+    live: watch::Receiver<Vec<String>>,
+    partitions: Vec<Arc<Partition>>,
+    rt_config: RuntimeConfig,
+    limits: Limits,
+    auth: Auth,
+    edge: Edge,
+    metrics: Arc<Metrics>,
+    closing: CancellationToken,
+    max_entry: usize,
+    counters: Arc<LogCounters>,
+    /// The cluster's I/O runtime: the NATS connection, the lease keepers and membership.
+    io: tokio::runtime::Handle,
+    /// The main runtime: the partitions' runtimes and requests.
+    work: tokio::runtime::Handle,
+}
+
+fn partition_dir(data: &Path, p: u16) -> PathBuf {
+    data.join("partitions").join(format!("p{p:03}"))
+}
+
+/// `serve --cluster`: joins the cluster, serves `listener` until `shutdown`, then hands
+/// every owned partition over (its writes logged and its lease deleted) and stops.
+pub async fn serve_cluster(
+    listener: tokio::net::TcpListener,
+    data: &Path,
+    rt_config: RuntimeConfig,
+    file: ConfigFile,
+    cfg: Cluster,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<Drained> {
+    let mut options = async_nats::ConnectOptions::new()
+        .name(format!("shadowbrain {}", cfg.node))
+        .connection_timeout(Duration::from_secs(5));
+    if let Some((user, password)) = &cfg.user_password {
+        options = options.user_and_password(user.clone(), password.clone());
+    }
+    if let Some(token) = &cfg.token {
+        options = options.token(token.clone());
+    }
+    let addrs = cfg
+        .urls
+        .iter()
+        .map(|u| {
+            u.parse::<async_nats::ServerAddr>().with_context(|| {
+                format!("[cluster] urls: `{u}` is not a NATS URL (nats://host:port)")
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // The NATS connection runs on a runtime of its own. The store's commit thread waits
+    // for JetStream's acknowledgement while a request handler may wait for that commit on
+    // a worker of the main runtime: were the connection driven by those workers, a few
+    // such waits would starve it and nothing would ever be acknowledged. The lease keepers
+    // run there too, so busy workers never let a lease lapse.
+    let io = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("cluster-io")
+        .enable_all()
+        .build()
+        .context("starting the cluster's I/O thread")?;
+    let client = io
+        .spawn(async move { options.connect(addrs).await })
+        .await?
+        .with_context(|| {
+            format!(
+                "connecting to NATS at {}; start the NATS servers (see the README's Cluster \
+                 section) or fix [cluster] urls",
+                cfg.urls.join(", ")
+            )
+        })?;
+    let max_payload = client.server_info().max_payload;
+    // Room for the headers and postcard's lengths; an entry is never split.
+    let max_entry = max_payload.saturating_sub(4096).max(64 * 1024);
+    let js = jetstream::new(client.clone());
+    let bucket = |name: &str| kv::Config {
+        bucket: format!("{}_{name}", cfg.prefix),
+        history: 1,
+        max_age: cfg.lease_ttl,
+        num_replicas: cfg.replicas,
+        storage: stream::StorageType::File,
+        ..Default::default()
+    };
+    let leases = create_bucket(&js, bucket("leases")).await?;
+    let members = create_bucket(&js, bucket("nodes")).await?;
+    let mut partitions = Vec::with_capacity(cfg.partitions as usize);
+    for p in 0..cfg.partitions {
+        let stream = format!("{}_P{p:03}", cfg.prefix.to_uppercase());
+        let subject = format!("{}.log.{p:03}", cfg.prefix);
+        js.get_or_create_stream(stream::Config {
+            name: stream.clone(),
+            subjects: vec![subject.clone()],
+            storage: stream::StorageType::File,
+            num_replicas: cfg.replicas,
+            ..Default::default()
+        })
+        .await
+        .with_context(|| {
+            format!(
+                "creating the stream {stream} ({} replicas); a NATS cluster of at least that \
+                 many servers with JetStream enabled is needed",
+                cfg.replicas
+            )
+        })?;
+        let dir = partition_dir(data, p);
+        partitions.push(Arc::new(Partition {
+            id: p,
+            key: format!("p{p:03}"),
+            rpc_subject: format!("{}.rpc.{p:03}", cfg.prefix),
+            stream,
+            subject,
+            dir,
+            held: Mutex::new(None),
+            changed: Notify::new(),
+            hand_over: AtomicBool::new(false),
+            role: tokio::sync::Mutex::new(Role::Idle),
+            router: RwLock::new(None),
+            vacant_since: Mutex::new(None),
+        }));
+    }
+    let (live_tx, live) = watch::channel(Vec::new());
+    let node = Arc::new(Node {
+        client: client.clone(),
+        js,
+        leases,
+        members,
+        live,
+        partitions,
+        rt_config,
+        limits: file.limits,
+        auth: file.auth,
+        edge: file.edge,
+        metrics: Arc::new(Metrics::new()),
+        closing: CancellationToken::new(),
+        max_entry,
+        counters: Arc::new(LogCounters::default()),
+        io: io.handle().clone(),
+        work: tokio::runtime::Handle::current(),
+        cfg,
+    });
+    for part in &node.partitions {
+        let replica = open_replica(&part.dir)?;
+        *part.role.lock().await = Role::Standby(node.follow(part, replica));
+    }
+    let stop = CancellationToken::new();
+    let mut tasks = vec![io.spawn(membership(node.clone(), live_tx, stop.clone()))];
+    for part in &node.partitions {
+        tasks.push(io.spawn(keeper(node.clone(), part.clone(), stop.clone())));
+        tasks.push(tokio::spawn(role_task(
+            node.clone(),
+            part.clone(),
+            stop.clone(),
+        )));
+    }
+    tracing::info!(node = %node.cfg.node, partitions = node.cfg.partitions, "joined the cluster");
+
+    let app = Router::new()
+        .route("/healthz", axum::routing::get(healthz))
+        .route("/cluster", axum::routing::get(status))
+        .fallback(front)
+        .with_state(node.clone());
+    let counts = node.metrics.connections();
+    let drained = crate::server::serve_app(
+        listener,
+        app,
+        node.edge,
+        counts,
+        node.closing.clone(),
+        shutdown,
+    )
+    .await;
+    // Hand over: the keepers stop refreshing, each owned partition closes (its writes
+    // logged) and its lease is deleted so another node takes it at once.
+    stop.cancel();
+    for t in tasks {
+        let _ = t.await;
+    }
+    for part in &node.partitions {
+        let mut role = part.role.lock().await;
+        let held = part.held.lock().unwrap_or_else(|p| p.into_inner()).take();
+        node.step_down(part, &mut role, false).await;
+        if let Some(held) = held {
+            let _ = node
+                .leases
+                .delete_expect_revision(&part.key, Some(held.revision))
+                .await;
+        }
+        if let Role::Standby(f) = std::mem::replace(&mut *role, Role::Idle) {
+            f.stop.cancel();
+            let _ = f.task.await;
+        }
+    }
+    let _ = node.members.delete(&node.cfg.node).await;
+    let _ = node.client.flush().await;
+    io.shutdown_background();
+    drained
+}
+
+async fn create_bucket(js: &jetstream::Context, config: kv::Config) -> anyhow::Result<kv::Store> {
+    let name = config.bucket.clone();
+    match js.get_key_value(&name).await {
+        Ok(store) => Ok(store),
+        Err(_) => js
+            .create_key_value(config)
+            .await
+            .or(js.get_key_value(&name).await.map_err(anyhow::Error::from))
+            .with_context(|| format!("creating the KV bucket {name}")),
+    }
+}
+
+fn open_replica(dir: &Path) -> anyhow::Result<Replica> {
+    let store = dir.join("store");
+    Replica::open(&store, Backend::Lmdb)
+        .with_context(|| format!("opening the partition store {}", store.display()))
+}
+
+/// Heartbeats this node into the members bucket and publishes who is live.
+async fn membership(node: Arc<Node>, live: watch::Sender<Vec<String>>, stop: CancellationToken) {
+    let period = node.cfg.lease_ttl / 4;
+    loop {
+        if let Err(e) = node.members.put(&node.cfg.node, "up".into()).await {
+            tracing::warn!(error = %e, "cannot heartbeat into the members bucket");
+        }
+        match node.members.keys().await {
+            Ok(keys) => {
+                let mut names: Vec<String> = keys.filter_map(|k| async { k.ok() }).collect().await;
+                if !names.contains(&node.cfg.node) {
+                    names.push(node.cfg.node.clone());
+                }
+                names.sort();
+                live.send_if_modified(|old| {
+                    let changed = *old != names;
+                    if changed {
+                        tracing::info!(live = ?names, "cluster members");
+                        *old = names;
+                    }
+                    changed
+                });
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot list the cluster members"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+    }
+}
+
+/// Holds, refreshes, takes and gives up a partition's lease (see the module doc).
+async fn keeper(node: Arc<Node>, part: Arc<Partition>, stop: CancellationToken) {
+    let ttl = node.cfg.lease_ttl;
+    let me = node.cfg.node.clone();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(ttl / 4) => {}
+        }
+        let holder = match node.leases.entry(&part.key).await {
+            Ok(Some(e)) if e.operation == kv::Operation::Put => {
+                Some((String::from_utf8_lossy(&e.value).into_owned(), e.revision))
+            }
+            Ok(_) => None,
+            Err(e) => {
+                tracing::debug!(error = %e, partition = part.id, "cannot read the lease");
+                continue;
+            }
+        };
+        let live = node.live.borrow().clone();
+        let desired = rendezvous(part.id, &live).cloned();
+        let held = part.held.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match held {
+            Some(h) if holder.as_ref() == Some(&(me.clone(), h.revision)) => {
+                if desired.as_ref().is_some_and(|d| *d != me) {
+                    part.hand_over.store(true, Ordering::SeqCst);
+                    part.changed.notify_one();
+                }
+                let sent = Instant::now();
+                match node
+                    .leases
+                    .update(&part.key, me.clone().into(), h.revision)
+                    .await
+                {
+                    Ok(revision) => {
+                        h.lease.renew(revision, sent + ttl * 3 / 4);
+                        if let Some(held) =
+                            part.held.lock().unwrap_or_else(|p| p.into_inner()).as_mut()
+                            && Arc::ptr_eq(&held.lease, &h.lease)
+                        {
+                            held.revision = revision;
+                        }
+                    }
+                    Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                        tracing::warn!(partition = part.id, "the lease was taken by another node");
+                        node.lose(&part, &h);
+                    }
+                    // A slow answer: keep trying; the lease's own deadline stops writes.
+                    Err(e) => {
+                        tracing::warn!(error = %e, partition = part.id, "cannot refresh the lease")
+                    }
+                }
+            }
+            Some(h) => {
+                tracing::warn!(partition = part.id, holder = ?holder, "the lease expired or moved");
+                node.lose(&part, &h);
+            }
+            None => {
+                if holder.is_some() {
+                    *part.vacant_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    continue;
+                }
+                let since = *part
+                    .vacant_since
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert_with(Instant::now);
+                let mine = desired.as_ref() == Some(&me) || since.elapsed() > ttl * 3;
+                if !mine {
+                    continue;
+                }
+                let sent = Instant::now();
+                if let Ok(revision) = node.leases.create(&part.key, me.clone().into()).await {
+                    tracing::info!(partition = part.id, revision, "took the lease");
+                    let lease = Arc::new(Lease::new(revision, sent + ttl * 3 / 4));
+                    *part.held.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(Held { revision, lease });
+                    *part.vacant_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    part.changed.notify_one();
+                }
+            }
+        }
+    }
+}
+
+/// Makes the partition's role follow its lease (see the module doc).
+async fn role_task(node: Arc<Node>, part: Arc<Partition>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = part.changed.notified() => {}
+            _ = tokio::time::sleep(node.cfg.lease_ttl / 4) => {}
+        }
+        let held = part.held.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut role = part.role.lock().await;
+        match (&*role, held) {
+            (Role::Standby(_), Some(h)) => {
+                if let Err(e) = node.take(&part, &mut role, &h).await {
+                    tracing::warn!(error = %format!("{e:#}"), partition = part.id, "could not take the partition over; giving the lease back");
+                    node.give_back(&part, &h).await;
+                }
+            }
+            (Role::Owner(o), Some(h)) => {
+                if part.hand_over.swap(false, Ordering::SeqCst) {
+                    tracing::info!(
+                        partition = part.id,
+                        "handing the partition over to its rendezvous owner"
+                    );
+                    node.step_down(&part, &mut role, true).await;
+                    node.give_back(&part, &h).await;
+                } else if let Some(why) = o.log.fenced() {
+                    // Behind its own log: follow the stream again, then take it back (the
+                    // lease is still this node's while the keeper refreshes it).
+                    tracing::warn!(partition = part.id, %why, "the partition's log is fenced; catching up");
+                    node.step_down(&part, &mut role, false).await;
+                }
+            }
+            (Role::Owner(_), None) => node.step_down(&part, &mut role, false).await,
+            (Role::Idle, _) => match open_replica(&part.dir) {
+                Ok(replica) => *role = Role::Standby(node.follow(&part, replica)),
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), partition = part.id, "cannot open the standby store")
+                }
+            },
+            (Role::Standby(_), None) => {}
+        }
+    }
+}
+
+impl Node {
+    /// The lease is gone: writes stop at once (the lease's deadline), and the role task
+    /// steps down.
+    fn lose(&self, part: &Partition, held: &Held) {
+        held.lease.renew(held.lease.epoch(), Instant::now());
+        let mut slot = part.held.lock().unwrap_or_else(|p| p.into_inner());
+        if slot
+            .as_ref()
+            .is_some_and(|h| Arc::ptr_eq(&h.lease, &held.lease))
+        {
+            *slot = None;
+        }
+        drop(slot);
+        part.changed.notify_one();
+    }
+
+    /// Deletes a lease this node holds, so another node may take it at once.
+    async fn give_back(&self, part: &Partition, held: &Held) {
+        self.lose(part, held);
+        let revision = held.lease.epoch();
+        if let Err(e) = self
+            .leases
+            .delete_expect_revision(&part.key, Some(revision))
+            .await
+        {
+            tracing::debug!(error = %e, partition = part.id, "the lease was not deleted; it expires");
+        }
+    }
+
+    /// Starts applying the partition's stream to `replica`.
+    fn follow(&self, part: &Partition, replica: Replica) -> Follower {
+        let stop = CancellationToken::new();
+        let (tx, applied) = watch::channel(replica.applied());
+        let task = tokio::spawn(follow(
+            self.js.clone(),
+            part.stream.clone(),
+            part.id,
+            replica,
+            tx,
+            stop.clone(),
+        ));
+        Follower {
+            stop,
+            task,
+            applied,
+        }
+    }
+
+    /// Standby → owner: catch up to the stream's end, open the runtime over the store with
+    /// the log, and answer the partition's forwarded requests.
+    async fn take(&self, part: &Partition, role: &mut Role, held: &Held) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let Role::Standby(follower) = role else {
+            return Ok(());
+        };
+        let mut info = self.js.get_stream(&part.stream).await?;
+        let end = info.info().await?.state.last_sequence;
+        let mut applied = follower.applied.clone();
+        tokio::time::timeout(CATCH_UP_LIMIT, applied.wait_for(|a| *a >= end))
+            .await
+            .context("the standby did not catch up in time")??;
+        let Role::Standby(follower) = std::mem::replace(role, Role::Idle) else {
+            unreachable!()
+        };
+        follower.stop.cancel();
+        let replica = follower.task.await.context("the standby's task failed")?;
+        let last = replica.applied();
+        replica.close();
+        let log = Arc::new(JetStreamLog::new(
+            self.js.clone(),
+            self.io.clone(),
+            part.subject.clone(),
+            format!("{}-{}-{}", self.cfg.node, part.id, held.revision),
+            held.lease.clone(),
+            last,
+            self.max_entry,
+            self.counters.clone(),
+        ));
+        let mut config = self.rt_config.clone();
+        config.data_dir = part.dir.clone();
+        config.substrate.backend = Backend::Lmdb;
+        config.substrate.log = Some(log.clone());
+        let rt = match Runtime::open(config).await {
+            Ok(rt) => rt,
+            Err(e) => {
+                *role = Role::Standby(self.follow(part, open_replica(&part.dir)?));
+                return Err(e).context("opening the partition's runtime");
+            }
+        };
+        let router = crate::server::router_with(
+            rt.clone(),
+            self.limits.clone(),
+            self.auth.clone(),
+            self.edge,
+            Some(self.work.clone()),
+            self.metrics.clone(),
+            self.closing.clone(),
+        );
+        let requests = self
+            .client
+            .queue_subscribe(part.rpc_subject.clone(), "owners".into())
+            .await?;
+        let rpc = tokio::spawn(forward::answer_forwarded(
+            self.client.clone(),
+            requests,
+            router.clone(),
+            self.cfg.node.clone(),
+        ));
+        *part.router.write().unwrap_or_else(|p| p.into_inner()) = Some(router);
+        tracing::info!(
+            partition = part.id,
+            epoch = held.revision,
+            log_end = last,
+            took_ms = started.elapsed().as_millis() as u64,
+            "owning the partition"
+        );
+        *role = Role::Owner(Owned {
+            rt,
+            log,
+            rpc,
+            epoch: held.revision,
+        });
+        Ok(())
+    }
+
+    /// Owner → standby. `graceful`: the runtime's last writes are logged before the log
+    /// is fenced (a handover); otherwise the log is fenced first (the lease is gone).
+    async fn step_down(&self, part: &Partition, role: &mut Role, graceful: bool) {
+        let Role::Owner(owned) = std::mem::replace(role, Role::Idle) else {
+            return;
+        };
+        *part.router.write().unwrap_or_else(|p| p.into_inner()) = None;
+        owned.rpc.abort();
+        if !graceful {
+            owned
+                .log
+                .fence("this node no longer holds the partition's lease");
+        }
+        if let Err(e) = owned.rt.shutdown().await {
+            tracing::warn!(error = %e, partition = part.id, "the partition's runtime did not close cleanly");
+        }
+        owned.log.fence("the partition was handed over");
+        drop(owned);
+        tracing::info!(partition = part.id, "following the partition as a standby");
+        match open_replica(&part.dir) {
+            Ok(replica) => *role = Role::Standby(self.follow(part, replica)),
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), partition = part.id, "cannot open the standby store")
+            }
+        }
+    }
+}
+
+/// Applies the stream to `replica` from its applied position on, in batches, until stopped;
+/// returns the replica. An ordered consumer delivers every entry once and in order (it
+/// restarts itself on a gap); a broken one is recreated from the applied position.
+async fn follow(
+    js: jetstream::Context,
+    stream: String,
+    partition: u16,
+    replica: Replica,
+    applied: watch::Sender<u64>,
+    stop: CancellationToken,
+) -> Replica {
+    let replica = Arc::new(Mutex::new(replica));
+    'outer: while !stop.is_cancelled() {
+        let start = replica.lock().unwrap_or_else(|p| p.into_inner()).applied() + 1;
+        let messages = async {
+            let s = js.get_stream(&stream).await?;
+            let c = s
+                .create_consumer(consumer::pull::OrderedConfig {
+                    deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                        start_sequence: start,
+                    },
+                    ..Default::default()
+                })
+                .await?;
+            anyhow::Ok(c.messages().await?)
+        };
+        let mut messages = tokio::select! {
+            _ = stop.cancelled() => break,
+            m = messages => match m {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::debug!(error = %format!("{e:#}"), partition, "cannot follow the stream yet");
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                    }
+                }
+            }
+        };
+        loop {
+            let first = tokio::select! {
+                _ = stop.cancelled() => break 'outer,
+                m = messages.next() => m,
+            };
+            let mut batch = match first {
+                Some(Ok(m)) => vec![m],
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, partition, "the stream's consumer broke; following again");
+                    continue 'outer;
+                }
+                None => continue 'outer,
+            };
+            while batch.len() < APPLY_BATCH {
+                match messages.next().now_or_never() {
+                    Some(Some(Ok(m))) => batch.push(m),
+                    _ => break,
+                }
+            }
+            let entries: Vec<(u64, bytes::Bytes)> = batch
+                .iter()
+                .filter_map(|m| Some((m.info().ok()?.stream_sequence, m.payload.clone())))
+                .collect();
+            let target = replica.clone();
+            let done = tokio::task::spawn_blocking(move || {
+                let borrowed: Vec<(u64, &[u8])> =
+                    entries.iter().map(|(s, b)| (*s, b.as_ref())).collect();
+                let mut r = target.lock().unwrap_or_else(|p| p.into_inner());
+                r.apply_all(&borrowed).map(|_| r.applied())
+            })
+            .await;
+            match done {
+                Ok(Ok(position)) => {
+                    applied.send_replace(position);
+                }
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, partition, "cannot apply the stream to the standby store");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue 'outer;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, partition, "the standby's apply task failed");
+                    continue 'outer;
+                }
+            }
+        }
+    }
+    match Arc::try_unwrap(replica) {
+        Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),
+        Err(_) => unreachable!("the follower holds the only reference once its loop ended"),
+    }
+}
+
+/// Every request but `/healthz` and `/cluster`: answered by this node's runtime of the
+/// caller's partition, or forwarded to its owner.
+async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
+    let path = request.uri().path();
+    if path == "/" || path.starts_with("/ui/") || path == "/ui" {
+        return ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "not_in_cluster_mode",
+            "the dashboard is not served in cluster mode yet; run `shadowbrain serve` on a \
+             copy (`shadowbrain export` / `import`) to browse one",
+        )
+        .into_response();
+    }
+    if path == "/mcp" && request.method() == Method::GET {
+        // The optional server-to-client stream cannot cross a request/reply hop; the MCP
+        // specification lets a server answer 405, and clients carry on without it.
+        return ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "in cluster mode /mcp has no standalone event stream (GET); POST works",
+        )
+        .into_response();
+    }
+    let header = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let namespace = match node.auth.caller(header) {
+        Ok((namespace, _)) => namespace,
+        Err(e) => return e.into_response(),
+    };
+    let part = &node.partitions[partition_of(&namespace, node.cfg.partitions) as usize];
+    let local = part
+        .router
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let mut answer = match local {
+        Some(router) => match router.oneshot(request).await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        },
+        None => {
+            forward::forward(
+                &node.client,
+                part.rpc_subject.clone(),
+                &node.cfg.node,
+                request,
+                node.limits.max_body_bytes,
+                node.cfg.forward_timeout,
+            )
+            .await
+        }
+    };
+    if !answer.headers().contains_key(ANSWERED_BY)
+        && let Ok(v) = HeaderValue::from_str(&node.cfg.node)
+    {
+        answer
+            .headers_mut()
+            .insert(HeaderName::from_static(ANSWERED_BY), v);
+    }
+    answer
+}
+
+async fn healthz(State(node): State<Arc<Node>>) -> Response {
+    axum::Json(json!({"status": "ok", "node": node.cfg.node})).into_response()
+}
+
+/// `GET /cluster`: this node's view — members, and per partition its role, epoch and
+/// applied position. Needs an admin key when keys are configured.
+async fn status(State(node): State<Arc<Node>>, request: Request<Body>) -> Response {
+    let header = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    match node.auth.caller(header) {
+        Ok((_, crate::server::Role::Admin)) => {}
+        Ok(_) => {
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "GET /cluster needs an admin key",
+            )
+            .into_response();
+        }
+        Err(e) => return e.into_response(),
+    }
+    let mut parts = Vec::new();
+    for part in &node.partitions {
+        let role = part.role.lock().await;
+        let (name, epoch, applied) = match &*role {
+            Role::Owner(o) => ("owner", Some(o.epoch), None),
+            Role::Standby(f) => ("standby", None, Some(*f.applied.borrow())),
+            Role::Idle => ("idle", None, None),
+        };
+        parts.push(json!({"partition": part.id, "role": name, "epoch": epoch, "applied": applied}));
+    }
+    let counters = &node.counters;
+    axum::Json(json!({
+        "node": node.cfg.node,
+        "members": *node.live.borrow(),
+        "partitions": parts,
+        "log": {
+            "entries": counters.entries.load(Ordering::Relaxed),
+            "bytes": counters.bytes.load(Ordering::Relaxed),
+            "retries": counters.retries.load(Ordering::Relaxed),
+        },
+    }))
+    .into_response()
+}
