@@ -1,6 +1,7 @@
 //! Integration tests of the `shadowbrain` package (one binary; modules below).
 
 mod cli;
+mod cluster;
 mod dashboard;
 mod edge;
 mod embedder;

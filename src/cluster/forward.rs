@@ -22,6 +22,9 @@ pub(super) const FORWARDED_BY: &str = "x-shadowbrain-forwarded-by";
 /// On every answer in cluster mode: the node that answered.
 pub(super) const ANSWERED_BY: &str = "x-shadowbrain-node";
 
+/// How long one attempt of a request that may be sent again waits for its answer.
+const ATTEMPT: Duration = Duration::from_secs(3);
+
 /// A request on the wire.
 #[derive(Debug, Serialize, Deserialize)]
 struct WireRequest {
@@ -92,12 +95,23 @@ pub(super) async fn forward(
         body: body.to_vec(),
     };
     let payload = bytes::Bytes::from(postcard::to_stdvec(&wire).expect("a request serialises"));
+    // A request safe to send twice (a read, or a write under an Idempotency-Key) is sent
+    // again when an attempt goes unanswered: the owner may have stopped (a paused process
+    // keeps its subscription until NATS drops it) while a new owner answers. Any other
+    // request gets one attempt of the whole deadline, so it is never stored twice.
+    let retry_unanswered =
+        parts.method == Method::GET || headers.contains_key(crate::server::IDEMPOTENCY_KEY);
     let until = Instant::now() + deadline;
     loop {
         let left = until.saturating_duration_since(Instant::now());
+        let attempt = if retry_unanswered {
+            left.min(ATTEMPT)
+        } else {
+            left
+        };
         let ask = async_nats::Request::new()
             .payload(payload.clone())
-            .timeout(Some(left.max(Duration::from_millis(1))));
+            .timeout(Some(attempt.max(Duration::from_millis(1))));
         match client.send_request(subject.clone(), ask).await {
             Ok(message) => match postcard::from_bytes::<WireAnswer>(&message.payload) {
                 Ok(answer) => {
@@ -118,6 +132,10 @@ pub(super) async fn forward(
                 // The partition is between owners: the new one subscribes once it caught up.
                 tokio::time::sleep(Duration::from_millis(50).min(left)).await;
             }
+            Err(e)
+                if e.kind() == RequestErrorKind::TimedOut
+                    && retry_unanswered
+                    && Instant::now() < until => {}
             Err(e) if e.kind() == RequestErrorKind::MaxPayloadExceeded => {
                 return ApiError::new(
                     StatusCode::PAYLOAD_TOO_LARGE,
