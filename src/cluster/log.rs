@@ -26,6 +26,21 @@ const ACK_WAIT: Duration = Duration::from_secs(2);
 /// How long an append keeps retrying before it gives up (and fences the log).
 const APPEND_DEADLINE: Duration = Duration::from_secs(8);
 
+/// Fault injection for the cluster harness (scenario 6): the share of publish
+/// acknowledgements this node treats as lost, as if the network had dropped them, so the
+/// append is sent again under the same message id. Read from
+/// `SHADOWBRAIN_FAULT_DROP_ACKS` (0 to 1); unset, nothing is dropped. Never set it in
+/// production: it only slows appends down.
+fn drop_acks() -> f64 {
+    static SHARE: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *SHARE.get_or_init(|| {
+        std::env::var("SHADOWBRAIN_FAULT_DROP_ACKS")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(0.0, |share| share.clamp(0.0, 1.0))
+    })
+}
+
 /// The lease a node holds on a partition: its revision (the fencing epoch) and until when
 /// the node may act on it (measured from when the refresh was *sent*, so a node that was
 /// paused longer than the TTL knows its lease is gone before it writes).
@@ -63,6 +78,21 @@ pub(super) struct LogCounters {
     pub entries: AtomicU64,
     pub bytes: AtomicU64,
     pub retries: AtomicU64,
+    /// Appends JetStream answered as duplicates of an earlier try (its acknowledgement was
+    /// lost): stored once.
+    pub duplicates: AtomicU64,
+}
+
+/// A number in [0, 1) for fault injection; no generator needed for that.
+fn rand_share() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[derive(Debug)]
@@ -167,8 +197,16 @@ impl CommitLog for JetStreamLog {
                     Err(_) => Err(PublishErrorKind::TimedOut.into()),
                 }
             });
+            let dropped = drop_acks() > 0.0 && rand_share() < drop_acks();
             match outcome {
+                Ok(_) if dropped => {
+                    self.counters.retries.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(subject = %self.subject, "dropping an acknowledgement (fault injection)");
+                }
                 Ok(ack) => {
+                    if ack.duplicate {
+                        self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                    }
                     state.last = ack.sequence;
                     self.counters.entries.fetch_add(1, Ordering::Relaxed);
                     self.counters

@@ -489,16 +489,31 @@ impl Node {
         part.changed.notify_one();
     }
 
-    /// Deletes a lease this node holds, so another node may take it at once.
+    /// Deletes a lease this node holds, so another node may take it at once. The entry is
+    /// read first: a refresh the keeper had in flight may have moved its revision on.
     async fn give_back(&self, part: &Partition, held: &Held) {
         self.lose(part, held);
-        let revision = held.lease.epoch();
-        if let Err(e) = self
-            .leases
-            .delete_expect_revision(&part.key, Some(revision))
-            .await
-        {
-            tracing::debug!(error = %e, partition = part.id, "the lease was not deleted; it expires");
+        for _ in 0..3 {
+            let revision = match self.leases.entry(&part.key).await {
+                Ok(Some(e))
+                    if e.operation == kv::Operation::Put
+                        && *e.value == *self.cfg.node.as_bytes() =>
+                {
+                    e.revision
+                }
+                Ok(_) => return,
+                Err(_) => continue,
+            };
+            match self
+                .leases
+                .delete_expect_revision(&part.key, Some(revision))
+                .await
+            {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::debug!(error = %e, partition = part.id, "the lease was not deleted yet")
+                }
+            }
         }
     }
 
@@ -564,7 +579,7 @@ impl Node {
         };
         let router = crate::server::router_with(
             rt.clone(),
-            self.limits.clone(),
+            self.limits,
             self.auth.clone(),
             self.edge,
             Some(self.work.clone()),
@@ -824,6 +839,7 @@ async fn status(State(node): State<Arc<Node>>, request: Request<Body>) -> Respon
             "entries": counters.entries.load(Ordering::Relaxed),
             "bytes": counters.bytes.load(Ordering::Relaxed),
             "retries": counters.retries.load(Ordering::Relaxed),
+            "duplicates": counters.duplicates.load(Ordering::Relaxed),
         },
     }))
     .into_response()

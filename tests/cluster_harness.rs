@@ -1,0 +1,680 @@
+//! The cluster harness's machinery, shared by the scenarios (`tests/cluster.rs`) and the
+//! cost figures (`examples/cluster_bench.rs`): three real NATS servers (JetStream, file
+//! storage, `sync_interval: always`) and three `shadowbrain serve --cluster` nodes on
+//! 127.0.0.1 as child processes, paced writers that record every acknowledgement, and
+//! readers of what the cluster stored and logged.
+// Each includer uses a part of it.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::Value;
+
+pub const NODES: usize = 3;
+pub const PARTITIONS: u16 = 8;
+pub const LEASE_TTL: Duration = Duration::from_secs(3);
+/// Namespaces with a key each: writers use the first ones.
+pub const TENANTS: usize = 16;
+
+/// The hex SHA-256 of a key, as the config file's `[[auth.keys]]` holds it.
+pub fn sha256_hex(key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The NATS server of `scripts/install-nats-server`, or `None` (after saying so) when it
+/// is not installed and `SHADOWBRAIN_REQUIRE_NATS` is unset.
+pub fn nats_server() -> Option<PathBuf> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/nats-venv/bin/nats-server");
+    if path.is_file() {
+        return Some(path);
+    }
+    if std::env::var_os("SHADOWBRAIN_REQUIRE_NATS").is_some() {
+        panic!(
+            "SHADOWBRAIN_REQUIRE_NATS is set but {} is missing; run scripts/install-nats-server",
+            path.display()
+        );
+    }
+    eprintln!("skipped: the cluster harness needs the NATS server (scripts/install-nats-server)");
+    None
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub struct Nats {
+    pub name: String,
+    pub port: u16,
+    /// The monitoring port (`/varz`: bytes in and out).
+    pub http: u16,
+    pub conf: PathBuf,
+    pub child: Option<Child>,
+}
+
+pub struct NodeProc {
+    pub name: String,
+    pub addr: SocketAddr,
+    pub data: PathBuf,
+    pub config: PathBuf,
+    pub child: Option<Child>,
+}
+
+/// The namespaces the writers use, and their API keys (`[[auth.keys]]`).
+pub fn keys() -> Vec<(String, String)> {
+    (0..TENANTS)
+        .map(|i| (format!("tenant-{i}"), format!("key-of-tenant-{i}")))
+        .collect()
+}
+pub const ADMIN: &str = "the-admin-key";
+
+pub struct Harness {
+    pub dir: tempfile::TempDir,
+    pub bin: PathBuf,
+    pub nats_bin: PathBuf,
+    pub nats: Vec<Nats>,
+    pub nodes: Vec<NodeProc>,
+    /// Extra environment of every node (fault injection).
+    pub env: Vec<(String, String)>,
+}
+
+impl Harness {
+    /// Starts the three NATS servers and the three nodes, with `env` in every node's
+    /// environment, and waits until every partition has an owner.
+    pub fn start(nats_bin: &Path, bin: &Path, env: &[(&str, &str)]) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let routes: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let route_list = routes
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut nats = Vec::new();
+        for (i, route) in routes.iter().enumerate() {
+            let port = free_port();
+            let http = free_port();
+            let name = format!("nats{i}");
+            let conf = dir.path().join(format!("{name}.conf"));
+            // Pings every second, two missed: a paused client's subscriptions go within
+            // seconds, not the default two minutes.
+            std::fs::write(
+                &conf,
+                format!(
+                    "server_name: {name}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{http}\n\
+                     max_payload: 8MB\nping_interval: \"1s\"\nping_max: 2\n\
+                     jetstream {{ store_dir: \"{}\", sync_interval: always }}\n\
+                     cluster {{ name: sb, listen: 127.0.0.1:{route}, routes: [{route_list}] }}\n",
+                    dir.path().join(&name).display()
+                ),
+            )
+            .unwrap();
+            nats.push(Nats {
+                name,
+                port,
+                http,
+                conf,
+                child: None,
+            });
+        }
+        let urls = nats
+            .iter()
+            .map(|n| format!("\"nats://127.0.0.1:{}\"", n.port))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut auth = String::new();
+        for (ns, key) in keys() {
+            auth.push_str(&format!(
+                "[[auth.keys]]\nsha256 = \"{}\"\nnamespace = \"{ns}\"\n",
+                sha256_hex(&key)
+            ));
+        }
+        auth.push_str(&format!(
+            "[[auth.keys]]\nsha256 = \"{}\"\nnamespace = \"ops\"\nrole = \"admin\"\n",
+            sha256_hex(ADMIN)
+        ));
+        let mut nodes = Vec::new();
+        for i in 0..NODES {
+            let name = format!("node{i}");
+            let config = dir.path().join(format!("{name}.toml"));
+            std::fs::write(
+                &config,
+                format!(
+                    "[embedder]\nkind = \"hash\"\n\n{auth}\n[cluster]\nurls = [{urls}]\n\
+                     node = \"{name}\"\npartitions = {PARTITIONS}\nlease_ttl = \"{}s\"\n",
+                    LEASE_TTL.as_secs()
+                ),
+            )
+            .unwrap();
+            nodes.push(NodeProc {
+                addr: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+                data: dir.path().join(&name),
+                name,
+                config,
+                child: None,
+            });
+        }
+        let mut h = Harness {
+            dir,
+            bin: bin.to_path_buf(),
+            nats_bin: nats_bin.to_path_buf(),
+            nats,
+            nodes,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        for i in 0..3 {
+            h.start_nats(i);
+        }
+        for i in 0..NODES {
+            h.start_node(i);
+        }
+        h.wait_settled(Duration::from_secs(90));
+        h
+    }
+
+    pub fn start_nats(&mut self, i: usize) {
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{}.log", self.nats[i].name)))
+            .unwrap();
+        let child = Command::new(&self.nats_bin)
+            .arg("-c")
+            .arg(&self.nats[i].conf)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("nats-server starts");
+        self.nats[i].child = Some(child);
+    }
+
+    pub fn start_node(&mut self, i: usize) {
+        let n = &mut self.nodes[i];
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{}.log", n.name)))
+            .unwrap();
+        let child = Command::new(&self.bin)
+            .args([
+                "serve",
+                "--cluster",
+                "--addr",
+                &n.addr.to_string(),
+                "--data",
+            ])
+            .arg(&n.data)
+            .arg("--config")
+            .arg(&n.config)
+            .env("RUST_LOG", "info,async_nats=warn")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("the node starts");
+        n.child = Some(child);
+    }
+
+    pub fn signal(&mut self, pid: u32, signal: &str) {
+        let ok = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {signal} {pid}");
+    }
+
+    pub fn kill_node(&mut self, i: usize) {
+        let mut child = self.nodes[i].child.take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    pub fn kill_nats(&mut self, i: usize) {
+        let mut child = self.nats[i].child.take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    pub fn node_pid(&self, i: usize) -> u32 {
+        self.nodes[i].child.as_ref().unwrap().id()
+    }
+
+    pub fn alive_nodes(&self) -> Vec<SocketAddr> {
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .map(|n| n.addr)
+            .collect()
+    }
+
+    /// Each node's `/cluster` view (`None`: not answering).
+    pub fn status(&self, i: usize) -> Option<Value> {
+        let (code, body, _) = request(
+            self.nodes[i].addr,
+            "GET",
+            "/cluster",
+            Some(ADMIN),
+            None,
+            None,
+        )
+        .ok()?;
+        (code == 200).then_some(body)
+    }
+
+    /// Partitions each node owns.
+    pub fn owned(&self) -> Vec<usize> {
+        (0..NODES)
+            .map(|i| {
+                self.status(i).map_or(0, |s| {
+                    s["partitions"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .filter(|p| p["role"] == "owner")
+                        .count()
+                })
+            })
+            .collect()
+    }
+
+    /// Until every partition has exactly one owner among the live nodes, the same for
+    /// two lease periods in a row (handovers at start-up done).
+    pub fn wait_settled(&self, limit: Duration) {
+        let until = Instant::now() + limit;
+        let mut last = BTreeMap::new();
+        let mut since = Instant::now();
+        loop {
+            let owners = self.owners();
+            if owners != last {
+                last = owners;
+                since = Instant::now();
+            } else if last.len() == PARTITIONS as usize && since.elapsed() >= LEASE_TTL / 2 {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "the partitions did not settle: owners {last:?}; logs in {}",
+                self.dir.path().display()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn nats_urls(&self) -> Vec<String> {
+        self.nats
+            .iter()
+            .filter(|n| n.child.is_some())
+            .map(|n| format!("nats://127.0.0.1:{}", n.port))
+            .collect()
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(c) = &mut n.child {
+                let _ = Command::new("kill")
+                    .args(["-CONT", &c.id().to_string()])
+                    .status();
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        for n in &mut self.nats {
+            if let Some(c) = &mut n.child {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        if std::thread::panicking() {
+            // Keep the logs of a failed run.
+            let kept = self.dir.path().to_path_buf();
+            let _ = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap()).keep();
+            eprintln!("the cluster's logs and data are kept in {}", kept.display());
+        }
+    }
+}
+
+/// One HTTP/1.1 exchange with optional key, body and idempotency key: status, JSON body,
+/// and the node that answered (`x-shadowbrain-node`).
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: Option<&str>,
+    idempotency: Option<&str>,
+) -> std::io::Result<(u16, Value, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(20)))?;
+    let body = body.unwrap_or("");
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if let Some(k) = key {
+        head.push_str(&format!("Authorization: Bearer {k}\r\n"));
+    }
+    if let Some(k) = idempotency {
+        head.push_str(&format!("Idempotency-Key: {k}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body.as_bytes())?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, rest) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("not an HTTP answer"))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no status"))?;
+    let node = head
+        .lines()
+        .find_map(|l| l.strip_prefix("x-shadowbrain-node: "))
+        .unwrap_or("")
+        .to_string();
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    Ok((
+        code,
+        serde_json::from_str(&body).unwrap_or(Value::Null),
+        node,
+    ))
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// What one writer saw.
+#[derive(Debug, Default)]
+pub struct Written {
+    pub key: String,
+    pub session: String,
+    /// Sequence numbers acknowledged (201), in order (a request of `batch` events acknowledges
+    /// `batch` numbers), with when.
+    pub acked: Vec<(u64, Instant)>,
+    /// Acknowledgement latencies of requests answered at their first attempt.
+    pub latencies: Vec<Duration>,
+    /// The longest time from a write's first attempt to its acknowledgement.
+    pub longest_wait: Duration,
+    /// Attempts that failed (and were retried), by status (`io` for no answer).
+    pub failures: BTreeMap<String, u64>,
+}
+
+/// The load: `writers` writers, each a session of its own in a namespace of its own,
+/// sending `batch` events every `pace` to the live nodes in turn, each request under an
+/// Idempotency-Key and retried (on another node) until acknowledged.
+pub fn load(
+    nodes: Arc<Mutex<Vec<SocketAddr>>>,
+    stop: Arc<AtomicBool>,
+    writers: usize,
+    pace: Duration,
+    batch: usize,
+) -> Vec<std::thread::JoinHandle<Written>> {
+    keys()
+        .into_iter()
+        .take(writers)
+        .enumerate()
+        .map(|(w, (_, key))| {
+            let (nodes, stop) = (nodes.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut out = Written {
+                    session: format!("writer-{w}"),
+                    key,
+                    ..Written::default()
+                };
+                let mut seq = 0u64;
+                let mut attempt = w;
+                let path = format!("/v1/sessions/{}/events", out.session);
+                while !stop.load(Ordering::SeqCst) {
+                    let first = Instant::now();
+                    let events: Vec<String> = (seq..seq + batch as u64)
+                        .map(|n| {
+                            format!(
+                                "{{\"kind\":\"observation\",\"text\":\"{} event {n}\"}}",
+                                out.session
+                            )
+                        })
+                        .collect();
+                    let body = format!("{{\"events\":[{}]}}", events.join(","));
+                    let idem = format!("{}-{seq}", out.session);
+                    let mut tries = 0;
+                    loop {
+                        let addr = {
+                            let live = nodes.lock().unwrap();
+                            live[attempt % live.len()]
+                        };
+                        attempt += 1;
+                        match request(
+                            addr,
+                            "POST",
+                            &path,
+                            Some(&out.key),
+                            Some(&body),
+                            Some(&idem),
+                        ) {
+                            Ok((201, _, _)) => break,
+                            other => {
+                                tries += 1;
+                                let why = match other {
+                                    Ok((code, body, _)) => {
+                                        format!(
+                                            "{code} {}",
+                                            body["error"]["code"].as_str().unwrap_or("")
+                                        )
+                                    }
+                                    Err(e) => format!("io {:?}", e.kind()),
+                                };
+                                *out.failures.entry(why).or_default() += 1;
+                                std::thread::sleep(Duration::from_millis(100));
+                            }
+                        }
+                        assert!(
+                            first.elapsed() < Duration::from_secs(120),
+                            "{} could not write event {seq} for 120 s",
+                            out.session
+                        );
+                    }
+                    let took = first.elapsed();
+                    if tries == 0 {
+                        out.latencies.push(took);
+                    }
+                    out.longest_wait = out.longest_wait.max(took);
+                    let now = Instant::now();
+                    out.acked
+                        .extend((seq..seq + batch as u64).map(|n| (n, now)));
+                    seq += batch as u64;
+                    std::thread::sleep(pace.saturating_sub(took));
+                }
+                out
+            })
+        })
+        .collect()
+}
+
+/// The sequence numbers of a session's events as stored, oldest first.
+pub fn stored(h: &Harness, w: &Written) -> Vec<u64> {
+    for addr in h.alive_nodes() {
+        let path = format!("/v1/sessions/{}/timeline?limit=1000", w.session);
+        if let Ok((200, body, _)) = request(addr, "GET", &path, Some(&w.key), None, None) {
+            // The events only: condensed records (every 50 events) quote some of them.
+            let mut seqs: Vec<u64> = body["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["tier"] == "episodic")
+                .map(|m| {
+                    m["text"]
+                        .as_str()
+                        .unwrap()
+                        .rsplit(' ')
+                        .next()
+                        .unwrap()
+                        .parse()
+                        .unwrap()
+                })
+                .collect();
+            seqs.reverse();
+            return seqs;
+        }
+    }
+    panic!("no node answered the timeline of {}", w.session);
+}
+
+/// Every partition's log: (entries, whether its epochs never went backwards, the first
+/// place they did).
+pub async fn epochs(urls: &[String], partitions: u16) -> BTreeMap<u16, (u64, Option<String>)> {
+    let addrs: Vec<async_nats::ServerAddr> = urls.iter().map(|u| u.parse().unwrap()).collect();
+    let client = async_nats::connect(addrs).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut out = BTreeMap::new();
+    for p in 0..partitions {
+        let mut stream = js.get_stream(format!("SB_P{p:03}")).await.unwrap();
+        let end = stream.info().await.unwrap().state.last_sequence;
+        let mut backwards = None;
+        if end > 0 {
+            let consumer = stream
+                .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig::default())
+                .await
+                .unwrap();
+            let mut messages = consumer.messages().await.unwrap();
+            let mut last_epoch = 0u64;
+            while let Some(m) = messages.next().await {
+                let m = m.unwrap();
+                let seq = m.info().unwrap().stream_sequence;
+                let epoch: u64 = m
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get("Sb-Epoch"))
+                    .map(|v| v.as_str().parse().unwrap())
+                    .expect("every entry carries its epoch");
+                if epoch < last_epoch && backwards.is_none() {
+                    backwards = Some(format!("entry {seq}: epoch {epoch} after {last_epoch}"));
+                }
+                last_epoch = last_epoch.max(epoch);
+                if seq >= end {
+                    break;
+                }
+            }
+        }
+        out.insert(p, (end, backwards));
+    }
+    out
+}
+
+/// The NATS server leading most partition streams.
+pub async fn busiest_leader(urls: &[String]) -> String {
+    let addrs: Vec<async_nats::ServerAddr> = urls.iter().map(|u| u.parse().unwrap()).collect();
+    let js = async_nats::jetstream::new(async_nats::connect(addrs).await.unwrap());
+    let mut count: BTreeMap<String, usize> = BTreeMap::new();
+    for p in 0..PARTITIONS {
+        let mut s = js.get_stream(format!("SB_P{p:03}")).await.unwrap();
+        let info = s.info().await.unwrap();
+        if let Some(leader) = info.cluster.as_ref().and_then(|c| c.leader.clone()) {
+            *count.entry(leader).or_default() += 1;
+        }
+    }
+    count.into_iter().max_by_key(|(_, n)| *n).unwrap().0
+}
+
+impl Harness {
+    /// Which node owns each partition, as the live nodes say.
+    pub fn owners(&self) -> BTreeMap<u16, String> {
+        let mut out = BTreeMap::new();
+        for i in 0..NODES {
+            if self.nodes[i].child.is_none() {
+                continue;
+            }
+            if let Some(s) = self.status(i) {
+                for p in s["partitions"].as_array().unwrap() {
+                    if p["role"] == "owner" {
+                        out.insert(
+                            p["partition"].as_u64().unwrap() as u16,
+                            self.nodes[i].name.clone(),
+                        );
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Bytes the NATS servers received and sent in all (`/varz`), clients and routes.
+    pub fn nats_bytes(&self) -> u64 {
+        self.nats
+            .iter()
+            .filter(|n| n.child.is_some())
+            .filter_map(|n| {
+                let addr: SocketAddr = format!("127.0.0.1:{}", n.http).parse().unwrap();
+                let (_, v, _) = request(addr, "GET", "/varz", None, None, None).ok()?;
+                Some(v["in_bytes"].as_u64()? + v["out_bytes"].as_u64()?)
+            })
+            .sum()
+    }
+
+    /// The process ids of the nodes and of the NATS servers still running.
+    pub fn pids(&self) -> (Vec<u32>, Vec<u32>) {
+        let ids = |c: &Option<Child>| c.as_ref().map(|c| c.id());
+        (
+            self.nodes.iter().filter_map(|n| ids(&n.child)).collect(),
+            self.nats.iter().filter_map(|n| ids(&n.child)).collect(),
+        )
+    }
+}
+
+/// CPU time (user + system) a process used so far, from `/proc/PID/stat`.
+pub fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command name in parentheses: fields 14 and 15 (utime, stime) in ticks.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11).and_then(|f| f.parse().ok()).unwrap_or(0)
+        + fields.get(12).and_then(|f| f.parse().ok()).unwrap_or(0);
+    // SAFETY: sysconf reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_micros(ticks * 1_000_000 / hz.max(1))
+}
+
+/// Bytes under `dir`, as allocated on disk.
+pub fn disk_bytes(dir: &Path) -> u64 {
+    shadowbrain::internals::dir_disk_bytes(dir).unwrap_or(0)
+}
