@@ -198,6 +198,7 @@ fn run(nats: &std::path::Path, scenario: Scenario, tokio: &tokio::runtime::Runti
             "{scenario:?}: partition {p}'s epochs went backwards: {backwards:?}"
         );
     }
+    let copies = same_as_the_log(&mut h, tokio, &written[0]);
     latencies.sort();
     let pct = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
     let longest = written.iter().map(|w| w.longest_wait).max().unwrap();
@@ -209,7 +210,7 @@ fn run(nats: &std::path::Path, scenario: Scenario, tokio: &tokio::runtime::Runti
     }
     let line = format!(
         "scenario {} {scenario:?}: {acked} acknowledged events, all present once and in order; \
-         epochs monotonic in {} log entries; writes again {recovery:.1?} after the fault \
+         epochs monotonic in {} log entries; {copies}; writes again {recovery:.1?} after the fault \
          (longest wait for one write {longest:.1?}; attempts retried: {failed:?}); ack \
          p50 {:.1?} p99 {:.1?}",
         scenario as u8,
@@ -219,6 +220,120 @@ fn run(nats: &std::path::Path, scenario: Scenario, tokio: &tokio::runtime::Runti
     );
     eprintln!("{line}");
     line
+}
+
+/// After the nodes stop (SIGTERM), every copy of a partition that applied its whole log
+/// equals a store rebuilt from the log key for key (there is at least one: its last
+/// owner's); and recall on the last owner's copy, opened by one process, answers what the
+/// rebuilt store answers.
+fn same_as_the_log(h: &mut Harness, tokio: &tokio::runtime::Runtime, probe: &Written) -> String {
+    let urls = h.nats_urls();
+    h.stop_nodes();
+    let rebuilt_root = h.dir.path().join("rebuilt");
+    let mut compared = 0;
+    for p in 0..PARTITIONS {
+        let entries = tokio.block_on(harness::read_log(&urls, p));
+        let rebuilt = rebuilt_root.join(format!("p{p:03}"));
+        let mut replica =
+            shadowbrain::Replica::open(&rebuilt.join("store"), shadowbrain::Backend::Lmdb).unwrap();
+        let borrowed: Vec<(u64, &[u8])> = entries.iter().map(|(s, b)| (*s, b.as_slice())).collect();
+        replica.apply_all(&borrowed).unwrap();
+        let end = replica.applied();
+        replica.close();
+        let expected = harness::contents(&rebuilt.join("store"));
+        let mut whole = 0;
+        for node in &h.nodes {
+            let store = node
+                .data
+                .join("partitions")
+                .join(format!("p{p:03}"))
+                .join("store");
+            if !store.exists() {
+                continue;
+            }
+            let copy = harness::contents(&store);
+            let applied = copy
+                .get(&[&[0u8][..], b"log_applied"].concat())
+                .map_or(0, |v| u64::from_be_bytes(v[..8].try_into().unwrap()));
+            if applied != end {
+                continue;
+            }
+            assert!(
+                copy == expected,
+                "{}'s copy of partition {p} differs from the store rebuilt from its log",
+                node.name
+            );
+            whole += 1;
+        }
+        assert!(
+            whole > 0,
+            "no copy of partition {p} applied its whole log ({end} entries)"
+        );
+        compared += whole;
+    }
+    // Recall, one process each: the last owner's copy and the rebuilt store.
+    let (ns, key) = harness::keys().into_iter().next().unwrap();
+    assert_eq!(key, probe.key);
+    let p = shadowbrain::cluster::partition_of(&ns, PARTITIONS);
+    let config = h.nodes[0].config.clone();
+    let recall = |data: &std::path::Path| -> Vec<String> {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+            .args([
+                "recall",
+                "--namespace",
+                &ns,
+                "--session",
+                &probe.session,
+                "--config",
+            ])
+            .arg(&config)
+            .args(["--json", "--k", "20", "--data"])
+            .arg(data)
+            .arg(format!("{} event 7", probe.session))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["memories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let owner_copy = h
+        .nodes
+        .iter()
+        .map(|n| n.data.join("partitions").join(format!("p{p:03}")))
+        .find(|d| {
+            let c = harness::contents(&d.join("store"));
+            c == harness::contents(&rebuilt_root.join(format!("p{p:03}")).join("store"))
+        })
+        .unwrap();
+    let scratch = h.dir.path().join("owner-copy");
+    copy_dir(&owner_copy.join("store"), &scratch.join("store"));
+    let from_cluster = recall(&scratch);
+    let from_log = recall(&rebuilt_root.join(format!("p{p:03}")));
+    assert!(!from_cluster.is_empty());
+    assert_eq!(
+        from_cluster, from_log,
+        "recall differs between the cluster's copy and the log's"
+    );
+    format!("{compared} whole copies equal their logs, recall the same")
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() && entry.file_name() != "LOCK" {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
 }
 
 #[test]

@@ -50,6 +50,13 @@ pub fn nats_server() -> Option<PathBuf> {
     None
 }
 
+/// `n` distinct free ports: all bound at once, then released (one at a time, the system may
+/// hand the same port out twice, and a node then fails to listen).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    held.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -98,7 +105,9 @@ impl Harness {
     /// environment, and waits until every partition has an owner.
     pub fn start(nats_bin: &Path, bin: &Path, env: &[(&str, &str)]) -> Harness {
         let dir = tempfile::tempdir().unwrap();
-        let routes: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        // Routes, clients, monitoring for three servers; then the nodes.
+        let mut ports = free_ports(9 + NODES).into_iter();
+        let routes: Vec<u16> = ports.by_ref().take(3).collect();
         let route_list = routes
             .iter()
             .map(|p| format!("nats://127.0.0.1:{p}"))
@@ -106,8 +115,8 @@ impl Harness {
             .join(", ");
         let mut nats = Vec::new();
         for (i, route) in routes.iter().enumerate() {
-            let port = free_port();
-            let http = free_port();
+            let port = ports.next().unwrap();
+            let http = ports.next().unwrap();
             let name = format!("nats{i}");
             let conf = dir.path().join(format!("{name}.conf"));
             // Pings every second, two missed: a paused client's subscriptions go within
@@ -161,7 +170,7 @@ impl Harness {
             )
             .unwrap();
             nodes.push(NodeProc {
-                addr: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+                addr: format!("127.0.0.1:{}", ports.next().unwrap()).parse().unwrap(),
                 data: dir.path().join(&name),
                 name,
                 config,
@@ -502,7 +511,7 @@ pub fn load(
                                             body["error"]["code"].as_str().unwrap_or("")
                                         )
                                     }
-                                    Err(e) => format!("io {:?}", e.kind()),
+                                    Err(e) => format!("io {:?} {addr}", e.kind()),
                                 };
                                 *out.failures.entry(why).or_default() += 1;
                                 std::thread::sleep(Duration::from_millis(100));
@@ -677,4 +686,81 @@ pub fn cpu_time(pid: u32) -> Duration {
 /// Bytes under `dir`, as allocated on disk.
 pub fn disk_bytes(dir: &Path) -> u64 {
     shadowbrain::internals::dir_disk_bytes(dir).unwrap_or(0)
+}
+
+/// Every entry of partition `p`'s log: (position, bytes).
+pub async fn read_log(urls: &[String], p: u16) -> Vec<(u64, Vec<u8>)> {
+    let addrs: Vec<async_nats::ServerAddr> = urls.iter().map(|u| u.parse().unwrap()).collect();
+    let js = async_nats::jetstream::new(async_nats::connect(addrs).await.unwrap());
+    let mut stream = js.get_stream(format!("SB_P{p:03}")).await.unwrap();
+    let end = stream.info().await.unwrap().state.last_sequence;
+    let mut out = Vec::new();
+    if end == 0 {
+        return out;
+    }
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig::default())
+        .await
+        .unwrap();
+    let mut messages = consumer.messages().await.unwrap();
+    while let Some(m) = messages.next().await {
+        let m = m.unwrap();
+        let seq = m.info().unwrap().stream_sequence;
+        out.push((seq, m.payload.to_vec()));
+        if seq >= end {
+            break;
+        }
+    }
+    out
+}
+
+/// A store's keys and values, without those a node keeps for itself (never logged: the
+/// format version, the embedder's dimension and name, the text analyzer).
+pub fn contents(store: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let replica = shadowbrain::Replica::open(store, shadowbrain::Backend::Lmdb).unwrap();
+    let mut all = BTreeMap::new();
+    replica
+        .for_each(&mut |k, v| {
+            let local = [
+                &b"format_version"[..],
+                b"dimension",
+                b"embedder",
+                b"analyzer",
+            ]
+            .iter()
+            .any(|name| k.len() == name.len() + 1 && k[0] == 0 && &k[1..] == *name);
+            if !local {
+                all.insert(k.to_vec(), v.to_vec());
+            }
+        })
+        .unwrap();
+    all
+}
+
+impl Harness {
+    /// SIGTERM to every node, and waits for each to exit (handing its partitions over).
+    pub fn stop_nodes(&mut self) {
+        let pids: Vec<u32> = self.pids().0;
+        for pid in &pids {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+        for n in &mut self.nodes {
+            if let Some(mut c) = n.child.take() {
+                let until = Instant::now() + Duration::from_secs(60);
+                loop {
+                    if c.try_wait().unwrap().is_some() {
+                        break;
+                    }
+                    if Instant::now() > until {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        panic!("{} did not stop within 60 s of SIGTERM", n.name);
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+    }
 }

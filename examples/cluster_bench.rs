@@ -1,0 +1,372 @@
+//! What cluster mode costs (README "Cluster"), measured against its anchor in the same run:
+//! the same fixed load on one embedded `serve` and on three `serve --cluster` nodes over
+//! three NATS servers, all on this machine's loopback.
+//!
+//! ```text
+//! cargo build --release && scripts/install-nats-server
+//! cargo run --release --example cluster_bench -- --secs 30 --records 1000000
+//! ```
+//!
+//! Reports, for each: CPU time per acknowledged event (shadowbrain and NATS), disk bytes and
+//! loopback bytes (NATS's own count, clients and routes) per event, and acknowledgement
+//! latency p50/p99/p99.9; then the extra latency of a request entering at a node that does
+//! not own its partition; the rate a standby catches up at after a restart; and a cold
+//! rebuild: a node with an empty data directory joining a cluster that holds `--records`
+//! events. Progress on stderr; last, one JSON line.
+
+#[path = "../tests/cluster_harness.rs"]
+mod harness;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use harness::{Harness, NODES, PARTITIONS, Written, cpu_time, disk_bytes, keys, request};
+use serde_json::{Value, json};
+
+struct Args {
+    secs: u64,
+    writers: usize,
+    batch: usize,
+    pace_ms: u64,
+    records: u64,
+    bin: PathBuf,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args {
+        secs: 30,
+        writers: 8,
+        batch: 10,
+        pace_ms: 40,
+        records: 1_000_000,
+        bin: Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/shadowbrain"),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--secs" => a.secs = value()?.parse().map_err(|e| format!("--secs: {e}"))?,
+            "--writers" => a.writers = value()?.parse().map_err(|e| format!("--writers: {e}"))?,
+            "--batch" => a.batch = value()?.parse().map_err(|e| format!("--batch: {e}"))?,
+            "--pace-ms" => a.pace_ms = value()?.parse().map_err(|e| format!("--pace-ms: {e}"))?,
+            "--records" => a.records = value()?.parse().map_err(|e| format!("--records: {e}"))?,
+            "--bin" => a.bin = value()?.into(),
+            other => {
+                return Err(format!(
+                    "unknown flag {other}; flags: --secs --writers --batch --pace-ms --records --bin"
+                ));
+            }
+        }
+    }
+    if a.writers == 0 || a.writers > harness::TENANTS {
+        return Err(format!("--writers must be 1 to {}", harness::TENANTS));
+    }
+    if !a.bin.is_file() {
+        return Err(format!(
+            "{} is missing: run `cargo build --release` first (or pass --bin)",
+            a.bin.display()
+        ));
+    }
+    Ok(a)
+}
+
+fn percentiles(mut v: Vec<Duration>) -> Value {
+    v.sort();
+    if v.is_empty() {
+        return Value::Null;
+    }
+    let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e3;
+    json!({"p50_ms": at(0.5), "p99_ms": at(0.99), "p999_ms": at(0.999), "n": v.len()})
+}
+
+/// Runs the load for `secs` against `nodes`; returns the writers' records.
+fn drive(nodes: Vec<SocketAddr>, a: &Args) -> Vec<Written> {
+    let live = Arc::new(Mutex::new(nodes));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers = harness::load(
+        live,
+        stop.clone(),
+        a.writers,
+        Duration::from_millis(a.pace_ms),
+        a.batch,
+    );
+    std::thread::sleep(Duration::from_secs(a.secs));
+    stop.store(true, Ordering::SeqCst);
+    writers.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+fn summary(written: &[Written]) -> (u64, Vec<Duration>) {
+    let events = written.iter().map(|w| w.acked.len() as u64).sum();
+    let lat = written
+        .iter()
+        .flat_map(|w| w.latencies.iter().copied())
+        .collect();
+    (events, lat)
+}
+
+/// The anchor: one embedded `serve`, the same keys, the same load.
+fn embedded(a: &Args) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let mut auth = String::new();
+    for (ns, key) in keys() {
+        auth.push_str(&format!(
+            "[[auth.keys]]\nsha256 = \"{}\"\nnamespace = \"{ns}\"\n",
+            harness::sha256_hex(&key)
+        ));
+    }
+    let config = dir.path().join("serve.toml");
+    std::fs::write(&config, format!("[embedder]\nkind = \"hash\"\n\n{auth}")).unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{}", harness::free_port())
+        .parse()
+        .unwrap();
+    let data = dir.path().join("data");
+    let mut child = Command::new(&a.bin)
+        .args(["serve", "--addr", &addr.to_string(), "--data"])
+        .arg(&data)
+        .arg("--config")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    while request(addr, "GET", "/healthz", None, None, None).is_err() {
+        assert!(Instant::now() < until, "serve did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let cpu0 = cpu_time(child.id());
+    let written = drive(vec![addr], a);
+    let cpu = cpu_time(child.id()) - cpu0;
+    let (events, lat) = summary(&written);
+    let disk = disk_bytes(&data);
+    let _ = child.kill();
+    let _ = child.wait();
+    eprintln!(
+        "embedded: {events} events, {:.1} CPU-µs each",
+        cpu.as_secs_f64() * 1e6 / events as f64
+    );
+    json!({
+        "events": events,
+        "events_per_s": events as f64 / a.secs as f64,
+        "shadowbrain_cpu_us_per_event": cpu.as_secs_f64() * 1e6 / events as f64,
+        "disk_bytes_per_event": disk as f64 / events as f64,
+        "ack": percentiles(lat),
+    })
+}
+
+fn cluster(h: &Harness, a: &Args) -> Value {
+    let (nodes, nats) = h.pids();
+    let cpu = |pids: &[u32]| pids.iter().map(|p| cpu_time(*p)).sum::<Duration>();
+    let (n0, s0, b0) = (cpu(&nodes), cpu(&nats), h.nats_bytes());
+    let disk0 = disk_bytes(h.dir.path());
+    let written = drive(h.alive_nodes(), a);
+    let (n1, s1, b1) = (cpu(&nodes), cpu(&nats), h.nats_bytes());
+    let (events, lat) = summary(&written);
+    let disk = disk_bytes(h.dir.path()) - disk0;
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / events as f64;
+    eprintln!(
+        "cluster: {events} events, {:.1} CPU-µs each in the nodes, {:.1} in NATS",
+        per(n1 - n0),
+        per(s1 - s0)
+    );
+    json!({
+        "events": events,
+        "events_per_s": events as f64 / a.secs as f64,
+        "shadowbrain_cpu_us_per_event": per(n1 - n0),
+        "nats_cpu_us_per_event": per(s1 - s0),
+        "disk_bytes_per_event": disk as f64 / events as f64,
+        "loopback_bytes_per_event": (b1 - b0) as f64 / events as f64,
+        "ack": percentiles(lat),
+        "retried_attempts": written.iter().map(|w| w.failures.values().sum::<u64>()).sum::<u64>(),
+    })
+}
+
+/// The same recall sent to the partition's owner and to another node, one at a time.
+fn non_owner_latency(h: &Harness) -> Value {
+    let (ns, key) = keys().into_iter().next().unwrap();
+    let p = shadowbrain::cluster::partition_of(&ns, PARTITIONS);
+    let owners = h.owners();
+    let owner = &owners[&p];
+    let owner_i = h.nodes.iter().position(|n| &n.name == owner).unwrap();
+    let other_i = (owner_i + 1) % NODES;
+    let body = r#"{"query":"writer event"}"#;
+    let path = "/v1/sessions/writer-0/recall";
+    let measure = |i: usize| {
+        let addr = h.nodes[i].addr;
+        let mut lat = Vec::new();
+        for _ in 0..300 {
+            let t = Instant::now();
+            let (code, _, _) = request(addr, "POST", path, Some(&key), Some(body), None).unwrap();
+            assert_eq!(code, 200);
+            lat.push(t.elapsed());
+        }
+        lat
+    };
+    let direct = measure(owner_i);
+    let forwarded = measure(other_i);
+    let med = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2].as_secs_f64() * 1e3
+    };
+    let (d, f) = (med(direct.clone()), med(forwarded.clone()));
+    eprintln!("recall at the owner {d:.2} ms, at another node {f:.2} ms (medians)");
+    json!({"owner": percentiles(direct), "non_owner": percentiles(forwarded), "extra_p50_ms": f - d})
+}
+
+/// Bulk writes of `records` events in requests of 100 (spread over the writers' tenants).
+fn fill(h: &Harness, records: u64) {
+    let started = Instant::now();
+    let nodes = h.alive_nodes();
+    let per_thread = records / 8;
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let (_, key) = keys()[t].clone();
+            let nodes = nodes.clone();
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while n < per_thread {
+                    let events: Vec<String> = (n..n + 100)
+                        .map(|i| format!(r#"{{"kind":"observation","text":"bulk {t} record {i} about topic {}"}}"#, i % 997))
+                        .collect();
+                    let body = format!(r#"{{"events":[{}]}}"#, events.join(","));
+                    let idem = format!("bulk-{t}-{n}");
+                    let addr = nodes[(n / 100) as usize % nodes.len()];
+                    match request(addr, "POST", &format!("/v1/sessions/bulk-{t}-{}/events", n / 5000), Some(&key), Some(&body), Some(&idem)) {
+                        Ok((201, _, _)) => n += 100,
+                        _ => std::thread::sleep(Duration::from_millis(100)),
+                    }
+                }
+            })
+        })
+        .collect();
+    let total = per_thread * 8;
+    for t in threads {
+        t.join().unwrap();
+    }
+    eprintln!(
+        "wrote {total} records in {:.0} s ({:.0}/s)",
+        started.elapsed().as_secs_f64(),
+        total as f64 / started.elapsed().as_secs_f64()
+    );
+}
+
+/// Until node `i`'s standbys have applied every partition's log to its end.
+fn caught_up(h: &Harness, i: usize, ends: &std::collections::BTreeMap<u16, u64>) -> bool {
+    let Some(s) = h.status(i) else { return false };
+    s["partitions"].as_array().unwrap().iter().all(|p| {
+        let id = p["partition"].as_u64().unwrap() as u16;
+        p["role"] == "owner" || p["applied"].as_u64().unwrap_or(0) >= ends[&id]
+    })
+}
+
+fn main() {
+    let a = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("cluster_bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let Some(nats) = harness::nats_server() else {
+        std::process::exit(2);
+    };
+    eprintln!(
+        "load: {} writers, {} events every {} ms each ({:.0} events/s offered), {} s",
+        a.writers,
+        a.batch,
+        a.pace_ms,
+        (a.writers * a.batch) as f64 * 1000.0 / a.pace_ms as f64,
+        a.secs
+    );
+    let anchor = embedded(&a);
+    let mut h = Harness::start(&nats, &a.bin, &[]);
+    let clustered = cluster(&h, &a);
+    let forwarding = non_owner_latency(&h);
+
+    // Catch-up: a node down while 20 s of the load go on, then back.
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let victim = NODES - 1;
+    h.kill_node(victim);
+    h.wait_settled(Duration::from_secs(60));
+    let written = drive(
+        h.alive_nodes(),
+        &Args {
+            secs: 20,
+            ..a_clone(&a)
+        },
+    );
+    let behind: u64 = summary(&written).0;
+    let ends = tokio.block_on(harness::epochs(&h.nats_urls(), PARTITIONS));
+    let ends: std::collections::BTreeMap<u16, u64> =
+        ends.into_iter().map(|(p, (n, _))| (p, n)).collect();
+    h.start_node(victim);
+    let back = Instant::now();
+    while !caught_up(&h, victim, &ends) {
+        assert!(
+            back.elapsed() < Duration::from_secs(600),
+            "the restarted node did not catch up"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let catch_up = back.elapsed();
+    eprintln!(
+        "caught up with {behind} events in {:.1} s (process start included)",
+        catch_up.as_secs_f64()
+    );
+    h.wait_settled(Duration::from_secs(60));
+
+    // Cold rebuild: fill, then a node with an empty data directory joins.
+    fill(&h, a.records);
+    let ends = tokio.block_on(harness::epochs(&h.nats_urls(), PARTITIONS));
+    let entries: u64 = ends.values().map(|(n, _)| n).sum();
+    let ends: std::collections::BTreeMap<u16, u64> =
+        ends.into_iter().map(|(p, (n, _))| (p, n)).collect();
+    h.kill_node(victim);
+    std::fs::remove_dir_all(&h.nodes[victim].data).unwrap();
+    h.wait_settled(Duration::from_secs(60));
+    h.start_node(victim);
+    let cold = Instant::now();
+    while !caught_up(&h, victim, &ends) {
+        assert!(
+            cold.elapsed() < Duration::from_secs(3600),
+            "the cold node did not catch up"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let rebuilt = cold.elapsed();
+    h.wait_settled(Duration::from_secs(600));
+    let owned_by_cold = h.owned()[victim];
+    let settled = cold.elapsed();
+    eprintln!(
+        "cold node: applied {entries} log entries ({} records) in {:.1} s; owning {owned_by_cold} partitions after {:.1} s",
+        a.records,
+        rebuilt.as_secs_f64(),
+        settled.as_secs_f64()
+    );
+    let line = json!({
+        "load": {"writers": a.writers, "batch": a.batch, "pace_ms": a.pace_ms, "secs": a.secs},
+        "embedded": anchor,
+        "cluster": clustered,
+        "forwarding": forwarding,
+        "catch_up": {"events": behind, "secs": catch_up.as_secs_f64(), "events_per_s": behind as f64 / catch_up.as_secs_f64()},
+        "cold_rebuild": {"records": a.records, "log_entries": entries, "standby_secs": rebuilt.as_secs_f64(),
+                         "records_per_s": a.records as f64 / rebuilt.as_secs_f64(),
+                         "owning_partitions": owned_by_cold, "until_owning_secs": settled.as_secs_f64()},
+    });
+    println!("{line}");
+}
+
+fn a_clone(a: &Args) -> Args {
+    Args {
+        secs: a.secs,
+        writers: a.writers,
+        batch: a.batch,
+        pace_ms: a.pace_ms,
+        records: a.records,
+        bin: a.bin.clone(),
+    }
+}
