@@ -1,6 +1,6 @@
 //! The server's config file (`--config`, TOML; DESIGN §6–7), read with `config` so every
 //! key can be overridden from the environment as `SHADOWBRAIN__SECTION__KEY` (e.g.
-//! `SHADOWBRAIN__LIMITS__MAX_K=50`). Seven sections, each optional:
+//! `SHADOWBRAIN__LIMITS__MAX_K=50`). Eight sections, each optional:
 //!
 //! - `[provider]`: `base_url`, `api_key_env` and `timeout` shared by `[embedder]` and
 //!   `[llm]` when their kind is `openai` and they do not set their own — so one section
@@ -19,6 +19,8 @@
 //! - `[[namespaces]]`: a policy file of its own for a namespace (`name`, `policy`; a
 //!   relative path is read from the config file's directory), so tenants never share a
 //!   forgetting policy by accident.
+//! - `[cluster]`: the NATS servers, node name, partitions and lease TTL of
+//!   `serve --cluster` (see `crate::cluster`); ignored by plain `serve`.
 //!
 //! Every mistake is refused at start-up with what to fix — an unknown section or key, a
 //! value out of range — rather than discovered on the first request.

@@ -128,6 +128,35 @@ pub async fn serve_cluster(
     cfg: Cluster,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<Drained> {
+    // The NATS connection runs on a runtime of its own. The store's commit thread waits
+    // for JetStream's acknowledgement while a request handler may wait for that commit on
+    // a worker of the main runtime: were the connection driven by those workers, a few
+    // such waits would starve it and nothing would ever be acknowledged. The lease keepers
+    // run there too, so busy workers never let a lease lapse.
+    let io = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("cluster-io")
+        .enable_all()
+        .build()
+        .context("starting the cluster's I/O thread")?;
+    let outcome = run_node(&io, listener, data, rt_config, file, cfg, shutdown).await;
+    // Whatever happened: a runtime may not be dropped inside another one.
+    io.shutdown_background();
+    outcome
+}
+
+/// How long a starting node waits for the NATS servers (they may be starting too).
+const CONNECT_PATIENCE: Duration = Duration::from_secs(30);
+
+async fn run_node(
+    io: &tokio::runtime::Runtime,
+    listener: tokio::net::TcpListener,
+    data: &Path,
+    rt_config: RuntimeConfig,
+    file: ConfigFile,
+    cfg: Cluster,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<Drained> {
     let mut options = async_nats::ConnectOptions::new()
         .name(format!("shadowbrain {}", cfg.node))
         .connection_timeout(Duration::from_secs(5));
@@ -146,20 +175,18 @@ pub async fn serve_cluster(
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    // The NATS connection runs on a runtime of its own. The store's commit thread waits
-    // for JetStream's acknowledgement while a request handler may wait for that commit on
-    // a worker of the main runtime: were the connection driven by those workers, a few
-    // such waits would starve it and nothing would ever be acknowledged. The lease keepers
-    // run there too, so busy workers never let a lease lapse.
-    let io = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("cluster-io")
-        .enable_all()
-        .build()
-        .context("starting the cluster's I/O thread")?;
-    let client = io
-        .spawn(async move { options.connect(addrs).await })
-        .await?
+    let started = Instant::now();
+    let client = loop {
+        let (options, addrs) = (options.clone(), addrs.clone());
+        match io.spawn(async move { options.connect(addrs).await }).await? {
+            Ok(client) => break Ok(client),
+            Err(e) if started.elapsed() < CONNECT_PATIENCE => {
+                tracing::info!(error = %e, "waiting for the NATS servers");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => break Err(e),
+        }
+    }
         .with_context(|| {
             format!(
                 "connecting to NATS at {}; start the NATS servers (see the README's Cluster \
@@ -290,7 +317,6 @@ pub async fn serve_cluster(
     }
     let _ = node.members.delete(&node.cfg.node).await;
     let _ = node.client.flush().await;
-    io.shutdown_background();
     drained
 }
 
