@@ -185,7 +185,8 @@ fn cluster(h: &Harness, a: &Args) -> Value {
     })
 }
 
-/// The same recall sent to the partition's owner and to another node, one at a time.
+/// The same recall sent to the partition's owner and to another node, one at a time,
+/// alternating.
 fn non_owner_latency(h: &Harness) -> Value {
     let (ns, key) = keys().into_iter().next().unwrap();
     let p = shadowbrain::cluster::partition_of(&ns, PARTITIONS);
@@ -195,19 +196,20 @@ fn non_owner_latency(h: &Harness) -> Value {
     let other_i = (owner_i + 1) % NODES;
     let body = r#"{"query":"writer event"}"#;
     let path = "/v1/sessions/writer-0/recall";
-    let measure = |i: usize| {
-        let addr = h.nodes[i].addr;
-        let mut lat = Vec::new();
-        for _ in 0..300 {
-            let t = Instant::now();
-            let (code, _, _) = request(addr, "POST", path, Some(&key), Some(body), None).unwrap();
-            assert_eq!(code, 200);
-            lat.push(t.elapsed());
-        }
-        lat
-    };
-    let direct = measure(owner_i);
-    let forwarded = measure(other_i);
+    // Alternating, so both see the same state and the same machine.
+    let (owner_addr, other_addr) = (h.nodes[owner_i].addr, h.nodes[other_i].addr);
+    let (mut direct, mut forwarded) = (Vec::new(), Vec::new());
+    for round in 0..600 {
+        let (addr, into) = if round % 2 == 0 {
+            (owner_addr, &mut direct)
+        } else {
+            (other_addr, &mut forwarded)
+        };
+        let t = Instant::now();
+        let (code, _, _) = request(addr, "POST", path, Some(&key), Some(body), None).unwrap();
+        assert_eq!(code, 200);
+        into.push(t.elapsed());
+    }
     let med = |mut v: Vec<Duration>| {
         v.sort();
         v[v.len() / 2].as_secs_f64() * 1e3
@@ -325,9 +327,18 @@ fn main() {
     let entries: u64 = ends.values().map(|(n, _)| n).sum();
     let ends: std::collections::BTreeMap<u16, u64> =
         ends.into_iter().map(|(p, (n, _))| (p, n)).collect();
+    // Failover with big partitions: the victim's partitions move to the others.
+    let owned_before = h.owned()[victim];
     h.kill_node(victim);
+    let killed = Instant::now();
+    h.wait_settled(Duration::from_secs(1800));
+    let failover = killed.elapsed();
+    eprintln!(
+        "failover of {owned_before} partitions of ~{} records each: {:.1} s",
+        a.records / u64::from(PARTITIONS),
+        failover.as_secs_f64()
+    );
     std::fs::remove_dir_all(&h.nodes[victim].data).unwrap();
-    h.wait_settled(Duration::from_secs(60));
     h.start_node(victim);
     let cold = Instant::now();
     while !caught_up(&h, victim, &ends) {
@@ -338,7 +349,7 @@ fn main() {
         std::thread::sleep(Duration::from_millis(250));
     }
     let rebuilt = cold.elapsed();
-    h.wait_settled(Duration::from_secs(600));
+    h.wait_settled(Duration::from_secs(1800));
     let owned_by_cold = h.owned()[victim];
     let settled = cold.elapsed();
     eprintln!(
@@ -353,6 +364,7 @@ fn main() {
         "cluster": clustered,
         "forwarding": forwarding,
         "catch_up": {"events": behind, "secs": catch_up.as_secs_f64(), "events_per_s": behind as f64 / catch_up.as_secs_f64()},
+        "big_failover": {"partitions": owned_before, "records_per_partition": a.records / u64::from(PARTITIONS), "secs": failover.as_secs_f64()},
         "cold_rebuild": {"records": a.records, "log_entries": entries, "standby_secs": rebuilt.as_secs_f64(),
                          "records_per_s": a.records as f64 / rebuilt.as_secs_f64(),
                          "owning_partitions": owned_by_cold, "until_owning_secs": settled.as_secs_f64()},

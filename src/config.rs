@@ -262,6 +262,27 @@ mod tests {
         assert!(!c.auth.required());
     }
 
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn the_cluster_section_is_read_and_checked() {
+        let c = load(
+            "[cluster]\nurls = [\"nats://10.0.0.1:4222\"]\nnode = \"n1\"\npartitions = 32\nlease_ttl = \"5s\"\n",
+        )
+        .unwrap();
+        let cluster = c.cluster.check().unwrap();
+        assert_eq!(cluster.partitions, 32);
+        assert_eq!(cluster.node, "n1");
+        assert_eq!(cluster.lease_ttl, std::time::Duration::from_secs(5));
+        let e = load("[cluster]\nleases = 3\n").unwrap_err();
+        assert!(format!("{e:#}").contains("leases"), "{e:#}");
+        let e = load("[cluster]\nreplicas = 7\n")
+            .unwrap()
+            .cluster
+            .check()
+            .unwrap_err();
+        assert!(e.to_string().contains("replicas is 7"), "{e}");
+    }
+
     #[test]
     fn every_section_is_read() {
         let c = load(

@@ -363,3 +363,73 @@ fn scenarios_keep_every_acknowledged_event() {
         }
     }
 }
+
+/// The way hosts and agents meet a cluster: the official Python MCP SDK and plain HTTP,
+/// entering at every node, answered by the owner of the caller's partition.
+#[test]
+fn the_python_mcp_sdk_and_http_work_through_any_node() {
+    let Some(nats) = harness::nats_server() else {
+        return;
+    };
+    let Some(python) = crate::mcp::python_sdk() else {
+        return;
+    };
+    let h = Harness::start(&nats, env!("CARGO_BIN_EXE_shadowbrain").as_ref(), &[]);
+    let (ns, key) = harness::keys().into_iter().nth(3).unwrap();
+    let p = shadowbrain::cluster::partition_of(&ns, PARTITIONS);
+    let owner = h.owners()[&p].clone();
+    for (i, node) in h.nodes.iter().enumerate() {
+        let url = format!("http://{}/mcp", node.addr);
+        for answer in crate::mcp::python_client(&python, &["http", &url, &key]) {
+            assert_eq!(answer["tools"], 10, "through {}: {answer}", node.name);
+            assert!(
+                answer["recalled"].as_u64().unwrap() >= 1,
+                "through {}: {answer}",
+                node.name
+            );
+        }
+        let body =
+            format!(r#"{{"events":[{{"kind":"observation","text":"plain HTTP via node {i}"}}]}}"#);
+        let (code, _, answered) = harness::request(
+            node.addr,
+            "POST",
+            "/v1/sessions/plain/events",
+            Some(&key),
+            Some(&body),
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            (code, answered.as_str()),
+            (201, owner.as_str()),
+            "through {}",
+            node.name
+        );
+    }
+    let (code, timeline, _) = harness::request(
+        h.nodes[0].addr,
+        "GET",
+        "/v1/sessions/plain/timeline",
+        Some(&key),
+        None,
+        None,
+    )
+    .unwrap();
+    assert_eq!(code, 200);
+    assert_eq!(timeline["items"].as_array().unwrap().len(), NODES);
+    // What cluster mode does not serve says so, in the one error shape.
+    let (code, body, _) = harness::request(h.nodes[1].addr, "GET", "/", None, None, None).unwrap();
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (501, Some("not_in_cluster_mode"))
+    );
+    let (code, _, _) =
+        harness::request(h.nodes[1].addr, "GET", "/mcp", Some(&key), None, None).unwrap();
+    assert_eq!(code, 405);
+    let (code, body, _) =
+        harness::request(h.nodes[1].addr, "GET", "/cluster", Some(&key), None, None).unwrap();
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (403, Some("forbidden"))
+    );
+}

@@ -53,8 +53,12 @@ pub fn nats_server() -> Option<PathBuf> {
 /// `n` distinct free ports: all bound at once, then released (one at a time, the system may
 /// hand the same port out twice, and a node then fails to listen).
 pub fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    held.iter().map(|l| l.local_addr().unwrap().port()).collect()
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
 }
 
 pub fn free_port() -> u16 {
@@ -170,7 +174,9 @@ impl Harness {
             )
             .unwrap();
             nodes.push(NodeProc {
-                addr: format!("127.0.0.1:{}", ports.next().unwrap()).parse().unwrap(),
+                addr: format!("127.0.0.1:{}", ports.next().unwrap())
+                    .parse()
+                    .unwrap(),
                 data: dir.path().join(&name),
                 name,
                 config,

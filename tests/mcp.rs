@@ -725,7 +725,7 @@ async fn sigterm_with_an_open_mcp_session_drains_in_time_and_keeps_what_was_ackn
 /// The interpreter of the virtualenv `scripts/install-mcp-sdk` makes, if it is there. CI
 /// sets `SHADOWBRAIN_REQUIRE_PYTHON_MCP=1`, so there a missing SDK fails the test instead
 /// of skipping it.
-fn python_sdk() -> Option<std::path::PathBuf> {
+pub(crate) fn python_sdk() -> Option<std::path::PathBuf> {
     let python =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-venv/bin/python");
     if python.is_file() {
@@ -741,7 +741,7 @@ fn python_sdk() -> Option<std::path::PathBuf> {
 }
 
 /// Runs tests/python/mcp_client.py with `args`: one JSON object per connection mode.
-fn python_client(python: &std::path::Path, args: &[&str]) -> Vec<Value> {
+pub(crate) fn python_client(python: &std::path::Path, args: &[&str]) -> Vec<Value> {
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/mcp_client.py");
     let out = Command::new(python)

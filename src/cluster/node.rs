@@ -178,7 +178,10 @@ async fn run_node(
     let started = Instant::now();
     let client = loop {
         let (options, addrs) = (options.clone(), addrs.clone());
-        match io.spawn(async move { options.connect(addrs).await }).await? {
+        match io
+            .spawn(async move { options.connect(addrs).await })
+            .await?
+        {
             Ok(client) => break Ok(client),
             Err(e) if started.elapsed() < CONNECT_PATIENCE => {
                 tracing::info!(error = %e, "waiting for the NATS servers");
@@ -187,13 +190,13 @@ async fn run_node(
             Err(e) => break Err(e),
         }
     }
-        .with_context(|| {
-            format!(
-                "connecting to NATS at {}; start the NATS servers (see the README's Cluster \
+    .with_context(|| {
+        format!(
+            "connecting to NATS at {}; start the NATS servers (see the README's Cluster \
                  section) or fix [cluster] urls",
-                cfg.urls.join(", ")
-            )
-        })?;
+            cfg.urls.join(", ")
+        )
+    })?;
     let max_payload = client.server_info().max_payload;
     // Room for the headers and postcard's lengths; an entry is never split.
     let max_entry = max_payload.saturating_sub(4096).max(64 * 1024);
