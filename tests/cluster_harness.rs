@@ -200,8 +200,38 @@ impl Harness {
         for i in 0..NODES {
             h.start_node(i);
         }
+        h.wait_listening();
         h.wait_settled(Duration::from_secs(90));
         h
+    }
+
+    /// Until every node answers; a node that exited (another test took its port between
+    /// our choosing and its binding) is started again on a new port.
+    fn wait_listening(&mut self) {
+        let until = Instant::now() + Duration::from_secs(90);
+        for i in 0..NODES {
+            loop {
+                if request(self.nodes[i].addr, "GET", "/healthz", None, None, None).is_ok() {
+                    break;
+                }
+                let exited = self.nodes[i]
+                    .child
+                    .as_mut()
+                    .is_some_and(|c| c.try_wait().ok().flatten().is_some());
+                if exited {
+                    self.nodes[i].child = None;
+                    self.nodes[i].addr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+                    self.start_node(i);
+                }
+                assert!(
+                    Instant::now() < until,
+                    "{} did not listen; logs in {}",
+                    self.nodes[i].name,
+                    self.dir.path().display()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
     }
 
     pub fn start_nats(&mut self, i: usize) {
