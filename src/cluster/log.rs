@@ -101,6 +101,14 @@ struct State {
     last: u64,
     /// Why appends are refused, once the log is fenced.
     fenced: Option<String>,
+    /// The local store may lack an entry of the log (a local commit failed after its
+    /// append): only catching up from the stream can mend that, never [`JetStreamLog::rearm`].
+    resync: bool,
+    /// The lease appends are made under.
+    lease: std::sync::Arc<Lease>,
+    /// Message ids start with this: node, partition and the revision the lease began
+    /// with, so ids never repeat across owners or ownerships.
+    id_prefix: String,
 }
 
 /// The write log of one partition, as its owner appends to it.
@@ -109,10 +117,6 @@ pub(super) struct JetStreamLog {
     js: jetstream::Context,
     handle: tokio::runtime::Handle,
     subject: String,
-    /// Message ids start with this: node, partition and the revision the ownership began
-    /// with, so ids never repeat across owners or ownerships.
-    id_prefix: String,
-    lease: std::sync::Arc<Lease>,
     max_entry: usize,
     state: Mutex<State>,
     counters: std::sync::Arc<LogCounters>,
@@ -134,10 +138,14 @@ impl JetStreamLog {
             js,
             handle,
             subject,
-            id_prefix,
-            lease,
             max_entry,
-            state: Mutex::new(State { last, fenced: None }),
+            state: Mutex::new(State {
+                last,
+                fenced: None,
+                resync: false,
+                lease,
+                id_prefix,
+            }),
             counters,
         }
     }
@@ -145,7 +153,29 @@ impl JetStreamLog {
     /// Refuses every later append: the partition is being handed over or was lost.
     pub(super) fn fence(&self, why: &str) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.resync = true;
         state.fenced.get_or_insert_with(|| why.to_string());
+    }
+
+    /// Makes appends go under a newer lease of this node (the old one lapsed while NATS
+    /// elected a leader, say) and lifts a fence, when nothing can have been lost: the
+    /// stream ends where this owner's store does (`stream_last`) and no local commit
+    /// failed. Otherwise the owner must step down and catch up. The expected last sequence
+    /// still guards every append, so a wrong `stream_last` can only make an append fail.
+    pub(super) fn rearm(
+        &self,
+        lease: std::sync::Arc<Lease>,
+        id_prefix: String,
+        stream_last: u64,
+    ) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.resync || state.last != stream_last || !lease.valid() {
+            return false;
+        }
+        state.lease = lease;
+        state.id_prefix = id_prefix;
+        state.fenced = None;
+        true
     }
 
     /// Why the log refuses appends, if it does.
@@ -174,13 +204,13 @@ impl CommitLog for JetStreamLog {
         if let Some(why) = &state.fenced {
             return Err(self.refuse(why));
         }
-        let id = format!("{}-{}", self.id_prefix, state.last);
+        let id = format!("{}-{}", state.id_prefix, state.last);
         let payload = bytes::Bytes::copy_from_slice(entry);
         let deadline = Instant::now() + APPEND_DEADLINE;
         loop {
             // A node paused past its lease (SIGSTOP, a long GC-like stall) must not write:
             // another node may own the partition by now.
-            if !self.lease.valid() {
+            if !state.lease.valid() {
                 let why = "this node's lease on the partition ran out before the write was logged";
                 state.fenced = Some(why.into());
                 return Err(self.refuse(why));
@@ -189,7 +219,7 @@ impl CommitLog for JetStreamLog {
                 .payload(payload.clone())
                 .message_id(&id)
                 .expected_last_sequence(state.last)
-                .header(EPOCH_HEADER, self.lease.epoch().to_string().as_str());
+                .header(EPOCH_HEADER, state.lease.epoch().to_string().as_str());
             let outcome = self.handle.block_on(async {
                 let ack = self.js.send_publish(self.subject.clone(), publish).await?;
                 match tokio::time::timeout(ACK_WAIT, ack).await {
@@ -250,6 +280,10 @@ impl CommitLog for JetStreamLog {
 
     fn local_commit_failed(&self, position: u64, error: &Error) {
         tracing::error!(position, %error, subject = %self.subject, "an entry in the cluster log could not be committed here; giving the partition up");
-        self.fence("this node could not commit an entry of its own log");
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.resync = true;
+        state
+            .fenced
+            .get_or_insert_with(|| "this node could not commit an entry of its own log".into());
     }
 }

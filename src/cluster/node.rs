@@ -62,6 +62,8 @@ struct Follower {
 struct Owned {
     rt: Runtime,
     log: Arc<JetStreamLog>,
+    /// The lease the log appends under.
+    lease: Arc<Lease>,
     rpc: tokio::task::JoinHandle<()>,
     epoch: u64,
 }
@@ -417,8 +419,7 @@ async fn keeper(node: Arc<Node>, part: Arc<Partition>, stop: CancellationToken) 
                         }
                     }
                     Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
-                        tracing::warn!(partition = part.id, "the lease was taken by another node");
-                        node.lose(&part, &h);
+                        node.retake(&part, &h).await;
                     }
                     // A slow answer: keep trying; the lease's own deadline stops writes.
                     Err(e) => {
@@ -426,10 +427,7 @@ async fn keeper(node: Arc<Node>, part: Arc<Partition>, stop: CancellationToken) 
                     }
                 }
             }
-            Some(h) => {
-                tracing::warn!(partition = part.id, holder = ?holder, "the lease expired or moved");
-                node.lose(&part, &h);
-            }
+            Some(h) => node.retake(&part, &h).await,
             None => {
                 if holder.is_some() {
                     *part.vacant_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -483,9 +481,32 @@ async fn role_task(node: Arc<Node>, part: Arc<Partition>, stop: CancellationToke
                     );
                     node.step_down(&part, &mut role, true).await;
                     node.give_back(&part, &h).await;
-                } else if let Some(why) = o.log.fenced() {
-                    // Behind its own log: follow the stream again, then take it back (the
-                    // lease is still this node's while the keeper refreshes it).
+                    continue;
+                }
+                let fenced = o.log.fenced();
+                if fenced.is_none() && Arc::ptr_eq(&o.lease, &h.lease) {
+                    continue;
+                }
+                // A newer lease of this node (the old one lapsed while NATS elected a
+                // leader), or a fenced log: carry on under the held lease when the stream
+                // ends where this store does, else catch up from the stream first (the
+                // lease stays this node's while the keeper refreshes it).
+                let last = node.stream_last(&part).await;
+                let rearmed = last.as_ref().is_ok_and(|last| {
+                    o.log
+                        .rearm(h.lease.clone(), node.id_prefix(&part, &h), *last)
+                });
+                if rearmed {
+                    tracing::info!(
+                        partition = part.id,
+                        epoch = h.revision,
+                        "carrying on under a new lease"
+                    );
+                    if let Role::Owner(o) = &mut *role {
+                        o.lease = h.lease.clone();
+                        o.epoch = h.revision;
+                    }
+                } else if let Some(why) = fenced {
                     tracing::warn!(partition = part.id, %why, "the partition's log is fenced; catching up");
                     node.step_down(&part, &mut role, false).await;
                 }
@@ -503,6 +524,50 @@ async fn role_task(node: Arc<Node>, part: Arc<Partition>, stop: CancellationToke
 }
 
 impl Node {
+    fn id_prefix(&self, part: &Partition, held: &Held) -> String {
+        format!("{}-{}-{}", self.cfg.node, part.id, held.revision)
+    }
+
+    /// The last sequence of the partition's stream.
+    async fn stream_last(&self, part: &Partition) -> anyhow::Result<u64> {
+        let mut stream = self.js.get_stream(&part.stream).await?;
+        Ok(stream.info().await?.state.last_sequence)
+    }
+
+    /// The held lease expired in NATS (it could not be refreshed for a TTL: a leader
+    /// election, a NATS outage) or moved: take it again at once if it is vacant, so the
+    /// partition's runtime carries on under the new lease (see `JetStreamLog::rearm`)
+    /// instead of closing; otherwise give it up.
+    async fn retake(&self, part: &Partition, held: &Held) {
+        let ttl = self.cfg.lease_ttl;
+        let sent = Instant::now();
+        match self
+            .leases
+            .create(&part.key, self.cfg.node.clone().into())
+            .await
+        {
+            Ok(revision) => {
+                tracing::info!(
+                    partition = part.id,
+                    revision,
+                    "the lease lapsed in NATS; took it again"
+                );
+                held.lease.renew(held.lease.epoch(), Instant::now());
+                let lease = Arc::new(Lease::new(revision, sent + ttl * 3 / 4));
+                *part.held.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(Held { revision, lease });
+                part.changed.notify_one();
+            }
+            Err(_) => {
+                tracing::warn!(
+                    partition = part.id,
+                    "the lease expired or moved to another node"
+                );
+                self.lose(part, held);
+            }
+        }
+    }
+
     /// The lease is gone: writes stop at once (the lease's deadline), and the role task
     /// steps down.
     fn lose(&self, part: &Partition, held: &Held) {
@@ -589,7 +654,7 @@ impl Node {
             self.js.clone(),
             self.io.clone(),
             part.subject.clone(),
-            format!("{}-{}-{}", self.cfg.node, part.id, held.revision),
+            self.id_prefix(part, held),
             held.lease.clone(),
             last,
             self.max_entry,
@@ -636,6 +701,7 @@ impl Node {
         *role = Role::Owner(Owned {
             rt,
             log,
+            lease: held.lease.clone(),
             rpc,
             epoch: held.revision,
         });
@@ -851,11 +917,13 @@ async fn status(State(node): State<Arc<Node>>, request: Request<Body>) -> Respon
     }
     let mut parts = Vec::new();
     for part in &node.partitions {
-        let role = part.role.lock().await;
-        let (name, epoch, applied) = match &*role {
-            Role::Owner(o) => ("owner", Some(o.epoch), None),
-            Role::Standby(f) => ("standby", None, Some(*f.applied.borrow())),
-            Role::Idle => ("idle", None, None),
+        // A takeover holds the role for as long as it takes (an index rebuild can take a
+        // minute): say so rather than wait.
+        let (name, epoch, applied) = match part.role.try_lock().as_deref() {
+            Ok(Role::Owner(o)) => ("owner", Some(o.epoch), None),
+            Ok(Role::Standby(f)) => ("standby", None, Some(*f.applied.borrow())),
+            Ok(Role::Idle) => ("idle", None, None),
+            Err(_) => ("moving", None, None),
         };
         parts.push(json!({"partition": part.id, "role": name, "epoch": epoch, "applied": applied}));
     }
