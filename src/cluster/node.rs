@@ -41,6 +41,10 @@ use crate::server::{ApiError, Auth};
 /// Entries a standby applies in one transaction at most.
 const APPLY_BATCH: usize = 512;
 
+/// How long a standby's consumer may stay quiet before the stream is asked whether it is
+/// behind (a consumer on a server that died notices late).
+const IDLE_CHECK: Duration = Duration::from_secs(2);
+
 /// How long a takeover waits for the standby to reach the stream's end.
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(60);
 
@@ -778,7 +782,28 @@ async fn follow(
         loop {
             let first = tokio::select! {
                 _ = stop.cancelled() => break 'outer,
-                m = messages.next() => m,
+                m = tokio::time::timeout(IDLE_CHECK, messages.next()) => m,
+            };
+            let Ok(first) = first else {
+                // Quiet for a while: fine if the stream has nothing new, but a consumer
+                // whose server died can stay quiet for half a minute before it notices.
+                // If the stream is ahead of the replica, follow it again at once.
+                let applied_now = replica.lock().unwrap_or_else(|p| p.into_inner()).applied();
+                let ahead = match js.get_stream(&stream).await {
+                    Ok(mut s) => s
+                        .info()
+                        .await
+                        .is_ok_and(|i| i.state.last_sequence > applied_now),
+                    Err(_) => true,
+                };
+                if ahead {
+                    tracing::debug!(
+                        partition,
+                        "the stream's consumer went quiet behind the stream; following again"
+                    );
+                    continue 'outer;
+                }
+                continue;
             };
             let mut batch = match first {
                 Some(Ok(m)) => vec![m],
