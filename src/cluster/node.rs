@@ -423,7 +423,7 @@ async fn keeper(node: Arc<Node>, part: Arc<Partition>, stop: CancellationToken) 
                         }
                     }
                     Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
-                        node.retake(&part, &h).await;
+                        node.retake(&part, &h, desired.as_ref() == Some(&me)).await;
                     }
                     // A slow answer: keep trying; the lease's own deadline stops writes.
                     Err(e) => {
@@ -431,7 +431,7 @@ async fn keeper(node: Arc<Node>, part: Arc<Partition>, stop: CancellationToken) 
                     }
                 }
             }
-            Some(h) => node.retake(&part, &h).await,
+            Some(h) => node.retake(&part, &h, desired.as_ref() == Some(&me)).await,
             None => {
                 if holder.is_some() {
                     *part.vacant_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -495,7 +495,11 @@ async fn role_task(node: Arc<Node>, part: Arc<Partition>, stop: CancellationToke
                 // leader), or a fenced log: carry on under the held lease when the stream
                 // ends where this store does, else catch up from the stream first (the
                 // lease stays this node's while the keeper refreshes it).
-                let last = node.stream_last(&part).await;
+                // Bounded: while JetStream elects a leader its API may not answer for
+                // seconds, and stepping down then costs no more than waiting.
+                let last = tokio::time::timeout(Duration::from_secs(2), node.stream_last(&part))
+                    .await
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("the stream's state did not come")));
                 let rearmed = last.as_ref().is_ok_and(|last| {
                     o.log
                         .rearm(h.lease.clone(), node.id_prefix(&part, &h), *last)
@@ -541,8 +545,14 @@ impl Node {
     /// The held lease expired in NATS (it could not be refreshed for a TTL: a leader
     /// election, a NATS outage) or moved: take it again at once if it is vacant, so the
     /// partition's runtime carries on under the new lease (see `JetStreamLog::rearm`)
-    /// instead of closing; otherwise give it up.
-    async fn retake(&self, part: &Partition, held: &Held) {
+    /// instead of closing; otherwise give it up. Only the partition's rendezvous owner takes
+    /// it again: a node handing it over (its lease just deleted) must not.
+    async fn retake(&self, part: &Partition, held: &Held, rendezvous_owner: bool) {
+        if !rendezvous_owner {
+            tracing::info!(partition = part.id, "the lease expired or moved");
+            self.lose(part, held);
+            return;
+        }
         let ttl = self.cfg.lease_ttl;
         let sent = Instant::now();
         match self

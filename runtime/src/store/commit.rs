@@ -450,6 +450,8 @@ impl Worker {
             };
             match &outcome {
                 Ok(()) => rollback = None,
+                // Too large for one message: nothing was sent, the rest may go on.
+                Err(Error::TooLarge { .. }) => {}
                 Err(e) => failed = Some(e.to_string()),
             }
             self.answer(chunk, outcome, rollback);
@@ -485,6 +487,26 @@ impl Worker {
                 }
                 for (reply, _, _) in accepted {
                     reply.send(Ok(()));
+                }
+            }
+            Err(Error::TooLarge {
+                field,
+                size,
+                limit,
+                hint,
+            }) => {
+                // A write set larger than one cluster log message: nothing was sent.
+                if let Some(seq) = rollback {
+                    self.next_seq = seq;
+                }
+                self.stats.clear();
+                for (reply, _, _) in accepted {
+                    reply.send(Err(Error::TooLarge {
+                        field: field.clone(),
+                        size,
+                        limit,
+                        hint: hint.clone(),
+                    }));
                 }
             }
             Err(Error::Unavailable { what, message }) => {
