@@ -750,27 +750,29 @@ pub async fn read_log(urls: &[String], p: u16) -> Vec<(u64, Vec<u8>)> {
     out
 }
 
-/// A store's keys and values, without those a node keeps for itself (never logged: the
-/// format version, the embedder's dimension and name, the text analyzer).
+/// A store's keys and values that the log carries.
 pub fn contents(store: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
     let replica = shadowbrain::Replica::open(store, shadowbrain::Backend::Lmdb).unwrap();
     let mut all = BTreeMap::new();
     replica
-        .for_each(&mut |k, v| {
-            let local = [
-                &b"format_version"[..],
-                b"dimension",
-                b"embedder",
-                b"analyzer",
-            ]
-            .iter()
-            .any(|name| k.len() == name.len() + 1 && k[0] == 0 && &k[1..] == *name);
-            if !local {
-                all.insert(k.to_vec(), v.to_vec());
-            }
+        .for_each_logged(&mut |k, v| {
+            all.insert(k.to_vec(), v.to_vec());
         })
         .unwrap();
     all
+}
+
+/// Where each partition's log ends (its stream's last sequence), from the streams' state
+/// alone: nothing of the logs is read.
+pub async fn log_ends(urls: &[String], partitions: u16) -> BTreeMap<u16, u64> {
+    let addrs: Vec<async_nats::ServerAddr> = urls.iter().map(|u| u.parse().unwrap()).collect();
+    let js = async_nats::jetstream::new(async_nats::connect(addrs).await.unwrap());
+    let mut out = BTreeMap::new();
+    for p in 0..partitions {
+        let mut stream = js.get_stream(format!("SB_P{p:03}")).await.unwrap();
+        out.insert(p, stream.info().await.unwrap().state.last_sequence);
+    }
+    out
 }
 
 impl Harness {

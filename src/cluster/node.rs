@@ -394,7 +394,7 @@ async fn keeper(node: Arc<Node>, part: Arc<Partition>, stop: CancellationToken) 
             }
             Ok(_) => None,
             Err(e) => {
-                tracing::debug!(error = %e, partition = part.id, "cannot read the lease");
+                tracing::warn!(error = %e, partition = part.id, "cannot read the lease");
                 continue;
             }
         };

@@ -58,6 +58,11 @@ pub mod meta {
     /// The position of the last cluster log entry applied to this store (u64 BE; see
     /// `store/log.rs`), written in the same transaction as the entry.
     pub const LOG_APPLIED: &str = "log_applied";
+
+    /// The keys each copy of a store writes for itself, outside any commit group, so never
+    /// in a cluster's log: the format version, the embedder's dimension and name, the text
+    /// analyzer the local keyword index was built with.
+    pub const NODE_LOCAL: [&str; 4] = [FORMAT_VERSION, DIMENSION, EMBEDDER, ANALYZER];
 }
 
 /// Timestamps are signed; flipping the sign bit makes their big-endian bytes sort in time

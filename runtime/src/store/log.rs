@@ -135,14 +135,21 @@ impl Replica {
         Ok(applied)
     }
 
-    /// Visits every key and its value in key order: to compare copies.
-    pub fn for_each(&self, visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<()> {
+    /// Visits every key the log carries and its value, in key order — all but the few each
+    /// copy writes for itself (`meta::NODE_LOCAL`): to compare copies of a store.
+    pub fn for_each_logged(&self, visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<()> {
+        let local: Vec<Vec<u8>> = meta::NODE_LOCAL
+            .iter()
+            .map(|name| keys::meta(name))
+            .collect();
         let all = kv::Range {
             start: std::ops::Bound::Unbounded,
             end: std::ops::Bound::Unbounded,
         };
         self.kv.scan(all, false, &mut |k, v| {
-            visit(k, v);
+            if !local.iter().any(|l| l.as_slice() == k) {
+                visit(k, v);
+            }
             Ok(kv::Visit::Continue)
         })
     }

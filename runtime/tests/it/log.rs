@@ -58,24 +58,13 @@ fn open(dir: &Path, log: Arc<MemoryLog>, clock: Arc<VirtualClock>) -> Substrate 
     Substrate::open(dir, opts).unwrap()
 }
 
-/// Every key and value of a store's files, without the keys a node keeps for itself (never
-/// logged: the format version, the embedder's dimension and name, the text analyzer).
+/// Every key and value of a store's files that the log carries.
 fn contents(dir: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
     let replica = Replica::open(dir, Backend::Lmdb).unwrap();
     let mut all = BTreeMap::new();
     replica
-        .for_each(&mut |k, v| {
-            let local = [
-                &b"format_version"[..],
-                b"dimension",
-                b"embedder",
-                b"analyzer",
-            ]
-            .iter()
-            .any(|name| k.len() == name.len() + 1 && k[0] == 0 && &k[1..] == *name);
-            if !local {
-                all.insert(k.to_vec(), v.to_vec());
-            }
+        .for_each_logged(&mut |k, v| {
+            all.insert(k.to_vec(), v.to_vec());
         })
         .unwrap();
     all
