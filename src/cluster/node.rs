@@ -25,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use futures::{FutureExt, StreamExt};
 use serde_json::json;
 use shadowbrain_actors::{Runtime, RuntimeConfig};
-use shadowbrain_runtime::{Backend, Limits, Replica};
+use shadowbrain_runtime::{Backend, Limits, Substrate};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -55,10 +55,11 @@ struct Held {
     lease: Arc<Lease>,
 }
 
-/// A standby: the task applying the stream to the replica, and how far it got.
+/// A standby: the task applying the stream to the partition's standby substrate (its
+/// store and its own indexes), and how far it got.
 struct Follower {
     stop: CancellationToken,
-    task: tokio::task::JoinHandle<Replica>,
+    task: tokio::task::JoinHandle<Substrate>,
     applied: watch::Receiver<u64>,
 }
 
@@ -273,8 +274,8 @@ async fn run_node(
         cfg,
     });
     for part in &node.partitions {
-        let replica = open_replica(&part.dir)?;
-        *part.role.lock().await = Role::Standby(node.follow(part, replica));
+        let standby = node.open_standby(part).await?;
+        *part.role.lock().await = Role::Standby(node.follow(part, standby));
     }
     let stop = CancellationToken::new();
     let mut tasks = vec![io.spawn(membership(node.clone(), live_tx, stop.clone()))];
@@ -320,8 +321,7 @@ async fn run_node(
                 .await;
         }
         if let Role::Standby(f) = std::mem::replace(&mut *role, Role::Idle) {
-            f.stop.cancel();
-            let _ = f.task.await;
+            stop_following(f).await;
         }
     }
     let _ = node.members.delete(&node.cfg.node).await;
@@ -341,10 +341,19 @@ async fn create_bucket(js: &jetstream::Context, config: kv::Config) -> anyhow::R
     }
 }
 
-fn open_replica(dir: &Path) -> anyhow::Result<Replica> {
-    let store = dir.join("store");
-    Replica::open(&store, Backend::Lmdb)
-        .with_context(|| format!("opening the partition store {}", store.display()))
+/// Stops a standby and closes its substrate (its indexes saved), so that the partition's
+/// files can be opened again.
+async fn stop_following(follower: Follower) {
+    follower.stop.cancel();
+    match follower.task.await {
+        Ok(standby) => {
+            let closed = tokio::task::spawn_blocking(move || standby.close()).await;
+            if let Ok(Err(e)) = closed {
+                tracing::warn!(error = %e, "the standby did not close cleanly");
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "the standby's task failed"),
+    }
 }
 
 /// Heartbeats this node into the members bucket and publishes who is live.
@@ -520,8 +529,8 @@ async fn role_task(node: Arc<Node>, part: Arc<Partition>, stop: CancellationToke
                 }
             }
             (Role::Owner(_), None) => node.step_down(&part, &mut role, false).await,
-            (Role::Idle, _) => match open_replica(&part.dir) {
-                Ok(replica) => *role = Role::Standby(node.follow(&part, replica)),
+            (Role::Idle, _) => match node.open_standby(&part).await {
+                Ok(standby) => *role = Role::Standby(node.follow(&part, standby)),
                 Err(e) => {
                     tracing::error!(error = %format!("{e:#}"), partition = part.id, "cannot open the standby store")
                 }
@@ -625,15 +634,37 @@ impl Node {
         }
     }
 
-    /// Starts applying the partition's stream to `replica`.
-    fn follow(&self, part: &Partition, replica: Replica) -> Follower {
+    /// Opens the partition's files as a standby: its store written only from the stream,
+    /// its indexes built as the entries arrive by threads of its own, so that a takeover
+    /// builds only the last changes (building all of a big partition's took a minute).
+    async fn open_standby(&self, part: &Partition) -> anyhow::Result<Substrate> {
+        let mut opts = self.rt_config.substrate.clone();
+        opts.backend = Backend::Lmdb;
+        opts.log = None;
+        opts.standby = true;
+        opts.indexing.background = true;
+        let dir = part.dir.clone();
+        tokio::task::spawn_blocking(move || Substrate::open(&dir, opts))
+            .await?
+            .with_context(|| format!("opening the standby of {}", part.dir.display()))
+    }
+
+    /// Starts applying the partition's stream to `standby`.
+    fn follow(&self, part: &Partition, standby: Substrate) -> Follower {
         let stop = CancellationToken::new();
-        let (tx, applied) = watch::channel(replica.applied());
+        let position = match standby.store().log_applied() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, partition = part.id, "cannot read the standby's position");
+                0
+            }
+        };
+        let (tx, applied) = watch::channel(position);
         let task = tokio::spawn(follow(
             self.js.clone(),
             part.stream.clone(),
             part.id,
-            replica,
+            standby,
             tx,
             stop.clone(),
         ));
@@ -661,9 +692,12 @@ impl Node {
             unreachable!()
         };
         follower.stop.cancel();
-        let replica = follower.task.await.context("the standby's task failed")?;
-        let last = replica.applied();
-        replica.close();
+        let standby = follower.task.await.context("the standby's task failed")?;
+        let last = standby.store().log_applied()?;
+        // Closing builds what the standby's indexes had not; the runtime opens on them.
+        tokio::task::spawn_blocking(move || standby.close())
+            .await
+            .context("closing the standby")??;
         let log = Arc::new(JetStreamLog::new(
             self.js.clone(),
             self.io.clone(),
@@ -681,7 +715,7 @@ impl Node {
         let rt = match Runtime::open(config).await {
             Ok(rt) => rt,
             Err(e) => {
-                *role = Role::Standby(self.follow(part, open_replica(&part.dir)?));
+                *role = Role::Standby(self.follow(part, self.open_standby(part).await?));
                 return Err(e).context("opening the partition's runtime");
             }
         };
@@ -741,8 +775,8 @@ impl Node {
         owned.log.fence("the partition was handed over");
         drop(owned);
         tracing::info!(partition = part.id, "following the partition as a standby");
-        match open_replica(&part.dir) {
-            Ok(replica) => *role = Role::Standby(self.follow(part, replica)),
+        match self.open_standby(part).await {
+            Ok(standby) => *role = Role::Standby(self.follow(part, standby)),
             Err(e) => {
                 tracing::error!(error = %format!("{e:#}"), partition = part.id, "cannot open the standby store")
             }
@@ -750,20 +784,19 @@ impl Node {
     }
 }
 
-/// Applies the stream to `replica` from its applied position on, in batches, until stopped;
-/// returns the replica. An ordered consumer delivers every entry once and in order (it
+/// Applies the stream to `standby` from its applied position on, in batches, until stopped;
+/// returns the standby. An ordered consumer delivers every entry once and in order (it
 /// restarts itself on a gap); a broken one is recreated from the applied position.
 async fn follow(
     js: jetstream::Context,
     stream: String,
     partition: u16,
-    replica: Replica,
+    standby: Substrate,
     applied: watch::Sender<u64>,
     stop: CancellationToken,
-) -> Replica {
-    let replica = Arc::new(Mutex::new(replica));
+) -> Substrate {
     'outer: while !stop.is_cancelled() {
-        let start = replica.lock().unwrap_or_else(|p| p.into_inner()).applied() + 1;
+        let start = *applied.borrow() + 1;
         let messages = async {
             let s = js.get_stream(&stream).await?;
             let c = s
@@ -798,7 +831,7 @@ async fn follow(
                 // Quiet for a while: fine if the stream has nothing new, but a consumer
                 // whose server died can stay quiet for half a minute before it notices.
                 // If the stream is ahead of the replica, follow it again at once.
-                let applied_now = replica.lock().unwrap_or_else(|p| p.into_inner()).applied();
+                let applied_now = *applied.borrow();
                 let ahead = match js.get_stream(&stream).await {
                     Ok(mut s) => s
                         .info()
@@ -829,18 +862,12 @@ async fn follow(
                     _ => break,
                 }
             }
-            let entries: Vec<(u64, bytes::Bytes)> = batch
+            let entries: Vec<(u64, Vec<u8>)> = batch
                 .iter()
-                .filter_map(|m| Some((m.info().ok()?.stream_sequence, m.payload.clone())))
+                .filter_map(|m| Some((m.info().ok()?.stream_sequence, m.payload.to_vec())))
                 .collect();
-            let target = replica.clone();
-            let done = tokio::task::spawn_blocking(move || {
-                let borrowed: Vec<(u64, &[u8])> =
-                    entries.iter().map(|(s, b)| (*s, b.as_ref())).collect();
-                let mut r = target.lock().unwrap_or_else(|p| p.into_inner());
-                r.apply_all(&borrowed).map(|_| r.applied())
-            })
-            .await;
+            let target = standby.clone();
+            let done = tokio::task::spawn_blocking(move || target.apply_logged(entries)).await;
             match done {
                 Ok(Ok(position)) => {
                     applied.send_replace(position);
@@ -857,10 +884,7 @@ async fn follow(
             }
         }
     }
-    match Arc::try_unwrap(replica) {
-        Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),
-        Err(_) => unreachable!("the follower holds the only reference once its loop ended"),
-    }
+    standby
 }
 
 /// Every request but `/healthz` and `/cluster`: answered by this node's runtime of the

@@ -105,6 +105,7 @@ impl Substrate {
                 StoreOptions {
                     backend: opts.backend,
                     log: opts.log.clone(),
+                    standby: false,
                 },
             )?;
             let total = store.len();
@@ -390,10 +391,12 @@ impl Substrate {
     /// One scheduled indexing pass of `kind` (never forced), logged; whether the log holds
     /// more, so the caller should run the next one at once. A failed pass is logged and
     /// reported as "no more": the scheduler's next tick retries it. A keyword pass is
-    /// followed by a round of update detection, which needs the records it applied.
+    /// followed by a round of update detection, which needs the records it applied (not
+    /// on a standby: its owner's log carries what the owner's detection decided).
     pub fn index_step(&self, kind: IndexKind) -> bool {
         let more = self.index_pass_step(kind);
         match kind {
+            IndexKind::Keywords if self.inner.standby => more,
             IndexKind::Keywords => self.updates_step() | more,
             IndexKind::Vectors => more,
         }

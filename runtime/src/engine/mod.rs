@@ -121,6 +121,10 @@ pub struct SubstrateOptions {
     /// In a cluster, the log the store appends every commit group to before committing it
     /// (see the store's `log.rs`); `None` on a single node.
     pub log: Option<Arc<dyn CommitLog>>,
+    /// A cluster standby: the store takes writes only from its owner's log
+    /// ([`Substrate::apply_logged`]), and the background threads keep the indexes up with
+    /// it (no enricher, no update detection: the owner's log carries their results).
+    pub standby: bool,
 }
 
 impl Default for SubstrateOptions {
@@ -136,6 +140,7 @@ impl Default for SubstrateOptions {
             indexing: IndexingOptions::default(),
             recent_n: 8,
             log: None,
+            standby: false,
         }
     }
 }
@@ -227,6 +232,8 @@ struct Inner {
     enrich_wake: Mutex<Option<EnrichHook>>,
     enricher: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
+    /// A cluster standby (see [`SubstrateOptions::standby`]).
+    standby: bool,
     /// Recalls ranking at once: two per core. Without a bound, 32 concurrent recalls were 32
     /// blocking threads time-sliced on 2 cores, and an unlucky one waited for all the
     /// others (p99 five times p50); with it they queue first in, first out. One per core
@@ -267,6 +274,7 @@ impl Substrate {
             StoreOptions {
                 backend: opts.backend,
                 log: opts.log.clone(),
+                standby: opts.standby,
             },
         )?;
         let dims = opts.embedder.dimensions();
@@ -303,6 +311,7 @@ impl Substrate {
             enrich_wake: Mutex::new(None),
             enricher: Mutex::new(None),
             closed: AtomicBool::new(false),
+            standby: opts.standby,
             ranking: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |n| n.get()) * 2,
             ),
@@ -312,9 +321,19 @@ impl Substrate {
         sub.reconcile()?;
         if sub.inner.indexing.background {
             sub.start_indexer()?;
-            sub.start_enricher()?;
+            if !sub.inner.standby {
+                sub.start_enricher()?;
+            }
         }
         Ok(sub)
+    }
+
+    /// Applies entries of a cluster log to a standby's store ([`Store::apply_logged`]) and
+    /// wakes the indexer to build what they changed; returns the position applied.
+    pub fn apply_logged(&self, entries: Vec<(u64, Vec<u8>)>) -> Result<u64> {
+        self.inner.store.apply_logged(entries)?;
+        self.wake_indexer();
+        self.inner.store.log_applied()
     }
 
     /// The store (system of record).

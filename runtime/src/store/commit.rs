@@ -71,8 +71,17 @@ impl Reply {
     }
 }
 
+/// What a request asks of the commit thread.
+enum Work {
+    /// A write set to encode and commit.
+    Writes(WriteSet),
+    /// A cluster log's entries, (position, bytes), to apply as they are: the store of a
+    /// standby following its partition's owner (see `log.rs`).
+    Logged(Vec<(u64, Vec<u8>)>),
+}
+
 struct Request {
-    writes: WriteSet,
+    work: Work,
     reply: Reply,
 }
 
@@ -165,6 +174,8 @@ struct Worker {
     backlog: Arc<AtomicU64>,
     /// In a cluster, where each group goes before it is committed here.
     log: Option<Arc<dyn CommitLog>>,
+    /// A standby's store: written only by its owner's log (and its own index bookkeeping).
+    standby: bool,
 }
 
 /// Space left under which a failed write is taken for a full disk even when the backend
@@ -226,6 +237,7 @@ impl Committer {
         next_seq: u64,
         dir: PathBuf,
         log: Option<Arc<dyn CommitLog>>,
+        standby: bool,
     ) -> Result<Self> {
         let (tx, rx) = mpsc::channel::<Request>();
         let shared_seq = Arc::new(AtomicU64::new(next_seq));
@@ -246,6 +258,7 @@ impl Committer {
             write_sets: write_sets.clone(),
             backlog: backlog.clone(),
             log,
+            standby,
         };
         let thread = std::thread::Builder::new()
             .name("store-commit".into())
@@ -277,11 +290,23 @@ impl Committer {
         self.submit(writes, Reply::Detached)
     }
 
+    /// Applies a cluster log's entries (see [`Worker::apply_logged`]); returns once they
+    /// are durable.
+    pub(super) fn apply_logged(&self, entries: Vec<(u64, Vec<u8>)>) -> Result<()> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send(Work::Logged(entries), Reply::Blocking(tx))?;
+        rx.recv().unwrap_or(Err(Error::Closed))
+    }
+
     fn submit(&self, writes: WriteSet, reply: Reply) -> Result<()> {
+        self.send(Work::Writes(writes), reply)
+    }
+
+    fn send(&self, work: Work, reply: Reply) -> Result<()> {
         let guard = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         let tx = guard.as_ref().ok_or(Error::Closed)?;
         self.backlog.fetch_add(1, Ordering::Relaxed);
-        tx.send(Request { writes, reply }).map_err(|_| {
+        tx.send(Request { work, reply }).map_err(|_| {
             self.backlog.fetch_sub(1, Ordering::Relaxed);
             Error::Closed
         })
@@ -355,26 +380,152 @@ impl Worker {
     fn commit_group_inner(&mut self, group: Vec<Request>) {
         let seq_before = self.next_seq;
         let mut accepted: Vec<Accepted> = Vec::with_capacity(group.len());
+        let mut local: Vec<Accepted> = Vec::new();
+        let mut logged = Vec::new();
         for req in group {
-            match self.encode(req.writes) {
+            let writes = match req.work {
+                Work::Writes(writes) => writes,
+                Work::Logged(entries) => {
+                    logged.push((entries, req.reply));
+                    continue;
+                }
+            };
+            // Truncating the change log is an index's bookkeeping, and every copy of a
+            // store keeps indexes of its own: each truncates its own change log once its
+            // indexes built it, so that never goes to a cluster's log. (Logged, it made
+            // a standby drop changes its own indexes had not built yet.)
+            let own = writes
+                .0
+                .iter()
+                .all(|m| matches!(m, Mutation::TruncateChanges(_)));
+            if self.standby && !own {
+                req.reply.send(Err(Error::invalid(
+                    "write",
+                    "this store is a standby copy of a cluster partition: it takes writes \
+                     only from its owner's log; send the write to the partition's owner",
+                )));
+                continue;
+            }
+            match self.encode(writes) {
+                Ok((ops, cat)) if own && self.log.is_some() => local.push((req.reply, ops, cat)),
                 Ok((ops, cat)) => accepted.push((req.reply, ops, cat)),
                 Err(e) => {
                     req.reply.send(Err(e));
                 }
             }
         }
-        if accepted.is_empty() {
-            return;
-        }
-        if let Some(log) = self.log.clone() {
+        if let Some(log) = self.log.clone().filter(|_| !accepted.is_empty()) {
             self.commit_logged(log.as_ref(), accepted, seq_before);
-            return;
+        } else if !accepted.is_empty() {
+            let counters = self.counters();
+            let mut batches: Vec<&[Op]> =
+                accepted.iter().map(|(_, ops, _)| ops.as_slice()).collect();
+            batches.push(&counters);
+            let outcome = self.kv.commit(&batches);
+            self.answer(accepted, outcome, Some(seq_before));
         }
-        let counters = self.counters();
-        let mut batches: Vec<&[Op]> = accepted.iter().map(|(_, ops, _)| ops.as_slice()).collect();
-        batches.push(&counters);
-        let outcome = self.kv.commit(&batches);
-        self.answer(accepted, outcome, Some(seq_before));
+        if !local.is_empty() {
+            let batches: Vec<&[Op]> = local.iter().map(|(_, ops, _)| ops.as_slice()).collect();
+            let outcome = self.kv.commit(&batches);
+            self.answer(local, outcome, None);
+        }
+        for (entries, reply) in logged {
+            let outcome = self.apply_logged(entries);
+            if let Err(e) = &outcome {
+                tracing::error!(error = %e, "cannot apply the cluster log's entries to this copy");
+            }
+            reply.send(outcome);
+        }
+    }
+
+    /// Applies a cluster log's entries as they are, with the last one's position, in one
+    /// transaction (entries at or below the applied position are skipped), then brings
+    /// what lives in memory up to date: the counters from the entries' own, the cached
+    /// session statistics, and the catalog of every record the entries touched, so that
+    /// the store a standby took over answers like its owner's.
+    fn apply_logged(&mut self, entries: Vec<(u64, Vec<u8>)>) -> Result<()> {
+        let mut last = log::applied(self.kv.as_ref())?;
+        let mut ops = Vec::new();
+        for (position, entry) in &entries {
+            if *position <= last {
+                continue;
+            }
+            ops.extend(log::decode_entry(entry)?);
+            last = *position;
+        }
+        if ops.is_empty() {
+            return Ok(());
+        }
+        // Each touched record's header as the catalog has it, read before the commit.
+        let mut touched: HashMap<MemoryId, Option<Header>> = HashMap::new();
+        let mut edges = false;
+        for op in &ops {
+            let (Op::Put(key, _) | Op::Delete(key)) = op;
+            match key.first().copied() {
+                Some(keys::family::RECORD | keys::family::PASSAGES | keys::layer::VALIDITY) => {
+                    if let Some(id) = keys::id_from_key(key)
+                        && !touched.contains_key(&id)
+                    {
+                        let before = self.header(id)?;
+                        touched.insert(id, before);
+                    }
+                }
+                Some(keys::layer::GRAPH_EDGE) => edges = true,
+                Some(keys::family::SESSION_STATS) => {
+                    self.stats.remove(key.as_slice());
+                }
+                _ => {}
+            }
+        }
+        ops.push(log::applied_op(last));
+        self.kv.commit(&[&ops])?;
+        let kv = self.kv.as_ref();
+        if let Some(seq) = super::read_u64(kv, meta::NEXT_SEQ)? {
+            self.next_seq = seq;
+        }
+        if let Some(id) = super::read_u32(kv, meta::NEXT_ID)? {
+            self.next_id.fetch_max(id, Ordering::SeqCst);
+        }
+        if let Some(n) = super::read_u32(kv, meta::NEXT_RECALL)? {
+            self.next_recall.fetch_max(n, Ordering::SeqCst);
+        }
+        self.shared_seq.store(self.next_seq, Ordering::SeqCst);
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        let mut after = Vec::with_capacity(touched.len());
+        for id in touched.keys() {
+            let validity = match self.kv.get(&keys::validity(*id))? {
+                Some(v) => Some(codec::decode::<Validity>(&keys::validity(*id), &v)?),
+                None => None,
+            };
+            let passages = self.kv.get(&keys::passages(*id))?.is_some();
+            after.push((*id, self.header(*id)?, passages, validity));
+        }
+        let mut catalog = self.catalog.write().unwrap_or_else(|p| p.into_inner());
+        for (id, header, passages, validity) in after {
+            if let Some(Some(before)) = touched.get(&id) {
+                catalog.remove(id, before);
+            }
+            if let Some(h) = header {
+                catalog.insert(id, &h);
+                catalog.set_passages(id, passages);
+                if let Some(v) = validity {
+                    catalog.set_validity(id, v.superseded(), !v.conflicts.is_empty());
+                }
+            }
+        }
+        if edges {
+            catalog.edges_changed();
+        }
+        Ok(())
+    }
+
+    /// A stored record's header (`None`: no such record).
+    fn header(&self, id: MemoryId) -> Result<Option<Header>> {
+        let key = keys::record(id);
+        match self.kv.get(&key)? {
+            Some(v) => codec::decode_header(&key, &v).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// The operations that persist the id counters, committed with every group.

@@ -25,7 +25,9 @@ pub mod family {
     pub const AUDIT: u8 = 0x06;
     /// Durable work queues: queue, id.
     pub const QUEUE: u8 = 0x07;
-    /// Index change log: sequence.
+    /// Index change log: sequence. Changes are logged with the writes that make them, but
+    /// each copy of a store drops them once its own indexes built them, so which are still
+    /// there differs between copies.
     pub const CHANGE: u8 = 0x08;
     /// Which namespace a purged record belonged to, so its audit log stays isolated.
     pub const TOMBSTONE: u8 = 0x09;
@@ -59,10 +61,17 @@ pub mod meta {
     /// `store/log.rs`), written in the same transaction as the entry.
     pub const LOG_APPLIED: &str = "log_applied";
 
-    /// The keys each copy of a store writes for itself, outside any commit group, so never
-    /// in a cluster's log: the format version, the embedder's dimension and name, the text
-    /// analyzer the local keyword index was built with.
-    pub const NODE_LOCAL: [&str; 4] = [FORMAT_VERSION, DIMENSION, EMBEDDER, ANALYZER];
+    /// The keys each copy of a store writes for itself, so never in a cluster's log: the
+    /// format version, the embedder's dimension and name, the text analyzer the local
+    /// keyword index was built with, and how far the local indexes let the change log be
+    /// truncated (with the change log itself: see [`family::CHANGE`]).
+    pub const NODE_LOCAL: [&str; 5] = [
+        FORMAT_VERSION,
+        DIMENSION,
+        EMBEDDER,
+        ANALYZER,
+        CHANGES_TRUNCATED,
+    ];
 }
 
 /// Timestamps are signed; flipping the sign bit makes their big-endian bytes sort in time

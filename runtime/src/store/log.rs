@@ -135,8 +135,8 @@ impl Replica {
         Ok(applied)
     }
 
-    /// Visits every key the log carries and its value, in key order — all but the few each
-    /// copy writes for itself (`meta::NODE_LOCAL`): to compare copies of a store.
+    /// Visits every key the log carries and its value, in key order — all but what each
+    /// copy keeps for itself (`meta::NODE_LOCAL` and the change log): to compare copies.
     pub fn for_each_logged(&self, visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<()> {
         let local: Vec<Vec<u8>> = meta::NODE_LOCAL
             .iter()
@@ -147,7 +147,8 @@ impl Replica {
             end: std::ops::Bound::Unbounded,
         };
         self.kv.scan(all, false, &mut |k, v| {
-            if !local.iter().any(|l| l.as_slice() == k) {
+            if k.first() != Some(&keys::family::CHANGE) && !local.iter().any(|l| l.as_slice() == k)
+            {
                 visit(k, v);
             }
             Ok(kv::Visit::Continue)

@@ -299,6 +299,9 @@ pub struct StoreOptions {
     /// In a cluster, the log every commit group is appended to before it is committed
     /// here (see `store/log.rs`); `None` (single node) commits locally only.
     pub log: Option<Arc<dyn CommitLog>>,
+    /// A cluster standby's copy: written only through [`Store::apply_logged`] (its
+    /// owner's log) and its own indexes' bookkeeping; any other write is refused.
+    pub standby: bool,
 }
 
 /// The system of record. Cheap to clone; every clone talks to the same commit thread.
@@ -422,6 +425,7 @@ impl Store {
             next_seq,
             dir.to_path_buf(),
             opts.log.clone(),
+            opts.standby,
         )?;
         Ok(Store {
             inner: Arc::new(Inner {
@@ -458,6 +462,19 @@ impl Store {
             })
             .map_err(|_| Error::storage(self.backend().as_str(), "record ids exhausted (2^32)"))?;
         Ok((first..first + n32).map(MemoryId).collect())
+    }
+
+    /// Applies entries of a cluster log, (position, bytes from
+    /// [`encode_entry`]), as they are: one transaction with the last position, the
+    /// entries at or below the applied position skipped, the catalog and counters then
+    /// brought up to date. What a standby's store does with its owner's log.
+    pub fn apply_logged(&self, entries: Vec<(u64, Vec<u8>)>) -> Result<()> {
+        self.inner.committer.apply_logged(entries)
+    }
+
+    /// The position of the last cluster log entry applied to this store (0: none).
+    pub fn log_applied(&self) -> Result<u64> {
+        log::applied(self.inner.kv.as_ref())
     }
 
     /// Applies `writes` atomically and returns once they are durable. Blocks the calling

@@ -45,17 +45,20 @@ impl CommitLog for MemoryLog {
 }
 
 fn open(dir: &Path, log: Arc<MemoryLog>, clock: Arc<VirtualClock>) -> Substrate {
-    let opts = SubstrateOptions {
+    Substrate::open(dir, options(Some(log), clock)).unwrap()
+}
+
+fn options(log: Option<Arc<MemoryLog>>, clock: Arc<VirtualClock>) -> SubstrateOptions {
+    SubstrateOptions {
         clock,
         policy: Policy::default_policy(),
         indexing: IndexingOptions {
             background: false,
             ..IndexingOptions::default()
         },
-        log: Some(log),
+        log: log.map(|l| l as Arc<dyn CommitLog>),
         ..SubstrateOptions::default()
-    };
-    Substrate::open(dir, opts).unwrap()
+    }
 }
 
 /// Every key and value of a store's files that the log carries.
@@ -203,4 +206,106 @@ async fn a_replica_of_the_log_equals_the_owners_store_key_for_key() {
         .unwrap_err();
     assert!(matches!(err, Error::Unavailable { .. }), "{err}");
     assert!(taken.store().session_stats("acme", "s9").unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_standby_indexes_as_the_log_arrives_and_its_takeover_rebuilds_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(MemoryLog {
+        max_entry: 1 << 20,
+        ..MemoryLog::default()
+    });
+    let clock = Arc::new(VirtualClock::new(1_780_000_000_000));
+    let owner = open(&dir.path().join("owner"), log.clone(), clock.clone());
+    let mut standby_opts = options(None, clock.clone());
+    standby_opts.standby = true;
+    let standby = Substrate::open(&dir.path().join("standby"), standby_opts).unwrap();
+    let mut applied = 0;
+    let mut ids = Vec::new();
+    let mut follow = |standby: &Substrate| {
+        let entries: Vec<(u64, Vec<u8>)> = log.entries.lock().unwrap()[applied..]
+            .iter()
+            .enumerate()
+            .map(|(i, e)| ((applied + i + 1) as u64, e.clone()))
+            .collect();
+        applied += entries.len();
+        // Delivered twice (a consumer's redelivery): applied once.
+        let again = entries.clone();
+        assert_eq!(standby.apply_logged(entries).unwrap(), applied as u64);
+        assert_eq!(standby.apply_logged(again).unwrap(), applied as u64);
+    };
+    for round in 0..3 {
+        for s in 0..3 {
+            let events: Vec<NewMemory> = (0..20)
+                .map(|i| {
+                    NewMemory::new(
+                        "observation",
+                        format!("round {round} session {s} noted fact {i} about the harbour"),
+                    )
+                })
+                .collect();
+            ids.extend(
+                owner
+                    .record("acme", &format!("s{s}"), events)
+                    .await
+                    .unwrap(),
+            );
+        }
+        owner.enrich_pending(usize::MAX).await.unwrap();
+        // The owner builds its indexes and truncates its change log before the standby
+        // built the same changes: the truncation is the owner's own, never logged.
+        owner.flush_indexes().unwrap();
+        follow(&standby);
+        standby.flush_indexes().unwrap();
+    }
+    // A status change and a condensation move records between the catalog's sets.
+    owner
+        .set_status("acme", ids[3], Status::Archived, "test")
+        .unwrap();
+    owner.condense("acme", "s1", "test").await.unwrap();
+    follow(&standby);
+    standby.flush_indexes().unwrap();
+    assert_eq!(owner.store().census("acme"), standby.store().census("acme"));
+
+    // A standby's store takes writes only from the log.
+    let refused = standby
+        .record(
+            "acme",
+            "s0",
+            vec![NewMemory::new("observation", "written to a copy")],
+        )
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("standby"), "{refused}");
+
+    // The standby ranks what the owner ranks: same catalog, same indexes.
+    let query = RecallRequest::new("acme", "s2", "fact 4 about the harbour");
+    let ranked = |sub: &Substrate| -> Vec<_> {
+        let (result, _) = sub.rank(&query, None, &sub.policy_for("acme")).unwrap();
+        result
+            .memories
+            .iter()
+            .map(|m| (m.record.id, m.score))
+            .collect::<Vec<_>>()
+    };
+    let owner_ranked = ranked(&owner);
+    assert!(owner_ranked.len() >= 5, "{owner_ranked:?}");
+    assert_eq!(ranked(&standby), owner_ranked);
+    owner.close().unwrap();
+    drop(owner);
+    standby.close().unwrap();
+    drop(standby);
+    assert_eq!(
+        contents(&dir.path().join("owner").join("store")),
+        contents(&dir.path().join("standby").join("store"))
+    );
+
+    // Taken over: the indexes were built as the log arrived, nothing is rebuilt.
+    let next = Arc::new(MemoryLog {
+        max_entry: 1 << 20,
+        ..MemoryLog::default()
+    });
+    let taken = open(&dir.path().join("standby"), next, clock);
+    assert_eq!(taken.rebuilds(), 0, "the takeover rebuilt an index");
+    assert_eq!(ranked(&taken), owner_ranked);
 }
