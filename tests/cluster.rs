@@ -444,4 +444,21 @@ fn the_python_mcp_sdk_and_http_work_through_any_node() {
         (code, body["error"]["code"].as_str()),
         (403, Some("forbidden"))
     );
+    // A second process under a live node's name is refused, saying why; the cluster is
+    // left as it was.
+    let data = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(["serve", "--cluster", "--addr", "127.0.0.1:0", "--data"])
+        .arg(data.path())
+        .arg("--config")
+        .arg(&h.nodes[0].config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("another process is running as node `node0`"),
+        "{stderr}"
+    );
+    assert_eq!(h.owners()[&p], owner);
 }

@@ -104,46 +104,127 @@ pub struct Harness {
     pub env: Vec<(String, String)>,
 }
 
+/// Three NATS servers' configurations on fresh ports (routes, clients, monitoring), in
+/// the cluster `cluster`.
+fn nats_servers(dir: &Path, cluster: &str) -> Vec<Nats> {
+    let mut ports = free_ports(9).into_iter();
+    let routes: Vec<u16> = ports.by_ref().take(3).collect();
+    let route_list = routes
+        .iter()
+        .map(|p| format!("nats://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut nats = Vec::new();
+    for (i, route) in routes.iter().enumerate() {
+        let port = ports.next().unwrap();
+        let http = ports.next().unwrap();
+        let name = format!("nats{i}");
+        let conf = dir.join(format!("{name}.conf"));
+        // Pings every second, two missed: a paused client's subscriptions go within
+        // seconds, not the default two minutes.
+        std::fs::write(
+            &conf,
+            format!(
+                "server_name: {name}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{http}\n\
+                 max_payload: 8MB\nping_interval: \"1s\"\nping_max: 2\n\
+                 jetstream {{ store_dir: \"{}\", sync_interval: always }}\n\
+                 cluster {{ name: {cluster}, listen: 127.0.0.1:{route}, routes: [{route_list}] }}\n",
+                dir.join(&name).display()
+            ),
+        )
+        .unwrap();
+        nats.push(Nats {
+            name,
+            port,
+            http,
+            conf,
+            child: None,
+        });
+    }
+    nats
+}
+
+fn spawn_nats(bin: &Path, dir: &Path, n: &Nats) -> Child {
+    let log = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{}.log", n.name)))
+        .unwrap();
+    Command::new(bin)
+        .arg("-c")
+        .arg(&n.conf)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("nats-server starts")
+}
+
+impl Nats {
+    /// Whether this server runs and is the one its ports were chosen for: its monitoring
+    /// port names it and its cluster, and its client port answers.
+    fn is_ours(&mut self, cluster: &str) -> bool {
+        let until = Instant::now() + Duration::from_secs(10);
+        let http: SocketAddr = format!("127.0.0.1:{}", self.http).parse().unwrap();
+        while Instant::now() < until {
+            if self
+                .child
+                .as_mut()
+                .is_none_or(|c| c.try_wait().ok().flatten().is_some())
+            {
+                return false;
+            }
+            if let Ok((200, varz, _)) = request(http, "GET", "/varz", None, None, None) {
+                return varz["server_name"] == self.name.as_str()
+                    && varz["cluster"]["name"] == cluster
+                    && varz["port"] == self.port
+                    && TcpStream::connect(("127.0.0.1", self.port)).is_ok();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+}
+
 impl Harness {
     /// Starts the three NATS servers and the three nodes, with `env` in every node's
     /// environment, and waits until every partition has an owner.
     pub fn start(nats_bin: &Path, bin: &Path, env: &[(&str, &str)]) -> Harness {
         let dir = tempfile::tempdir().unwrap();
-        // Routes, clients, monitoring for three servers; then the nodes.
-        let mut ports = free_ports(9 + NODES).into_iter();
-        let routes: Vec<u16> = ports.by_ref().take(3).collect();
-        let route_list = routes
-            .iter()
-            .map(|p| format!("nats://127.0.0.1:{p}"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        // A NATS cluster name of this harness's own: another harness's servers (tests run
+        // in parallel) can never route into this cluster.
+        let cluster: String = dir
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .collect();
+        let cluster = format!("sb{cluster}");
         let mut nats = Vec::new();
-        for (i, route) in routes.iter().enumerate() {
-            let port = ports.next().unwrap();
-            let http = ports.next().unwrap();
-            let name = format!("nats{i}");
-            let conf = dir.path().join(format!("{name}.conf"));
-            // Pings every second, two missed: a paused client's subscriptions go within
-            // seconds, not the default two minutes.
-            std::fs::write(
-                &conf,
-                format!(
-                    "server_name: {name}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{http}\n\
-                     max_payload: 8MB\nping_interval: \"1s\"\nping_max: 2\n\
-                     jetstream {{ store_dir: \"{}\", sync_interval: always }}\n\
-                     cluster {{ name: sb, listen: 127.0.0.1:{route}, routes: [{route_list}] }}\n",
-                    dir.path().join(&name).display()
-                ),
-            )
-            .unwrap();
-            nats.push(Nats {
-                name,
-                port,
-                http,
-                conf,
-                child: None,
-            });
+        for attempt in 1.. {
+            nats = nats_servers(dir.path(), &cluster);
+            for n in &mut nats {
+                n.child = Some(spawn_nats(nats_bin, dir.path(), n));
+            }
+            if nats.iter_mut().all(|n| n.is_ours(&cluster)) {
+                break;
+            }
+            // A port chosen was taken before the server bound it (another test): were
+            // the nodes pointed at it they would join whatever listens there.
+            for n in &mut nats {
+                if let Some(mut c) = n.child.take() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+            }
+            assert!(
+                attempt < 5,
+                "the NATS servers did not start on free ports; logs in {}",
+                dir.path().display()
+            );
         }
+        let mut ports = free_ports(NODES).into_iter();
         let urls = nats
             .iter()
             .map(|n| format!("\"nats://127.0.0.1:{}\"", n.port))
@@ -194,9 +275,6 @@ impl Harness {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
         };
-        for i in 0..3 {
-            h.start_nats(i);
-        }
         for i in 0..NODES {
             h.start_node(i);
         }
@@ -235,18 +313,7 @@ impl Harness {
     }
 
     pub fn start_nats(&mut self, i: usize) {
-        let log = std::fs::File::options()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join(format!("{}.log", self.nats[i].name)))
-            .unwrap();
-        let child = Command::new(&self.nats_bin)
-            .arg("-c")
-            .arg(&self.nats[i].conf)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("nats-server starts");
+        let child = spawn_nats(&self.nats_bin, self.dir.path(), &self.nats[i]);
         self.nats[i].child = Some(child);
     }
 
@@ -389,8 +456,8 @@ impl Drop for Harness {
                 let _ = c.wait();
             }
         }
-        if std::thread::panicking() {
-            // Keep the logs of a failed run.
+        if std::thread::panicking() || std::env::var_os("SHADOWBRAIN_KEEP_CLUSTER").is_some() {
+            // Keep the logs of a failed run (or of every run, when asked).
             let kept = self.dir.path().to_path_buf();
             let _ = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap()).keep();
             eprintln!("the cluster's logs and data are kept in {}", kept.display());

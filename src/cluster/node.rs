@@ -45,6 +45,13 @@ const APPLY_BATCH: usize = 512;
 /// behind (a consumer on a server that died notices late).
 const IDLE_CHECK: Duration = Duration::from_secs(2);
 
+/// How old a standby's oldest unbuilt change may get before its indexes are built.
+const STANDBY_BUILD_DELAY: Duration = Duration::from_secs(30);
+
+/// How long a node waits for a partition's files to be released before it says it cannot
+/// open them (the role task tries again later).
+const RELEASE_WAIT: Duration = Duration::from_secs(30);
+
 /// How long a takeover waits for the standby to reach the stream's end.
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(60);
 
@@ -70,6 +77,8 @@ struct Owned {
     /// The lease the log appends under.
     lease: Arc<Lease>,
     rpc: tokio::task::JoinHandle<()>,
+    /// Cancelled when the node steps down: the runtime's open MCP sessions end with it.
+    closing: CancellationToken,
     epoch: u64,
 }
 
@@ -218,6 +227,7 @@ async fn run_node(
     };
     let leases = create_bucket(&js, bucket("leases")).await?;
     let members = create_bucket(&js, bucket("nodes")).await?;
+    ensure_name_free(&members, &cfg.node, cfg.lease_ttl).await?;
     let mut partitions = Vec::with_capacity(cfg.partitions as usize);
     for p in 0..cfg.partitions {
         let stream = format!("{}_P{p:03}", cfg.prefix.to_uppercase());
@@ -354,6 +364,41 @@ async fn stop_following(follower: Follower) {
         }
         Err(e) => tracing::error!(error = %e, "the standby's task failed"),
     }
+}
+
+/// The revision of `node`'s heartbeat when one is in the members bucket (`None`: none, or
+/// it could not be read).
+async fn heartbeat_of(members: &kv::Store, node: &str) -> Option<u64> {
+    match members.entry(node).await {
+        Ok(Some(e)) if e.operation == kv::Operation::Put => Some(e.revision),
+        _ => None,
+    }
+}
+
+/// Refuses to join while another live process heartbeats under this node's name. Two
+/// processes with one name would each hold leases the other takes for its own, and the
+/// partitions rendezvous hashing gives that name could stay without an owner. A
+/// heartbeat a stopped process left is not refreshed and expires within a lease TTL:
+/// one that is refreshed meanwhile is another process's.
+async fn ensure_name_free(members: &kv::Store, node: &str, ttl: Duration) -> anyhow::Result<()> {
+    let Some(first) = heartbeat_of(members, node).await else {
+        return Ok(());
+    };
+    tracing::info!(node, "a heartbeat under this node's name is in the cluster; waiting for it to expire");
+    let until = Instant::now() + ttl * 2;
+    while Instant::now() < until {
+        tokio::time::sleep(ttl / 4).await;
+        match heartbeat_of(members, node).await {
+            None => return Ok(()),
+            Some(revision) if revision != first => anyhow::bail!(
+                "another process is running as node `{node}` in this cluster (its heartbeat \
+                 in the members bucket is being refreshed); give every node its own \
+                 [cluster] node name, or stop the other process first"
+            ),
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// Heartbeats this node into the members bucket and publishes who is live.
@@ -529,7 +574,7 @@ async fn role_task(node: Arc<Node>, part: Arc<Partition>, stop: CancellationToke
                 }
             }
             (Role::Owner(_), None) => node.step_down(&part, &mut role, false).await,
-            (Role::Idle, _) => match node.open_standby(&part).await {
+            (Role::Idle, _) => match node.open_standby_patiently(&part).await {
                 Ok(standby) => *role = Role::Standby(node.follow(&part, standby)),
                 Err(e) => {
                     tracing::error!(error = %format!("{e:#}"), partition = part.id, "cannot open the standby store")
@@ -643,10 +688,44 @@ impl Node {
         opts.log = None;
         opts.standby = true;
         opts.indexing.background = true;
+        // Nobody searches a standby: it builds three times less often than an owner (each
+        // build has a cost of its own besides its items'), and what it has not built when
+        // it takes over is built in the background after the takeover.
+        opts.indexing.max_delay = STANDBY_BUILD_DELAY;
         let dir = part.dir.clone();
         tokio::task::spawn_blocking(move || Substrate::open(&dir, opts))
             .await?
             .with_context(|| format!("opening the standby of {}", part.dir.display()))
+    }
+
+    /// [`Node::open_standby`], retried for up to [`RELEASE_WAIT`] while the files are
+    /// still held: requests and background work of a runtime that just closed may hold it
+    /// for a while (seconds; once, under a saturating bulk load, 100 s).
+    async fn open_standby_patiently(&self, part: &Partition) -> anyhow::Result<Substrate> {
+        let started = Instant::now();
+        let mut said = false;
+        loop {
+            match self.open_standby(part).await {
+                Ok(standby) => {
+                    if said {
+                        tracing::info!(
+                            partition = part.id,
+                            waited_ms = started.elapsed().as_millis() as u64,
+                            "the partition's files were released; following it"
+                        );
+                    }
+                    return Ok(standby);
+                }
+                Err(e) if started.elapsed() < RELEASE_WAIT => {
+                    if !said {
+                        said = true;
+                        tracing::info!(error = %format!("{e:#}"), partition = part.id, "the partition's files are not free yet; waiting");
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Starts applying the partition's stream to `standby`.
@@ -688,6 +767,7 @@ impl Node {
         tokio::time::timeout(CATCH_UP_LIMIT, applied.wait_for(|a| *a >= end))
             .await
             .context("the standby did not catch up in time")??;
+        let caught_up = started.elapsed();
         let Role::Standby(follower) = std::mem::replace(role, Role::Idle) else {
             unreachable!()
         };
@@ -698,6 +778,7 @@ impl Node {
         tokio::task::spawn_blocking(move || standby.close())
             .await
             .context("closing the standby")??;
+        let closed = started.elapsed();
         let log = Arc::new(JetStreamLog::new(
             self.js.clone(),
             self.io.clone(),
@@ -719,6 +800,7 @@ impl Node {
                 return Err(e).context("opening the partition's runtime");
             }
         };
+        let closing = self.closing.child_token();
         let router = crate::server::router_with(
             rt.clone(),
             self.limits,
@@ -726,7 +808,7 @@ impl Node {
             self.edge,
             Some(self.work.clone()),
             self.metrics.clone(),
-            self.closing.clone(),
+            closing.clone(),
         );
         let requests = self
             .client
@@ -743,6 +825,8 @@ impl Node {
             partition = part.id,
             epoch = held.revision,
             log_end = last,
+            caught_up_ms = caught_up.as_millis() as u64,
+            closed_ms = closed.as_millis() as u64,
             took_ms = started.elapsed().as_millis() as u64,
             "owning the partition"
         );
@@ -751,6 +835,7 @@ impl Node {
             log,
             lease: held.lease.clone(),
             rpc,
+            closing,
             epoch: held.revision,
         });
         Ok(())
@@ -764,6 +849,7 @@ impl Node {
         };
         *part.router.write().unwrap_or_else(|p| p.into_inner()) = None;
         owned.rpc.abort();
+        owned.closing.cancel();
         if !graceful {
             owned
                 .log
@@ -775,7 +861,7 @@ impl Node {
         owned.log.fence("the partition was handed over");
         drop(owned);
         tracing::info!(partition = part.id, "following the partition as a standby");
-        match self.open_standby(part).await {
+        match self.open_standby_patiently(part).await {
             Ok(standby) => *role = Role::Standby(self.follow(part, standby)),
             Err(e) => {
                 tracing::error!(error = %format!("{e:#}"), partition = part.id, "cannot open the standby store")

@@ -462,10 +462,13 @@ impl Substrate {
                 .unwrap_or_else(|p| p.into_inner())
                 .take(),
         );
+        // A tree build running (minutes on a busy machine) gives up first, or joining the
+        // indexer thread running it would wait for it; then every build has ended, also
+        // one that another scheduler (the runtime's Indexer actor) started.
+        self.inner.vectors.stop_builds();
         for h in threads {
             let _ = h.join();
         }
-        // A tree build the indexer left running (minutes on a busy machine) gives up.
         self.inner.vectors.cancel_builds();
         // Nothing acknowledged depends on the indexes (they are derived), so failing to
         // save them does not fail the close.

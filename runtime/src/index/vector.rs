@@ -897,8 +897,19 @@ impl VectorIndex {
     /// store's change log and is built after the next open). Builds that gave up fail
     /// with [`Error::Closed`]. Waits until no build is running, then lets builds run again.
     pub fn cancel_builds(&self) {
-        self.cancelled.store(true, Ordering::Relaxed);
+        self.stop_builds();
         drop(self.writer.lock().unwrap_or_else(|p| p.into_inner()));
+        self.resume_builds();
+    }
+
+    /// Makes a build in progress, and every later one, give up soon, until
+    /// [`VectorIndex::resume_builds`]: while the threads that run builds are stopped.
+    pub fn stop_builds(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    /// Lets builds run again after [`VectorIndex::stop_builds`].
+    pub fn resume_builds(&self) {
         self.cancelled.store(false, Ordering::Relaxed);
     }
 
