@@ -192,11 +192,6 @@ fn run(nats: &std::path::Path, scenario: Scenario, tokio: &tokio::runtime::Runti
             .find(|at| *at >= fault_end)
             .expect("writes after the fault");
         let took = first_after - fault_end;
-        assert!(
-            took < recovery_limit(),
-            "{scenario:?}: {} wrote again {took:?} after the fault",
-            w.session
-        );
         recovery = recovery.max(took);
         acked += w.acked.len();
         latencies.extend(w.latencies.iter().copied());
@@ -229,6 +224,11 @@ fn run(nats: &std::path::Path, scenario: Scenario, tokio: &tokio::runtime::Runti
         pct(0.99),
     );
     eprintln!("{line}");
+    // Checked last, so that a run past the bound still shows every other check holding.
+    assert!(
+        recovery < recovery_limit(),
+        "{scenario:?}: a session wrote again only {recovery:?} after the fault"
+    );
     line
 }
 
@@ -368,12 +368,26 @@ fn scenarios_keep_every_acknowledged_event() {
         Err(_) => ALL[..3].to_vec(),
     };
     let tokio = tokio::runtime::Runtime::new().unwrap();
+    // Many runs go on past a failed one (its logs kept) and fail at the end, listing
+    // every failure: a batch of twenty shows how often, not only that.
+    let mut failures = Vec::new();
     for run_no in 0..runs {
         for &scenario in &chosen {
             eprintln!("cluster run {} of {runs}: {scenario:?}", run_no + 1);
-            run(&nats, scenario, &tokio);
+            let once = || run(&nats, scenario, &tokio);
+            if runs == 1 {
+                once();
+            } else if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(once)) {
+                let why = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                failures.push(format!("run {}: {why}", run_no + 1));
+            }
         }
     }
+    assert!(failures.is_empty(), "failed runs: {failures:#?}");
 }
 
 /// The way hosts and agents meet a cluster: the official Python MCP SDK and plain HTTP,

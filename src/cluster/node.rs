@@ -323,7 +323,7 @@ async fn run_node(
     for part in &node.partitions {
         let mut role = part.role.lock().await;
         let held = part.held.lock().unwrap_or_else(|p| p.into_inner()).take();
-        node.step_down(part, &mut role, false).await;
+        node.close_owned(part, &mut role, false).await;
         if let Some(held) = held {
             let _ = node
                 .leases
@@ -384,7 +384,10 @@ async fn ensure_name_free(members: &kv::Store, node: &str, ttl: Duration) -> any
     let Some(first) = heartbeat_of(members, node).await else {
         return Ok(());
     };
-    tracing::info!(node, "a heartbeat under this node's name is in the cluster; waiting for it to expire");
+    tracing::info!(
+        node,
+        "a heartbeat under this node's name is in the cluster; waiting for it to expire"
+    );
     let until = Instant::now() + ttl * 2;
     while Instant::now() < until {
         tokio::time::sleep(ttl / 4).await;
@@ -596,6 +599,24 @@ impl Node {
         Ok(stream.info().await?.state.last_sequence)
     }
 
+    /// Where the partition's stream ends, asked again while the lease is held: after a
+    /// NATS restart the stream's API answers only once JetStream elected its leader
+    /// (seconds), and giving the lease back meanwhile only started the takeover over.
+    async fn stream_end_while_held(&self, part: &Partition, held: &Held) -> anyhow::Result<u64> {
+        let started = Instant::now();
+        loop {
+            let asked = tokio::time::timeout(Duration::from_secs(2), self.stream_last(part)).await;
+            match asked {
+                Ok(Ok(end)) => return Ok(end),
+                _ if held.lease.valid() && started.elapsed() < CATCH_UP_LIMIT => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Ok(Err(e)) => return Err(e.context("reading where the partition's stream ends")),
+                Err(_) => anyhow::bail!("the partition's stream did not say where it ends"),
+            }
+        }
+    }
+
     /// The held lease expired in NATS (it could not be refreshed for a TTL: a leader
     /// election, a NATS outage) or moved: take it again at once if it is vacant, so the
     /// partition's runtime carries on under the new lease (see `JetStreamLog::rearm`)
@@ -761,8 +782,7 @@ impl Node {
         let Role::Standby(follower) = role else {
             return Ok(());
         };
-        let mut info = self.js.get_stream(&part.stream).await?;
-        let end = info.info().await?.state.last_sequence;
+        let end = self.stream_end_while_held(part, held).await?;
         let mut applied = follower.applied.clone();
         tokio::time::timeout(CATCH_UP_LIMIT, applied.wait_for(|a| *a >= end))
             .await
@@ -841,11 +861,26 @@ impl Node {
         Ok(())
     }
 
-    /// Owner → standby. `graceful`: the runtime's last writes are logged before the log
-    /// is fenced (a handover); otherwise the log is fenced first (the lease is gone).
+    /// Owner → standby: [`Node::close_owned`], then follow the stream again.
     async fn step_down(&self, part: &Partition, role: &mut Role, graceful: bool) {
-        let Role::Owner(owned) = std::mem::replace(role, Role::Idle) else {
+        if !self.close_owned(part, role, graceful).await {
             return;
+        }
+        tracing::info!(partition = part.id, "following the partition as a standby");
+        match self.open_standby_patiently(part).await {
+            Ok(standby) => *role = Role::Standby(self.follow(part, standby)),
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), partition = part.id, "cannot open the standby store")
+            }
+        }
+    }
+
+    /// Owner → idle: stops answering for the partition and closes its runtime; whether it
+    /// was owned. `graceful`: the runtime's last writes are logged before the log is
+    /// fenced (a handover); otherwise the log is fenced first (the lease is gone).
+    async fn close_owned(&self, part: &Partition, role: &mut Role, graceful: bool) -> bool {
+        let Role::Owner(owned) = std::mem::replace(role, Role::Idle) else {
+            return false;
         };
         *part.router.write().unwrap_or_else(|p| p.into_inner()) = None;
         owned.rpc.abort();
@@ -859,14 +894,7 @@ impl Node {
             tracing::warn!(error = %e, partition = part.id, "the partition's runtime did not close cleanly");
         }
         owned.log.fence("the partition was handed over");
-        drop(owned);
-        tracing::info!(partition = part.id, "following the partition as a standby");
-        match self.open_standby_patiently(part).await {
-            Ok(standby) => *role = Role::Standby(self.follow(part, standby)),
-            Err(e) => {
-                tracing::error!(error = %format!("{e:#}"), partition = part.id, "cannot open the standby store")
-            }
-        }
+        true
     }
 }
 
