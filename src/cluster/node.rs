@@ -794,7 +794,8 @@ impl Node {
         follower.stop.cancel();
         let standby = follower.task.await.context("the standby's task failed")?;
         let last = standby.store().log_applied()?;
-        // Closing builds what the standby's indexes had not; the runtime opens on them.
+        // Closing saves the standby's indexes (building a small unbuilt tail); the runtime
+        // opens on them and takes the rest of the change log's tail (`reconcile`).
         tokio::task::spawn_blocking(move || standby.close())
             .await
             .context("closing the standby")??;
