@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use shadowbrain_runtime::policy::Policy;
 use shadowbrain_runtime::{
-    Backend, CommitLog, DAY_MS, Error, FeedbackTarget, IndexingOptions, NewMemory, Outcome,
-    RecallRequest, Replica, Result, Status, Substrate, SubstrateOptions, VirtualClock,
+    Backend, CommitLog, DAY_MS, Error, FeedbackTarget, IndexingOptions, MemoryId, NewMemory,
+    Outcome, RecallRequest, Replica, Result, Status, Substrate, SubstrateOptions, VirtualClock,
 };
 
 /// A log in memory: entries at positions 1, 2, …; it can be told to refuse appends.
@@ -59,6 +59,16 @@ fn options(log: Option<Arc<MemoryLog>>, clock: Arc<VirtualClock>) -> SubstrateOp
         log: log.map(|l| l as Arc<dyn CommitLog>),
         ..SubstrateOptions::default()
     }
+}
+
+/// What `sub` ranks for `query` in `acme`: ids and scores, best first.
+fn ranked(sub: &Substrate, query: &RecallRequest) -> Vec<(MemoryId, f32)> {
+    let (result, _) = sub.rank(query, None, &sub.policy_for("acme")).unwrap();
+    result
+        .memories
+        .iter()
+        .map(|m| (m.record.id, m.score))
+        .collect()
 }
 
 /// Every key and value of a store's files that the log carries.
@@ -129,14 +139,7 @@ async fn a_replica_of_the_log_equals_the_owners_store_key_for_key() {
         .map(|id| sub.get("acme", *id).unwrap())
         .collect();
     let query = RecallRequest::new("acme", "s2", "topic 4 and the weather");
-    let ranked = |sub: &Substrate| -> Vec<_> {
-        let (result, _) = sub.rank(&query, None, &sub.policy_for("acme")).unwrap();
-        result
-            .memories
-            .iter()
-            .map(|m| (m.record.id, m.score))
-            .collect()
-    };
+    let ranked = |sub: &Substrate| ranked(sub, &query);
     let owner_ranked = ranked(&sub);
     assert!(!owner_ranked.is_empty());
     sub.close().unwrap();
@@ -280,14 +283,7 @@ async fn a_standby_indexes_as_the_log_arrives_and_its_takeover_rebuilds_nothing(
 
     // The standby ranks what the owner ranks: same catalog, same indexes.
     let query = RecallRequest::new("acme", "s2", "fact 4 about the harbour");
-    let ranked = |sub: &Substrate| -> Vec<_> {
-        let (result, _) = sub.rank(&query, None, &sub.policy_for("acme")).unwrap();
-        result
-            .memories
-            .iter()
-            .map(|m| (m.record.id, m.score))
-            .collect::<Vec<_>>()
-    };
+    let ranked = |sub: &Substrate| ranked(sub, &query);
     let owner_ranked = ranked(&owner);
     assert!(owner_ranked.len() >= 5, "{owner_ranked:?}");
     assert_eq!(ranked(&standby), owner_ranked);
