@@ -10,7 +10,8 @@
 //! Reports, for each: CPU time per acknowledged event (shadowbrain and NATS), disk bytes and
 //! loopback bytes (NATS's own count, clients and routes) per event, and acknowledgement
 //! latency p50/p99/p99.9; then the extra latency of a request entering at a node that does
-//! not own its partition; the rate a standby catches up at after a restart; and a cold
+//! not own its partition; the rate a standby catches up at after a restart; the failover
+//! of big partitions and recall in them while their takers build what was not built; and a cold
 //! rebuild: a node with an empty data directory joining a cluster that holds `--records`
 //! events. Progress on stderr; last, one JSON line.
 
@@ -257,6 +258,72 @@ fn fill(h: &Harness, records: u64) {
     );
 }
 
+/// Recall right after the failover, in the partitions that moved, while their takers
+/// build in the background what the standbys had not built (searched exactly meanwhile),
+/// and after: the anchor is the same recalls once the indexes are built.
+fn recall_after_takeover(h: &Harness, tenants: &[usize]) -> Value {
+    let tenant_keys = keys();
+    let body = r#"{"query":"bulk record about topic 123"}"#;
+    // The partition's owner and how much of its indexes is not built yet.
+    let state = |t: usize| -> Option<(SocketAddr, u64)> {
+        let p = shadowbrain::cluster::partition_of(&tenant_keys[t].0, PARTITIONS);
+        (0..NODES).find_map(|i| {
+            let s = h.status(i)?;
+            let part = s["partitions"].as_array()?.iter().find(|x| {
+                x["partition"].as_u64() == Some(u64::from(p)) && x["role"] == "owner"
+            })?;
+            Some((h.nodes[i].addr, part["unbuilt"]["vectors"].as_u64()?))
+        })
+    };
+    let started = Instant::now();
+    let (mut building, mut built) = (Vec::new(), Vec::new());
+    let (mut rounds, mut first_unbuilt) = (0, 0);
+    let mut built_after: Option<f64> = None;
+    while built.len() < 200 * tenants.len() && started.elapsed() < Duration::from_secs(900) {
+        let mut all_built = true;
+        for &t in tenants {
+            let Some((addr, unbuilt)) = state(t) else {
+                all_built = false;
+                continue;
+            };
+            if rounds == 0 {
+                first_unbuilt = first_unbuilt.max(unbuilt);
+            }
+            all_built &= unbuilt == 0;
+            let path = format!("/v1/sessions/bulk-{t}-0/recall");
+            for _ in 0..10 {
+                let q = Instant::now();
+                let (code, _, _) =
+                    request(addr, "POST", &path, Some(&tenant_keys[t].1), Some(body), None)
+                        .unwrap();
+                assert_eq!(code, 200);
+                if unbuilt > 0 {
+                    building.push(q.elapsed());
+                } else {
+                    built.push(q.elapsed());
+                }
+            }
+        }
+        if all_built && built_after.is_none() {
+            built_after = Some(started.elapsed().as_secs_f64());
+        }
+        rounds += 1;
+    }
+    eprintln!(
+        "recall after the takeover: {} while building (at most {first_unbuilt} changes unbuilt \
+         at first, all built after {:.1} s), {} once built",
+        percentiles(building.clone()),
+        built_after.unwrap_or(f64::NAN),
+        percentiles(built.clone())
+    );
+    json!({
+        "unbuilt_at_first": first_unbuilt,
+        "built_after_secs": built_after,
+        "while_building": percentiles(building),
+        "once_built": percentiles(built),
+    })
+}
+
 /// Until node `i`'s standbys have applied every partition's log to its end.
 fn caught_up(h: &Harness, i: usize, ends: &std::collections::BTreeMap<u16, u64>) -> bool {
     let Some(s) = h.status(i) else { return false };
@@ -326,6 +393,14 @@ fn main() {
     let entries: u64 = ends.values().sum();
     // Failover with big partitions: the victim's partitions move to the others.
     let owned_before = h.owned()[victim];
+    let victim_name = h.nodes[victim].name.clone();
+    let owners = h.owners();
+    let moved: Vec<usize> = (0..keys().len())
+        .filter(|&t| {
+            owners.get(&shadowbrain::cluster::partition_of(&keys()[t].0, PARTITIONS))
+                == Some(&victim_name)
+        })
+        .collect();
     h.kill_node(victim);
     let killed = Instant::now();
     h.wait_settled(Duration::from_secs(1800));
@@ -335,6 +410,7 @@ fn main() {
         a.records,
         failover.as_secs_f64()
     );
+    let after_takeover = recall_after_takeover(&h, &moved);
     std::fs::remove_dir_all(&h.nodes[victim].data).unwrap();
     h.start_node(victim);
     let cold = Instant::now();
@@ -362,6 +438,7 @@ fn main() {
         "forwarding": forwarding,
         "catch_up": {"events": behind, "secs": catch_up.as_secs_f64(), "events_per_s": behind as f64 / catch_up.as_secs_f64()},
         "big_failover": {"partitions": owned_before, "records": a.records, "secs": failover.as_secs_f64()},
+        "recall_after_takeover": after_takeover,
         "cold_rebuild": {"records": a.records, "log_entries": entries, "standby_secs": rebuilt.as_secs_f64(),
                          "records_per_s": a.records as f64 / rebuilt.as_secs_f64(),
                          "owning_partitions": owned_by_cold, "until_owning_secs": settled.as_secs_f64()},

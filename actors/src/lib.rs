@@ -23,4 +23,6 @@ mod supervisor;
 
 #[cfg(feature = "failpoints")]
 pub use runtime::Fault;
-pub use runtime::{KnowledgeHandle, MemoryHandle, Runtime, RuntimeConfig, SessionHandle};
+pub use runtime::{
+    KnowledgeHandle, MemoryHandle, Runtime, RuntimeConfig, SessionHandle, WeakRuntime,
+};

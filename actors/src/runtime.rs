@@ -191,7 +191,36 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
+/// A handle that does not keep a [`Runtime`] open: tells whether any clone of it is
+/// still alive (what keeps a closed runtime's data directory from being opened again).
+#[derive(Clone, Debug)]
+pub struct WeakRuntime {
+    runtime: std::sync::Weak<Inner>,
+    substrate: shadowbrain_runtime::WeakSubstrate,
+}
+
+impl WeakRuntime {
+    /// Clones of the runtime (or of its session handles) still alive.
+    pub fn runtimes(&self) -> usize {
+        self.runtime.strong_count()
+    }
+
+    /// Clones of its substrate still alive (actors, blocking work, threads), the runtime's
+    /// own included.
+    pub fn substrates(&self) -> usize {
+        self.substrate.count()
+    }
+}
+
 impl Runtime {
+    /// A handle that tells whether this runtime is still held, without holding it.
+    pub fn downgrade(&self) -> WeakRuntime {
+        WeakRuntime {
+            runtime: Arc::downgrade(&self.inner),
+            substrate: self.inner.substrate.downgrade(),
+        }
+    }
+
     /// Opens the data directory and starts the supervision tree.
     pub async fn open(config: RuntimeConfig) -> Result<Runtime> {
         let (dir, mut opts) = (config.data_dir.clone(), config.substrate.clone());

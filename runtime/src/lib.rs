@@ -47,7 +47,7 @@ pub use engine::{
     MAX_STRIKES, Outcome, PairBatch, PairItem, PairVerdict, PassageHit, Policies, Promotion,
     RecallRequest, RecallResult, Recalled, Recorded, Resolution, Substrate, SubstrateOptions,
     Summarizer, Summary, SummaryRequest, Superseded, SweepReport, UpdateJudge, UpdatesRound,
-    Verdict, Why, panic_message, quarantined_error,
+    Verdict, WeakSubstrate, Why, panic_message, quarantined_error,
 };
 pub use error::{Error, PolicyErrors, PolicyIssue, Result};
 pub use model::{

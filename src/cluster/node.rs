@@ -24,7 +24,7 @@ use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::{FutureExt, StreamExt};
 use serde_json::json;
-use shadowbrain_actors::{Runtime, RuntimeConfig};
+use shadowbrain_actors::{Runtime, RuntimeConfig, WeakRuntime};
 use shadowbrain_runtime::{Backend, Limits, Substrate};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
@@ -106,6 +106,9 @@ struct Partition {
     router: RwLock<Option<Router>>,
     /// When the lease was first seen vacant (keeper only).
     vacant_since: Mutex<Option<Instant>>,
+    /// The runtime this node last closed here: who still holds it when its files are
+    /// not free yet.
+    closed: Mutex<Option<WeakRuntime>>,
 }
 
 struct Node {
@@ -261,6 +264,7 @@ async fn run_node(
             role: tokio::sync::Mutex::new(Role::Idle),
             router: RwLock::new(None),
             vacant_since: Mutex::new(None),
+            closed: Mutex::new(None),
         }));
     }
     let (live_tx, live) = watch::channel(Vec::new());
@@ -740,7 +744,14 @@ impl Node {
                 Err(e) if started.elapsed() < RELEASE_WAIT => {
                     if !said {
                         said = true;
-                        tracing::info!(error = %format!("{e:#}"), partition = part.id, "the partition's files are not free yet; waiting");
+                        let closed = part.closed.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                        tracing::info!(
+                            error = %format!("{e:#}"),
+                            partition = part.id,
+                            runtimes = closed.as_ref().map(|w| w.runtimes()),
+                            substrates = closed.as_ref().map(|w| w.substrates()),
+                            "the partition's files are not free yet; waiting"
+                        );
                     }
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
@@ -894,6 +905,7 @@ impl Node {
         if let Err(e) = owned.rt.shutdown().await {
             tracing::warn!(error = %e, partition = part.id, "the partition's runtime did not close cleanly");
         }
+        *part.closed.lock().unwrap_or_else(|p| p.into_inner()) = Some(owned.rt.downgrade());
         owned.log.fence("the partition was handed over");
         true
     }
@@ -1093,13 +1105,28 @@ async fn status(State(node): State<Arc<Node>>, request: Request<Body>) -> Respon
     for part in &node.partitions {
         // A takeover holds the role for as long as it takes (an index rebuild can take a
         // minute): say so rather than wait.
-        let (name, epoch, applied) = match part.role.try_lock().as_deref() {
-            Ok(Role::Owner(o)) => ("owner", Some(o.epoch), None),
-            Ok(Role::Standby(f)) => ("standby", None, Some(*f.applied.borrow())),
-            Ok(Role::Idle) => ("idle", None, None),
-            Err(_) => ("moving", None, None),
+        let (name, epoch, applied, unbuilt) = match part.role.try_lock().as_deref() {
+            Ok(Role::Owner(o)) => {
+                // Changes the indexes have not built yet (searched exactly meanwhile): a
+                // takeover of a big partition builds them in the background.
+                let sub = o.rt.substrate();
+                let unbuilt = json!({
+                    "vectors": sub.vectors().pending(),
+                    "keywords": sub.keywords().pending(),
+                });
+                ("owner", Some(o.epoch), None, Some(unbuilt))
+            }
+            Ok(Role::Standby(f)) => ("standby", None, Some(*f.applied.borrow()), None),
+            Ok(Role::Idle) => ("idle", None, None, None),
+            Err(_) => ("moving", None, None, None),
         };
-        parts.push(json!({"partition": part.id, "role": name, "epoch": epoch, "applied": applied}));
+        parts.push(json!({
+            "partition": part.id,
+            "role": name,
+            "epoch": epoch,
+            "applied": applied,
+            "unbuilt": unbuilt,
+        }));
     }
     let counters = &node.counters;
     axum::Json(json!({

@@ -279,45 +279,82 @@ impl Substrate {
             let mut docs = Vec::new();
             let mut vecs = Vec::new();
             let mut stored = Vec::new();
-            let mut removed = Vec::new();
+            let (mut kw_removed, mut vec_removed) = (Vec::new(), Vec::new());
             // Past its memory budget the vector tail stages ids only: do not even read the
             // embeddings then (1.5 KB each at 384 dimensions); builds read them once.
             let spill = self.inner.vectors.spilling();
-            for (_, change) in &changes {
+            // An index skips what it already holds: after an open, the log is read from the
+            // older watermark of the two (the vectors', when a big build was left for
+            // later), and staging again what the keyword index committed long ago cost a
+            // taking node seconds of tokenising and a re-commit of every such document.
+            let (kw_done, vec_done) = (
+                self.inner.keywords.watermark()?,
+                self.inner.vectors.watermark()?,
+            );
+            for (seq, change) in &changes {
+                let (kw, vec) = (*seq > kw_done, *seq > vec_done);
                 match change {
-                    Change::Upsert(id) if spill => match store.get_light(*id)? {
-                        Some(r) => {
-                            stored.push(id.0);
-                            docs.push((id.0, r.text));
-                        }
-                        None => removed.push(id.0),
-                    },
-                    Change::Upsert(id) => match store.get(*id)? {
+                    Change::Upsert(id) if kw && vec && !spill => match store.get(*id)? {
                         Some(r) => {
                             if let Some(e) = r.embedding {
                                 vecs.push((id.0, e));
                             }
                             docs.push((id.0, r.text));
                         }
-                        None => removed.push(id.0),
+                        None => {
+                            kw_removed.push(id.0);
+                            vec_removed.push(id.0);
+                        }
                     },
-                    Change::Embedded(id) if spill => stored.push(id.0),
+                    Change::Upsert(id) if kw || (vec && spill) => match store.get_light(*id)? {
+                        Some(r) => {
+                            if vec {
+                                stored.push(id.0);
+                            }
+                            if kw {
+                                docs.push((id.0, r.text));
+                            }
+                        }
+                        None => {
+                            if kw {
+                                kw_removed.push(id.0);
+                            }
+                            if vec {
+                                vec_removed.push(id.0);
+                            }
+                        }
+                    },
+                    // The vectors only: the embedding alone (no record decoded).
+                    Change::Upsert(id) if vec => match store.embedding(*id)? {
+                        Some(e) => vecs.push((id.0, e)),
+                        // Not embedded yet (its `Embedded` change follows) or gone.
+                        None if store.get_light(*id)?.is_none() => vec_removed.push(id.0),
+                        None => {}
+                    },
+                    Change::Upsert(_) => {}
+                    Change::Embedded(id) if vec && spill => stored.push(id.0),
                     // No embedding: the record was purged since, and its removal follows.
-                    Change::Embedded(id) => {
+                    Change::Embedded(id) if vec => {
                         if let Some(e) = store.embedding(*id)? {
                             vecs.push((id.0, e));
                         }
                     }
-                    Change::Remove(id) => removed.push(id.0),
+                    Change::Embedded(_) => {}
+                    Change::Remove(id) => {
+                        if kw {
+                            kw_removed.push(id.0);
+                        }
+                        if vec {
+                            vec_removed.push(id.0);
+                        }
+                    }
                 }
             }
             self.inner.keywords.upsert(&docs);
             self.inner.vectors.upsert(&vecs);
             self.inner.vectors.stage_stored(&stored);
-            if !removed.is_empty() {
-                self.inner.keywords.remove(&removed);
-                self.inner.vectors.remove(&removed);
-            }
+            self.inner.keywords.remove(&kw_removed);
+            self.inner.vectors.remove(&vec_removed);
             self.inner.applied.store(*last, Ordering::SeqCst);
             total += changes.len();
             let now = Instant::now();

@@ -264,7 +264,23 @@ impl VectorSource for StoreVectors {
     }
 }
 
+/// A handle that does not keep a [`Substrate`] open: counts the clones still alive.
+#[derive(Clone, Debug)]
+pub struct WeakSubstrate(std::sync::Weak<Inner>);
+
+impl WeakSubstrate {
+    /// Clones of the substrate still alive.
+    pub fn count(&self) -> usize {
+        self.0.strong_count()
+    }
+}
+
 impl Substrate {
+    /// A handle that counts this substrate's clones without holding it.
+    pub fn downgrade(&self) -> WeakSubstrate {
+        WeakSubstrate(Arc::downgrade(&self.inner))
+    }
+
     /// Opens the data directory `dir` (store in `dir/store`, vectors in `dir/vectors`,
     /// keywords in `dir/keywords`), checks the embedder's dimension against the store's,
     /// reconciles the indexes with the store and starts the indexer.

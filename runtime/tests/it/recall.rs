@@ -9,7 +9,7 @@ use std::time::Duration;
 use shadowbrain_runtime::embed::HashEmbedder;
 use shadowbrain_runtime::policy::Policy;
 use shadowbrain_runtime::{
-    DAY_MS, Error, IndexingOptions, MemoryId, NewMemory, RecallRequest, Scope, Status, Substrate,
+    DAY_MS, Error, IndexKind, IndexingOptions, MemoryId, NewMemory, RecallRequest, Scope, Status, Substrate,
     SubstrateOptions, VirtualClock,
 };
 
@@ -130,6 +130,62 @@ async fn keyword_commits_do_not_wait_for_tree_builds_and_a_spilled_tail_still_re
         "both indexes have it: the log is truncated"
     );
     assert_eq!(ids(&sub.recall(&req).await.unwrap()), vec![ids_written[7]]);
+    sub.close().unwrap();
+}
+
+#[tokio::test]
+async fn an_open_stages_again_only_what_each_index_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = opts(Arc::new(VirtualClock::new(T0)));
+    o.indexing.keyword_every = 1_000_000;
+    o.indexing.build_every = 1_000_000;
+    // More than a close or an open builds: the vectors stay unbuilt across the reopen.
+    let n = 4_200;
+    let sub = Substrate::open(dir.path(), o.clone()).unwrap();
+    rec(&sub, "default", "s0", "observation", "built before the rest").await;
+    sub.index_pass(true).unwrap();
+    let built = sub.vectors().watermark().unwrap();
+    assert!(built > 0);
+    for b in 0..n / 100 {
+        let batch = (0..100)
+            .map(|i| {
+                NewMemory::new(
+                    "observation",
+                    format!("batch {b} item {i}: the build runner {b}-{i} timed out"),
+                )
+            })
+            .collect();
+        sub.record("default", "s1", batch).await.unwrap();
+    }
+    sub.index_pass_for(IndexKind::Keywords, true).unwrap();
+    let last = sub.store().next_seq() - 1;
+    assert_eq!(sub.keywords().watermark().unwrap(), last);
+    assert_eq!(sub.vectors().watermark().unwrap(), built);
+    assert_eq!(sub.vectors().pending(), n);
+    sub.close().unwrap();
+    drop(sub);
+
+    let sub = Substrate::open(dir.path(), o).unwrap();
+    // The log is read from the vectors' watermark, but the keyword index committed all
+    // of it: staging it again would tokenise and re-commit every document.
+    assert_eq!(sub.keywords().pending(), 0, "nothing staged again for keywords");
+    assert_eq!(sub.vectors().pending(), n, "every vector staged for the build");
+    let mut req = RecallRequest::new("default", "other-session", "build runner 41-7 timed out");
+    req.scope = Scope::Namespace;
+    req.k = 1;
+    let hit = ids(&sub.recall(&req).await.unwrap());
+    let text = |id| sub.store().get(id).unwrap().unwrap().text;
+    assert!(text(hit[0]).contains("41-7"), "{}", text(hit[0]));
+    // A vector-only query finds the same record in the unbuilt tail.
+    let embedding = sub.embedder().embed(&[text(hit[0])]).await.unwrap().remove(0);
+    let mut req = RecallRequest::new("default", "other-session", "");
+    req.query_embedding = Some(embedding);
+    req.scope = Scope::Namespace;
+    req.k = 1;
+    assert_eq!(ids(&sub.recall(&req).await.unwrap()), hit);
+    sub.index_pass(true).unwrap();
+    assert_eq!(sub.vectors().pending(), 0);
+    assert_eq!(ids(&sub.recall(&req).await.unwrap()), hit);
     sub.close().unwrap();
 }
 
