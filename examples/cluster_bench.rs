@@ -269,9 +269,10 @@ fn recall_after_takeover(h: &Harness, tenants: &[usize]) -> Value {
         let p = shadowbrain::cluster::partition_of(&tenant_keys[t].0, PARTITIONS);
         (0..NODES).find_map(|i| {
             let s = h.status(i)?;
-            let part = s["partitions"].as_array()?.iter().find(|x| {
-                x["partition"].as_u64() == Some(u64::from(p)) && x["role"] == "owner"
-            })?;
+            let part = s["partitions"]
+                .as_array()?
+                .iter()
+                .find(|x| x["partition"].as_u64() == Some(u64::from(p)) && x["role"] == "owner")?;
             Some((h.nodes[i].addr, part["unbuilt"]["vectors"].as_u64()?))
         })
     };
@@ -293,9 +294,15 @@ fn recall_after_takeover(h: &Harness, tenants: &[usize]) -> Value {
             let path = format!("/v1/sessions/bulk-{t}-0/recall");
             for _ in 0..10 {
                 let q = Instant::now();
-                let (code, _, _) =
-                    request(addr, "POST", &path, Some(&tenant_keys[t].1), Some(body), None)
-                        .unwrap();
+                let (code, _, _) = request(
+                    addr,
+                    "POST",
+                    &path,
+                    Some(&tenant_keys[t].1),
+                    Some(body),
+                    None,
+                )
+                .unwrap();
                 assert_eq!(code, 200);
                 if unbuilt > 0 {
                     building.push(q.elapsed());
@@ -397,8 +404,10 @@ fn main() {
     let owners = h.owners();
     let moved: Vec<usize> = (0..keys().len())
         .filter(|&t| {
-            owners.get(&shadowbrain::cluster::partition_of(&keys()[t].0, PARTITIONS))
-                == Some(&victim_name)
+            owners.get(&shadowbrain::cluster::partition_of(
+                &keys()[t].0,
+                PARTITIONS,
+            )) == Some(&victim_name)
         })
         .collect();
     h.kill_node(victim);

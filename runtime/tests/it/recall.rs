@@ -9,8 +9,8 @@ use std::time::Duration;
 use shadowbrain_runtime::embed::HashEmbedder;
 use shadowbrain_runtime::policy::Policy;
 use shadowbrain_runtime::{
-    DAY_MS, Error, IndexKind, IndexingOptions, MemoryId, NewMemory, RecallRequest, Scope, Status, Substrate,
-    SubstrateOptions, VirtualClock,
+    DAY_MS, Error, IndexKind, IndexingOptions, MemoryId, NewMemory, RecallRequest, Scope, Status,
+    Substrate, SubstrateOptions, VirtualClock,
 };
 
 const T0: i64 = 1_780_000_000_000;
@@ -142,7 +142,14 @@ async fn an_open_stages_again_only_what_each_index_lacks() {
     // More than a close or an open builds: the vectors stay unbuilt across the reopen.
     let n = 4_200;
     let sub = Substrate::open(dir.path(), o.clone()).unwrap();
-    rec(&sub, "default", "s0", "observation", "built before the rest").await;
+    rec(
+        &sub,
+        "default",
+        "s0",
+        "observation",
+        "built before the rest",
+    )
+    .await;
     sub.index_pass(true).unwrap();
     let built = sub.vectors().watermark().unwrap();
     assert!(built > 0);
@@ -168,8 +175,16 @@ async fn an_open_stages_again_only_what_each_index_lacks() {
     let sub = Substrate::open(dir.path(), o).unwrap();
     // The log is read from the vectors' watermark, but the keyword index committed all
     // of it: staging it again would tokenise and re-commit every document.
-    assert_eq!(sub.keywords().pending(), 0, "nothing staged again for keywords");
-    assert_eq!(sub.vectors().pending(), n, "every vector staged for the build");
+    assert_eq!(
+        sub.keywords().pending(),
+        0,
+        "nothing staged again for keywords"
+    );
+    assert_eq!(
+        sub.vectors().pending(),
+        n,
+        "every vector staged for the build"
+    );
     let mut req = RecallRequest::new("default", "other-session", "build runner 41-7 timed out");
     req.scope = Scope::Namespace;
     req.k = 1;
@@ -177,7 +192,12 @@ async fn an_open_stages_again_only_what_each_index_lacks() {
     let text = |id| sub.store().get(id).unwrap().unwrap().text;
     assert!(text(hit[0]).contains("41-7"), "{}", text(hit[0]));
     // A vector-only query finds the same record in the unbuilt tail.
-    let embedding = sub.embedder().embed(&[text(hit[0])]).await.unwrap().remove(0);
+    let embedding = sub
+        .embedder()
+        .embed(&[text(hit[0])])
+        .await
+        .unwrap()
+        .remove(0);
     let mut req = RecallRequest::new("default", "other-session", "");
     req.query_embedding = Some(embedding);
     req.scope = Scope::Namespace;
