@@ -1681,6 +1681,8 @@ async fn get_policy(State(s): State<AppState>, ns: Namespace) -> Json<PolicyOut>
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 403, description = "A tenant key: the policy is server-wide, reloading it needs an admin key", body = ErrorBody),
         (status = 422, description = "Every error of every policy file; all the running policies stay", body = ErrorBody),
+        (status = 409, description = "Cluster mode: the nodes read different policies (`policy_differs`, each node's name and hash); all the running policies stay", body = ErrorBody),
+        (status = 503, description = "Cluster mode: a live node did not answer; the message says what changed", body = ErrorBody),
     ))]
 async fn post_policy_reload(
     State(s): State<AppState>,

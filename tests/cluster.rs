@@ -476,3 +476,104 @@ fn the_python_mcp_sdk_and_http_work_through_any_node() {
     );
     assert_eq!(h.owners()[&p], owner);
 }
+
+/// A policy reload entering at any node reaches every partition on every node, a takeover
+/// keeps it, and a file with errors changes nothing anywhere.
+#[test]
+fn a_policy_reload_reaches_every_partition_and_outlives_a_takeover() {
+    let Some(nats) = harness::nats_server() else {
+        return;
+    };
+    let files = tempfile::tempdir().unwrap();
+    let file = files.path().join("policy.toml");
+    std::fs::write(&file, "name = \"cluster-a\"\n").unwrap();
+    let mut h = Harness::start_with(
+        &nats,
+        env!("CARGO_BIN_EXE_shadowbrain").as_ref(),
+        &[],
+        &["--policy", file.to_str().unwrap()],
+    );
+    // The policy of every tenant's namespace (spread over the partitions and their
+    // owners), each asked through another node.
+    let names = |h: &Harness| -> Vec<String> {
+        let alive = h.alive_nodes();
+        harness::keys()
+            .iter()
+            .enumerate()
+            .map(|(i, (_, key))| {
+                let (code, body, _) = harness::request(
+                    alive[i % alive.len()],
+                    "GET",
+                    "/v1/policy",
+                    Some(key),
+                    None,
+                    None,
+                )
+                .unwrap();
+                assert_eq!(code, 200, "{body}");
+                body["name"].as_str().unwrap().to_string()
+            })
+            .collect()
+    };
+    let owners: std::collections::BTreeSet<String> = h.owners().into_values().collect();
+    assert!(owners.len() > 1, "the partitions are spread: {owners:?}");
+    assert!(names(&h).iter().all(|n| n == "cluster-a"));
+
+    let reload = |h: &Harness, node: usize, key: &str| {
+        harness::request(
+            h.nodes[node].addr,
+            "POST",
+            "/v1/policy/reload",
+            Some(key),
+            Some("{}"),
+            None,
+        )
+        .unwrap()
+    };
+    std::fs::write(&file, "name = \"cluster-b\"\n").unwrap();
+    let (_, tenant_key) = harness::keys().into_iter().next().unwrap();
+    let (code, body, _) = reload(&h, 1, &tenant_key);
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (403, Some("forbidden"))
+    );
+    assert!(
+        names(&h).iter().all(|n| n == "cluster-a"),
+        "a tenant changed nothing"
+    );
+    let (code, body, _) = reload(&h, 1, harness::ADMIN);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["name"], "cluster-b");
+    assert!(
+        names(&h).iter().all(|n| n == "cluster-b"),
+        "every partition runs the new policy: {:?}",
+        names(&h)
+    );
+
+    // A file with errors: the answer lists them, every partition keeps what it ran.
+    std::fs::write(
+        &file,
+        "name = \"cluster-c\"\n[scoring]\nrecency = \"high\"\n",
+    )
+    .unwrap();
+    let (code, body, _) = reload(&h, 2, harness::ADMIN);
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (422, Some("invalid_policy")),
+        "{body}"
+    );
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("recency"), "{message}");
+    assert!(names(&h).iter().all(|n| n == "cluster-b"));
+
+    // The node owning most partitions dies: whoever takes them over runs the reloaded
+    // policy, not the one it started with (the file still has errors, and is not read).
+    let busiest = (0..NODES).max_by_key(|&i| h.owned()[i]).unwrap();
+    h.kill_node(busiest);
+    h.wait_settled(Duration::from_secs(60));
+    assert!(
+        names(&h).iter().all(|n| n == "cluster-b"),
+        "after the takeover: {:?}",
+        names(&h)
+    );
+}

@@ -102,6 +102,8 @@ pub struct Harness {
     pub nodes: Vec<NodeProc>,
     /// Extra environment of every node (fault injection).
     pub env: Vec<(String, String)>,
+    /// Extra arguments of every node's `serve` (`--policy FILE`).
+    pub args: Vec<String>,
 }
 
 /// Three NATS servers' configurations on fresh ports (routes, clients, monitoring), in
@@ -189,6 +191,11 @@ impl Harness {
     /// Starts the three NATS servers and the three nodes, with `env` in every node's
     /// environment, and waits until every partition has an owner.
     pub fn start(nats_bin: &Path, bin: &Path, env: &[(&str, &str)]) -> Harness {
+        Harness::start_with(nats_bin, bin, env, &[])
+    }
+
+    /// [`Harness::start`], with `args` added to every node's `serve` command.
+    pub fn start_with(nats_bin: &Path, bin: &Path, env: &[(&str, &str)], args: &[&str]) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         // A NATS cluster name of this harness's own: another harness's servers (tests run
         // in parallel) can never route into this cluster.
@@ -274,6 +281,7 @@ impl Harness {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            args: args.iter().map(|a| a.to_string()).collect(),
         };
         for i in 0..NODES {
             h.start_node(i);
@@ -335,6 +343,7 @@ impl Harness {
             .arg(&n.data)
             .arg("--config")
             .arg(&n.config)
+            .args(&self.args)
             .env("RUST_LOG", "info,async_nats=warn")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())

@@ -13,13 +13,14 @@
 //! - Every other node keeps a **warm standby** copy of the partition's store by applying the
 //!   stream, so a takeover replays only the tail.
 //! - Any node accepts any request and forwards it to the owner over NATS request/reply
-//!   ([`forward`]).
+//!   ([`forward`]); a policy reload goes to every node ([`policy`]).
 //!
 //! Single-node mode (plain `serve`) uses none of this and needs no NATS.
 
 mod forward;
 mod log;
 mod node;
+mod policy;
 
 use std::time::Duration;
 

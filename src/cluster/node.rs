@@ -32,6 +32,7 @@ use tower::ServiceExt;
 
 use super::forward::{self, ANSWERED_BY};
 use super::log::{JetStreamLog, Lease, LogCounters};
+use super::policy;
 use super::{Cluster, partition_of, rendezvous};
 use crate::config::ConfigFile;
 use crate::listen::{Drained, Edge};
@@ -131,6 +132,13 @@ struct Node {
     io: tokio::runtime::Handle,
     /// The main runtime: the partitions' runtimes and requests.
     work: tokio::runtime::Handle,
+    /// Where this node's policies come from (`POST /v1/policy/reload`).
+    policy_files: policy::Files,
+    /// The policies the last cluster-wide reload made active: every runtime this node
+    /// opens from then on runs them (`rt_config` holds the ones it started with).
+    reloaded: RwLock<Option<policy::Loaded>>,
+    /// One reload applied at a time.
+    applying: tokio::sync::Mutex<()>,
 }
 
 fn partition_dir(data: &Path, p: u16) -> PathBuf {
@@ -275,7 +283,6 @@ async fn run_node(
         members,
         live,
         partitions,
-        rt_config,
         limits: file.limits,
         auth: file.auth,
         edge: file.edge,
@@ -285,14 +292,31 @@ async fn run_node(
         counters: Arc::new(LogCounters::default()),
         io: io.handle().clone(),
         work: tokio::runtime::Handle::current(),
+        policy_files: policy::Files {
+            default: rt_config.policy_file.clone(),
+            namespaces: rt_config.namespace_policy_files.clone(),
+            builtin: rt_config.substrate.policy.clone(),
+        },
+        reloaded: RwLock::new(None),
+        applying: tokio::sync::Mutex::new(()),
+        rt_config,
         cfg,
     });
     for part in &node.partitions {
         let standby = node.open_standby(part).await?;
         *part.role.lock().await = Role::Standby(node.follow(part, standby));
     }
+    let asks = client
+        .subscribe(format!("{}.policy", node.cfg.prefix))
+        .await
+        .context("subscribing to policy reloads")?;
     let stop = CancellationToken::new();
     let mut tasks = vec![io.spawn(membership(node.clone(), live_tx, stop.clone()))];
+    tasks.push(tokio::spawn(answer_policy_asks(
+        node.clone(),
+        asks,
+        stop.clone(),
+    )));
     for part in &node.partitions {
         tasks.push(io.spawn(keeper(node.clone(), part.clone(), stop.clone())));
         tasks.push(tokio::spawn(role_task(
@@ -830,6 +854,10 @@ impl Node {
             self.counters.clone(),
         ));
         let mut config = self.rt_config.clone();
+        if let Some(loaded) = self.reloaded_policies() {
+            config.substrate.policy = loaded.default;
+            config.substrate.namespace_policies = loaded.namespaces;
+        }
         config.data_dir = part.dir.clone();
         config.substrate.backend = Backend::Lmdb;
         config.substrate.log = Some(log.clone());
@@ -879,6 +907,106 @@ impl Node {
             epoch: held.revision,
         });
         Ok(())
+    }
+
+    fn reloaded_policies(&self) -> Option<policy::Loaded> {
+        self.reloaded
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// `POST /v1/policy/reload` (an admin key): every live node reads its policy files;
+    /// when all read the same valid policies, all make them active (see [`policy`]).
+    async fn reload_policies(&self, authorization: Option<&str>) -> Response {
+        match self.auth.caller(authorization) {
+            Ok((_, crate::server::Role::Admin)) => {}
+            Ok(_) => {
+                return ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    "this acts on the whole cluster and needs an admin key (`role = \"admin\"` \
+                     in `[[auth.keys]]`); a tenant key reaches its own namespace only",
+                )
+                .into_response();
+            }
+            Err(e) => return e.into_response(),
+        }
+        let subject = format!("{}.policy", self.cfg.prefix);
+        let members = self.live.borrow().clone();
+        let patience = self.cfg.forward_timeout;
+        let reloaded = async {
+            let checked = policy::ask_all(
+                &self.client,
+                &subject,
+                &policy::Ask::Check,
+                &members,
+                patience,
+            )
+            .await?;
+            let expect = policy::agreed(&checked, false)?;
+            let ask = policy::Ask::Apply { expect };
+            let applied = policy::ask_all(&self.client, &subject, &ask, &members, patience).await?;
+            policy::agreed(&applied, true)
+        }
+        .await;
+        if let Err(e) = reloaded {
+            return e.into_response();
+        }
+        let loaded = match self.reloaded_policies() {
+            Some(loaded) => loaded,
+            // Not a member yet when the reload began: what every member made active.
+            None => match self.policy_files.read() {
+                Ok(loaded) => loaded,
+                Err(e) => return e.into_response(),
+            },
+        };
+        let semantic = self.rt_config.substrate.embedder.is_semantic();
+        axum::Json(loaded.answer(semantic)).into_response()
+    }
+
+    /// This node's part of a reload: read the files; on `Apply`, make them active on every
+    /// partition it owns and for every runtime it opens from now on.
+    async fn answer_policy_ask(&self, ask: policy::Ask) -> policy::Outcome {
+        let files = self.policy_files.clone();
+        let read = tokio::task::spawn_blocking(move || files.read())
+            .await
+            .unwrap_or_else(|e| {
+                Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    format!("reading the policy files failed inside the server: {e}"),
+                ))
+            });
+        let loaded = match read {
+            Ok(loaded) => loaded,
+            Err(e) => return policy::Outcome::failed(&e),
+        };
+        let stamps = loaded.stamps();
+        let policy::Ask::Apply { expect } = ask else {
+            return policy::Outcome::Read(stamps);
+        };
+        if stamps != expect {
+            return policy::Outcome::failed(&ApiError::new(
+                StatusCode::CONFLICT,
+                "policy_changed",
+                "the policy files changed between the check and the apply; reload again",
+            ));
+        }
+        let _one = self.applying.lock().await;
+        // Set first: a takeover under way reads it when it opens its runtime, or its role
+        // lock, taken below, waits for it to end.
+        *self.reloaded.write().unwrap_or_else(|p| p.into_inner()) = Some(loaded.clone());
+        for part in &self.partitions {
+            if let Role::Owner(o) = &*part.role.lock().await {
+                o.rt.substrate()
+                    .set_policies(loaded.default.clone(), loaded.namespaces.clone());
+            }
+        }
+        for (namespace, stamp) in &stamps {
+            tracing::info!(namespace = %namespace, name = %stamp.name, hash = %stamp.hash, "policy reloaded on every partition of this node");
+        }
+        policy::Outcome::Read(stamps)
     }
 
     /// Owner → standby: [`Node::close_owned`], then follow the stream again.
@@ -1049,6 +1177,16 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
+    if path == "/v1/policy/reload" && request.method() == Method::POST {
+        // Every partition's runtime, not only the admin namespace's.
+        let mut answer = node.reload_policies(header).await;
+        if let Ok(v) = HeaderValue::from_str(&node.cfg.node) {
+            answer
+                .headers_mut()
+                .insert(HeaderName::from_static(ANSWERED_BY), v);
+        }
+        return answer;
+    }
     let namespace = match node.auth.caller(header) {
         Ok((namespace, _)) => namespace,
         Err(e) => return e.into_response(),
@@ -1084,6 +1222,48 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
             .insert(HeaderName::from_static(ANSWERED_BY), v);
     }
     answer
+}
+
+/// Answers the policy reloads of every node (this one's included), each on a task of its
+/// own, until stopped.
+async fn answer_policy_asks(
+    node: Arc<Node>,
+    mut asks: async_nats::Subscriber,
+    stop: CancellationToken,
+) {
+    loop {
+        let message = tokio::select! {
+            _ = stop.cancelled() => return,
+            m = asks.next() => match m {
+                Some(m) => m,
+                None => return,
+            },
+        };
+        let Some(reply) = message.reply.clone() else {
+            continue;
+        };
+        let node = node.clone();
+        tokio::spawn(async move {
+            let outcome = match serde_json::from_slice::<policy::Ask>(&message.payload) {
+                Ok(ask) => node.answer_policy_ask(ask).await,
+                Err(e) => policy::Outcome::failed(&ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_ask",
+                    format!(
+                        "an unreadable policy reload ask ({e}): are all nodes the same version?"
+                    ),
+                )),
+            };
+            let answer = policy::Reply {
+                node: node.cfg.node.clone(),
+                outcome,
+            };
+            let payload = serde_json::to_vec(&answer).expect("a reply serializes");
+            if let Err(e) = node.client.publish(reply, payload.into()).await {
+                tracing::warn!(error = %e, "cannot answer a policy reload");
+            }
+        });
+    }
 }
 
 async fn healthz(State(node): State<Arc<Node>>) -> Response {

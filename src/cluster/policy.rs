@@ -1,0 +1,277 @@
+//! `POST /v1/policy/reload` in cluster mode. Each partition's runtime holds the policies it
+//! was opened with: a reload forwarded to one partition's owner, like any other request,
+//! would change that partition alone, and a takeover would bring back the policies the
+//! taking node started with. So the node that receives a reload asks every live node, over
+//! NATS, to read its policy files (**check**); only when every one of them read them
+//! without an error and to the same hashes does it ask them to make those policies active
+//! (**apply**): on every partition each owns, and on every partition it takes over later.
+//! Files with errors, nodes that read different policies, or a node that does not answer
+//! leave every policy as it was, and the answer names the node and says why.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use crate::api::PolicyOut;
+use crate::policy::Policy;
+use crate::server::{ApiError, policy_out};
+use crate::{Error, PolicyErrors, PolicyStamp};
+
+/// What a reload asks of every node.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum Ask {
+    /// Read the files and say what they hold; change nothing.
+    Check,
+    /// Read the files again and make them active, if they still hold `expect`.
+    Apply {
+        expect: BTreeMap<String, PolicyStamp>,
+    },
+}
+
+/// A node's answer to an [`Ask`].
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct Reply {
+    pub node: String,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(super) enum Outcome {
+    /// The stamps of what the files hold: `*` for the default policy, then each
+    /// namespace's own.
+    Read(BTreeMap<String, PolicyStamp>),
+    /// Why not, in the one error shape.
+    Failed {
+        status: u16,
+        code: String,
+        message: String,
+    },
+}
+
+impl Outcome {
+    pub(super) fn failed(e: &ApiError) -> Outcome {
+        Outcome::Failed {
+            status: e.status().as_u16(),
+            code: e.code().to_string(),
+            message: e.message().to_string(),
+        }
+    }
+}
+
+/// The policies a node's runtimes run with: the default one and each namespace's own.
+#[derive(Debug, Clone)]
+pub(super) struct Loaded {
+    pub default: Policy,
+    pub namespaces: BTreeMap<String, Policy>,
+}
+
+impl Loaded {
+    pub(super) fn stamps(&self) -> BTreeMap<String, PolicyStamp> {
+        std::iter::once(("*".to_string(), self.default.stamp()))
+            .chain(
+                self.namespaces
+                    .iter()
+                    .map(|(ns, p)| (ns.clone(), p.stamp())),
+            )
+            .collect()
+    }
+
+    /// The answer of a reload, as a single process gives it: the active default policy
+    /// (with the defaults that follow the embedder) and each namespace's name and hash.
+    pub(super) fn answer(&self, semantic: bool) -> PolicyOut {
+        let mut out = policy_out(&self.default.clone().for_embedder(semantic));
+        out.namespaces = self
+            .namespaces
+            .iter()
+            .map(|(ns, p)| (ns.clone(), p.clone().for_embedder(semantic).stamp().into()))
+            .collect();
+        out
+    }
+}
+
+/// Where a node's policies come from: the files it was started with, and the built-in
+/// default policy when it has no default file.
+#[derive(Debug, Clone)]
+pub(super) struct Files {
+    pub default: Option<PathBuf>,
+    pub namespaces: BTreeMap<String, PathBuf>,
+    pub builtin: Policy,
+}
+
+impl Files {
+    /// Every file read again, all or nothing (what `Runtime::reload_policy` does in one
+    /// process): every error of every file, or the policies.
+    pub(super) fn read(&self) -> Result<Loaded, ApiError> {
+        if self.default.is_none() && self.namespaces.is_empty() {
+            return Err(Error::invalid(
+                "policy",
+                "the nodes were started without a policy file, so there is nothing to \
+                 reload; start them with `--policy` (or give namespaces files of their own)",
+            )
+            .into());
+        }
+        let mut issues = Vec::new();
+        let default = match &self.default {
+            Some(path) => Policy::load(path).map_err(|e| issues.extend(e.0)).ok(),
+            None => Some(self.builtin.clone()),
+        };
+        let mut namespaces = BTreeMap::new();
+        for (ns, path) in &self.namespaces {
+            match Policy::load(path) {
+                Ok(p) => {
+                    namespaces.insert(ns.clone(), p);
+                }
+                Err(e) => issues.extend(e.0),
+            }
+        }
+        match default {
+            Some(default) if issues.is_empty() => Ok(Loaded {
+                default,
+                namespaces,
+            }),
+            _ => Err(Error::from(PolicyErrors(issues)).into()),
+        }
+    }
+}
+
+/// Sends `ask` to every node and gathers the answers of `members` (the live nodes, this
+/// one included), waiting `patience` at most.
+pub(super) async fn ask_all(
+    client: &async_nats::Client,
+    subject: &str,
+    ask: &Ask,
+    members: &[String],
+    patience: Duration,
+) -> Result<BTreeMap<String, Outcome>, ApiError> {
+    let unreachable = |e: &dyn std::fmt::Display| {
+        let mut e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            format!(
+                "cannot reach the other nodes over NATS ({e}); no policy changed; retry shortly"
+            ),
+        );
+        e.retry_after = Some(1);
+        e
+    };
+    let inbox = client.new_inbox();
+    let mut replies = client
+        .subscribe(inbox.clone())
+        .await
+        .map_err(|e| unreachable(&e))?;
+    let payload = serde_json::to_vec(ask).expect("an ask serializes");
+    client
+        .publish_with_reply(subject.to_string(), inbox, payload.into())
+        .await
+        .map_err(|e| unreachable(&e))?;
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut got = BTreeMap::new();
+    while members.iter().any(|m| !got.contains_key(m)) {
+        match tokio::time::timeout_at(deadline, replies.next()).await {
+            Ok(Some(message)) => match serde_json::from_slice::<Reply>(&message.payload) {
+                Ok(r) => {
+                    got.insert(r.node, r.outcome);
+                }
+                Err(e) => tracing::warn!(error = %e, "an unreadable answer to a policy reload"),
+            },
+            Ok(None) | Err(_) => break,
+        }
+    }
+    let missing: Vec<&str> = members
+        .iter()
+        .filter(|m| !got.contains_key(*m))
+        .map(String::as_str)
+        .collect();
+    if !missing.is_empty() {
+        let mut e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            format!(
+                "{} did not answer within {}; {}",
+                missing.join(", "),
+                humantime::format_duration(patience),
+                match ask {
+                    Ask::Check => "no policy changed; retry shortly".to_string(),
+                    Ask::Apply { .. } => format!(
+                        "the other nodes made the new policies active, so reload again \
+                         once {} answers `GET /cluster` (until then it may run the old ones)",
+                        missing.join(", ")
+                    ),
+                }
+            ),
+        );
+        e.retry_after = Some(1);
+        return Err(e);
+    }
+    Ok(got)
+}
+
+/// The one set of stamps every node read, or why there is none: the first failure (by
+/// node name), or the nodes' disagreement.
+pub(super) fn agreed(
+    outcomes: &BTreeMap<String, Outcome>,
+    applying: bool,
+) -> Result<BTreeMap<String, PolicyStamp>, ApiError> {
+    let unchanged = if applying {
+        "the nodes without an error made the new policies active; fix it and reload again"
+    } else {
+        "no policy changed on any node"
+    };
+    for (node, outcome) in outcomes {
+        if let Outcome::Failed {
+            status,
+            code,
+            message,
+        } = outcome
+        {
+            let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            return Err(ApiError::new(
+                status,
+                code.clone(),
+                format!("on {node}: {message} ({unchanged})"),
+            ));
+        }
+    }
+    let mut read = outcomes.iter().filter_map(|(node, o)| match o {
+        Outcome::Read(stamps) => Some((node, stamps)),
+        Outcome::Failed { .. } => None,
+    });
+    let Some((_, first)) = read.next() else {
+        return Ok(BTreeMap::new());
+    };
+    if read.all(|(_, s)| s == first) {
+        return Ok(first.clone());
+    }
+    let each = outcomes
+        .iter()
+        .filter_map(|(node, o)| match o {
+            Outcome::Read(stamps) => Some(format!(
+                "{node}: {}",
+                stamps
+                    .iter()
+                    .map(|(ns, s)| format!("{ns} = {} {}", s.name, short(&s.hash)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            Outcome::Failed { .. } => None,
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        "policy_differs",
+        format!(
+            "the nodes read different policies ({each}); give every node the same policy \
+             files (and the same SHADOWBRAIN_POLICY__ overrides), then reload again \
+             ({unchanged})"
+        ),
+    ))
+}
+
+fn short(hash: &str) -> &str {
+    hash.get(..12).unwrap_or(hash)
+}
