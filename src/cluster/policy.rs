@@ -39,6 +39,7 @@ pub(super) struct Reply {
     pub outcome: Outcome,
 }
 
+/// What a node read, or why it could not.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(super) enum Outcome {
     /// The stamps of what the files hold: `*` for the default policy, then each
@@ -197,8 +198,9 @@ pub(super) async fn ask_all(
                 match ask {
                     Ask::Check => "no policy changed; retry shortly".to_string(),
                     Ask::Apply { .. } => format!(
-                        "the other nodes made the new policies active, so reload again \
-                         once {} answers `GET /cluster` (until then it may run the old ones)",
+                        "the other nodes made the new policies active; reload again once \
+                         `GET /cluster` lists {} as a member (until then it may run the old \
+                         ones)",
                         missing.join(", ")
                     ),
                 }
@@ -274,4 +276,98 @@ pub(super) fn agreed(
 
 fn short(hash: &str) -> &str {
     hash.get(..12).unwrap_or(hash)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(pairs: &[(&str, &str)]) -> Outcome {
+        Outcome::Read(
+            pairs
+                .iter()
+                .map(|(ns, hash)| {
+                    let stamp = PolicyStamp {
+                        name: format!("policy-{hash}"),
+                        hash: hash.to_string(),
+                    };
+                    (ns.to_string(), stamp)
+                })
+                .collect(),
+        )
+    }
+
+    fn outcomes(of: Vec<(&str, Outcome)>) -> BTreeMap<String, Outcome> {
+        of.into_iter().map(|(n, o)| (n.to_string(), o)).collect()
+    }
+
+    #[test]
+    fn every_node_reading_the_same_policies_agrees() {
+        let same = read(&[("*", "aaaa"), ("team-a", "bbbb")]);
+        let all = outcomes(vec![("node0", same.clone()), ("node1", same.clone())]);
+        let Outcome::Read(stamps) = same else {
+            unreachable!()
+        };
+        assert_eq!(agreed(&all, false).unwrap(), stamps);
+    }
+
+    #[test]
+    fn a_failure_or_a_disagreement_names_the_nodes_and_what_changed() {
+        let bad = ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_policy", "x: y");
+        let all = outcomes(vec![
+            ("node0", read(&[("*", "aaaa")])),
+            ("node1", Outcome::failed(&bad)),
+        ]);
+        let e = agreed(&all, false).unwrap_err();
+        assert_eq!((e.status(), e.code()), (bad.status(), "invalid_policy"));
+        assert!(e.message().starts_with("on node1: x: y"), "{}", e.message());
+        assert!(e.message().contains("no policy changed"), "{}", e.message());
+        let e = agreed(&all, true).unwrap_err();
+        assert!(
+            e.message().contains("made the new policies active"),
+            "{}",
+            e.message()
+        );
+
+        let all = outcomes(vec![
+            ("node0", read(&[("*", "aaaa")])),
+            ("node1", read(&[("*", "aaaa")])),
+            ("node2", read(&[("*", "cccc")])),
+        ]);
+        let e = agreed(&all, false).unwrap_err();
+        assert_eq!(
+            (e.status(), e.code()),
+            (StatusCode::CONFLICT, "policy_differs")
+        );
+        for said in ["node0: * = policy-aaaa aaaa", "node2: * = policy-cccc cccc"] {
+            assert!(e.message().contains(said), "{}", e.message());
+        }
+    }
+
+    #[test]
+    fn reading_is_all_or_nothing_and_says_what_is_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let (good, bad) = (dir.path().join("good.toml"), dir.path().join("bad.toml"));
+        std::fs::write(&good, "name = \"good\"\n").unwrap();
+        std::fs::write(&bad, "name = \"bad\"\n[scoring]\nrecency = \"high\"\n").unwrap();
+        let files = |default: Option<&std::path::Path>, ns: Option<&std::path::Path>| Files {
+            default: default.map(|p| p.to_path_buf()),
+            namespaces: ns
+                .map(|p| ("team-a".to_string(), p.to_path_buf()))
+                .into_iter()
+                .collect(),
+            builtin: Policy::default(),
+        };
+        let loaded = files(Some(&good), None).read().unwrap();
+        assert_eq!(loaded.stamps()["*"].name, "good");
+        // No default file: the built-in default stays, the namespace's file is read.
+        let loaded = files(None, Some(&good)).read().unwrap();
+        assert_eq!(loaded.stamps()["*"], Policy::default().stamp());
+        assert_eq!(loaded.stamps()["team-a"].name, "good");
+        let e = files(Some(&good), Some(&bad)).read().unwrap_err();
+        assert_eq!(e.code(), "invalid_policy");
+        assert!(e.message().contains("recency"), "{}", e.message());
+        let e = files(None, None).read().unwrap_err();
+        assert!(e.message().contains("--policy"), "{}", e.message());
+    }
 }
