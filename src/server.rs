@@ -136,6 +136,15 @@ impl Auth {
         !self.keys.is_empty()
     }
 
+    /// [`Auth::caller`], for what only an admin key may do: 403 with `why` for a tenant
+    /// key.
+    pub(crate) fn admin(&self, authorization: Option<&str>, why: &str) -> ApiResult<()> {
+        match self.caller(authorization)? {
+            (_, Role::Admin) => Ok(()),
+            (_, Role::Tenant) => Err(ApiError::new(StatusCode::FORBIDDEN, "forbidden", why)),
+        }
+    }
+
     /// The caller's namespace and role, from the `Authorization` header.
     pub(crate) fn caller(&self, authorization: Option<&str>) -> ApiResult<(String, Role)> {
         if !self.required() {

@@ -144,6 +144,37 @@ impl RuntimeConfig {
         Ok(self)
     }
 
+    /// Reads every policy file again, all or nothing: the default policy (`None` without a
+    /// default file) and each namespace's own, or every error of every file. Fails when
+    /// there is no file to read. What [`Runtime::reload_policy`] makes active.
+    pub fn read_policy_files(&self) -> Result<(Option<Policy>, BTreeMap<String, Policy>)> {
+        if self.policy_file.is_none() && self.namespace_policy_files.is_empty() {
+            return Err(Error::invalid(
+                "policy",
+                "the runtime was opened without a policy file, so there is nothing to \
+                 reload; open it with `RuntimeConfig::with_policy_file` (or `--policy`)",
+            ));
+        }
+        let mut issues = Vec::new();
+        let policy = match &self.policy_file {
+            Some(path) => Policy::load(path).map_err(|e| issues.extend(e.0)).ok(),
+            None => None,
+        };
+        let mut namespaces = BTreeMap::new();
+        for (namespace, path) in &self.namespace_policy_files {
+            match Policy::load(path) {
+                Ok(p) => {
+                    namespaces.insert(namespace.clone(), p);
+                }
+                Err(e) => issues.extend(e.0),
+            }
+        }
+        if !issues.is_empty() {
+            return Err(PolicyErrors(issues).into());
+        }
+        Ok((policy, namespaces))
+    }
+
     /// Gives `namespace` the policy in `path` (every error in the file, or none), instead
     /// of the default one; remembers the path for [`Runtime::reload_policy`].
     pub fn with_namespace_policy_file(
@@ -430,40 +461,12 @@ impl Runtime {
     /// nothing: when any file has errors nothing changes, and the error lists every
     /// error of every file. Fails when the runtime was opened without policy files.
     pub async fn reload_policy(&self) -> Result<Arc<Policies>> {
-        let config = &self.inner.config;
-        if config.policy_file.is_none() && config.namespace_policy_files.is_empty() {
-            return Err(Error::invalid(
-                "policy",
-                "the runtime was opened without a policy file, so there is nothing to \
-                 reload; open it with `RuntimeConfig::with_policy_file` (or `--policy`)",
-            ));
-        }
-        let default_file = config.policy_file.clone();
-        let files = config.namespace_policy_files.clone();
         // The default policy stays when it was built in code (no file): only the
         // namespaces' files are read again.
         let current = self.policy();
+        let config = self.inner.config.clone();
         let (policy, namespaces) = self
-            .blocking("the policy files", move |_| {
-                let mut issues = Vec::new();
-                let policy = match &default_file {
-                    Some(path) => Policy::load(path).map_err(|e| issues.extend(e.0)).ok(),
-                    None => None,
-                };
-                let mut namespaces = BTreeMap::new();
-                for (namespace, path) in &files {
-                    match Policy::load(path) {
-                        Ok(p) => {
-                            namespaces.insert(namespace.clone(), p);
-                        }
-                        Err(e) => issues.extend(e.0),
-                    }
-                }
-                if !issues.is_empty() {
-                    return Err(PolicyErrors(issues).into());
-                }
-                Ok((policy, namespaces))
-            })
+            .blocking("the policy files", move |_| config.read_policy_files())
             .await?;
         let policy = policy.unwrap_or_else(|| Policy::clone(&current));
         self.inner.substrate.set_policies(policy, namespaces);

@@ -132,8 +132,6 @@ struct Node {
     io: tokio::runtime::Handle,
     /// The main runtime: the partitions' runtimes and requests.
     work: tokio::runtime::Handle,
-    /// Where this node's policies come from (`POST /v1/policy/reload`).
-    policy_files: policy::Files,
     /// The policies the last cluster-wide reload made active: every runtime this node
     /// opens from then on runs them (`rt_config` holds the ones it started with).
     reloaded: RwLock<Option<policy::Loaded>>,
@@ -292,11 +290,6 @@ async fn run_node(
         counters: Arc::new(LogCounters::default()),
         io: io.handle().clone(),
         work: tokio::runtime::Handle::current(),
-        policy_files: policy::Files {
-            default: rt_config.policy_file.clone(),
-            namespaces: rt_config.namespace_policy_files.clone(),
-            builtin: rt_config.substrate.policy.clone(),
-        },
         reloaded: RwLock::new(None),
         applying: tokio::sync::Mutex::new(()),
         rt_config,
@@ -919,18 +912,12 @@ impl Node {
     /// `POST /v1/policy/reload` (an admin key): every live node reads its policy files;
     /// when all read the same valid policies, all make them active (see [`policy`]).
     async fn reload_policies(&self, authorization: Option<&str>) -> Response {
-        match self.auth.caller(authorization) {
-            Ok((_, crate::server::Role::Admin)) => {}
-            Ok(_) => {
-                return ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    "forbidden",
-                    "this acts on the whole cluster and needs an admin key (`role = \"admin\"` \
-                     in `[[auth.keys]]`); a tenant key reaches its own namespace only",
-                )
-                .into_response();
-            }
-            Err(e) => return e.into_response(),
+        if let Err(e) = self.auth.admin(
+            authorization,
+            "this acts on the whole cluster and needs an admin key (`role = \"admin\"` in \
+             `[[auth.keys]]`); a tenant key reaches its own namespace only",
+        ) {
+            return e.into_response();
         }
         let subject = format!("{}.policy", self.cfg.prefix);
         let members = self.live.borrow().clone();
@@ -956,7 +943,7 @@ impl Node {
         let loaded = match self.reloaded_policies() {
             Some(loaded) => loaded,
             // Not a member yet when the reload began: what every member made active.
-            None => match self.policy_files.read() {
+            None => match policy::read(&self.rt_config) {
                 Ok(loaded) => loaded,
                 Err(e) => return e.into_response(),
             },
@@ -968,8 +955,8 @@ impl Node {
     /// This node's part of a reload: read the files; on `Apply`, make them active on every
     /// partition it owns and for every runtime it opens from now on.
     async fn answer_policy_ask(&self, ask: policy::Ask) -> policy::Outcome {
-        let files = self.policy_files.clone();
-        let read = tokio::task::spawn_blocking(move || files.read())
+        let config = self.rt_config.clone();
+        let read = tokio::task::spawn_blocking(move || policy::read(&config))
             .await
             .unwrap_or_else(|e| {
                 Err(ApiError::new(
@@ -1179,13 +1166,7 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
         .and_then(|v| v.to_str().ok());
     if path == "/v1/policy/reload" && request.method() == Method::POST {
         // Every partition's runtime, not only the admin namespace's.
-        let mut answer = node.reload_policies(header).await;
-        if let Ok(v) = HeaderValue::from_str(&node.cfg.node) {
-            answer
-                .headers_mut()
-                .insert(HeaderName::from_static(ANSWERED_BY), v);
-        }
-        return answer;
+        return answered_by(&node, node.reload_policies(header).await);
     }
     let namespace = match node.auth.caller(header) {
         Ok((namespace, _)) => namespace,
@@ -1197,7 +1178,7 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
         .read()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
-    let mut answer = match local {
+    let answer = match local {
         Some(router) => match router.oneshot(request).await {
             Ok(r) => r,
             Err(never) => match never {},
@@ -1214,6 +1195,11 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
             .await
         }
     };
+    answered_by(&node, answer)
+}
+
+/// Names this node as the one that answered, unless the owner that did already said so.
+fn answered_by(node: &Node, mut answer: Response) -> Response {
     if !answer.headers().contains_key(ANSWERED_BY)
         && let Ok(v) = HeaderValue::from_str(&node.cfg.node)
     {
@@ -1277,17 +1263,8 @@ async fn status(State(node): State<Arc<Node>>, request: Request<Body>) -> Respon
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    match node.auth.caller(header) {
-        Ok((_, crate::server::Role::Admin)) => {}
-        Ok(_) => {
-            return ApiError::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                "GET /cluster needs an admin key",
-            )
-            .into_response();
-        }
-        Err(e) => return e.into_response(),
+    if let Err(e) = node.auth.admin(header, "GET /cluster needs an admin key") {
+        return e.into_response();
     }
     let mut parts = Vec::new();
     for part in &node.partitions {

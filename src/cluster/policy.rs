@@ -9,7 +9,6 @@
 //! leave every policy as it was, and the answer names the node and says why.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -19,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::api::PolicyOut;
 use crate::policy::Policy;
 use crate::server::{ApiError, policy_out};
-use crate::{Error, PolicyErrors, PolicyStamp};
+use crate::{PolicyStamp, RuntimeConfig};
 
 /// What a reload asks of every node.
 #[derive(Debug, Serialize, Deserialize)]
@@ -94,49 +93,15 @@ impl Loaded {
     }
 }
 
-/// Where a node's policies come from: the files it was started with, and the built-in
-/// default policy when it has no default file.
-#[derive(Debug, Clone)]
-pub(super) struct Files {
-    pub default: Option<PathBuf>,
-    pub namespaces: BTreeMap<String, PathBuf>,
-    pub builtin: Policy,
-}
-
-impl Files {
-    /// Every file read again, all or nothing (what `Runtime::reload_policy` does in one
-    /// process): every error of every file, or the policies.
-    pub(super) fn read(&self) -> Result<Loaded, ApiError> {
-        if self.default.is_none() && self.namespaces.is_empty() {
-            return Err(Error::invalid(
-                "policy",
-                "the nodes were started without a policy file, so there is nothing to \
-                 reload; start them with `--policy` (or give namespaces files of their own)",
-            )
-            .into());
-        }
-        let mut issues = Vec::new();
-        let default = match &self.default {
-            Some(path) => Policy::load(path).map_err(|e| issues.extend(e.0)).ok(),
-            None => Some(self.builtin.clone()),
-        };
-        let mut namespaces = BTreeMap::new();
-        for (ns, path) in &self.namespaces {
-            match Policy::load(path) {
-                Ok(p) => {
-                    namespaces.insert(ns.clone(), p);
-                }
-                Err(e) => issues.extend(e.0),
-            }
-        }
-        match default {
-            Some(default) if issues.is_empty() => Ok(Loaded {
-                default,
-                namespaces,
-            }),
-            _ => Err(Error::from(PolicyErrors(issues)).into()),
-        }
-    }
+/// Every policy file of a node read again, all or nothing
+/// ([`RuntimeConfig::read_policy_files`]); without a default file, the default policy the
+/// node started with (the built-in one) stays.
+pub(super) fn read(config: &RuntimeConfig) -> Result<Loaded, ApiError> {
+    let (default, namespaces) = config.read_policy_files()?;
+    Ok(Loaded {
+        default: default.unwrap_or_else(|| config.substrate.policy.clone()),
+        namespaces,
+    })
 }
 
 /// Sends `ask` to every node and gathers the answers of `members` (the live nodes, this
@@ -282,7 +247,7 @@ fn short(hash: &str) -> &str {
 mod tests {
     use super::*;
 
-    fn read(pairs: &[(&str, &str)]) -> Outcome {
+    fn read_as(pairs: &[(&str, &str)]) -> Outcome {
         Outcome::Read(
             pairs
                 .iter()
@@ -303,7 +268,7 @@ mod tests {
 
     #[test]
     fn every_node_reading_the_same_policies_agrees() {
-        let same = read(&[("*", "aaaa"), ("team-a", "bbbb")]);
+        let same = read_as(&[("*", "aaaa"), ("team-a", "bbbb")]);
         let all = outcomes(vec![("node0", same.clone()), ("node1", same.clone())]);
         let Outcome::Read(stamps) = same else {
             unreachable!()
@@ -315,7 +280,7 @@ mod tests {
     fn a_failure_or_a_disagreement_names_the_nodes_and_what_changed() {
         let bad = ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_policy", "x: y");
         let all = outcomes(vec![
-            ("node0", read(&[("*", "aaaa")])),
+            ("node0", read_as(&[("*", "aaaa")])),
             ("node1", Outcome::failed(&bad)),
         ]);
         let e = agreed(&all, false).unwrap_err();
@@ -330,9 +295,9 @@ mod tests {
         );
 
         let all = outcomes(vec![
-            ("node0", read(&[("*", "aaaa")])),
-            ("node1", read(&[("*", "aaaa")])),
-            ("node2", read(&[("*", "cccc")])),
+            ("node0", read_as(&[("*", "aaaa")])),
+            ("node1", read_as(&[("*", "aaaa")])),
+            ("node2", read_as(&[("*", "cccc")])),
         ]);
         let e = agreed(&all, false).unwrap_err();
         assert_eq!(
@@ -350,24 +315,25 @@ mod tests {
         let (good, bad) = (dir.path().join("good.toml"), dir.path().join("bad.toml"));
         std::fs::write(&good, "name = \"good\"\n").unwrap();
         std::fs::write(&bad, "name = \"bad\"\n[scoring]\nrecency = \"high\"\n").unwrap();
-        let files = |default: Option<&std::path::Path>, ns: Option<&std::path::Path>| Files {
-            default: default.map(|p| p.to_path_buf()),
-            namespaces: ns
+        let files = |default: Option<&std::path::Path>, ns: Option<&std::path::Path>| {
+            let mut config = RuntimeConfig::new(dir.path());
+            config.policy_file = default.map(|p| p.to_path_buf());
+            config.namespace_policy_files = ns
                 .map(|p| ("team-a".to_string(), p.to_path_buf()))
                 .into_iter()
-                .collect(),
-            builtin: Policy::default(),
+                .collect();
+            config
         };
-        let loaded = files(Some(&good), None).read().unwrap();
+        let loaded = read(&files(Some(&good), None)).unwrap();
         assert_eq!(loaded.stamps()["*"].name, "good");
         // No default file: the built-in default stays, the namespace's file is read.
-        let loaded = files(None, Some(&good)).read().unwrap();
+        let loaded = read(&files(None, Some(&good))).unwrap();
         assert_eq!(loaded.stamps()["*"], Policy::default().stamp());
         assert_eq!(loaded.stamps()["team-a"].name, "good");
-        let e = files(Some(&good), Some(&bad)).read().unwrap_err();
+        let e = read(&files(Some(&good), Some(&bad))).unwrap_err();
         assert_eq!(e.code(), "invalid_policy");
         assert!(e.message().contains("recency"), "{}", e.message());
-        let e = files(None, None).read().unwrap_err();
+        let e = read(&files(None, None)).unwrap_err();
         assert!(e.message().contains("--policy"), "{}", e.message());
     }
 }
