@@ -39,6 +39,12 @@ use utoipa::OpenApi;
 
 mod dashboard;
 
+#[cfg(feature = "cluster")]
+pub(crate) use dashboard::{
+    Door, Logins, SIGN_IN_FOR, Shared, SharedSignIns, SignIn, front as dashboard_front,
+    is_dashboard, random_token, served_by_front, visitor,
+};
+
 use crate::api::{
     CondenseOut, ErrorBody, ErrorDetail, EventsIn, FeedbackIn, Graph, Health, History, Ids,
     KnowledgeSearchIn, Memory, PolicyOut, RecallIn, RecallOut, Sessions, StatusIn, Timeline,
@@ -138,6 +144,7 @@ impl Auth {
 
     /// [`Auth::caller`], for what only an admin key may do: 403 with `why` for a tenant
     /// key.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) fn admin(&self, authorization: Option<&str>, why: &str) -> ApiResult<()> {
         match self.caller(authorization)? {
             (_, Role::Admin) => Ok(()),
@@ -314,6 +321,35 @@ struct AppState {
     work: Option<tokio::runtime::Handle>,
     /// The dashboard's sign-ins, rates and cached insights.
     ui: Arc<dashboard::Ui>,
+    /// The cluster node this router serves a partition of (`None`: a single server).
+    cluster: Option<InCluster>,
+}
+
+/// What a cluster node lends the router of each partition it owns (`crate::cluster`).
+#[derive(Clone)]
+pub(crate) struct InCluster {
+    /// The dashboard's sign-ins, which every node shares.
+    pub(crate) logins: Arc<dashboard::Logins>,
+    /// What acts on, or shows, the whole cluster.
+    pub(crate) node: Arc<dyn ClusterNode>,
+    /// The partition this router serves.
+    pub(crate) partition: u16,
+}
+
+/// A future a [`ClusterNode`] answers.
+pub(crate) type NodeFuture<'a, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, ApiError>> + Send + 'a>>;
+
+/// The cluster node behind a partition's router: what the dashboard needs beyond the
+/// partition's runtime.
+pub(crate) trait ClusterNode: Send + Sync {
+    /// This node's name.
+    fn name(&self) -> &str;
+    /// Makes the policy files active on every partition of every node, or changes nothing
+    /// and says why (as `POST /v1/policy/reload` does in cluster mode).
+    fn reload_policies(&self) -> NodeFuture<'_, ()>;
+    /// Every live node's `GET /cluster` view, by node.
+    fn statuses(&self) -> NodeFuture<'_, Vec<serde_json::Value>>;
 }
 
 /// Per class of work, the requests being answered at once: `/v1` routes ([`admit`]) and
@@ -393,11 +429,14 @@ pub fn router_on(
         work,
         Arc::new(Metrics::new()),
         CancellationToken::new(),
+        None,
     )
 }
 
 /// [`router_on`], counting into `metrics`; `closing` ends every open MCP session (its
-/// streams) when cancelled. Cluster mode builds one per partition it owns.
+/// streams) when cancelled. Cluster mode builds one per partition it owns, `cluster` saying
+/// which and of what node.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn router_with(
     rt: Runtime,
     limits: Limits,
@@ -406,6 +445,7 @@ pub(crate) fn router_with(
     work: Option<tokio::runtime::Handle>,
     metrics: Arc<Metrics>,
     closing: CancellationToken,
+    cluster: Option<InCluster>,
 ) -> Router {
     let body_limit = limits.max_body_bytes;
     let state = AppState {
@@ -417,7 +457,11 @@ pub(crate) fn router_with(
         throttle: Arc::new(AuthThrottle::default()),
         admission: Arc::new(Admission::new(&edge)),
         work,
-        ui: Arc::new(dashboard::Ui::new()),
+        ui: Arc::new(dashboard::Ui::new(match &cluster {
+            Some(c) => c.logins.clone(),
+            None => Arc::new(dashboard::Logins::here()),
+        })),
+        cluster,
     };
     let mcp = mcp_service(&state, closing);
     Router::new()
@@ -540,6 +584,7 @@ pub async fn serve(
         Some(work),
         metrics,
         closing.clone(),
+        None,
     );
     let drained = serve_app(listener, app, edge, counts, closing, shutdown).await?;
     rt.shutdown().await?;

@@ -444,11 +444,6 @@ fn the_python_mcp_sdk_and_http_work_through_any_node() {
     assert_eq!(code, 200);
     assert_eq!(timeline["items"].as_array().unwrap().len(), NODES);
     // What cluster mode does not serve says so, in the one error shape.
-    let (code, body, _) = harness::request(h.nodes[1].addr, "GET", "/", None, None, None).unwrap();
-    assert_eq!(
-        (code, body["error"]["code"].as_str()),
-        (501, Some("not_in_cluster_mode"))
-    );
     let (code, _, _) =
         harness::request(h.nodes[1].addr, "GET", "/mcp", Some(&key), None, None).unwrap();
     assert_eq!(code, 405);
@@ -576,4 +571,248 @@ fn a_policy_reload_reaches_every_partition_and_outlives_a_takeover() {
         "after the takeover: {:?}",
         names(&h)
     );
+}
+
+/// The dashboard through any node: a visitor signed in at one node is signed in at every
+/// node, and each page is answered by the owner of its namespace's partition; the policy
+/// reload button reaches every partition; signing out at one node ends the sign-in at all.
+/// Then, in Chromium, through a node that does not own the namespace's partition: sign in,
+/// browse, the owner is killed, and the same browser, still signed in, browses and marks
+/// a memory wrong on the partition's new owner.
+#[test]
+fn the_dashboard_works_through_any_node_and_across_a_takeover() {
+    use crate::dashboard::{Site, click, cookie_of, csrf_of, open, screenshot, wait_for};
+    let Some(nats) = harness::nats_server() else {
+        return;
+    };
+    let files = tempfile::tempdir().unwrap();
+    let file = files.path().join("policy.toml");
+    std::fs::write(&file, "name = \"ui-a\"\n").unwrap();
+    let mut h = Harness::start_with(
+        &nats,
+        env!("CARGO_BIN_EXE_shadowbrain").as_ref(),
+        &[],
+        &["--policy", file.to_str().unwrap()],
+    );
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (ns, key) = harness::keys().into_iter().nth(5).unwrap();
+    let p = shadowbrain::cluster::partition_of(&ns, PARTITIONS);
+    let owner_name = h.owners()[&p].clone();
+    let owner = h.nodes.iter().position(|n| n.name == owner_name).unwrap();
+    let others: Vec<usize> = (0..NODES).filter(|&i| i != owner).collect();
+    let (front, third) = (others[0], others[1]);
+    let site = |h: &Harness, i: usize| Site::at(h.nodes[i].addr);
+    let policy_names = |h: &Harness| -> Vec<String> {
+        harness::keys()
+            .iter()
+            .map(|(_, key)| {
+                let (code, body, _) = harness::request(
+                    h.alive_nodes()[0],
+                    "GET",
+                    "/v1/policy",
+                    Some(key),
+                    None,
+                    None,
+                )
+                .unwrap();
+                assert_eq!(code, 200, "{body}");
+                body["name"].as_str().unwrap().to_string()
+            })
+            .collect()
+    };
+
+    let ids = tokio.block_on(async {
+        let ids = site(&h, front)
+            .write(
+                Some(&key),
+                "deploys",
+                &[
+                    "the eu-1 runner is down since Monday",
+                    "deploys go through eu-2 until eu-1 is back",
+                ],
+            )
+            .await;
+        // Not signed in: the node entered answers the sign-in page itself.
+        let page = site(&h, front).get("/ui/sessions", None).await;
+        assert_eq!(page.status, 401, "{}", page.body);
+        assert!(
+            page.body.contains("Sign in to shadowbrain"),
+            "{}",
+            page.body
+        );
+        assert_eq!(page.header("x-shadowbrain-node"), h.nodes[front].name);
+        // Signed in at one node, signed in at every node; the owner answers each page.
+        let login = site(&h, front)
+            .post(
+                "/ui/login",
+                None,
+                &[("key", &key), ("next", "/ui/sessions")],
+            )
+            .await;
+        assert_eq!(login.status, 303, "{}", login.body);
+        let cookie = cookie_of(&login);
+        for i in 0..NODES {
+            let page = site(&h, i).get("/ui/sessions", Some(&cookie)).await;
+            assert_eq!(page.status, 200, "through node{i}: {}", page.body);
+            assert!(page.body.contains("deploys"), "through node{i}");
+            assert_eq!(
+                page.header("x-shadowbrain-node"),
+                owner_name,
+                "through node{i}"
+            );
+        }
+        // A form through a node that does not own the partition: pin a memory.
+        let path = format!("/ui/memories/{}", ids[0]);
+        let page = site(&h, third).get(&path, Some(&cookie)).await;
+        assert_eq!(page.status, 200, "{}", page.body);
+        let csrf = csrf_of(&page.body);
+        let done = site(&h, third)
+            .post(
+                &format!("{path}/status"),
+                Some(&cookie),
+                &[("csrf", &csrf), ("status", "pinned"), ("reason", "keep")],
+            )
+            .await;
+        assert_eq!(done.status, 303, "{}", done.body);
+        let memory = site(&h, front)
+            .api("GET", &format!("/v1/memories/{}", ids[0]), Some(&key), None)
+            .await;
+        assert_eq!(memory["status"], "pinned");
+        // A tenant's sign-in cannot reload the policy.
+        let page = site(&h, third).get("/ui/policy", Some(&cookie)).await;
+        let refused = site(&h, third)
+            .post(
+                "/ui/policy/reload",
+                Some(&cookie),
+                &[("csrf", &csrf_of(&page.body))],
+            )
+            .await;
+        assert_eq!(refused.status, 403, "{}", refused.body);
+
+        // An admin sees the whole cluster on the overview, and reloads every partition's
+        // policy from the dashboard.
+        let login = site(&h, third)
+            .post("/ui/login", None, &[("key", harness::ADMIN), ("next", "/")])
+            .await;
+        let admin = cookie_of(&login);
+        let overview = site(&h, front).get("/", Some(&admin)).await;
+        assert_eq!(overview.status, 200, "{}", overview.body);
+        assert!(overview.body.contains("3 live nodes"), "{}", overview.body);
+        for n in &h.nodes {
+            assert!(
+                overview
+                    .body
+                    .contains(&format!("<th scope=\"row\">{}</th>", n.name))
+            );
+        }
+        let partition_rows = overview
+            .body
+            .split("<table class=\"partitions\">")
+            .nth(1)
+            .unwrap()
+            .matches("<tr>")
+            .count();
+        assert_eq!(
+            partition_rows,
+            1 + PARTITIONS as usize,
+            "a row per partition"
+        );
+        std::fs::write(&file, "name = \"ui-b\"\n").unwrap();
+        let page = site(&h, front).get("/ui/policy", Some(&admin)).await;
+        let admin_csrf = csrf_of(&page.body);
+        let reloaded = site(&h, front)
+            .post("/ui/policy/reload", Some(&admin), &[("csrf", &admin_csrf)])
+            .await;
+        assert_eq!(reloaded.status, 303, "{}", reloaded.body);
+        assert_eq!(reloaded.header("location"), "/ui/policy?reloaded=1");
+        // (Plain blocking requests: the nodes are other processes.)
+        assert!(
+            policy_names(&h).iter().all(|n| n == "ui-b"),
+            "the dashboard's reload reached every partition: {:?}",
+            policy_names(&h)
+        );
+        std::fs::write(&file, "name = \"ui-c\"\n[scoring]\nrecency = \"high\"\n").unwrap();
+        let refused = site(&h, third)
+            .post("/ui/policy/reload", Some(&admin), &[("csrf", &admin_csrf)])
+            .await;
+        assert_eq!(refused.status, 422, "{}", refused.body);
+        assert!(refused.body.contains("invalid_policy"), "{}", refused.body);
+        assert!(refused.body.contains("recency"), "{}", refused.body);
+
+        // Signing out at one node ends the sign-in at every node.
+        let out = site(&h, owner)
+            .post("/ui/logout", Some(&admin), &[("csrf", &admin_csrf)])
+            .await;
+        assert_eq!(out.status, 303, "{}", out.body);
+        for i in 0..NODES {
+            assert_eq!(site(&h, i).get("/", Some(&admin)).await.status, 401);
+        }
+        ids
+    });
+    assert!(
+        policy_names(&h).iter().all(|n| n == "ui-b"),
+        "the refused reload changed nothing: {:?}",
+        policy_names(&h)
+    );
+
+    // In Chromium, through `front`, which does not own the namespace's partition.
+    let Some((_driver, client)) = tokio.block_on(crate::dashboard::browser()) else {
+        return;
+    };
+    let base = site(&h, front).base;
+    let browse = |marks: bool| {
+        tokio.block_on(async {
+            let h1 = open(&client, &base, "/ui/sessions").await;
+            if h1 == "Sign in to shadowbrain" {
+                client
+                    .find(fantoccini::Locator::Css("#key"))
+                    .await
+                    .unwrap()
+                    .send_keys(&key)
+                    .await
+                    .unwrap();
+                click(&client, "form.signin button").await;
+                wait_for(&client, "main table").await;
+            }
+            let text = wait_for(&client, "main").await.text().await.unwrap();
+            assert!(text.contains("deploys"), "{text}");
+            open(&client, &base, "/ui/search?query=eu-1+runner").await;
+            let target = &ids[1];
+            click(
+                &client,
+                &format!("ol.results a[href='/ui/memories/{target}']"),
+            )
+            .await;
+            wait_for(&client, "textarea#reason").await;
+            if marks {
+                click(&client, "button.to-wrong").await;
+                let done = wait_for(&client, "p.done").await.text().await.unwrap();
+                assert!(done.contains("wrong"), "{done}");
+                screenshot(&client, "cluster-after-takeover").await;
+            }
+        })
+    };
+    browse(false);
+    h.kill_node(owner);
+    h.wait_settled(Duration::from_secs(60));
+    let new_owner = h.owners()[&p].clone();
+    assert_ne!(new_owner, owner_name);
+    // The same browser, still signed in (no key typed again), on the new owner.
+    browse(true);
+    let (code, memory, answered) = harness::request(
+        h.nodes[front].addr,
+        "GET",
+        &format!("/v1/memories/{}", ids[1]),
+        Some(&key),
+        None,
+        None,
+    )
+    .unwrap();
+    assert_eq!((code, memory["status"].as_str()), (200, Some("wrong")));
+    assert_eq!(answered, new_owner);
+    tokio.block_on(client.close()).unwrap();
 }

@@ -56,14 +56,14 @@ const HOSTILE: &str = "runner eu-2 notes <script>window.__pwned = 1</script>\
                        <img src=x onerror=\"window.__pwned = 2\"> end";
 
 /// A page: status, headers, body.
-struct Page {
-    status: u16,
-    headers: reqwest::header::HeaderMap,
-    body: String,
+pub(crate) struct Page {
+    pub(crate) status: u16,
+    pub(crate) headers: reqwest::header::HeaderMap,
+    pub(crate) body: String,
 }
 
 impl Page {
-    fn header(&self, name: &str) -> &str {
+    pub(crate) fn header(&self, name: &str) -> &str {
         self.headers
             .get(name)
             .and_then(|v| v.to_str().ok())
@@ -80,20 +80,25 @@ fn client() -> reqwest::Client {
         .unwrap()
 }
 
-struct Site {
-    base: String,
+pub(crate) struct Site {
+    pub(crate) base: String,
     http: reqwest::Client,
 }
 
 impl Site {
     fn of(served: &Served) -> Site {
+        Site::at(served.addr)
+    }
+
+    /// The server listening at `addr`.
+    pub(crate) fn at(addr: std::net::SocketAddr) -> Site {
         Site {
-            base: format!("http://{}", served.addr),
+            base: format!("http://{addr}"),
             http: client(),
         }
     }
 
-    async fn get(&self, path: &str, cookie: Option<&str>) -> Page {
+    pub(crate) async fn get(&self, path: &str, cookie: Option<&str>) -> Page {
         let mut request = self.http.get(format!("{}{path}", self.base));
         if let Some(c) = cookie {
             request = request.header("cookie", c);
@@ -102,7 +107,12 @@ impl Site {
     }
 
     /// A form post as a browser on this site sends it.
-    async fn post(&self, path: &str, cookie: Option<&str>, fields: &[(&str, &str)]) -> Page {
+    pub(crate) async fn post(
+        &self,
+        path: &str,
+        cookie: Option<&str>,
+        fields: &[(&str, &str)],
+    ) -> Page {
         self.post_from(path, cookie, fields, Some(&self.base)).await
     }
 
@@ -132,7 +142,13 @@ impl Site {
         page(request).await
     }
 
-    async fn api(&self, method: &str, path: &str, key: Option<&str>, body: Option<Value>) -> Value {
+    pub(crate) async fn api(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+    ) -> Value {
         let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
         let mut request = self.http.request(method, format!("{}{path}", self.base));
         if let Some(k) = key {
@@ -151,7 +167,12 @@ impl Site {
     }
 
     /// Writes a session's events through `/v1` and answers their ids.
-    async fn write(&self, key: Option<&str>, session: &str, texts: &[&str]) -> Vec<String> {
+    pub(crate) async fn write(
+        &self,
+        key: Option<&str>,
+        session: &str,
+        texts: &[&str],
+    ) -> Vec<String> {
         let events: Vec<Value> = texts
             .iter()
             .map(|t| json!({"kind": "observation", "text": t}))
@@ -204,7 +225,7 @@ fn enc(v: &str) -> String {
 }
 
 /// The value of the page's first hidden `csrf` field.
-fn csrf_of(body: &str) -> String {
+pub(crate) fn csrf_of(body: &str) -> String {
     let at = body
         .find("name=\"csrf\" value=\"")
         .expect("a form with a CSRF token");
@@ -213,7 +234,7 @@ fn csrf_of(body: &str) -> String {
 }
 
 /// The `name=value` of the sign-in cookie a login answered.
-fn cookie_of(page: &Page) -> String {
+pub(crate) fn cookie_of(page: &Page) -> String {
     let set = page.header("set-cookie");
     assert!(
         set.contains("HttpOnly") && set.contains("SameSite=Strict"),
@@ -663,7 +684,7 @@ async fn with_keys_a_visitor_signs_in_and_sees_only_the_keys_namespace() {
 }
 
 /// chromedriver on a free loopback port, stopped on drop.
-struct Driver {
+pub(crate) struct Driver {
     child: std::process::Child,
     url: String,
 }
@@ -687,7 +708,7 @@ impl Drop for Driver {
 
 /// chromedriver and a headless Chromium session, or `None` (a skip) when they are not
 /// installed and `SHADOWBRAIN_REQUIRE_BROWSER` is unset.
-async fn browser() -> Option<(Driver, fantoccini::Client)> {
+pub(crate) async fn browser() -> Option<(Driver, fantoccini::Client)> {
     let (chromium, driver) = ("/usr/bin/chromium", "/usr/bin/chromedriver");
     if !std::path::Path::new(chromium).exists() || !std::path::Path::new(driver).exists() {
         assert!(
@@ -745,7 +766,7 @@ async fn browser() -> Option<(Driver, fantoccini::Client)> {
 }
 
 /// Saves the browser's view as `target/dashboard-screenshots/{name}.png`.
-async fn screenshot(client: &fantoccini::Client, name: &str) {
+pub(crate) async fn screenshot(client: &fantoccini::Client, name: &str) {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard-screenshots");
     std::fs::create_dir_all(&dir).unwrap();
     let png = client.screenshot().await.unwrap();
@@ -754,7 +775,10 @@ async fn screenshot(client: &fantoccini::Client, name: &str) {
 }
 
 /// Waits (20 s at most) for the element `css` selects.
-async fn wait_for(client: &fantoccini::Client, css: &str) -> fantoccini::elements::Element {
+pub(crate) async fn wait_for(
+    client: &fantoccini::Client,
+    css: &str,
+) -> fantoccini::elements::Element {
     client
         .wait()
         .at_most(Duration::from_secs(20))
@@ -764,7 +788,7 @@ async fn wait_for(client: &fantoccini::Client, css: &str) -> fantoccini::element
 }
 
 /// Clicks the element `css` selects.
-async fn click(client: &fantoccini::Client, css: &str) {
+pub(crate) async fn click(client: &fantoccini::Client, css: &str) {
     client
         .find(fantoccini::Locator::Css(css))
         .await
@@ -785,7 +809,7 @@ async fn tab(client: &fantoccini::Client) {
 }
 
 /// Loads `path` and waits for its heading.
-async fn open(client: &fantoccini::Client, base: &str, path: &str) -> String {
+pub(crate) async fn open(client: &fantoccini::Client, base: &str, path: &str) -> String {
     client.goto(&format!("{base}{path}")).await.unwrap();
     wait_for(client, "main h1").await.text().await.unwrap()
 }

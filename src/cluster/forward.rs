@@ -3,6 +3,7 @@
 //! subject, where the owner answers it with its own router and sends the whole answer back.
 //! Clients need not know the topology; the owner checks the API key again.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use async_nats::client::RequestErrorKind;
@@ -231,4 +232,42 @@ async fn answer_one(wire: WireRequest, router: Router, node: &str) -> WireAnswer
         headers: headers_of(&parts.headers),
         body,
     }
+}
+
+/// Sends `payload` to every node listening on `subject` and gathers the answers of
+/// `members` (the live nodes, this one included; `node_of` says whose each answer is),
+/// waiting `patience` at most: the answers got, keyed by node. An error only when NATS
+/// itself cannot be used.
+pub(super) async fn gather<A: serde::de::DeserializeOwned, T>(
+    client: &async_nats::Client,
+    subject: &str,
+    payload: Vec<u8>,
+    members: &[String],
+    patience: Duration,
+    node_of: impl Fn(A) -> (String, T),
+) -> Result<BTreeMap<String, T>, String> {
+    let inbox = client.new_inbox();
+    let mut replies = client
+        .subscribe(inbox.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    client
+        .publish_with_reply(subject.to_string(), inbox, payload.into())
+        .await
+        .map_err(|e| e.to_string())?;
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut got = BTreeMap::new();
+    while members.iter().any(|m| !got.contains_key(m)) {
+        match tokio::time::timeout_at(deadline, replies.next()).await {
+            Ok(Some(message)) => match serde_json::from_slice::<A>(&message.payload) {
+                Ok(answer) => {
+                    let (node, answer) = node_of(answer);
+                    got.insert(node, answer);
+                }
+                Err(e) => tracing::warn!(error = %e, subject, "an unreadable answer from a node"),
+            },
+            Ok(None) | Err(_) => break,
+        }
+    }
+    Ok(got)
 }

@@ -13,7 +13,9 @@
 //! - Every other node keeps a **warm standby** copy of the partition's store by applying the
 //!   stream, so a takeover replays only the tail.
 //! - Any node accepts any request and forwards it to the owner over NATS request/reply
-//!   ([`forward`]); a policy reload goes to every node ([`policy`]).
+//!   ([`forward`]); a policy reload goes to every node ([`policy`]). The dashboard's
+//!   sign-ins are kept in a KV bucket every node reads ([`signins`]), so its pages are
+//!   forwarded like `/v1` requests, by the visitor's namespace.
 //!
 //! Single-node mode (plain `serve`) uses none of this and needs no NATS.
 
@@ -21,6 +23,7 @@ mod forward;
 mod log;
 mod node;
 mod policy;
+mod signins;
 
 use std::time::Duration;
 

@@ -12,7 +12,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -33,11 +33,14 @@ use tower::ServiceExt;
 use super::forward::{self, ANSWERED_BY};
 use super::log::{JetStreamLog, Lease, LogCounters};
 use super::policy;
+use super::signins::{self, KvSignIns};
 use super::{Cluster, partition_of, rendezvous};
 use crate::config::ConfigFile;
 use crate::listen::{Drained, Edge};
 use crate::metrics::Metrics;
-use crate::server::{ApiError, Auth};
+use crate::server::{
+    ApiError, Auth, AuthThrottle, ClusterNode, Door, InCluster, Logins, NodeFuture,
+};
 
 /// Entries a standby applies in one transaction at most.
 const APPLY_BATCH: usize = 512;
@@ -113,6 +116,9 @@ struct Partition {
 }
 
 struct Node {
+    /// This node, for the routers of the partitions it owns ([`Lent`]); weak, since the
+    /// node holds those routers.
+    me: Weak<Node>,
     cfg: Cluster,
     client: async_nats::Client,
     js: jetstream::Context,
@@ -137,6 +143,12 @@ struct Node {
     reloaded: RwLock<Option<policy::Loaded>>,
     /// One reload applied at a time.
     applying: tokio::sync::Mutex<()>,
+    /// The dashboard's sign-ins, in a KV bucket every node shares.
+    logins: Arc<Logins>,
+    /// What the front needs to sign visitors in and see who they are.
+    door: Door,
+    /// The dashboard pages the front answers itself: signing in and out, the assets.
+    front_ui: Router,
 }
 
 fn partition_dir(data: &Path, p: u16) -> PathBuf {
@@ -236,6 +248,21 @@ async fn run_node(
     };
     let leases = create_bucket(&js, bucket("leases")).await?;
     let members = create_bucket(&js, bucket("nodes")).await?;
+    let sign_ins = create_bucket(
+        &js,
+        kv::Config {
+            max_age: crate::server::SIGN_IN_FOR,
+            max_bytes: signins::MAX_BYTES,
+            ..bucket("signins")
+        },
+    )
+    .await?;
+    let logins = Arc::new(Logins::shared(Arc::new(KvSignIns { bucket: sign_ins })));
+    let door = Door::new(
+        Arc::new(file.auth.clone()),
+        Arc::new(AuthThrottle::default()),
+        logins.clone(),
+    );
     ensure_name_free(&members, &cfg.node, cfg.lease_ttl).await?;
     let mut partitions = Vec::with_capacity(cfg.partitions as usize);
     for p in 0..cfg.partitions {
@@ -274,7 +301,11 @@ async fn run_node(
         }));
     }
     let (live_tx, live) = watch::channel(Vec::new());
-    let node = Arc::new(Node {
+    let node = Arc::new_cyclic(|me| Node {
+        me: me.clone(),
+        front_ui: crate::server::dashboard_front(door.clone()),
+        door,
+        logins,
         client: client.clone(),
         js,
         leases,
@@ -303,11 +334,20 @@ async fn run_node(
         .subscribe(format!("{}.policy", node.cfg.prefix))
         .await
         .context("subscribing to policy reloads")?;
+    let status_asks = client
+        .subscribe(format!("{}.status", node.cfg.prefix))
+        .await
+        .context("subscribing to status asks")?;
     let stop = CancellationToken::new();
     let mut tasks = vec![io.spawn(membership(node.clone(), live_tx, stop.clone()))];
     tasks.push(tokio::spawn(answer_policy_asks(
         node.clone(),
         asks,
+        stop.clone(),
+    )));
+    tasks.push(tokio::spawn(answer_status_asks(
+        node.clone(),
+        status_asks,
         stop.clone(),
     )));
     for part in &node.partitions {
@@ -870,6 +910,11 @@ impl Node {
             Some(self.work.clone()),
             self.metrics.clone(),
             closing.clone(),
+            Some(InCluster {
+                logins: self.logins.clone(),
+                node: Arc::new(Lent(self.me.clone(), self.cfg.node.clone())),
+                partition: part.id,
+            }),
         );
         let requests = self
             .client
@@ -919,25 +964,7 @@ impl Node {
         ) {
             return e.into_response();
         }
-        let subject = format!("{}.policy", self.cfg.prefix);
-        let members = self.live.borrow().clone();
-        let patience = self.cfg.forward_timeout;
-        let reloaded = async {
-            let checked = policy::ask_all(
-                &self.client,
-                &subject,
-                &policy::Ask::Check,
-                &members,
-                patience,
-            )
-            .await?;
-            let expect = policy::agreed(&checked, false)?;
-            let ask = policy::Ask::Apply { expect };
-            let applied = policy::ask_all(&self.client, &subject, &ask, &members, patience).await?;
-            policy::agreed(&applied, true)
-        }
-        .await;
-        if let Err(e) = reloaded {
+        if let Err(e) = self.reload_everywhere().await {
             return e.into_response();
         }
         let loaded = match self.reloaded_policies() {
@@ -950,6 +977,93 @@ impl Node {
         };
         let semantic = self.rt_config.substrate.embedder.is_semantic();
         axum::Json(loaded.answer(semantic)).into_response()
+    }
+
+    /// This node's view: members, and per partition its role, epoch and applied position
+    /// (`GET /cluster`, and this node's part of the dashboard's cluster overview).
+    fn status(&self) -> serde_json::Value {
+        let mut parts = Vec::new();
+        for part in &self.partitions {
+            // A takeover holds the role for as long as it takes (an index rebuild can take a
+            // minute): say so rather than wait.
+            let (name, epoch, applied, unbuilt) = match part.role.try_lock().as_deref() {
+                Ok(Role::Owner(o)) => {
+                    // Changes the indexes have not built yet (searched exactly meanwhile): a
+                    // takeover of a big partition builds them in the background.
+                    let sub = o.rt.substrate();
+                    let unbuilt = json!({
+                        "vectors": sub.vectors().pending(),
+                        "keywords": sub.keywords().pending(),
+                    });
+                    ("owner", Some(o.epoch), None, Some(unbuilt))
+                }
+                Ok(Role::Standby(f)) => ("standby", None, Some(*f.applied.borrow()), None),
+                Ok(Role::Idle) => ("idle", None, None, None),
+                Err(_) => ("moving", None, None, None),
+            };
+            parts.push(json!({
+                "partition": part.id,
+                "role": name,
+                "epoch": epoch,
+                "applied": applied,
+                "unbuilt": unbuilt,
+            }));
+        }
+        let counters = &self.counters;
+        json!({
+            "node": self.cfg.node,
+            "members": *self.live.borrow(),
+            "partitions": parts,
+            "log": {
+                "entries": counters.entries.load(Ordering::Relaxed),
+                "bytes": counters.bytes.load(Ordering::Relaxed),
+                "retries": counters.retries.load(Ordering::Relaxed),
+                "duplicates": counters.duplicates.load(Ordering::Relaxed),
+            },
+        })
+    }
+
+    /// The check and the apply of a reload on every live node (see [`policy`]).
+    async fn reload_everywhere(&self) -> Result<(), ApiError> {
+        let subject = format!("{}.policy", self.cfg.prefix);
+        let members = self.live.borrow().clone();
+        let patience = self.cfg.forward_timeout;
+        let checked = policy::ask_all(
+            &self.client,
+            &subject,
+            &policy::Ask::Check,
+            &members,
+            patience,
+        )
+        .await?;
+        let expect = policy::agreed(&checked, false)?;
+        let ask = policy::Ask::Apply { expect };
+        let applied = policy::ask_all(&self.client, &subject, &ask, &members, patience).await?;
+        policy::agreed(&applied, true).map(|_| ())
+    }
+
+    /// Every live node's [`Node::status`], gathered over NATS.
+    async fn statuses(&self) -> Result<Vec<serde_json::Value>, ApiError> {
+        let members = self.live.borrow().clone();
+        let got = forward::gather(
+            &self.client,
+            &format!("{}.status", self.cfg.prefix),
+            Vec::new(),
+            &members,
+            Duration::from_secs(2),
+            |v: serde_json::Value| (v["node"].as_str().unwrap_or("?").to_string(), v),
+        )
+        .await
+        .map_err(|e| {
+            let mut e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                format!("cannot reach the other nodes over NATS ({e}); retry shortly"),
+            );
+            e.retry_after = Some(1);
+            e
+        })?;
+        Ok(got.into_values().collect())
     }
 
     /// This node's part of a reload: read the files; on `Apply`, make them active on every
@@ -1141,14 +1255,8 @@ async fn follow(
 /// caller's partition, or forwarded to its owner.
 async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
     let path = request.uri().path();
-    if path == "/" || path.starts_with("/ui/") || path == "/ui" {
-        return ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "not_in_cluster_mode",
-            "the dashboard is not served in cluster mode yet; run `shadowbrain serve` on a \
-             copy (`shadowbrain export` / `import`) to browse one",
-        )
-        .into_response();
+    if crate::server::is_dashboard(path) {
+        return answered_by(&node, dashboard(&node, request).await);
     }
     if path == "/mcp" && request.method() == Method::GET {
         // The optional server-to-client stream cannot cross a request/reply hop; the MCP
@@ -1172,13 +1280,35 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
         Ok((namespace, _)) => namespace,
         Err(e) => return e.into_response(),
     };
-    let part = &node.partitions[partition_of(&namespace, node.cfg.partitions) as usize];
+    answered_by(&node, to_partition(&node, &namespace, request).await)
+}
+
+/// A dashboard page: signing in and out (whose sign-ins every node reads) and the assets
+/// are answered here; every other page shows its visitor's namespace, so it goes to that
+/// namespace's partition like a `/v1` request of the visitor's key would.
+async fn dashboard(node: &Node, request: Request) -> Response {
+    if crate::server::served_by_front(request.uri().path()) {
+        return match node.front_ui.clone().oneshot(request).await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        };
+    }
+    match crate::server::visitor(&node.door, request).await {
+        Ok((namespace, request)) => to_partition(node, &namespace, request).await,
+        Err(answer) => answer,
+    }
+}
+
+/// Answers `request` with this node's runtime of `namespace`'s partition, or forwards it to
+/// the partition's owner.
+async fn to_partition(node: &Node, namespace: &str, request: Request) -> Response {
+    let part = &node.partitions[partition_of(namespace, node.cfg.partitions) as usize];
     let local = part
         .router
         .read()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
-    let answer = match local {
+    match local {
         Some(router) => match router.oneshot(request).await {
             Ok(r) => r,
             Err(never) => match never {},
@@ -1194,8 +1324,63 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
             )
             .await
         }
-    };
-    answered_by(&node, answer)
+    }
+}
+
+/// What the router of an owned partition may ask of its node ([`ClusterNode`]).
+struct Lent(Weak<Node>, String);
+
+impl Lent {
+    fn node(&self) -> Result<Arc<Node>, ApiError> {
+        self.0.upgrade().ok_or_else(|| {
+            let mut e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "this node is stopping; retry shortly (another node takes its partitions)",
+            );
+            e.retry_after = Some(1);
+            e
+        })
+    }
+}
+
+impl ClusterNode for Lent {
+    fn name(&self) -> &str {
+        &self.1
+    }
+
+    fn reload_policies(&self) -> NodeFuture<'_, ()> {
+        Box::pin(async move { self.node()?.reload_everywhere().await })
+    }
+
+    fn statuses(&self) -> NodeFuture<'_, Vec<serde_json::Value>> {
+        Box::pin(async move { self.node()?.statuses().await })
+    }
+}
+
+/// Answers every node's asks for this node's [`Node::status`] until stopped.
+async fn answer_status_asks(
+    node: Arc<Node>,
+    mut asks: async_nats::Subscriber,
+    stop: CancellationToken,
+) {
+    loop {
+        let message = tokio::select! {
+            _ = stop.cancelled() => return,
+            m = asks.next() => match m {
+                Some(m) => m,
+                None => return,
+            },
+        };
+        let Some(reply) = message.reply else {
+            continue;
+        };
+        // `status` waits for nothing (a partition that is moving says so).
+        let payload = serde_json::to_vec(&node.status()).expect("a status serializes");
+        if let Err(e) = node.client.publish(reply, payload.into()).await {
+            tracing::warn!(error = %e, "cannot answer a status ask");
+        }
+    }
 }
 
 /// Names this node as the one that answered, unless the owner that did already said so.
@@ -1266,44 +1451,5 @@ async fn status(State(node): State<Arc<Node>>, request: Request<Body>) -> Respon
     if let Err(e) = node.auth.admin(header, "GET /cluster needs an admin key") {
         return e.into_response();
     }
-    let mut parts = Vec::new();
-    for part in &node.partitions {
-        // A takeover holds the role for as long as it takes (an index rebuild can take a
-        // minute): say so rather than wait.
-        let (name, epoch, applied, unbuilt) = match part.role.try_lock().as_deref() {
-            Ok(Role::Owner(o)) => {
-                // Changes the indexes have not built yet (searched exactly meanwhile): a
-                // takeover of a big partition builds them in the background.
-                let sub = o.rt.substrate();
-                let unbuilt = json!({
-                    "vectors": sub.vectors().pending(),
-                    "keywords": sub.keywords().pending(),
-                });
-                ("owner", Some(o.epoch), None, Some(unbuilt))
-            }
-            Ok(Role::Standby(f)) => ("standby", None, Some(*f.applied.borrow()), None),
-            Ok(Role::Idle) => ("idle", None, None, None),
-            Err(_) => ("moving", None, None, None),
-        };
-        parts.push(json!({
-            "partition": part.id,
-            "role": name,
-            "epoch": epoch,
-            "applied": applied,
-            "unbuilt": unbuilt,
-        }));
-    }
-    let counters = &node.counters;
-    axum::Json(json!({
-        "node": node.cfg.node,
-        "members": *node.live.borrow(),
-        "partitions": parts,
-        "log": {
-            "entries": counters.entries.load(Ordering::Relaxed),
-            "bytes": counters.bytes.load(Ordering::Relaxed),
-            "retries": counters.retries.load(Ordering::Relaxed),
-            "duplicates": counters.duplicates.load(Ordering::Relaxed),
-        },
-    }))
-    .into_response()
+    axum::Json(node.status()).into_response()
 }

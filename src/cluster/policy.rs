@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use crate::api::PolicyOut;
@@ -124,29 +123,12 @@ pub(super) async fn ask_all(
         e.retry_after = Some(1);
         e
     };
-    let inbox = client.new_inbox();
-    let mut replies = client
-        .subscribe(inbox.clone())
-        .await
-        .map_err(|e| unreachable(&e))?;
     let payload = serde_json::to_vec(ask).expect("an ask serializes");
-    client
-        .publish_with_reply(subject.to_string(), inbox, payload.into())
-        .await
-        .map_err(|e| unreachable(&e))?;
-    let deadline = tokio::time::Instant::now() + patience;
-    let mut got = BTreeMap::new();
-    while members.iter().any(|m| !got.contains_key(m)) {
-        match tokio::time::timeout_at(deadline, replies.next()).await {
-            Ok(Some(message)) => match serde_json::from_slice::<Reply>(&message.payload) {
-                Ok(r) => {
-                    got.insert(r.node, r.outcome);
-                }
-                Err(e) => tracing::warn!(error = %e, "an unreadable answer to a policy reload"),
-            },
-            Ok(None) | Err(_) => break,
-        }
-    }
+    let got = super::forward::gather(client, subject, payload, members, patience, |r: Reply| {
+        (r.node, r.outcome)
+    })
+    .await
+    .map_err(|e| unreachable(&e))?;
     let missing: Vec<&str> = members
         .iter()
         .filter(|m| !got.contains_key(*m))

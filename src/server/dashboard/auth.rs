@@ -1,107 +1,217 @@
 //! Who is looking: signing in with an API key, the session cookie that stands for it, the
 //! CSRF token every form carries, and the checks on a state-changing request. The key
 //! itself is read once, at sign-in, and never stored or sent back; the cookie holds a
-//! random token whose SHA-256 names the sign-in in memory.
+//! random token whose SHA-256 names the sign-in. One server keeps its sign-ins in memory;
+//! a cluster's nodes keep theirs where every node reads them ([`SharedSignIns`]: a NATS KV
+//! bucket), so a visitor signed in at one node is signed in at all of them.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::rejection::FormRejection;
-use axum::extract::{ConnectInfo, Form, FromRequestParts, State};
+use axum::extract::{ConnectInfo, Form, FromRef, FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use maud::html;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::{UiError, page, redirect};
-use crate::server::{AppState, DEFAULT_NAMESPACE, Role};
+use crate::server::{AppState, Auth, AuthThrottle, DEFAULT_NAMESPACE, Role};
 
 /// The cookie that carries a sign-in's token.
 const COOKIE: &str = "shadowbrain_ui";
 
 /// How long a sign-in lasts.
-const SIGN_IN_FOR: Duration = Duration::from_secs(12 * 3600);
+pub(crate) const SIGN_IN_FOR: Duration = Duration::from_secs(12 * 3600);
 
-/// Sign-ins kept at most; past it the one closest to expiry makes room.
+/// Sign-ins kept at most in memory; past it the one closest to expiry makes room.
 const MAX_SIGN_INS: usize = 10_000;
 
-/// The sign-ins in force, by the SHA-256 of their token.
-pub(super) struct Logins {
-    map: Mutex<HashMap<[u8; 32], SignIn>>,
-    /// The forms' token while no keys are configured (random per start).
-    open_csrf: String,
+/// What a [`SharedSignIns`] answers.
+pub(crate) type Shared<'a, T> = Pin<Box<dyn Future<Output = Result<T, String>> + Send + 'a>>;
+
+/// Sign-ins every node of a cluster reads and writes (`crate::cluster`). Each is named by
+/// the hex SHA-256 of its token; the store forgets it after [`SIGN_IN_FOR`] at most.
+/// Errors are the store's words, shown to the visitor with a 503.
+pub(crate) trait SharedSignIns: Send + Sync {
+    /// Keeps `sign_in` as `name`.
+    fn put<'a>(&'a self, name: &'a str, sign_in: &'a SignIn) -> Shared<'a, ()>;
+    /// The sign-in named `name`, if any.
+    fn get<'a>(&'a self, name: &'a str) -> Shared<'a, Option<SignIn>>;
+    /// Forgets the sign-in named `name`.
+    fn delete<'a>(&'a self, name: &'a str) -> Shared<'a, ()>;
+    /// The forms' token while no keys are configured: the same on every node.
+    fn open_csrf(&self) -> Shared<'_, String>;
 }
 
-#[derive(Debug, Clone)]
-struct SignIn {
+/// The sign-ins in force.
+pub(crate) struct Logins {
+    kept: Kept,
+}
+
+enum Kept {
+    /// One server: by the SHA-256 of their token, and the forms' token while no keys are
+    /// configured (random per start).
+    Here {
+        map: Mutex<HashMap<String, SignIn>>,
+        open_csrf: String,
+    },
+    /// A cluster's nodes.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    Shared(Arc<dyn SharedSignIns>),
+}
+
+/// One sign-in: whose, what its forms carry, and until when (Unix seconds, so that every
+/// node of a cluster reads the same instant).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SignIn {
     namespace: String,
-    role: Role,
+    admin: bool,
     csrf: String,
-    expires: Instant,
+    expires: u64,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The sign-ins could not be read or written (a cluster's NATS did not answer).
+fn unavailable(e: String) -> UiError {
+    UiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        format!("the cluster's sign-ins cannot be reached now ({e}); retry shortly"),
+    )
 }
 
 impl Logins {
-    pub(super) fn new() -> Self {
+    /// Sign-ins in this process's memory: a restart signs everyone out.
+    pub(crate) fn here() -> Self {
         Logins {
-            map: Mutex::new(HashMap::new()),
-            open_csrf: random_token(),
+            kept: Kept::Here {
+                map: Mutex::new(HashMap::new()),
+                open_csrf: random_token(),
+            },
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], SignIn>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    /// Sign-ins every node of a cluster shares.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn shared(store: Arc<dyn SharedSignIns>) -> Self {
+        Logins {
+            kept: Kept::Shared(store),
+        }
     }
 
     /// A new sign-in for a key's namespace and role: its token (for the cookie).
-    fn start(&self, namespace: String, role: Role) -> String {
+    async fn start(&self, namespace: String, role: Role) -> Result<String, UiError> {
         let token = random_token();
-        let now = Instant::now();
-        let mut map = self.lock();
-        map.retain(|_, s| s.expires > now);
-        if map.len() >= MAX_SIGN_INS
-            && let Some(oldest) = map.iter().min_by_key(|(_, s)| s.expires).map(|(k, _)| *k)
-        {
-            map.remove(&oldest);
+        let now = unix_now();
+        let sign_in = SignIn {
+            namespace,
+            admin: role == Role::Admin,
+            csrf: random_token(),
+            expires: now + SIGN_IN_FOR.as_secs(),
+        };
+        match &self.kept {
+            Kept::Here { map, .. } => {
+                let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+                map.retain(|_, s| s.expires > now);
+                if map.len() >= MAX_SIGN_INS
+                    && let Some(oldest) = map
+                        .iter()
+                        .min_by_key(|(_, s)| s.expires)
+                        .map(|(k, _)| k.clone())
+                {
+                    map.remove(&oldest);
+                }
+                map.insert(digest(&token), sign_in);
+            }
+            Kept::Shared(store) => store
+                .put(&digest(&token), &sign_in)
+                .await
+                .map_err(unavailable)?,
         }
-        map.insert(
-            digest(&token),
-            SignIn {
-                namespace,
-                role,
-                csrf: random_token(),
-                expires: now + SIGN_IN_FOR,
-            },
-        );
-        token
+        Ok(token)
     }
 
-    fn find(&self, token: &str) -> Option<SignIn> {
-        let now = Instant::now();
-        self.lock()
-            .get(&digest(token))
-            .filter(|s| s.expires > now)
-            .cloned()
+    async fn find(&self, token: &str) -> Result<Option<SignIn>, UiError> {
+        let found = match &self.kept {
+            Kept::Here { map, .. } => map
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&digest(token))
+                .cloned(),
+            Kept::Shared(store) => store.get(&digest(token)).await.map_err(unavailable)?,
+        };
+        Ok(found.filter(|s| s.expires > unix_now()))
     }
 
-    fn end(&self, token: &str) {
-        self.lock().remove(&digest(token));
+    async fn end(&self, token: &str) -> Result<(), UiError> {
+        match &self.kept {
+            Kept::Here { map, .. } => {
+                map.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&digest(token));
+                Ok(())
+            }
+            Kept::Shared(store) => store.delete(&digest(token)).await.map_err(unavailable),
+        }
+    }
+
+    async fn open_csrf(&self) -> Result<String, UiError> {
+        match &self.kept {
+            Kept::Here { open_csrf, .. } => Ok(open_csrf.clone()),
+            Kept::Shared(store) => store.open_csrf().await.map_err(unavailable),
+        }
     }
 }
 
-fn digest(token: &str) -> [u8; 32] {
-    Sha256::digest(token.as_bytes()).into()
+/// The hex SHA-256 of a token: the name its sign-in is kept under.
+fn digest(token: &str) -> String {
+    crate::server::hex(&Sha256::digest(token.as_bytes()))
 }
 
 /// 32 random bytes, hex.
-fn random_token() -> String {
+pub(crate) fn random_token() -> String {
     let mut bytes = [0u8; 32];
     // The operating system's generator; without it no token would be safe to hand out.
     getrandom::fill(&mut bytes).expect("the operating system's random generator failed");
     crate::server::hex(&bytes)
+}
+
+/// What signing in and seeing who is looking need: the keys, the failed-attempt throttle
+/// and the sign-ins. Part of every router's state; a cluster node's front has one of its
+/// own, sharing the sign-ins with the routers of the partitions it owns.
+#[derive(Clone)]
+pub(crate) struct Door {
+    auth: Arc<Auth>,
+    throttle: Arc<AuthThrottle>,
+    logins: Arc<Logins>,
+}
+
+impl Door {
+    pub(crate) fn new(auth: Arc<Auth>, throttle: Arc<AuthThrottle>, logins: Arc<Logins>) -> Self {
+        Door {
+            auth,
+            throttle,
+            logins,
+        }
+    }
+}
+
+impl FromRef<AppState> for Door {
+    fn from_ref(s: &AppState) -> Door {
+        Door::new(s.auth.clone(), s.throttle.clone(), s.ui.logins.clone())
+    }
 }
 
 /// The visitor of a dashboard page: the namespace shown, the role, and the token the
@@ -126,11 +236,15 @@ impl Viewer {
     }
 }
 
-impl FromRequestParts<AppState> for Viewer {
+impl<S: Send + Sync> FromRequestParts<S> for Viewer
+where
+    Door: FromRef<S>,
+{
     type Rejection = Response;
 
-    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Self, Response> {
-        if !s.auth.required() {
+    async fn from_request_parts(parts: &mut Parts, s: &S) -> Result<Self, Response> {
+        let door = Door::from_ref(s);
+        if !door.auth.required() {
             // A keyless server listens on loopback only; a page elsewhere that makes a
             // browser resolve its own name to 127.0.0.1 (DNS rebinding) is refused here.
             if !loopback_host(&parts.headers) {
@@ -145,14 +259,30 @@ impl FromRequestParts<AppState> for Viewer {
             return Ok(Viewer {
                 namespace: DEFAULT_NAMESPACE.to_string(),
                 role: Role::Admin,
-                csrf: s.ui.logins.open_csrf.clone(),
+                csrf: door
+                    .logins
+                    .open_csrf()
+                    .await
+                    .map_err(|e| e.into_response())?,
                 signed_in: false,
             });
         }
-        match cookie_token(&parts.headers).and_then(|t| s.ui.logins.find(&t)) {
+        let found = match cookie_token(&parts.headers) {
+            Some(token) => door
+                .logins
+                .find(&token)
+                .await
+                .map_err(|e| e.into_response())?,
+            None => None,
+        };
+        match found {
             Some(sign_in) => Ok(Viewer {
                 namespace: sign_in.namespace,
-                role: sign_in.role,
+                role: if sign_in.admin {
+                    Role::Admin
+                } else {
+                    Role::Tenant
+                },
                 csrf: sign_in.csrf,
                 signed_in: true,
             }),
@@ -284,12 +414,15 @@ pub(super) struct NextQuery {
 /// `GET /ui/login`: the key prompt (or, when already signed in or no keys are
 /// configured, straight on).
 pub(super) async fn login_page(
-    State(s): State<AppState>,
+    State(s): State<Door>,
     headers: HeaderMap,
     query: axum::extract::Query<NextQuery>,
 ) -> Response {
     let next = safe_next(query.next.as_deref());
-    let signed_in = cookie_token(&headers).is_some_and(|t| s.ui.logins.find(&t).is_some());
+    let signed_in = match cookie_token(&headers) {
+        Some(token) => matches!(s.logins.find(&token).await, Ok(Some(_))),
+        None => false,
+    };
     if !s.auth.required() || signed_in {
         return redirect(&next);
     }
@@ -321,7 +454,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ClientIp {
 /// `POST /ui/login`: checks the key as `/v1` would (same failed-attempt throttle), then
 /// sets the session cookie and goes on to `next`.
 pub(super) async fn login(
-    State(s): State<AppState>,
+    State(s): State<Door>,
     ClientIp(ip): ClientIp,
     headers: HeaderMap,
     form: Result<Form<SignInForm>, FormRejection>,
@@ -340,7 +473,7 @@ pub(super) async fn login(
     if !s.auth.required() {
         return redirect(&next);
     }
-    let now = Instant::now();
+    let now = std::time::Instant::now();
     if let Some(wait) = ip.and_then(|ip| s.throttle.blocked(ip, now)) {
         let message = format!(
             "Too many failed sign-ins from this address; wait {}s and try again.",
@@ -351,7 +484,10 @@ pub(super) async fn login(
     let bearer = format!("Bearer {}", form.key.trim());
     match s.auth.caller(Some(&bearer)) {
         Ok((namespace, role)) => {
-            let token = s.ui.logins.start(namespace, role);
+            let token = match s.logins.start(namespace, role).await {
+                Ok(token) => token,
+                Err(e) => return e.into_response(),
+            };
             let mut answer = redirect(&next);
             let cookie = format!(
                 "{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
@@ -382,7 +518,7 @@ pub(super) struct CsrfForm {
 
 /// `POST /ui/logout`: ends the sign-in and clears the cookie.
 pub(super) async fn logout(
-    State(s): State<AppState>,
+    State(s): State<Door>,
     viewer: Viewer,
     headers: HeaderMap,
     form: Result<Form<CsrfForm>, FormRejection>,
@@ -391,8 +527,10 @@ pub(super) async fn logout(
     if let Err(e) = check_form(&viewer, &headers, &csrf) {
         return e.into_response();
     }
-    if let Some(token) = cookie_token(&headers) {
-        s.ui.logins.end(&token);
+    if let Some(token) = cookie_token(&headers)
+        && let Err(e) = s.logins.end(&token).await
+    {
+        return e.into_response();
     }
     let mut answer = redirect("/ui/login");
     answer.headers_mut().insert(

@@ -9,7 +9,8 @@
 //! with one (`/ui/login`) and sees only that key's namespace, and the server-wide figures
 //! and policy reload need an admin key. The key is never put in a URL or a cookie: signing
 //! in makes a random session token, kept in an `HttpOnly; SameSite=Strict` cookie and mapped
-//! to the key's namespace and role in memory (a restart signs everyone out). Every state
+//! to the key's namespace and role in memory (a restart signs everyone out) or, in cluster
+//! mode, in a NATS KV bucket every node reads (see [`front`]). Every state
 //! change is a `POST` carrying the page's CSRF token and, when the browser sends them, an
 //! `Origin` of this server and a `Sec-Fetch-Site` of `same-origin`.
 //!
@@ -27,7 +28,7 @@ mod search;
 mod sessions;
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::Router;
@@ -38,21 +39,24 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 
 use super::{ApiError, AppState};
+pub(crate) use auth::Logins;
 pub(super) use auth::Viewer;
+#[cfg(feature = "cluster")]
+pub(crate) use auth::{Door, SIGN_IN_FOR, Shared, SharedSignIns, SignIn, random_token};
 
 /// The state the dashboard keeps beside the server's: sign-ins, the figures the overview
 /// turns into rates, and insights recently computed.
 pub(super) struct Ui {
-    logins: auth::Logins,
+    logins: Arc<Logins>,
     rates: Mutex<overview::Samples>,
     insights: Mutex<HashMap<String, insights::Cached>>,
     started: Instant,
 }
 
 impl Ui {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(logins: Arc<Logins>) -> Self {
         Ui {
-            logins: auth::Logins::new(),
+            logins,
             rates: Mutex::new(overview::Samples::default()),
             insights: Mutex::new(HashMap::new()),
             started: Instant::now(),
@@ -83,11 +87,57 @@ pub(super) fn routes() -> Router<AppState> {
         .layer(middleware::from_fn(protect))
 }
 
+#[cfg(feature = "cluster")]
+/// What a cluster node's front serves itself (`crate::cluster`): signing in and out, whose
+/// sign-ins every node reads, and the assets. Every other page is its visitor's namespace's:
+/// the front finds the namespace with [`visitor`] and hands the request to its partition.
+pub(crate) fn front(door: Door) -> Router {
+    Router::new()
+        .route("/ui/login", get(auth::login_page).post(auth::login))
+        .route("/ui/logout", post(auth::logout))
+        .route("/ui/assets/{name}", get(asset))
+        .layer(middleware::from_fn(protect))
+        .with_state(door)
+}
+
+#[cfg(feature = "cluster")]
+/// Whether a path is the dashboard's (`/`, `/ui` and below).
+pub(crate) fn is_dashboard(path: &str) -> bool {
+    path == "/" || path == "/ui" || path.starts_with("/ui/")
+}
+
+#[cfg(feature = "cluster")]
+/// Whether a cluster node's front answers `path` itself ([`front`]).
+pub(crate) fn served_by_front(path: &str) -> bool {
+    matches!(path, "/ui/login" | "/ui/logout") || path.starts_with("/ui/assets/")
+}
+
+#[cfg(feature = "cluster")]
+/// The namespace of the visitor of a dashboard page, with the request to hand on; or the
+/// answer when there is none to show (the sign-in page, a refused host).
+pub(crate) async fn visitor(door: &Door, request: Request) -> Result<(String, Request), Response> {
+    use axum::extract::FromRequestParts;
+    let (mut parts, body) = request.into_parts();
+    match Viewer::from_request_parts(&mut parts, door).await {
+        Ok(viewer) => Ok((viewer.namespace, Request::from_parts(parts, body))),
+        Err(mut answer) => {
+            secure(&mut answer, false);
+            Err(answer)
+        }
+    }
+}
+
 /// Every dashboard answer: what the page may load (itself only, no inline script), never
 /// framed, never sniffed, never cached when it shows data.
 async fn protect(request: Request, next: Next) -> Response {
     let is_asset = request.uri().path().starts_with("/ui/assets/");
     let mut answer = next.run(request).await;
+    secure(&mut answer, is_asset);
+    answer
+}
+
+/// The headers of [`protect`].
+fn secure(answer: &mut Response, is_asset: bool) {
     let headers = answer.headers_mut();
     headers.insert(
         header::CONTENT_SECURITY_POLICY,
@@ -108,7 +158,6 @@ async fn protect(request: Request, next: Next) -> Response {
     if !is_asset {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     }
-    answer
 }
 
 /// A `303 See Other` to `to` (after a form, so a reload does not post it again).

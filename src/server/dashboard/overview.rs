@@ -83,6 +83,10 @@ pub(super) async fn page(State(s): State<AppState>, viewer: Viewer) -> UiResult 
     } else {
         None
     };
+    let cluster = match &s.cluster {
+        Some(c) if viewer.admin() => Some((c, c.node.statuses().await)),
+        _ => None,
+    };
     let body = html! {
         section aria-labelledby="ns-h" {
             h2 #ns-h { "Namespace " code { (viewer.namespace) } }
@@ -104,10 +108,19 @@ pub(super) async fn page(State(s): State<AppState>, viewer: Viewer) -> UiResult 
             }
         }
         @match server {
-            Some(figures) => (figures_section(figures, llm.as_ref().map(|l| &l.3))),
+            Some(figures) => {
+                @let heading = match &cluster {
+                    Some((c, _)) => format!("Partition {} on node {}", c.partition, c.node.name()),
+                    None => "Server".to_string(),
+                };
+                (figures_section(&heading, figures, llm.as_ref().map(|l| &l.3)))
+            }
             None => section.note {
                 p { "The server's figures (queues, rates, LLM calls) are shown to admin keys." }
             },
+        }
+        @if let Some((_, statuses)) = cluster {
+            (cluster_section(statuses))
         }
     };
     Ok(html(page::page("Overview", &viewer, Nav::Overview, body)))
@@ -184,11 +197,11 @@ async fn server_figures(s: &AppState) -> Result<Figures, super::UiError> {
     })
 }
 
-fn figures_section(f: Figures, llm: Option<&crate::llm::cost::LlmStats>) -> Markup {
+fn figures_section(heading: &str, f: Figures, llm: Option<&crate::llm::cost::LlmStats>) -> Markup {
     let (events, recalls, over) = f.rates;
     html! {
         section #live aria-labelledby="live-h" aria-live="polite" {
-            h2 #live-h { "Server" }
+            h2 #live-h { (heading) }
             p.small { "Live: refreshed every 5 s. Rates over the last " (format!("{over:.0}")) " s; up " (format!("{:.0}", f.uptime.as_secs_f64())) " s." }
             dl.facts {
                 dt { "ingest" } dd { (format!("{events:.1}")) " events/s" }
@@ -225,6 +238,93 @@ fn figures_section(f: Figures, llm: Option<&crate::llm::cost::LlmStats>) -> Mark
             }
         }
         script type="module" src="/ui/assets/live.js" {}
+    }
+}
+
+/// In cluster mode, for admins: every live node's view (`GET /cluster` of each), gathered
+/// over NATS — who owns which partition under which epoch, what each has not indexed yet,
+/// and what each appended to the log.
+fn cluster_section(statuses: Result<Vec<serde_json::Value>, crate::server::ApiError>) -> Markup {
+    let statuses = match statuses {
+        Ok(s) => s,
+        Err(e) => {
+            return html! {
+                section aria-labelledby="cluster-h" {
+                    h2 #cluster-h { "Cluster" }
+                    p.error role="alert" { code { (e.code()) } ": " (e.message()) }
+                }
+            };
+        }
+    };
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "—".to_string(),
+        other => other.to_string(),
+    };
+    let mut owned: Vec<(u64, String, String, String)> = Vec::new();
+    for node in &statuses {
+        for p in node["partitions"].as_array().into_iter().flatten() {
+            if p["role"] == "owner" {
+                owned.push((
+                    p["partition"].as_u64().unwrap_or(0),
+                    text(&node["node"]),
+                    text(&p["epoch"]),
+                    format!(
+                        "{} / {}",
+                        text(&p["unbuilt"]["vectors"]),
+                        text(&p["unbuilt"]["keywords"])
+                    ),
+                ));
+            }
+        }
+    }
+    owned.sort();
+    html! {
+        section aria-labelledby="cluster-h" {
+            h2 #cluster-h { "Cluster" }
+            p.small { (statuses.len()) " live nodes; each page of a namespace is answered by the node owning its partition." }
+            div.scroll {
+                table.nodes {
+                    caption { "Nodes" }
+                    thead { tr {
+                        th scope="col" { "node" } th scope="col" { "owns" } th scope="col" { "standby of" }
+                        th scope="col" { "log entries" } th scope="col" { "log bytes" } th scope="col" { "publish retries" }
+                    } }
+                    tbody {
+                        @for node in &statuses {
+                            @let parts = node["partitions"].as_array().cloned().unwrap_or_default();
+                            tr {
+                                th scope="row" { (text(&node["node"])) }
+                                td.num { (parts.iter().filter(|p| p["role"] == "owner").count()) }
+                                td.num { (parts.iter().filter(|p| p["role"] == "standby").count()) }
+                                td.num { (text(&node["log"]["entries"])) }
+                                td.num { (text(&node["log"]["bytes"])) }
+                                td.num { (text(&node["log"]["retries"])) }
+                            }
+                        }
+                    }
+                }
+            }
+            div.scroll {
+                table.partitions {
+                    caption { "Partitions" }
+                    thead { tr {
+                        th scope="col" { "partition" } th scope="col" { "owner" } th scope="col" { "epoch" }
+                        th scope="col" { "not yet indexed (vectors / keywords)" }
+                    } }
+                    tbody {
+                        @for (p, node, epoch, unbuilt) in &owned {
+                            tr {
+                                th scope="row" { (p) }
+                                td { (node) }
+                                td.num { (epoch) }
+                                td.num { (unbuilt) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -108,6 +108,23 @@ pub(super) async fn reload(
              (`role = \"admin\"` in `[[auth.keys]]`)",
         ));
     }
+    if let Some(cluster) = &s.cluster {
+        // Every partition on every node, as `POST /v1/policy/reload` in cluster mode: this
+        // partition's runtime alone would leave the others on the old policy.
+        return match cluster.node.reload_policies().await {
+            Ok(()) => Ok(redirect("/ui/policy?reloaded=1")),
+            Err(e) => {
+                let refused = html! {
+                    div.error role="alert" {
+                        p { "The reload was refused; every node keeps its running policy." }
+                        p { code { (e.code()) } ": " (e.message()) }
+                    }
+                };
+                let page = view(&s, &viewer, Some(refused), &[]).await;
+                Ok((e.status(), axum::response::Html(page.into_string())).into_response())
+            }
+        };
+    }
     match s.rt.reload_policy().await {
         Ok(_) => Ok(redirect("/ui/policy?reloaded=1")),
         Err(Error::Policy(errors)) => Ok((

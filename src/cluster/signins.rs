@@ -1,0 +1,85 @@
+//! The dashboard's sign-ins in cluster mode: a replicated JetStream KV bucket every node
+//! reads, so a visitor who signed in through one node is signed in at every node — the one
+//! that serves the page (its namespace's partition owner), the one a later page enters at,
+//! and the one that owns the partition after a takeover. Each sign-in is kept under the hex
+//! SHA-256 of its cookie's token (never the token, never the API key); the bucket forgets
+//! an entry after the sign-in's lifetime, and signing out deletes it at once everywhere.
+
+use async_nats::jetstream::kv;
+
+use crate::server::{SharedSignIns, SignIn, random_token};
+
+/// The key of the forms' token while no keys are configured (not a hex digest, so never a
+/// sign-in's).
+const OPEN_CSRF: &str = "open-csrf";
+
+/// The bucket's size limit: some hundred thousand sign-ins. Past it new sign-ins are
+/// refused (JetStream keeps what it has) until old ones expire; the visitor is told so.
+pub(super) const MAX_BYTES: i64 = 64 << 20;
+
+/// [`SharedSignIns`] on a KV bucket.
+pub(super) struct KvSignIns {
+    pub(super) bucket: kv::Store,
+}
+
+impl SharedSignIns for KvSignIns {
+    fn put<'a>(&'a self, name: &'a str, sign_in: &'a SignIn) -> crate::server::Shared<'a, ()> {
+        Box::pin(async move {
+            let value = serde_json::to_vec(sign_in).expect("a sign-in serializes");
+            self.bucket
+                .put(name, value.into())
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("keeping the sign-in: {e}"))
+        })
+    }
+
+    fn get<'a>(&'a self, name: &'a str) -> crate::server::Shared<'a, Option<SignIn>> {
+        Box::pin(async move {
+            let Some(value) = self
+                .bucket
+                .get(name)
+                .await
+                .map_err(|e| format!("reading the sign-in: {e}"))?
+            else {
+                return Ok(None);
+            };
+            // An entry another version wrote differently is no sign-in: sign in again.
+            Ok(serde_json::from_slice(&value).ok())
+        })
+    }
+
+    fn delete<'a>(&'a self, name: &'a str) -> crate::server::Shared<'a, ()> {
+        Box::pin(async move {
+            self.bucket
+                .delete(name)
+                .await
+                .map_err(|e| format!("ending the sign-in: {e}"))
+        })
+    }
+
+    fn open_csrf(&self) -> crate::server::Shared<'_, String> {
+        Box::pin(async move {
+            // The first node to need it makes it; the bucket forgets it with the sign-ins,
+            // and the next node to need it makes a new one (a page older than that asks
+            // for a reload when its form is sent).
+            for _ in 0..3 {
+                if let Some(token) = self
+                    .bucket
+                    .get(OPEN_CSRF)
+                    .await
+                    .map_err(|e| format!("reading the forms' token: {e}"))?
+                {
+                    return Ok(String::from_utf8_lossy(&token).into_owned());
+                }
+                let token = random_token();
+                match self.bucket.create(OPEN_CSRF, token.clone().into()).await {
+                    Ok(_) => return Ok(token),
+                    Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => continue,
+                    Err(e) => return Err(format!("making the forms' token: {e}")),
+                }
+            }
+            Err("the forms' token kept changing; retry".to_string())
+        })
+    }
+}
