@@ -56,6 +56,9 @@ struct QueueLabels {
     queue: &'static str,
 }
 
+/// The content type of the text exposition.
+pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
 /// A work queue is counted up to this many items per scrape.
 const QUEUE_COUNT_CAP: usize = 1_000_000;
 
@@ -84,6 +87,38 @@ pub struct Metrics {
     rebuilds: Counter,
     llm: LlmMetrics,
     connections: ConnectionMetrics,
+    /// Registered by [`Metrics::for_cluster`] only.
+    cluster: ClusterMetrics,
+}
+
+/// A cluster node's own figures (`serve --cluster`).
+#[derive(Debug, Default)]
+struct ClusterMetrics {
+    partitions: Family<RoleLabels, Gauge>,
+    members: Gauge,
+    log_entries: Counter,
+    log_bytes: Counter,
+    log_retries: Counter,
+    log_duplicates: Counter,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RoleLabels {
+    role: &'static str,
+}
+
+/// What a cluster node reports of itself at a scrape: its partitions by role (`owner`,
+/// `standby`, `moving`), the live members it sees, and what it appended to the log.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct NodeFigures {
+    pub(crate) owner: u64,
+    pub(crate) standby: u64,
+    pub(crate) moving: u64,
+    pub(crate) members: u64,
+    pub(crate) log_entries: u64,
+    pub(crate) log_bytes: u64,
+    pub(crate) log_retries: u64,
+    pub(crate) log_duplicates: u64,
 }
 
 /// What the accept loop counts ([`crate::listen::serve_connections`]): connections open,
@@ -309,7 +344,70 @@ impl Metrics {
             rebuilds,
             llm,
             connections,
+            cluster: ClusterMetrics::default(),
         }
+    }
+
+    /// [`Metrics::new`] with a cluster node's own figures ([`Metrics::set_node`]): every
+    /// node is scraped on its own, and reports the partitions it owns.
+    pub(crate) fn for_cluster() -> Self {
+        let metrics = Metrics::new();
+        {
+            let c = &metrics.cluster;
+            let mut registry = metrics.registry.lock().unwrap_or_else(|p| p.into_inner());
+            registry.register(
+                "cluster_partitions",
+                "Partitions on this node by role: owner (its runtime answers them; the \
+                 runtime figures above sum these), standby (a copy following the log), \
+                 moving (a takeover or hand-over under way)",
+                c.partitions.clone(),
+            );
+            registry.register(
+                "cluster_members",
+                "Live nodes this node sees",
+                c.members.clone(),
+            );
+            registry.register(
+                "cluster_log_entries",
+                "Commit groups this node appended to its partitions' JetStream logs",
+                c.log_entries.clone(),
+            );
+            registry.register(
+                "cluster_log_bytes",
+                "Bytes of the entries this node appended to the logs",
+                c.log_bytes.clone(),
+            );
+            registry.register(
+                "cluster_log_retries",
+                "Log appends this node sent again (no acknowledgement in time)",
+                c.log_retries.clone(),
+            );
+            registry.register(
+                "cluster_log_duplicates",
+                "Appends JetStream recognised as already stored (a retry of one that was)",
+                c.log_duplicates.clone(),
+            );
+        }
+        metrics
+    }
+
+    /// A cluster node's own figures, read now (before [`Metrics::render_all`]).
+    pub(crate) fn set_node(&self, f: NodeFigures) {
+        let c = &self.cluster;
+        for (role, n) in [
+            ("owner", f.owner),
+            ("standby", f.standby),
+            ("moving", f.moving),
+        ] {
+            c.partitions
+                .get_or_create(&RoleLabels { role })
+                .set(gauge(n));
+        }
+        c.members.set(gauge(f.members));
+        catch_up(&c.log_entries, f.log_entries);
+        catch_up(&c.log_bytes, f.log_bytes);
+        catch_up(&c.log_retries, f.log_retries);
+        catch_up(&c.log_duplicates, f.log_duplicates);
     }
 
     /// The accept loop's counters, shared with these metrics.
@@ -366,84 +464,182 @@ impl Metrics {
     /// The text exposition, with the runtime's figures read now. A figure the runtime
     /// cannot give (it is shutting down) keeps its last value.
     pub async fn render(&self, rt: &Runtime) -> String {
-        if let Ok(n) = rt.live_sessions().await {
-            self.live_sessions.set(i64::try_from(n).unwrap_or(i64::MAX));
+        self.render_all(std::slice::from_ref(rt), Totals::default())
+            .await
+    }
+
+    /// [`Metrics::render`] for a cluster node: the figures of every runtime it owns now,
+    /// summed (the oldest queue item: the oldest of all), and the counters summed with
+    /// `retired`, what the runtimes it closed had counted, so they never go back when a
+    /// partition moves away.
+    pub(crate) async fn render_all(&self, runtimes: &[Runtime], retired: Totals) -> String {
+        // `None` once a runtime could not give its part: the gauge keeps its last value.
+        let mut live = Some(0u64);
+        let mut restarts = Some(0u64);
+        let mut quarantined = Some(0u64);
+        let mut totals = retired;
+        let (mut records, mut in_flight, mut archived, mut backlog) = (0u64, 0u64, 0u64, 0u64);
+        let mut unbuilt = [0u64; 2];
+        let mut tiers = [0u64; 3];
+        let mut queues: Vec<(&'static str, Option<u64>, f64)> = Vec::new();
+        for rt in runtimes {
+            let add = |sum: &mut Option<u64>, part: Option<u64>| {
+                *sum = sum.zip(part).map(|(a, b)| a + b);
+            };
+            add(&mut live, rt.live_sessions().await.ok().map(|n| n as u64));
+            add(&mut restarts, rt.restarts().await.ok());
+            add(
+                &mut quarantined,
+                rt.quarantined(None).await.ok().map(|q| q.len() as u64),
+            );
+            let sub = rt.substrate();
+            let store = sub.store();
+            records += store.len();
+            unbuilt[0] += sub.vectors().pending() as u64;
+            unbuilt[1] += sub.keywords().pending() as u64;
+            in_flight += rt.session_calls_in_flight();
+            for (i, tier) in [Tier::Episodic, Tier::Condensed, Tier::Knowledge]
+                .into_iter()
+                .enumerate()
+            {
+                tiers[i] += store.tier_len(tier);
+            }
+            archived += store.archived_len();
+            backlog += store.commit_backlog();
+            for (queue, depth, age) in work_queues(sub) {
+                let depth = depth.map(|n| n as u64);
+                match queues.iter_mut().find(|(q, _, _)| *q == queue) {
+                    Some((_, sum, oldest)) => {
+                        *sum = sum.zip(depth).map(|(a, b)| a + b);
+                        *oldest = oldest.max(age.unwrap_or(0.0));
+                    }
+                    None => queues.push((queue, depth, age.unwrap_or(0.0))),
+                }
+            }
+            totals.add(&Totals::of(rt));
         }
-        if let Ok(n) = rt.restarts().await {
-            self.restarts.set(i64::try_from(n).unwrap_or(i64::MAX));
+        if let Some(n) = live {
+            self.live_sessions.set(gauge(n));
         }
-        if let Ok(entries) = rt.quarantined(None).await {
-            self.quarantined
-                .set(i64::try_from(entries.len()).unwrap_or(i64::MAX));
+        if let Some(n) = restarts {
+            self.restarts.set(gauge(n));
         }
-        let sub = rt.substrate();
-        self.records
-            .set(i64::try_from(sub.store().len()).unwrap_or(i64::MAX));
-        for (index, pending) in [
-            ("vectors", sub.vectors().pending()),
-            ("keywords", sub.keywords().pending()),
-        ] {
+        if let Some(n) = quarantined {
+            self.quarantined.set(gauge(n));
+        }
+        self.records.set(gauge(records));
+        for (index, pending) in [("vectors", unbuilt[0]), ("keywords", unbuilt[1])] {
             self.unbuilt
                 .get_or_create(&IndexLabels { index })
-                .set(i64::try_from(pending).unwrap_or(i64::MAX));
+                .set(gauge(pending));
         }
-        self.in_flight.set(gauge(rt.session_calls_in_flight()));
-        let store = sub.store();
-        for (tier, t) in [
-            ("episodic", Tier::Episodic),
-            ("condensed", Tier::Condensed),
-            ("knowledge", Tier::Knowledge),
-        ] {
+        self.in_flight.set(gauge(in_flight));
+        for (tier, n) in ["episodic", "condensed", "knowledge"]
+            .into_iter()
+            .zip(tiers)
+        {
             self.by_tier
                 .get_or_create(&TierLabels { tier })
-                .set(gauge(store.tier_len(t)));
+                .set(gauge(n));
         }
-        self.archived.set(gauge(store.archived_len()));
-        for (queue, depth, age) in work_queues(sub) {
+        self.archived.set(gauge(archived));
+        for (queue, depth, age) in queues {
             if let Some(n) = depth {
                 self.queues
                     .get_or_create(&QueueLabels { queue })
-                    .set(gauge(n as u64));
+                    .set(gauge(n));
             }
             self.queue_age
                 .get_or_create(&QueueLabels { queue })
-                .set(age.unwrap_or(0.0));
+                .set(age);
         }
-        self.commit_backlog.set(gauge(store.commit_backlog()));
-        catch_up(&self.promotions, sub.promotions());
-        let llm = rt.llm_stats().unwrap_or_default();
-        catch_up(
-            &self.provider_errors,
-            sub.provider_errors() + llm.chat.failures,
-        );
-        catch_up(&self.llm.requests, llm.chat.requests);
-        catch_up(&self.llm.retries, llm.chat.retries);
-        catch_up(&self.llm.failures, llm.chat.failures);
-        for (kind, total) in [
-            ("prompt", llm.chat.prompt_tokens),
-            ("completion", llm.chat.completion_tokens),
-        ] {
+        self.commit_backlog.set(gauge(backlog));
+        catch_up(&self.promotions, totals.promotions);
+        catch_up(&self.provider_errors, totals.provider_errors);
+        catch_up(&self.llm.requests, totals.llm_requests);
+        catch_up(&self.llm.retries, totals.llm_retries);
+        catch_up(&self.llm.failures, totals.llm_failures);
+        for (kind, total) in ["prompt", "completion"].into_iter().zip(totals.llm_tokens) {
             catch_up(&self.llm.tokens.get_or_create(&TokenLabels { kind }), total);
         }
-        for (outcome, total) in [
-            ("judged", llm.judged),
-            ("cached", llm.cache_hits),
-            ("reused", llm.reuse_hits),
-            ("condensed", llm.condensed),
-            ("over_budget", llm.over_budget),
-            ("fallback", llm.fallbacks),
-        ] {
+        for (outcome, total) in OUTCOMES.into_iter().zip(totals.llm_records) {
             catch_up(
                 &self.llm.records.get_or_create(&OutcomeLabels { outcome }),
                 total,
             );
         }
-        catch_up(&self.rebuilds, sub.rebuilds());
+        catch_up(&self.rebuilds, totals.rebuilds);
         let mut text = String::new();
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
         text
+    }
+}
+
+/// The outcomes of `shadowbrain_llm_records`, in [`Totals::llm_records`]' order.
+const OUTCOMES: [&str; 6] = [
+    "judged",
+    "cached",
+    "reused",
+    "condensed",
+    "over_budget",
+    "fallback",
+];
+
+/// What a runtime counted since it opened, for the counters of [`Metrics`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Totals {
+    promotions: u64,
+    provider_errors: u64,
+    rebuilds: u64,
+    llm_requests: u64,
+    llm_retries: u64,
+    llm_failures: u64,
+    /// Prompt, completion.
+    llm_tokens: [u64; 2],
+    /// By [`OUTCOMES`].
+    llm_records: [u64; 6],
+}
+
+impl Totals {
+    /// `rt`'s totals now.
+    pub(crate) fn of(rt: &Runtime) -> Totals {
+        let sub = rt.substrate();
+        let llm = rt.llm_stats().unwrap_or_default();
+        Totals {
+            promotions: sub.promotions(),
+            provider_errors: sub.provider_errors() + llm.chat.failures,
+            rebuilds: sub.rebuilds(),
+            llm_requests: llm.chat.requests,
+            llm_retries: llm.chat.retries,
+            llm_failures: llm.chat.failures,
+            llm_tokens: [llm.chat.prompt_tokens, llm.chat.completion_tokens],
+            llm_records: [
+                llm.judged,
+                llm.cache_hits,
+                llm.reuse_hits,
+                llm.condensed,
+                llm.over_budget,
+                llm.fallbacks,
+            ],
+        }
+    }
+
+    /// Adds `other`'s counts to these.
+    pub(crate) fn add(&mut self, other: &Totals) {
+        self.promotions += other.promotions;
+        self.provider_errors += other.provider_errors;
+        self.rebuilds += other.rebuilds;
+        self.llm_requests += other.llm_requests;
+        self.llm_retries += other.llm_retries;
+        self.llm_failures += other.llm_failures;
+        for (a, b) in self.llm_tokens.iter_mut().zip(other.llm_tokens) {
+            *a += b;
+        }
+        for (a, b) in self.llm_records.iter_mut().zip(other.llm_records) {
+            *a += b;
+        }
     }
 }
 

@@ -1143,7 +1143,7 @@ async fn get_metrics(State(s): State<AppState>, _admin: Admin) -> Response {
     (
         [(
             axum::http::header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            crate::metrics::CONTENT_TYPE,
         )],
         text,
     )

@@ -759,6 +759,45 @@ fn the_dashboard_works_through_any_node_and_across_a_takeover() {
         policy_names(&h)
     );
 
+    // `/metrics` at each node is that node's own: the partitions it owns, and the records
+    // of their runtimes (summed over the nodes, every record once).
+    let scrape = |i: usize, key: &str| {
+        tokio.block_on(async {
+            let answer = reqwest::Client::new()
+                .get(format!("http://{}/metrics", h.nodes[i].addr))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap();
+            (answer.status().as_u16(), answer.text().await.unwrap())
+        })
+    };
+    let value = |text: &str, name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    };
+    let owned = h.owned();
+    let mut records = 0;
+    for (i, &owns) in owned.iter().enumerate() {
+        let (code, text) = scrape(i, harness::ADMIN);
+        assert_eq!(code, 200, "{text}");
+        let partitions = "shadowbrain_cluster_partitions{role=\"owner\"}";
+        assert_eq!(value(&text, partitions), owns as u64, "node{i}");
+        assert_eq!(value(&text, "shadowbrain_cluster_members"), NODES as u64);
+        records += value(&text, "shadowbrain_records");
+    }
+    assert_eq!(
+        records,
+        ids.len() as u64,
+        "every record once over the nodes"
+    );
+    assert_eq!(
+        scrape(0, &key).0,
+        403,
+        "a tenant key sees no node's figures"
+    );
+
     // In Chromium, through `front`, which does not own the namespace's partition.
     let Some((_driver, client)) = tokio.block_on(crate::dashboard::browser()) else {
         return;

@@ -37,7 +37,7 @@ use super::signins::{self, KvSignIns};
 use super::{Cluster, partition_of, rendezvous};
 use crate::config::ConfigFile;
 use crate::listen::{Drained, Edge};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, NodeFigures, Totals};
 use crate::server::{
     ApiError, Auth, AuthThrottle, ClusterNode, Door, InCluster, Logins, NodeFuture,
 };
@@ -149,6 +149,9 @@ struct Node {
     door: Door,
     /// The dashboard pages the front answers itself: signing in and out, the assets.
     front_ui: Router,
+    /// What the runtimes this node closed had counted (`/metrics` counters never go back
+    /// when a partition moves away).
+    retired: Mutex<Totals>,
 }
 
 fn partition_dir(data: &Path, p: u16) -> PathBuf {
@@ -315,7 +318,8 @@ async fn run_node(
         limits: file.limits,
         auth: file.auth,
         edge: file.edge,
-        metrics: Arc::new(Metrics::new()),
+        metrics: Arc::new(Metrics::for_cluster()),
+        retired: Mutex::new(Totals::default()),
         closing: CancellationToken::new(),
         max_entry,
         counters: Arc::new(LogCounters::default()),
@@ -1023,6 +1027,50 @@ impl Node {
         })
     }
 
+    /// `GET /metrics` (an admin key): this node's figures — the requests it answered, the
+    /// runtimes of the partitions it owns (summed), its partitions by role and what it
+    /// appended to the log. Each node is scraped on its own, as with any cluster.
+    async fn metrics(&self, authorization: Option<&str>) -> Response {
+        if let Err(e) = self.auth.admin(
+            authorization,
+            "GET /metrics needs an admin key (`role = \"admin\"` in `[[auth.keys]]`): it \
+             shows every namespace's activity on this node",
+        ) {
+            return e.into_response();
+        }
+        // Read before the runtimes: a runtime closed in between is then counted in
+        // neither (the counters catch up at the next scrape), never in both.
+        let retired = *self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        let mut runtimes = Vec::new();
+        let mut figures = NodeFigures::default();
+        for part in &self.partitions {
+            match part.role.try_lock().as_deref() {
+                Ok(Role::Owner(o)) => {
+                    figures.owner += 1;
+                    runtimes.push(o.rt.clone());
+                }
+                Ok(Role::Standby(_)) => figures.standby += 1,
+                Ok(Role::Idle) | Err(_) => figures.moving += 1,
+            }
+        }
+        let counters = &self.counters;
+        figures.members = self.live.borrow().len() as u64;
+        figures.log_entries = counters.entries.load(Ordering::Relaxed);
+        figures.log_bytes = counters.bytes.load(Ordering::Relaxed);
+        figures.log_retries = counters.retries.load(Ordering::Relaxed);
+        figures.log_duplicates = counters.duplicates.load(Ordering::Relaxed);
+        self.metrics.set_node(figures);
+        let text = self.metrics.render_all(&runtimes, retired).await;
+        (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                crate::metrics::CONTENT_TYPE,
+            )],
+            text,
+        )
+            .into_response()
+    }
+
     /// The check and the apply of a reload on every live node (see [`policy`]).
     async fn reload_everywhere(&self) -> Result<(), ApiError> {
         let subject = format!("{}.policy", self.cfg.prefix);
@@ -1142,6 +1190,10 @@ impl Node {
         if let Err(e) = owned.rt.shutdown().await {
             tracing::warn!(error = %e, partition = part.id, "the partition's runtime did not close cleanly");
         }
+        self.retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .add(&Totals::of(&owned.rt));
         *part.closed.lock().unwrap_or_else(|p| p.into_inner()) = Some(owned.rt.downgrade());
         owned.log.fence("the partition was handed over");
         true
@@ -1275,6 +1327,10 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
     if path == "/v1/policy/reload" && request.method() == Method::POST {
         // Every partition's runtime, not only the admin namespace's.
         return answered_by(&node, node.reload_policies(header).await);
+    }
+    if path == "/metrics" && request.method() == Method::GET {
+        // This node's own, not those of the node owning the admin namespace's partition.
+        return answered_by(&node, node.metrics(header).await);
     }
     let namespace = match node.auth.caller(header) {
         Ok((namespace, _)) => namespace,
