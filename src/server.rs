@@ -519,6 +519,14 @@ fn mcp_service(
     if state.auth.required() {
         config = config.disable_allowed_hosts();
     }
+    // In cluster mode a partition's owner changes (a takeover, a hand-over), and a protocol
+    // session held in the old owner's memory would end with it: every client would have to
+    // notice and start again. Served statelessly, every POST stands alone, any owner answers
+    // it, and a client's connection outlives a takeover. (Only the standalone event stream,
+    // `GET`, goes: the MCP specification lets a server answer it 405.)
+    if state.cluster.is_some() {
+        config = config.with_legacy_session_mode(false);
+    }
     StreamableHttpService::new(
         move || Ok(server.clone()),
         LocalSessionManager::default().into(),

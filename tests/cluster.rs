@@ -400,7 +400,7 @@ fn the_python_mcp_sdk_and_http_work_through_any_node() {
     let Some(python) = crate::mcp::python_sdk() else {
         return;
     };
-    let h = Harness::start(&nats, env!("CARGO_BIN_EXE_shadowbrain").as_ref(), &[]);
+    let mut h = Harness::start(&nats, env!("CARGO_BIN_EXE_shadowbrain").as_ref(), &[]);
     let (ns, key) = harness::keys().into_iter().nth(3).unwrap();
     let p = shadowbrain::cluster::partition_of(&ns, PARTITIONS);
     let owner = h.owners()[&p].clone();
@@ -470,6 +470,58 @@ fn the_python_mcp_sdk_and_http_work_through_any_node() {
         "{stderr}"
     );
     assert_eq!(h.owners()[&p], owner);
+
+    // A client that keeps one MCP connection (the session-based mode most clients speak)
+    // through a node that does not own its namespace's partition: the owner dies, and
+    // every call still succeeds, the ones during the takeover after a wait.
+    let entry = (0..NODES).find(|&i| h.nodes[i].name != owner).unwrap();
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/mcp_client.py");
+    let url = format!("http://{}/mcp", h.nodes[entry].addr);
+    let held = std::process::Command::new(&python)
+        .arg(script)
+        .args(["hold", &url, &key, "14"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    let killed_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let owner_index = h.nodes.iter().position(|n| n.name == owner).unwrap();
+    h.kill_node(owner_index);
+    let out = held.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let calls: Vec<(&str, u64)> = stdout
+        .lines()
+        .map(|l| {
+            let mut words = l.split_whitespace();
+            (
+                words.next().unwrap(),
+                words.next().unwrap().parse().unwrap(),
+            )
+        })
+        .collect();
+    let failed: Vec<&str> = stdout.lines().filter(|l| l.starts_with("error")).collect();
+    assert!(
+        failed.is_empty(),
+        "calls failed across the takeover: {failed:?}"
+    );
+    let after = calls.iter().filter(|(_, at)| *at > killed_at).count();
+    assert!(
+        calls.len() > 20 && after > 10,
+        "{} calls, {after} after the owner died",
+        calls.len()
+    );
+    assert_ne!(h.owners()[&p], owner);
 }
 
 /// A policy reload entering at any node reaches every partition on every node, a takeover

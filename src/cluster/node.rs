@@ -1310,15 +1310,22 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
     if crate::server::is_dashboard(path) {
         return answered_by(&node, dashboard(&node, request).await);
     }
-    if path == "/mcp" && request.method() == Method::GET {
-        // The optional server-to-client stream cannot cross a request/reply hop; the MCP
-        // specification lets a server answer 405, and clients carry on without it.
-        return ApiError::new(
+    if path == "/mcp" && request.method() != Method::POST {
+        // Each POST stands alone (no protocol sessions, so a takeover never ends a
+        // client's connection; see `crate::server::mcp_service`): there is no standalone
+        // event stream to open (GET) nor session to end (DELETE). The MCP specification
+        // lets a server answer 405, and clients carry on without them.
+        let mut answer = ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
-            "in cluster mode /mcp has no standalone event stream (GET); POST works",
+            "in cluster mode /mcp serves each POST on its own, with no protocol session: \
+             there is no event stream to open (GET) or session to end (DELETE); POST works",
         )
         .into_response();
+        answer
+            .headers_mut()
+            .insert(axum::http::header::ALLOW, HeaderValue::from_static("POST"));
+        return answered_by(&node, answer);
     }
     let header = request
         .headers()

@@ -3,6 +3,7 @@ Python package index) connects, lists the tools, remembers, recalls and sends fe
 
     python mcp_client.py stdio BINARY DATA_DIR   # starts `BINARY mcp --data DATA_DIR`
     python mcp_client.py http URL KEY            # Streamable HTTP with `Authorization: Bearer KEY`
+    python mcp_client.py hold URL KEY SECONDS    # one connection, a recall every 100 ms
 
 Run by tests/mcp.rs with the interpreter of the throwaway virtualenv that
 scripts/install-mcp-sdk makes. Prints one JSON line per connection mode (the protocol
@@ -12,6 +13,7 @@ version negotiated and what the tools answered); exits non-zero when a check fai
 import asyncio
 import json
 import sys
+import time
 
 import httpx2
 from mcp import Client, StdioServerParameters
@@ -75,7 +77,37 @@ async def session(server, mode, session_id):
         }
 
 
+async def hold(url, key, seconds):
+    """One connection (the legacy, session-based mode: what most clients speak today) kept
+    for `seconds`, recalling every 100 ms: prints `ok MS` or `error MS WHY` per call, MS
+    the Unix time in milliseconds, so the caller can line the calls up with a fault."""
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    server = streamable_http_client(url, http_client=http)
+    async with Client(server, mode="legacy") as client:
+        remembered = await client.call_tool("remember", {
+            "session_id": "held",
+            "events": [{"kind": "observation", "text": "the held session's first event"}],
+        })
+        check(not remembered.is_error, f"remember: {remembered.content}")
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            try:
+                recalled = await client.call_tool("recall", {
+                    "session_id": "held", "query": "first event", "k": 3,
+                })
+                if recalled.is_error:
+                    print(f"error {int(time.time() * 1000)} {recalled.content}", flush=True)
+                else:
+                    print(f"ok {int(time.time() * 1000)}", flush=True)
+            except Exception as e:  # the caller counts them: any is a failure
+                print(f"error {int(time.time() * 1000)} {type(e).__name__}: {e}", flush=True)
+            await asyncio.sleep(0.1)
+
+
 async def main():
+    if sys.argv[1] == "hold":
+        await hold(sys.argv[2], sys.argv[3], float(sys.argv[4]))
+        return
     kind, target, arg = sys.argv[1:4]
     results = []
     for mode in ("auto", "legacy"):
