@@ -1196,7 +1196,7 @@ pub struct ApiDoc;
 /// `GET /openapi.json`: the document, rendered once.
 #[utoipa::path(get, path = "/openapi.json", tag = "operations",
     responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json")))]
-async fn get_openapi() -> Response {
+pub(crate) async fn get_openapi() -> Response {
     static DOC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let doc = DOC.get_or_init(|| {
         ApiDoc::openapi()

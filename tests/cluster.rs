@@ -443,6 +443,10 @@ fn the_python_mcp_sdk_and_http_work_through_any_node() {
     .unwrap();
     assert_eq!(code, 200);
     assert_eq!(timeline["items"].as_array().unwrap().len(), NODES);
+    let (code, doc, _) =
+        harness::request(h.nodes[1].addr, "GET", "/openapi.json", None, None, None).unwrap();
+    assert_eq!(code, 200, "the document is public, as on one server");
+    assert!(doc["paths"]["/v1/sessions/{session_id}/events"].is_object());
     // What cluster mode does not serve says so, in the one error shape.
     let (code, _, _) =
         harness::request(h.nodes[1].addr, "GET", "/mcp", Some(&key), None, None).unwrap();

@@ -1335,6 +1335,10 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
         // Every partition's runtime, not only the admin namespace's.
         return answered_by(&node, node.reload_policies(header).await);
     }
+    if path == "/openapi.json" {
+        // Public, as on one server, and the same on every node.
+        return answered_by(&node, crate::server::get_openapi().await);
+    }
     if path == "/metrics" && request.method() == Method::GET {
         // This node's own, not those of the node owning the admin namespace's partition.
         return answered_by(&node, node.metrics(header).await);
