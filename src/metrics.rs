@@ -6,7 +6,8 @@
 //! actor restarts, quarantined inputs, records by tier, archived records, work-queue and
 //! commit backlogs, changes the indexes have not built yet, promotions, embedder errors,
 //! index rebuilds). Reading the latter at scrape time keeps the write path free of
-//! bookkeeping.
+//! bookkeeping. A cluster node (`serve --cluster`) reports its own: the runtime figures
+//! summed over the partitions it owns, and its partitions, members and log appends.
 
 use std::sync::Mutex;
 

@@ -1090,7 +1090,8 @@ impl Node {
         policy::agreed(&applied, true).map(|_| ())
     }
 
-    /// Every live node's [`Node::status`], gathered over NATS.
+    /// Every live node's [`Node::status`], gathered over NATS; a member that did not
+    /// answer in time is listed with `"answered": false`.
     async fn statuses(&self) -> Result<Vec<serde_json::Value>, ApiError> {
         let members = self.live.borrow().clone();
         let got = forward::gather(
@@ -1111,7 +1112,11 @@ impl Node {
             e.retry_after = Some(1);
             e
         })?;
-        Ok(got.into_values().collect())
+        let silent = members.iter().filter(|m| !got.contains_key(*m));
+        let silent: Vec<serde_json::Value> = silent
+            .map(|m| json!({"node": m, "answered": false}))
+            .collect();
+        Ok(got.into_values().chain(silent).collect())
     }
 
     /// This node's part of a reload: read the files; on `Apply`, make them active on every

@@ -83,12 +83,13 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// The sign-ins could not be read or written (a cluster's NATS did not answer).
+/// The sign-ins could not be read or written (a cluster's NATS did not answer, or its
+/// bucket is full).
 fn unavailable(e: String) -> UiError {
     UiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "unavailable",
-        format!("the cluster's sign-ins cannot be reached now ({e}); retry shortly"),
+        format!("the cluster's sign-ins cannot be read or kept now ({e}); retry shortly"),
     )
 }
 

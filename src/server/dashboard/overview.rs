@@ -279,10 +279,15 @@ fn cluster_section(statuses: Result<Vec<serde_json::Value>, crate::server::ApiEr
         }
     }
     owned.sort();
+    let answered = statuses.iter().filter(|n| n["answered"] != false).count();
     html! {
         section aria-labelledby="cluster-h" {
             h2 #cluster-h { "Cluster" }
-            p.small { (statuses.len()) " live nodes; each page of a namespace is answered by the node owning its partition." }
+            p.small {
+                (answered) " live nodes"
+                @if answered < statuses.len() { " answered of " (statuses.len()) " members" }
+                "; each page of a namespace is answered by the node owning its partition."
+            }
             div.scroll {
                 table.nodes {
                     caption { "Nodes" }
@@ -293,13 +298,20 @@ fn cluster_section(statuses: Result<Vec<serde_json::Value>, crate::server::ApiEr
                     tbody {
                         @for node in &statuses {
                             @let parts = node["partitions"].as_array().cloned().unwrap_or_default();
-                            tr {
-                                th scope="row" { (text(&node["node"])) }
-                                td.num { (parts.iter().filter(|p| p["role"] == "owner").count()) }
-                                td.num { (parts.iter().filter(|p| p["role"] == "standby").count()) }
-                                td.num { (text(&node["log"]["entries"])) }
-                                td.num { (text(&node["log"]["bytes"])) }
-                                td.num { (text(&node["log"]["retries"])) }
+                            @if node["answered"] == false {
+                                tr {
+                                    th scope="row" { (text(&node["node"])) }
+                                    td colspan="5" { "did not answer within 2 s" }
+                                }
+                            } @else {
+                                tr {
+                                    th scope="row" { (text(&node["node"])) }
+                                    td.num { (parts.iter().filter(|p| p["role"] == "owner").count()) }
+                                    td.num { (parts.iter().filter(|p| p["role"] == "standby").count()) }
+                                    td.num { (text(&node["log"]["entries"])) }
+                                    td.num { (text(&node["log"]["bytes"])) }
+                                    td.num { (text(&node["log"]["retries"])) }
+                                }
                             }
                         }
                     }
