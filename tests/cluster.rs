@@ -911,3 +911,69 @@ fn the_dashboard_works_through_any_node_and_across_a_takeover() {
     assert_eq!(answered, new_owner);
     tokio.block_on(client.close()).unwrap();
 }
+
+/// How the scenarios' fixed load compares with what the harness's writers can push: the
+/// same eight writers without a pace for 20 s, against the cluster and against one plain
+/// `serve` (the same binary and keys) in the same run. Not a check (`--ignored`, prints).
+/// `cargo test --test tests cluster::load_against_capacity -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn load_against_capacity() {
+    let Some(nats) = harness::nats_server() else {
+        return;
+    };
+    let rate = |nodes: Vec<std::net::SocketAddr>| {
+        let live = Arc::new(Mutex::new(nodes));
+        let stop = Arc::new(AtomicBool::new(false));
+        let writers = harness::load(live, stop.clone(), WRITERS, Duration::ZERO, 1);
+        std::thread::sleep(Duration::from_secs(3));
+        let from = Instant::now();
+        std::thread::sleep(Duration::from_secs(20));
+        stop.store(true, Ordering::SeqCst);
+        let until = from + Duration::from_secs(20);
+        let acked: usize = writers
+            .into_iter()
+            .map(|w| {
+                let w = w.join().unwrap();
+                w.acked
+                    .iter()
+                    .filter(|(_, at)| *at >= from && *at < until)
+                    .count()
+            })
+            .sum();
+        acked as f64 / 20.0
+    };
+    let bin = env!("CARGO_BIN_EXE_shadowbrain");
+    let mut h = Harness::start(&nats, bin.as_ref(), &[]);
+    let cluster = rate(h.alive_nodes());
+    let config = h.nodes[0].config.clone();
+    h.stop_nodes();
+    let data = tempfile::tempdir().unwrap();
+    let port = harness::free_port();
+    let mut one = std::process::Command::new(bin)
+        .args(["serve", "--addr", &format!("127.0.0.1:{port}"), "--data"])
+        .arg(data.path())
+        .arg("--config")
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    while harness::request(addr, "GET", "/healthz", None, None, None).is_err() {
+        assert!(Instant::now() < until, "serve did not listen");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let single = rate(vec![addr]);
+    let _ = one.kill();
+    let _ = one.wait();
+    let paced = WRITERS as f64 / PACE.as_secs_f64();
+    println!(
+        "acknowledged events/s with {WRITERS} unpaced writers: cluster {cluster:.0}, one \
+         `serve` {single:.0}; the scenarios offer {paced:.0}/s: {:.0}% of the cluster's, \
+         {:.0}% of one process's",
+        100.0 * paced / cluster,
+        100.0 * paced / single
+    );
+}
