@@ -535,37 +535,12 @@ fn a_policy_reload_reaches_every_partition_and_outlives_a_takeover() {
     let Some(nats) = harness::nats_server() else {
         return;
     };
-    let files = tempfile::tempdir().unwrap();
-    let file = files.path().join("policy.toml");
-    std::fs::write(&file, "name = \"cluster-a\"\n").unwrap();
-    let mut h = Harness::start_with(
+    let (mut h, _files, file) = Harness::start_with_policy(
         &nats,
         env!("CARGO_BIN_EXE_shadowbrain").as_ref(),
-        &[],
-        &["--policy", file.to_str().unwrap()],
+        "cluster-a",
     );
-    // The policy of every tenant's namespace (spread over the partitions and their
-    // owners), each asked through another node.
-    let names = |h: &Harness| -> Vec<String> {
-        let alive = h.alive_nodes();
-        harness::keys()
-            .iter()
-            .enumerate()
-            .map(|(i, (_, key))| {
-                let (code, body, _) = harness::request(
-                    alive[i % alive.len()],
-                    "GET",
-                    "/v1/policy",
-                    Some(key),
-                    None,
-                    None,
-                )
-                .unwrap();
-                assert_eq!(code, 200, "{body}");
-                body["name"].as_str().unwrap().to_string()
-            })
-            .collect()
-    };
+    let names = Harness::policy_names;
     let owners: std::collections::BTreeSet<String> = h.owners().into_values().collect();
     assert!(owners.len() > 1, "the partitions are spread: {owners:?}");
     assert!(names(&h).iter().all(|n| n == "cluster-a"));
@@ -641,15 +616,8 @@ fn the_dashboard_works_through_any_node_and_across_a_takeover() {
     let Some(nats) = harness::nats_server() else {
         return;
     };
-    let files = tempfile::tempdir().unwrap();
-    let file = files.path().join("policy.toml");
-    std::fs::write(&file, "name = \"ui-a\"\n").unwrap();
-    let mut h = Harness::start_with(
-        &nats,
-        env!("CARGO_BIN_EXE_shadowbrain").as_ref(),
-        &[],
-        &["--policy", file.to_str().unwrap()],
-    );
+    let (mut h, _files, file) =
+        Harness::start_with_policy(&nats, env!("CARGO_BIN_EXE_shadowbrain").as_ref(), "ui-a");
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -662,24 +630,7 @@ fn the_dashboard_works_through_any_node_and_across_a_takeover() {
     let others: Vec<usize> = (0..NODES).filter(|&i| i != owner).collect();
     let (front, third) = (others[0], others[1]);
     let site = |h: &Harness, i: usize| Site::at(h.nodes[i].addr);
-    let policy_names = |h: &Harness| -> Vec<String> {
-        harness::keys()
-            .iter()
-            .map(|(_, key)| {
-                let (code, body, _) = harness::request(
-                    h.alive_nodes()[0],
-                    "GET",
-                    "/v1/policy",
-                    Some(key),
-                    None,
-                    None,
-                )
-                .unwrap();
-                assert_eq!(code, 200, "{body}");
-                body["name"].as_str().unwrap().to_string()
-            })
-            .collect()
-    };
+    let policy_names = Harness::policy_names;
 
     let ids = tokio.block_on(async {
         let ids = site(&h, front)

@@ -439,6 +439,43 @@ impl Harness {
         }
     }
 
+    /// [`Harness::start`] with every node's `serve --policy` reading one file that first
+    /// names the policy `name`: the harness, and the file's directory and path.
+    pub fn start_with_policy(
+        nats_bin: &Path,
+        bin: &Path,
+        name: &str,
+    ) -> (Harness, tempfile::TempDir, PathBuf) {
+        let files = tempfile::tempdir().unwrap();
+        let file = files.path().join("policy.toml");
+        std::fs::write(&file, format!("name = \"{name}\"\n")).unwrap();
+        let h = Harness::start_with(nats_bin, bin, &[], &["--policy", file.to_str().unwrap()]);
+        (h, files, file)
+    }
+
+    /// The name of the policy of every tenant's namespace (spread over the partitions and
+    /// their owners), each asked through the live nodes in turn.
+    pub fn policy_names(&self) -> Vec<String> {
+        let alive = self.alive_nodes();
+        keys()
+            .iter()
+            .enumerate()
+            .map(|(i, (_, key))| {
+                let (code, body, _) = request(
+                    alive[i % alive.len()],
+                    "GET",
+                    "/v1/policy",
+                    Some(key),
+                    None,
+                    None,
+                )
+                .unwrap();
+                assert_eq!(code, 200, "{body}");
+                body["name"].as_str().unwrap().to_string()
+            })
+            .collect()
+    }
+
     pub fn nats_urls(&self) -> Vec<String> {
         self.nats
             .iter()

@@ -143,8 +143,6 @@ struct Node {
     reloaded: RwLock<Option<policy::Loaded>>,
     /// One reload applied at a time.
     applying: tokio::sync::Mutex<()>,
-    /// The dashboard's sign-ins, in a KV bucket every node shares.
-    logins: Arc<Logins>,
     /// What the front needs to sign visitors in and see who they are.
     door: Door,
     /// The dashboard pages the front answers itself: signing in and out, the assets.
@@ -260,11 +258,10 @@ async fn run_node(
         },
     )
     .await?;
-    let logins = Arc::new(Logins::shared(Arc::new(KvSignIns { bucket: sign_ins })));
     let door = Door::new(
         Arc::new(file.auth.clone()),
         Arc::new(AuthThrottle::default()),
-        logins.clone(),
+        Arc::new(Logins::shared(Arc::new(KvSignIns { bucket: sign_ins }))),
     );
     ensure_name_free(&members, &cfg.node, cfg.lease_ttl).await?;
     let mut partitions = Vec::with_capacity(cfg.partitions as usize);
@@ -308,7 +305,6 @@ async fn run_node(
         me: me.clone(),
         front_ui: crate::server::dashboard_front(door.clone()),
         door,
-        logins,
         client: client.clone(),
         js,
         leases,
@@ -915,7 +911,7 @@ impl Node {
             self.metrics.clone(),
             closing.clone(),
             Some(InCluster {
-                logins: self.logins.clone(),
+                logins: self.door.logins(),
                 node: Arc::new(Lent(self.me.clone(), self.cfg.node.clone())),
                 partition: part.id,
             }),
@@ -1436,21 +1432,28 @@ async fn answer_status_asks(
     mut asks: async_nats::Subscriber,
     stop: CancellationToken,
 ) {
-    loop {
-        let message = tokio::select! {
-            _ = stop.cancelled() => return,
-            m = asks.next() => match m {
-                Some(m) => m,
-                None => return,
-            },
-        };
-        let Some(reply) = message.reply else {
-            continue;
-        };
+    while let Some((_, reply)) = next_ask(&mut asks, &stop).await {
         // `status` waits for nothing (a partition that is moving says so).
         let payload = serde_json::to_vec(&node.status()).expect("a status serializes");
         if let Err(e) = node.client.publish(reply, payload.into()).await {
             tracing::warn!(error = %e, "cannot answer a status ask");
+        }
+    }
+}
+
+/// The next ask another node sent on `asks` (with the subject to answer it on), or `None`
+/// once stopped or unsubscribed; asks that want no answer are skipped.
+async fn next_ask(
+    asks: &mut async_nats::Subscriber,
+    stop: &CancellationToken,
+) -> Option<(async_nats::Message, async_nats::Subject)> {
+    loop {
+        let message = tokio::select! {
+            _ = stop.cancelled() => return None,
+            m = asks.next() => m?,
+        };
+        if let Some(reply) = message.reply.clone() {
+            return Some((message, reply));
         }
     }
 }
@@ -1474,17 +1477,7 @@ async fn answer_policy_asks(
     mut asks: async_nats::Subscriber,
     stop: CancellationToken,
 ) {
-    loop {
-        let message = tokio::select! {
-            _ = stop.cancelled() => return,
-            m = asks.next() => match m {
-                Some(m) => m,
-                None => return,
-            },
-        };
-        let Some(reply) = message.reply.clone() else {
-            continue;
-        };
+    while let Some((message, reply)) = next_ask(&mut asks, &stop).await {
         let node = node.clone();
         tokio::spawn(async move {
             let outcome = match serde_json::from_slice::<policy::Ask>(&message.payload) {

@@ -207,6 +207,12 @@ impl Door {
             logins,
         }
     }
+
+    /// The sign-ins behind this door (a cluster node lends them to the partitions it owns).
+    #[cfg(feature = "cluster")]
+    pub(crate) fn logins(&self) -> Arc<Logins> {
+        self.logins.clone()
+    }
 }
 
 impl FromRef<AppState> for Door {
