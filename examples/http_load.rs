@@ -17,11 +17,15 @@
 //! a slow answer that delays the next request is not hidden). Phase 4 (mixed,
 //! `--mixed-secs 20`): `--mixed-clients` keep-alive clients each loop over a write of 1–50
 //! events to one of 2,000 sessions or a recall, half and half, for that long — first
-//! against a fresh server with admission control off (the anchor), then against another
+//! against a fresh server with admission control off (the anchor), then with the limits
+//! refusing at once (`queue_wait = "0s"`, as before requests could wait for a slot), then
 //! with the default `[server]` limits (`--mixed-max-recalls` to try another); a refused
-//! request (503) waits its `Retry-After`, as a client should. Beside them a probe recalls
+//! request (503) waits what the answer asks, as a client should. Beside them a probe recalls
 //! every 50 ms from one of 100 sessions nobody writes to: its p99 per third of the phase
-//! shows what a recall of a fixed scope costs while the store grows around it. Prints
+//! shows what a recall of a fixed scope costs while the store grows around it.
+//! `--paced-mixed 1000` adds the same mix paced at that many requests per second from
+//! `--paced-mixed-clients` (20) clients, writes of 1–10 events, latency from when each
+//! request was due: refusing at once, then waiting for a slot. Prints
 //! progress on stderr and, last, one JSON line.
 //!
 //! `--policy FILE` runs the in-process servers on that policy instead of the default one
@@ -74,6 +78,10 @@ struct Args {
     mixed_secs: f64,
     mixed_clients: usize,
     mixed_max_recalls: usize,
+    /// The paced mixed load (`--paced-mixed 1000`): requests per second, 0 for none.
+    paced_mixed: f64,
+    /// Its clients (`--paced-mixed-clients`, default 20).
+    paced_mixed_clients: usize,
     /// A server already running (the release binary): only the mixed load, against it.
     target: Option<SocketAddr>,
     /// The in-process runtimes' policy (`--policy FILE`); the default one without it.
@@ -92,6 +100,8 @@ fn args() -> Result<Args, String> {
         mixed_secs: 0.0,
         mixed_clients: 200,
         mixed_max_recalls: Edge::default().max_recalls,
+        paced_mixed: 0.0,
+        paced_mixed_clients: 20,
         target: None,
         policy: None,
     };
@@ -112,6 +122,8 @@ fn args() -> Result<Args, String> {
             "--mixed-secs" => a.mixed_secs = value()? as f64,
             "--mixed-clients" => a.mixed_clients = value()?.max(1),
             "--mixed-max-recalls" => a.mixed_max_recalls = value()?.max(1),
+            "--paced-mixed" => a.paced_mixed = value()? as f64,
+            "--paced-mixed-clients" => a.paced_mixed_clients = value()?.max(1),
             "--target" => {
                 a.target =
                     Some(it.next().and_then(|v| v.parse().ok()).ok_or(
@@ -138,7 +150,7 @@ fn args() -> Result<Args, String> {
                 return Err(format!(
                     "unknown flag {other}; use --clients, --sessions, --events, --batch, \
                      --recalls, --rates, --paced-secs, --mixed-secs, --mixed-clients, --mixed-max-recalls, \
-                     --policy, --target"
+                     --paced-mixed, --paced-mixed-clients, --policy, --target"
                 ));
             }
         }
@@ -410,21 +422,47 @@ async fn main() {
         ));
     }
 
+    // Each variant on a fresh runtime loaded alike, so none runs on another's writes: the
+    // anchor with limits that never bind, the limits refusing at once (`queue_wait = 0`,
+    // admission before requests could wait for a slot), then the default limits.
+    let unbounded = Edge {
+        max_recalls: 1 << 20,
+        max_writes: 1 << 20,
+        ..Edge::default()
+    };
+    let at_once = Edge {
+        max_recalls: a.mixed_max_recalls,
+        queue_wait: Duration::ZERO,
+        ..Edge::default()
+    };
+    let waiting = Edge {
+        max_recalls: a.mixed_max_recalls,
+        ..Edge::default()
+    };
+    let variants = [("off", unbounded), ("at_once", at_once), ("queue", waiting)];
     let mut mixed = Vec::new();
+    if a.paced_mixed > 0.0 {
+        for (name, edge) in variants.iter().skip(1) {
+            let secs = a.mixed_secs.max(10.0);
+            let m = mixed_phase(
+                *edge,
+                a.policy.as_ref(),
+                a.paced_mixed_clients,
+                secs,
+                Some(a.paced_mixed),
+            )
+            .await;
+            eprintln!(
+                "http_load: paced mixed {:.0}/s, admission {name}: {}",
+                a.paced_mixed,
+                m.line()
+            );
+            mixed.push(m.json(("paced_admission", name)));
+        }
+    }
     if a.mixed_secs > 0.0 {
-        // Each variant on a fresh runtime loaded alike, so neither runs on the other's
-        // writes: the anchor with limits that never bind, then the default limits.
-        let unbounded = Edge {
-            max_recalls: 1 << 20,
-            max_writes: 1 << 20,
-            ..Edge::default()
-        };
-        let bounded = Edge {
-            max_recalls: a.mixed_max_recalls,
-            ..Edge::default()
-        };
-        for (name, edge) in [("off", unbounded), ("on", bounded)] {
-            let m = mixed_phase(edge, a.policy.as_ref(), a.mixed_clients, a.mixed_secs).await;
+        for (name, edge) in variants {
+            let m = mixed_phase(edge, a.policy.as_ref(), a.mixed_clients, a.mixed_secs, None).await;
             eprintln!("http_load: mixed, admission {name}: {}", m.line());
             mixed.push(m.json(("admission", name)));
         }
@@ -471,7 +509,13 @@ async fn against(addr: SocketAddr, a: &Args) {
     } else {
         20.0
     };
-    let m = mixed_load(addr, a.mixed_clients, secs).await;
+    let pace = (a.paced_mixed > 0.0).then_some(a.paced_mixed);
+    let clients = if pace.is_some() {
+        a.paced_mixed_clients
+    } else {
+        a.mixed_clients
+    };
+    let m = mixed_load(addr, clients, secs, pace).await;
     eprintln!("http_load: mixed, against {addr}: {}", m.line());
     println!("{}", m.json(("target", &addr.to_string())));
 }
@@ -586,7 +630,13 @@ fn config(dir: &std::path::Path, policy: Option<&Policy>) -> RuntimeConfig {
 
 /// One mixed phase: a fresh runtime with [`MIXED_PRELOAD`] events, served with `edge`, and
 /// [`mixed_load`] against it.
-async fn mixed_phase(edge: Edge, policy: Option<&Policy>, clients: usize, secs: f64) -> Mixed {
+async fn mixed_phase(
+    edge: Edge,
+    policy: Option<&Policy>,
+    clients: usize,
+    secs: f64,
+    pace: Option<f64>,
+) -> Mixed {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let rt = Runtime::open(config(dir.path(), policy))
         .await
@@ -618,7 +668,7 @@ async fn mixed_phase(edge: Edge, policy: Option<&Policy>, clients: usize, secs: 
             .enable_all()
             .build()
             .expect("the clients' runtime")
-            .block_on(mixed_load(addr, clients, secs))
+            .block_on(mixed_load(addr, clients, secs, pace))
     })
     .await
     .expect("the mixed clients");
@@ -632,13 +682,21 @@ async fn mixed_phase(edge: Edge, policy: Option<&Policy>, clients: usize, secs: 
 
 /// `clients` keep-alive clients, for `secs`: each in turn writes 1–50 events to one of
 /// 2,000 sessions or recalls in one, half and half (a fixed pseudo-random sequence per
-/// client). A 503 is counted as refused and the client waits its `Retry-After`.
-async fn mixed_load(addr: SocketAddr, clients: usize, secs: f64) -> Mixed {
+/// client). A 503 is counted as refused and the client waits what the answer asks
+/// (`retry_after_ms` when the body has it, else `Retry-After`).
+///
+/// Paced (`pace`: requests per second over all clients), each client sends on its own
+/// schedule, writes of 1–10 events, and a latency counts from when its request was due.
+async fn mixed_load(addr: SocketAddr, clients: usize, secs: f64, pace: Option<f64>) -> Mixed {
     let begin = Instant::now();
     let end = begin + Duration::from_secs_f64(secs);
+    let interval = pace.map(|rate| Duration::from_secs_f64(clients as f64 / rate));
+    let max_events = if pace.is_some() { 10 } else { 50 };
     let mut tasks = tokio::task::JoinSet::new();
     for c in 0..clients {
+        let first = pace.map(|rate| begin + Duration::from_secs_f64(c as f64 / rate));
         tasks.spawn(async move {
+            let mut sent = 0u32;
             let mut client = Client::connect(addr).await;
             let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (c as u64 + 1);
             let mut next = move || {
@@ -655,7 +713,7 @@ async fn mixed_load(addr: SocketAddr, clients: usize, secs: f64) -> Mixed {
                 // The request is built before its clock starts: the client's own work is
                 // not the server's latency.
                 let (path, body, n) = if write {
-                    let n = 1 + (next() % 50) as usize;
+                    let n = 1 + (next() % max_events) as usize;
                     let body: Vec<Value> = (0..n)
                         .map(|i| {
                             let topic = TOPICS[(next() as usize) % TOPICS.len()];
@@ -671,7 +729,18 @@ async fn mixed_load(addr: SocketAddr, clients: usize, secs: f64) -> Mixed {
                     (format!("/v1/sessions/m{session}/recall"), body, 0)
                 };
                 client.ready().await;
-                let t = Instant::now();
+                let mut t = Instant::now();
+                if let (Some(first), Some(interval)) = (first, interval) {
+                    let due = first + interval * sent;
+                    sent += 1;
+                    if due >= end {
+                        break;
+                    }
+                    // Behind (the last answer came late): counted from when it was due.
+                    let behind = t > due;
+                    tokio::time::sleep_until(due.into()).await;
+                    t = if behind { due } else { Instant::now() };
+                }
                 let (status, answer) = client.post(&path, &body).await;
                 if write && status == 201 {
                     events += n;
@@ -682,7 +751,7 @@ async fn mixed_load(addr: SocketAddr, clients: usize, secs: f64) -> Mixed {
                     200 if !write => recalls.push((third(begin, t, secs), ms)),
                     503 => {
                         refused.push(ms);
-                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        tokio::time::sleep(retry_after(&answer)).await;
                     }
                     other => panic!("{other} {}", String::from_utf8_lossy(&answer)),
                 }
@@ -741,6 +810,23 @@ async fn mixed_load(addr: SocketAddr, clients: usize, secs: f64) -> Mixed {
         v.sort_by(f64::total_cmp);
     }
     m
+}
+
+/// How long a refused client waits: the expected wait the body gives in milliseconds, or
+/// a second (what `Retry-After` says when the body does not).
+fn retry_after(answer: &[u8]) -> Duration {
+    #[derive(serde::Deserialize)]
+    struct Refusal {
+        error: Detail,
+    }
+    #[derive(serde::Deserialize)]
+    struct Detail {
+        retry_after_ms: Option<u64>,
+    }
+    serde_json::from_slice::<Refusal>(answer)
+        .ok()
+        .and_then(|r| r.error.retry_after_ms)
+        .map_or(Duration::from_secs(1), Duration::from_millis)
 }
 
 /// Which third (0, 1, 2) of a phase of `secs` begun at `begin` the instant `t` falls in.

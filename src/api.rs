@@ -39,6 +39,10 @@ pub struct ErrorDetail {
     pub code: String,
     /// What was wrong and how to fix it, for a person.
     pub message: String,
+    /// On `503 overloaded`: the wait the server expected, in milliseconds (`Retry-After`
+    /// carries it in whole seconds, at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
 }
 
 /// `GET /healthz`.

@@ -8,7 +8,9 @@
 //! header read timeout (which also closes idle keep-alive connections, since hyper starts
 //! it whenever it waits for the next request), the router bounds the time between body
 //! chunks ([`crate::server::router`]), connections past [`Edge::max_connections`] are
-//! answered `503 overloaded` at once, and a shutdown stops accepting, lets each connection
+//! answered `503 overloaded` at once, a connection the server closes lingers to discard
+//! what the client still sends so it reads the answer (`linger`), and a shutdown stops
+//! accepting, lets each connection
 //! finish the request it is serving, and closes whatever is still open after
 //! [`Edge::drain_timeout`]. The answers hyper writes itself to requests it cannot parse
 //! get the contract's error body on the way out ([`malformed`]).
@@ -34,8 +36,10 @@ use tower::ServiceExt;
 
 use crate::metrics::ConnectionMetrics;
 use crate::server::ApiError;
+use linger::Linger;
 use malformed::ErrorBodies;
 
+mod linger;
 mod malformed;
 
 /// The `[server]` section as written: durations are human strings (`"30s"`, `"2m"`).
@@ -59,17 +63,23 @@ pub struct ServerConfig {
     /// Connections served at once; one more is answered `503 overloaded` and closed.
     /// Default 1024.
     pub max_connections: usize,
-    /// Recalls and knowledge searches being answered at once; one more is answered
-    /// `503 overloaded` with `Retry-After` at once instead of waiting in a queue that
-    /// grows without bound. Default 2 per core, what the runtime ranks at once: a recall
-    /// admitted past that waits in the runtime's queue (with 200 mixed clients for 60 s
-    /// on this 2-core machine, admitted recalls' p99 was 78–151 ms at 4, 171–336 ms at 8
-    /// and ~1 s without the limit, with as many recalls answered at 4 as at 8;
-    /// `examples/http_load.rs --mixed-secs`).
+    /// Recalls and knowledge searches being answered at once; one more waits for a slot
+    /// (`queue_wait`, `max_queued`). Default 2 per core, what the runtime ranks at once:
+    /// more in flight only queue inside the runtime, where an unlucky one waits behind
+    /// all the others instead of first come, first served.
     pub max_recalls: usize,
     /// Writes (events, feedback, condense, status changes) being answered at once; one
-    /// more is answered `503 overloaded`. Default 512.
+    /// more waits for a slot like a recall. Default 512.
     pub max_writes: usize,
+    /// How long a recall or write past its class's slots may wait for one; a request that
+    /// cannot expect a slot within it (the requests ahead of it times the time a slot is
+    /// held, over the slots) is answered `503 overloaded` at once, with the expected wait
+    /// (`crate::server` admission). `"0s"` refuses at once, without waiting. Default
+    /// `"100ms"`.
+    pub queue_wait: String,
+    /// Requests of one class waiting for a slot at most; one more is answered
+    /// `503 overloaded` at once. Default 1024.
+    pub max_queued: usize,
     /// Run the thread that reads requests and answers refusals at real-time priority
     /// (`SCHED_FIFO`, the lowest level; Linux, with `CAP_SYS_NICE` or an `RLIMIT_RTPRIO`
     /// of at least 1). On a saturated machine a woken thread of normal priority waits for
@@ -92,6 +102,8 @@ impl Default for ServerConfig {
             max_connections: 1024,
             max_recalls: 2 * cores(),
             max_writes: 512,
+            queue_wait: "100ms".into(),
+            max_queued: 1024,
             edge_realtime: false,
         }
     }
@@ -126,6 +138,19 @@ impl ServerConfig {
             max_connections: self.max_connections,
             max_recalls: self.max_recalls,
             max_writes: self.max_writes,
+            queue_wait: match humantime::parse_duration(self.queue_wait.trim()) {
+                Ok(d) => d,
+                Err(e) => {
+                    problems.push(format!(
+                        "server.queue_wait = {:?} is not a duration ({e}); write it like \
+                         \"100ms\", or \"0s\" to refuse at once",
+                        self.queue_wait
+                    ));
+                    Duration::ZERO
+                }
+            },
+            max_queued: self.max_queued,
+            linger_bytes: MIN_LINGER_BYTES,
             realtime: self.edge_realtime,
         };
         for (key, value, default) in [
@@ -169,8 +194,30 @@ pub struct Edge {
     pub max_recalls: usize,
     /// Writes answered at once.
     pub max_writes: usize,
+    /// Longest wait for an admission slot.
+    pub queue_wait: Duration,
+    /// Requests of one class waiting for a slot at most.
+    pub max_queued: usize,
+    /// Bytes a closing connection reads and discards at most, so the client sees an answer
+    /// given before its body was read ([`Edge::lingering_for`], `listen/linger.rs`).
+    pub linger_bytes: u64,
     /// The connections' thread asks for real-time priority ([`raise_to_realtime`]).
     pub realtime: bool,
+}
+
+/// What a closing connection discards at least: a client's body well past the usual
+/// limits still gets its `413`.
+const MIN_LINGER_BYTES: u64 = 64 << 20;
+
+impl Edge {
+    /// This edge, discarding up to the larger of 4× `body_limit` and 64 MiB of what a
+    /// client still sends when its connection closes.
+    pub fn lingering_for(self, body_limit: usize) -> Edge {
+        Edge {
+            linger_bytes: (4 * body_limit as u64).max(MIN_LINGER_BYTES),
+            ..self
+        }
+    }
 }
 
 impl Default for Edge {
@@ -250,7 +297,7 @@ pub async fn serve_connections(
                 };
                 let peer = stream.peer_addr().ok();
                 let _ = stream.set_nodelay(true);
-                let io = TokioIo::new(ErrorBodies::new(stream));
+                let io = TokioIo::new(ErrorBodies::new(Linger::new(stream, edge.linger_bytes)));
                 let mut stop = stop_rx.clone();
                 match slots.clone().try_acquire_owned() {
                     Ok(slot) => {

@@ -173,9 +173,9 @@ impl McpServer {
         })
     }
 
-    /// Takes an admission slot for a tool that recalls or writes, as `/v1` does; a call
-    /// past the limit is refused at once, with HTTP's `overloaded`.
-    fn admit(&self, tool: &str) -> ApiResult<Option<tokio::sync::OwnedSemaphorePermit>> {
+    /// Takes an admission slot for a tool that recalls or writes, as `/v1` does: it waits
+    /// for one, or is refused with HTTP's `overloaded`, exactly as a `/v1` request.
+    async fn admit(&self, tool: &str) -> ApiResult<Option<server::Slot>> {
         let Some(admission) = &self.inner.admission else {
             return Ok(None);
         };
@@ -184,7 +184,7 @@ impl McpServer {
             "remember" | "feedback" | "forget" | "mark" | "condense" => Work::Write,
             _ => return Ok(None),
         };
-        admission.enter(work).map(Some)
+        admission.enter(work).await.map(Some)
     }
 
     /// Runs one tool: its structured answer and its text.
@@ -419,7 +419,7 @@ impl ServerHandler for McpServer {
         let tool = request.name.as_ref();
         let outcome = async {
             let place = self.place(&context)?;
-            let _slot = self.admit(tool)?;
+            let _slot = self.admit(tool).await?;
             self.run(tool, request.arguments.unwrap_or_default(), place)
                 .await
         }

@@ -37,7 +37,10 @@ use sha2::{Digest, Sha256};
 use tracing::Instrument;
 use utoipa::OpenApi;
 
+mod admission;
 mod dashboard;
+
+pub(crate) use admission::{Admission, Slot, Work};
 
 #[cfg(feature = "cluster")]
 pub(crate) use dashboard::{
@@ -182,8 +185,10 @@ impl Auth {
 }
 
 /// Failed authentications counted per client address: past [`AUTH_FAILURES`] in
-/// [`AUTH_WINDOW`], every request from the address that needs a key is answered 429
-/// `too_many_failed_auth` until the window ends, so keys cannot be guessed at line rate.
+/// [`AUTH_WINDOW`], every request from the address that fails authentication is answered
+/// 429 `too_many_failed_auth` until the window ends, so wrong keys are not answered at
+/// line rate. A request with a valid key is never refused for it: one misconfigured agent
+/// behind a NAT, a proxy or a Kubernetes node must not lock out every client there.
 #[derive(Debug, Default)]
 pub struct AuthThrottle {
     /// Per address: failures in the current window, and when the window began.
@@ -249,31 +254,37 @@ fn authenticate(parts: &Parts, s: &AppState) -> ApiResult<(String, Role)> {
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
         .map(|c| c.0.ip());
     let now = std::time::Instant::now();
-    if let Some(wait) = ip.and_then(|ip| s.throttle.blocked(ip, now)) {
-        let seconds = wait.as_secs().max(1);
-        let mut e = ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "too_many_failed_auth",
-            format!(
-                "more than {AUTH_FAILURES} requests from this address had no valid API key in \
-                 the last {}s; wait {seconds}s, then send a valid `Authorization: Bearer <key>`",
-                AUTH_WINDOW.as_secs()
-            ),
-        );
-        e.retry_after = Some(seconds);
-        return Err(e);
-    }
     let header = parts
         .headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     let caller = s.auth.caller(header);
-    if caller.is_err()
-        && let Some(ip) = ip
-    {
-        s.throttle.failed(ip, now);
+    if caller.is_ok() {
+        return caller;
     }
+    let Some(ip) = ip else { return caller };
+    if let Some(wait) = s.throttle.blocked(ip, now) {
+        return Err(throttled(wait));
+    }
+    s.throttle.failed(ip, now);
     caller
+}
+
+/// The answer to a failing request from an address past its failures.
+fn throttled(wait: std::time::Duration) -> ApiError {
+    let seconds = wait.as_secs().max(1);
+    let mut e = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too_many_failed_auth",
+        format!(
+            "more than {AUTH_FAILURES} requests from this address had no valid API key in \
+             the last {}s; wait {seconds}s, then send a valid `Authorization: Bearer <key>` \
+             (requests with a valid key are answered meanwhile)",
+            AUTH_WINDOW.as_secs()
+        ),
+    );
+    e.retry_after = Some(seconds);
+    e
 }
 
 /// A caller with an `admin` key (or any caller when no keys are configured): the
@@ -350,56 +361,6 @@ pub(crate) trait ClusterNode: Send + Sync {
     fn reload_policies(&self) -> NodeFuture<'_, ()>;
     /// Every live node's `GET /cluster` view, by node.
     fn statuses(&self) -> NodeFuture<'_, Vec<serde_json::Value>>;
-}
-
-/// Per class of work, the requests being answered at once: `/v1` routes ([`admit`]) and
-/// MCP tool calls take their slots here, so both count against the same limits.
-pub(crate) struct Admission {
-    recalls: Arc<tokio::sync::Semaphore>,
-    writes: Arc<tokio::sync::Semaphore>,
-    max_recalls: usize,
-    max_writes: usize,
-}
-
-/// What an admitted request does, for [`Admission::enter`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Work {
-    /// A recall or a knowledge search.
-    Recall,
-    /// A write: events, feedback, condensation, a status change or an archive.
-    Write,
-}
-
-impl Admission {
-    fn new(edge: &Edge) -> Self {
-        Admission {
-            recalls: Arc::new(tokio::sync::Semaphore::new(edge.max_recalls)),
-            writes: Arc::new(tokio::sync::Semaphore::new(edge.max_writes)),
-            max_recalls: edge.max_recalls,
-            max_writes: edge.max_writes,
-        }
-    }
-
-    /// A slot for `work`, held until dropped; past `[server] max_recalls` / `max_writes`
-    /// in flight, 503 `overloaded` with `Retry-After: 1`, at once.
-    pub(crate) fn enter(&self, work: Work) -> ApiResult<tokio::sync::OwnedSemaphorePermit> {
-        let (slots, what, limit) = match work {
-            Work::Recall => (&self.recalls, "recalls", self.max_recalls),
-            Work::Write => (&self.writes, "writes", self.max_writes),
-        };
-        slots.clone().try_acquire_owned().map_err(|_| {
-            let mut e = ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "overloaded",
-                format!(
-                    "the server is answering its limit of {limit} {what} at once \
-                     (server.max_{what}); retry after a second"
-                ),
-            );
-            e.retry_after = Some(1);
-            e
-        })
-    }
 }
 
 /// The routes of `DESIGN.md` §7: health and metrics, session events, recall, feedback,
@@ -584,6 +545,7 @@ pub async fn serve(
     let metrics = Arc::new(Metrics::new());
     let counts = metrics.connections();
     let closing = CancellationToken::new();
+    let edge = edge.lingering_for(limits.max_body_bytes);
     let app = router_with(
         rt.clone(),
         limits,
@@ -835,6 +797,9 @@ pub struct ApiError {
     message: String,
     /// Seconds for a `Retry-After` header, when waiting is the fix.
     pub(crate) retry_after: Option<u64>,
+    /// The expected wait in milliseconds, in the body, when HTTP's whole seconds say too
+    /// little (an admission refusal).
+    pub(crate) retry_after_ms: Option<u64>,
 }
 
 impl ApiError {
@@ -848,6 +813,7 @@ impl ApiError {
             code: code.into(),
             message: message.into(),
             retry_after: None,
+            retry_after_ms: None,
         }
     }
 
@@ -957,6 +923,7 @@ impl IntoResponse for ApiError {
             error: ErrorDetail {
                 code: self.code,
                 message: self.message,
+                retry_after_ms: self.retry_after_ms,
             },
         };
         let mut answer = (self.status, Json(body)).into_response();
@@ -1080,10 +1047,10 @@ fn from_json<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// Admission control: recalls and writes past `[server] max_recalls` / `max_writes` in
-/// flight are answered `503 overloaded` with `Retry-After: 1` at once. Without it a burst
-/// queues behind the cores, and every caller waits seconds (recall p99 9.1 s was measured
-/// with 200 mixed clients) instead of a few being told to come back.
+/// Admission control (`admission`): recalls and writes past `[server] max_recalls` /
+/// `max_writes` in flight wait for a slot within `queue_wait`, or are answered
+/// `503 overloaded` with the expected wait. Without a bound a burst queues behind the
+/// cores, and every caller waits seconds instead of a few being told to come back.
 async fn admit(
     State(s): State<AppState>,
     matched: Option<MatchedPath>,
@@ -1102,7 +1069,7 @@ async fn admit(
         ) => Work::Write,
         _ => return answer_on(&s, request, next).await,
     };
-    let slot = match s.admission.enter(work) {
+    let slot = match s.admission.enter(work).await {
         Ok(slot) => slot,
         Err(e) => return closing(e),
     };

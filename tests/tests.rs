@@ -9,5 +9,6 @@ mod eval;
 mod fuzz;
 mod llm;
 mod mcp;
+mod promotion;
 mod server;
 mod sim;

@@ -93,15 +93,14 @@ impl Actor for Condenser {
                     }
                 };
                 if let Ok(Some(condensed)) = &result {
-                    let offer = state.directory.knowledge().map(|kg| {
-                        kg.send_message(KnowledgeMessage::Promote {
-                            namespace: key.namespace.clone(),
-                            ids: vec![condensed.id],
-                            reply: None,
-                        })
-                    });
+                    // Queued for promotion in its own commit when the policy admits it as
+                    // written; the wake-up only saves waiting for the next one.
+                    let offer = state
+                        .directory
+                        .knowledge()
+                        .map(|kg| kg.send_message(KnowledgeMessage::Drain));
                     if !matches!(offer, Ok(Ok(()))) {
-                        tracing::warn!(id = %condensed.id, "could not offer a condensed record for promotion");
+                        tracing::warn!(id = %condensed.id, "could not wake the knowledge graph; a queued promotion waits for its next start");
                     }
                 }
                 match (reply, result) {

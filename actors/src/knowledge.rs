@@ -7,11 +7,21 @@
 //! in step with its own writes; edges written elsewhere (update detection, resolutions by
 //! hand) move the store's edge count, and a graph cached at another count is loaded again.
 //! A restart simply loads it again.
+//!
+//! Candidates reach it through the store's promotion queue, written in the same commit as
+//! the feedback or condensation that made them eligible: feedback and the condenser only
+//! wake it ([`KnowledgeMessage::Drain`]), and so does the enricher when it stores the
+//! embedding a queued candidate waited for. It drains the queue at start too, so what an
+//! earlier process (or owner, in a cluster) left queued is promoted.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use shadowbrain_runtime::{Edge, Graph, MemoryId, Promotion, Relation, Result, Substrate};
+use shadowbrain_runtime::{
+    Edge, Graph, MemoryId, PROMOTE_ROUND, Promotion, Relation, Result, Substrate,
+};
 
 /// Who the audit log names for promotions.
 const BY: &str = "knowledge";
@@ -25,6 +35,9 @@ pub(crate) struct KnowledgeState {
     graphs: HashMap<String, Graph>,
     /// The store's edge count when the cached graphs were last known to be current.
     edge_changes: u64,
+    /// Set while a [`KnowledgeMessage::Drain`] waits in the mailbox, so a burst of wake-ups
+    /// sends one.
+    woken: Arc<AtomicBool>,
 }
 
 /// A neighbourhood: the records around one, and the edges among them.
@@ -32,12 +45,12 @@ pub(crate) type Neighbourhood = (Vec<MemoryId>, Vec<Edge>);
 
 /// The knowledge-graph actor's protocol.
 pub(crate) enum KnowledgeMessage {
-    /// Promote these condensed records (each merged or created, or left out with the
-    /// policy's reason); the answer, when asked for, says what happened to each.
+    /// Promote these condensed records now (each merged or created, queued to wait for
+    /// its embedding, or left out with the policy's reason); the answer says which.
     Promote {
         namespace: String,
         ids: Vec<MemoryId>,
-        reply: Option<RpcReplyPort<Result<Vec<Promotion>>>>,
+        reply: RpcReplyPort<Result<Vec<Promotion>>>,
     },
     /// The records within `depth` edges of `around`.
     Neighbourhood {
@@ -52,6 +65,8 @@ pub(crate) enum KnowledgeMessage {
         edge: Edge,
         reply: RpcReplyPort<Result<()>>,
     },
+    /// Promote what waits on the store's promotion queue and is ready.
+    Drain,
     /// Answers once every message sent before it is handled (`Runtime::settle`).
     Sync { reply: RpcReplyPort<()> },
     /// Fault injection for supervision tests: the handler panics.
@@ -82,25 +97,44 @@ impl KnowledgeState {
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             let promotion = self.substrate.promote(namespace, id, BY).await?;
-            match &promotion {
-                Promotion::Created { edges, .. } => {
-                    let graph = self.graph(namespace)?;
-                    for e in edges {
-                        graph.add(*e);
-                    }
-                }
-                Promotion::Merged { knowledge, .. } => self.graph(namespace)?.add(Edge {
-                    from: *knowledge,
-                    to: id,
-                    relation: Relation::DerivedFrom,
-                }),
-                Promotion::Held { .. }
-                | Promotion::AlreadyPromoted { .. }
-                | Promotion::NotEligible(_) => {}
-            }
+            self.follow(namespace, id, &promotion)?;
             out.push(promotion);
         }
         Ok(out)
+    }
+
+    /// Promotes what the queue holds and is ready; each candidate is told apart in the log.
+    async fn drain(&mut self) -> Result<()> {
+        self.woken.store(false, Ordering::Release);
+        for (id, promotion) in self.substrate.promote_waiting(PROMOTE_ROUND, BY).await? {
+            if let Some(record) = self.substrate.store().get_light(id)? {
+                self.follow(&record.namespace, id, &promotion)?;
+            }
+            tracing::debug!(%id, ?promotion, "queued promotion");
+        }
+        Ok(())
+    }
+
+    /// Keeps the cached graph in step with a promotion's edges.
+    fn follow(&mut self, namespace: &str, id: MemoryId, promotion: &Promotion) -> Result<()> {
+        match promotion {
+            Promotion::Created { edges, .. } => {
+                let graph = self.graph(namespace)?;
+                for e in edges {
+                    graph.add(*e);
+                }
+            }
+            Promotion::Merged { knowledge, .. } => self.graph(namespace)?.add(Edge {
+                from: *knowledge,
+                to: id,
+                relation: Relation::DerivedFrom,
+            }),
+            Promotion::Held { .. }
+            | Promotion::AlreadyPromoted { .. }
+            | Promotion::NotEligible(_)
+            | Promotion::Waiting(_) => {}
+        }
+        Ok(())
     }
 }
 
@@ -111,14 +145,29 @@ impl Actor for KnowledgeGraph {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         substrate: Substrate,
     ) -> std::result::Result<KnowledgeState, ActorProcessingErr> {
+        // What an earlier process left queued is promoted now.
+        let woken = Arc::new(AtomicBool::new(true));
+        myself.send_message(KnowledgeMessage::Drain)?;
+        let (me, flag) = (myself.clone(), woken.clone());
+        substrate.on_promotion_ready(Some(Arc::new(move || wake(&me, &flag))));
         Ok(KnowledgeState {
             edge_changes: substrate.store().edge_changes(),
             substrate,
             graphs: HashMap::new(),
+            woken,
         })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut KnowledgeState,
+    ) -> std::result::Result<(), ActorProcessingErr> {
+        state.substrate.on_promotion_ready(None);
+        Ok(())
     }
 
     async fn handle(
@@ -133,16 +182,7 @@ impl Actor for KnowledgeGraph {
                 ids,
                 reply,
             } => {
-                let result = state.promote(&namespace, ids).await;
-                match reply {
-                    Some(reply) => {
-                        let _ = reply.send(result);
-                    }
-                    None => match result {
-                        Ok(done) => tracing::debug!(namespace, ?done, "promotion"),
-                        Err(e) => tracing::warn!(namespace, error = %e, "promotion failed"),
-                    },
-                }
+                let _ = reply.send(state.promote(&namespace, ids).await);
             }
             KnowledgeMessage::Neighbourhood {
                 namespace,
@@ -167,6 +207,12 @@ impl Actor for KnowledgeGraph {
                 });
                 let _ = reply.send(result);
             }
+            KnowledgeMessage::Drain => {
+                if let Err(e) = state.drain().await {
+                    // The candidates stay queued: the next wake-up or start tries again.
+                    tracing::warn!(error = %e, "promoting queued candidates failed");
+                }
+            }
             KnowledgeMessage::Sync { reply } => {
                 let _ = reply.send(());
             }
@@ -174,5 +220,13 @@ impl Actor for KnowledgeGraph {
             KnowledgeMessage::Panic => panic!("fault injected into the knowledge graph"),
         }
         Ok(())
+    }
+}
+
+/// Sends the actor a [`KnowledgeMessage::Drain`] unless one already waits in its mailbox.
+pub(crate) fn wake(actor: &ActorRef<KnowledgeMessage>, woken: &AtomicBool) {
+    if !woken.swap(true, Ordering::AcqRel) && actor.send_message(KnowledgeMessage::Drain).is_err() {
+        // Stopped: the next actor's start drains the queue instead.
+        woken.store(false, Ordering::Release);
     }
 }

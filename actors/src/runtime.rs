@@ -1025,8 +1025,8 @@ impl KnowledgeHandle {
         self.runtime.answer("the knowledge graph", outcome)?
     }
 
-    /// Promotes condensed records now (each admitted by the policy, merged, or refused
-    /// with the reason).
+    /// Promotes condensed records now (each admitted by the policy, merged, queued until
+    /// its embedding is stored, or refused with the reason).
     pub async fn promote(&self, ids: Vec<MemoryId>) -> Result<Vec<Promotion>> {
         let kg = self.runtime.inner.directory.knowledge()?;
         let outcome = kg
@@ -1034,7 +1034,7 @@ impl KnowledgeHandle {
                 |reply| KnowledgeMessage::Promote {
                     namespace: self.namespace.clone(),
                     ids: ids.clone(),
-                    reply: Some(reply),
+                    reply,
                 },
                 self.runtime.timeout(),
             )

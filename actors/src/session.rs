@@ -270,16 +270,17 @@ impl Actor for SessionActor {
                 if let Ok(report) = &result
                     && !report.promotable.is_empty()
                 {
-                    let offer = state.args.directory.knowledge().map(|kg| {
-                        kg.send_message(KnowledgeMessage::Promote {
-                            namespace: key.namespace.clone(),
-                            ids: report.promotable.clone(),
-                            reply: None,
-                        })
-                    });
+                    // They are on the store's promotion queue already (the feedback's
+                    // commit put them there): a wake-up that does not arrive loses nothing,
+                    // the knowledge actor's next start or wake-up takes them.
+                    let offer = state
+                        .args
+                        .directory
+                        .knowledge()
+                        .map(|kg| kg.send_message(KnowledgeMessage::Drain));
                     if !matches!(offer, Ok(Ok(()))) {
                         tracing::warn!(
-                            "could not offer promotable memories to the knowledge graph"
+                            "could not wake the knowledge graph; the promotable memories stay queued"
                         );
                     }
                 }

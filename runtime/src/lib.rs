@@ -44,10 +44,10 @@ pub use engine::{
     Chain, Condensed, Counted, EnrichWake, EvaluationReport, Fading, FeedbackReport,
     FeedbackTarget, Graph, IDEMPOTENCY_WINDOW, Idempotency, IndexKind, IndexPass, IndexingOptions,
     Insights, Judge, JudgeBatch, JudgeItem, Judgement, KNOWLEDGE_SESSION, MAX_REASON_BYTES,
-    MAX_STRIKES, Outcome, PairBatch, PairItem, PairVerdict, PassageHit, Policies, Promotion,
-    RecallRequest, RecallResult, Recalled, Recorded, Resolution, Substrate, SubstrateOptions,
-    Summarizer, Summary, SummaryRequest, Superseded, SweepReport, UpdateJudge, UpdatesRound,
-    Verdict, WeakSubstrate, Why, panic_message, quarantined_error,
+    MAX_STRIKES, Outcome, PROMOTE_ROUND, PairBatch, PairItem, PairVerdict, PassageHit, Policies,
+    Promotion, RecallRequest, RecallResult, Recalled, Recorded, Resolution, Substrate,
+    SubstrateOptions, Summarizer, Summary, SummaryRequest, Superseded, SweepReport, UpdateJudge,
+    UpdatesRound, Verdict, WeakSubstrate, Why, panic_message, quarantined_error,
 };
 pub use error::{Error, PolicyErrors, PolicyIssue, Result};
 pub use model::{

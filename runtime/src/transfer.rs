@@ -96,14 +96,17 @@ pub enum Waiting {
     Condense,
     /// Waiting to be compared with older records (`[updates]`).
     Updates,
+    /// Admitted by the promotion policy, waiting to be promoted into the knowledge pool.
+    Promote,
 }
 
 impl Waiting {
-    const ALL: [Waiting; 4] = [
+    const ALL: [Waiting; 5] = [
         Waiting::Enrich,
         Waiting::Evaluate,
         Waiting::Condense,
         Waiting::Updates,
+        Waiting::Promote,
     ];
 
     fn queue(self) -> Queue {
@@ -112,6 +115,7 @@ impl Waiting {
             Waiting::Evaluate => Queue::Evaluate,
             Waiting::Condense => Queue::Condense,
             Waiting::Updates => Queue::Updates,
+            Waiting::Promote => Queue::Promote,
         }
     }
 }

@@ -369,7 +369,7 @@ async fn run_node(
     let drained = crate::server::serve_app(
         listener,
         app,
-        node.edge,
+        node.edge.lingering_for(node.limits.max_body_bytes),
         counts,
         node.closing.clone(),
         shutdown,

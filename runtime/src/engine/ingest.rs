@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use super::{EnrichHook, EnrichWake, Substrate};
+use super::{EnrichWake, Hook, Substrate};
 use crate::clock::Timestamp;
 use crate::embed::{Embedded, embed_records};
 use crate::error::{Error, Result};
@@ -388,6 +388,19 @@ impl Substrate {
         let n = records.len();
         self.inner.store.write_async(writes).await?;
         self.wake_indexer();
+        // A candidate waited for one of these embeddings to be promoted: wake promotion.
+        let mut waited = false;
+        for r in &records {
+            if self.inner.store.is_queued(Queue::Promote, r.id)? {
+                waited = true;
+                break;
+            }
+        }
+        if waited {
+            // Without an owner (the substrate alone, whose caller decides when to promote)
+            // the candidates wait for its next `promote_waiting`.
+            self.wake_promotion();
+        }
         Ok(n)
     }
 
@@ -417,7 +430,7 @@ impl Substrate {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        if let Some(EnrichHook(wake)) = wake {
+        if let Some(Hook(wake)) = wake {
             wake();
         }
     }
@@ -432,7 +445,7 @@ impl Substrate {
             .inner
             .enrich_wake
             .lock()
-            .unwrap_or_else(|p| p.into_inner()) = wake.map(EnrichHook);
+            .unwrap_or_else(|p| p.into_inner()) = wake.map(Hook);
     }
 
     /// How many queued records one [`Substrate::enrich_pending`] round should take to keep

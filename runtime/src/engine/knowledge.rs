@@ -9,6 +9,14 @@
 //! `derived_from` its source and `similar_to` related knowledge. Each condensed record is
 //! promoted at most once (a marker is written in the same commit).
 //!
+//! Promotion is durable work, like embedding: feedback and condensation put a record the
+//! policy admits on the store's promotion queue in the same commit that made it eligible,
+//! and [`Substrate::promote_waiting`] takes it off the queue only once a promotion decided
+//! about it. A candidate needs its embedding (to find the knowledge it merges with), which
+//! under a model that embeds in the background usually lands after the feedback: it stays
+//! queued ([`Promotion::Waiting`]) and the enricher's commit wakes the promotion again
+//! ([`Substrate::on_promotion_ready`]), whatever the order, and across restarts.
+//!
 //! Under a policy whose `[updates]` section is on, a candidate is also read against the
 //! knowledge it is near ([`crate::updates::compare`]) before it is merged or written:
 //! - a newer value of a lesson (a changed number, place, rule …) becomes a new knowledge
@@ -35,7 +43,7 @@ use super::updates::{clear_order, is_newer};
 use crate::error::Result;
 use crate::model::{AuditAction, AuditEntry, Edge, Kind, MemoryId, MemoryRecord, Relation, Tier};
 use crate::policy::Policy;
-use crate::store::{Filter, Mutation, ValidityChange, WriteSet};
+use crate::store::{Filter, Mutation, Queue, ValidityChange, WriteSet};
 use crate::updates::{Change, Claims, compare};
 
 /// The session that holds a namespace's knowledge records.
@@ -47,6 +55,10 @@ const SIMILAR_TO: f32 = 0.75;
 
 /// Knowledge records compared with each promotion candidate.
 const MERGE_CANDIDATES: usize = 5;
+
+/// Candidates one [`Substrate::promote_waiting`] call looks at by default (the queue holds
+/// condensed records with feedback, a few per session).
+pub const PROMOTE_ROUND: usize = 1024;
 
 /// What a promotion did.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,6 +94,9 @@ pub enum Promotion {
     },
     /// The policy does not admit it (every reason, joined with `; `).
     NotEligible(String),
+    /// Admitted, but its embedding is not stored yet: it waits on the promotion queue and
+    /// is promoted as soon as the enricher stores it (the reason says so).
+    Waiting(String),
 }
 
 /// What the candidate is to the knowledge near it (see the module docs).
@@ -183,15 +198,87 @@ impl Substrate {
 
     /// Promotes a condensed record into the namespace knowledge pool, or merges it into a
     /// knowledge record within the policy's `merge_similarity` (see the module docs).
+    ///
+    /// A candidate whose embedding is not stored yet is queued and answered
+    /// [`Promotion::Waiting`]; every other answer takes it off the promotion queue.
     pub async fn promote(&self, namespace: &str, id: MemoryId, by: &str) -> Result<Promotion> {
+        // One promotion at a time: two candidates near each other must not both create a
+        // knowledge record (the second merges into the first).
+        let _one = self.inner.promoting.lock().await;
         let promotion = self.promote_once(namespace, id, by).await?;
-        if matches!(
-            promotion,
-            Promotion::Created { .. } | Promotion::Merged { .. }
-        ) {
-            self.count_promotion();
+        let store = self.store();
+        match &promotion {
+            Promotion::Created { .. } | Promotion::Merged { .. } => self.count_promotion(),
+            // Queued in its own commit when it was not already.
+            Promotion::Waiting(_) => {}
+            Promotion::AlreadyPromoted { .. }
+            | Promotion::NotEligible(_)
+            | Promotion::Held { .. }
+                if store.is_queued(Queue::Promote, id)? =>
+            {
+                store
+                    .write_async(WriteSet(vec![Mutation::Dequeue(Queue::Promote, id)]))
+                    .await?;
+            }
+            Promotion::AlreadyPromoted { .. }
+            | Promotion::NotEligible(_)
+            | Promotion::Held { .. } => {}
         }
         Ok(promotion)
+    }
+
+    /// Promotes what waits on the promotion queue (up to `max` candidates, oldest first)
+    /// whose embeddings are stored; the rest stay queued. Returns each candidate tried and
+    /// what became of it. The owner of promotion calls it when woken
+    /// ([`Substrate::on_promotion_ready`]) and at start, for what an earlier process left.
+    pub async fn promote_waiting(
+        &self,
+        max: usize,
+        by: &str,
+    ) -> Result<Vec<(MemoryId, Promotion)>> {
+        let store = self.store();
+        let mut out = Vec::new();
+        for id in store.queued(Queue::Promote, max)? {
+            // Still waiting: nothing to decide (and nothing to read past the two lookups).
+            if store.is_queued(Queue::Enrich, id)? && store.embedding(id)?.is_none() {
+                continue;
+            }
+            let Some(record) = store.get_light(id)? else {
+                // Purged while queued.
+                store
+                    .write_async(WriteSet(vec![Mutation::Dequeue(Queue::Promote, id)]))
+                    .await?;
+                continue;
+            };
+            let promotion = self.promote(&record.namespace, id, by).await?;
+            out.push((id, promotion));
+        }
+        Ok(out)
+    }
+
+    /// Makes `wake` the owner of promotion's wake-up, called when the enricher stores the
+    /// embedding of a queued candidate (`None` removes it). The actor runtime hands it to
+    /// its knowledge actor, which calls [`Substrate::promote_waiting`]; a caller of the
+    /// substrate alone decides when to promote and calls it itself.
+    pub fn on_promotion_ready(&self, wake: Option<super::EnrichWake>) {
+        *self
+            .inner
+            .promotion_wake
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = wake.map(super::Hook);
+    }
+
+    /// Wakes the owner of promotion, if there is one.
+    pub(super) fn wake_promotion(&self) {
+        let wake = self
+            .inner
+            .promotion_wake
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(super::Hook(wake)) = wake {
+            wake();
+        }
     }
 
     async fn promote_once(&self, namespace: &str, id: MemoryId, by: &str) -> Result<Promotion> {
@@ -224,8 +311,16 @@ impl Substrate {
             });
         }
         let Some(embedding) = store.embedding(id)? else {
-            return Ok(Promotion::NotEligible(
-                "its embedding is not ready yet (the enricher is behind); try again shortly".into(),
+            // Queued (durably) rather than refused: the enricher's commit wakes it again.
+            if !store.is_queued(Queue::Promote, id)? {
+                store
+                    .write_async(WriteSet(vec![Mutation::Enqueue(Queue::Promote, id)]))
+                    .await?;
+            }
+            return Ok(Promotion::Waiting(
+                "its embedding is not stored yet; it is queued and promoted once the enricher \
+                 stores it"
+                    .into(),
             ));
         };
         // The indexes must hold every knowledge record written so far.
@@ -327,6 +422,7 @@ impl Substrate {
                     },
                 ));
                 writes.push(marker(id, knowledge.id));
+                writes.push(Mutation::Dequeue(Queue::Promote, id));
                 let k = knowledge.id;
                 writes.push(Mutation::Update {
                     record: Box::new(knowledge),
@@ -446,6 +542,7 @@ impl Substrate {
                     writes.push(edge_write(namespace, *e));
                 }
                 writes.push(marker(id, k));
+                writes.push(Mutation::Dequeue(Queue::Promote, id));
                 writes.push(Mutation::Insert(Box::new(record)));
                 Promotion::Created {
                     knowledge: k,

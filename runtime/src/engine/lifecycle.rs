@@ -352,6 +352,11 @@ impl Substrate {
         }
         let queued = record.embedding.is_none();
         let mut writes = WriteSet::new();
+        // Eligible as written (a policy that asks for no successes): queued for promotion in
+        // the same commit.
+        if policy.promotion(&record).is_ok() {
+            writes.push(Mutation::Enqueue(Queue::Promote, id));
+        }
         writes.push(Mutation::Audit(
             id,
             AuditEntry {
@@ -633,8 +638,18 @@ impl Substrate {
             records.push(self.get(namespace, id)?);
         }
         let mut writes = WriteSet::new();
+        // Candidates this feedback makes eligible are queued for promotion in the same
+        // commit, so a crash after it cannot lose the promotion.
+        let mut queued = Vec::new();
         for r in &records {
             let success = outcome == Outcome::Success;
+            let mut after = r.clone();
+            after.utility.successes += u32::from(success);
+            after.utility.failures += u32::from(!success);
+            if policy.promotion(&after).is_ok() && self.store().promoted_into(r.id)?.is_none() {
+                writes.push(Mutation::Enqueue(Queue::Promote, r.id));
+                queued.push(r.id);
+            }
             let strength =
                 success.then(|| policy.reinforce(r, now, policy.scoring.reinforce_on_recall));
             writes.push(Mutation::Audit(
@@ -671,13 +686,22 @@ impl Substrate {
         if !writes.0.is_empty() {
             self.store().write_async(writes).await?;
         }
+        // Feedback from elsewhere may have landed between the read and the write: what is
+        // eligible now is queued too.
         let mut promotable = Vec::new();
+        let mut late = WriteSet::new();
         for r in &records {
             if let Ok(now) = self.get(namespace, r.id)
                 && policy.promotion(&now).is_ok()
             {
+                if !queued.contains(&now.id) && self.store().promoted_into(now.id)?.is_none() {
+                    late.push(Mutation::Enqueue(Queue::Promote, now.id));
+                }
                 promotable.push(now.id);
             }
+        }
+        if !late.0.is_empty() {
+            self.store().write_async(late).await?;
         }
         Ok(FeedbackReport {
             updated: records.len(),

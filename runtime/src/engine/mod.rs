@@ -41,7 +41,7 @@ pub use evaluate::{EvaluationReport, Judge, JudgeBatch, JudgeItem, Judgement, Ve
 pub use indexing::{IndexKind, IndexPass};
 pub use ingest::{IDEMPOTENCY_WINDOW, Idempotency, Recorded};
 pub use insights::{Counted, Fading, Insights, Superseded};
-pub use knowledge::{Graph, KNOWLEDGE_SESSION, Promotion};
+pub use knowledge::{Graph, KNOWLEDGE_SESSION, PROMOTE_ROUND, Promotion};
 pub use lifecycle::{
     Condensed, FeedbackReport, FeedbackTarget, MAX_REASON_BYTES, Outcome, Summarizer, Summary,
     SummaryRequest, SweepReport,
@@ -229,7 +229,12 @@ struct Inner {
     /// Called when records are queued for their embedding: the substrate's enricher thread,
     /// or the actor runtime's Enricher, whichever owns enrichment (see
     /// [`Substrate::on_enrich_queued`]).
-    enrich_wake: Mutex<Option<EnrichHook>>,
+    enrich_wake: Mutex<Option<Hook>>,
+    /// Called when the enricher stores the embedding of a candidate waiting on the
+    /// promotion queue (see [`Substrate::on_promotion_ready`]).
+    promotion_wake: Mutex<Option<Hook>>,
+    /// Held across a promotion: one at a time (see [`Substrate::promote`]).
+    promoting: tokio::sync::Mutex<()>,
     enricher: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
     /// A cluster standby (see [`SubstrateOptions::standby`]).
@@ -247,11 +252,11 @@ pub type EnrichWake = Arc<dyn Fn() + Send + Sync>;
 
 /// An [`EnrichWake`] in the substrate's state, which prints (a closure does not).
 #[derive(Clone)]
-pub(crate) struct EnrichHook(pub(crate) EnrichWake);
+pub(crate) struct Hook(pub(crate) EnrichWake);
 
-impl std::fmt::Debug for EnrichHook {
+impl std::fmt::Debug for Hook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("EnrichHook")
+        f.write_str("Hook")
     }
 }
 
@@ -325,6 +330,8 @@ impl Substrate {
             wake: Mutex::new(Vec::new()),
             indexer: Mutex::new(Vec::new()),
             enrich_wake: Mutex::new(None),
+            promotion_wake: Mutex::new(None),
+            promoting: tokio::sync::Mutex::new(()),
             enricher: Mutex::new(None),
             closed: AtomicBool::new(false),
             standby: opts.standby,

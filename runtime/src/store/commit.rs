@@ -960,6 +960,7 @@ impl Worker {
                         Queue::Evaluate,
                         Queue::Condense,
                         Queue::Updates,
+                        Queue::Promote,
                     ] {
                         ops.push(Op::Delete(keys::queue_item(q as u8, id).to_vec()));
                     }

@@ -58,6 +58,9 @@ pub enum Queue {
     Condense = 3,
     /// Records waiting to be compared with older ones for updates and contradictions.
     Updates = 4,
+    /// Condensed records the promotion policy admitted, waiting to be promoted into the
+    /// knowledge pool (most wait for their embedding; see `engine/knowledge.rs`).
+    Promote = 5,
 }
 
 /// A listing entry: a record's event time and id.

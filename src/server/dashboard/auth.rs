@@ -481,15 +481,20 @@ pub(super) async fn login(
         return redirect(&next);
     }
     let now = std::time::Instant::now();
-    if let Some(wait) = ip.and_then(|ip| s.throttle.blocked(ip, now)) {
+    let bearer = format!("Bearer {}", form.key.trim());
+    let caller = s.auth.caller(Some(&bearer));
+    // Only failing sign-ins are throttled: a valid key is never refused for others'
+    // mistakes from the same address.
+    if caller.is_err()
+        && let Some(wait) = ip.and_then(|ip| s.throttle.blocked(ip, now))
+    {
         let message = format!(
             "Too many failed sign-ins from this address; wait {}s and try again.",
             wait.as_secs().max(1)
         );
         return sign_in_page(&next, Some(&message), StatusCode::TOO_MANY_REQUESTS);
     }
-    let bearer = format!("Bearer {}", form.key.trim());
-    match s.auth.caller(Some(&bearer)) {
+    match caller {
         Ok((namespace, role)) => {
             let token = match s.logins.start(namespace, role).await {
                 Ok(token) => token,

@@ -38,7 +38,7 @@ pub(super) async fn pool(
     let page_no = query.page.unwrap_or(0);
     let (items, total): (Vec<MemoryRecord>, usize) = match search {
         Some(q) => {
-            let slot = s.admission.enter(Work::Recall)?;
+            let slot = s.admission.enter(Work::Recall).await?;
             let found = s.rt.knowledge(&viewer.namespace)?.search(q, PAGE).await?;
             drop(slot);
             let n = found.memories.len();

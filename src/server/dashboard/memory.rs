@@ -266,7 +266,7 @@ pub(super) async fn set_status(
         .reason
         .map(|r| r.trim().to_string())
         .filter(|r| !r.is_empty());
-    let slot = s.admission.enter(Work::Write)?;
+    let slot = s.admission.enter(Work::Write).await?;
     // Archiving is its own operation in `/v1` (DELETE); here it is one more button, and
     // its reason is kept like the others'.
     if status != Status::Archived {

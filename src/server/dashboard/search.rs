@@ -160,7 +160,7 @@ async fn run(
     let handle = s.rt.session(&viewer.namespace, session)?;
     let mut request = recall_request(&s.limits, &viewer.namespace, session, body)?;
     request.reinforce = reinforce;
-    let slot = s.admission.enter(Work::Recall)?;
+    let slot = s.admission.enter(Work::Recall).await?;
     let result = handle.recall_with(request).await?;
     drop(slot);
     s.metrics.recall();

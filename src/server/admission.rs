@@ -1,0 +1,269 @@
+//! Admission control: how many recalls and writes are answered at once, and what a request
+//! past that does.
+//!
+//! Each class of work has its slots (`[server] max_recalls`, `max_writes`). A request that
+//! finds them all taken waits for one, first come first served, while it can still be
+//! answered within `[server] queue_wait`: it is refused at once, `503 overloaded`, only when
+//! the queue is at its bound (`max_queued`) or the wait it can expect — the requests ahead
+//! of it times the time a slot is held (a moving average), over the slots — exceeds what is
+//! left of its wait, and it gives up with the same answer when the wait runs out. So a
+//! burst of a few more requests than slots waits a few milliseconds instead of being told
+//! to come back in a second, and only a server that is really saturated sheds load, fast.
+//!
+//! A refusal says how long the wait would have been: `Retry-After` in whole seconds (what
+//! HTTP allows, at least 1) and `retry_after_ms` in the error body.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::{ApiError, ApiResult};
+use crate::listen::Edge;
+
+/// What an admitted request does, for [`Admission::enter`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Work {
+    /// A recall, a knowledge search, or another read that ranks or walks many records.
+    Recall,
+    /// A write: events, feedback, condensation, a status change or an archive.
+    Write,
+}
+
+/// Per class of work, the requests being answered at once and those waiting: `/v1` routes,
+/// MCP tool calls and the dashboard's searches take their slots here, so all count against
+/// the same limits.
+pub(crate) struct Admission {
+    recalls: Class,
+    writes: Class,
+}
+
+/// One class's slots, queue and the time a slot is held.
+struct Class {
+    /// `recalls` or `writes`, for the messages.
+    what: &'static str,
+    slots: Arc<Semaphore>,
+    limit: usize,
+    /// Requests waiting for a slot now.
+    waiting: AtomicUsize,
+    max_queued: usize,
+    max_wait: Duration,
+    /// How long a slot is held, in microseconds: a moving average of the last few dozen.
+    held_us: Arc<AtomicU64>,
+}
+
+/// An admission slot, held while the request is answered; dropping it frees the slot and
+/// counts how long it was held.
+pub(crate) struct Slot {
+    _permit: OwnedSemaphorePermit,
+    since: Instant,
+    held_us: Arc<AtomicU64>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let took = u64::try_from(self.since.elapsed().as_micros()).unwrap_or(u64::MAX);
+        // An exponential moving average with weight 1/16: a few dozen requests, so one slow
+        // answer moves it little and a change of load shows within milliseconds.
+        let _ = self
+            .held_us
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |avg| {
+                Some(if avg == 0 {
+                    took
+                } else {
+                    avg - avg / 16 + took / 16
+                })
+            });
+    }
+}
+
+/// How long a slot is assumed to be held before any was: a fast recall.
+const FIRST_HOLD: Duration = Duration::from_millis(2);
+
+impl Class {
+    fn new(what: &'static str, limit: usize, edge: &Edge) -> Class {
+        Class {
+            what,
+            slots: Arc::new(Semaphore::new(limit)),
+            limit,
+            waiting: AtomicUsize::new(0),
+            max_queued: edge.max_queued,
+            max_wait: edge.queue_wait,
+            held_us: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn slot(&self, permit: OwnedSemaphorePermit) -> Slot {
+        Slot {
+            _permit: permit,
+            since: Instant::now(),
+            held_us: self.held_us.clone(),
+        }
+    }
+
+    /// The wait a request can expect with `ahead` requests queued before it.
+    fn expected_wait(&self, ahead: usize) -> Duration {
+        let held = match self.held_us.load(Ordering::Relaxed) {
+            0 => FIRST_HOLD,
+            us => Duration::from_micros(us),
+        };
+        // Each slot frees once per hold; the request is served when `ahead + 1` have.
+        held.mul_f64((ahead + 1) as f64 / self.limit as f64)
+    }
+
+    async fn enter(&self) -> ApiResult<Slot> {
+        if let Ok(permit) = self.slots.clone().try_acquire_owned() {
+            return Ok(self.slot(permit));
+        }
+        let ahead = self.waiting.fetch_add(1, Ordering::AcqRel);
+        let _leave = Leave(&self.waiting);
+        let expected = self.expected_wait(ahead);
+        if ahead >= self.max_queued {
+            return Err(self.refusal(expected, "its queue is full"));
+        }
+        if expected > self.max_wait {
+            return Err(self.refusal(expected, "the wait would be longer than server.queue_wait"));
+        }
+        match tokio::time::timeout(self.max_wait, self.slots.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(self.slot(permit)),
+            // The semaphore is never closed; read it as a full queue all the same.
+            Ok(Err(_)) => Err(self.refusal(expected, "its queue is closed")),
+            Err(_) => Err(self.refusal(
+                self.expected_wait(self.waiting.load(Ordering::Acquire)),
+                "no slot freed within server.queue_wait",
+            )),
+        }
+    }
+
+    fn refusal(&self, wait: Duration, why: &str) -> ApiError {
+        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+        let (limit, what) = (self.limit, self.what);
+        let mut e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            format!(
+                "the server is answering its limit of {limit} {what} at once \
+                 (server.max_{what}) and {why}; the wait is about {ms} ms: retry after it"
+            ),
+        );
+        // HTTP counts in whole seconds: the next one up, and never 0 (which means at once).
+        e.retry_after = Some(ms.div_ceil(1000).max(1));
+        e.retry_after_ms = Some(ms);
+        e
+    }
+}
+
+/// Leaves the queue when dropped (admitted, refused, or the request abandoned).
+struct Leave<'a>(&'a AtomicUsize);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Admission {
+    pub(crate) fn new(edge: &Edge) -> Self {
+        Admission {
+            recalls: Class::new("recalls", edge.max_recalls, edge),
+            writes: Class::new("writes", edge.max_writes, edge),
+        }
+    }
+
+    /// A slot for `work`, held until dropped, once one is free (see the module docs); or
+    /// 503 `overloaded` with the expected wait.
+    pub(crate) async fn enter(&self, work: Work) -> ApiResult<Slot> {
+        match work {
+            Work::Recall => self.recalls.enter().await,
+            Work::Write => self.writes.enter().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn edge(slots: usize, queued: usize, wait_ms: u64) -> Edge {
+        Edge {
+            max_recalls: slots,
+            max_queued: queued,
+            queue_wait: Duration::from_millis(wait_ms),
+            ..Edge::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_burst_past_the_slots_waits_and_is_served_in_turn() {
+        let admission = Arc::new(Admission::new(&edge(2, 64, 1_000)));
+        let mut tasks = Vec::new();
+        for _ in 0..10 {
+            let a = admission.clone();
+            tasks.push(tokio::spawn(async move {
+                let slot = a.enter(Work::Recall).await?;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                drop(slot);
+                Ok::<_, ApiError>(())
+            }));
+        }
+        for t in tasks {
+            t.await
+                .unwrap()
+                .expect("every request of the burst is admitted");
+        }
+        assert_eq!(admission.recalls.waiting.load(Ordering::Acquire), 0);
+        let held = admission.recalls.held_us.load(Ordering::Relaxed);
+        assert!(held >= 4_000, "the hold time is learned: {held} µs");
+    }
+
+    #[tokio::test]
+    async fn past_the_queue_bound_or_the_wait_it_is_refused_at_once_with_the_wait() {
+        let admission = Admission::new(&edge(1, 1, 50));
+        let held = admission.enter(Work::Recall).await.unwrap();
+        // One may wait; it gives up when the wait runs out, saying so.
+        let started = Instant::now();
+        let waited = admission.enter(Work::Recall).await.err().expect("refused");
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        assert_eq!(waited.code(), "overloaded");
+        assert!(
+            waited.message().contains("server.queue_wait"),
+            "{}",
+            waited.message()
+        );
+        // With one waiting, the next finds the queue full and is refused at once.
+        let a = Arc::new(admission);
+        let b = a.clone();
+        let queued = tokio::spawn(async move { b.enter(Work::Recall).await.map(drop) });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let started = Instant::now();
+        let full = a.enter(Work::Recall).await.err().expect("refused");
+        assert!(started.elapsed() < Duration::from_millis(20));
+        assert!(
+            full.message().contains("queue is full"),
+            "{}",
+            full.message()
+        );
+        assert_eq!(full.retry_after, Some(1));
+        assert!(full.retry_after_ms.is_some_and(|ms| ms >= 1));
+        drop(held);
+        queued
+            .await
+            .unwrap()
+            .expect("the waiting one gets the freed slot");
+    }
+
+    #[tokio::test]
+    async fn a_wait_longer_than_the_budget_is_refused_without_waiting() {
+        let admission = Admission::new(&edge(1, 64, 50));
+        // Slots are held 200 ms: one ahead means about 200 ms, past the 50 ms budget.
+        admission.recalls.held_us.store(200_000, Ordering::Relaxed);
+        let _held = admission.enter(Work::Recall).await.unwrap();
+        let started = Instant::now();
+        let refused = admission.enter(Work::Recall).await.err().expect("refused");
+        assert!(started.elapsed() < Duration::from_millis(20));
+        assert_eq!(refused.retry_after, Some(1));
+        assert_eq!(refused.retry_after_ms, Some(200));
+    }
+}
