@@ -18,6 +18,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use axum::Router;
@@ -30,15 +31,17 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 
 use crate::metrics::ConnectionMetrics;
 use crate::server::ApiError;
+use held::{Connections, Refused};
 use linger::Linger;
 use malformed::ErrorBodies;
 
+mod held;
 mod linger;
 mod malformed;
 
@@ -60,9 +63,21 @@ pub struct ServerConfig {
     /// past it the answer is `503 timeout` (with `Retry-After`) and the work is abandoned,
     /// so no request holds its admission slot without end. Default `"30s"`.
     pub request_timeout: String,
-    /// Connections served at once; one more is answered `503 overloaded` and closed.
-    /// Default 1024.
+    /// Connections served at once. At the bound the connection idle longest is closed to
+    /// make room for a new one; only when every connection is answering a request is the
+    /// new one answered `503 overloaded` and closed. Default 1024.
     pub max_connections: usize,
+    /// Connections one client address may hold (trusted proxies excepted): past it, that
+    /// address's own idlest connection makes room, or the new one is refused, so one
+    /// client cannot hold every slot. Default half of `max_connections`. A reverse proxy
+    /// in front of the server is one address: list it in `trusted_proxies`.
+    pub max_connections_per_address: Option<usize>,
+    /// Addresses or networks (`"10.0.0.0/8"`, `"127.0.0.1"`) of reverse proxies that
+    /// terminate TLS in front of the server: a request through one is taken to come from
+    /// the last address its `X-Forwarded-For` names before the trusted proxies, and to
+    /// have arrived over the scheme its `X-Forwarded-Proto` names (so the dashboard's
+    /// cookie is `Secure`). Headers from any other address are ignored. Default none.
+    pub trusted_proxies: Vec<String>,
     /// Recalls and knowledge searches being answered at once; one more waits for a slot
     /// (`queue_wait`, `max_queued`). Default 2 per core, what the runtime ranks at once:
     /// more in flight only queue inside the runtime, where an unlucky one waits behind
@@ -100,6 +115,8 @@ impl Default for ServerConfig {
             drain_timeout: "10s".into(),
             request_timeout: "30s".into(),
             max_connections: 1024,
+            max_connections_per_address: None,
+            trusted_proxies: Vec::new(),
             max_recalls: 2 * cores(),
             max_writes: 512,
             queue_wait: "100ms".into(),
@@ -136,6 +153,17 @@ impl ServerConfig {
             drain_timeout: duration("drain_timeout", &self.drain_timeout),
             request_timeout: duration("request_timeout", &self.request_timeout),
             max_connections: self.max_connections,
+            max_connections_per_address: self
+                .max_connections_per_address
+                .unwrap_or(self.max_connections / 2)
+                .max(1),
+            trusted_proxies: match Proxies::parse(&self.trusted_proxies) {
+                Ok(p) => p,
+                Err(e) => {
+                    problems.push(e);
+                    Proxies::default()
+                }
+            },
             max_recalls: self.max_recalls,
             max_writes: self.max_writes,
             queue_wait: match humantime::parse_duration(self.queue_wait.trim()) {
@@ -177,8 +205,121 @@ fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// How the server treats connections (see [`ServerConfig`] for each setting).
+/// Reverse proxies whose forwarding headers are believed (`[server] trusted_proxies`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Proxies(Arc<[(std::net::IpAddr, u8)]>);
+
+impl Proxies {
+    /// Parses addresses and networks (`a.b.c.d`, `a.b.c.d/n`, IPv6 alike); the error
+    /// names the entry.
+    pub fn parse(entries: &[String]) -> Result<Proxies, String> {
+        let mut nets = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let bad = || {
+                format!(
+                    "server.trusted_proxies: {entry:?} is not an address or a network; write \
+                     e.g. \"10.0.0.5\" or \"10.0.0.0/8\""
+                )
+            };
+            let (addr, bits) = match entry.trim().split_once('/') {
+                Some((a, n)) => (a, Some(n.parse::<u8>().map_err(|_| bad())?)),
+                None => (entry.trim(), None),
+            };
+            let ip: std::net::IpAddr = addr.parse().map_err(|_| bad())?;
+            let max = if ip.is_ipv4() { 32 } else { 128 };
+            let bits = bits.unwrap_or(max);
+            if bits > max {
+                return Err(bad());
+            }
+            nets.push((ip, bits));
+        }
+        Ok(Proxies(nets.into()))
+    }
+
+    /// Whether `ip` is one of the trusted proxies.
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        self.0.iter().any(|&(net, bits)| in_net(ip, net, bits))
+    }
+
+    /// Whether any proxy is trusted.
+    pub fn any(&self) -> bool {
+        !self.0.is_empty()
+    }
+}
+
+/// Who sent a request, as far as the server can tell: the connection's address, or, through
+/// a trusted proxy, the client address and scheme the proxy forwarded. Every request served
+/// by [`serve_connections`] carries one in its extensions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Client {
+    /// The client's address (the throttle and the connection share count it).
+    pub ip: std::net::IpAddr,
+    /// Whether it reached the proxy over HTTPS (`X-Forwarded-Proto: https`).
+    pub https: bool,
+}
+
+impl Client {
+    /// The client of a request that arrived from `peer`: `peer` itself unless it is a
+    /// trusted proxy, in which case the last address of `X-Forwarded-For` that is not a
+    /// trusted proxy (the nearest untrusted hop: whatever a client wrote before it cannot be
+    /// believed) and the scheme of the last `X-Forwarded-Proto`.
+    pub fn of(peer: std::net::IpAddr, headers: &header::HeaderMap, trusted: &Proxies) -> Client {
+        if !trusted.contains(peer) {
+            return Client {
+                ip: peer,
+                https: false,
+            };
+        }
+        let hops: Vec<&str> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .collect();
+        let mut ip = peer;
+        for hop in hops.iter().rev() {
+            let Ok(hop) = hop.parse::<std::net::IpAddr>() else {
+                break;
+            };
+            ip = hop;
+            if !trusted.contains(hop) {
+                break;
+            }
+        }
+        let https = headers
+            .get_all("x-forwarded-proto")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .next_back()
+            .is_some_and(|p| p.trim().eq_ignore_ascii_case("https"));
+        Client { ip, https }
+    }
+}
+
+/// Whether `ip` lies in `net`/`bits` (an IPv4-mapped IPv6 address counts as its IPv4).
+fn in_net(ip: std::net::IpAddr, net: std::net::IpAddr, bits: u8) -> bool {
+    use std::net::IpAddr::{V4, V6};
+    let ip = match ip {
+        V6(v6) => v6.to_ipv4_mapped().map_or(ip, V4),
+        v4 => v4,
+    };
+    match (ip, net) {
+        (V4(a), V4(b)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+            u32::from(a) & mask == u32::from(b) & mask
+        }
+        (V6(a), V6(b)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+            u128::from(a) & mask == u128::from(b) & mask
+        }
+        _ => false,
+    }
+}
+
+/// How the server treats connections (see [`ServerConfig`] for each setting).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Edge {
     /// Time to send a request's headers, and the idle keep-alive timeout.
     pub header_timeout: Duration,
@@ -190,6 +331,10 @@ pub struct Edge {
     pub request_timeout: Duration,
     /// Connections served at once.
     pub max_connections: usize,
+    /// Connections one client address holds at most.
+    pub max_connections_per_address: usize,
+    /// Reverse proxies whose forwarding headers are believed.
+    pub trusted_proxies: Proxies,
     /// Recalls and knowledge searches answered at once.
     pub max_recalls: usize,
     /// Writes answered at once.
@@ -272,7 +417,11 @@ pub async fn serve_connections(
     counts: ConnectionMetrics,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Drained {
-    let slots = Arc::new(Semaphore::new(edge.max_connections));
+    let held = Connections::new(
+        edge.max_connections,
+        edge.max_connections_per_address,
+        edge.trusted_proxies.clone(),
+    );
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     let mut builder = http1::Builder::new();
@@ -297,55 +446,74 @@ pub async fn serve_connections(
                 };
                 let peer = stream.peer_addr().ok();
                 let _ = stream.set_nodelay(true);
-                let io = TokioIo::new(ErrorBodies::new(Linger::new(stream, edge.linger_bytes)));
                 let mut stop = stop_rx.clone();
-                match slots.clone().try_acquire_owned() {
-                    Ok(slot) => {
-                        // Handlers see the client's address (`ConnectInfo`), as under
-                        // axum's own `serve`: failed authentication is counted by it.
-                        let app = app.clone().map_request(move |mut req: Request<hyper::body::Incoming>| {
+                let (held, app, builder, counts) = (held.clone(), app.clone(), builder.clone(), counts.clone());
+                let trusted = edge.trusted_proxies.clone();
+                let (limits, linger_bytes, header_timeout) =
+                    ((edge.max_connections, edge.max_connections_per_address), edge.linger_bytes, edge.header_timeout);
+                connections.spawn(async move {
+                    let place = match held.admit(peer.map(|p| p.ip())).await {
+                        Ok(place) => place,
+                        Err(why) => {
+                            // Answered at once, never queued; it may have sent a body.
+                            counts.refused.inc();
+                            let linger = Arc::new(AtomicBool::new(true));
+                            let io = TokioIo::new(ErrorBodies::new(Linger::new(stream, linger_bytes, linger)));
+                            let mut refusal = http1::Builder::new();
+                            refusal
+                                .timer(TokioTimer::new())
+                                .header_read_timeout(header_timeout)
+                                .keep_alive(false);
+                            let conn = refusal.serve_connection(
+                                io,
+                                hyper::service::service_fn(move |_req: Request<hyper::body::Incoming>| {
+                                    std::future::ready(Ok::<_, Infallible>(overloaded(why, limits)))
+                                }),
+                            );
+                            let _ = conn.await;
+                            return;
+                        }
+                    };
+                    let this = place.held.clone();
+                    let io = TokioIo::new(ErrorBodies::new(Linger::new(
+                        stream,
+                        linger_bytes,
+                        this.linger.clone(),
+                    )));
+                    let (starts, follows) = (this.clone(), this.clone());
+                    // Handlers see the client's address (`ConnectInfo`), as under axum's own
+                    // `serve`: failed authentication is counted by it.
+                    let app = app
+                        .map_request(move |mut req: Request<hyper::body::Incoming>| {
+                            starts.start();
                             if let Some(peer) = peer {
+                                let client = Client::of(peer.ip(), req.headers(), &trusted);
                                 req.extensions_mut().insert(ConnectInfo(peer));
+                                req.extensions_mut().insert(client);
                             }
                             req
-                        });
-                        let conn = builder.serve_connection(io, TowerToHyperService::new(app));
-                        let open = counts.open.clone();
-                        open.inc();
-                        connections.spawn(async move {
-                            tokio::pin!(conn);
-                            tokio::select! {
-                                _ = conn.as_mut() => {}
-                                () = async { let _ = stop.wait_for(|s| *s).await; } => {
-                                    // Finish the request being served, close when idle.
-                                    conn.as_mut().graceful_shutdown();
-                                    let _ = conn.await;
-                                }
-                            }
-                            drop(slot);
-                            open.dec();
-                        });
-                    }
-                    Err(_) => {
-                        // Over the bound: answered at once, never queued.
-                        counts.refused.inc();
-                        let mut refusal = http1::Builder::new();
-                        refusal
-                            .timer(TokioTimer::new())
-                            .header_read_timeout(edge.header_timeout)
-                            .keep_alive(false);
-                        let limit = edge.max_connections;
-                        let conn = refusal.serve_connection(
-                            io,
-                            hyper::service::service_fn(move |_req: Request<hyper::body::Incoming>| {
-                                std::future::ready(Ok::<_, Infallible>(overloaded(limit)))
-                            }),
-                        );
-                        connections.spawn(async move {
+                        })
+                        .map_response(move |answer| follows.follow(answer));
+                    let conn = builder.serve_connection(io, TowerToHyperService::new(app));
+                    counts.open.inc();
+                    tokio::pin!(conn);
+                    tokio::select! {
+                        _ = conn.as_mut() => {}
+                        () = this.evicted() => {
+                            // Idle, and its slot is wanted: closed at once.
+                            counts.evicted.inc();
+                            conn.as_mut().graceful_shutdown();
                             let _ = conn.await;
-                        });
+                        }
+                        () = async { let _ = stop.wait_for(|s| *s).await; } => {
+                            // Finish the request being served, close when idle.
+                            conn.as_mut().graceful_shutdown();
+                            let _ = conn.await;
+                        }
                     }
-                }
+                    drop(place);
+                    counts.open.dec();
+                });
             }
             // Reap finished connections so the set holds only open ones.
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
@@ -379,17 +547,24 @@ pub async fn serve_connections(
     }
 }
 
-/// The answer to a connection past the bound.
-fn overloaded(limit: usize) -> Response<Body> {
-    let mut answer = ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "overloaded",
-        format!(
-            "the server holds its limit of {limit} connections (server.max_connections); \
-             retry shortly, or reuse fewer connections per client"
+/// The answer to a connection past the bound (`limits`: `max_connections` and
+/// `max_connections_per_address`).
+fn overloaded(why: Refused, limits: (usize, usize)) -> Response<Body> {
+    let message = match why {
+        Refused::Full => format!(
+            "the server holds its limit of {} connections (server.max_connections), every \
+             one answering a request; retry shortly",
+            limits.0
         ),
-    )
-    .into_response();
+        Refused::Share => format!(
+            "this client address holds its share of {} connections \
+             (server.max_connections_per_address), every one answering a request; retry \
+             shortly, or reuse fewer connections",
+            limits.1
+        ),
+    };
+    let mut answer =
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message).into_response();
     let headers = answer.headers_mut();
     headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -399,6 +574,29 @@ fn overloaded(limit: usize) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn forwarding_headers_count_only_from_a_trusted_proxy() {
+        let proxies = Proxies::parse(&["10.0.0.0/8".into(), "::1".into()]).unwrap();
+        let mut h = header::HeaderMap::new();
+        h.insert(
+            "x-forwarded-for",
+            "6.6.6.6, 203.0.113.7, 10.1.2.3".parse().unwrap(),
+        );
+        h.insert("x-forwarded-proto", "https".parse().unwrap());
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        // Through the trusted proxy: the nearest untrusted hop, not what the client wrote.
+        let c = Client::of(ip("10.0.0.5"), &h, &proxies);
+        assert_eq!((c.ip, c.https), (ip("203.0.113.7"), true));
+        // From anyone else, the headers are ignored.
+        let c = Client::of(ip("192.0.2.1"), &h, &proxies);
+        assert_eq!((c.ip, c.https), (ip("192.0.2.1"), false));
+        assert!(proxies.contains(ip("::ffff:10.9.9.9")));
+        assert!(!proxies.contains(ip("11.0.0.1")));
+        for bad in ["10.0.0.0/33", "proxy.example", "10.0.0/8"] {
+            assert!(Proxies::parse(&[bad.into()]).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn the_defaults_are_valid_and_bad_values_are_named() {

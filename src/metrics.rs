@@ -128,8 +128,11 @@ pub(crate) struct NodeFigures {
 pub struct ConnectionMetrics {
     /// Connections being served now.
     pub open: Gauge,
-    /// Connections answered 503 at once because `max_connections` were open.
+    /// Connections answered 503 at once: `max_connections` (or the address's share) were
+    /// open and every one was answering a request.
     pub refused: Counter,
+    /// Idle connections closed to make room for a new one.
+    pub evicted: Counter,
     /// Connections still open at the drain deadline, closed without their answer.
     pub cut: Counter,
 }
@@ -314,8 +317,13 @@ impl Metrics {
         );
         registry.register(
             "http_connections_refused",
-            "Connections answered 503 overloaded because server.max_connections were open",
+            "Connections answered 503 overloaded because server.max_connections (or the address's share) were open, all busy",
             connections.refused.clone(),
+        );
+        registry.register(
+            "http_connections_evicted",
+            "Idle keep-alive connections closed to make room for a new connection at server.max_connections",
+            connections.evicted.clone(),
         );
         registry.register(
             "http_connections_cut",

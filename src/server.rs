@@ -56,6 +56,7 @@ use crate::api::{
 use crate::listen::{Drained, Edge};
 use crate::mcp::{Caller, McpServer};
 use crate::metrics::Metrics;
+use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
@@ -249,10 +250,7 @@ fn authenticate(parts: &Parts, s: &AppState) -> ApiResult<(String, Role)> {
     if !s.auth.required() {
         return s.auth.caller(None);
     }
-    let ip = parts
-        .extensions
-        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-        .map(|c| c.0.ip());
+    let ip = client_ip(parts);
     let now = std::time::Instant::now();
     let header = parts
         .headers
@@ -268,6 +266,21 @@ fn authenticate(parts: &Parts, s: &AppState) -> ApiResult<(String, Role)> {
     }
     s.throttle.failed(ip, now);
     caller
+}
+
+/// The client's address: as the edge resolved it (through a trusted proxy, the address it
+/// forwarded; `crate::listen::Client`), else the connection's.
+pub(crate) fn client_ip(parts: &Parts) -> Option<std::net::IpAddr> {
+    parts
+        .extensions
+        .get::<crate::listen::Client>()
+        .map(|c| c.ip)
+        .or_else(|| {
+            parts
+                .extensions
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|c| c.0.ip())
+        })
 }
 
 /// The answer to a failing request from an address past its failures.
@@ -334,6 +347,58 @@ struct AppState {
     ui: Arc<dashboard::Ui>,
     /// The cluster node this router serves a partition of (`None`: a single server).
     cluster: Option<InCluster>,
+    /// `/mcp`'s protocol sessions and the keys that opened them.
+    mcp_sessions: Arc<McpSessions>,
+}
+
+/// Protocol sessions of `/mcp` open at most per API key: one agent opening sessions in a
+/// loop cannot fill the server's memory.
+pub(crate) const MCP_SESSIONS_PER_KEY: usize = 256;
+
+/// `/mcp`'s protocol sessions (rmcp keeps them) and, for each, the SHA-256 of the key that
+/// opened it: a session answers only that key, so one tenant can neither use nor end
+/// another's.
+pub(crate) struct McpSessions {
+    manager: Arc<LocalSessionManager>,
+    owners: std::sync::Mutex<HashMap<String, String>>,
+}
+
+impl McpSessions {
+    fn new() -> Self {
+        McpSessions {
+            manager: Arc::new(LocalSessionManager::default()),
+            owners: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sessions `key` holds open now (forgetting those rmcp ended: idle or closed).
+    async fn held_by(&self, key: &str) -> usize {
+        let theirs: Vec<String> = self
+            .owners()
+            .iter()
+            .filter(|(_, k)| k.as_str() == key)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut open = 0;
+        for id in theirs {
+            let live = self
+                .manager
+                .has_session(&Arc::from(id.as_str()))
+                .await
+                .unwrap_or(false);
+            match live {
+                true => open += 1,
+                false => {
+                    self.owners().remove(&id);
+                }
+            }
+        }
+        open
+    }
 }
 
 /// What a cluster node lends the router of each partition it owns (`crate::cluster`).
@@ -414,15 +479,16 @@ pub(crate) fn router_with(
         limits: Arc::new(limits),
         auth: Arc::new(auth),
         metrics,
+        admission: Arc::new(Admission::new(&edge)),
         edge,
         throttle: Arc::new(AuthThrottle::default()),
-        admission: Arc::new(Admission::new(&edge)),
         work,
         ui: Arc::new(dashboard::Ui::new(match &cluster {
             Some(c) => c.logins.clone(),
             None => Arc::new(dashboard::Logins::here()),
         })),
         cluster,
+        mcp_sessions: Arc::new(McpSessions::new()),
     };
     let mcp = mcp_service(&state, closing);
     Router::new()
@@ -490,7 +556,7 @@ fn mcp_service(
     }
     StreamableHttpService::new(
         move || Ok(server.clone()),
-        LocalSessionManager::default().into(),
+        state.mcp_sessions.manager.clone(),
         config,
     )
 }
@@ -503,8 +569,64 @@ async fn mcp_caller(State(s): State<AppState>, request: Request, next: Next) -> 
     match authenticate(&parts, &s) {
         Ok((namespace, _)) => {
             let ending = parts.method == axum::http::Method::DELETE;
+            // Who opened a session, by the SHA-256 of the header that carried the key.
+            let key = hex(&Sha256::digest(
+                parts
+                    .headers
+                    .get(AUTHORIZATION)
+                    .map_or(&b""[..], |v| v.as_bytes()),
+            ));
+            let session = parts
+                .headers
+                .get("mcp-session-id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            match &session {
+                // Another key's session is answered as an unknown one: its existence is
+                // not this caller's to learn.
+                Some(id) if s.mcp_sessions.owners().get(id).is_some_and(|k| *k != key) => {
+                    return ApiError::new(
+                        StatusCode::NOT_FOUND,
+                        "not_found",
+                        "no MCP session with this Mcp-Session-Id is open for this API key; \
+                         start a new one (initialize)",
+                    )
+                    .into_response();
+                }
+                Some(_) => {}
+                None if parts.method == axum::http::Method::POST
+                    && s.mcp_sessions.held_by(&key).await >= MCP_SESSIONS_PER_KEY =>
+                {
+                    let mut e = ApiError::new(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "too_many_sessions",
+                        format!(
+                            "this API key holds {MCP_SESSIONS_PER_KEY} open MCP sessions; end \
+                             one (DELETE /mcp with its Mcp-Session-Id) or reuse it, or wait for \
+                             idle ones to expire"
+                        ),
+                    );
+                    e.retry_after = Some(60);
+                    return e.into_response();
+                }
+                None => {}
+            }
             parts.extensions.insert(Caller(namespace));
             let mut answer = next.run(Request::from_parts(parts, body)).await;
+            if session.is_none()
+                && let Some(opened) = answer
+                    .headers()
+                    .get("mcp-session-id")
+                    .and_then(|v| v.to_str().ok())
+            {
+                s.mcp_sessions.owners().insert(opened.to_string(), key);
+            }
+            if ending
+                && answer.status().is_success()
+                && let Some(id) = &session
+            {
+                s.mcp_sessions.owners().remove(id);
+            }
             // The SDK answers a session's end (`DELETE`) 202 with no body; the Python SDK's
             // client warns on anything but 200 or 204. Nothing is pending: say 204.
             if ending && answer.status() == StatusCode::ACCEPTED {
@@ -550,7 +672,7 @@ pub async fn serve(
         rt.clone(),
         limits,
         auth,
-        edge,
+        edge.clone(),
         Some(work),
         metrics,
         closing.clone(),
@@ -1059,7 +1181,8 @@ async fn admit(
 ) -> Response {
     let route = matched.as_ref().map_or("", |m| m.as_str());
     let work = match (request.method().as_str(), route) {
-        ("POST", "/v1/sessions/{session_id}/recall" | "/v1/knowledge/search") => Work::Recall,
+        ("POST", "/v1/sessions/{session_id}/recall" | "/v1/knowledge/search")
+        | ("GET", "/v1/knowledge/graph") => Work::Recall,
         (
             "POST" | "PATCH" | "DELETE",
             "/v1/sessions/{session_id}/events"

@@ -21,7 +21,7 @@ pub(crate) struct Served {
 }
 
 impl Served {
-    fn start(server: &str) -> Served {
+    pub(crate) fn start(server: &str) -> Served {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         let config = dir.path().join("shadowbrain.toml");
@@ -95,7 +95,7 @@ impl Served {
         Served::start_in(dir, data, &config)
     }
 
-    fn connect(&self) -> TcpStream {
+    pub(crate) fn connect(&self) -> TcpStream {
         let s = TcpStream::connect(self.addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         s
@@ -144,7 +144,7 @@ impl Drop for Served {
 type Answer = (u16, Vec<(String, String)>, String);
 
 /// One whole HTTP/1.1 answer read from `s`.
-fn answer(s: &mut TcpStream) -> Answer {
+pub(crate) fn answer(s: &mut TcpStream) -> Answer {
     let mut raw = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -189,14 +189,14 @@ fn parse_head(head: &str) -> (u16, Vec<(String, String)>) {
     (status, headers)
 }
 
-fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+pub(crate) fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
     headers
         .iter()
         .find(|(k, _)| k == name)
         .map(|(_, v)| v.as_str())
 }
 
-fn code(body: &str) -> String {
+pub(crate) fn code(body: &str) -> String {
     let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
     v["error"]["code"]
         .as_str()
@@ -373,9 +373,23 @@ fn a_body_that_stops_arriving_is_answered_408() {
 }
 
 #[test]
-fn connections_past_the_bound_are_refused_at_once_and_slots_come_back() {
-    let served = Served::start("max_connections = 2\nheader_timeout = \"5m\"");
-    let holders: Vec<TcpStream> = (0..2).map(|_| served.connect()).collect();
+fn connections_past_the_bound_are_refused_at_once_when_all_are_busy_and_slots_come_back() {
+    let served = Served::start(
+        "max_connections = 2\nmax_connections_per_address = 2\nheader_timeout = \"5m\"\n\
+         body_timeout = \"5m\"",
+    );
+    // Both connections are answering a request: each body is still arriving.
+    let holders: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = served.connect();
+            s.write_all(
+                b"POST /v1/sessions/s1/events HTTP/1.1\r\nHost: x\r\n\
+                  Content-Type: application/json\r\nContent-Length: 60\r\n\r\n{\"kind\"",
+            )
+            .unwrap();
+            s
+        })
+        .collect();
     std::thread::sleep(Duration::from_millis(300));
     let mut third = served.connect();
     write!(third, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
@@ -748,9 +762,9 @@ fn guessing_keys_from_one_address_is_throttled() {
         .collect();
     assert_eq!(statuses[..20], [401; 20], "{statuses:?}");
     assert_eq!(statuses[20..], [429; 10], "{statuses:?}");
-    // Blocked for the window, whatever the key and the connection; the server is fine.
+    // Blocked for the window, whatever the wrong key and the connection; the server is fine.
     let mut other = served.connect();
-    let (status, headers, body) = ask(&mut other, "the-good-key");
+    let (status, headers, body) = ask(&mut other, "another-guess");
     assert_eq!(status, 429, "{body}");
     assert_eq!(code(&body), "too_many_failed_auth", "{body}");
     let wait: u64 = header(&headers, "retry-after").unwrap().parse().unwrap();
@@ -769,8 +783,8 @@ fn guessing_keys_from_one_address_is_throttled() {
 }
 
 #[test]
-fn work_past_the_admission_limits_is_refused_at_once_not_queued() {
-    let served = Served::start("max_writes = 1\nmax_recalls = 1");
+fn work_past_the_admission_limits_is_refused_once_its_wait_runs_out() {
+    let served = Served::start("max_writes = 1\nmax_recalls = 1\nqueue_wait = \"200ms\"");
     // A write and a recall each hold their route's only slot while their bodies trickle.
     let event = r#"{"kind": "observation", "text": "the slow one"}"#;
     let recall = r#"{"query": "the slow one"}"#;

@@ -1,5 +1,6 @@
 //! Integration tests of the `shadowbrain` package (one binary; modules below).
 
+mod abuse;
 mod cli;
 mod cluster;
 mod dashboard;

@@ -5,7 +5,8 @@
 //! condenser *tell* it about candidates; the handle *asks* it for graph queries, links and
 //! explicit promotions. A namespace's graph is loaded from the store on first use and kept
 //! in step with its own writes; edges written elsewhere (update detection, resolutions by
-//! hand) move the store's edge count, and a graph cached at another count is loaded again.
+//! hand) move the store's count of that namespace's edge changes, and a graph cached at
+//! another count is loaded again (other namespaces' graphs stay).
 //! A restart simply loads it again.
 //!
 //! Candidates reach it through the store's promotion queue, written in the same commit as
@@ -20,11 +21,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use shadowbrain_runtime::{
-    Edge, Graph, MemoryId, PROMOTE_ROUND, Promotion, Relation, Result, Substrate,
+    Edge, Error, Graph, MemoryId, PROMOTE_ROUND, Promotion, Relation, Result, Substrate,
 };
 
 /// Who the audit log names for promotions.
 const BY: &str = "knowledge";
+
+/// Records one graph query answers at most: the actor serves every namespace, so one
+/// query over a dense graph must not hold it for long.
+pub const MAX_NEIGHBOURHOOD: usize = 500;
 
 /// The knowledge-graph actor.
 pub(crate) struct KnowledgeGraph;
@@ -32,9 +37,9 @@ pub(crate) struct KnowledgeGraph;
 /// Its state.
 pub(crate) struct KnowledgeState {
     substrate: Substrate,
-    graphs: HashMap<String, Graph>,
-    /// The store's edge count when the cached graphs were last known to be current.
-    edge_changes: u64,
+    /// Each namespace's graph, with the store's count of that namespace's edge changes
+    /// when it was loaded.
+    graphs: HashMap<String, (u64, Graph)>,
     /// Set while a [`KnowledgeMessage::Drain`] waits in the mailbox, so a burst of wake-ups
     /// sends one.
     woken: Arc<AtomicBool>,
@@ -77,19 +82,21 @@ pub(crate) enum KnowledgeMessage {
 impl KnowledgeState {
     fn graph(&mut self, namespace: &str) -> Result<&mut Graph> {
         // Read before loading: an edge committed during the load moves the count again,
-        // so the next query loads once more rather than missing it.
-        let changes = self.substrate.store().edge_changes();
-        if changes != self.edge_changes {
-            self.graphs.clear();
-            self.edge_changes = changes;
-        }
-        if !self.graphs.contains_key(namespace) {
+        // so the next query loads once more rather than missing it. Only this namespace's
+        // count matters: another namespace's edges never make this graph stale.
+        let changes = self.substrate.store().edge_changes_in(namespace);
+        if self
+            .graphs
+            .get(namespace)
+            .is_none_or(|(at, _)| *at != changes)
+        {
             let graph = self.substrate.knowledge_graph(namespace)?;
-            self.graphs.insert(namespace.to_string(), graph);
+            self.graphs.insert(namespace.to_string(), (changes, graph));
         }
         Ok(self
             .graphs
             .get_mut(namespace)
+            .map(|(_, graph)| graph)
             .unwrap_or_else(|| unreachable!("inserted above")))
     }
 
@@ -154,7 +161,6 @@ impl Actor for KnowledgeGraph {
         let (me, flag) = (myself.clone(), woken.clone());
         substrate.on_promotion_ready(Some(Arc::new(move || wake(&me, &flag))));
         Ok(KnowledgeState {
-            edge_changes: substrate.store().edge_changes(),
             substrate,
             graphs: HashMap::new(),
             woken,
@@ -190,10 +196,20 @@ impl Actor for KnowledgeGraph {
                 depth,
                 reply,
             } => {
-                let result = state
-                    .substrate
-                    .get(&namespace, around)
-                    .and_then(|_| Ok(state.graph(&namespace)?.neighbourhood(around, depth)));
+                let result = state.substrate.get(&namespace, around).and_then(|_| {
+                    state
+                        .graph(&namespace)?
+                        .neighbourhood_within(around, depth, MAX_NEIGHBOURHOOD)
+                        .ok_or_else(|| {
+                            Error::invalid(
+                                "depth",
+                                format!(
+                                    "the records within {depth} edges of {around} are more \
+                                         than {MAX_NEIGHBOURHOOD}; ask for a smaller depth"
+                                ),
+                            )
+                        })
+                });
                 let _ = reply.send(result);
             }
             KnowledgeMessage::Link {

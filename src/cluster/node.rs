@@ -369,7 +369,7 @@ async fn run_node(
     let drained = crate::server::serve_app(
         listener,
         app,
-        node.edge.lingering_for(node.limits.max_body_bytes),
+        node.edge.clone().lingering_for(node.limits.max_body_bytes),
         counts,
         node.closing.clone(),
         shutdown,
@@ -906,7 +906,7 @@ impl Node {
             rt.clone(),
             self.limits,
             self.auth.clone(),
-            self.edge,
+            self.edge.clone(),
             Some(self.work.clone()),
             self.metrics.clone(),
             closing.clone(),

@@ -14,6 +14,8 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -31,6 +33,10 @@ pub(crate) struct Linger<S> {
     inner: S,
     /// Bytes discarded at most while lingering.
     bound: u64,
+    /// Set when the last answer closes the connection with its request's body possibly
+    /// unread (the router's `Connection: close` answers); other closes — an idle
+    /// connection timed out or evicted — need no lingering and free their slot at once.
+    wanted: Arc<AtomicBool>,
     state: State,
 }
 
@@ -47,10 +53,11 @@ enum State {
 }
 
 impl<S> Linger<S> {
-    pub(crate) fn new(inner: S, bound: u64) -> Self {
+    pub(crate) fn new(inner: S, bound: u64, wanted: Arc<AtomicBool>) -> Self {
         Linger {
             inner,
             bound,
+            wanted,
             state: State::Open,
         }
     }
@@ -98,6 +105,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Linger<S> {
                 State::Open => {
                     // The answer is out and the client told so (FIN); now drain.
                     ready!(Pin::new(&mut this.inner).poll_shutdown(cx))?;
+                    if !this.wanted.load(Ordering::Acquire) {
+                        this.state = State::Closed;
+                        continue;
+                    }
                     this.state = State::Draining {
                         discarded: 0,
                         idle: Box::pin(tokio::time::sleep(LINGER_IDLE)),
@@ -146,7 +157,7 @@ mod tests {
     #[tokio::test]
     async fn a_close_waits_for_the_client_to_finish_sending_and_drops_what_it_sent() {
         let (client, server) = tokio::io::duplex(64 * 1024);
-        let mut server = Linger::new(server, 1 << 20);
+        let mut server = Linger::new(server, 1 << 20, Arc::new(AtomicBool::new(true)));
         let (mut client_read, mut client_write) = tokio::io::split(client);
         // The client sends 512 KiB without reading, as a client sending a big body does.
         let sender = tokio::spawn(async move {
@@ -174,7 +185,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_client_that_stops_sending_is_closed_after_the_idle_wait() {
         let (_client, server) = tokio::io::duplex(1024);
-        let mut server = Linger::new(server, 1 << 20);
+        let mut server = Linger::new(server, 1 << 20, Arc::new(AtomicBool::new(true)));
         let started = Instant::now();
         server.shutdown().await.unwrap();
         assert!(started.elapsed() >= LINGER_IDLE && started.elapsed() < LINGER_MAX);

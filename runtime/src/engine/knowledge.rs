@@ -140,6 +140,19 @@ impl Graph {
     /// The records within `depth` edges of `around` (edges followed both ways), `around`
     /// first, and the edges among them.
     pub fn neighbourhood(&self, around: MemoryId, depth: usize) -> (Vec<MemoryId>, Vec<Edge>) {
+        self.neighbourhood_within(around, depth, usize::MAX)
+            .unwrap_or_else(|| unreachable!("no graph has more than usize::MAX records"))
+    }
+
+    /// [`Graph::neighbourhood`], or `None` as soon as it would hold more than `max`
+    /// records: the walk stops there, so a deep query over a dense graph costs no more
+    /// than `max` records' worth.
+    pub fn neighbourhood_within(
+        &self,
+        around: MemoryId,
+        depth: usize,
+        max: usize,
+    ) -> Option<(Vec<MemoryId>, Vec<Edge>)> {
         let mut seen = HashSet::from([around.0]);
         let mut order = vec![around];
         let mut queue = VecDeque::from([(around.0, 0usize)]);
@@ -153,17 +166,25 @@ impl Graph {
                 .chain(self.graph.neighbors_directed(node, Direction::Incoming));
             for n in next {
                 if seen.insert(n) {
+                    if order.len() >= max {
+                        return None;
+                    }
                     order.push(MemoryId(n));
                     queue.push_back((n, d + 1));
                 }
             }
         }
         let edges = self
-            .edges()
-            .into_iter()
-            .filter(|e| seen.contains(&e.from.0) && seen.contains(&e.to.0))
+            .graph
+            .all_edges()
+            .filter(|(from, to, _)| seen.contains(from) && seen.contains(to))
+            .map(|(from, to, &relation)| Edge {
+                from: MemoryId(from),
+                to: MemoryId(to),
+                relation,
+            })
             .collect();
-        (order, edges)
+        Some((order, edges))
     }
 }
 

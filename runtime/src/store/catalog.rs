@@ -47,6 +47,10 @@ pub struct Catalog {
     /// Graph edges written or deleted since open: a graph cached at another count is
     /// stale (edges are written by promotion, detection and resolutions alike).
     edge_changes: u64,
+    /// Per namespace, the part of `edge_changes` written there.
+    edge_changes_in: std::collections::HashMap<String, u64>,
+    /// The part of `edge_changes` whose namespace is not known (a cluster log's entries).
+    edge_changes_anywhere: u64,
 }
 
 #[derive(Debug, Default)]
@@ -187,14 +191,24 @@ impl Catalog {
         &self.passages
     }
 
-    /// Counts an edge written or deleted.
-    pub fn edges_changed(&mut self) {
+    /// Counts an edge written or deleted in `namespace` (`None`: in a namespace not known,
+    /// which counts for every namespace).
+    pub fn edges_changed(&mut self, namespace: Option<&str>) {
         self.edge_changes += 1;
+        match namespace {
+            Some(ns) => *self.edge_changes_in.entry(ns.to_string()).or_default() += 1,
+            None => self.edge_changes_anywhere += 1,
+        }
     }
 
     /// Edges written or deleted since open.
     pub fn edge_changes(&self) -> u64 {
         self.edge_changes
+    }
+
+    /// Edges written or deleted since open that may be `namespace`'s.
+    pub fn edge_changes_in(&self, namespace: &str) -> u64 {
+        self.edge_changes_anywhere + self.edge_changes_in.get(namespace).copied().unwrap_or(0)
     }
 
     /// Marks whether `id` is superseded, and whether it is in an open conflict.

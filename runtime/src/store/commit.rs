@@ -109,7 +109,8 @@ enum CatalogOp {
     Remove(MemoryId, Header),
     Passages(MemoryId, bool),
     Validity(MemoryId, bool, bool),
-    Edges,
+    /// An edge of this namespace was written or deleted.
+    Edges(String),
 }
 
 /// A write set's reinforcement-log entries, one per session and recall, before they are
@@ -514,7 +515,7 @@ impl Worker {
             }
         }
         if edges {
-            catalog.edges_changed();
+            catalog.edges_changed(None);
         }
         Ok(())
     }
@@ -631,7 +632,7 @@ impl Worker {
                                 CatalogOp::Validity(id, superseded, conflicted) => {
                                     catalog.set_validity(*id, *superseded, *conflicted)
                                 }
-                                CatalogOp::Edges => catalog.edges_changed(),
+                                CatalogOp::Edges(ns) => catalog.edges_changed(Some(ns)),
                             }
                         }
                     }
@@ -1112,10 +1113,10 @@ impl Worker {
                 }
                 Mutation::PutEdge(namespace, edge) => {
                     ops.push(families::edge_op(&namespace, &edge));
-                    cat.push(CatalogOp::Edges);
+                    cat.push(CatalogOp::Edges(namespace.clone()));
                 }
                 Mutation::DeleteEdge(namespace, edge) => {
-                    cat.push(CatalogOp::Edges);
+                    cat.push(CatalogOp::Edges(namespace.clone()));
                     ops.push(Op::Delete(keys::graph_edge(
                         &namespace,
                         edge.from,

@@ -999,6 +999,12 @@ impl Store {
         self.catalog().edge_changes()
     }
 
+    /// How many graph edges that may be `namespace`'s were written or deleted since open:
+    /// that namespace's graph loaded at another count may be stale, and no other's is.
+    pub fn edge_changes_in(&self, namespace: &str) -> u64 {
+        self.catalog().edge_changes_in(namespace)
+    }
+
     /// Which of `ids` are in an open conflict.
     pub fn conflicted(&self, ids: &roaring::RoaringBitmap) -> roaring::RoaringBitmap {
         self.catalog().conflicted() & ids

@@ -7,13 +7,13 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::rejection::FormRejection;
-use axum::extract::{ConnectInfo, Form, FromRef, FromRequestParts, State};
+use axum::extract::{Form, FromRef, FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -24,14 +24,26 @@ use sha2::{Digest, Sha256};
 use super::{UiError, page, redirect};
 use crate::server::{AppState, Auth, AuthThrottle, DEFAULT_NAMESPACE, Role};
 
-/// The cookie that carries a sign-in's token.
+/// The cookie that carries a sign-in's token over plain HTTP.
 const COOKIE: &str = "shadowbrain_ui";
+
+/// The same cookie behind a TLS-terminating proxy: `Secure`, and the `__Host-` prefix, so
+/// no other host or path (and no plain-HTTP page) can set or shadow it.
+const SECURE_COOKIE: &str = "__Host-shadowbrain_ui";
 
 /// How long a sign-in lasts.
 pub(crate) const SIGN_IN_FOR: Duration = Duration::from_secs(12 * 3600);
 
-/// Sign-ins kept at most in memory; past it the one closest to expiry makes room.
+/// Sign-ins kept at most in memory; past it the key holding the most makes room, its
+/// sign-in closest to expiry.
 const MAX_SIGN_INS: usize = 10_000;
+
+/// Sign-ins one key holds at most; past it that key's own sign-in closest to expiry makes
+/// room, never another key's.
+const MAX_SIGN_INS_PER_KEY: usize = 100;
+
+/// Sign-ins one key may start per minute (on each node); past it the form answers 429.
+const SIGN_INS_PER_MINUTE: u32 = 20;
 
 /// What a [`SharedSignIns`] answers.
 pub(crate) type Shared<'a, T> = Pin<Box<dyn Future<Output = Result<T, String>> + Send + 'a>>;
@@ -53,6 +65,8 @@ pub(crate) trait SharedSignIns: Send + Sync {
 /// The sign-ins in force.
 pub(crate) struct Logins {
     kept: Kept,
+    /// Per key (by its SHA-256): sign-ins started in the current minute, and when it began.
+    started: Mutex<HashMap<String, (u32, std::time::Instant)>>,
 }
 
 enum Kept {
@@ -75,6 +89,10 @@ pub(crate) struct SignIn {
     admin: bool,
     csrf: String,
     expires: u64,
+    /// The hex SHA-256 of the key it was made with (what the config holds, never the key):
+    /// the caps count per key.
+    #[serde(default)]
+    key: String,
 }
 
 fn unix_now() -> u64 {
@@ -101,6 +119,7 @@ impl Logins {
                 map: Mutex::new(HashMap::new()),
                 open_csrf: random_token(),
             },
+            started: Mutex::new(HashMap::new()),
         }
     }
 
@@ -109,11 +128,44 @@ impl Logins {
     pub(crate) fn shared(store: Arc<dyn SharedSignIns>) -> Self {
         Logins {
             kept: Kept::Shared(store),
+            started: Mutex::new(HashMap::new()),
         }
     }
 
-    /// A new sign-in for a key's namespace and role: its token (for the cookie).
-    async fn start(&self, namespace: String, role: Role) -> Result<String, UiError> {
+    /// Counts a sign-in started with `key`; the wait when the key has started its
+    /// [`SIGN_INS_PER_MINUTE`].
+    fn rate(&self, key: &str) -> Option<Duration> {
+        let now = std::time::Instant::now();
+        let window = Duration::from_secs(60);
+        let mut started = self.started.lock().unwrap_or_else(|p| p.into_inner());
+        if started.len() >= 10_000 {
+            started.retain(|_, (_, since)| now.duration_since(*since) < window);
+        }
+        let entry = started.entry(key.to_string()).or_insert((0, now));
+        if now.duration_since(entry.1) >= window {
+            *entry = (0, now);
+        }
+        if entry.0 >= SIGN_INS_PER_MINUTE {
+            return Some(window.saturating_sub(now.duration_since(entry.1)));
+        }
+        entry.0 += 1;
+        None
+    }
+
+    /// A new sign-in for a key (its hex SHA-256), namespace and role: its token (for the
+    /// cookie). Past [`SIGN_INS_PER_MINUTE`] for the key, 429.
+    async fn start(&self, key: String, namespace: String, role: Role) -> Result<String, UiError> {
+        if let Some(wait) = self.rate(&key) {
+            return Err(UiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_sign_ins",
+                format!(
+                    "this key started {SIGN_INS_PER_MINUTE} sign-ins in the last minute; wait \
+                     {}s and sign in again",
+                    wait.as_secs().max(1)
+                ),
+            ));
+        }
         let token = random_token();
         let now = unix_now();
         let sign_in = SignIn {
@@ -121,14 +173,34 @@ impl Logins {
             admin: role == Role::Admin,
             csrf: random_token(),
             expires: now + SIGN_IN_FOR.as_secs(),
+            key,
         };
         match &self.kept {
             Kept::Here { map, .. } => {
                 let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
                 map.retain(|_, s| s.expires > now);
-                if map.len() >= MAX_SIGN_INS
+                let own = map.values().filter(|s| s.key == sign_in.key).count();
+                // Room is made by the key holding the most: this one at its own cap, else
+                // whichever key has the largest share when the whole table is full. So
+                // one key's sign-ins never sign another key's visitor out.
+                let evict = if own >= MAX_SIGN_INS_PER_KEY {
+                    Some(sign_in.key.clone())
+                } else if map.len() >= MAX_SIGN_INS {
+                    let mut counts: HashMap<&str, usize> = HashMap::new();
+                    for s in map.values() {
+                        *counts.entry(s.key.as_str()).or_default() += 1;
+                    }
+                    counts
+                        .into_iter()
+                        .max_by_key(|&(_, n)| n)
+                        .map(|(k, _)| k.to_string())
+                } else {
+                    None
+                };
+                if let Some(key) = evict
                     && let Some(oldest) = map
                         .iter()
+                        .filter(|(_, s)| s.key == key)
                         .min_by_key(|(_, s)| s.expires)
                         .map(|(k, _)| k.clone())
                 {
@@ -322,15 +394,22 @@ fn loopback_host(headers: &HeaderMap) -> bool {
         || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
+/// The sign-in's token: the `__Host-` cookie when there is one, else the plain one.
 fn cookie_token(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
-        .map(|(_, value)| value.to_string())
+    let pairs = || {
+        headers
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|pair| pair.trim().split_once('='))
+    };
+    let named = |cookie: &str| {
+        pairs()
+            .find(|(name, _)| *name == cookie)
+            .map(|(_, value)| value.to_string())
+    };
+    named(SECURE_COOKIE).or_else(|| named(COOKIE))
 }
 
 /// Refuses a state change this server's own page did not send: a cross-site
@@ -383,10 +462,19 @@ fn same_origin(headers: &HeaderMap) -> Result<(), UiError> {
     Ok(())
 }
 
-/// Where to go after signing in: a path of this server only (never another site).
+/// Where to go after signing in: a path of this server only, never another site. Browsers
+/// drop tabs and newlines from a `Location` and read `\\` as `/`, so `/<TAB>/evil.example`
+/// would become `//evil.example`: only visible ASCII is accepted, starting with one `/` and
+/// with no backslash anywhere; anything else goes to the overview.
 fn safe_next(next: Option<&str>) -> String {
     match next {
-        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n.to_string(),
+        Some(n)
+            if n.starts_with('/')
+                && !n.starts_with("//")
+                && n.bytes().all(|b| b.is_ascii_graphic() && b != b'\\') =>
+        {
+            n.to_string()
+        }
         _ => "/".to_string(),
     }
 }
@@ -442,19 +530,19 @@ pub(super) struct SignInForm {
     next: Option<String>,
 }
 
-/// The client's address, for the failed-sign-in throttle.
-pub(super) struct ClientIp(Option<IpAddr>);
+/// The client's address, for the failed-sign-in throttle, and whether it reached a
+/// trusted TLS-terminating proxy over HTTPS (the cookie is `Secure` then).
+pub(super) struct ClientIp(Option<IpAddr>, bool);
 
 impl<S: Send + Sync> FromRequestParts<S> for ClientIp {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(ClientIp(
-            parts
-                .extensions
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|c| c.0.ip()),
-        ))
+        let https = parts
+            .extensions
+            .get::<crate::listen::Client>()
+            .is_some_and(|c| c.https);
+        Ok(ClientIp(crate::server::client_ip(parts), https))
     }
 }
 
@@ -462,7 +550,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ClientIp {
 /// sets the session cookie and goes on to `next`.
 pub(super) async fn login(
     State(s): State<Door>,
-    ClientIp(ip): ClientIp,
+    ClientIp(ip, https): ClientIp,
     headers: HeaderMap,
     form: Result<Form<SignInForm>, FormRejection>,
 ) -> Response {
@@ -481,7 +569,8 @@ pub(super) async fn login(
         return redirect(&next);
     }
     let now = std::time::Instant::now();
-    let bearer = format!("Bearer {}", form.key.trim());
+    let key = form.key.trim();
+    let bearer = format!("Bearer {key}");
     let caller = s.auth.caller(Some(&bearer));
     // Only failing sign-ins are throttled: a valid key is never refused for others'
     // mistakes from the same address.
@@ -496,15 +585,22 @@ pub(super) async fn login(
     }
     match caller {
         Ok((namespace, role)) => {
-            let token = match s.logins.start(namespace, role).await {
+            let token = match s.logins.start(digest(key), namespace, role).await {
                 Ok(token) => token,
                 Err(e) => return e.into_response(),
             };
             let mut answer = redirect(&next);
-            let cookie = format!(
-                "{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
-                SIGN_IN_FOR.as_secs()
-            );
+            let cookie = match https {
+                true => format!(
+                    "{SECURE_COOKIE}={token}; Secure; HttpOnly; SameSite=Strict; Path=/; \
+                     Max-Age={}",
+                    SIGN_IN_FOR.as_secs()
+                ),
+                false => format!(
+                    "{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+                    SIGN_IN_FOR.as_secs()
+                ),
+            };
             if let Ok(value) = HeaderValue::from_str(&cookie) {
                 answer.headers_mut().insert(header::SET_COOKIE, value);
             }
@@ -545,10 +641,14 @@ pub(super) async fn logout(
         return e.into_response();
     }
     let mut answer = redirect("/ui/login");
-    answer.headers_mut().insert(
-        header::SET_COOKIE,
-        HeaderValue::from_static("shadowbrain_ui=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
-    );
+    for cleared in [
+        "shadowbrain_ui=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0",
+        "__Host-shadowbrain_ui=; Secure; HttpOnly; SameSite=Strict; Path=/; Max-Age=0",
+    ] {
+        answer
+            .headers_mut()
+            .append(header::SET_COOKIE, HeaderValue::from_static(cleared));
+    }
     answer
 }
 
@@ -590,10 +690,28 @@ mod tests {
             "//evil.example/",
             "https://evil.example/",
             "/\\evil.example",
+            "\\\\evil.example",
             "ui",
+            "/\t/evil.example",
+            "/\n/evil.example",
+            "/\r/evil.example",
+            "/ /evil.example",
+            "/\u{3000}/evil.example",
+            "/\u{ff0f}evil.example",
+            "/。/evil.example",
+            "\t//evil.example",
+            "https:evil.example",
+            "javascript:alert(1)",
+            "",
         ] {
-            assert_eq!(safe_next(Some(bad)), "/", "{bad}");
+            assert_eq!(safe_next(Some(bad)), "/", "{bad:?}");
         }
+        // Encoded forms stay one path on this server (a browser does not decode them into
+        // an authority).
+        assert_eq!(
+            safe_next(Some("/%2F%2Fevil.example")),
+            "/%2F%2Fevil.example"
+        );
         assert_eq!(safe_next(None), "/");
     }
 

@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 use super::page::{self, Nav};
 use super::{UiResult, Viewer, html};
-use crate::server::AppState;
+use crate::server::{AppState, Work};
 use crate::{Insights, MemoryRecord};
 
 /// How long computed insights are shown before they are computed again.
@@ -41,22 +41,46 @@ pub(super) async fn page(
     viewer: Viewer,
     Query(query): Query<InsightsQuery>,
 ) -> UiResult {
-    let cached = {
+    let asked = Instant::now();
+    // Cached and fresh enough; with `?fresh=1`, computed after this request arrived.
+    let cached = || {
         let cache = s.ui.insights.lock().unwrap_or_else(|p| p.into_inner());
         cache
             .get(&viewer.namespace)
-            .filter(|c| c.at.elapsed() < FRESH_FOR && query.fresh.is_none())
+            .filter(|c| match query.fresh {
+                None => c.at.elapsed() < FRESH_FOR,
+                Some(_) => c.at >= asked,
+            })
             .map(|c| (c.insights.clone(), c.at, c.took))
     };
-    let (insights, at, took) = match cached {
+    // One computation per namespace at a time: a visitor who arrives while one runs waits
+    // for it and shows its answer instead of starting another.
+    let turn =
+        s.ui.computing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(viewer.namespace.clone())
+            .or_default()
+            .clone();
+    let _turn = match cached() {
+        Some(_) => None,
+        None => Some(turn.lock_owned().await),
+    };
+    let (insights, at, took) = match cached() {
         Some(c) => c,
         None => {
+            // Admitted like a recall; the slot is held by the reading itself, which goes on
+            // if the request is abandoned, so the work never outlives its slot.
+            let slot = s.admission.enter(Work::Recall).await?;
             let ns = viewer.namespace.clone();
             let now = s.rt.substrate().clock().now();
             let started = Instant::now();
             let insights = Arc::new(
-                s.rt.inspect("the insights", move |sub| sub.insights(&ns, now, TOP))
-                    .await?,
+                s.rt.inspect("the insights", move |sub| {
+                    let _slot = slot;
+                    sub.insights(&ns, now, TOP)
+                })
+                .await?,
             );
             let took = started.elapsed();
             s.ui.insights

@@ -132,11 +132,14 @@ pub(super) async fn graph(
         .as_deref()
         .map(str::trim)
         .filter(|a| !a.is_empty());
+    // Walking a neighbourhood or reading the pool is admitted like a recall.
+    let slot = s.admission.enter(Work::Recall).await?;
     let (nodes, edges): (Vec<MemoryRecord>, Vec<crate::Edge>) = match around {
         Some(id) => crate::server::graph_records(&s.rt, &viewer.namespace, id, query.depth).await?,
         None => {
             let ns = viewer.namespace.clone();
             s.rt.inspect("the knowledge graph", move |sub| {
+                let _slot = slot;
                 let store = sub.store();
                 let ids = store.candidates(&Filter {
                     namespace: &ns,

@@ -50,6 +50,8 @@ pub(super) struct Ui {
     logins: Arc<Logins>,
     rates: Mutex<overview::Samples>,
     insights: Mutex<HashMap<String, insights::Cached>>,
+    /// Per namespace, held while its insights are computed: one computation at a time.
+    computing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     started: Instant,
 }
 
@@ -59,6 +61,7 @@ impl Ui {
             logins,
             rates: Mutex::new(overview::Samples::default()),
             insights: Mutex::new(HashMap::new()),
+            computing: Mutex::new(HashMap::new()),
             started: Instant::now(),
         }
     }
