@@ -25,7 +25,8 @@
 //! shows what a recall of a fixed scope costs while the store grows around it.
 //! `--paced-mixed 1000` adds the same mix paced at that many requests per second from
 //! `--paced-mixed-clients` (20) clients, writes of 1–10 events, latency from when each
-//! request was due: refusing at once, then waiting for a slot. Prints
+//! request was due: refusing at once, then waiting for a slot; with `--idle 2000`, once more
+//! beside 2,000 idle keep-alive connections (more than `max_connections`). Prints
 //! progress on stderr and, last, one JSON line.
 //!
 //! `--policy FILE` runs the in-process servers on that policy instead of the default one
@@ -34,7 +35,8 @@
 //!
 //! `--target HOST:PORT --mixed-secs 60`: only the mixed load, against a server already
 //! running in another process (the release binary, on an empty data directory), so the
-//! clients and the server are separate processes as in production.
+//! clients and the server are separate processes as in production; with `--paced-mixed`,
+//! paced, and with `--idle N` beside N idle keep-alive connections.
 //!
 //! The clients check each answer's shape without building a JSON tree: they share the
 //! cores with the server, and their own parsing would be counted against it.
@@ -78,10 +80,22 @@ struct Args {
     mixed_secs: f64,
     mixed_clients: usize,
     mixed_max_recalls: usize,
+    /// `max_writes` of the mixed phases' servers (`--mixed-max-writes`, default the server's).
+    mixed_max_writes: usize,
+    /// `queue_wait` of the waiting variant, in ms (`--mixed-queue-wait`, default the server's).
+    mixed_queue_wait: Duration,
+    /// Its `write_queue_wait`, in ms (`--mixed-write-wait`, default the server's).
+    mixed_write_wait: Duration,
+    /// The admission variants the mixed phases run (`--mixed-variants off,at_once,queue`,
+    /// the default).
+    mixed_variants: Vec<String>,
     /// The paced mixed load (`--paced-mixed 1000`): requests per second, 0 for none.
     paced_mixed: f64,
     /// Its clients (`--paced-mixed-clients`, default 20).
     paced_mixed_clients: usize,
+    /// Idle keep-alive connections held open beside the paced mixed load (`--idle 2000`):
+    /// it runs once more with them.
+    idle: usize,
     /// A server already running (the release binary): only the mixed load, against it.
     target: Option<SocketAddr>,
     /// The in-process runtimes' policy (`--policy FILE`); the default one without it.
@@ -100,8 +114,13 @@ fn args() -> Result<Args, String> {
         mixed_secs: 0.0,
         mixed_clients: 200,
         mixed_max_recalls: Edge::default().max_recalls,
+        mixed_max_writes: Edge::default().max_writes,
+        mixed_queue_wait: Edge::default().queue_wait,
+        mixed_write_wait: Edge::default().write_queue_wait,
+        mixed_variants: vec!["off".into(), "at_once".into(), "queue".into()],
         paced_mixed: 0.0,
         paced_mixed_clients: 20,
+        idle: 0,
         target: None,
         policy: None,
     };
@@ -122,8 +141,20 @@ fn args() -> Result<Args, String> {
             "--mixed-secs" => a.mixed_secs = value()? as f64,
             "--mixed-clients" => a.mixed_clients = value()?.max(1),
             "--mixed-max-recalls" => a.mixed_max_recalls = value()?.max(1),
+            "--mixed-max-writes" => a.mixed_max_writes = value()?.max(1),
+            "--mixed-queue-wait" => a.mixed_queue_wait = Duration::from_millis(value()? as u64),
+            "--mixed-write-wait" => a.mixed_write_wait = Duration::from_millis(value()? as u64),
+            "--mixed-variants" => {
+                a.mixed_variants = it
+                    .next()
+                    .unwrap_or_default()
+                    .split(',')
+                    .map(str::to_string)
+                    .collect();
+            }
             "--paced-mixed" => a.paced_mixed = value()? as f64,
             "--paced-mixed-clients" => a.paced_mixed_clients = value()?.max(1),
+            "--idle" => a.idle = value()?,
             "--target" => {
                 a.target =
                     Some(it.next().and_then(|v| v.parse().ok()).ok_or(
@@ -150,7 +181,8 @@ fn args() -> Result<Args, String> {
                 return Err(format!(
                     "unknown flag {other}; use --clients, --sessions, --events, --batch, \
                      --recalls, --rates, --paced-secs, --mixed-secs, --mixed-clients, --mixed-max-recalls, \
-                     --paced-mixed, --paced-mixed-clients, --policy, --target"
+                     --mixed-max-writes, --mixed-queue-wait, --mixed-write-wait, --mixed-variants, \
+                     --paced-mixed, --paced-mixed-clients, --idle, --policy, --target"
                 ));
             }
         }
@@ -432,26 +464,34 @@ async fn main() {
     };
     let at_once = Edge {
         max_recalls: a.mixed_max_recalls,
+        // The limits as they were before requests could wait: 512 writes.
+        max_writes: 512,
         queue_wait: Duration::ZERO,
+        write_queue_wait: Duration::ZERO,
         ..Edge::default()
     };
     let waiting = Edge {
         max_recalls: a.mixed_max_recalls,
+        max_writes: a.mixed_max_writes,
+        queue_wait: a.mixed_queue_wait,
+        write_queue_wait: a.mixed_write_wait,
         ..Edge::default()
     };
-    let variants = [("off", unbounded), ("at_once", at_once), ("queue", waiting)];
+    let variants: Vec<(&str, Edge)> = [
+        ("off", unbounded),
+        ("at_once", at_once),
+        ("queue", waiting.clone()),
+    ]
+    .into_iter()
+    .filter(|(name, _)| a.mixed_variants.iter().any(|v| v == name))
+    .collect();
     let mut mixed = Vec::new();
     if a.paced_mixed > 0.0 {
-        for (name, edge) in variants.iter().skip(1) {
-            let secs = a.mixed_secs.max(10.0);
-            let m = mixed_phase(
-                *edge,
-                a.policy.as_ref(),
-                a.paced_mixed_clients,
-                secs,
-                Some(a.paced_mixed),
-            )
-            .await;
+        let secs = a.mixed_secs.max(10.0);
+        let pace = Some(a.paced_mixed);
+        let clients = a.paced_mixed_clients;
+        for (name, edge) in variants.iter().filter(|(name, _)| *name != "off") {
+            let m = mixed_phase(edge.clone(), a.policy.as_ref(), clients, secs, pace, 0).await;
             eprintln!(
                 "http_load: paced mixed {:.0}/s, admission {name}: {}",
                 a.paced_mixed,
@@ -459,10 +499,29 @@ async fn main() {
             );
             mixed.push(m.json(("paced_admission", name)));
         }
+        if a.idle > 0 {
+            let edge = waiting.clone();
+            let m = mixed_phase(edge, a.policy.as_ref(), clients, secs, pace, a.idle).await;
+            eprintln!(
+                "http_load: paced mixed {:.0}/s beside {} idle connections: {}",
+                a.paced_mixed,
+                a.idle,
+                m.line()
+            );
+            mixed.push(m.json(("paced_idle", &a.idle.to_string())));
+        }
     }
     if a.mixed_secs > 0.0 {
-        for (name, edge) in variants {
-            let m = mixed_phase(edge, a.policy.as_ref(), a.mixed_clients, a.mixed_secs, None).await;
+        for (name, edge) in variants.iter().cloned() {
+            let m = mixed_phase(
+                edge,
+                a.policy.as_ref(),
+                a.mixed_clients,
+                a.mixed_secs,
+                None,
+                0,
+            )
+            .await;
             eprintln!("http_load: mixed, admission {name}: {}", m.line());
             mixed.push(m.json(("admission", name)));
         }
@@ -515,7 +574,9 @@ async fn against(addr: SocketAddr, a: &Args) {
     } else {
         a.mixed_clients
     };
+    let held = hold_idle(addr, a.idle).await;
     let m = mixed_load(addr, clients, secs, pace).await;
+    drop(held);
     eprintln!("http_load: mixed, against {addr}: {}", m.line());
     println!("{}", m.json(("target", &addr.to_string())));
 }
@@ -636,6 +697,7 @@ async fn mixed_phase(
     clients: usize,
     secs: f64,
     pace: Option<f64>,
+    idle: usize,
 ) -> Mixed {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let rt = Runtime::open(config(dir.path(), policy))
@@ -659,6 +721,7 @@ async fn mixed_phase(
         },
     ));
     preload(addr).await;
+    let held = hold_idle(addr, idle).await;
     // The clients run on a runtime of their own, as separate processes would: sharing the
     // server's workers, their own scheduling would be counted as the server's latency.
     let m = tokio::task::spawn_blocking(move || {
@@ -672,6 +735,7 @@ async fn mixed_phase(
     })
     .await
     .expect("the mixed clients");
+    drop(held);
     let _ = stop.send(());
     served
         .await
@@ -810,6 +874,26 @@ async fn mixed_load(addr: SocketAddr, clients: usize, secs: f64, pace: Option<f6
         v.sort_by(f64::total_cmp);
     }
     m
+}
+
+/// `n` keep-alive connections, each answered once (`GET /healthz`) and then silent, as an
+/// agent fleet's idle connection pools are.
+async fn hold_idle(addr: SocketAddr, n: usize) -> Vec<Client> {
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut client = Client::connect(addr).await;
+        let head = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+        let w = client.stream.get_mut();
+        w.write_all(head.as_bytes()).await.expect("write");
+        // A connection the server closed to make room for a later one may go unanswered.
+        let mut buf = [0u8; 256];
+        let _ = tokio::time::timeout(Duration::from_millis(50), client.stream.read(&mut buf)).await;
+        held.push(client);
+    }
+    if n > 0 {
+        eprintln!("http_load: holding {n} idle keep-alive connections");
+    }
+    held
 }
 
 /// How long a refused client waits: the expected wait the body gives in milliseconds, or

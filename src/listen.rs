@@ -84,14 +84,20 @@ pub struct ServerConfig {
     /// all the others instead of first come, first served.
     pub max_recalls: usize,
     /// Writes (events, feedback, condense, status changes) being answered at once; one
-    /// more waits for a slot like a recall. Default 512.
+    /// more waits for a slot (`write_queue_wait`). Default 2 per core, like recalls: each
+    /// write's work (and the indexing it causes) takes the same cores recall ranks on, and
+    /// with more in flight a write flood at saturation starves recall (200 mixed clients:
+    /// recall p99 264 ms at 8, 116 ms at 4, `examples/http_load.rs`).
     pub max_writes: usize,
-    /// How long a recall or write past its class's slots may wait for one; a request that
-    /// cannot expect a slot within it (the requests ahead of it times the time a slot is
-    /// held, over the slots) is answered `503 overloaded` at once, with the expected wait
-    /// (`crate::server` admission). `"0s"` refuses at once, without waiting. Default
-    /// `"100ms"`.
+    /// How long a recall (or knowledge search, graph walk) past its slots may wait for one;
+    /// a request that cannot expect a slot within it (the requests ahead of it times the
+    /// time a slot is held, over the slots) is answered `503 overloaded` at once, with the
+    /// expected wait (`crate::server` admission). `"0s"` refuses at once, without waiting.
+    /// Default `"100ms"`.
     pub queue_wait: String,
+    /// The same for writes, which a client would rather have late than refused (a bulk
+    /// load sends many at once). Default `"2s"`.
+    pub write_queue_wait: String,
     /// Requests of one class waiting for a slot at most; one more is answered
     /// `503 overloaded` at once. Default 1024.
     pub max_queued: usize,
@@ -118,8 +124,9 @@ impl Default for ServerConfig {
             max_connections_per_address: None,
             trusted_proxies: Vec::new(),
             max_recalls: 2 * cores(),
-            max_writes: 512,
+            max_writes: 2 * cores(),
             queue_wait: "100ms".into(),
+            write_queue_wait: "2s".into(),
             max_queued: 1024,
             edge_realtime: false,
         }
@@ -166,17 +173,8 @@ impl ServerConfig {
             },
             max_recalls: self.max_recalls,
             max_writes: self.max_writes,
-            queue_wait: match humantime::parse_duration(self.queue_wait.trim()) {
-                Ok(d) => d,
-                Err(e) => {
-                    problems.push(format!(
-                        "server.queue_wait = {:?} is not a duration ({e}); write it like \
-                         \"100ms\", or \"0s\" to refuse at once",
-                        self.queue_wait
-                    ));
-                    Duration::ZERO
-                }
-            },
+            queue_wait: wait("queue_wait", &self.queue_wait, &mut problems),
+            write_queue_wait: wait("write_queue_wait", &self.write_queue_wait, &mut problems),
             max_queued: self.max_queued,
             linger_bytes: MIN_LINGER_BYTES,
             realtime: self.edge_realtime,
@@ -184,7 +182,7 @@ impl ServerConfig {
         for (key, value, default) in [
             ("max_connections", self.max_connections, 1024),
             ("max_recalls", self.max_recalls, 2 * cores()),
-            ("max_writes", self.max_writes, 512),
+            ("max_writes", self.max_writes, 2 * cores()),
         ] {
             if value == 0 {
                 problems.push(format!(
@@ -198,6 +196,17 @@ impl ServerConfig {
             false => Err(problems),
         }
     }
+}
+
+/// An admission wait (`queue_wait`, `write_queue_wait`): any duration, zero included.
+fn wait(key: &str, text: &str, problems: &mut Vec<String>) -> Duration {
+    humantime::parse_duration(text.trim()).unwrap_or_else(|e| {
+        problems.push(format!(
+            "server.{key} = {text:?} is not a duration ({e}); write it like \"100ms\", or \
+             \"0s\" to refuse at once"
+        ));
+        Duration::ZERO
+    })
 }
 
 /// The cores this process may use (1 when the system will not say).
@@ -339,8 +348,10 @@ pub struct Edge {
     pub max_recalls: usize,
     /// Writes answered at once.
     pub max_writes: usize,
-    /// Longest wait for an admission slot.
+    /// Longest wait for a recall's admission slot.
     pub queue_wait: Duration,
+    /// Longest wait for a write's admission slot.
+    pub write_queue_wait: Duration,
     /// Requests of one class waiting for a slot at most.
     pub max_queued: usize,
     /// Bytes a closing connection reads and discards at most, so the client sees an answer

@@ -652,7 +652,7 @@ impl Totals {
     }
 }
 
-/// Each work queue (`enrich`, `evaluate`, `condense`): its depth, counted up to
+/// Each work queue (`enrich`, `evaluate`, `condense`, `promote`): its depth, counted up to
 /// [`QUEUE_COUNT_CAP`] (`None` when the store could not count it), and the age in seconds
 /// of its oldest item (`None` when it is empty). Read from the store: call it off the async
 /// workers when the answer must not wait on a busy disk.
@@ -664,6 +664,7 @@ pub(crate) fn work_queues(
         ("enrich", Queue::Enrich),
         ("evaluate", Queue::Evaluate),
         ("condense", Queue::Condense),
+        ("promote", Queue::Promote),
     ]
     .into_iter()
     .map(|(name, q)| {

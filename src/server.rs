@@ -23,7 +23,9 @@ use crate::{
 };
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, MatchedPath, Path, Query, Request, State};
+use axum::extract::{
+    DefaultBodyLimit, FromRequest, FromRequestParts, MatchedPath, Path, Query, Request, State,
+};
 use axum::http::header::{AUTHORIZATION, CONNECTION, CONTENT_LENGTH};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode};
@@ -1192,9 +1194,22 @@ async fn admit(
         ) => Work::Write,
         _ => return answer_on(&s, request, next).await,
     };
+    // The body is read before a slot is taken: a client trickling its body must not hold
+    // one of the few slots while it does (the connection bound and the body timeout limit
+    // what it holds instead). Read whole, a refused request also leaves its connection
+    // ready for the next one.
+    let (parts, body) = request.into_parts();
+    let mut reading = Request::new(body);
+    // The body limit travels in the extensions (`DefaultBodyLimit`).
+    *reading.extensions_mut() = parts.extensions.clone();
+    let body = match Bytes::from_request(reading, &()).await {
+        Ok(body) => body,
+        Err(rejection) => return closing(ApiError::body(rejection)),
+    };
+    let request = Request::from_parts(parts, axum::body::Body::from(body));
     let slot = match s.admission.enter(work).await {
         Ok(slot) => slot,
-        Err(e) => return closing(e),
+        Err(e) => return e.into_response(),
     };
     let answer = answer_on(&s, request, next).await;
     drop(slot);

@@ -783,12 +783,12 @@ fn guessing_keys_from_one_address_is_throttled() {
 }
 
 #[test]
-fn work_past_the_admission_limits_is_refused_once_its_wait_runs_out() {
-    let served = Served::start("max_writes = 1\nmax_recalls = 1\nqueue_wait = \"200ms\"");
-    // A write and a recall each hold their route's only slot while their bodies trickle.
+fn a_client_trickling_its_body_holds_no_admission_slot() {
+    // One slot each; a write and a recall whose bodies trickle.
+    let served = Served::start("max_writes = 1\nmax_recalls = 1\nbody_timeout = \"30s\"");
     let event = r#"{"kind": "observation", "text": "the slow one"}"#;
     let recall = r#"{"query": "the slow one"}"#;
-    let mut holders = Vec::new();
+    let mut trickling = Vec::new();
     for (path, body) in [("events", event), ("recall", recall)] {
         let mut s = served.connect();
         write!(
@@ -799,13 +799,11 @@ fn work_past_the_admission_limits_is_refused_once_its_wait_runs_out() {
             &body[..5]
         )
         .unwrap();
-        holders.push((s, &body[5..]));
+        trickling.push((s, &body[5..]));
     }
     std::thread::sleep(Duration::from_millis(300));
-    for (path, body, what) in [
-        ("events", event, "max_writes"),
-        ("recall", recall, "max_recalls"),
-    ] {
+    // Others are answered meanwhile: the slots are free until a body has arrived whole.
+    for (path, body, status) in [("events", event, 201), ("recall", recall, 200)] {
         let mut s = served.connect();
         write!(
             s,
@@ -814,29 +812,15 @@ fn work_past_the_admission_limits_is_refused_once_its_wait_runs_out() {
             body.len()
         )
         .unwrap();
-        let (status, headers, answer_body) = answer(&mut s);
-        assert_eq!(status, 503, "{path}: {answer_body}");
-        assert_eq!(code(&answer_body), "overloaded", "{answer_body}");
-        assert!(answer_body.contains(what), "{answer_body}");
-        assert_eq!(header(&headers, "retry-after"), Some("1"));
-        assert_eq!(header(&headers, "connection"), Some("close"));
+        let (got, _, answer_body) = answer(&mut s);
+        assert_eq!(got, status, "{path}: {answer_body}");
     }
-    // Reads are not held back, and the slow ones finish once their bodies arrive.
-    let mut s = served.connect();
-    write!(
-        s,
-        "GET /v1/sessions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    assert_eq!(answer(&mut s).0, 200);
     let mut statuses = Vec::new();
-    for (mut s, rest) in holders {
+    for (mut s, rest) in trickling {
         s.write_all(rest.as_bytes()).unwrap();
         statuses.push(answer(&mut s).0);
     }
     assert_eq!(statuses, [201, 200]);
-    // Their slots are free again.
-    assert_eq!(post_event(served.addr, "s1", "after the slow one"), 201);
 }
 
 /// Whether this machine lets a test mount a small filesystem of its own (`unshare` into

@@ -83,14 +83,14 @@ impl Drop for Slot {
 const FIRST_HOLD: Duration = Duration::from_millis(2);
 
 impl Class {
-    fn new(what: &'static str, limit: usize, edge: &Edge) -> Class {
+    fn new(what: &'static str, limit: usize, max_wait: Duration, edge: &Edge) -> Class {
         Class {
             what,
             slots: Arc::new(Semaphore::new(limit)),
             limit,
             waiting: AtomicUsize::new(0),
             max_queued: edge.max_queued,
-            max_wait: edge.queue_wait,
+            max_wait,
             held_us: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -124,7 +124,7 @@ impl Class {
             return Err(self.refusal(expected, "its queue is full"));
         }
         if expected > self.max_wait {
-            return Err(self.refusal(expected, "the wait would be longer than server.queue_wait"));
+            return Err(self.refusal(expected, "the wait would be longer than its bound"));
         }
         match tokio::time::timeout(self.max_wait, self.slots.clone().acquire_owned()).await {
             Ok(Ok(permit)) => Ok(self.slot(permit)),
@@ -132,7 +132,7 @@ impl Class {
             Ok(Err(_)) => Err(self.refusal(expected, "its queue is closed")),
             Err(_) => Err(self.refusal(
                 self.expected_wait(self.waiting.load(Ordering::Acquire)),
-                "no slot freed within server.queue_wait",
+                "no slot freed within its bound",
             )),
         }
     }
@@ -140,12 +140,17 @@ impl Class {
     fn refusal(&self, wait: Duration, why: &str) -> ApiError {
         let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
         let (limit, what) = (self.limit, self.what);
+        let wait_key = match what {
+            "writes" => "write_queue_wait",
+            _ => "queue_wait",
+        };
         let mut e = ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "overloaded",
             format!(
                 "the server is answering its limit of {limit} {what} at once \
-                 (server.max_{what}) and {why}; the wait is about {ms} ms: retry after it"
+                 (server.max_{what}) and {why} (server.{wait_key}); the wait is about {ms} \
+                 ms: retry after it"
             ),
         );
         // HTTP counts in whole seconds: the next one up, and never 0 (which means at once).
@@ -167,8 +172,8 @@ impl Drop for Leave<'_> {
 impl Admission {
     pub(crate) fn new(edge: &Edge) -> Self {
         Admission {
-            recalls: Class::new("recalls", edge.max_recalls, edge),
-            writes: Class::new("writes", edge.max_writes, edge),
+            recalls: Class::new("recalls", edge.max_recalls, edge.queue_wait, edge),
+            writes: Class::new("writes", edge.max_writes, edge.write_queue_wait, edge),
         }
     }
 
@@ -189,6 +194,7 @@ mod tests {
     fn edge(slots: usize, queued: usize, wait_ms: u64) -> Edge {
         Edge {
             max_recalls: slots,
+            write_queue_wait: Duration::from_millis(wait_ms),
             max_queued: queued,
             queue_wait: Duration::from_millis(wait_ms),
             ..Edge::default()

@@ -332,6 +332,15 @@ impl Substrate {
             });
         }
         let Some(embedding) = store.embedding(id)? else {
+            // No embedding is coming: making it kept failing and the record was set aside
+            // (quarantined), or the embedder never made one.
+            if !store.is_queued(Queue::Enrich, id)? {
+                return Ok(Promotion::NotEligible(
+                    "it has no embedding and none is queued (embedding it kept failing: see \
+                     the quarantine); it cannot be compared with the knowledge pool"
+                        .into(),
+                ));
+            }
             // Queued (durably) rather than refused: the enricher's commit wakes it again.
             if !store.is_queued(Queue::Promote, id)? {
                 store
