@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use shadowbrain_runtime::policy::Policy;
 use shadowbrain_runtime::{
-    Edge, Error, FeedbackTarget, IndexingOptions, KNOWLEDGE_SESSION, MemoryId, NewMemory, Outcome,
-    Promotion, RecallRequest, Relation, Scope, Substrate, SubstrateOptions, Tier, VirtualClock,
+    Edge, Error, FeedbackTarget, Graph, IndexingOptions, KNOWLEDGE_SESSION, MemoryId, NewMemory,
+    Outcome, Promotion, RecallRequest, Relation, Scope, Substrate, SubstrateOptions, Tier,
+    VirtualClock,
 };
 
 const POLICY: &str = "[condensation]\nevery_events = 50\nmin_events = 3\n\
@@ -245,4 +246,23 @@ async fn feedback_on_unknown_or_foreign_ids_is_a_clear_error_and_changes_nothing
         0,
         "nothing was applied"
     );
+}
+
+#[test]
+fn a_neighbourhood_past_its_cap_is_refused_without_walking_the_rest() {
+    // A star: one record linked to 600 others.
+    let mut graph = Graph::default();
+    for i in 1..=600 {
+        graph.add(Edge {
+            from: MemoryId(0),
+            to: MemoryId(i),
+            relation: Relation::SimilarTo,
+        });
+    }
+    assert!(graph.neighbourhood_within(MemoryId(0), 1, 500).is_none());
+    let (nodes, edges) = graph.neighbourhood_within(MemoryId(0), 1, 601).unwrap();
+    assert_eq!((nodes.len(), edges.len()), (601, 600));
+    // From a leaf, depth 1 is two records, well within the cap.
+    let (nodes, _) = graph.neighbourhood_within(MemoryId(7), 1, 500).unwrap();
+    assert_eq!(nodes, vec![MemoryId(7), MemoryId(0)]);
 }
