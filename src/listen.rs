@@ -126,7 +126,7 @@ impl Default for ServerConfig {
             trusted_proxies: Vec::new(),
             max_recalls: 2 * cores(),
             max_writes: 2 * cores(),
-            queue_wait: "100ms".into(),
+            queue_wait: "50ms".into(),
             write_queue_wait: "2s".into(),
             max_queued: 1024,
             edge_realtime: false,
