@@ -733,25 +733,35 @@ pub(crate) async fn serve_app(
         .map_err(|_| anyhow::anyhow!("the connections' thread panicked"))?
 }
 
+/// The answer past `server.request_timeout` (`limit`): 503 `timeout`, the connection closed.
+fn late(limit: std::time::Duration) -> Response {
+    let mut e = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "timeout",
+        format!(
+            "answering took longer than server.request_timeout ({}), so the request was \
+             abandoned; a write may have been stored all the same (send writes with an \
+             Idempotency-Key to retry them safely); retry shortly",
+            humantime::format_duration(limit)
+        ),
+    );
+    e.retry_after = Some(1);
+    // The body may be unread: the connection cannot carry another request.
+    closing(e)
+}
+
 /// Answers an admitted request: on the work runtime when there is one (see [`serve`]),
 /// within `server.request_timeout`; past it the work is abandoned and the answer is 503.
-async fn answer_on(s: &AppState, request: Request, next: Next) -> Response {
-    let limit = s.edge.request_timeout;
-    let late = || {
-        let mut e = ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "timeout",
-            format!(
-                "answering took longer than server.request_timeout ({}), so the request was \
-                 abandoned; a write may have been stored all the same (send writes with an \
-                 Idempotency-Key to retry them safely); retry shortly",
-                humantime::format_duration(limit)
-            ),
-        );
-        e.retry_after = Some(1);
-        // The body may be unread: the connection cannot carry another request.
-        closing(e)
-    };
+async fn answer_on(
+    s: &AppState,
+    request: Request,
+    next: Next,
+    started: std::time::Instant,
+) -> Response {
+    // The deadline counts from when the request arrived: reading its body and waiting for
+    // a slot spend it too.
+    let limit = s.edge.request_timeout.saturating_sub(started.elapsed());
+    let late = || late(s.edge.request_timeout);
     let Some(work) = &s.work else {
         return tokio::time::timeout(limit, next.run(request))
             .await
@@ -1192,8 +1202,9 @@ async fn admit(
             | "/v1/sessions/{session_id}/condense"
             | "/v1/memories/{id}",
         ) => Work::Write,
-        _ => return answer_on(&s, request, next).await,
+        _ => return answer_on(&s, request, next, std::time::Instant::now()).await,
     };
+    let started = std::time::Instant::now();
     // The body is read before a slot is taken: a client trickling its body must not hold
     // one of the few slots while it does (the connection bound and the body timeout limit
     // what it holds instead). Read whole, a refused request also leaves its connection
@@ -1202,16 +1213,18 @@ async fn admit(
     let mut reading = Request::new(body);
     // The body limit travels in the extensions (`DefaultBodyLimit`).
     *reading.extensions_mut() = parts.extensions.clone();
-    let body = match Bytes::from_request(reading, &()).await {
-        Ok(body) => body,
-        Err(rejection) => return closing(ApiError::body(rejection)),
+    let read = tokio::time::timeout(s.edge.request_timeout, Bytes::from_request(reading, &()));
+    let body = match read.await {
+        Ok(Ok(body)) => body,
+        Ok(Err(rejection)) => return closing(ApiError::body(rejection)),
+        Err(_) => return late(s.edge.request_timeout),
     };
     let request = Request::from_parts(parts, axum::body::Body::from(body));
     let slot = match s.admission.enter(work).await {
         Ok(slot) => slot,
         Err(e) => return e.into_response(),
     };
-    let answer = answer_on(&s, request, next).await;
+    let answer = answer_on(&s, request, next, started).await;
     drop(slot);
     answer
 }

@@ -37,6 +37,12 @@ fn exchange(
     answer(s)
 }
 
+/// `GET /v1/sessions` on `s` with `key`: its status.
+fn sessions_as(s: &mut TcpStream, key: &str) -> u16 {
+    let auth = format!("Authorization: Bearer {key}\r\n");
+    exchange(s, "GET", "/v1/sessions", &auth, "").0
+}
+
 fn keys(pairs: &[(&str, &str)]) -> String {
     pairs
         .iter()
@@ -214,57 +220,18 @@ fn idle_keep_alive_connections_past_the_bound_make_room_for_working_clients() {
 fn wrong_keys_from_an_address_never_lock_out_a_valid_key_from_it() {
     let served = Served::start(&keys(&[("good-key", "acme")]));
     let mut good = served.connect();
-    assert_eq!(
-        exchange(
-            &mut good,
-            "GET",
-            "/v1/sessions",
-            "Authorization: Bearer good-key\r\n",
-            ""
-        )
-        .0,
-        200
-    );
+    assert_eq!(sessions_as(&mut good, "good-key"), 200);
     // A misconfigured agent on the same host: 270 wrong keys.
     let mut bad = served.connect();
     let statuses: Vec<u16> = (0..270)
-        .map(|i| {
-            exchange(
-                &mut bad,
-                "GET",
-                "/v1/sessions",
-                &format!("Authorization: Bearer wrong-{i}\r\n"),
-                "",
-            )
-            .0
-        })
+        .map(|i| sessions_as(&mut bad, &format!("wrong-{i}")))
         .collect();
     assert_eq!(statuses[..20], [401; 20]);
     assert!(statuses[20..].iter().all(|&s| s == 429), "{statuses:?}");
     // The valid key keeps working, on the old connection and on a new one.
-    assert_eq!(
-        exchange(
-            &mut good,
-            "GET",
-            "/v1/sessions",
-            "Authorization: Bearer good-key\r\n",
-            ""
-        )
-        .0,
-        200
-    );
+    assert_eq!(sessions_as(&mut good, "good-key"), 200);
     let mut fresh = served.connect();
-    assert_eq!(
-        exchange(
-            &mut fresh,
-            "GET",
-            "/v1/sessions",
-            "Authorization: Bearer good-key\r\n",
-            ""
-        )
-        .0,
-        200
-    );
+    assert_eq!(sessions_as(&mut fresh, "good-key"), 200);
     // And the dashboard's sign-in with it too, while wrong ones stay refused.
     let (status, _, _) = exchange(
         &mut fresh,

@@ -23,7 +23,7 @@ fn provider() -> (Arc<ConceptProvider>, Endpoint) {
 }
 
 /// A config file for the remote embedder at `endpoint`.
-fn remote_config(dir: &Path, endpoint: &Endpoint) -> std::path::PathBuf {
+pub(crate) fn remote_config(dir: &Path, endpoint: &Endpoint) -> std::path::PathBuf {
     let path = dir.join("remote.toml");
     std::fs::write(
         &path,

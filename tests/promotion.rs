@@ -15,6 +15,7 @@ use shadowbrain_runtime::embed::{default_model_dir, is_model_dir};
 use shadowbrain_test_support::concepts::ConceptProvider;
 use shadowbrain_test_support::{Endpoint, Reply};
 
+use super::embedder::remote_config;
 use super::server::{http, post, wait_for_address};
 
 /// A policy that promotes a condensed record after one success (as the issue's report).
@@ -165,21 +166,6 @@ fn slow_provider() -> (Arc<ConceptProvider>, Arc<AtomicU64>, Endpoint) {
         Reply::after(Duration::from_millis(d.load(Ordering::SeqCst)), p.answer(r))
     });
     (provider, delay, endpoint)
-}
-
-fn remote_config(dir: &Path, endpoint: &Endpoint) -> PathBuf {
-    let path = dir.join("remote.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[embedder]\nkind = \"openai\"\nbase_url = \"{}\"\nmodel = \"concepts\"\n\
-             dimensions = 16\nbatch_size = 8\nmax_concurrency = 2\nmax_retries = 0\n\
-             timeout = \"10s\"\n",
-            endpoint.base_url()
-        ),
-    )
-    .unwrap();
-    path
 }
 
 #[test]
