@@ -11,18 +11,12 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::edge::{Served, answer, code, header};
+use super::edge::{Answer, Served, answer, code, header};
 use super::mcp::python_sdk;
 use super::server::sha256_hex;
 
 /// One request on `s` (kept open), its answer.
-fn exchange(
-    s: &mut TcpStream,
-    method: &str,
-    path: &str,
-    extra: &str,
-    body: &str,
-) -> (u16, Vec<(String, String)>, String) {
+fn exchange(s: &mut TcpStream, method: &str, path: &str, extra: &str, body: &str) -> Answer {
     // JSON unless the extra headers say otherwise (a form).
     let json = match extra.to_ascii_lowercase().contains("content-type:") {
         true => "",
@@ -95,12 +89,7 @@ fn a_burst_of_recalls_past_the_slots_waits_its_turn_instead_of_being_refused() {
 
 /// `n` requests sent together, each on its own keep-alive connection; each one's answer,
 /// and then the answer to the same request sent again on its connection.
-fn burst(
-    addr: SocketAddr,
-    n: usize,
-    path: &str,
-    body: &str,
-) -> Vec<((u16, Vec<(String, String)>, String), u16)> {
+fn burst(addr: SocketAddr, n: usize, path: &str, body: &str) -> Vec<(Answer, u16)> {
     let start = std::sync::Barrier::new(n);
     std::thread::scope(|scope| {
         let runs: Vec<_> = (0..n)

@@ -141,7 +141,7 @@ impl Drop for Served {
 }
 
 /// An HTTP answer: status, headers (lower-case names) and body.
-type Answer = (u16, Vec<(String, String)>, String);
+pub(crate) type Answer = (u16, Vec<(String, String)>, String);
 
 /// One whole HTTP/1.1 answer read from `s`.
 pub(crate) fn answer(s: &mut TcpStream) -> Answer {
