@@ -139,7 +139,8 @@ struct Inner {
 
 /// A connection's place: its slot and its entry, both given back when dropped.
 pub(crate) struct Place {
-    _slot: OwnedSemaphorePermit,
+    /// Taken (given back) before the waiters are woken, so the one woken finds it free.
+    slot: Option<OwnedSemaphorePermit>,
     pub(crate) held: Arc<Held>,
     connections: Arc<Connections>,
 }
@@ -162,8 +163,7 @@ impl Drop for Place {
                 }
             }
         }
-        // The slot is given back after this body; waiters look again when woken, and
-        // their wait is bounded, so one woken early only looks twice.
+        drop(self.slot.take());
         self.connections.freed.notify_waiters();
     }
 }
@@ -241,7 +241,7 @@ impl Connections {
             *inner.per_ip.entry(ip).or_default() += 1;
         }
         Place {
-            _slot: slot,
+            slot: Some(slot),
             held,
             connections: self.clone(),
         }
