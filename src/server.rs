@@ -220,6 +220,20 @@ impl AuthThrottle {
         (*count >= AUTH_FAILURES && !left.is_zero()).then_some(left)
     }
 
+    /// A request from `ip` failed authentication: how long it must wait when its address
+    /// has used up its failures (answer 429), else the failure is counted (answer 401).
+    pub fn refuse(
+        &self,
+        ip: std::net::IpAddr,
+        now: std::time::Instant,
+    ) -> Option<std::time::Duration> {
+        let wait = self.blocked(ip, now);
+        if wait.is_none() {
+            self.failed(ip, now);
+        }
+        wait
+    }
+
     /// Counts one failed authentication from `ip`.
     pub fn failed(&self, ip: std::net::IpAddr, now: std::time::Instant) {
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
@@ -262,12 +276,10 @@ fn authenticate(parts: &Parts, s: &AppState) -> ApiResult<(String, Role)> {
     if caller.is_ok() {
         return caller;
     }
-    let Some(ip) = ip else { return caller };
-    if let Some(wait) = s.throttle.blocked(ip, now) {
-        return Err(throttled(wait));
+    match ip.and_then(|ip| s.throttle.refuse(ip, now)) {
+        Some(wait) => Err(throttled(wait)),
+        None => caller,
     }
-    s.throttle.failed(ip, now);
-    caller
 }
 
 /// The client's address: as the edge resolved it (through a trusted proxy, the address it

@@ -51,7 +51,7 @@ fn serve(data: &Path, config: &Path) -> (Child, std::net::SocketAddr) {
     (child, addr)
 }
 
-fn stop(mut child: Child) {
+pub(crate) fn stop(mut child: Child) {
     let term = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

@@ -57,14 +57,9 @@ fn serve(data: &Path, config: Option<&Path>, policy: &Path) -> (Served, std::net
     (Served(Some(child)), addr)
 }
 
+/// SIGTERM, and a clean exit.
 fn stop(mut served: Served) {
-    let mut child = served.0.take().expect("running");
-    let term = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(term.success());
-    assert_eq!(child.wait().unwrap().code(), Some(0));
+    super::embedder::stop(served.0.take().expect("running"));
 }
 
 const LESSON: [&str; 6] = [

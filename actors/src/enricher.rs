@@ -126,9 +126,18 @@ impl Actor for Enricher {
 
 /// Sends the enricher a wake-up unless one already waits in its mailbox (`woken`).
 fn wake(enricher: &ActorRef<EnricherMessage>, woken: &AtomicBool) {
-    if !woken.swap(true, Ordering::AcqRel) && enricher.send_message(EnricherMessage::Wake).is_err()
-    {
-        // Stopped: the next actor's start-up looks at the queue instead.
+    wake_once(enricher, woken, || EnricherMessage::Wake);
+}
+
+/// Sends `actor` the wake-up `message` unless one already waits in its mailbox (`woken`,
+/// cleared by the actor when it handles it), so a burst of wake-ups sends one. An actor
+/// that has stopped is not woken; its successor looks at its durable queue when it starts.
+pub(crate) fn wake_once<M: ractor::Message>(
+    actor: &ActorRef<M>,
+    woken: &AtomicBool,
+    message: impl FnOnce() -> M,
+) {
+    if !woken.swap(true, Ordering::AcqRel) && actor.send_message(message()).is_err() {
         woken.store(false, Ordering::Release);
     }
 }

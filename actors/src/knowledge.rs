@@ -19,6 +19,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::enricher::wake_once;
+
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use shadowbrain_runtime::{
     Edge, Error, Graph, MemoryId, PROMOTE_ROUND, Promotion, Relation, Result, Substrate,
@@ -113,10 +115,9 @@ impl KnowledgeState {
     /// Promotes what the queue holds and is ready; each candidate is told apart in the log.
     async fn drain(&mut self) -> Result<()> {
         self.woken.store(false, Ordering::Release);
+        // The promotions' edges move their namespace's edge count, so a cached graph is
+        // loaded again on its next query: nothing to follow here.
         for (id, promotion) in self.substrate.promote_waiting(PROMOTE_ROUND, BY).await? {
-            if let Some(record) = self.substrate.store().get_light(id)? {
-                self.follow(&record.namespace, id, &promotion)?;
-            }
             tracing::debug!(%id, ?promotion, "queued promotion");
         }
         Ok(())
@@ -159,7 +160,9 @@ impl Actor for KnowledgeGraph {
         let woken = Arc::new(AtomicBool::new(true));
         myself.send_message(KnowledgeMessage::Drain)?;
         let (me, flag) = (myself.clone(), woken.clone());
-        substrate.on_promotion_ready(Some(Arc::new(move || wake(&me, &flag))));
+        substrate.on_promotion_ready(Some(Arc::new(move || {
+            wake_once(&me, &flag, || KnowledgeMessage::Drain)
+        })));
         Ok(KnowledgeState {
             substrate,
             graphs: HashMap::new(),
@@ -236,13 +239,5 @@ impl Actor for KnowledgeGraph {
             KnowledgeMessage::Panic => panic!("fault injected into the knowledge graph"),
         }
         Ok(())
-    }
-}
-
-/// Sends the actor a [`KnowledgeMessage::Drain`] unless one already waits in its mailbox.
-pub(crate) fn wake(actor: &ActorRef<KnowledgeMessage>, woken: &AtomicBool) {
-    if !woken.swap(true, Ordering::AcqRel) && actor.send_message(KnowledgeMessage::Drain).is_err() {
-        // Stopped: the next actor's start drains the queue instead.
-        woken.store(false, Ordering::Release);
     }
 }

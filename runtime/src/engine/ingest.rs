@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use super::{EnrichWake, Hook, Substrate};
+use super::{EnrichWake, Substrate};
 use crate::clock::Timestamp;
 use crate::embed::{Embedded, embed_records};
 use crate::error::{Error, Result};
@@ -399,7 +399,7 @@ impl Substrate {
         if waited {
             // Without an owner (the substrate alone, whose caller decides when to promote)
             // the candidates wait for its next `promote_waiting`.
-            self.wake_promotion();
+            self.inner.promotion_wake.fire();
         }
         Ok(n)
     }
@@ -424,15 +424,7 @@ impl Substrate {
     }
 
     pub(super) fn wake_enricher(&self) {
-        let wake = self
-            .inner
-            .enrich_wake
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        if let Some(Hook(wake)) = wake {
-            wake();
-        }
+        self.inner.enrich_wake.fire();
     }
 
     /// Makes `wake` the owner of enrichment's wake-up, called whenever records are queued
@@ -441,11 +433,7 @@ impl Substrate {
     /// queue with [`Substrate::enrich_pending`] and should also look at it now and then,
     /// since records queued by an earlier process wake nobody.
     pub fn on_enrich_queued(&self, wake: Option<EnrichWake>) {
-        *self
-            .inner
-            .enrich_wake
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = wake.map(Hook);
+        self.inner.enrich_wake.set(wake);
     }
 
     /// How many queued records one [`Substrate::enrich_pending`] round should take to keep

@@ -282,24 +282,7 @@ impl Substrate {
     /// its knowledge actor, which calls [`Substrate::promote_waiting`]; a caller of the
     /// substrate alone decides when to promote and calls it itself.
     pub fn on_promotion_ready(&self, wake: Option<super::EnrichWake>) {
-        *self
-            .inner
-            .promotion_wake
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = wake.map(super::Hook);
-    }
-
-    /// Wakes the owner of promotion, if there is one.
-    pub(super) fn wake_promotion(&self) {
-        let wake = self
-            .inner
-            .promotion_wake
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        if let Some(super::Hook(wake)) = wake {
-            wake();
-        }
+        self.inner.promotion_wake.set(wake);
     }
 
     async fn promote_once(&self, namespace: &str, id: MemoryId, by: &str) -> Result<Promotion> {

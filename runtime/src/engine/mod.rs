@@ -229,10 +229,10 @@ struct Inner {
     /// Called when records are queued for their embedding: the substrate's enricher thread,
     /// or the actor runtime's Enricher, whichever owns enrichment (see
     /// [`Substrate::on_enrich_queued`]).
-    enrich_wake: Mutex<Option<Hook>>,
+    enrich_wake: Hook,
     /// Called when the enricher stores the embedding of a candidate waiting on the
     /// promotion queue (see [`Substrate::on_promotion_ready`]).
-    promotion_wake: Mutex<Option<Hook>>,
+    promotion_wake: Hook,
     /// Held across a promotion: one at a time (see [`Substrate::promote`]).
     promoting: tokio::sync::Mutex<()>,
     enricher: Mutex<Option<JoinHandle<()>>>,
@@ -250,9 +250,25 @@ struct Inner {
 /// What wakes the owner of enrichment.
 pub type EnrichWake = Arc<dyn Fn() + Send + Sync>;
 
-/// An [`EnrichWake`] in the substrate's state, which prints (a closure does not).
-#[derive(Clone)]
-pub(crate) struct Hook(pub(crate) EnrichWake);
+/// Where a wake-up ([`EnrichWake`]) is registered in the substrate's state: set by its
+/// owner, called by the substrate; it prints (a closure does not).
+#[derive(Default)]
+pub(crate) struct Hook(Mutex<Option<EnrichWake>>);
+
+impl Hook {
+    /// Makes `wake` the one called (`None`: nobody).
+    pub(crate) fn set(&self, wake: Option<EnrichWake>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = wake;
+    }
+
+    /// Calls the registered wake-up, if any (outside the lock).
+    pub(crate) fn fire(&self) {
+        let wake = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(wake) = wake {
+            wake();
+        }
+    }
+}
 
 impl std::fmt::Debug for Hook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -329,8 +345,8 @@ impl Substrate {
             promotions: AtomicU64::new(0),
             wake: Mutex::new(Vec::new()),
             indexer: Mutex::new(Vec::new()),
-            enrich_wake: Mutex::new(None),
-            promotion_wake: Mutex::new(None),
+            enrich_wake: Hook::default(),
+            promotion_wake: Hook::default(),
             promoting: tokio::sync::Mutex::new(()),
             enricher: Mutex::new(None),
             closed: AtomicBool::new(false),
@@ -471,11 +487,7 @@ impl Substrate {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
-        self.inner
-            .enrich_wake
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        self.inner.enrich_wake.set(None);
         let mut threads =
             std::mem::take(&mut *self.inner.indexer.lock().unwrap_or_else(|p| p.into_inner()));
         threads.extend(
@@ -519,9 +531,6 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // Closing the wake channels ends the background threads.
         self.wake.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        self.enrich_wake
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        self.enrich_wake.set(None);
     }
 }

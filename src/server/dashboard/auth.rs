@@ -572,10 +572,10 @@ pub(super) async fn login(
     let key = form.key.trim();
     let bearer = format!("Bearer {key}");
     let caller = s.auth.caller(Some(&bearer));
-    // Only failing sign-ins are throttled: a valid key is never refused for others'
-    // mistakes from the same address.
+    // Only failing sign-ins are throttled (and counted): a valid key is never refused for
+    // others' mistakes from the same address.
     if caller.is_err()
-        && let Some(wait) = ip.and_then(|ip| s.throttle.blocked(ip, now))
+        && let Some(wait) = ip.and_then(|ip| s.throttle.refuse(ip, now))
     {
         let message = format!(
             "Too many failed sign-ins from this address; wait {}s and try again.",
@@ -606,16 +606,11 @@ pub(super) async fn login(
             }
             answer
         }
-        Err(_) => {
-            if let Some(ip) = ip {
-                s.throttle.failed(ip, now);
-            }
-            sign_in_page(
-                &next,
-                Some("That key is not one of this server's keys."),
-                StatusCode::UNAUTHORIZED,
-            )
-        }
+        Err(_) => sign_in_page(
+            &next,
+            Some("That key is not one of this server's keys."),
+            StatusCode::UNAUTHORIZED,
+        ),
     }
 }
 
