@@ -731,6 +731,41 @@ fn tools() -> Vec<Tool> {
     ]
 }
 
+/// Whether an MCP message (a POST body to `/mcp`) may be sent a second time when the first
+/// went unanswered, with nothing stored beyond what one delivery stores: every message but a
+/// call of a tool whose annotations say neither read-only nor idempotent (`remember`,
+/// `feedback`, `condense`). A body that is not a JSON-RPC message is refused the same way
+/// each time, so it too may be sent again. Cluster forwarding asks this when a partition's
+/// owner dies with the request in hand.
+pub fn safe_to_resend(body: &[u8]) -> bool {
+    static REPEATABLE: std::sync::LazyLock<Vec<Cow<'static, str>>> =
+        std::sync::LazyLock::new(|| {
+            tools()
+                .into_iter()
+                .filter(|t| {
+                    t.annotations.as_ref().is_some_and(|a| {
+                        a.read_only_hint == Some(true) || a.idempotent_hint == Some(true)
+                    })
+                })
+                .map(|t| t.name)
+                .collect()
+        });
+    let repeatable = |message: &Value| {
+        if message.get("method").and_then(Value::as_str) != Some("tools/call") {
+            return true;
+        }
+        match message.pointer("/params/name").and_then(Value::as_str) {
+            Some(name) => REPEATABLE.iter().any(|t| t == name) || !TOOLS.contains(&name),
+            None => true,
+        }
+    };
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Array(batch)) => batch.iter().all(repeatable),
+        Ok(message) => repeatable(&message),
+        Err(_) => true,
+    }
+}
+
 /// Takes `session_id` out of a call's arguments (the rest are the HTTP body's fields), or
 /// the default session.
 fn session_arg(args: &mut JsonObject, place: &Place) -> ApiResult<String> {

@@ -476,8 +476,9 @@ fn the_python_mcp_sdk_and_http_work_through_any_node() {
     assert_eq!(h.owners()[&p], owner);
 
     // A client that keeps one MCP connection (the session-based mode most clients speak)
-    // through a node that does not own its namespace's partition: the owner dies, and
-    // every call still succeeds, the ones during the takeover after a wait.
+    // through a node that does not own its namespace's partition: the owner dies holding a
+    // call (stopped first, so one is in its hands for certain), and every call still
+    // succeeds, the ones during the takeover after a wait: a recall is safe to send again.
     let entry = (0..NODES).find(|&i| h.nodes[i].name != owner).unwrap();
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/mcp_client.py");
@@ -496,6 +497,9 @@ fn the_python_mcp_sdk_and_http_work_through_any_node() {
         .unwrap()
         .as_millis() as u64;
     let owner_index = h.nodes.iter().position(|n| n.name == owner).unwrap();
+    let pid = h.node_pid(owner_index);
+    h.signal(pid, "-STOP");
+    std::thread::sleep(Duration::from_millis(500));
     h.kill_node(owner_index);
     let out = held.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -517,7 +521,8 @@ fn the_python_mcp_sdk_and_http_work_through_any_node() {
     let failed: Vec<&str> = stdout.lines().filter(|l| l.starts_with("error")).collect();
     assert!(
         failed.is_empty(),
-        "calls failed across the takeover: {failed:?}"
+        "calls failed across the takeover (the owner died at {killed_at}): {failed:?}\n{}",
+        String::from_utf8_lossy(&out.stderr)
     );
     let after = calls.iter().filter(|(_, at)| *at > killed_at).count();
     assert!(

@@ -100,8 +100,7 @@ pub(super) async fn forward(
     // again when an attempt goes unanswered: the owner may have stopped (a paused process
     // keeps its subscription until NATS drops it) while a new owner answers. Any other
     // request gets one attempt of the whole deadline, so it is never stored twice.
-    let retry_unanswered =
-        parts.method == Method::GET || headers.contains_key(crate::server::IDEMPOTENCY_KEY);
+    let retry_unanswered = safe_to_resend(&parts.method, parts.uri.path(), &headers, &body);
     let until = Instant::now() + deadline;
     loop {
         let left = until.saturating_duration_since(Instant::now());
@@ -160,6 +159,39 @@ pub(super) async fn forward(
                 humantime::format_duration(deadline)
             ));
         }
+    }
+}
+
+/// Whether a request may be sent again when an attempt goes unanswered (its owner may have
+/// died holding it, having stored its effects or not) with nothing stored beyond what one
+/// delivery stores and the same answer: a read (`GET`; recall and knowledge search, whose
+/// own writes — reinforcement and the recall's memory for feedback — are best effort by
+/// design, see `Substrate::recall`), a change that is the same however often it is made
+/// (setting a memory's status, archiving it; not settling a conflict, which a second time
+/// is refused as settled), a write under an Idempotency-Key, and the MCP messages
+/// [`crate::mcp::safe_to_resend`] names. Anything else gets one attempt: a second one could
+/// store it twice.
+fn safe_to_resend(method: &Method, path: &str, headers: &HeaderMap, body: &[u8]) -> bool {
+    let session_route = |verb: &str| {
+        path.strip_prefix("/v1/sessions/")
+            .and_then(|rest| rest.strip_suffix(verb))
+            .is_some_and(|id| !id.is_empty() && !id.contains('/'))
+    };
+    let memory_route = path
+        .strip_prefix("/v1/memories/")
+        .is_some_and(|id| !id.is_empty() && !id.contains('/'));
+    match *method {
+        Method::GET | Method::HEAD => true,
+        _ if headers.contains_key(crate::server::IDEMPOTENCY_KEY) => true,
+        Method::POST if path == "/mcp" => crate::mcp::safe_to_resend(body),
+        Method::POST => session_route("/recall") || path == "/v1/knowledge/search",
+        Method::DELETE => memory_route,
+        Method::PATCH => {
+            memory_route
+                && serde_json::from_slice::<serde_json::Value>(body)
+                    .is_ok_and(|b| b.get("resolve").is_none())
+        }
+        _ => false,
     }
 }
 
@@ -270,4 +302,74 @@ pub(super) async fn gather<A: serde::de::DeserializeOwned, T>(
         }
     }
     Ok(got)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resend(method: Method, path: &str, body: &str) -> bool {
+        safe_to_resend(&method, path, &HeaderMap::new(), body.as_bytes())
+    }
+
+    #[test]
+    fn only_what_one_delivery_equals_is_sent_again() {
+        assert!(resend(Method::GET, "/v1/sessions/s/timeline", ""));
+        assert!(resend(Method::POST, "/v1/sessions/s/recall", "{}"));
+        assert!(resend(Method::POST, "/v1/knowledge/search", "{}"));
+        assert!(!resend(Method::POST, "/v1/sessions/s/events", "{}"));
+        assert!(!resend(Method::POST, "/v1/sessions/s/feedback", "{}"));
+        assert!(!resend(Method::POST, "/v1/sessions/s/condense", "{}"));
+        assert!(!resend(Method::POST, "/v1/sessions/a/b/recall", "{}"));
+        assert!(resend(Method::DELETE, "/v1/memories/mem-1", ""));
+        assert!(resend(
+            Method::PATCH,
+            "/v1/memories/mem-1",
+            r#"{"status":"wrong"}"#
+        ));
+        assert!(!resend(
+            Method::PATCH,
+            "/v1/memories/mem-1",
+            r#"{"resolve":"keep"}"#
+        ));
+        let mut keyed = HeaderMap::new();
+        keyed.insert(
+            crate::server::IDEMPOTENCY_KEY,
+            HeaderValue::from_static("k-1"),
+        );
+        assert!(safe_to_resend(
+            &Method::POST,
+            "/v1/sessions/s/events",
+            &keyed,
+            b"{}"
+        ));
+
+        let call = |tool: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{tool}"}}}}"#
+            )
+        };
+        for tool in [
+            "recall",
+            "timeline",
+            "sessions",
+            "knowledge_search",
+            "knowledge_graph",
+        ] {
+            assert!(resend(Method::POST, "/mcp", &call(tool)), "{tool}");
+        }
+        for tool in ["forget", "mark"] {
+            assert!(resend(Method::POST, "/mcp", &call(tool)), "{tool}");
+        }
+        for tool in ["remember", "feedback", "condense"] {
+            assert!(!resend(Method::POST, "/mcp", &call(tool)), "{tool}");
+        }
+        let batch = format!("[{},{}]", call("recall"), call("remember"));
+        assert!(!resend(Method::POST, "/mcp", &batch));
+        assert!(resend(
+            Method::POST,
+            "/mcp",
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#
+        ));
+    }
 }

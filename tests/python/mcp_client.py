@@ -81,7 +81,15 @@ async def hold(url, key, seconds):
     """One connection (the legacy, session-based mode: what most clients speak today) kept
     for `seconds`, recalling every 100 ms: prints `ok MS` or `error MS WHY` per call, MS
     the Unix time in milliseconds, so the caller can line the calls up with a fault."""
-    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    async def refused(response):
+        # The SDK turns an HTTP error into "Server returned an error response": say which.
+        if response.status_code >= 400:
+            await response.aread()
+            print(f"refused {int(time.time() * 1000)} {response.status_code} {response.text}",
+                  file=sys.stderr, flush=True)
+
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                              event_hooks={"response": [refused]})
     server = streamable_http_client(url, http_client=http)
     async with Client(server, mode="legacy") as client:
         remembered = await client.call_tool("remember", {
