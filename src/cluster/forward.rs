@@ -96,10 +96,10 @@ pub(super) async fn forward(
         body: body.to_vec(),
     };
     let payload = bytes::Bytes::from(postcard::to_stdvec(&wire).expect("a request serialises"));
-    // A request safe to send twice (a read, or a write under an Idempotency-Key) is sent
-    // again when an attempt goes unanswered: the owner may have stopped (a paused process
-    // keeps its subscription until NATS drops it) while a new owner answers. Any other
-    // request gets one attempt of the whole deadline, so it is never stored twice.
+    // A request safe to send twice ([`safe_to_resend`]) is sent again when an attempt goes
+    // unanswered: the owner may have stopped (a paused process keeps its subscription until
+    // NATS drops it) or died holding it, while a new owner answers. Any other request gets
+    // one attempt of the whole deadline, so it is never stored twice.
     let retry_unanswered = safe_to_resend(&parts.method, parts.uri.path(), &headers, &body);
     let until = Instant::now() + deadline;
     loop {
