@@ -163,20 +163,14 @@ impl Auth {
         if !self.required() {
             return Ok((DEFAULT_NAMESPACE.to_string(), Role::Admin));
         }
-        // The scheme is case-insensitive (RFC 9110 §11.1): `bearer` is as good as `Bearer`.
-        let token = authorization.and_then(|h| {
-            let (scheme, token) = h.trim_start().split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then_some(token)
-        });
-        let Some(token) = token else {
+        let Some(token) = bearer_token(authorization) else {
             return Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
                 "this server needs an API key: send `Authorization: Bearer <key>`",
             ));
         };
-        let hash = hex(&Sha256::digest(token.trim().as_bytes()));
-        self.keys.get(&hash).cloned().ok_or_else(|| {
+        self.keys.get(&digest(token)).cloned().ok_or_else(|| {
             ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
@@ -250,6 +244,21 @@ impl AuthThrottle {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The hex SHA-256 of `text`: how a key is named where it is kept (the config, sign-ins,
+/// MCP sessions), never the key itself.
+pub(crate) fn digest(text: &str) -> String {
+    hex(&Sha256::digest(text.as_bytes()))
+}
+
+/// The key an `Authorization` header carries, trimmed. The scheme is case-insensitive (RFC
+/// 9110 §11.1): `bearer` is as good as `Bearer`.
+fn bearer_token(authorization: Option<&str>) -> Option<&str> {
+    let (scheme, token) = authorization?.trim_start().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
 }
 
 /// Namespaces follow the session id pattern: `[A-Za-z0-9._:-]{1,128}`.
@@ -583,13 +592,16 @@ async fn mcp_caller(State(s): State<AppState>, request: Request, next: Next) -> 
     match authenticate(&parts, &s) {
         Ok((namespace, _)) => {
             let ending = parts.method == axum::http::Method::DELETE;
-            // Who opened a session, by the SHA-256 of the header that carried the key.
-            let key = hex(&Sha256::digest(
-                parts
-                    .headers
-                    .get(AUTHORIZATION)
-                    .map_or(&b""[..], |v| v.as_bytes()),
-            ));
+            // Who opened a session, by the SHA-256 of its key (none when keys are off).
+            let key = digest(
+                bearer_token(
+                    parts
+                        .headers
+                        .get(AUTHORIZATION)
+                        .and_then(|v| v.to_str().ok()),
+                )
+                .unwrap_or_default(),
+            );
             let session = parts
                 .headers
                 .get("mcp-session-id")

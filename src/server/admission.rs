@@ -44,6 +44,8 @@ pub(crate) struct Admission {
 struct Class {
     /// `recalls` or `writes`, for the messages.
     what: &'static str,
+    /// The setting that bounds its wait, for the messages.
+    wait_setting: &'static str,
     slots: Arc<Semaphore>,
     limit: usize,
     /// Requests waiting for a slot now.
@@ -83,9 +85,15 @@ impl Drop for Slot {
 const FIRST_HOLD: Duration = Duration::from_millis(2);
 
 impl Class {
-    fn new(what: &'static str, limit: usize, max_wait: Duration, edge: &Edge) -> Class {
+    fn new(
+        what: &'static str,
+        limit: usize,
+        (wait_setting, max_wait): (&'static str, Duration),
+        edge: &Edge,
+    ) -> Class {
         Class {
             what,
+            wait_setting,
             slots: Arc::new(Semaphore::new(limit)),
             limit,
             waiting: AtomicUsize::new(0),
@@ -139,17 +147,13 @@ impl Class {
 
     fn refusal(&self, wait: Duration, why: &str) -> ApiError {
         let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
-        let (limit, what) = (self.limit, self.what);
-        let wait_key = match what {
-            "writes" => "write_queue_wait",
-            _ => "queue_wait",
-        };
+        let (limit, what, wait_setting) = (self.limit, self.what, self.wait_setting);
         let mut e = ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "overloaded",
             format!(
                 "the server is answering its limit of {limit} {what} at once \
-                 (server.max_{what}) and {why} (server.{wait_key}); the wait is about {ms} \
+                 (server.max_{what}) and {why} (server.{wait_setting}); the wait is about {ms} \
                  ms: retry after it"
             ),
         );
@@ -172,8 +176,18 @@ impl Drop for Leave<'_> {
 impl Admission {
     pub(crate) fn new(edge: &Edge) -> Self {
         Admission {
-            recalls: Class::new("recalls", edge.max_recalls, edge.queue_wait, edge),
-            writes: Class::new("writes", edge.max_writes, edge.write_queue_wait, edge),
+            recalls: Class::new(
+                "recalls",
+                edge.max_recalls,
+                ("queue_wait", edge.queue_wait),
+                edge,
+            ),
+            writes: Class::new(
+                "writes",
+                edge.max_writes,
+                ("write_queue_wait", edge.write_queue_wait),
+                edge,
+            ),
         }
     }
 

@@ -389,11 +389,15 @@ impl Substrate {
         self.inner.store.write_async(writes).await?;
         self.wake_indexer();
         // A candidate waited for one of these embeddings to be promoted: wake promotion.
+        // The queue is empty nearly always, and one seek says so.
+        let store = &self.inner.store;
         let mut waited = false;
-        for r in &records {
-            if self.inner.store.is_queued(Queue::Promote, r.id)? {
-                waited = true;
-                break;
+        if store.queue_depth(Queue::Promote, 1)? > 0 {
+            for r in &records {
+                if store.is_queued(Queue::Promote, r.id)? {
+                    waited = true;
+                    break;
+                }
             }
         }
         if waited {

@@ -229,21 +229,17 @@ impl Substrate {
         let promotion = self.promote_once(namespace, id, by).await?;
         let store = self.store();
         match &promotion {
+            // Dequeued in the promotion's own commit.
             Promotion::Created { .. } | Promotion::Merged { .. } => self.count_promotion(),
             // Queued in its own commit when it was not already.
             Promotion::Waiting(_) => {}
-            Promotion::AlreadyPromoted { .. }
-            | Promotion::NotEligible(_)
-            | Promotion::Held { .. }
-                if store.is_queued(Queue::Promote, id)? =>
-            {
+            // Decided without a write: nothing left to wait for.
+            _ if store.is_queued(Queue::Promote, id)? => {
                 store
                     .write_async(WriteSet(vec![Mutation::Dequeue(Queue::Promote, id)]))
                     .await?;
             }
-            Promotion::AlreadyPromoted { .. }
-            | Promotion::NotEligible(_)
-            | Promotion::Held { .. } => {}
+            _ => {}
         }
         Ok(promotion)
     }

@@ -44,12 +44,12 @@ pub struct Catalog {
     statuses: [RoaringBitmap; 5],
     tiers: [RoaringBitmap; 3],
     namespaces: HashMap<String, Scoped>,
-    /// Graph edges written or deleted since open: a graph cached at another count is
-    /// stale (edges are written by promotion, detection and resolutions alike).
-    edge_changes: u64,
-    /// Per namespace, the part of `edge_changes` written there.
+    /// Per namespace, graph edges written or deleted there since open: a graph cached at
+    /// another count is stale (edges are written by promotion, detection and resolutions
+    /// alike).
     edge_changes_in: std::collections::HashMap<String, u64>,
-    /// The part of `edge_changes` whose namespace is not known (a cluster log's entries).
+    /// Edges written or deleted whose namespace is not known (a cluster log's entries):
+    /// they count for every namespace.
     edge_changes_anywhere: u64,
 }
 
@@ -194,16 +194,10 @@ impl Catalog {
     /// Counts an edge written or deleted in `namespace` (`None`: in a namespace not known,
     /// which counts for every namespace).
     pub fn edges_changed(&mut self, namespace: Option<&str>) {
-        self.edge_changes += 1;
         match namespace {
             Some(ns) => *self.edge_changes_in.entry(ns.to_string()).or_default() += 1,
             None => self.edge_changes_anywhere += 1,
         }
-    }
-
-    /// Edges written or deleted since open.
-    pub fn edge_changes(&self) -> u64 {
-        self.edge_changes
     }
 
     /// Edges written or deleted since open that may be `namespace`'s.

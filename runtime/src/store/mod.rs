@@ -993,12 +993,6 @@ impl Store {
         self.catalog().superseded() & ids
     }
 
-    /// How many graph edges were written or deleted since open: a graph loaded at another
-    /// count may be stale.
-    pub fn edge_changes(&self) -> u64 {
-        self.catalog().edge_changes()
-    }
-
     /// How many graph edges that may be `namespace`'s were written or deleted since open:
     /// that namespace's graph loaded at another count may be stale, and no other's is.
     pub fn edge_changes_in(&self, namespace: &str) -> u64 {

@@ -19,10 +19,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use maud::html;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use super::{UiError, page, redirect};
-use crate::server::{AppState, Auth, AuthThrottle, DEFAULT_NAMESPACE, Role};
+use crate::server::{AppState, Auth, AuthThrottle, DEFAULT_NAMESPACE, Role, digest};
 
 /// The cookie that carries a sign-in's token over plain HTTP.
 const COOKIE: &str = "shadowbrain_ui";
@@ -249,10 +248,6 @@ impl Logins {
 }
 
 /// The hex SHA-256 of a token: the name its sign-in is kept under.
-fn digest(token: &str) -> String {
-    crate::server::hex(&Sha256::digest(token.as_bytes()))
-}
-
 /// 32 random bytes, hex.
 pub(crate) fn random_token() -> String {
     let mut bytes = [0u8; 32];
@@ -590,19 +585,8 @@ pub(super) async fn login(
                 Err(e) => return e.into_response(),
             };
             let mut answer = redirect(&next);
-            let cookie = match https {
-                true => format!(
-                    "{SECURE_COOKIE}={token}; Secure; HttpOnly; SameSite=Strict; Path=/; \
-                     Max-Age={}",
-                    SIGN_IN_FOR.as_secs()
-                ),
-                false => format!(
-                    "{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
-                    SIGN_IN_FOR.as_secs()
-                ),
-            };
-            if let Ok(value) = HeaderValue::from_str(&cookie) {
-                answer.headers_mut().insert(header::SET_COOKIE, value);
+            if let Some(cookie) = set_cookie(https, &token, SIGN_IN_FOR.as_secs()) {
+                answer.headers_mut().insert(header::SET_COOKIE, cookie);
             }
             answer
         }
@@ -636,15 +620,26 @@ pub(super) async fn logout(
         return e.into_response();
     }
     let mut answer = redirect("/ui/login");
-    for cleared in [
-        "shadowbrain_ui=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0",
-        "__Host-shadowbrain_ui=; Secure; HttpOnly; SameSite=Strict; Path=/; Max-Age=0",
-    ] {
-        answer
-            .headers_mut()
-            .append(header::SET_COOKIE, HeaderValue::from_static(cleared));
+    // Both cookies: the visitor may have signed in over HTTP or behind an HTTPS proxy.
+    for secure in [false, true] {
+        if let Some(cleared) = set_cookie(secure, "", 0) {
+            answer.headers_mut().append(header::SET_COOKIE, cleared);
+        }
     }
     answer
+}
+
+/// The `Set-Cookie` value that sets the sign-in cookie to `token` for `max_age` seconds (0
+/// clears it): [`SECURE_COOKIE`] when the visitor came over HTTPS, else [`COOKIE`].
+fn set_cookie(secure: bool, token: &str, max_age: u64) -> Option<HeaderValue> {
+    let (name, flag) = match secure {
+        true => (SECURE_COOKIE, "Secure; "),
+        false => (COOKIE, ""),
+    };
+    HeaderValue::from_str(&format!(
+        "{name}={token}; {flag}HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age}"
+    ))
+    .ok()
 }
 
 #[cfg(test)]
