@@ -36,7 +36,9 @@
 //! `--target HOST:PORT --mixed-secs 60`: only the mixed load, against a server already
 //! running in another process (the release binary, on an empty data directory), so the
 //! clients and the server are separate processes as in production; with `--paced-mixed`,
-//! paced, and with `--idle N` beside N idle keep-alive connections.
+//! paced, and with `--idle N` beside N idle keep-alive connections. `--slow 15` prints
+//! each mixed-load request slower than 15 ms, and each refusal, with the wall-clock time it
+//! was due, to line up with the server's log and a profiler's samples.
 //!
 //! The clients check each answer's shape without building a JSON tree: they share the
 //! cores with the server, and their own parsing would be counted against it.
@@ -102,6 +104,26 @@ struct Args {
     policy: Option<Policy>,
 }
 
+/// `--slow MS`: the mixed loads print each request slower than this, and each refusal.
+static SLOW_MS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+
+/// One line on stderr for a slow or refused request: when it was due on the wall clock
+/// (seconds within the hour, to line up with the server's log and a profiler's samples),
+/// write or recall, status, latency, and a refusal's body.
+fn log_slow(due: Instant, write: bool, status: u16, ms: f64, answer: &[u8]) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let at = now % 3600.0 - due.elapsed().as_secs_f64();
+    let body = if status == 503 {
+        String::from_utf8_lossy(answer).into_owned()
+    } else {
+        String::new()
+    };
+    let kind = if write { "write" } else { "recall" };
+    eprintln!("http_load: slow at {at:.3} s: {kind} {status} {ms:.1} ms {body}");
+}
+
 fn args() -> Result<Args, String> {
     let mut a = Args {
         clients: 32,
@@ -155,6 +177,9 @@ fn args() -> Result<Args, String> {
             "--paced-mixed" => a.paced_mixed = value()? as f64,
             "--paced-mixed-clients" => a.paced_mixed_clients = value()?.max(1),
             "--idle" => a.idle = value()?,
+            "--slow" => {
+                let _ = SLOW_MS.set(value()? as f64);
+            }
             "--target" => {
                 a.target =
                     Some(it.next().and_then(|v| v.parse().ok()).ok_or(
@@ -182,7 +207,7 @@ fn args() -> Result<Args, String> {
                     "unknown flag {other}; use --clients, --sessions, --events, --batch, \
                      --recalls, --rates, --paced-secs, --mixed-secs, --mixed-clients, --mixed-max-recalls, \
                      --mixed-max-writes, --mixed-queue-wait, --mixed-write-wait, --mixed-variants, \
-                     --paced-mixed, --paced-mixed-clients, --idle, --policy, --target"
+                     --paced-mixed, --paced-mixed-clients, --idle, --slow, --policy, --target"
                 ));
             }
         }
@@ -810,6 +835,11 @@ async fn mixed_load(addr: SocketAddr, clients: usize, secs: f64, pace: Option<f6
                     events += n;
                 }
                 let ms = t.elapsed().as_secs_f64() * 1000.0;
+                if let Some(&slow) = SLOW_MS.get()
+                    && (ms > slow || status == 503)
+                {
+                    log_slow(t, write, status, ms, &answer);
+                }
                 match status {
                     201 if write => writes.push(ms),
                     200 if !write => recalls.push((third(begin, t, secs), ms)),

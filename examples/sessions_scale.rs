@@ -170,6 +170,7 @@ async fn main() {
         });
     if let Some(n) = a.build_threads {
         config.substrate.vector.build_threads = n;
+        config.substrate.vector.background_build_threads = n;
     }
     if let Some(n) = a.build_every {
         config.substrate.indexing.build_every = n;

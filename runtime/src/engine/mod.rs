@@ -306,6 +306,9 @@ impl Substrate {
     /// keywords in `dir/keywords`), checks the embedder's dimension against the store's,
     /// reconciles the indexes with the store and starts the indexer.
     pub fn open(dir: &Path, opts: SubstrateOptions) -> Result<Substrate> {
+        // Compiles the time-cue patterns now: the first recalls would otherwise pay a few
+        // milliseconds each for them while the requests behind them wait for a slot.
+        crate::retrieval::time_cues("");
         let store = Store::open(
             &dir.join("store"),
             StoreOptions {
