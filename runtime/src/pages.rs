@@ -26,7 +26,8 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How often a busy map's pages are given back, at the latest.
@@ -40,10 +41,26 @@ pub(crate) const MAP_BUDGET: u64 = 384 << 20;
 pub(crate) const RELEASE_EVERY_READS: u64 = MAP_BUDGET / (2 << 20);
 
 /// Drops the pages of one LMDB environment's map now and then (module docs say why).
+///
+/// A due release runs on a thread of its own, not on the thread whose read made it due: a
+/// `madvise` of a 256 MB map takes 2–13 ms, which that thread — the store's commit thread,
+/// a runtime worker answering requests — would otherwise spend while every request behind
+/// it waits. The owner calls [`MapRelease::stop`] before it closes the environment (in its
+/// `Drop`), so no release ever touches a map that is gone.
 #[derive(Debug)]
 pub(crate) struct MapRelease {
+    shared: Arc<Shared>,
+    /// The releasing thread, until [`MapRelease::stop`].
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+#[derive(Debug)]
+struct Shared {
     /// The environment's `data.mdb`, as `/proc/self/maps` names it.
     file: PathBuf,
+    /// The environment's resize gate: held shared while pages are dropped, so the map
+    /// cannot move or close meanwhile.
+    gate: Arc<RwLock<()>>,
     started: Instant,
     /// Milliseconds after `started` of the last release.
     last_ms: AtomicU64,
@@ -53,21 +70,116 @@ pub(crate) struct MapRelease {
     file_len: AtomicU64,
     /// Where the map is, found once in `/proc/self/maps`; forgotten when it moves.
     ranges: Mutex<Option<Vec<(usize, usize)>>>,
+    /// What the releasing thread is asked to do.
+    asked: Mutex<Asked>,
+    wake: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Asked {
+    release: bool,
+    stop: bool,
 }
 
 impl MapRelease {
-    /// For the environment in `dir`.
-    pub(crate) fn new(dir: &Path) -> Self {
+    /// For the environment in `dir`, whose resize gate is `gate`.
+    pub(crate) fn new(dir: &Path, gate: Arc<RwLock<()>>) -> Self {
         let file = dir.join("data.mdb");
         let file = std::fs::canonicalize(&file).unwrap_or(file);
         let len = std::fs::metadata(&file).map_or(0, |m| m.len());
-        MapRelease {
+        let shared = Arc::new(Shared {
             file,
+            gate,
             started: Instant::now(),
             last_ms: AtomicU64::new(0),
             reads: AtomicU64::new(0),
             file_len: AtomicU64::new(len),
             ranges: Mutex::new(None),
+            asked: Mutex::new(Asked::default()),
+            wake: Condvar::new(),
+        });
+        let worker = shared.clone();
+        // Without the thread (the process's thread limit), due releases are skipped: a
+        // page left mapped only costs memory.
+        let thread = std::thread::Builder::new()
+            .name("shadowbrain-map-release".into())
+            .spawn(move || worker.serve())
+            .map_err(|e| tracing::warn!(error = %e, "cannot start the map release thread"))
+            .ok();
+        MapRelease {
+            shared,
+            thread: Mutex::new(thread),
+        }
+    }
+
+    /// After `reads` page-reading operations: has the releasing thread drop the pages if a
+    /// release is due. Never waits for it.
+    pub(crate) fn tick(&self, reads: u64) {
+        if self.shared.due(reads) {
+            lock(&self.shared.asked).release = true;
+            self.shared.wake.notify_one();
+        }
+    }
+
+    /// Drops the map's pages from this process now, on the calling thread, and returns the
+    /// bytes advised. The caller holds the environment's resize gate (shared is enough).
+    pub(crate) fn release_now(&self) -> usize {
+        self.shared.release_now()
+    }
+
+    /// Stops the releasing thread and waits for a release in progress; later ticks do
+    /// nothing. The owner calls it before the environment closes.
+    pub(crate) fn stop(&self) {
+        lock(&self.shared.asked).stop = true;
+        self.shared.wake.notify_one();
+        if let Some(thread) = lock(&self.thread).take() {
+            let _ = thread.join();
+        }
+    }
+
+    /// Holds up every release, on any thread, until the guard is dropped (tests).
+    #[cfg(test)]
+    pub(crate) fn block_releases(&self) -> std::sync::MutexGuard<'_, Option<Vec<(usize, usize)>>> {
+        lock(&self.shared.ranges)
+    }
+
+    /// No release by time from now on (tests that count mapped pages).
+    #[cfg(test)]
+    pub(crate) fn hold(&self) {
+        self.shared.last_ms.store(u64::MAX, Ordering::Relaxed);
+    }
+
+    /// Forgets where the map is; call it after a resize (which moves the map), holding
+    /// the resize gate exclusively.
+    pub(crate) fn map_moved(&self) {
+        *lock(&self.shared.ranges) = None;
+    }
+}
+
+impl Drop for MapRelease {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Shared {
+    /// The releasing thread: one release each time one is asked for, until stopped.
+    fn serve(&self) {
+        let mut asked = lock(&self.asked);
+        loop {
+            if asked.stop {
+                return;
+            }
+            if std::mem::take(&mut asked.release) {
+                drop(asked);
+                // Skipped, not waited for, when a resize holds or wants the gate.
+                if let Ok(_shared) = self.gate.try_read() {
+                    self.release_now();
+                }
+                asked = lock(&self.asked);
+                continue;
+            }
+            asked = self.wake.wait(asked).unwrap_or_else(|p| p.into_inner());
         }
     }
 
@@ -95,25 +207,12 @@ impl MapRelease {
         true
     }
 
-    /// After `reads` page-reading operations: releases the pages if one is due. `gate` is
-    /// the environment's resize gate: held shared meanwhile, so the map cannot move or
-    /// close under the `madvise`. Skipped, not waited for, when a resize holds or wants it.
-    pub(crate) fn tick(&self, gate: &RwLock<()>, reads: u64) {
-        if !self.due(reads) {
-            return;
-        }
-        let Ok(_shared) = gate.try_read() else {
-            return;
-        };
-        self.release_now();
-    }
-
-    /// Drops the map's pages from this process now and returns the bytes advised.
-    /// The caller holds the environment's resize gate (shared is enough) and keeps the
-    /// environment open meanwhile. A failure is logged, never returned: the operation
-    /// that led here succeeded, and a page left mapped only costs memory.
-    pub(crate) fn release_now(&self) -> usize {
-        let mut ranges = self.ranges.lock().unwrap_or_else(|p| p.into_inner());
+    /// Drops the map's pages from this process and returns the bytes advised. The caller
+    /// holds the resize gate (shared is enough) and the environment is open. A failure is
+    /// logged, never returned: the operation that led here succeeded, and a page left
+    /// mapped only costs memory.
+    fn release_now(&self) -> usize {
+        let mut ranges = lock(&self.ranges);
         if ranges.is_none() {
             match map_ranges(&self.file) {
                 Ok(found) => {
@@ -136,18 +235,10 @@ impl MapRelease {
             }
         }
     }
+}
 
-    /// No release by time from now on (tests that count mapped pages).
-    #[cfg(test)]
-    pub(crate) fn hold(&self) {
-        self.last_ms.store(u64::MAX, Ordering::Relaxed);
-    }
-
-    /// Forgets where the map is; call it after a resize (which moves the map), holding
-    /// the resize gate exclusively.
-    pub(crate) fn map_moved(&self) {
-        *self.ranges.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    }
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The address ranges that map `file` in this process.
@@ -270,15 +361,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = std::fs::File::create(dir.path().join("data.mdb")).unwrap();
         file.set_len(MAP_BUDGET / 2).unwrap();
-        let small = MapRelease::new(dir.path());
-        assert!(!small.due(RELEASE_EVERY_READS * 10));
+        let gate = Arc::new(RwLock::new(()));
+        let small = MapRelease::new(dir.path(), gate.clone());
+        assert!(!small.shared.due(RELEASE_EVERY_READS * 10));
         // Sparse: no disk is used.
         file.set_len(MAP_BUDGET * 2).unwrap();
-        let large = MapRelease::new(dir.path());
-        assert!(!large.due(RELEASE_EVERY_READS - 1));
-        assert!(large.due(1));
-        assert!(!large.due(1), "the count starts again after a release");
+        let large = MapRelease::new(dir.path(), gate);
+        assert!(!large.shared.due(RELEASE_EVERY_READS - 1));
+        assert!(large.shared.due(1));
+        assert!(
+            !large.shared.due(1),
+            "the count starts again after a release"
+        );
         std::thread::sleep(RELEASE_INTERVAL);
-        assert!(small.due(1), "activity after the interval releases any map");
+        assert!(
+            small.shared.due(1),
+            "activity after the interval releases any map"
+        );
     }
 }

@@ -531,7 +531,7 @@ pub struct VectorIndex {
     cancelled: AtomicBool,
     /// Held shared by every transaction and exclusively by a map resize, which LMDB forbids
     /// while any transaction of this process is open.
-    gate: RwLock<()>,
+    gate: Arc<RwLock<()>>,
     /// Gives the pages searches map back now and then (see `MapRelease`).
     release: MapRelease,
     /// Ids per shard, as recorded in the meta table.
@@ -632,6 +632,7 @@ impl VectorIndex {
                 Ok(CommitOrAbort::<_, ()>::Commit((arroy, meta)))
             })?
             .unwrap_commit();
+        let gate = Arc::new(RwLock::new(()));
         Ok(VectorIndex {
             env,
             arroy,
@@ -642,8 +643,8 @@ impl VectorIndex {
             opts,
             writer: Mutex::new(()),
             cancelled: AtomicBool::new(false),
-            gate: RwLock::new(()),
-            release: MapRelease::new(dir),
+            release: MapRelease::new(dir, gate.clone()),
+            gate,
             shard_items: AtomicU64::new(ONE_SHARD),
             shards: AtomicU32::new(1),
             grow_ahead: true,
@@ -1191,7 +1192,7 @@ impl VectorIndex {
             }
         };
         // A search reads a few pages per candidate or tree leaf it visits.
-        self.release.tick(&self.gate, 8);
+        self.release.tick(8);
         Ok(hits)
     }
 
@@ -1618,6 +1619,13 @@ impl VectorIndex {
 
     fn gate_read(&self) -> RwLockReadGuard<'_, ()> {
         self.gate.read().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for VectorIndex {
+    /// The map release thread stops before the environment closes (see `MapRelease`).
+    fn drop(&mut self) {
+        self.release.stop();
     }
 }
 

@@ -17,7 +17,7 @@
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, PutFlags, RwTxn, WithoutTls};
@@ -51,7 +51,7 @@ pub struct LmdbKv {
     dir: PathBuf,
     /// Held shared by every transaction and exclusively by a resize: LMDB forbids changing
     /// the map size while any transaction of this process is open.
-    gate: RwLock<()>,
+    gate: Arc<RwLock<()>>,
     /// Gives the map's pages back now and then (see [`MapRelease`]).
     release: MapRelease,
 }
@@ -91,12 +91,13 @@ impl LmdbKv {
                 Ok(CommitOrAbort::<_, ()>::Commit((tables, legacy)))
             })?
             .unwrap_commit();
+        let gate = Arc::new(RwLock::new(()));
         let kv = LmdbKv {
             env,
             tables,
             dir: dir.to_path_buf(),
-            gate: RwLock::new(()),
-            release: MapRelease::new(dir),
+            release: MapRelease::new(dir, gate.clone()),
+            gate,
         };
         if let Some(legacy) = legacy {
             kv.migrate(legacy)?;
@@ -278,6 +279,13 @@ fn is_map_full(e: &heed::Error) -> bool {
     matches!(e, heed::Error::Mdb(heed::MdbError::MapFull))
 }
 
+impl Drop for LmdbKv {
+    /// The map release thread stops before the environment closes (see `MapRelease`).
+    fn drop(&mut self) {
+        self.release.stop();
+    }
+}
+
 impl Kv for LmdbKv {
     fn backend(&self) -> Backend {
         Backend::Lmdb
@@ -289,7 +297,7 @@ impl Kv for LmdbKv {
             let rtxn = self.env.read_txn()?;
             self.tables[slot(key)].get(&rtxn, key)?.map(<[u8]>::to_vec)
         };
-        self.release.tick(&self.gate, 1);
+        self.release.tick(1);
         Ok(value)
     }
 
@@ -301,13 +309,13 @@ impl Kv for LmdbKv {
                 visit(i, self.tables[slot(key)].get(&rtxn, key)?)?;
             }
         }
-        self.release.tick(&self.gate, keys.len() as u64);
+        self.release.tick(keys.len() as u64);
         Ok(())
     }
 
     fn scan(&self, range: Range<'_>, reverse: bool, visit: &mut Visitor<'_>) -> Result<()> {
         let scanned = self.scan_shared(range, reverse, visit);
-        self.release.tick(&self.gate, 1);
+        self.release.tick(1);
         scanned
     }
 
@@ -318,7 +326,7 @@ impl Kv for LmdbKv {
                 Ok(()) => {
                     // Each write read the B-tree path to its key.
                     let writes = batches.iter().map(|ops| ops.len() as u64).sum();
-                    self.release.tick(&self.gate, writes);
+                    self.release.tick(writes);
                     return Ok(());
                 }
                 Err(e) if is_map_full(&e) => self.grow()?,
@@ -528,5 +536,39 @@ mod tests {
         let after = crate::pages::mapped_bytes(&file);
         assert!(after < 1 << 20, "{after} bytes still mapped");
         read_all();
+    }
+
+    /// A release that falls due is done by the release thread, not by the read that made
+    /// it due (a commit or a request would otherwise wait for the `madvise`).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_due_release_runs_on_its_own_thread_not_the_reader() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = LmdbKv::open(dir.path()).unwrap();
+        let value = vec![7u8; 3000];
+        let ops: Vec<Op> = (0..8_000u32)
+            .map(|i| Op::Put(i.to_be_bytes().to_vec(), value.clone()))
+            .collect();
+        kv.commit(&[&ops]).unwrap();
+        for i in 0..8_000u32 {
+            assert_eq!(kv.get(&i.to_be_bytes()).unwrap(), Some(value.clone()));
+        }
+        let file = std::fs::canonicalize(dir.path().join("data.mdb")).unwrap();
+        assert!(crate::pages::mapped_bytes(&file) > 8 << 20);
+        // Releases are held up: a read that released by itself would wait here for ever.
+        let blocked = kv.release.block_releases();
+        std::thread::sleep(crate::pages::RELEASE_INTERVAL);
+        assert_eq!(kv.get(&1u32.to_be_bytes()).unwrap(), Some(value.clone()));
+        drop(blocked);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut mapped = crate::pages::mapped_bytes(&file);
+        while mapped >= 1 << 20 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            mapped = crate::pages::mapped_bytes(&file);
+        }
+        assert!(
+            mapped < 1 << 20,
+            "the release thread left {mapped} bytes mapped"
+        );
     }
 }
