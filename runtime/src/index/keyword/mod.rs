@@ -317,7 +317,10 @@ impl KeywordIndex {
         // If the reload fails the tail keeps its entries, which still shadow the stale
         // committed view, so searches stay right; the next commit reloads again.
         self.reader.reload()?;
-        tail.drop_committed(&snapshot, snapshot_seq);
+        let committed = tail.drop_committed(&snapshot, snapshot_seq);
+        // Freed once searches and staging writes may go on.
+        drop(tail);
+        drop(committed);
         Ok(())
     }
 

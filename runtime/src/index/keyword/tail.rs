@@ -106,13 +106,18 @@ pub(super) struct Tail {
 
 impl Tail {
     /// Stages `doc` (or a removal) for `id`, replacing whatever was staged for it.
-    pub(super) fn stage(&mut self, id: u32, mut doc: Option<StagedDoc>) {
+    pub(super) fn stage(&mut self, id: u32, doc: Option<StagedDoc>) {
         let seq = self.next_seq;
         self.next_seq += 1;
         if let Some(old) = self.entries.remove(&id) {
             self.unaccount(id, old.doc.as_ref());
         }
-        if let Some(doc) = &mut doc {
+        self.insert(id, Staged { seq, doc });
+    }
+
+    /// Adds an entry for an id that has none, counting its document.
+    fn insert(&mut self, id: u32, mut staged: Staged) {
+        if let Some(doc) = &mut staged.doc {
             self.live_docs += doc.passages.len() as u64;
             self.total_tokens += doc.num_tokens();
             for passage in doc.passages.iter_mut() {
@@ -129,7 +134,7 @@ impl Tail {
             }
         }
         self.staged.insert(id);
-        self.entries.insert(id, Staged { seq, doc });
+        self.entries.insert(id, staged);
     }
 
     fn unaccount(&mut self, id: u32, doc: Option<&StagedDoc>) {
@@ -163,17 +168,46 @@ impl Tail {
     }
 
     /// Drops the entries a commit wrote, unless they were re-staged since the snapshot,
-    /// which was taken when [`next_seq`](Self::next_seq) was `snapshot_seq`.
-    pub(super) fn drop_committed(&mut self, snapshot: &Snapshot, snapshot_seq: u64) {
-        if self.next_seq == snapshot_seq {
-            // Nothing was staged since: the whole tail is committed, and unaccounting a big
-            // batch entry by entry would cost as much as staging it did.
-            self.reset();
-            return;
+    /// which was taken when [`next_seq`](Self::next_seq) was `snapshot_seq`. Returns what
+    /// was dropped, for the caller to free after it lets go of the tail's lock.
+    ///
+    /// It runs under the lock every search and every staging write waits for, so it costs
+    /// what the smaller side costs: when most of the tail was committed (the usual case: a
+    /// commit takes a fraction of a second, the tail holds up to its threshold) the tail is
+    /// rebuilt from the entries staged since, instead of unaccounting every committed entry
+    /// term by term (about 50 ms for 50,000 entries, during which recalls and writes
+    /// stalled).
+    pub(super) fn drop_committed(&mut self, snapshot: &Snapshot, snapshot_seq: u64) -> Tail {
+        let later = self
+            .entries
+            .values()
+            .filter(|e| e.seq >= snapshot_seq)
+            .count();
+        if later * 2 < self.entries.len() {
+            let mut old = std::mem::replace(
+                self,
+                Tail {
+                    next_seq: self.next_seq,
+                    ..Tail::default()
+                },
+            );
+            let kept: Vec<u32> = old
+                .entries
+                .iter()
+                .filter(|(_, e)| e.seq >= snapshot_seq)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in kept {
+                if let Some(staged) = old.entries.remove(&id) {
+                    self.insert(id, staged);
+                }
+            }
+            return old;
         }
         for &(id, seq, _) in snapshot {
             self.unstage_if(id, seq);
         }
+        Tail::default()
     }
 
     /// Drops every entry staged before `seq` (what a `clear` has wiped).
@@ -293,7 +327,7 @@ mod tests {
         tail.stage(2, Some(StagedDoc::new("platypus")));
         let (snapshot, seq) = (tail.snapshot(), tail.next_seq());
         tail.stage(1, Some(StagedDoc::new("wombat")));
-        tail.drop_committed(&snapshot, seq);
+        drop(tail.drop_committed(&snapshot, seq));
         assert_eq!(tail.len(), 1);
         assert_eq!(tail.doc_freq(&term("wombat")), 1);
         assert_eq!(tail.doc_freq(&term("quokka")), 0);
@@ -303,11 +337,57 @@ mod tests {
         assert_eq!(tail.total_tokens(), tokens("wombat"));
 
         let (snapshot, seq) = (tail.snapshot(), tail.next_seq());
-        tail.drop_committed(&snapshot, seq);
+        drop(tail.drop_committed(&snapshot, seq));
         assert_eq!(tail.len(), 0);
         assert_eq!(tail.live_docs(), 0);
         assert_eq!(tail.total_tokens(), 0);
         assert!(tail.staged_ids().is_empty());
         assert_eq!(tail.next_seq(), seq, "sequence numbers never go back");
+    }
+
+    /// A commit of most of the tail leaves exactly what a tail that staged only the later
+    /// entries would hold (the rebuild path of `drop_committed`).
+    #[test]
+    fn a_mostly_committed_tail_is_rebuilt_from_what_came_later() {
+        let words = ["quokka", "wombat", "platypus", "echidna", "dingo"];
+        let mut tail = Tail::default();
+        for id in 0..20u32 {
+            let text = format!(
+                "{} {}",
+                words[id as usize % 5],
+                words[(id as usize + 1) % 5]
+            );
+            tail.stage(id, Some(StagedDoc::new(&text)));
+        }
+        let (snapshot, seq) = (tail.snapshot(), tail.next_seq());
+        tail.stage(3, Some(StagedDoc::new("kangaroo wombat")));
+        tail.stage(7, None);
+        tail.stage(40, Some(StagedDoc::new("wombat wombat dingo")));
+        let dropped = tail.drop_committed(&snapshot, seq);
+        assert_eq!(
+            dropped.len(),
+            18,
+            "the committed entries are handed back to free"
+        );
+
+        let mut fresh = Tail::default();
+        fresh.stage(3, Some(StagedDoc::new("kangaroo wombat")));
+        fresh.stage(7, None);
+        fresh.stage(40, Some(StagedDoc::new("wombat wombat dingo")));
+        assert_eq!(tail.len(), 3);
+        assert_eq!(tail.live_docs(), fresh.live_docs());
+        assert_eq!(tail.total_tokens(), fresh.total_tokens());
+        assert_eq!(tail.staged_ids(), fresh.staged_ids());
+        for word in words.iter().chain(&["kangaroo"]) {
+            let t = term(word);
+            assert_eq!(tail.doc_freq(&t), fresh.doc_freq(&t), "{word}");
+            assert_eq!(tail.postings(&t), fresh.postings(&t), "{word}");
+        }
+        assert_eq!(tail.next_seq(), seq + 3, "sequence numbers never go back");
+        assert_eq!(
+            tail.doc(40)
+                .map(|d| d.passages[0].term_freq(&term("wombat"))),
+            Some(2)
+        );
     }
 }
