@@ -43,9 +43,9 @@ pub(crate) const RELEASE_EVERY_READS: u64 = MAP_BUDGET / (2 << 20);
 /// Drops the pages of one LMDB environment's map now and then (module docs say why).
 ///
 /// A due release runs on a thread of its own, not on the thread whose read made it due: a
-/// `madvise` of a 256 MB map takes 2–13 ms, which that thread — the store's commit thread,
-/// a runtime worker answering requests — would otherwise spend while every request behind
-/// it waits. The owner calls [`MapRelease::stop`] before it closes the environment (in its
+/// `madvise` of a large map takes milliseconds, which that thread — the store's commit
+/// thread, a runtime worker answering requests — would otherwise spend while every request
+/// behind it waits. The owner calls [`MapRelease::stop`] before it closes the environment (in its
 /// `Drop`), so no release ever touches a map that is gone.
 #[derive(Debug)]
 pub(crate) struct MapRelease {

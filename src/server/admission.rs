@@ -14,8 +14,7 @@
 //! Recalls come first: while any recall waits for a slot, a write that starts also takes
 //! one of half the write slots, so writes keep at most half their share of the cores. An
 //! agent waits for its recall before it can go on; a write is acknowledged within
-//! `write_queue_wait` either way. At saturation, on two cores, this held admitted recall
-//! p99 at 44–49 ms where writes on all their slots made it 72–97 ms.
+//! `write_queue_wait` either way (README "Admission that waits" has the figures).
 //!
 //! A refusal says how long the wait would have been: `Retry-After` in whole seconds (what
 //! HTTP allows, at least 1) and `retry_after_ms` in the error body.

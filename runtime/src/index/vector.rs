@@ -136,9 +136,10 @@ pub struct VectorOptions {
     /// Threads that build trees in the background ([`VectorIndex::build_with`] with
     /// `background`, what the indexer runs while the server answers), at lower CPU
     /// priority. The default is half the cores, at least one: a build that takes every
-    /// core delays ingest and recall behind it even at lower priority (on two cores, recall
-    /// p99 at 1,000 requests/s went from about 5 ms to 12–50 ms while one ran on both), and
-    /// half the cores still keep the trees a few seconds behind a saturating load.
+    /// core delays ingest and recall behind it even at lower priority (a lower priority
+    /// only orders the threads that wait; a long build still holds every core between
+    /// their turns), while half the cores still keep the trees seconds behind a saturating
+    /// load.
     pub background_build_threads: usize,
     /// Memory for staged vectors, in bytes, once a [`VectorSource`] is set: past it only
     /// ids are staged and vectors are read back from the source (see the module docs).
