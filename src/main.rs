@@ -18,6 +18,8 @@ use clap::Parser;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // SAFETY: first thing in main: no other thread has started.
+    unsafe { shadowbrain_runtime::embed::settle_model_threads() };
     let args = cli::Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

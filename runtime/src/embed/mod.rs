@@ -59,6 +59,26 @@ pub trait Embedder: Send + Sync + std::fmt::Debug {
     async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>>;
 }
 
+/// Answers, once, the question the local model's kernels ask on every matrix product — how
+/// many threads to split it over — by setting `RAYON_NUM_THREADS` to candle's own answer
+/// when it is unset. candle reads `RAYON_NUM_THREADS` first and otherwise counts the
+/// physical cores from `/proc/cpuinfo` each time, which was a quarter of a short query's
+/// embedding time. Nothing else changes: candle splits its work as before, and rayon's
+/// pool takes the same number.
+///
+/// # Safety
+///
+/// Sets an environment variable: call it before the process starts any thread (first
+/// thing in `main`), as [`std::env::set_var`] requires.
+#[cfg(feature = "local")]
+pub unsafe fn settle_model_threads() {
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let n = candle_core::utils::get_num_threads();
+        // SAFETY: the caller guarantees no other thread runs yet.
+        unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
+    }
+}
+
 /// Which embedder `[embedder] kind` selects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
