@@ -25,8 +25,18 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    // As `serve` does, before any thread starts (see `settle_model_threads`).
+    // SAFETY: first thing in main: no other thread has started.
+    unsafe { shadowbrain_runtime::embed::settle_model_threads() };
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(run());
+}
+
+async fn run() {
     let (n_texts, n_queries) = (arg("--texts", 2000), arg("--queries", 300));
     let embedder = build_embedder(&EmbedderConfig {
         kind: EmbedderKind::Local,
