@@ -60,7 +60,8 @@ struct Class {
     waiting: AtomicUsize,
     max_queued: usize,
     max_wait: Duration,
-    /// How long a slot is held, in microseconds: a moving average of the last few dozen.
+    /// How long a slot is held, in microseconds: a moving average of the last few dozen,
+    /// from [`FIRST_HOLD_US`].
     held_us: Arc<AtomicU64>,
 }
 
@@ -79,24 +80,19 @@ impl Drop for Slot {
         let took = u64::try_from(self.since.elapsed().as_micros()).unwrap_or(u64::MAX);
         // An exponential moving average with weight 1/16: a few dozen requests, so one slow
         // answer moves it little and a change of load shows within milliseconds. It starts
-        // from FIRST_HOLD, not from the first answer: the first recalls of a fresh process
-        // are its slowest (memory touched for the first time), and one taken whole would
-        // refuse the burst queued behind it.
+        // from FIRST_HOLD_US, not from the first answer: the first recalls of a fresh
+        // process are its slowest (memory touched for the first time), and one taken whole
+        // would refuse the burst queued behind it.
         let _ = self
             .held_us
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |avg| {
-                let avg = if avg == 0 { first_hold_us() } else { avg };
                 Some(avg - avg / 16 + took / 16)
             });
     }
 }
 
-/// How long a slot is assumed to be held before any was: a fast recall.
-const FIRST_HOLD: Duration = Duration::from_millis(2);
-
-fn first_hold_us() -> u64 {
-    u64::try_from(FIRST_HOLD.as_micros()).unwrap_or(u64::MAX)
-}
+/// How long a slot is assumed to be held before any was, in microseconds: a fast recall.
+const FIRST_HOLD_US: u64 = 2_000;
 
 impl Class {
     fn new(
@@ -113,7 +109,7 @@ impl Class {
             waiting: AtomicUsize::new(0),
             max_queued: edge.max_queued,
             max_wait,
-            held_us: Arc::new(AtomicU64::new(0)),
+            held_us: Arc::new(AtomicU64::new(FIRST_HOLD_US)),
         }
     }
 
@@ -128,10 +124,7 @@ impl Class {
 
     /// The wait a request can expect with `ahead` requests queued before it.
     fn expected_wait(&self, ahead: usize) -> Duration {
-        let held = match self.held_us.load(Ordering::Relaxed) {
-            0 => FIRST_HOLD,
-            us => Duration::from_micros(us),
-        };
+        let held = Duration::from_micros(self.held_us.load(Ordering::Relaxed));
         // Each slot frees once per hold; the request is served when `ahead + 1` have.
         held.mul_f64((ahead + 1) as f64 / self.limit as f64)
     }
@@ -272,7 +265,7 @@ mod tests {
         }
         assert_eq!(admission.recalls.waiting.load(Ordering::Acquire), 0);
         let held = admission.recalls.held_us.load(Ordering::Relaxed);
-        // From FIRST_HOLD (2 ms) toward the 5 ms each held, a sixteenth per answer.
+        // From FIRST_HOLD_US (2 ms) toward the 5 ms each held, a sixteenth per answer.
         assert!(held >= 3_000, "the hold time is learned: {held} µs");
     }
 

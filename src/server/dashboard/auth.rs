@@ -247,7 +247,6 @@ impl Logins {
     }
 }
 
-/// The hex SHA-256 of a token: the name its sign-in is kept under.
 /// 32 random bytes, hex.
 pub(crate) fn random_token() -> String {
     let mut bytes = [0u8; 32];

@@ -178,12 +178,13 @@ impl Tail {
     /// term by term, which for a large batch stalled recalls and writes for tens of
     /// milliseconds.
     pub(super) fn drop_committed(&mut self, snapshot: &Snapshot, snapshot_seq: u64) -> Tail {
-        let later = self
+        let later: Vec<u32> = self
             .entries
-            .values()
-            .filter(|e| e.seq >= snapshot_seq)
-            .count();
-        if later * 2 < self.entries.len() {
+            .iter()
+            .filter(|(_, e)| e.seq >= snapshot_seq)
+            .map(|(id, _)| *id)
+            .collect();
+        if later.len() * 2 < self.entries.len() {
             let mut old = std::mem::replace(
                 self,
                 Tail {
@@ -191,13 +192,7 @@ impl Tail {
                     ..Tail::default()
                 },
             );
-            let kept: Vec<u32> = old
-                .entries
-                .iter()
-                .filter(|(_, e)| e.seq >= snapshot_seq)
-                .map(|(id, _)| *id)
-                .collect();
-            for id in kept {
+            for id in later {
                 if let Some(staged) = old.entries.remove(&id) {
                     self.insert(id, staged);
                 }
