@@ -57,6 +57,12 @@ pub trait Embedder: Send + Sync + std::fmt::Debug {
     }
     /// One vector per text, in order, unit-normalised.
     async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>>;
+    /// [`Embedder::embed`] for work nobody waits on (the enricher's batches): an embedder
+    /// that shares the machine with recall runs it at a lower priority, so a query never
+    /// waits behind it. By default, the same as `embed`.
+    async fn embed_background(&self, texts: &[String]) -> Result<Vec<Vec<f32>>> {
+        self.embed(texts).await
+    }
 }
 
 /// Answers, once, the question the local model's kernels ask on every matrix product — how
@@ -114,6 +120,37 @@ impl<'de> Deserialize<'de> for EmbedderKind {
     }
 }
 
+/// How the local embedder computes (`[embedder] precision`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// 8-bit weights where the CPU has integer dot-product instructions (x86-64 with
+    /// AVX-512 VNNI) and the model is one the int8 engine runs, else float.
+    #[default]
+    Auto,
+    /// 8-bit weights everywhere (on other CPUs, a portable kernel several times slower
+    /// than the float engine: for testing).
+    Int8,
+    /// The float model (candle), the reference.
+    F32,
+}
+
+impl<'de> Deserialize<'de> for Precision {
+    // By hand, for a message that lists the valid values.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Precision::Auto),
+            "int8" => Ok(Precision::Int8),
+            "f32" | "float32" => Ok(Precision::F32),
+            _ => Err(serde::de::Error::custom(format!(
+                "unknown precision `{s}`; use \"auto\" (the default: int8 where the CPU \
+                 runs it fast, else f32), \"int8\" or \"f32\""
+            ))),
+        }
+    }
+}
+
 /// The `[embedder]` section of the server configuration (DESIGN §6). Every key is optional;
 /// an empty section is `auto`: the local model when it is installed, else the hash
 /// embedder with 384 dimensions.
@@ -148,6 +185,8 @@ pub struct EmbedderConfig {
     pub max_retries: u32,
     /// Requests in flight at once, across all callers of one embedder. Default 4.
     pub max_concurrency: usize,
+    /// `local`: `auto` (default), `int8` or `f32` (see [`Precision`]).
+    pub precision: Precision,
 }
 
 impl Default for EmbedderConfig {
@@ -164,6 +203,7 @@ impl Default for EmbedderConfig {
             batch_size: 64,
             max_retries: 3,
             max_concurrency: 4,
+            precision: Precision::Auto,
         }
     }
 }
@@ -277,7 +317,7 @@ fn build_local(cfg: &EmbedderConfig) -> Result<Arc<dyn Embedder>> {
              default (~/.local/share/shadowbrain/models/all-MiniLM-L6-v2) can be found",
         )
     })?;
-    let embedder = LocalEmbedder::open(&dir, cfg.model.as_deref())?;
+    let embedder = LocalEmbedder::open_with(&dir, cfg.model.as_deref(), cfg.precision)?;
     if let Some(d) = cfg.dimensions
         && d != embedder.dimensions()
     {
@@ -326,7 +366,7 @@ pub async fn embed_records(embedder: &dyn Embedder, texts: &[&str]) -> Result<Ve
         .zip(&splits)
         .flat_map(|(t, ranges)| ranges.iter().map(|r| t[r.clone()].to_string()))
         .collect();
-    let vectors = embedder.embed(&flat).await?;
+    let vectors = embedder.embed_background(&flat).await?;
     if vectors.len() != flat.len() {
         return Err(Error::internal(
             "embedding",
