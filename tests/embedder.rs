@@ -137,6 +137,52 @@ fn serve_embeds_every_record_once_and_a_paraphrase_finds_its_record() {
     stop(child);
 }
 
+const HITS: &str = r#"shadowbrain_embed_cache_lookups_total{result="hit"}"#;
+const MISSES: &str = r#"shadowbrain_embed_cache_lookups_total{result="miss"}"#;
+
+#[test]
+fn serve_embeds_a_text_it_has_seen_once() {
+    let (provider, endpoint) = provider();
+    let dir = tempfile::tempdir().unwrap();
+    let (child, addr) = serve(
+        &dir.path().join("data"),
+        &remote_config(dir.path(), &endpoint),
+    );
+    let (hits, misses) = (metric(addr, HITS), metric(addr, MISSES));
+    // An agent's status line, written by five sessions, each enriched in its own round
+    // (so the cache answers, not the batching of one round), and once more twice in one
+    // call.
+    const STATUS: &str = "status: the nightly build is green";
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(record(addr, &format!("s{i}"), STATUS));
+        drained(addr);
+    }
+    let (status, answer) = post(
+        addr,
+        "/v1/sessions/s5/events",
+        &json!({"events": [{"kind": "observation", "text": STATUS},
+                           {"kind": "observation", "text": STATUS}]}),
+    );
+    assert_eq!(status, 201, "{answer}");
+    drained(addr);
+    assert_eq!(provider.times_embedded(STATUS), 1, "embedded once for 7 records");
+    // A question asked twice is embedded once too.
+    let question = "is the build green tonight?";
+    let first = ask(addr, question);
+    let second = ask(addr, question);
+    assert_eq!(provider.times_embedded(question), 1);
+    assert_eq!(first["memories"], second["memories"], "same vectors, same answer");
+    assert_eq!(metric(addr, HITS) - hits, 6.0 + 1.0, "six records and one question");
+    assert_eq!(metric(addr, MISSES) - misses, 2.0, "the status line and the question");
+    // The copies are what the question finds (k = 5 of the 7), each with the one vector.
+    let found = first["memories"].as_array().unwrap();
+    assert_eq!(found.len(), 5, "{first}");
+    assert!(found.iter().all(|m| m["text"] == STATUS), "{first}");
+    assert!(ids.iter().any(|id| found.iter().any(|m| m["id"] == id.as_str())));
+    stop(child);
+}
+
 #[test]
 fn serve_outlasts_a_provider_outage_and_a_restart_mid_queue() {
     let (provider, endpoint) = provider();

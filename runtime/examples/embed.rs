@@ -1,20 +1,30 @@
-//! The local embedder's speed on this machine: batch throughput (texts per second, the
-//! enricher's rounds) and single-query latency (what recall pays per question), on LoCoMo's
-//! turns and questions when the data is beside the repository, else on generated texts.
-//! Prints one JSON line with the figures, last.
+//! The local embedder's speed on this machine, as `serve` uses it: batch throughput on the
+//! enricher's path (`embed_background`, rounds of `texts_per_call`) and single-query
+//! latency on recall's (what recall pays per question), on LoCoMo's turns and questions
+//! when the data is beside the repository, else on generated texts. With BEAM beside it
+//! too, the same for BEAM's long messages cut into passages as ingest cuts them (texts and
+//! tokens per second). With the int8 engine, how close its vectors are to the float
+//! model's (the reference) over the first `--agree` turns: mean and lowest cosine. The
+//! embedder's cache is off: every text is embedded. Prints one JSON line with the figures,
+//! last.
 //!
-//! With the int8 engine, it also reports how close its vectors are to the float model's
-//! (the reference) over the first `--agree` texts: mean and lowest cosine.
+//! `--dump DIR` writes the texts it embedded (`turns.jsonl`, `queries.jsonl`,
+//! `passages.jsonl`, one JSON string a line) for `bench/embed_anchor.py --texts-dir DIR`,
+//! so the anchor embeds exactly the same texts.
 //!
 //! ```text
 //! scripts/install-model
 //! cargo run --release -p shadowbrain-runtime --example embed -- [--texts 2000] [--queries 300] \
-//!     [--agree 300] [--precision auto|int8|f32]
+//!     [--agree 300] [--beam-messages 300] [--precision auto|int8|f32] [--dump DIR]
 //! ```
 
+use std::path::Path;
 use std::time::Instant;
 
-use shadowbrain_runtime::embed::{EmbedderConfig, EmbedderKind, Precision, build_embedder};
+use shadowbrain_runtime::embed::{
+    Embedder, EmbedderConfig, EmbedderKind, Precision, build_embedder, default_model_dir,
+};
+use shadowbrain_runtime::internals::{is_long, split};
 
 fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
     let args: Vec<String> = std::env::args().collect();
@@ -37,6 +47,10 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
 fn main() {
     // As `serve` does, before any thread starts (see `settle_model_threads`).
     // SAFETY: first thing in main: no other thread has started.
@@ -48,22 +62,42 @@ fn main() {
         .block_on(run());
 }
 
+/// Texts per second through the enricher's path, in its rounds.
+async fn batch_speed(embedder: &dyn Embedder, texts: &[String]) -> f64 {
+    let started = Instant::now();
+    for chunk in texts.chunks(embedder.texts_per_call().max(1)) {
+        embedder.embed_background(chunk).await.unwrap();
+    }
+    texts.len() as f64 / started.elapsed().as_secs_f64()
+}
+
+fn dump(dir: &Path, name: &str, texts: &[String]) {
+    std::fs::create_dir_all(dir).expect("the --dump directory");
+    let lines: String = texts
+        .iter()
+        .map(|t| serde_json::to_string(t).unwrap() + "\n")
+        .collect();
+    std::fs::write(dir.join(name), lines).expect("writing a dump");
+}
+
 async fn run() {
     let (n_texts, n_queries) = (arg("--texts", 2000usize), arg("--queries", 300usize));
     let n_agree = arg("--agree", 300usize);
+    let n_beam = arg("--beam-messages", 300usize);
+    let dump_dir = arg("--dump", String::new());
     let local = |p: Precision| {
         build_embedder(&EmbedderConfig {
             kind: EmbedderKind::Local,
             precision: p,
+            cache_entries: 0,
             ..EmbedderConfig::default()
         })
         .expect("the local model (run scripts/install-model)")
     };
     let embedder = local(precision(&arg("--precision", String::from("auto"))));
-    let locomo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/data/locomo/locomo10.json");
+    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data");
     let (texts, queries, source): (Vec<String>, Vec<String>, &str) =
-        match shadowbrain_runtime::eval::locomo::load(&locomo) {
+        match shadowbrain_runtime::eval::locomo::load(&shared.join("locomo/locomo10.json")) {
             Ok(convs) => (
                 convs
                     .iter()
@@ -87,14 +121,30 @@ async fn run() {
                 "generated",
             ),
         };
-    // Warm up (the weights are memory-mapped: the first pass pages them in).
-    embedder.embed(&texts[..32.min(texts.len())]).await.unwrap();
-    let round = embedder.texts_per_call();
-    let started = Instant::now();
-    for chunk in texts.chunks(round) {
-        embedder.embed(chunk).await.unwrap();
+    // BEAM's long messages, cut as ingest cuts them.
+    let passages: Vec<String> = shadowbrain_runtime::eval::beam::load(&shared.join("beam/100K"))
+        .map(|convs| {
+            convs
+                .iter()
+                .flat_map(|c| c.turns.iter())
+                .filter(|t| is_long(&t.text))
+                .take(n_beam)
+                .flat_map(|t| split(&t.text).into_iter().map(|r| t.text[r].to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !dump_dir.is_empty() {
+        let dir = Path::new(&dump_dir);
+        dump(dir, "turns.jsonl", &texts);
+        dump(dir, "queries.jsonl", &queries);
+        dump(dir, "passages.jsonl", &passages);
     }
-    let batch_secs = started.elapsed().as_secs_f64();
+    // Warm up (the first pass pages in and caches what it touches).
+    embedder
+        .embed_background(&texts[..32.min(texts.len())])
+        .await
+        .unwrap();
+    let batch = batch_speed(embedder.as_ref(), &texts).await;
     let mut latencies = Vec::with_capacity(queries.len());
     for q in &queries {
         let t = Instant::now();
@@ -102,11 +152,30 @@ async fn run() {
         latencies.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     latencies.sort_by(f64::total_cmp);
+    let passage_speed = match passages.is_empty() {
+        true => 0.0,
+        false => batch_speed(embedder.as_ref(), &passages).await,
+    };
+    // Tokens as the model reads them (its tokenizer truncates at 256).
+    let tokens = |texts: &[String]| -> usize {
+        let dir = default_model_dir().expect("the model directory");
+        let mut tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
+            .expect("the model's tokenizer");
+        // The file pads and truncates every text to 128; the model reads the text's own
+        // tokens, up to 256.
+        tokenizer.with_padding(None);
+        tokenizer.with_truncation(None).expect("no truncation");
+        texts
+            .iter()
+            .map(|t| tokenizer.encode(t.as_str(), true).unwrap().len().min(256))
+            .sum()
+    };
+    let (turn_tokens, passage_tokens) = (tokens(&texts), tokens(&passages));
     // Agreement with the float model, text by text.
     let sample = &texts[..n_agree.min(texts.len())];
     let (ours, reference) = (
-        embedder.embed(sample).await.unwrap(),
-        local(Precision::F32).embed(sample).await.unwrap(),
+        embedder.embed_background(sample).await.unwrap(),
+        local(Precision::F32).embed_background(sample).await.unwrap(),
     );
     let cosines: Vec<f32> = ours
         .iter()
@@ -120,6 +189,7 @@ async fn run() {
         .map(|t| t.split_whitespace().count())
         .sum::<usize>() as f64
         / texts.len() as f64;
+    let per_text = |tokens: usize, n: usize| round2(tokens as f64 / n.max(1) as f64);
     println!(
         "{}",
         serde_json::json!({
@@ -127,11 +197,19 @@ async fn run() {
             "source": source,
             "texts": texts.len(),
             "mean_words": (mean_words * 10.0).round() / 10.0,
-            "round": round,
-            "batch_texts_per_s": (texts.len() as f64 / batch_secs).round(),
+            "tokens_per_text": per_text(turn_tokens, texts.len()),
+            "round": embedder.texts_per_call(),
+            "batch_texts_per_s": batch.round(),
+            "batch_tokens_per_s": (batch * turn_tokens as f64 / texts.len() as f64).round(),
             "queries": queries.len(),
-            "query_p50_ms": (percentile(&latencies, 0.5) * 100.0).round() / 100.0,
-            "query_p99_ms": (percentile(&latencies, 0.99) * 100.0).round() / 100.0,
+            "query_p50_ms": round2(percentile(&latencies, 0.5)),
+            "query_p99_ms": round2(percentile(&latencies, 0.99)),
+            "beam_passages": passages.len(),
+            "beam_tokens_per_passage": per_text(passage_tokens, passages.len()),
+            "beam_passages_per_s": passage_speed.round(),
+            "beam_tokens_per_s": (passage_speed * passage_tokens as f64
+                / passages.len().max(1) as f64)
+                .round(),
             "agree_texts": cosines.len(),
             "cosine_with_f32_mean": mean_cos,
             "cosine_with_f32_min": min_cos,

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use shadowbrain::embed::{EmbedderConfig, EmbedderKind, build_embedder};
+use shadowbrain::embed::{CacheStats, EmbedderConfig, EmbedderKind, build_embedder};
 use shadowbrain::eval::{self, Conversation, Layout};
 use shadowbrain::policy::Policy;
 use shadowbrain::{Substrate, SubstrateOptions};
@@ -201,6 +201,7 @@ fn evaluate(
         .with_context(|| format!("ingesting the {name} data"))?;
     progress.finish_and_clear();
     let ingest_seconds = started.elapsed().as_secs_f64();
+    let ingest_cache = sub.embedder().cache_stats();
     let several = policies.len() > 1;
     for (stem, policy) in &policies {
         sub.set_policy(policy.clone());
@@ -220,6 +221,13 @@ fn evaluate(
             .with_context(|| format!("running the {name} evaluation"))?;
         let seconds = started.elapsed().as_secs_f64();
         progress.finish_and_clear();
+        // The cache's answers while the questions were asked (the ingest's are before).
+        let ask_cache = sub.embedder().cache_stats().zip(ingest_cache).map(|(now, before)| {
+            CacheStats {
+                hits: now.hits - before.hits,
+                misses: now.misses - before.misses,
+            }
+        });
         if several {
             eprintln!(
                 "\npolicy {} ({}):",
@@ -236,6 +244,16 @@ fn evaluate(
             policy.name,
             policy.hash
         );
+        if let (Some(ingest), Some(ask)) = (ingest_cache, ask_cache) {
+            eprintln!(
+                "shadowbrain: embedder cache hits {:.1}% of {} texts at ingest, {:.1}% of {} \
+                 questions",
+                100.0 * ingest.hit_rate(),
+                ingest.hits + ingest.misses,
+                100.0 * ask.hit_rate(),
+                ask.hits + ask.misses
+            );
+        }
         if let Some(out) = &args.out {
             let out = match (several, stem) {
                 (true, Some(stem)) => out.join(stem),
@@ -248,6 +266,7 @@ fn evaluate(
                 &embedder,
                 conversations.len(),
                 seconds,
+                ingest_cache.zip(ask_cache),
             )?;
         }
     }
@@ -263,6 +282,7 @@ fn write_report(
     embedder: &str,
     conversations: usize,
     seconds: f64,
+    cache: Option<(CacheStats, CacheStats)>,
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(out)
         .with_context(|| format!("creating the output directory {}", out.display()))?;
@@ -275,6 +295,13 @@ fn write_report(
         m.insert("embedder".into(), embedder.into());
         m.insert("conversations".into(), conversations.into());
         m.insert("seconds".into(), ((seconds * 10.0).round() / 10.0).into());
+        if let Some((ingest, ask)) = cache {
+            let part = |c: CacheStats| serde_json::json!({ "hits": c.hits, "misses": c.misses });
+            m.insert(
+                "embed_cache".into(),
+                serde_json::json!({ "ingest": part(ingest), "questions": part(ask) }),
+            );
+        }
     }
     let path = out.join("summary.json");
     let mut text = serde_json::to_string_pretty(&summary)?;

@@ -9,6 +9,7 @@
 //! environment variable holding a key) and never hand out an embedder whose settings were not
 //! validated: a bad `[embedder]` section fails at start-up with a message naming the key.
 
+pub mod cache;
 pub mod hash;
 #[cfg(feature = "local")]
 pub mod local;
@@ -24,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::index::passage;
 use crate::model::Passage;
 
+pub use cache::{CacheStats, CachedEmbedder};
 pub use hash::HashEmbedder;
 #[cfg(feature = "local")]
 pub use local::LocalEmbedder;
@@ -62,6 +64,10 @@ pub trait Embedder: Send + Sync + std::fmt::Debug {
     /// waits behind it. By default, the same as `embed`.
     async fn embed_background(&self, texts: &[String]) -> Result<Vec<Vec<f32>>> {
         self.embed(texts).await
+    }
+    /// Its cache's hits and misses, when it has one ([`CachedEmbedder`]).
+    fn cache_stats(&self) -> Option<CacheStats> {
+        None
     }
 }
 
@@ -187,6 +193,10 @@ pub struct EmbedderConfig {
     pub max_concurrency: usize,
     /// `local`: `auto` (default), `int8` or `f32` (see [`Precision`]).
     pub precision: Precision,
+    /// `local` and `openai`: texts whose vectors are kept in memory so a text seen again
+    /// is not embedded again ([`CachedEmbedder`]); 0 turns the cache off. Default 8192
+    /// (about 13 MB of 384-dimension vectors).
+    pub cache_entries: usize,
 }
 
 impl Default for EmbedderConfig {
@@ -204,6 +214,7 @@ impl Default for EmbedderConfig {
             max_retries: 3,
             max_concurrency: 4,
             precision: Precision::Auto,
+            cache_entries: 8192,
         }
     }
 }
@@ -215,6 +226,8 @@ impl EmbedderConfig {
     pub const MAX_CONCURRENCY: usize = 256;
     /// Largest accepted `max_retries`; past this, a dead provider stalls ingest for hours.
     pub const MAX_RETRIES: u32 = 20;
+    /// Largest accepted `cache_entries` (about 1.5 GB of 384-dimension vectors).
+    pub const MAX_CACHE_ENTRIES: usize = 1 << 20;
 
     /// `timeout` parsed, or an error naming the key and the expected form.
     pub fn timeout(&self) -> Result<Duration> {
@@ -289,8 +302,28 @@ pub fn is_model_dir(dir: &Path) -> bool {
     MODEL_FILES.iter().all(|f| dir.join(f).is_file())
 }
 
-/// Builds the embedder `cfg` describes, after checking every setting it uses.
+/// Builds the embedder `cfg` describes, after checking every setting it uses, behind a
+/// cache of `cache_entries` texts unless it embeds inline (the hash embedder: a lookup
+/// would cost as much as the embedding).
 pub fn build_embedder(cfg: &EmbedderConfig) -> Result<Arc<dyn Embedder>> {
+    if cfg.cache_entries > EmbedderConfig::MAX_CACHE_ENTRIES {
+        return Err(Error::invalid(
+            "embedder.cache_entries",
+            format!(
+                "is {}; the most is {} (0 turns the cache off)",
+                cfg.cache_entries,
+                EmbedderConfig::MAX_CACHE_ENTRIES
+            ),
+        ));
+    }
+    let embedder = build_uncached(cfg)?;
+    Ok(match std::num::NonZeroUsize::new(cfg.cache_entries) {
+        Some(n) if !embedder.embeds_inline() => Arc::new(CachedEmbedder::new(embedder, n)),
+        _ => embedder,
+    })
+}
+
+fn build_uncached(cfg: &EmbedderConfig) -> Result<Arc<dyn Embedder>> {
     match cfg.kind {
         EmbedderKind::Hash => {
             if cfg.model.is_some() || cfg.base_url.is_some() {
@@ -303,7 +336,7 @@ pub fn build_embedder(cfg: &EmbedderConfig) -> Result<Arc<dyn Embedder>> {
             Ok(Arc::new(HashEmbedder::new(dims)?))
         }
         EmbedderKind::Openai => Ok(Arc::new(OpenAiEmbedder::new(cfg)?)),
-        EmbedderKind::Auto => build_embedder(&cfg.resolve(None)),
+        EmbedderKind::Auto => build_uncached(&cfg.resolve(None)),
         EmbedderKind::Local => build_local(cfg),
     }
 }

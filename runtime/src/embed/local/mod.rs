@@ -598,3 +598,46 @@ impl LocalEmbedder {
             .map_err(|e| Error::internal("the local embedder", e))?
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    #[test]
+    fn a_background_worker_steps_aside_while_the_foreground_needs_its_core() {
+        let gate = Arc::new(Gate::new(2));
+        let running = gate.enter();
+        // Two cores, one foreground embedding: worker 0 keeps its core…
+        gate.pause(0);
+        // …worker 1 waits until the foreground is done.
+        let (tx, rx) = mpsc::channel();
+        let g = gate.clone();
+        let worker = std::thread::spawn(move || {
+            g.pause(1);
+            tx.send(()).unwrap();
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "worker 1 ran beside the foreground"
+        );
+        drop(running);
+        rx.recv_timeout(Duration::from_secs(30))
+            .expect("worker 1 resumes once the foreground is done");
+        worker.join().unwrap();
+        // With two foreground embeddings, both workers wait.
+        let (a, b) = (gate.enter(), gate.enter());
+        let (tx, rx) = mpsc::channel();
+        let g = gate.clone();
+        let worker = std::thread::spawn(move || {
+            g.pause(0);
+            tx.send(()).unwrap();
+        });
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+        drop(a);
+        rx.recv_timeout(Duration::from_secs(30)).expect("one core free again");
+        drop(b);
+        worker.join().unwrap();
+    }
+}

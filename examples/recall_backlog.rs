@@ -1,0 +1,215 @@
+//! Recall while the enricher works through a backlog, against a `serve` already running in
+//! its own process (the release binary on an empty data directory; with no config, the
+//! default configuration: the local model when `scripts/setup` installed it):
+//!
+//! ```text
+//! target/release/shadowbrain serve --addr 127.0.0.1:7499 --data "$(mktemp -d)" &
+//! cargo run --release --example recall_backlog -- --target 127.0.0.1:7499 \
+//!     [--records 10000] [--rate 20] [--secs 15]
+//! ```
+//!
+//! It writes `--records` events (100 per call, to 100 sessions), which the server
+//! acknowledges at once and queues for embedding; then one client recalls at `--rate` a
+//! second for `--secs` (session scope, a question about one of the topics written), each
+//! latency counted from when the recall was due, so a slow answer delaying the next is
+//! not hidden. That is the backlog figure, valid only while the enrich queue stayed
+//! non-empty to the end (read from `/metrics`, which needs no key on a server without
+//! keys). Once the queue is empty, the same recalls for the same time on the same store:
+//! the idle figure, its anchor. Prints both and their ratio, last, as one JSON line.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+const TOPICS: [&str; 8] = [
+    "the nightly backup job timed out",
+    "deploys fail when the cache is cold",
+    "the customer asked for a refund of the annual plan",
+    "latency spiked after the config change",
+    "the migration script skipped the archived rows",
+    "tests are flaky when the clock crosses midnight",
+    "the invoice PDF had the wrong tax rate",
+    "the on-call rota has a gap on sunday",
+];
+
+const QUESTIONS: [&str; 8] = [
+    "why did the backup fail last night?",
+    "what happens to deploys with a cold cache?",
+    "which customer wanted their money back?",
+    "what made latency go up?",
+    "which rows did the migration miss?",
+    "when do the tests become unreliable?",
+    "what was wrong with the invoice?",
+    "who is on call on the weekend?",
+];
+
+struct Args {
+    target: String,
+    records: usize,
+    rate: f64,
+    secs: f64,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args {
+        target: String::new(),
+        records: 10_000,
+        rate: 20.0,
+        secs: 15.0,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || -> Result<f64, String> {
+            it.next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .filter(|v| *v > 0.0)
+                .ok_or_else(|| format!("{flag} needs a positive number"))
+        };
+        match flag.as_str() {
+            "--records" => a.records = value()? as usize,
+            "--rate" => a.rate = value()?,
+            "--secs" => a.secs = value()?,
+            "--target" => {
+                a.target = it
+                    .next()
+                    .ok_or("--target needs the server's address, e.g. 127.0.0.1:7499")?;
+            }
+            other => {
+                return Err(format!(
+                    "unknown flag {other}; use --target, --records, --rate, --secs"
+                ));
+            }
+        }
+    }
+    if a.target.is_empty() {
+        return Err("--target HOST:PORT is required (a running `shadowbrain serve`)".into());
+    }
+    Ok(a)
+}
+
+/// The enrich queue's depth from `/metrics`.
+async fn enrich_depth(http: &reqwest::Client, base: &str) -> u64 {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .and_then(|r| r.error_for_status())
+        .expect("GET /metrics (a server without keys)")
+        .text()
+        .await
+        .expect("the metrics text");
+    text.lines()
+        .find(|l| l.starts_with("shadowbrain_work_queue_depth{queue=\"enrich\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Recalls paced at `rate` for `secs`; latencies in ms from when each was due, sorted.
+async fn paced_recalls(http: &reqwest::Client, base: &str, rate: f64, secs: f64) -> Vec<f64> {
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let n = (rate * secs) as usize;
+    let start = Instant::now();
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n {
+        let due = start + interval * i as u32;
+        tokio::time::sleep_until(due.into()).await;
+        let answer = http
+            .post(format!("{base}/v1/sessions/s{}/recall", i % 100))
+            .json(&json!({ "query": QUESTIONS[i % QUESTIONS.len()], "k": 10 }))
+            .send()
+            .await
+            .expect("recall");
+        assert!(answer.status().is_success(), "recall: {}", answer.status());
+        answer.bytes().await.expect("the recall's body");
+        lat.push(due.elapsed().as_secs_f64() * 1000.0);
+    }
+    lat.sort_by(f64::total_cmp);
+    lat
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+#[tokio::main]
+async fn main() {
+    let a = args().unwrap_or_else(|e| {
+        eprintln!("recall_backlog: {e}");
+        std::process::exit(2)
+    });
+    let base = format!("http://{}", a.target);
+    let http = reqwest::Client::new();
+    let embedder = http
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .expect("GET /healthz: is the server running?")
+        .text()
+        .await
+        .unwrap_or_default();
+    let started = Instant::now();
+    for b in 0..a.records.div_ceil(100) {
+        let n = 100.min(a.records - b * 100);
+        let events: Vec<_> = (0..n)
+            .map(|i| {
+                json!({"kind": "observation",
+                       "text": format!("{} (batch {b}, event {i})", TOPICS[(b + i) % TOPICS.len()])})
+            })
+            .collect();
+        let answer = http
+            .post(format!("{base}/v1/sessions/s{}/events", b % 100))
+            .json(&json!({ "events": events }))
+            .send()
+            .await
+            .expect("write");
+        assert!(answer.status().is_success(), "write: {}", answer.status());
+    }
+    let write_s = started.elapsed().as_secs_f64();
+    let before = enrich_depth(&http, &base).await;
+    eprintln!(
+        "recall_backlog: {} events acknowledged in {write_s:.1} s; {before} queued for embedding",
+        a.records
+    );
+    let busy = paced_recalls(&http, &base, a.rate, a.secs).await;
+    let after = enrich_depth(&http, &base).await;
+    eprintln!("recall_backlog: recalls beside the backlog done; {after} still queued");
+    let drained = Instant::now();
+    while enrich_depth(&http, &base).await > 0 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let drain_s = drained.elapsed().as_secs_f64();
+    eprintln!("recall_backlog: queue empty {drain_s:.1} s later; idle recalls");
+    let idle = paced_recalls(&http, &base, a.rate, a.secs).await;
+    let (bp50, bp99) = (percentile(&busy, 0.5), percentile(&busy, 0.99));
+    let (ip50, ip99) = (percentile(&idle, 0.5), percentile(&idle, 0.99));
+    eprintln!(
+        "recall_backlog: beside the backlog p50 {bp50:.2} ms, p99 {bp99:.2} ms; idle p50 \
+         {ip50:.2} ms, p99 {ip99:.2} ms; ratio {:.2} / {:.2}{}",
+        bp50 / ip50,
+        bp99 / ip99,
+        if after == 0 {
+            " — the queue emptied during the window: raise --records"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "{}",
+        json!({
+            "server": embedder.trim(),
+            "records": a.records,
+            "write_s": (write_s * 100.0).round() / 100.0,
+            "rate": a.rate,
+            "secs": a.secs,
+            "queued_before": before,
+            "queued_after": after,
+            "backlog_p50_ms": (bp50 * 100.0).round() / 100.0,
+            "backlog_p99_ms": (bp99 * 100.0).round() / 100.0,
+            "idle_p50_ms": (ip50 * 100.0).round() / 100.0,
+            "idle_p99_ms": (ip99 * 100.0).round() / 100.0,
+            "p50_ratio": (bp50 / ip50 * 100.0).round() / 100.0,
+            "p99_ratio": (bp99 / ip99 * 100.0).round() / 100.0,
+        })
+    );
+}
