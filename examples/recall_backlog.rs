@@ -5,18 +5,20 @@
 //! ```text
 //! target/release/shadowbrain serve --addr 127.0.0.1:7499 --data "$(mktemp -d)" &
 //! cargo run --release --example recall_backlog -- --target 127.0.0.1:7499 \
-//!     [--records 10000] [--rate 20] [--secs 15]
+//!     [--records 10000] [--rate 40] [--secs 60]
 //! ```
 //!
 //! It writes `--records` events (100 per call, to 100 sessions), which the server
 //! acknowledges at once and queues for embedding; then one client recalls at `--rate` a
-//! second for `--secs` (session scope, a question about one of the topics written), each
-//! latency counted from when the recall was due, so a slow answer delaying the next is
-//! not hidden. That is the backlog figure, valid only while the enrich queue stayed
-//! non-empty to the end (read from `/metrics`, which needs no key on a server without
-//! keys). Once the queue is empty, the same recalls for the same time on the same store:
-//! the idle figure, its anchor. Prints both and their ratio, last, as one JSON line.
+//! second (session scope, a question about one of the topics written) for as long as the
+//! enrich queue is not empty (read from `/metrics` every 100 ms, which needs no key on a
+//! server without keys), `--secs` at most, each latency counted from when the recall was
+//! due, so a slow answer delaying the next is not hidden: the backlog figure. Once the
+//! queue is empty, as many recalls again on the same store: the idle figure, its anchor.
+//! Prints both and their ratio, last, as one JSON line.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -54,8 +56,8 @@ fn args() -> Result<Args, String> {
     let mut a = Args {
         target: String::new(),
         records: 10_000,
-        rate: 20.0,
-        secs: 15.0,
+        rate: 40.0,
+        secs: 60.0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -105,13 +107,22 @@ async fn enrich_depth(http: &reqwest::Client, base: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Recalls paced at `rate` for `secs`; latencies in ms from when each was due, sorted.
-async fn paced_recalls(http: &reqwest::Client, base: &str, rate: f64, secs: f64) -> Vec<f64> {
+/// At most `n` recalls paced at `rate`, until `stop` says so; latencies in ms from when
+/// each was due, sorted.
+async fn paced_recalls(
+    http: &reqwest::Client,
+    base: &str,
+    rate: f64,
+    n: usize,
+    stop: &AtomicBool,
+) -> Vec<f64> {
     let interval = Duration::from_secs_f64(1.0 / rate);
-    let n = (rate * secs) as usize;
     let start = Instant::now();
     let mut lat = Vec::with_capacity(n);
     for i in 0..n {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
         let due = start + interval * i as u32;
         tokio::time::sleep_until(due.into()).await;
         let answer = http
@@ -139,6 +150,8 @@ async fn main() {
         std::process::exit(2)
     });
     let base = format!("http://{}", a.target);
+    // Plain HTTP on loopback, but reqwest is built with rustls and no provider chosen.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let http = reqwest::Client::new();
     let embedder = http
         .get(format!("{base}/healthz"))
@@ -171,28 +184,35 @@ async fn main() {
         "recall_backlog: {} events acknowledged in {write_s:.1} s; {before} queued for embedding",
         a.records
     );
-    let busy = paced_recalls(&http, &base, a.rate, a.secs).await;
+    let empty = Arc::new(AtomicBool::new(false));
+    let watch = {
+        let (http, base, empty) = (http.clone(), base.clone(), empty.clone());
+        tokio::spawn(async move {
+            while enrich_depth(&http, &base).await > 0 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            empty.store(true, Ordering::Relaxed);
+        })
+    };
+    let most = (a.rate * a.secs) as usize;
+    let recalling = Instant::now();
+    let busy = paced_recalls(&http, &base, a.rate, most, &empty).await;
+    let busy_s = recalling.elapsed().as_secs_f64();
     let after = enrich_depth(&http, &base).await;
-    eprintln!("recall_backlog: recalls beside the backlog done; {after} still queued");
-    let drained = Instant::now();
-    while enrich_depth(&http, &base).await > 0 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let drain_s = drained.elapsed().as_secs_f64();
-    eprintln!("recall_backlog: queue empty {drain_s:.1} s later; idle recalls");
-    let idle = paced_recalls(&http, &base, a.rate, a.secs).await;
+    eprintln!(
+        "recall_backlog: {} recalls in {busy_s:.1} s beside the backlog; {after} still queued",
+        busy.len()
+    );
+    watch.await.expect("the queue watcher");
+    eprintln!("recall_backlog: queue empty; as many recalls again");
+    let idle = paced_recalls(&http, &base, a.rate, busy.len(), &AtomicBool::new(false)).await;
     let (bp50, bp99) = (percentile(&busy, 0.5), percentile(&busy, 0.99));
     let (ip50, ip99) = (percentile(&idle, 0.5), percentile(&idle, 0.99));
     eprintln!(
         "recall_backlog: beside the backlog p50 {bp50:.2} ms, p99 {bp99:.2} ms; idle p50 \
-         {ip50:.2} ms, p99 {ip99:.2} ms; ratio {:.2} / {:.2}{}",
+         {ip50:.2} ms, p99 {ip99:.2} ms; ratio {:.2} / {:.2}",
         bp50 / ip50,
         bp99 / ip99,
-        if after == 0 {
-            " — the queue emptied during the window: raise --records"
-        } else {
-            ""
-        }
     );
     println!(
         "{}",
@@ -201,7 +221,8 @@ async fn main() {
             "records": a.records,
             "write_s": (write_s * 100.0).round() / 100.0,
             "rate": a.rate,
-            "secs": a.secs,
+            "recalls": busy.len(),
+            "backlog_secs": (busy_s * 10.0).round() / 10.0,
             "queued_before": before,
             "queued_after": after,
             "backlog_p50_ms": (bp50 * 100.0).round() / 100.0,

@@ -554,7 +554,10 @@ impl Metrics {
             }
         }
         for (result, total) in ["hit", "miss"].into_iter().zip(cache) {
-            catch_up(&self.embed_cache.get_or_create(&CacheLabels { result }), total);
+            catch_up(
+                &self.embed_cache.get_or_create(&CacheLabels { result }),
+                total,
+            );
         }
         if let Some(n) = live {
             self.live_sessions.set(gauge(n));

@@ -166,20 +166,38 @@ fn serve_embeds_a_text_it_has_seen_once() {
     );
     assert_eq!(status, 201, "{answer}");
     drained(addr);
-    assert_eq!(provider.times_embedded(STATUS), 1, "embedded once for 7 records");
+    assert_eq!(
+        provider.times_embedded(STATUS),
+        1,
+        "embedded once for 7 records"
+    );
     // A question asked twice is embedded once too.
     let question = "is the build green tonight?";
     let first = ask(addr, question);
     let second = ask(addr, question);
     assert_eq!(provider.times_embedded(question), 1);
-    assert_eq!(first["memories"], second["memories"], "same vectors, same answer");
-    assert_eq!(metric(addr, HITS) - hits, 6.0 + 1.0, "six records and one question");
-    assert_eq!(metric(addr, MISSES) - misses, 2.0, "the status line and the question");
+    assert_eq!(
+        first["memories"], second["memories"],
+        "same vectors, same answer"
+    );
+    assert_eq!(
+        metric(addr, HITS) - hits,
+        6.0 + 1.0,
+        "six records and one question"
+    );
+    assert_eq!(
+        metric(addr, MISSES) - misses,
+        2.0,
+        "the status line and the question"
+    );
     // The copies are what the question finds (k = 5 of the 7), each with the one vector.
     let found = first["memories"].as_array().unwrap();
     assert_eq!(found.len(), 5, "{first}");
     assert!(found.iter().all(|m| m["text"] == STATUS), "{first}");
-    assert!(ids.iter().any(|id| found.iter().any(|m| m["id"] == id.as_str())));
+    assert!(
+        ids.iter()
+            .any(|id| found.iter().any(|m| m["id"] == id.as_str()))
+    );
     stop(child);
 }
 

@@ -175,7 +175,10 @@ async fn run() {
     let sample = &texts[..n_agree.min(texts.len())];
     let (ours, reference) = (
         embedder.embed_background(sample).await.unwrap(),
-        local(Precision::F32).embed_background(sample).await.unwrap(),
+        local(Precision::F32)
+            .embed_background(sample)
+            .await
+            .unwrap(),
     );
     let cosines: Vec<f32> = ours
         .iter()

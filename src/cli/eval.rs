@@ -222,12 +222,14 @@ fn evaluate(
         let seconds = started.elapsed().as_secs_f64();
         progress.finish_and_clear();
         // The cache's answers while the questions were asked (the ingest's are before).
-        let ask_cache = sub.embedder().cache_stats().zip(ingest_cache).map(|(now, before)| {
-            CacheStats {
+        let ask_cache = sub
+            .embedder()
+            .cache_stats()
+            .zip(ingest_cache)
+            .map(|(now, before)| CacheStats {
                 hits: now.hits - before.hits,
                 misses: now.misses - before.misses,
-            }
-        });
+            });
         if several {
             eprintln!(
                 "\npolicy {} ({}):",

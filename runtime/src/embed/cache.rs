@@ -199,13 +199,21 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(first[0], first[2]);
-        assert_eq!(counting.texts.load(Ordering::Relaxed), 2, "a repeat within a call");
+        assert_eq!(
+            counting.texts.load(Ordering::Relaxed),
+            2,
+            "a repeat within a call"
+        );
         let again = cached
             .embed_background(&[t("disk full"), t("status: ok")])
             .await
             .unwrap();
         assert_eq!(again, vec![first[1].clone(), first[0].clone()]);
-        assert_eq!(counting.texts.load(Ordering::Relaxed), 2, "both answered from the cache");
+        assert_eq!(
+            counting.texts.load(Ordering::Relaxed),
+            2,
+            "both answered from the cache"
+        );
         assert_eq!(
             cached.cache_stats(),
             Some(CacheStats { hits: 3, misses: 2 })

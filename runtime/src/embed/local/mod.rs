@@ -21,10 +21,10 @@
 //! batch to the longest.
 //!
 //! Recall's query comes first: background batches (the enricher's, through
-//! [`Embedder::embed_background`]) run on their own threads at a lower scheduling
-//! priority (nice 10) and, between pieces of work of a fraction of a millisecond, step
-//! aside while queries are being embedded, so a query never waits behind a batch and the
-//! batches use the cores the foreground leaves.
+//! [`Embedder::embed_background`]) run on their own threads in the idle scheduling class
+//! (Linux's `SCHED_IDLE`: a core only when no other thread wants it) and, between pieces of
+//! work of a fraction of a millisecond, step aside while queries are being embedded, so a
+//! query never waits behind a batch and the batches use the cores the foreground leaves.
 
 mod int8;
 mod kernels;
@@ -360,15 +360,20 @@ impl Drop for Foreground<'_> {
     }
 }
 
-/// Lowers the calling thread's scheduling priority to nice 10 (Linux: per thread), so the
-/// background batches it runs take what the rest of the process leaves.
+/// Puts the calling thread in Linux's idle scheduling class (`SCHED_IDLE`, per thread), so
+/// the background batches it runs get a core only when no other thread wants it, and any
+/// thread that wakes takes the core at once; where that is refused, nice 19. A nice level
+/// alone lets a background thread keep a core for milliseconds after a recall's thread
+/// wakes, which recall's tail latency shows.
 fn lower_priority() {
     #[cfg(target_os = "linux")]
-    // SAFETY: plain system calls on the calling thread's own id; a failure only leaves the
-    // priority as it was.
+    // SAFETY: plain system calls on the calling thread (pid 0 and its own id); a failure
+    // only leaves the priority as it was.
     unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
+        let param = libc::sched_param { sched_priority: 0 };
+        if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
+            libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
+        }
     }
 }
 
@@ -447,8 +452,8 @@ impl Model {
 
     /// The int8 engine's pooled vectors for `ids`, in order. The foreground runs on the
     /// calling thread, marked so background work steps aside; the background splits the
-    /// texts over one thread per core (balanced by tokens), each at a lower priority and
-    /// pausing for the foreground.
+    /// texts over one thread per core (balanced by tokens), each in the idle scheduling
+    /// class and pausing for the foreground.
     fn run_int8(
         &self,
         encoder: &int8::Int8Encoder,
@@ -636,7 +641,8 @@ mod tests {
         });
         assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
         drop(a);
-        rx.recv_timeout(Duration::from_secs(30)).expect("one core free again");
+        rx.recv_timeout(Duration::from_secs(30))
+            .expect("one core free again");
         drop(b);
         worker.join().unwrap();
     }
