@@ -13,7 +13,7 @@
 //! embedded passage by passage (`crate::index::passage`).
 //!
 //! Two engines run the model. On CPUs with integer dot-product instructions the default is
-//! [`int8`]: 8-bit weights quantised from the installed file at start-up, texts packed
+//! the int8 encoder (the `shadowbrain-encoder` crate): 8-bit weights quantised from the installed file at start-up, texts packed
 //! without padding, elementwise maths vectorised (cosine ≥ 0.999 with the float model,
 //! several times its speed). Elsewhere, or with `[embedder] precision = "f32"`, candle runs
 //! the float model, the reference: texts of one call are tokenised together, sorted by
@@ -26,9 +26,6 @@
 //! work of a fraction of a millisecond, step aside while queries are being embedded, so a
 //! query never waits behind a batch and the batches use the cores the foreground leaves.
 
-mod int8;
-mod kernels;
-
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -37,6 +34,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config};
 use serde::Deserialize;
+use shadowbrain_encoder::{BertShape, Int8Encoder, Kernel};
 use tokenizers::{Tokenizer, TruncationParams};
 
 use super::{Embedder, MODEL_FILES, Precision};
@@ -74,7 +72,7 @@ struct Model {
 
 /// What runs the model (see the module docs).
 enum Engine {
-    Int8(int8::Int8Encoder),
+    Int8(Int8Encoder),
     Float(BertModel),
 }
 
@@ -148,7 +146,7 @@ impl LocalEmbedder {
         let config_json = read("config.json")?;
         let config: Config = serde_json::from_slice(&config_json)
             .map_err(|e| unreadable(dir, format_args!("config.json: {e}")))?;
-        let shape: int8::BertShape = serde_json::from_slice(&config_json)
+        let shape: BertShape = serde_json::from_slice(&config_json)
             .map_err(|e| unreadable(dir, format_args!("config.json: {e}")))?;
         let max_tokens = match dir.join("sentence_bert_config.json").is_file() {
             true => {
@@ -212,8 +210,8 @@ impl LocalEmbedder {
     pub fn engine(&self) -> &'static str {
         match &self.model.engine {
             Engine::Int8(e) => match e.kernel() {
-                kernels::Kernel::Vnni512 => "int8 (avx512-vnni)",
-                kernels::Kernel::Portable => "int8 (portable)",
+                Kernel::Vnni512 => "int8 (avx512-vnni)",
+                Kernel::Portable => "int8 (portable)",
             },
             Engine::Float(_) => "f32",
         }
@@ -224,21 +222,29 @@ impl LocalEmbedder {
 fn load_engine(
     dir: &Path,
     config: &Config,
-    shape: &int8::BertShape,
+    shape: &BertShape,
     tokenizer: &Tokenizer,
     precision: Precision,
 ) -> Result<Engine> {
     let weights = dir.join("model.safetensors");
-    let kernel = kernels::Kernel::detect();
+    let kernel = Kernel::detect();
     let int8 = match precision {
         Precision::F32 => false,
         Precision::Int8 => true,
-        Precision::Auto => kernel != kernels::Kernel::Portable,
+        Precision::Auto => kernel != Kernel::Portable,
     };
     if int8 {
-        let tensors = int8::read_tensors(&weights)
+        let tensors = candle_core::safetensors::load(&weights, &Device::Cpu)
             .map_err(|e| unreadable(dir, format_args!("model.safetensors: {e}")))?;
-        match int8::Int8Encoder::load(&tensors, shape, kernel) {
+        let values = |name: &str| {
+            tensors.get(name).map(|t| {
+                t.to_dtype(DType::F32)
+                    .and_then(|t| t.flatten_all())
+                    .and_then(|t| t.to_vec1::<f32>())
+                    .map_err(|e| e.to_string())
+            })
+        };
+        match Int8Encoder::load(&values, shape, kernel) {
             Ok(mut encoder) => {
                 let calibration = tokenizer
                     .encode_batch(CALIBRATION.to_vec(), true)
@@ -454,12 +460,7 @@ impl Model {
     /// calling thread, marked so background work steps aside; the background splits the
     /// texts over one thread per core (balanced by tokens), each in the idle scheduling
     /// class and pausing for the foreground.
-    fn run_int8(
-        &self,
-        encoder: &int8::Int8Encoder,
-        ids: &[&[u32]],
-        priority: Priority,
-    ) -> Vec<Vec<f32>> {
+    fn run_int8(&self, encoder: &Int8Encoder, ids: &[&[u32]], priority: Priority) -> Vec<Vec<f32>> {
         let mean = self.pooling == Pooling::Mean;
         let passes = |worker: Option<usize>, mine: &[usize]| -> Vec<(usize, Vec<f32>)> {
             let pause = || {

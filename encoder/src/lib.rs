@@ -1,30 +1,32 @@
-//! The BERT encoder with 8-bit weights: the local embedder's default engine on CPUs with
-//! integer dot-product instructions. It computes what the float model computes (cosine
+//! A BERT-class sentence encoder with 8-bit weights: shadowbrain's local embedder's default
+//! engine on CPUs with integer dot-product instructions. It computes what the float model computes (cosine
 //! ≥ 0.999 with it, tested on the real weights) at a quarter of the multiply cost, and
 //! without padding: the texts of a batch are packed one after the other, the matrix
 //! products run over all their tokens at once, and only attention looks at each text
-//! alone. The weights are quantised from the installed `model.safetensors` when the model
-//! is opened (a fraction of a second); nothing else is installed.
+//! alone. The weights are quantised from the float checkpoint when the model is opened (a
+//! fraction of a second); nothing else is installed.
 //!
 //! Supports what sentence-transformers' BERT-class models use: absolute positions, one
 //! token type, erf GELU; [`Int8Encoder::load`] refuses anything else, and the embedder
-//! then runs the float model.
+//! then runs the float model. Its own crate so that it is optimised even in test builds
+//! (the workspace's `profile.dev` says why); it reads no file itself: the caller hands it
+//! the checkpoint's tensors by name.
 
-use std::collections::HashMap;
+mod kernels;
 
-use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
-use super::kernels::{self, Kernel, PackedWeights, QuantRows};
+pub use kernels::Kernel;
+use kernels::{PackedWeights, QuantRows};
 
 /// The model's shape, from its `config.json`.
 #[derive(Debug, Clone, Deserialize)]
-pub(super) struct BertShape {
-    pub(super) hidden_size: usize,
+pub struct BertShape {
+    pub hidden_size: usize,
     num_attention_heads: usize,
     num_hidden_layers: usize,
     intermediate_size: usize,
-    pub(super) max_position_embeddings: usize,
+    pub max_position_embeddings: usize,
     #[serde(default = "default_eps")]
     layer_norm_eps: f64,
     #[serde(default = "default_act")]
@@ -32,7 +34,7 @@ pub(super) struct BertShape {
     #[serde(default = "default_positions")]
     position_embedding_type: String,
     #[serde(default)]
-    pub(super) pad_token_id: usize,
+    pub pad_token_id: usize,
 }
 
 fn default_eps() -> f64 {
@@ -79,7 +81,7 @@ struct Layer {
 }
 
 /// The encoder (see the module docs).
-pub(super) struct Int8Encoder {
+pub struct Int8Encoder {
     hidden: usize,
     heads: usize,
     eps: f32,
@@ -94,13 +96,16 @@ pub(super) struct Int8Encoder {
 }
 
 /// Why a model cannot run on this engine (the embedder then runs the float model).
-pub(super) type Unsupported = String;
+pub type Unsupported = String;
+
+/// A checkpoint's tensors: each one's values, flattened, by name (`None`: no such tensor).
+pub type Tensors<'a> = &'a dyn Fn(&str) -> Option<Result<Vec<f32>, String>>;
 
 impl Int8Encoder {
     /// Quantises the weights in `tensors` (a BERT checkpoint, names with or without the
     /// `bert.` prefix) for a model of `shape`, for `kernel`.
-    pub(super) fn load(
-        tensors: &HashMap<String, Tensor>,
+    pub fn load(
+        tensors: Tensors<'_>,
         shape: &BertShape,
         kernel: Kernel,
     ) -> Result<Int8Encoder, Unsupported> {
@@ -129,13 +134,10 @@ impl Int8Encoder {
                 name.replace("LayerNorm.weight", "LayerNorm.gamma"),
                 name.replace("LayerNorm.bias", "LayerNorm.beta"),
             ];
-            let t = alternatives
+            alternatives
                 .iter()
-                .find_map(|n| tensors.get(n).or_else(|| tensors.get(&format!("bert.{n}"))))
-                .ok_or_else(|| format!("no tensor {name}"))?;
-            t.to_dtype(DType::F32)
-                .and_then(|t| t.flatten_all())
-                .and_then(|t| t.to_vec1::<f32>())
+                .find_map(|n| tensors(n).or_else(|| tensors(&format!("bert.{n}"))))
+                .ok_or_else(|| format!("no tensor {name}"))?
                 .map_err(|e| format!("{name}: {e}"))
         };
         let h = shape.hidden_size;
@@ -218,7 +220,7 @@ impl Int8Encoder {
     /// quantises the weights again with those ranges smoothed into them
     /// ([`PackedWeights::smoothed`]); then drops the float weights. Without it the
     /// encoder works, less precisely.
-    pub(super) fn calibrate(&mut self, seqs: &[&[u32]]) {
+    pub fn calibrate(&mut self, seqs: &[&[u32]]) {
         if self.sources.is_empty() {
             return;
         }
@@ -242,12 +244,12 @@ impl Int8Encoder {
     }
 
     /// The kernel its products run on.
-    pub(super) fn kernel(&self) -> Kernel {
+    pub fn kernel(&self) -> Kernel {
         self.kernel
     }
 
     /// Bytes its weights take in memory.
-    pub(super) fn bytes(&self) -> usize {
+    pub fn bytes(&self) -> usize {
         let layers: usize = self
             .layers
             .iter()
@@ -260,7 +262,7 @@ impl Int8Encoder {
     /// token ids, not normalised. Every sequence must fit the position table (the
     /// tokenizer truncates). `pause` is called between pieces of work of a fraction of a
     /// millisecond (see `kernels::matmul`).
-    pub(super) fn encode(&self, seqs: &[&[u32]], mean: bool, pause: &dyn Fn()) -> Vec<Vec<f32>> {
+    pub fn encode(&self, seqs: &[&[u32]], mean: bool, pause: &dyn Fn()) -> Vec<Vec<f32>> {
         match self.kernel {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the VNNI kernel is chosen only on CPUs with these features
@@ -500,10 +502,4 @@ impl Attention {
             }
         }
     }
-}
-
-/// Loads every tensor of a safetensors file (memory-mapped, then copied as it is
-/// quantised).
-pub(super) fn read_tensors(path: &std::path::Path) -> candle_core::Result<HashMap<String, Tensor>> {
-    candle_core::safetensors::load(path, &Device::Cpu)
 }

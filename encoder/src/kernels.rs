@@ -1,4 +1,4 @@
-//! The arithmetic of the int8 encoder ([`super::int8`]): matrix products with 8-bit
+//! The arithmetic of the int8 encoder: matrix products with 8-bit
 //! weights and activations accumulated in 32-bit integers, and the elementwise maths around
 //! them (layer norm, softmax, GELU) written as plain loops that the compiler vectorises.
 //!
@@ -15,7 +15,7 @@
 //! tested against — their integer sums are equal, bit for bit.
 
 /// Output columns one weight panel holds: two 512-bit registers of 32-bit sums.
-pub(super) const PANEL: usize = 32;
+pub(crate) const PANEL: usize = 32;
 /// Rows of activations one register tile multiplies (16 accumulators with [`PANEL`]).
 const TILE_ROWS: usize = 8;
 /// Rows between two pause points (see [`matmul`]): about a third of a millisecond of work.
@@ -23,7 +23,7 @@ const ROWS_PER_PAUSE: usize = 64;
 
 /// Which code computes the integer products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kernel {
+pub enum Kernel {
     /// AVX-512 VNNI (`vpdpbusd`): x86-64 since Ice Lake and Zen 4.
     Vnni512,
     /// Plain Rust, any CPU.
@@ -32,7 +32,7 @@ pub(super) enum Kernel {
 
 impl Kernel {
     /// The fastest kernel this CPU runs.
-    pub(super) fn detect() -> Kernel {
+    pub fn detect() -> Kernel {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
@@ -47,7 +47,7 @@ impl Kernel {
 }
 
 /// `k` rounded up to whole groups of four bytes, the unit `vpdpbusd` sums.
-pub(super) fn padded_k(k: usize) -> usize {
+pub(crate) fn padded_k(k: usize) -> usize {
     k.div_ceil(4) * 4
 }
 
@@ -55,7 +55,7 @@ pub(super) fn padded_k(k: usize) -> usize {
 /// signed bytes per output row, laid out in panels of [`PANEL`] outputs: within a panel,
 /// for each group of four inputs, the four bytes of output 0, then of output 1, and so on
 /// — what one 64-byte load hands `vpdpbusd`.
-pub(super) struct PackedWeights {
+pub(crate) struct PackedWeights {
     n: usize,
     k4: usize,
     data: Vec<i8>,
@@ -75,7 +75,7 @@ pub(super) struct PackedWeights {
 
 impl PackedWeights {
     /// Quantises `w` (`n` rows of `k`) with `bias` (`n`).
-    pub(super) fn quantize(w: &[f32], n: usize, k: usize, bias: &[f32]) -> PackedWeights {
+    pub(crate) fn quantize(w: &[f32], n: usize, k: usize, bias: &[f32]) -> PackedWeights {
         assert_eq!(w.len(), n * k, "weights are n × k");
         assert_eq!(bias.len(), n, "one bias per output");
         let k4 = padded_k(k) / 4;
@@ -117,7 +117,7 @@ impl PackedWeights {
     /// row its precision. The product is unchanged in exact arithmetic. With `two_bytes`,
     /// what the bytes miss is quantised again into a second matrix that [`matmul`] adds:
     /// weights to about sixteen bits, for a second pass over the same activations.
-    pub(super) fn smoothed(
+    pub(crate) fn smoothed(
         w: &[f32],
         n: usize,
         k: usize,
@@ -167,17 +167,17 @@ impl PackedWeights {
     }
 
     /// What each input is multiplied by before quantisation (empty: nothing).
-    pub(super) fn smoothing(&self) -> &[f32] {
+    pub(crate) fn smoothing(&self) -> &[f32] {
         &self.smooth
     }
 
     /// Outputs per row.
-    pub(super) fn outputs(&self) -> usize {
+    pub(crate) fn outputs(&self) -> usize {
         self.n
     }
 
     /// Bytes held (for the model's memory figure).
-    pub(super) fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.data.len() + 12 * self.scale.len() + self.fine.as_ref().map_or(0, |f| f.bytes())
     }
 }
@@ -185,7 +185,7 @@ impl PackedWeights {
 /// Rows of activations quantised to unsigned bytes, each with its scale and zero point; a
 /// buffer reused from one product to the next.
 #[derive(Default)]
-pub(super) struct QuantRows {
+pub(crate) struct QuantRows {
     k4: usize,
     rows: usize,
     data: Vec<u8>,
@@ -197,7 +197,7 @@ pub(super) struct QuantRows {
 /// as they are), into `out`: per row, the range [min, max] (with 0 in it) mapped onto
 /// 0..=255.
 #[inline(always)]
-pub(super) fn quantize_rows(x: &[f32], k: usize, smooth: &[f32], out: &mut QuantRows) {
+pub(crate) fn quantize_rows(x: &[f32], k: usize, smooth: &[f32], out: &mut QuantRows) {
     let rows = x.len() / k;
     let kp = padded_k(k);
     out.k4 = kp / 4;
@@ -241,7 +241,7 @@ fn to_byte(x: f32) -> u8 {
 /// The sum of `x` over sixteen lanes, so it vectorises (a plain float sum must add in
 /// order, one at a time).
 #[inline(always)]
-pub(super) fn sum(x: &[f32]) -> f32 {
+pub(crate) fn sum(x: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 16];
     let chunks = x.chunks_exact(16);
     let rest = chunks.remainder();
@@ -282,7 +282,7 @@ fn min_max(x: &[f32]) -> (f32, f32) {
 /// weights' second byte too when they have one, with `pause` called every
 /// [`ROWS_PER_PAUSE`] rows (where background work lets foreground work pass).
 #[inline(always)]
-pub(super) fn matmul(
+pub(crate) fn matmul(
     kernel: Kernel,
     a: &QuantRows,
     w: &PackedWeights,
@@ -399,7 +399,7 @@ mod vnni {
     /// The CPU has AVX-512 F, BW and VNNI; `r0 + rows ≤ a.rows`, `panel` is one of `w`'s,
     /// `out` is `a.rows × w.n`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) unsafe fn tile(
+    pub(crate) unsafe fn tile(
         a: &QuantRows,
         w: &PackedWeights,
         out: &mut [f32],
@@ -488,7 +488,7 @@ mod vnni {
 
 /// Layer norm of each `x.len() / gamma.len()`-wide row, in place.
 #[inline(always)]
-pub(super) fn layer_norm(x: &mut [f32], gamma: &[f32], beta: &[f32], eps: f32) {
+pub(crate) fn layer_norm(x: &mut [f32], gamma: &[f32], beta: &[f32], eps: f32) {
     let h = gamma.len();
     let mut centred = vec![0.0f32; h];
     for row in x.chunks_exact_mut(h) {
@@ -516,7 +516,7 @@ fn round(x: f32) -> f32 {
 /// `e^x` to about 2 ulp for the range softmax meets, in operations that vectorise (no
 /// call into libm): `2^n · e^r` with `r` in [−ln 2 / 2, ln 2 / 2] by a degree-6 polynomial.
 #[inline(always)]
-pub(super) fn exp(x: f32) -> f32 {
+pub(crate) fn exp(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     let x = x.clamp(-87.0, 88.0);
@@ -534,7 +534,7 @@ pub(super) fn exp(x: f32) -> f32 {
 
 /// Softmax of `x` in place.
 #[inline(always)]
-pub(super) fn softmax(x: &mut [f32]) {
+pub(crate) fn softmax(x: &mut [f32]) {
     let (_, max) = min_max(x);
     x.iter_mut().for_each(|v| *v = exp(*v - max));
     let inv = 1.0 / sum(x);
@@ -545,7 +545,7 @@ pub(super) fn softmax(x: &mut [f32]) {
 /// odd/even minimax pair on [−4, 4] also used by XLA and Eigen; beyond ±4, erf is ±1 in
 /// `f32`), in operations that vectorise.
 #[inline(always)]
-pub(super) fn erf(x: f32) -> f32 {
+pub(crate) fn erf(x: f32) -> f32 {
     let x = x.clamp(-4.0, 4.0);
     let x2 = x * x;
     let p = -2.726_142_3e-10f32;
@@ -565,7 +565,7 @@ pub(super) fn erf(x: f32) -> f32 {
 
 /// GELU as BERT defines it (with erf, not the tanh approximation), in place.
 #[inline(always)]
-pub(super) fn gelu(x: &mut [f32]) {
+pub(crate) fn gelu(x: &mut [f32]) {
     for v in x.iter_mut() {
         *v = 0.5 * *v * (1.0 + erf(*v * std::f32::consts::FRAC_1_SQRT_2));
     }
@@ -664,7 +664,7 @@ mod tests {
     }
 
     fn libm_erf(x: f32) -> f32 {
-        candle_core::cpu::erf::erf_f64(x as f64) as f32
+        libm::erf(x as f64) as f32
     }
 
     #[test]
