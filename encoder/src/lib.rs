@@ -1,7 +1,7 @@
-//! A BERT-class sentence encoder with 8-bit weights: shadowbrain's local embedder's default
-//! engine on CPUs with integer dot-product instructions. It computes what the float model computes (cosine
-//! ≥ 0.999 with it, tested on the real weights) at a quarter of the multiply cost, and
-//! without padding: the texts of a batch are packed one after the other, the matrix
+//! A BERT-class sentence encoder with 8-bit weights: shadowbrain's local embedder's
+//! default engine on CPUs with integer dot-product instructions. It computes what the float
+//! model computes (cosine ≥ 0.999 with it, tested on the real weights) at a quarter of the
+//! multiply cost, and without padding: the texts of a batch are packed one after the other, the matrix
 //! products run over all their tokens at once, and only attention looks at each text
 //! alone. The weights are quantised from the float checkpoint when the model is opened (a
 //! fraction of a second); nothing else is installed.
@@ -22,10 +22,12 @@ use kernels::{PackedWeights, QuantRows};
 /// The model's shape, from its `config.json`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct BertShape {
+    /// Width of a token's vector (and of the sentence vector).
     pub hidden_size: usize,
     num_attention_heads: usize,
     num_hidden_layers: usize,
     intermediate_size: usize,
+    /// Longest sequence the position table holds.
     pub max_position_embeddings: usize,
     #[serde(default = "default_eps")]
     layer_norm_eps: f64,
@@ -33,6 +35,7 @@ pub struct BertShape {
     hidden_act: String,
     #[serde(default = "default_positions")]
     position_embedding_type: String,
+    /// The padding token's id.
     #[serde(default)]
     pub pad_token_id: usize,
 }
@@ -217,8 +220,8 @@ impl Int8Encoder {
     }
 
     /// Measures each product's input ranges on `seqs` (token ids of typical texts) and
-    /// quantises the weights again with those ranges smoothed into them
-    /// ([`PackedWeights::smoothed`]); then drops the float weights. Without it the
+    /// quantises the weights again with those ranges smoothed into them (SmoothQuant: see
+    /// `PackedWeights::smoothed`); then drops the float weights. Without it the
     /// encoder works, less precisely.
     pub fn calibrate(&mut self, seqs: &[&[u32]]) {
         if self.sources.is_empty() {
@@ -235,7 +238,7 @@ impl Int8Encoder {
                 let s = &source[i];
                 // The down projection (the fourth) reads GELU's output, four times the
                 // hidden width, and its weights' rounding costs the most: they get a
-                // second byte (the README's embedder section has the trade measured).
+                // second byte (the README's figures for the local embedder weigh it).
                 PackedWeights::smoothed(&s.w, s.n, s.k, &s.b, &ranges[i], i == 3)
             });
             (layer.qkv, layer.out, layer.up, layer.down) = (qkv, out, up, down);

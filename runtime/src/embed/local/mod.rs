@@ -76,9 +76,10 @@ enum Engine {
     Float(BertModel),
 }
 
-/// Tokens one int8 pass carries at most: bounds the activations' memory (about 40 KB a
-/// token for MiniLM) while keeping the products long.
-const PASS_TOKENS: usize = 4096;
+/// Tokens one int8 pass carries at most: bounds the activations' memory (about 17 KB a
+/// token for MiniLM, so 17 MB a background thread) while keeping the products long enough
+/// that the weights are read once for many rows.
+const PASS_TOKENS: usize = 1024;
 
 impl std::fmt::Debug for LocalEmbedder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -414,7 +415,9 @@ impl Model {
         let bert = match &self.engine {
             Engine::Int8(encoder) => {
                 let ids: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
-                let mut out = self.run_int8(encoder, &ids, priority);
+                let mut out = self.run_int8(encoder, &ids, priority).ok_or_else(|| {
+                    failed(&"a thread of the int8 engine panicked; the texts were not embedded")
+                })?;
                 for v in &mut out {
                     let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
                     if norm > 0.0 {
@@ -460,7 +463,14 @@ impl Model {
     /// calling thread, marked so background work steps aside; the background splits the
     /// texts over one thread per core (balanced by tokens), each in the idle scheduling
     /// class and pausing for the foreground.
-    fn run_int8(&self, encoder: &Int8Encoder, ids: &[&[u32]], priority: Priority) -> Vec<Vec<f32>> {
+    /// `None` when a background thread panicked (the caller reports it; nothing is
+    /// half-embedded).
+    fn run_int8(
+        &self,
+        encoder: &Int8Encoder,
+        ids: &[&[u32]],
+        priority: Priority,
+    ) -> Option<Vec<Vec<f32>>> {
         let mean = self.pooling == Pooling::Mean;
         let passes = |worker: Option<usize>, mine: &[usize]| -> Vec<(usize, Vec<f32>)> {
             let pause = || {
@@ -491,7 +501,7 @@ impl Model {
         let parts = match priority {
             Priority::Foreground => {
                 let _running = self.gate.enter();
-                passes(None, &all)
+                Some(passes(None, &all))
             }
             Priority::Background if workers <= 1 => std::thread::scope(|s| {
                 s.spawn(|| {
@@ -499,7 +509,7 @@ impl Model {
                     passes(Some(0), &all)
                 })
                 .join()
-                .unwrap_or_default()
+                .ok()
             }),
             Priority::Background => {
                 // Longest first onto the least loaded worker.
@@ -528,16 +538,17 @@ impl Model {
                         .collect();
                     handles
                         .into_iter()
-                        .flat_map(|h| h.join().unwrap_or_default())
-                        .collect()
+                        .map(|h| h.join().ok())
+                        .collect::<Option<Vec<_>>>()
+                        .map(|parts| parts.into_iter().flatten().collect())
                 })
             }
-        };
+        }?;
         let mut out = vec![Vec::new(); ids.len()];
         for (i, v) in parts {
             out[i] = v;
         }
-        out
+        Some(out)
     }
 
     /// The float engine's pooled vectors of one padded sub-batch.
