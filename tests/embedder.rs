@@ -174,12 +174,9 @@ fn serve_embeds_a_text_it_has_seen_once() {
     // A question asked twice is embedded once too.
     let question = "is the build green tonight?";
     let first = ask(addr, question);
-    let second = ask(addr, question);
+    // (Its answer may rank differently: the first recall reinforced what it returned.)
+    ask(addr, question);
     assert_eq!(provider.times_embedded(question), 1);
-    assert_eq!(
-        first["memories"], second["memories"],
-        "same vectors, same answer"
-    );
     assert_eq!(
         metric(addr, HITS) - hits,
         6.0 + 1.0,
