@@ -157,14 +157,14 @@ async fn run() {
         false => batch_speed(embedder.as_ref(), &passages).await,
     };
     // Tokens as the model reads them (its tokenizer truncates at 256).
+    let dir = default_model_dir().expect("the model directory");
+    let mut tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
+        .expect("the model's tokenizer");
+    // The file pads and truncates every text to 128; the model reads the text's own tokens,
+    // up to 256.
+    tokenizer.with_padding(None);
+    tokenizer.with_truncation(None).expect("no truncation");
     let tokens = |texts: &[String]| -> usize {
-        let dir = default_model_dir().expect("the model directory");
-        let mut tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
-            .expect("the model's tokenizer");
-        // The file pads and truncates every text to 128; the model reads the text's own
-        // tokens, up to 256.
-        tokenizer.with_padding(None);
-        tokenizer.with_truncation(None).expect("no truncation");
         texts
             .iter()
             .map(|t| tokenizer.encode(t.as_str(), true).unwrap().len().min(256))

@@ -145,8 +145,6 @@ impl LocalEmbedder {
             std::fs::read(&path).map_err(|e| Error::io(path, e))
         };
         let config_json = read("config.json")?;
-        let config: Config = serde_json::from_slice(&config_json)
-            .map_err(|e| unreadable(dir, format_args!("config.json: {e}")))?;
         let shape: BertShape = serde_json::from_slice(&config_json)
             .map_err(|e| unreadable(dir, format_args!("config.json: {e}")))?;
         let max_tokens = match dir.join("sentence_bert_config.json").is_file() {
@@ -157,8 +155,8 @@ impl LocalEmbedder {
             }
             false => None,
         }
-        .unwrap_or(config.max_position_embeddings)
-        .min(config.max_position_embeddings);
+        .unwrap_or(shape.max_position_embeddings)
+        .min(shape.max_position_embeddings);
         let pooling = match dir.join("1_Pooling/config.json").is_file() {
             true => {
                 let p: PoolingConfig = serde_json::from_slice(&read("1_Pooling/config.json")?)
@@ -187,7 +185,7 @@ impl LocalEmbedder {
                 ..TruncationParams::default()
             }))
             .map_err(|e| unreadable(dir, format_args!("tokenizer.json: {e}")))?;
-        let engine = load_engine(dir, &config, &shape, &tokenizer, precision)?;
+        let engine = load_engine(dir, &config_json, &shape, &tokenizer, precision)?;
         let name = match name {
             Some(n) => format!("local:{n}"),
             None => format!("local:{}", model_name(dir)),
@@ -222,7 +220,7 @@ impl LocalEmbedder {
 /// Loads the engine `precision` asks for (see [`LocalEmbedder::open_with`]).
 fn load_engine(
     dir: &Path,
-    config: &Config,
+    config_json: &[u8],
     shape: &BertShape,
     tokenizer: &Tokenizer,
     precision: Precision,
@@ -270,12 +268,14 @@ fn load_engine(
             }
         }
     }
+    let config: Config = serde_json::from_slice(config_json)
+        .map_err(|e| unreadable(dir, format_args!("config.json: {e}")))?;
     // SAFETY: the weights are memory-mapped read-only; shadowbrain never writes them,
     // and a file changed under a running process is the operator's mistake to avoid
     // (as with any mmapped model).
     let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], DType::F32, &Device::Cpu) }
         .map_err(|e| unreadable(dir, format_args!("model.safetensors: {e}")))?;
-    let bert = BertModel::load(vb, config)
+    let bert = BertModel::load(vb, &config)
         .map_err(|e| unreadable(dir, format_args!("the weights do not fit config.json: {e}")))?;
     Ok(Engine::Float(bert))
 }
@@ -412,47 +412,44 @@ impl Model {
             .tokenizer
             .encode_batch(texts.iter().map(String::as_str).collect::<Vec<_>>(), true)
             .map_err(|e| failed(&e))?;
-        let bert = match &self.engine {
-            Engine::Int8(encoder) => {
-                let ids: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
-                let mut out = self.run_int8(encoder, &ids, priority).ok_or_else(|| {
-                    failed(&"a thread of the int8 engine panicked; the texts were not embedded")
-                })?;
-                for v in &mut out {
-                    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-                    if norm > 0.0 {
-                        v.iter_mut().for_each(|x| *x /= norm);
-                    }
-                }
-                return Ok(out);
-            }
-            Engine::Float(bert) => bert,
+        let ids: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
+        let mut out = match &self.engine {
+            Engine::Int8(encoder) => self.run_int8(encoder, &ids, priority).ok_or_else(|| {
+                failed(&"a thread of the int8 engine panicked; the texts were not embedded")
+            })?,
+            Engine::Float(bert) => self.run_float(bert, &ids).map_err(|e| failed(&e))?,
         };
-        let mut order: Vec<usize> = (0..texts.len()).collect();
-        order.sort_by_key(|&i| encodings[i].get_ids().len());
-        let mut out = vec![Vec::new(); texts.len()];
+        for v in &mut out {
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            if norm > 0.0 {
+                v.iter_mut().for_each(|x| *x /= norm);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The float engine's pooled vectors for `ids`, in order: sorted by length and run in
+    /// padded sub-batches of similar length.
+    fn run_float(&self, bert: &BertModel, ids: &[&[u32]]) -> candle_core::Result<Vec<Vec<f32>>> {
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        order.sort_by_key(|&i| ids[i].len());
+        let mut out = vec![Vec::new(); ids.len()];
         for chunk in order.chunks(SUB_BATCH) {
             let len = chunk
                 .iter()
-                .map(|&i| encodings[i].get_ids().len())
+                .map(|&i| ids[i].len())
                 .max()
                 .unwrap_or(0)
                 .max(1);
-            let mut ids = vec![self.pad_id; chunk.len() * len];
+            let mut padded = vec![self.pad_id; chunk.len() * len];
             let mut mask = vec![0u32; chunk.len() * len];
             for (row, &i) in chunk.iter().enumerate() {
-                let tokens = encodings[i].get_ids();
-                ids[row * len..row * len + tokens.len()].copy_from_slice(tokens);
+                let tokens = ids[i];
+                padded[row * len..row * len + tokens.len()].copy_from_slice(tokens);
                 mask[row * len..row * len + tokens.len()].fill(1);
             }
-            let rows = self
-                .forward(bert, ids, mask, chunk.len(), len)
-                .map_err(|e| failed(&e))?;
-            for (&i, mut v) in chunk.iter().zip(rows) {
-                let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-                if norm > 0.0 {
-                    v.iter_mut().for_each(|x| *x /= norm);
-                }
+            let rows = self.forward(bert, padded, mask, chunk.len(), len)?;
+            for (&i, v) in chunk.iter().zip(rows) {
                 out[i] = v;
             }
         }
