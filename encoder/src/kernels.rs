@@ -71,6 +71,8 @@ pub(crate) struct PackedWeights {
     /// The weights' second byte: what the first misses, quantised with scales of its own
     /// (see [`PackedWeights::smoothed`]).
     fine: Option<Box<PackedWeights>>,
+    /// Whether its inputs are quantised to two bytes (see [`quantize_rows`]).
+    fine_inputs: bool,
 }
 
 impl PackedWeights {
@@ -106,6 +108,7 @@ impl PackedWeights {
             bias: bias_padded,
             smooth: Vec::new(),
             fine: None,
+            fine_inputs: false,
         }
     }
 
@@ -116,7 +119,8 @@ impl PackedWeights {
     /// inputs with activations ten times the others' no longer cost every other input of the
     /// row its precision. The product is unchanged in exact arithmetic. With `two_bytes`,
     /// what the bytes miss is quantised again into a second matrix that [`matmul`] adds:
-    /// weights to about sixteen bits, for a second pass over the same activations.
+    /// weights to about sixteen bits, for a second pass over the same activations. With
+    /// `fine_inputs`, its activations get a second byte too ([`quantize_rows`]).
     pub(crate) fn smoothed(
         w: &[f32],
         n: usize,
@@ -124,6 +128,7 @@ impl PackedWeights {
         bias: &[f32],
         act_max: &[f32],
         two_bytes: bool,
+        fine_inputs: bool,
     ) -> PackedWeights {
         assert_eq!(act_max.len(), k, "one activation range per input");
         let mut w_max = vec![0.0f32; k];
@@ -146,6 +151,7 @@ impl PackedWeights {
             .collect();
         let mut packed = PackedWeights::quantize(&scaled, n, k, bias);
         packed.smooth = s.iter().map(|s| 1.0 / s).collect();
+        packed.fine_inputs = fine_inputs;
         if two_bytes {
             let mut resid = scaled;
             for (o, row) in resid.chunks_exact_mut(k).enumerate() {
@@ -164,6 +170,11 @@ impl PackedWeights {
             )));
         }
         packed
+    }
+
+    /// Whether its inputs are to be quantised to two bytes.
+    pub(crate) fn fine_inputs(&self) -> bool {
+        self.fine_inputs
     }
 
     /// What each input is multiplied by before quantisation (empty: nothing).
@@ -191,31 +202,30 @@ pub(crate) struct QuantRows {
     data: Vec<u8>,
     scale: Vec<f32>,
     zero: Vec<i32>,
+    /// The activations' second byte, when asked for: what the first misses, quantised
+    /// again per row (see [`quantize_rows`]).
+    fine: Option<Box<QuantRows>>,
+    /// A row of what the first byte misses, reused.
+    missed: Vec<f32>,
 }
 
-/// Quantises the rows of `x` (`k` wide), each multiplied by `smooth` (per input; empty:
-/// as they are), into `out`: per row, the range [min, max] (with 0 in it) mapped onto
-/// 0..=255.
-#[inline(always)]
-pub(crate) fn quantize_rows(x: &[f32], k: usize, smooth: &[f32], out: &mut QuantRows) {
-    let rows = x.len() / k;
-    let kp = padded_k(k);
-    out.k4 = kp / 4;
-    out.rows = rows;
-    out.data.clear();
-    out.data.resize(rows * kp, 0);
-    out.scale.clear();
-    out.zero.clear();
-    let mut smoothed = Vec::new();
-    for (row, dst) in x.chunks_exact(k).zip(out.data.chunks_exact_mut(kp)) {
-        let row = match smooth.is_empty() {
-            true => row,
-            false => {
-                smoothed.clear();
-                smoothed.extend(row.iter().zip(smooth).map(|(x, s)| x * s));
-                &smoothed[..]
-            }
-        };
+impl QuantRows {
+    fn reset(&mut self, rows: usize, k: usize) {
+        let kp = padded_k(k);
+        self.k4 = kp / 4;
+        self.rows = rows;
+        self.data.clear();
+        self.data.resize(rows * kp, 0);
+        self.scale.clear();
+        self.zero.clear();
+    }
+
+    /// Quantises `row` into row `r`: its range [min, max] (with 0 in it) mapped onto
+    /// 0..=255.
+    #[inline(always)]
+    fn push(&mut self, r: usize, row: &[f32]) {
+        let kp = self.k4 * 4;
+        let dst = &mut self.data[r * kp..r * kp + row.len()];
         let (lo, hi) = min_max(row);
         let (lo, hi) = (lo.min(0.0), hi.max(0.0));
         let s = if hi > lo { (hi - lo) / 255.0 } else { 1.0 };
@@ -225,9 +235,62 @@ pub(crate) fn quantize_rows(x: &[f32], k: usize, smooth: &[f32], out: &mut Quant
             *d = to_byte(v * inv + z as f32);
         }
         // Padding inputs meet zero weights: their value does not matter.
-        out.scale.push(s);
-        out.zero.push(z as i32);
+        self.scale.push(s);
+        self.zero.push(z as i32);
     }
+}
+
+/// Quantises the rows of `x` (`k` wide), each multiplied by `smooth` (per input; empty:
+/// as they are), into `out`: per row, the range [min, max] (with 0 in it) mapped onto
+/// 0..=255. With `second`, what those bytes miss is quantised again, row by row, into
+/// `out.fine`, which [`matmul`] multiplies too: activations to about sixteen bits, for a
+/// second pass over the same weights.
+#[inline(always)]
+pub(crate) fn quantize_rows(
+    x: &[f32],
+    k: usize,
+    smooth: &[f32],
+    out: &mut QuantRows,
+    second: bool,
+) {
+    let rows = x.len() / k;
+    out.reset(rows, k);
+    let mut fine = match second {
+        true => {
+            let mut fine = out.fine.take().unwrap_or_default();
+            fine.reset(rows, k);
+            Some(fine)
+        }
+        false => None,
+    };
+    let mut smoothed = Vec::new();
+    let mut missed = std::mem::take(&mut out.missed);
+    for (r, row) in x.chunks_exact(k).enumerate() {
+        let row = match smooth.is_empty() {
+            true => row,
+            false => {
+                smoothed.clear();
+                smoothed.extend(row.iter().zip(smooth).map(|(x, s)| x * s));
+                &smoothed[..]
+            }
+        };
+        out.push(r, row);
+        if let Some(fine) = fine.as_mut() {
+            let (s, z) = (out.scale[r], out.zero[r] as f32);
+            let kp = out.k4 * 4;
+            let bytes = &out.data[r * kp..r * kp + k];
+            missed.clear();
+            missed.extend(row.iter().zip(bytes).map(|(&v, &b)| v - (b as f32 - z) * s));
+            fine.push(r, &missed);
+        }
+    }
+    out.missed = missed;
+    // Kept when not asked for this time, so its buffers are reused; `matmul` reads it only
+    // when `second` was set (`fine.rows` then matches).
+    out.fine = fine.or(out.fine.take().map(|mut f| {
+        f.rows = 0;
+        f
+    }));
 }
 
 /// `x` clamped to [0, 255] and rounded to the nearest integer (ties to even): adding 2²³
@@ -279,7 +342,7 @@ fn min_max(x: &[f32]) -> (f32, f32) {
 }
 
 /// `out[m, n] = x[m, :] · W[n, :] + bias[n]` for the rows `a` quantised from `x`, over the
-/// weights' second byte too when they have one, with `pause` called every
+/// weights' second byte and the activations' too when they have one, with `pause` called every
 /// [`ROWS_PER_PAUSE`] rows (where background work lets foreground work pass).
 #[inline(always)]
 pub(crate) fn matmul(
@@ -292,6 +355,9 @@ pub(crate) fn matmul(
     product(kernel, a, w, out, false, pause);
     if let Some(fine) = &w.fine {
         product(kernel, a, fine, out, true, pause);
+    }
+    if let Some(fine) = a.fine.as_deref().filter(|f| f.rows > 0) {
+        product(kernel, fine, w, out, true, pause);
     }
 }
 
@@ -591,11 +657,72 @@ mod tests {
     }
 
     fn product(kernel: Kernel, x: &[f32], w: &PackedWeights, k: usize) -> Vec<f32> {
+        product_with(kernel, x, w, k, false)
+    }
+
+    fn product_with(
+        kernel: Kernel,
+        x: &[f32],
+        w: &PackedWeights,
+        k: usize,
+        second: bool,
+    ) -> Vec<f32> {
         let mut q = QuantRows::default();
-        quantize_rows(x, k, w.smoothing(), &mut q);
+        quantize_rows(x, k, w.smoothing(), &mut q, second);
         let mut out = vec![0.0; q.rows * w.outputs()];
         matmul(kernel, &q, w, &mut out, &|| {});
         out
+    }
+
+    /// Relative RMS error of `got` against the float product of `x` and `wf` plus `bias`.
+    fn relative_error(got: &[f32], x: &[f32], wf: &[f32], bias: &[f32], k: usize) -> f64 {
+        let n = bias.len();
+        let (mut squared, mut exact_squared) = (0.0f64, 0.0f64);
+        for (r, row) in x.chunks_exact(k).enumerate() {
+            for (c, w) in wf.chunks_exact(k).enumerate() {
+                let exact: f32 = row.iter().zip(w).map(|(a, b)| a * b).sum::<f32>() + bias[c];
+                squared += ((got[r * n + c] - exact) as f64).powi(2);
+                exact_squared += (exact as f64).powi(2);
+            }
+        }
+        (squared / exact_squared).sqrt()
+    }
+
+    #[test]
+    fn a_second_byte_of_the_inputs_takes_their_rounding_away() {
+        let (m, n, k) = (19, 70, 384);
+        let x = values(m * k, 7);
+        let (wf, bias) = (values(n * k, 8), values(n, 9));
+        let w = PackedWeights::smoothed(&wf, n, k, &bias, &vec![1.0; k], true, true);
+        let one = relative_error(
+            &product_with(Kernel::detect(), &x, &w, k, false),
+            &x,
+            &wf,
+            &bias,
+            k,
+        );
+        let two = relative_error(
+            &product_with(Kernel::detect(), &x, &w, k, true),
+            &x,
+            &wf,
+            &bias,
+            k,
+        );
+        // Both weights and inputs to about sixteen bits: what is left is far below one
+        // byte's rounding.
+        assert!(two < one / 10.0, "one byte {one}, two bytes {two}");
+        let fast = product_with(Kernel::detect(), &x, &w, k, true);
+        let slow = product_with(Kernel::Portable, &x, &w, k, true);
+        for (f, s) in fast.iter().zip(&slow) {
+            assert!((f - s).abs() <= 1e-5 * s.abs().max(1.0), "{f} vs {s}");
+        }
+        // The buffers are reused: one byte again after two is one byte's product.
+        let mut q = QuantRows::default();
+        quantize_rows(&x, k, w.smoothing(), &mut q, true);
+        quantize_rows(&x, k, w.smoothing(), &mut q, false);
+        let mut again = vec![0.0; m * n];
+        matmul(Kernel::detect(), &q, &w, &mut again, &|| {});
+        assert_eq!(again, product_with(Kernel::detect(), &x, &w, k, false));
     }
 
     #[test]

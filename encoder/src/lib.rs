@@ -6,9 +6,11 @@
 //! alone. The weights are quantised from the float checkpoint when the model is opened (a
 //! fraction of a second); nothing else is installed.
 //!
-//! Supports what sentence-transformers' BERT-class models use: absolute positions, one
-//! token type, erf GELU; [`Int8Encoder::load`] refuses anything else, and the embedder
-//! then runs the float model. Its own crate so that it is optimised even in test builds
+//! Supports what sentence-transformers' BERT-class models use: BERT (absolute positions,
+//! one token type) and MPNet (absolute positions after the padding id, plus a learned bias
+//! per head and bucket of relative distance added to every layer's attention scores), erf
+//! GELU; [`Int8Encoder::load`] refuses anything else, and the embedder then runs the float
+//! model. Its own crate so that it is optimised even in test builds
 //! (the workspace's `profile.dev` says why); it reads no file itself: the caller hands it
 //! the checkpoint's tensors by name.
 
@@ -38,6 +40,34 @@ pub struct BertShape {
     /// The padding token's id.
     #[serde(default)]
     pub pad_token_id: usize,
+    /// `bert` (also when absent) or `mpnet`.
+    #[serde(default = "default_model_type")]
+    pub model_type: String,
+    /// MPNet: buckets of relative distance, half for each direction.
+    #[serde(default = "default_buckets")]
+    relative_attention_num_buckets: usize,
+}
+
+impl BertShape {
+    /// Whether the model is an MPNet (else BERT).
+    pub fn is_mpnet(&self) -> bool {
+        self.model_type == "mpnet"
+    }
+
+    /// The first position a sequence's tokens take in the position table: MPNet numbers
+    /// them from the padding id plus one (the RoBERTa convention), BERT from zero.
+    fn first_position(&self) -> usize {
+        match self.is_mpnet() {
+            true => self.pad_token_id + 1,
+            false => 0,
+        }
+    }
+
+    /// The longest sequence the position table holds.
+    pub fn max_tokens(&self) -> usize {
+        self.max_position_embeddings
+            .saturating_sub(self.first_position())
+    }
 }
 
 fn default_eps() -> f64 {
@@ -48,6 +78,12 @@ fn default_act() -> String {
 }
 fn default_positions() -> String {
     "absolute".into()
+}
+fn default_model_type() -> String {
+    "bert".into()
+}
+fn default_buckets() -> usize {
+    32
 }
 
 struct Norm {
@@ -89,8 +125,13 @@ pub struct Int8Encoder {
     heads: usize,
     eps: f32,
     word: Vec<f32>,
+    /// The position table's rows from the first position a sequence takes.
     position: Vec<f32>,
+    /// What every token's embedding gets besides its word and position: BERT's token type
+    /// 0, zeros for MPNet.
     token_type: Vec<f32>,
+    /// MPNet's attention bias (see [`relative_bias`]); empty for BERT.
+    relative: Vec<f32>,
     norm: Norm,
     layers: Vec<Layer>,
     kernel: Kernel,
@@ -105,8 +146,8 @@ pub type Unsupported = String;
 pub type Tensors<'a> = &'a dyn Fn(&str) -> Option<Result<Vec<f32>, String>>;
 
 impl Int8Encoder {
-    /// Quantises the weights in `tensors` (a BERT checkpoint, names with or without the
-    /// `bert.` prefix) for a model of `shape`, for `kernel`.
+    /// Quantises the weights in `tensors` (a BERT or MPNet checkpoint, names with or
+    /// without the `bert.` or `mpnet.` prefix) for a model of `shape`, for `kernel`.
     pub fn load(
         tensors: Tensors<'_>,
         shape: &BertShape,
@@ -114,6 +155,12 @@ impl Int8Encoder {
     ) -> Result<Int8Encoder, Unsupported> {
         if shape.hidden_act != "gelu" {
             return Err(format!("activation {:?} (only erf GELU)", shape.hidden_act));
+        }
+        if !matches!(shape.model_type.as_str(), "bert" | "mpnet") {
+            return Err(format!(
+                "model type {:?} (BERT and MPNet only)",
+                shape.model_type
+            ));
         }
         if shape.position_embedding_type != "absolute" {
             return Err(format!(
@@ -139,7 +186,11 @@ impl Int8Encoder {
             ];
             alternatives
                 .iter()
-                .find_map(|n| tensors(n).or_else(|| tensors(&format!("bert.{n}"))))
+                .find_map(|n| {
+                    tensors(n)
+                        .or_else(|| tensors(&format!("bert.{n}")))
+                        .or_else(|| tensors(&format!("mpnet.{n}")))
+                })
                 .ok_or_else(|| format!("no tensor {name}"))?
                 .map_err(|e| format!("{name}: {e}"))
         };
@@ -166,11 +217,25 @@ impl Int8Encoder {
         let mut sources = Vec::with_capacity(shape.num_hidden_layers);
         for i in 0..shape.num_hidden_layers {
             let p = format!("encoder.layer.{i}");
+            // The same products under other names: MPNet's attention is `attn.{q,k,v,o}`
+            // and its first layer norm sits in `attention`, BERT's in `attention.output`.
+            let (parts, out, norm1) = match shape.is_mpnet() {
+                true => (
+                    ["attn.q", "attn.k", "attn.v"],
+                    "attention.attn.o",
+                    "attention",
+                ),
+                false => (
+                    ["self.query", "self.key", "self.value"],
+                    "attention.output.dense",
+                    "attention.output",
+                ),
+            };
             let mut w = Vec::with_capacity(3 * h * h);
             let mut b = Vec::with_capacity(3 * h);
-            for part in ["query", "key", "value"] {
-                w.extend(sized(&format!("{p}.attention.self.{part}.weight"), h * h)?);
-                b.extend(sized(&format!("{p}.attention.self.{part}.bias"), h)?);
+            for part in parts {
+                w.extend(sized(&format!("{p}.attention.{part}.weight"), h * h)?);
+                b.extend(sized(&format!("{p}.attention.{part}.bias"), h)?);
             }
             let inter = shape.intermediate_size;
             let source = [
@@ -180,14 +245,14 @@ impl Int8Encoder {
                     n: 3 * h,
                     k: h,
                 },
-                linear(&format!("{p}.attention.output.dense"), h, h)?,
+                linear(&format!("{p}.{out}"), h, h)?,
                 linear(&format!("{p}.intermediate.dense"), inter, h)?,
                 linear(&format!("{p}.output.dense"), h, inter)?,
             ];
             layers.push(Layer {
                 qkv: source[0].quantize(),
                 out: source[1].quantize(),
-                norm1: norm(&format!("{p}.attention.output"))?,
+                norm1: norm(&format!("{p}.{norm1}"))?,
                 up: source[2].quantize(),
                 down: source[3].quantize(),
                 norm2: norm(&format!("{p}.output"))?,
@@ -198,20 +263,36 @@ impl Int8Encoder {
         if word.is_empty() || word.len() % h != 0 {
             return Err("the word embeddings are not rows of the hidden size".into());
         }
-        let token_type = get("embeddings.token_type_embeddings.weight")?;
+        let (token_type, relative) = match shape.is_mpnet() {
+            true => {
+                let buckets = shape.relative_attention_num_buckets;
+                let table = sized(
+                    "encoder.relative_attention_bias.weight",
+                    buckets * shape.num_attention_heads,
+                )?;
+                let heads = shape.num_attention_heads;
+                let relative = relative_bias(&table, buckets, heads, shape.max_tokens());
+                (vec![0.0; h], relative)
+            }
+            false => {
+                let token_type = get("embeddings.token_type_embeddings.weight")?;
+                let first = token_type.get(..h).ok_or("no token type embedding")?;
+                (first.to_vec(), Vec::new())
+            }
+        };
+        let mut position = sized(
+            "embeddings.position_embeddings.weight",
+            shape.max_position_embeddings * h,
+        )?;
+        position.drain(..shape.first_position() * h);
         Ok(Int8Encoder {
             hidden: h,
             heads: shape.num_attention_heads,
             eps: shape.layer_norm_eps as f32,
             word,
-            position: sized(
-                "embeddings.position_embeddings.weight",
-                shape.max_position_embeddings * h,
-            )?,
-            token_type: token_type
-                .get(..h)
-                .ok_or("no token type embedding")?
-                .to_vec(),
+            position,
+            token_type,
+            relative,
             norm: norm("embeddings")?,
             layers,
             kernel,
@@ -233,13 +314,20 @@ impl Int8Encoder {
             .map(|s| std::array::from_fn(|i| vec![0.0f32; s[i].k]))
             .collect();
         self.forward(seqs, true, &|| {}, Some(&mut ranges));
+        // Errors add up layer by layer: past six layers (MPNet-base has twelve) the inputs
+        // of the query-key-value and down projections get a second byte too, which brings
+        // the twelve-layer model to the six-layer one's agreement with the float model or
+        // better, for about a sixth more work (the README's embedder section gives both).
+        let deep = self.layers.len() > 6;
         for ((layer, source), ranges) in self.layers.iter_mut().zip(&self.sources).zip(&ranges) {
             let [qkv, out, up, down] = std::array::from_fn(|i| {
                 let s = &source[i];
                 // The down projection (the fourth) reads GELU's output, four times the
                 // hidden width, and its weights' rounding costs the most: they get a
                 // second byte (the README's figures for the local embedder weigh it).
-                PackedWeights::smoothed(&s.w, s.n, s.k, &s.b, &ranges[i], i == 3)
+                let down = i == 3;
+                let fine_inputs = deep && (down || i == 0);
+                PackedWeights::smoothed(&s.w, s.n, s.k, &s.b, &ranges[i], down, fine_inputs)
             });
             (layer.qkv, layer.out, layer.up, layer.down) = (qkv, out, up, down);
         }
@@ -258,12 +346,12 @@ impl Int8Encoder {
             .iter()
             .map(|l| l.qkv.bytes() + l.out.bytes() + l.up.bytes() + l.down.bytes())
             .sum();
-        layers + 4 * (self.word.len() + self.position.len())
+        layers + 4 * (self.word.len() + self.position.len() + self.relative.len())
     }
 
     /// The token vectors' mean (`mean = true`) or first token's vector for each sequence of
-    /// token ids, not normalised. Every sequence must fit the position table (the
-    /// tokenizer truncates). `pause` is called between pieces of work of a fraction of a
+    /// token ids, not normalised. No sequence may be longer than
+    /// [`BertShape::max_tokens`] (the tokenizer truncates). `pause` is called between pieces of work of a fraction of a
     /// millisecond (see `kernels::matmul`).
     pub fn encode(&self, seqs: &[&[u32]], mean: bool, pause: &dyn Fn()) -> Vec<Vec<f32>> {
         match self.kernel {
@@ -327,6 +415,10 @@ impl Int8Encoder {
         let mut up = vec![0.0f32; total * inter];
         let longest = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
         let mut scratch = Attention::new(longest, h / self.heads);
+        let bias = (!self.relative.is_empty()).then(|| Bias {
+            table: &self.relative,
+            width: self.relative.len() / self.heads,
+        });
         let kernel = self.kernel;
         for (l, layer) in self.layers.iter().enumerate() {
             let mut r = ranges.as_deref_mut().map(|r| r[l].iter_mut());
@@ -334,7 +426,7 @@ impl Int8Encoder {
             product(kernel, next(), &x, h, &layer.qkv, &mut qkv, &mut q, pause);
             let mut offset = 0;
             for seq in seqs {
-                scratch.run(&qkv, &mut ctx, offset, seq.len(), h, self.heads);
+                scratch.run(&qkv, &mut ctx, offset, seq.len(), h, self.heads, bias);
                 offset += seq.len();
             }
             product(
@@ -407,8 +499,55 @@ fn product(
             r.iter_mut().zip(row).for_each(|(m, v)| *m = m.max(v.abs()));
         }
     }
-    kernels::quantize_rows(x, k, w.smoothing(), q);
+    kernels::quantize_rows(x, k, w.smoothing(), q, w.fine_inputs());
     kernels::matmul(kernel, q, w, out, pause);
+}
+
+/// MPNet's attention bias as a table `[head][distance]` for every distance `j − i` a key
+/// `j` and a query `i` of a sequence of up to `longest` tokens can be apart, from
+/// `−(longest − 1)` at index 0, so a query's biases over its keys are one contiguous run.
+/// `weights` is the checkpoint's `[bucket][head]` table.
+fn relative_bias(weights: &[f32], buckets: usize, heads: usize, longest: usize) -> Vec<f32> {
+    let width = 2 * longest.max(1) - 1;
+    let mut table = vec![0.0f32; heads * width];
+    for (index, distance) in (1 - longest.max(1) as isize..longest.max(1) as isize).enumerate() {
+        let bucket = relative_bucket(distance, buckets);
+        for head in 0..heads {
+            table[head * width + index] = weights[bucket * heads + head];
+        }
+    }
+    table
+}
+
+/// The bucket of relative distance `distance` (key position minus query position) as MPNet
+/// (and T5, bidirectionally) computes it: half the buckets for keys before the query, half
+/// for keys after; in each half, one bucket per distance below a quarter of the buckets,
+/// then buckets growing logarithmically up to 128 tokens, beyond which all share the last.
+fn relative_bucket(distance: isize, buckets: usize) -> usize {
+    const MAX_DISTANCE: f32 = 128.0;
+    let half = buckets / 2;
+    let exact = half / 2;
+    // The definition's `n` is the query's position minus the key's.
+    let n = -distance;
+    let side = if n < 0 { half } else { 0 };
+    let n = n.unsigned_abs();
+    if n < exact {
+        return side + n;
+    }
+    // In f32 as the reference computes it, so the bucket edges (16, 32, 64 tokens) fall
+    // where its do.
+    let exact_f = exact as f32;
+    let log = (n as f32 / exact_f).ln() / (MAX_DISTANCE / exact_f).ln();
+    let large = exact + (log * (half - exact) as f32) as usize;
+    side + large.min(half - 1)
+}
+
+/// MPNet's relative attention bias, borrowed by the attention loop: `table` holds `width`
+/// distances per head (see [`relative_bias`]).
+#[derive(Clone, Copy)]
+struct Bias<'a> {
+    table: &'a [f32],
+    width: usize,
 }
 
 /// Lanes of the attention loops: scores and context columns are computed sixteen at a time
@@ -438,8 +577,9 @@ impl Attention {
     }
 
     /// Self-attention of the `len` tokens from `offset` (their query, key and value rows in
-    /// `qkv`), every head, into `ctx`.
+    /// `qkv`), every head, into `ctx`, with MPNet's `bias` on the scores when given.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
         qkv: &[f32],
@@ -448,6 +588,7 @@ impl Attention {
         len: usize,
         h: usize,
         heads: usize,
+        bias: Option<Bias<'_>>,
     ) {
         let d = self.head;
         let padded = len.div_ceil(LANES) * LANES;
@@ -488,6 +629,12 @@ impl Attention {
                     }
                 }
                 let scores = &mut scores[..len];
+                if let Some(Bias { table, width }) = bias {
+                    // Key j is j − i from query i: index j − i + (width − 1) / 2.
+                    let start = head * width + (width - 1) / 2 - i;
+                    let row = &table[start..start + len];
+                    scores.iter_mut().zip(row).for_each(|(s, b)| *s += b);
+                }
                 kernels::softmax(scores);
                 let out = &mut ctx[(offset + i) * h + col..(offset + i) * h + col + d];
                 for (chunk, block) in out
@@ -502,6 +649,66 @@ impl Attention {
                     }
                     chunk.copy_from_slice(&acc);
                 }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mpnet_buckets_are_those_of_the_reference() {
+        // (key − query distance, bucket), from `tests/reference/encoder.py`, itself checked
+        // against transformers' MPNet in float64 (the README's embedder section).
+        let expected = [
+            (-200, 15),
+            (-129, 15),
+            (-128, 15),
+            (-127, 15),
+            (-64, 14),
+            (-63, 13),
+            (-32, 12),
+            (-31, 11),
+            (-17, 10),
+            (-16, 10),
+            (-15, 9),
+            (-9, 8),
+            (-8, 8),
+            (-7, 7),
+            (-1, 1),
+            (0, 0),
+            (1, 17),
+            (7, 23),
+            (8, 24),
+            (9, 24),
+            (15, 25),
+            (16, 26),
+            (17, 26),
+            (31, 27),
+            (32, 28),
+            (63, 29),
+            (64, 30),
+            (127, 31),
+            (128, 31),
+            (200, 31),
+        ];
+        for (distance, bucket) in expected {
+            assert_eq!(relative_bucket(distance, 32), bucket, "distance {distance}");
+        }
+    }
+
+    #[test]
+    fn a_query_reads_its_biases_as_one_run() {
+        // Two heads, four buckets: the table holds, per head, distances −3 … 3.
+        let weights: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        let table = relative_bias(&weights, 4, 2, 4);
+        assert_eq!(table.len(), 2 * 7);
+        for head in 0..2 {
+            for d in -3isize..=3 {
+                let want = weights[relative_bucket(d, 4) * 2 + head];
+                assert_eq!(table[head * 7 + (d + 3) as usize], want, "head {head}, {d}");
             }
         }
     }

@@ -4,13 +4,15 @@
 //! when the data is beside the repository, else on generated texts. With BEAM beside it
 //! too, the same for BEAM's long messages cut into passages as ingest cuts them (texts and
 //! tokens per second). With the int8 engine, how close its vectors are to the float
-//! model's (the reference) over the first `--agree` turns: mean and lowest cosine. The
-//! embedder's cache is off: every text is embedded. Prints one JSON line with the figures,
-//! last.
+//! model's (the reference) over the first `--agree` turns: mean and lowest cosine (where
+//! candle runs the model: BERT, not MPNet). The embedder's cache is off: every text is
+//! embedded. Prints one JSON line with the figures, last. The model is the one
+//! `SHADOWBRAIN_MODEL_DIR` names, else the default one.
 //!
 //! `--dump DIR` writes the texts it embedded (`turns.jsonl`, `queries.jsonl`,
-//! `passages.jsonl`, one JSON string a line) for `bench/embed_anchor.py --texts-dir DIR`,
-//! so the anchor embeds exactly the same texts.
+//! `passages.jsonl`, one JSON string a line) and its vectors of the first `--agree` turns
+//! and passages (`agree_turns.jsonl`, `agree_passages.jsonl`) for `bench/embed_anchor.py --texts-dir DIR`, so the anchor
+//! embeds exactly the same texts and measures how close it is to them.
 //!
 //! ```text
 //! scripts/install-model
@@ -156,37 +158,65 @@ async fn run() {
         true => 0.0,
         false => batch_speed(embedder.as_ref(), &passages).await,
     };
-    // Tokens as the model reads them (its tokenizer truncates at 256).
+    // Tokens as the model reads them: the text's own, up to the model's reading length.
     let dir = default_model_dir().expect("the model directory");
     let mut tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
         .expect("the model's tokenizer");
-    // The file pads and truncates every text to 128; the model reads the text's own tokens,
-    // up to 256.
     tokenizer.with_padding(None);
     tokenizer.with_truncation(None).expect("no truncation");
+    let reads = std::fs::read(dir.join("sentence_bert_config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["max_seq_length"].as_u64())
+        .unwrap_or(256) as usize;
     let tokens = |texts: &[String]| -> usize {
         texts
             .iter()
-            .map(|t| tokenizer.encode(t.as_str(), true).unwrap().len().min(256))
+            .map(|t| tokenizer.encode(t.as_str(), true).unwrap().len().min(reads))
             .sum()
     };
     let (turn_tokens, passage_tokens) = (tokens(&texts), tokens(&passages));
-    // Agreement with the float model, text by text.
+    // Agreement with the float model, text by text, where candle runs the model.
     let sample = &texts[..n_agree.min(texts.len())];
-    let (ours, reference) = (
-        embedder.embed_background(sample).await.unwrap(),
-        local(Precision::F32)
-            .embed_background(sample)
-            .await
-            .unwrap(),
-    );
-    let cosines: Vec<f32> = ours
-        .iter()
-        .zip(&reference)
-        .map(|(a, b)| a.iter().zip(b).map(|(x, y)| x * y).sum())
-        .collect();
-    let mean_cos = cosines.iter().sum::<f32>() / cosines.len().max(1) as f32;
-    let min_cos = cosines.iter().copied().fold(f32::MAX, f32::min);
+    let ours = embedder.embed_background(sample).await.unwrap();
+    if !dump_dir.is_empty() {
+        // For the anchor's agreement: these turns', and as many passages' (long texts).
+        let passages = &passages[..n_agree.min(passages.len())];
+        let theirs = embedder.embed_background(passages).await.unwrap();
+        for (name, vectors) in [
+            ("agree_turns.jsonl", &ours),
+            ("agree_passages.jsonl", &theirs),
+        ] {
+            let lines: String = vectors
+                .iter()
+                .map(|v| serde_json::to_string(v).unwrap() + "\n")
+                .collect();
+            std::fs::write(Path::new(&dump_dir).join(name), lines).expect("writing a dump");
+        }
+    }
+    let float = build_embedder(&EmbedderConfig {
+        kind: EmbedderKind::Local,
+        precision: Precision::F32,
+        cache_entries: 0,
+        ..EmbedderConfig::default()
+    });
+    let cosines: Vec<f32> = match float {
+        Ok(float) => {
+            let reference = float.embed_background(sample).await.unwrap();
+            ours.iter()
+                .zip(&reference)
+                .map(|(a, b)| a.iter().zip(b).map(|(x, y)| x * y).sum())
+                .collect()
+        }
+        Err(e) => {
+            eprintln!("no agreement with the float model: {e}");
+            Vec::new()
+        }
+    };
+    // None (null) where there is no float model to agree with.
+    let mean_cos =
+        (!cosines.is_empty()).then(|| cosines.iter().sum::<f32>() / cosines.len() as f32);
+    let min_cos = cosines.iter().copied().reduce(f32::min);
     let mean_words = texts
         .iter()
         .map(|t| t.split_whitespace().count())

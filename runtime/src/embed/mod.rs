@@ -287,11 +287,18 @@ pub fn default_model_dir() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os(MODEL_DIR_ENV) {
         return (!dir.is_empty()).then(|| PathBuf::from(dir));
     }
+    installed_model_dir("all-MiniLM-L6-v2")
+}
+
+/// Where `scripts/install-model NAME` installs the model `name`:
+/// `$XDG_DATA_HOME/shadowbrain/models/NAME`, else `~/.local/share/shadowbrain/models/NAME`
+/// (`None` without HOME).
+pub fn installed_model_dir(name: &str) -> Option<PathBuf> {
     let data = match std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
         Some(d) => PathBuf::from(d),
         None => PathBuf::from(std::env::var_os("HOME")?).join(".local/share"),
     };
-    Some(data.join("shadowbrain/models/all-MiniLM-L6-v2"))
+    Some(data.join("shadowbrain/models").join(name))
 }
 
 /// The files a local model's directory must hold.

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 use shadowbrain_runtime::embed::{
     Embedder, EmbedderConfig, EmbedderKind, LocalEmbedder, Precision, build_embedder,
-    default_model_dir, is_model_dir,
+    default_model_dir, installed_model_dir, is_model_dir,
 };
 
 /// The installed model's directory, or `None` (the test skips) when there is none.
@@ -30,16 +30,27 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-/// The reference texts and their vectors (`tests/reference/minilm.json`).
-fn reference() -> (Vec<String>, Vec<Vec<f32>>) {
-    let reference: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../tests/reference/minilm.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
+/// The installed all-mpnet-base-v2 (`scripts/install-model all-mpnet-base-v2`, beside the
+/// default model), or `None` (the test skips) when there is none, unless
+/// SHADOWBRAIN_REQUIRE_MPNET is set.
+fn mpnet() -> Option<PathBuf> {
+    let dir = installed_model_dir("all-mpnet-base-v2").filter(|d| is_model_dir(d));
+    if dir.is_none() {
+        assert!(
+            std::env::var_os("SHADOWBRAIN_REQUIRE_MPNET").is_none(),
+            "all-mpnet-base-v2 is not installed at {:?}; run scripts/install-model \
+             all-mpnet-base-v2",
+            installed_model_dir("all-mpnet-base-v2")
+        );
+        eprintln!("skipped: all-mpnet-base-v2 is not installed");
+    }
+    dir
+}
+
+/// The reference texts and their vectors (`tests/reference/{file}`).
+fn reference(file: &str) -> (Vec<String>, Vec<Vec<f32>>) {
+    let path = format!("{}/../tests/reference/{file}", env!("CARGO_MANIFEST_DIR"));
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     reference["texts"]
         .as_array()
         .unwrap()
@@ -54,14 +65,24 @@ fn reference() -> (Vec<String>, Vec<Vec<f32>>) {
         .unzip()
 }
 
-/// Every reference text, in one call and alone (the float engine pads a batch, the int8
-/// engine packs it: neither may change a vector), at `floor` cosine or better.
-async fn matches_the_reference(precision: Precision, floor: f32) {
-    let Some(dir) = model() else { return };
+/// Every reference text of the model in `dir`, in one call and alone (the float engine
+/// pads a batch, the int8 engine packs it: neither may change a vector), at `floor`
+/// cosine or better.
+async fn matches_the_reference(
+    dir: PathBuf,
+    name: &str,
+    dimensions: usize,
+    precision: Precision,
+    floor: f32,
+) {
     let embedder = LocalEmbedder::open_with(&dir, None, precision).unwrap();
-    assert_eq!(embedder.name(), "local:all-MiniLM-L6-v2");
-    assert_eq!(embedder.dimensions(), 384);
-    let (texts, expected) = reference();
+    assert_eq!(embedder.name(), format!("local:{name}"));
+    assert_eq!(embedder.dimensions(), dimensions);
+    let file = match name {
+        "all-MiniLM-L6-v2" => "minilm.json",
+        _ => "mpnet.json",
+    };
+    let (texts, expected) = reference(file);
     let together = embedder.embed(&texts).await.unwrap();
     let background = embedder.embed_background(&texts).await.unwrap();
     assert_eq!(
@@ -96,13 +117,36 @@ async fn matches_the_reference(precision: Precision, floor: f32) {
 
 #[tokio::test]
 async fn the_float_engine_matches_a_numpy_reference_of_the_model() {
-    matches_the_reference(Precision::F32, 0.9999).await;
+    let Some(dir) = model() else { return };
+    matches_the_reference(dir, "all-MiniLM-L6-v2", 384, Precision::F32, 0.9999).await;
 }
 
 #[tokio::test]
 async fn the_int8_engine_stays_within_0_999_of_the_reference() {
     // On a CPU without AVX-512 VNNI this runs the portable kernel: the same integers.
-    matches_the_reference(Precision::Int8, 0.999).await;
+    let Some(dir) = model() else { return };
+    matches_the_reference(dir, "all-MiniLM-L6-v2", 384, Precision::Int8, 0.999).await;
+}
+
+#[tokio::test]
+async fn mpnet_runs_on_the_int8_engine_within_0_999_of_the_reference() {
+    let Some(dir) = mpnet() else { return };
+    // Every CPU runs an MPNet on the int8 engine: candle has no MPNet.
+    matches_the_reference(
+        dir.clone(),
+        "all-mpnet-base-v2",
+        768,
+        Precision::Auto,
+        0.999,
+    )
+    .await;
+    let err = LocalEmbedder::open_with(&dir, None, Precision::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("BERT models only") && err.contains("precision = \"auto\""),
+        "{err}"
+    );
 }
 
 #[test]

@@ -155,8 +155,8 @@ impl LocalEmbedder {
             }
             false => None,
         }
-        .unwrap_or(shape.max_position_embeddings)
-        .min(shape.max_position_embeddings);
+        .unwrap_or(shape.max_tokens())
+        .min(shape.max_tokens());
         let pooling = match dir.join("1_Pooling/config.json").is_file() {
             true => {
                 let p: PoolingConfig = serde_json::from_slice(&read("1_Pooling/config.json")?)
@@ -227,10 +227,22 @@ fn load_engine(
 ) -> Result<Engine> {
     let weights = dir.join("model.safetensors");
     let kernel = Kernel::detect();
+    // candle runs BERT only: an MPNet runs on the int8 engine on every CPU.
+    let float_runs_it = !shape.is_mpnet();
     let int8 = match precision {
+        Precision::F32 if !float_runs_it => {
+            return Err(Error::invalid(
+                "embedder.precision",
+                format!(
+                    "is \"f32\", but the float engine runs BERT models only and the model in \
+                     {} is an MPNet; set precision = \"auto\" or \"int8\"",
+                    dir.display()
+                ),
+            ));
+        }
         Precision::F32 => false,
         Precision::Int8 => true,
-        Precision::Auto => kernel != Kernel::Portable,
+        Precision::Auto => kernel != Kernel::Portable || !float_runs_it,
     };
     if int8 {
         let tensors = candle_core::safetensors::load(&weights, &Device::Cpu)
@@ -257,10 +269,14 @@ fn load_engine(
                 );
                 return Ok(Engine::Int8(encoder));
             }
-            Err(why) if precision == Precision::Int8 => {
+            Err(why) if precision == Precision::Int8 || !float_runs_it => {
+                let hint = match float_runs_it {
+                    true => "; set precision = \"f32\"",
+                    false => " and the float engine runs BERT models only",
+                };
                 return Err(unreadable(
                     dir,
-                    format_args!("the int8 engine cannot run it ({why}); set precision = \"f32\""),
+                    format_args!("the int8 engine cannot run it ({why}){hint}"),
                 ));
             }
             Err(why) => {
