@@ -342,8 +342,8 @@ fn min_max(x: &[f32]) -> (f32, f32) {
 }
 
 /// `out[m, n] = x[m, :] · W[n, :] + bias[n]` for the rows `a` quantised from `x`, over the
-/// weights' second byte and the activations' too when they have one, with `pause` called every
-/// [`ROWS_PER_PAUSE`] rows (where background work lets foreground work pass).
+/// weights' second byte and the activations' too when they have one, with `pause` called
+/// every [`ROWS_PER_PAUSE`] rows (where background work lets foreground work pass).
 #[inline(always)]
 pub(crate) fn matmul(
     kernel: Kernel,

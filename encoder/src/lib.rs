@@ -1,18 +1,18 @@
 //! A BERT-class sentence encoder with 8-bit weights: shadowbrain's local embedder's
 //! default engine on CPUs with integer dot-product instructions. It computes what the float
 //! model computes (cosine ≥ 0.999 with it, tested on the real weights) at a quarter of the
-//! multiply cost, and without padding: the texts of a batch are packed one after the other, the matrix
-//! products run over all their tokens at once, and only attention looks at each text
-//! alone. The weights are quantised from the float checkpoint when the model is opened (a
-//! fraction of a second); nothing else is installed.
+//! multiply cost, and without padding: the texts of a batch are packed one after the
+//! other, the matrix products run over all their tokens at once, and only attention looks
+//! at each text alone. The weights are quantised from the float checkpoint when the model
+//! is opened (a fraction of a second); nothing else is installed.
 //!
 //! Supports what sentence-transformers' BERT-class models use: BERT (absolute positions,
 //! one token type) and MPNet (absolute positions after the padding id, plus a learned bias
 //! per head and bucket of relative distance added to every layer's attention scores), erf
 //! GELU; [`Int8Encoder::load`] refuses anything else, and the embedder then runs the float
-//! model. Its own crate so that it is optimised even in test builds
-//! (the workspace's `profile.dev` says why); it reads no file itself: the caller hands it
-//! the checkpoint's tensors by name.
+//! model (a BERT; nothing, for an MPNet). Its own crate so that it is optimised even in
+//! test builds (the workspace's `profile.dev` says why); it reads no file itself: the
+//! caller hands it the checkpoint's tensors by name.
 
 mod kernels;
 
@@ -350,9 +350,9 @@ impl Int8Encoder {
     }
 
     /// The token vectors' mean (`mean = true`) or first token's vector for each sequence of
-    /// token ids, not normalised. No sequence may be longer than
-    /// [`BertShape::max_tokens`] (the tokenizer truncates). `pause` is called between pieces of work of a fraction of a
-    /// millisecond (see `kernels::matmul`).
+    /// token ids, not normalised. No sequence may be longer than [`BertShape::max_tokens`]
+    /// (the tokenizer truncates). `pause` is called between pieces of work of a fraction of
+    /// a millisecond (see `kernels::matmul`).
     pub fn encode(&self, seqs: &[&[u32]], mean: bool, pause: &dyn Fn()) -> Vec<Vec<f32>> {
         match self.kernel {
             #[cfg(target_arch = "x86_64")]

@@ -11,8 +11,9 @@
 //!
 //! `--dump DIR` writes the texts it embedded (`turns.jsonl`, `queries.jsonl`,
 //! `passages.jsonl`, one JSON string a line) and its vectors of the first `--agree` turns
-//! and passages (`agree_turns.jsonl`, `agree_passages.jsonl`) for `bench/embed_anchor.py --texts-dir DIR`, so the anchor
-//! embeds exactly the same texts and measures how close it is to them.
+//! and passages (`agree_turns.jsonl`, `agree_passages.jsonl`) for `bench/embed_anchor.py
+//! --texts-dir DIR`, so the anchor embeds exactly the same texts and (with `--torch`)
+//! measures how close it is to them.
 //!
 //! ```text
 //! scripts/install-model
@@ -182,10 +183,10 @@ async fn run() {
     if !dump_dir.is_empty() {
         // For the anchor's agreement: these turns', and as many passages' (long texts).
         let passages = &passages[..n_agree.min(passages.len())];
-        let theirs = embedder.embed_background(passages).await.unwrap();
+        let passage_vectors = embedder.embed_background(passages).await.unwrap();
         for (name, vectors) in [
             ("agree_turns.jsonl", &ours),
-            ("agree_passages.jsonl", &theirs),
+            ("agree_passages.jsonl", &passage_vectors),
         ] {
             let lines: String = vectors
                 .iter()

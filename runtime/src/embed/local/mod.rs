@@ -1,5 +1,5 @@
 //! The local embedder: a sentence-transformers encoder (all-MiniLM-L6-v2, or another
-//! BERT-class model with mean or CLS pooling) run in-process on the CPU with candle. It
+//! BERT or MPNet model with mean or CLS pooling) run in-process on the CPU. It
 //! reads `config.json`, `tokenizer.json` and `model.safetensors` (and, when present,
 //! `sentence_bert_config.json` and `1_Pooling/config.json`) from a local directory:
 //! nothing is downloaded, ever. A Hugging Face snapshot directory of such a model works as
@@ -13,12 +13,13 @@
 //! embedded passage by passage (`crate::index::passage`).
 //!
 //! Two engines run the model. On CPUs with integer dot-product instructions the default is
-//! the int8 encoder (the `shadowbrain-encoder` crate): 8-bit weights quantised from the installed file at start-up, texts packed
-//! without padding, elementwise maths vectorised (cosine ≥ 0.999 with the float model,
-//! several times its speed). Elsewhere, or with `[embedder] precision = "f32"`, candle runs
-//! the float model, the reference: texts of one call are tokenised together, sorted by
-//! length and run in sub-batches of similar length, so one long text does not pad a whole
-//! batch to the longest.
+//! the int8 encoder (the `shadowbrain-encoder` crate): 8-bit weights quantised from the
+//! installed file at start-up, texts packed without padding, elementwise maths vectorised
+//! (cosine ≥ 0.999 with the float model, several times its speed). Elsewhere, or with
+//! `[embedder] precision = "f32"`, candle runs the float model, the reference (BERT only:
+//! an MPNet runs on the int8 engine on every CPU): texts of one call are tokenised
+//! together, sorted by length and run in sub-batches of similar length, so one long text
+//! does not pad a whole batch to the longest.
 //!
 //! Recall's query comes first: background batches (the enricher's, through
 //! [`Embedder::embed_background`]) run on their own threads in the idle scheduling class
