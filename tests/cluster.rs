@@ -348,6 +348,230 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
+/// `serve --cluster` with NATS reached in plain text and without a credential of the node's
+/// own is refused at start, before it connects anywhere, with both ways out named; so is
+/// `insecure_loopback` with a server off this machine. (No NATS server is needed: the
+/// section is checked first.)
+#[test]
+fn a_cluster_without_tls_or_its_own_credential_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = |section: &str| -> String {
+        let config = dir.path().join("node.toml");
+        std::fs::write(&config, format!("[cluster]\nnode = \"n1\"\n{section}")).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+            .args(["serve", "--cluster", "--addr", "127.0.0.1:0", "--data"])
+            .arg(dir.path().join("data"))
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{section}: {stderr}");
+        stderr
+    };
+    let e = refused("urls = [\"nats://10.0.0.7:4222\"]\n");
+    assert!(
+        e.contains("tls_ca is not set") && e.contains("insecure_loopback = true"),
+        "{e}"
+    );
+    let e = refused("urls = [\"nats://127.0.0.1:4222\"]\n");
+    assert!(e.contains("no credential of this node's own"), "{e}");
+    let e = refused(
+        "urls = [\"nats://127.0.0.1:4222\", \"nats://10.0.0.7:4222\"]\ninsecure_loopback = true\n",
+    );
+    assert!(
+        e.contains("`nats://10.0.0.7:4222` is not on loopback"),
+        "{e}"
+    );
+}
+
+/// A node reaches NATS over TLS with a user of its own, as README "Securing the cluster"
+/// configures it: one TLS-only NATS server on loopback (a certificate authority and a
+/// server certificate made with openssl for the test), `tls://` URL, `tls_ca`, `user` and
+/// `password_env`. The node serves writes; NATS refuses a client in plain text and one
+/// with the wrong password.
+#[test]
+fn a_node_reaches_nats_over_tls_with_a_user_of_its_own() {
+    let Some(nats_bin) = harness::nats_server() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(d)
+            .output()
+            .expect("openssl, to make the test's certificates");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=shadowbrain test CA",
+        "-keyout",
+        "ca-key.pem",
+        "-out",
+        "ca.pem",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-subj",
+        "/CN=nats",
+        "-keyout",
+        "server-key.pem",
+        "-out",
+        "server.csr",
+    ]);
+    std::fs::write(
+        d.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca-key.pem",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.pem",
+    ]);
+    let port = harness::free_port();
+    let conf = d.join("nats.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: 127.0.0.1:{port}\nmax_payload: 8MB\n\
+             tls {{ cert_file: \"{d}/server.pem\", key_file: \"{d}/server-key.pem\", timeout: 2 }}\n\
+             authorization {{ users: [ {{ user: node0, password: \"node0-secret\" }} ] }}\n\
+             jetstream {{ store_dir: \"{d}/js\" }}\n",
+            d = d.display()
+        ),
+    )
+    .unwrap();
+    let mut nats = std::process::Command::new(&nats_bin)
+        .arg("-c")
+        .arg(&conf)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(d.join("nats.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let config = d.join("node0.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[embedder]\nkind = \"hash\"\n\n[[auth.keys]]\nsha256 = \"{}\"\nnamespace = \"alpha\"\n\n\
+             [cluster]\nurls = [\"tls://127.0.0.1:{port}\"]\nnode = \"node0\"\npartitions = 2\n\
+             replicas = 1\ntls_ca = \"{}\"\nuser = \"node0\"\npassword_env = \"SB_TEST_NATS_PASSWORD\"\n",
+            harness::sha256_hex("alpha-key"),
+            d.join("ca.pem").display()
+        ),
+    )
+    .unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", harness::free_port())
+        .parse()
+        .unwrap();
+    let mut node = std::process::Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+        .args(["serve", "--cluster", "--addr", &addr.to_string(), "--data"])
+        .arg(d.join("data"))
+        .arg("--config")
+        .arg(&config)
+        .env("SB_TEST_NATS_PASSWORD", "node0-secret")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(d.join("node0.log")).unwrap())
+        .spawn()
+        .unwrap();
+    // Until it owns its partitions and takes a write (the first ones may find the
+    // partitions still being taken: 503, retried).
+    let until = Instant::now() + Duration::from_secs(60);
+    let mut last;
+    let written = loop {
+        let answer = harness::request(
+            addr,
+            "POST",
+            "/v1/sessions/s1/events",
+            Some("alpha-key"),
+            Some(r#"{"events":[{"kind":"observation","text":"written through TLS"}]}"#),
+            None,
+        );
+        match answer {
+            Ok((201, body, _)) => break body,
+            other => last = format!("{other:?}"),
+        }
+        if node.try_wait().unwrap().is_some() || Instant::now() > until {
+            let _ = nats.kill();
+            let log = std::fs::read_to_string(d.join("node0.log")).unwrap_or_default();
+            panic!("the node did not take a write over TLS: {last}\n{log}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        written["ids"].as_array().map(Vec::len),
+        Some(1),
+        "{written}"
+    );
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let plain = tokio.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            async_nats::ConnectOptions::with_user_and_password(
+                "node0".into(),
+                "node0-secret".into(),
+            )
+            .connect(format!("nats://127.0.0.1:{port}")),
+        )
+        .await
+    });
+    assert!(
+        !matches!(plain, Ok(Ok(_))),
+        "a client in plain text was let in"
+    );
+    let wrong = tokio.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            async_nats::ConnectOptions::with_user_and_password("node0".into(), "guess".into())
+                .require_tls(true)
+                .add_root_certificates(d.join("ca.pem"))
+                .connect(format!("tls://127.0.0.1:{port}")),
+        )
+        .await
+    });
+    assert!(!matches!(wrong, Ok(Ok(_))), "a wrong password was let in");
+    let _ = node.kill();
+    let _ = node.wait();
+    let _ = nats.kill();
+    let _ = nats.wait();
+}
+
 #[test]
 fn scenarios_keep_every_acknowledged_event() {
     let Some(nats) = harness::nats_server() else {

@@ -256,7 +256,8 @@ impl Harness {
                 &config,
                 format!(
                     "[embedder]\nkind = \"hash\"\n\n{auth}\n[cluster]\nurls = [{urls}]\n\
-                     node = \"{name}\"\npartitions = {PARTITIONS}\nlease_ttl = \"{}s\"\n",
+                     node = \"{name}\"\npartitions = {PARTITIONS}\nlease_ttl = \"{}s\"\n\
+                     insecure_loopback = true\n",
                     LEASE_TTL.as_secs()
                 ),
             )

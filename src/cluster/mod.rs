@@ -57,8 +57,21 @@ pub struct ClusterConfig {
     pub user: Option<String>,
     /// The environment variable holding the NATS password (never the password itself).
     pub password_env: Option<String>,
-    /// The environment variable holding a NATS token.
+    /// The environment variable holding a NATS token (shared by every client that knows
+    /// it, so accepted only with `insecure_loopback`).
     pub token_env: Option<String>,
+    /// The PEM file of the certificate authority that signed the NATS servers'
+    /// certificates: turns TLS on and makes it required. Needed unless `insecure_loopback`.
+    pub tls_ca: Option<String>,
+    /// This node's client certificate (PEM), for NATS servers that verify clients (with
+    /// `tls_key`).
+    pub tls_cert: Option<String>,
+    /// The private key of `tls_cert` (PEM).
+    pub tls_key: Option<String>,
+    /// Lets the node talk to NATS without TLS and without a credential of its own, which
+    /// is safe only when NATS is reachable from this machine alone: accepted only when
+    /// every URL is on loopback (127.0.0.0/8, ::1, localhost). Default false.
+    pub insecure_loopback: bool,
 }
 
 impl Default for ClusterConfig {
@@ -74,8 +87,22 @@ impl Default for ClusterConfig {
             user: None,
             password_env: None,
             token_env: None,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            insecure_loopback: false,
         }
     }
+}
+
+/// TLS to NATS: the servers' certificate authority and, optionally, this node's client
+/// certificate and key.
+#[derive(Debug, Clone)]
+pub struct Tls {
+    /// The CA's PEM file.
+    pub ca: std::path::PathBuf,
+    /// The client certificate and its key, for servers that verify clients.
+    pub client: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// [`ClusterConfig`] checked, with durations parsed and the node named.
@@ -99,6 +126,10 @@ pub struct Cluster {
     pub user_password: Option<(String, String)>,
     /// Token.
     pub token: Option<String>,
+    /// TLS, required when set.
+    pub tls: Option<Tls>,
+    /// Plain text and shared credentials allowed (every server on loopback).
+    pub insecure_loopback: bool,
 }
 
 impl ClusterConfig {
@@ -176,6 +207,67 @@ impl ClusterConfig {
                 None
             }
         };
+        let file = |key: &str, path: &Option<String>, problems: &mut Vec<String>| {
+            let path = std::path::PathBuf::from(path.as_ref()?);
+            match path.is_file() {
+                true => Some(path),
+                false => {
+                    problems.push(format!("{key} `{}` is not a readable file", path.display()));
+                    None
+                }
+            }
+        };
+        let ca = file("tls_ca", &self.tls_ca, &mut problems);
+        let client = match (
+            file("tls_cert", &self.tls_cert, &mut problems),
+            file("tls_key", &self.tls_key, &mut problems),
+        ) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => {
+                problems.push("tls_cert and tls_key go together".into());
+                None
+            }
+        };
+        if client.is_some() && self.tls_ca.is_none() {
+            problems.push("tls_cert and tls_key need tls_ca (the servers' CA)".into());
+        }
+        let tls = ca.map(|ca| Tls { ca, client });
+        if self.insecure_loopback {
+            for url in self.urls.iter().filter(|u| !on_loopback(u)) {
+                problems.push(format!(
+                    "insecure_loopback is set, but `{url}` is not on loopback: NATS \
+                     reachable from other machines needs tls_ca and a user per node \
+                     (README \"Securing the cluster\")"
+                ));
+            }
+        } else {
+            if self.tls_ca.is_none() {
+                problems.push(
+                    "tls_ca is not set: cluster traffic (requests, answers, the write log) \
+                     crosses the network, so NATS must be reached over TLS; set tls_ca to the \
+                     PEM file of the CA that signed the NATS servers' certificates, or, when \
+                     every NATS server is on this machine, insecure_loopback = true"
+                        .to_string(),
+                );
+            }
+            if user_password.is_none() && !problems.iter().any(|p| p.contains("password_env")) {
+                problems.push(
+                    "no credential of this node's own: set user and password_env (a NATS \
+                     user per node, with the permissions README \"Securing the cluster\" \
+                     gives), or, when every NATS server is on this machine, \
+                     insecure_loopback = true"
+                        .to_string(),
+                );
+            }
+            if self.token_env.is_some() {
+                problems.push(
+                    "token_env is one secret every client shares, so anyone holding it is \
+                     a node; give each node its own user and password_env instead"
+                        .to_string(),
+                );
+            }
+        }
         if !problems.is_empty() {
             anyhow::bail!("the [cluster] section is invalid: {}", problems.join("; "));
         }
@@ -189,8 +281,26 @@ impl ClusterConfig {
             prefix: self.prefix.clone(),
             user_password,
             token,
+            tls,
+            insecure_loopback: self.insecure_loopback,
         })
     }
+}
+
+/// Whether a NATS URL's host is on loopback (127.0.0.0/8, ::1, localhost).
+fn on_loopback(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    // No user info, path or port: `user:pw@host:port/...`.
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    let rest = rest.split('/').next().unwrap_or("");
+    let host = match rest.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => rest.rsplit_once(':').map_or(rest, |(h, _)| h),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn host_name() -> Option<String> {
@@ -323,10 +433,105 @@ mod tests {
         }
         let good = ClusterConfig {
             node: Some("n1".into()),
+            insecure_loopback: true,
             ..ClusterConfig::default()
         };
         let c = good.check().unwrap();
         assert_eq!(c.lease_ttl, Duration::from_secs(3));
         assert_eq!(c.partitions, 16);
+        assert!(c.tls.is_none() && c.insecure_loopback);
+    }
+
+    #[test]
+    fn plain_text_or_shared_credentials_only_on_loopback() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "not checked here: NATS's TLS handshake reads it").unwrap();
+        let base = ClusterConfig {
+            node: Some("n1".into()),
+            ..ClusterConfig::default()
+        };
+        // The default section (NATS on loopback, nothing else) is refused without the
+        // explicit setting, with both ways out named.
+        let e = base.check().unwrap_err().to_string();
+        assert!(
+            e.contains("tls_ca is not set")
+                && e.contains("insecure_loopback = true")
+                && e.contains("no credential of this node's own"),
+            "{e}"
+        );
+        // The setting is refused when any server is elsewhere.
+        let e = ClusterConfig {
+            urls: vec![
+                "nats://127.0.0.1:4222".into(),
+                "nats://10.0.0.7:4222".into(),
+            ],
+            insecure_loopback: true,
+            ..base.clone()
+        }
+        .check()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("`nats://10.0.0.7:4222` is not on loopback"),
+            "{e}"
+        );
+        for url in [
+            "nats://localhost:4222",
+            "tls://127.0.0.9:4",
+            "nats://[::1]:4222",
+            "u:p@127.0.0.1:1",
+        ] {
+            assert!(on_loopback(url), "{url}");
+        }
+        for url in [
+            "nats://10.0.0.1:4222",
+            "nats://nats.example:4222",
+            "nats://[::2]:1",
+            "127.0.0.1.example:4",
+        ] {
+            assert!(!on_loopback(url), "{url}");
+        }
+        // TLS and a user of its own: accepted anywhere; a shared token is not.
+        unsafe_set_env("SB_TEST_NATS_PASSWORD");
+        let secure = ClusterConfig {
+            urls: vec!["tls://10.0.0.7:4222".into()],
+            tls_ca: Some(ca.display().to_string()),
+            user: Some("node0".into()),
+            password_env: Some("SB_TEST_NATS_PASSWORD".into()),
+            ..base.clone()
+        };
+        let c = secure.check().unwrap();
+        assert_eq!(c.tls.unwrap().ca, ca);
+        let e = ClusterConfig {
+            token_env: Some("SB_TEST_NATS_PASSWORD".into()),
+            ..secure.clone()
+        }
+        .check()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("token_env is one secret every client shares"),
+            "{e}"
+        );
+        let e = ClusterConfig {
+            tls_cert: Some(ca.display().to_string()),
+            tls_ca: Some("/nonexistent/ca.pem".into()),
+            ..secure
+        }
+        .check()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("tls_ca `/nonexistent/ca.pem` is not a readable file")
+                && e.contains("tls_cert and tls_key go together"),
+            "{e}"
+        );
+    }
+
+    /// Sets a variable only this test reads.
+    fn unsafe_set_env(name: &str) {
+        // SAFETY: the variable is this test's own; no other thread reads or writes it.
+        unsafe { std::env::set_var(name, "secret") };
     }
 }

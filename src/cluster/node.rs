@@ -204,6 +204,19 @@ async fn run_node(
     if let Some(token) = &cfg.token {
         options = options.token(token.clone());
     }
+    if let Some(tls) = &cfg.tls {
+        options = options
+            .require_tls(true)
+            .add_root_certificates(tls.ca.clone());
+        if let Some((cert, key)) = &tls.client {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+    }
+    if cfg.insecure_loopback {
+        // The servers' own list may name addresses off this machine; plain text goes only
+        // to the loopback servers the config lists.
+        options = options.ignore_discovered_servers();
+    }
     let addrs = cfg
         .urls
         .iter()
