@@ -19,8 +19,9 @@
 //! - `[[namespaces]]`: a policy file of its own for a namespace (`name`, `policy`; a
 //!   relative path is read from the config file's directory), so tenants never share a
 //!   forgetting policy by accident.
-//! - `[cluster]`: the NATS servers, node name, partitions and lease TTL of
-//!   `serve --cluster` (see `crate::cluster`); ignored by plain `serve`.
+//! - `[cluster]`: the NATS servers (and how to reach them: TLS and this node's credential,
+//!   or `insecure_loopback`), node name, partitions and lease TTL of `serve --cluster` (see
+//!   `crate::cluster`); ignored by plain `serve`.
 //!
 //! Every mistake is refused at start-up with what to fix — an unknown section or key, a
 //! value out of range — rather than discovered on the first request.
