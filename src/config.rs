@@ -267,10 +267,12 @@ mod tests {
     #[test]
     fn the_cluster_section_is_read_and_checked() {
         let c = load(
-            "[cluster]\nurls = [\"nats://10.0.0.1:4222\"]\nnode = \"n1\"\npartitions = 32\nlease_ttl = \"5s\"\n",
+            "[cluster]\nurls = [\"nats://127.0.0.1:4222\"]\nnode = \"n1\"\npartitions = 32\n\
+             lease_ttl = \"5s\"\ninsecure_loopback = true\n",
         )
         .unwrap();
         let cluster = c.cluster.check().unwrap();
+        assert!(cluster.insecure_loopback && cluster.tls.is_none());
         assert_eq!(cluster.partitions, 32);
         assert_eq!(cluster.node, "n1");
         assert_eq!(cluster.lease_ttl, std::time::Duration::from_secs(5));
