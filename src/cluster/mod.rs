@@ -254,9 +254,8 @@ impl ClusterConfig {
             if user_password.is_none() && !problems.iter().any(|p| p.contains("password_env")) {
                 problems.push(
                     "no credential of this node's own: set user and password_env (a NATS \
-                     user per node, with the permissions README \"Securing the cluster\" \
-                     gives), or, when every NATS server is on this machine, \
-                     insecure_loopback = true"
+                     user per node, README \"Securing the cluster\"), or, when every NATS \
+                     server is on this machine, insecure_loopback = true"
                         .to_string(),
                 );
             }
