@@ -272,20 +272,30 @@ fn valid_namespace(ns: &str) -> bool {
 /// The caller's namespace and role (see [`Auth::caller`]), with failed attempts counted
 /// per client address and refused with 429 once there are too many ([`AuthThrottle`]).
 fn authenticate(parts: &Parts, s: &AppState) -> ApiResult<(String, Role)> {
-    if !s.auth.required() {
-        return s.auth.caller(None);
-    }
-    let ip = client_ip(parts);
-    let now = std::time::Instant::now();
     let header = parts
         .headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let caller = s.auth.caller(header);
+    throttled_caller(&s.auth, &s.throttle, header, client_ip(parts))
+}
+
+/// [`Auth::caller`] for `header`, a failure counted against the client's address `ip` in
+/// `throttle` and answered 429 past the limit (a cluster node's front checks keys the same
+/// way, `crate::cluster`).
+pub(crate) fn throttled_caller(
+    auth: &Auth,
+    throttle: &AuthThrottle,
+    header: Option<&str>,
+    ip: Option<std::net::IpAddr>,
+) -> ApiResult<(String, Role)> {
+    if !auth.required() {
+        return auth.caller(None);
+    }
+    let caller = auth.caller(header);
     if caller.is_ok() {
         return caller;
     }
-    match ip.and_then(|ip| s.throttle.refuse(ip, now)) {
+    match ip.and_then(|ip| throttle.refuse(ip, std::time::Instant::now())) {
         Some(wait) => Err(throttled(wait)),
         None => caller,
     }
@@ -294,13 +304,16 @@ fn authenticate(parts: &Parts, s: &AppState) -> ApiResult<(String, Role)> {
 /// The client's address: as the edge resolved it (through a trusted proxy, the address it
 /// forwarded; `crate::listen::Client`), else the connection's.
 pub(crate) fn client_ip(parts: &Parts) -> Option<std::net::IpAddr> {
-    parts
-        .extensions
+    client_ip_in(&parts.extensions)
+}
+
+/// [`client_ip`] from a request's extensions.
+pub(crate) fn client_ip_in(extensions: &axum::http::Extensions) -> Option<std::net::IpAddr> {
+    extensions
         .get::<crate::listen::Client>()
         .map(|c| c.ip)
         .or_else(|| {
-            parts
-                .extensions
+            extensions
                 .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
                 .map(|c| c.0.ip())
         })

@@ -755,6 +755,26 @@ fn the_python_mcp_sdk_and_http_work_through_any_node() {
         calls.len()
     );
     assert_ne!(h.owners()[&p], owner);
+
+    // Wrong keys are throttled at the node the client reached, as one server throttles
+    // them: 401 up to the limit, then 429 with a wait, while the same address's valid key
+    // is still answered (through that node, to its partition's owner).
+    let addr = h.nodes[entry].addr;
+    for i in 0..shadowbrain::server::AUTH_FAILURES {
+        let (code, _, _) =
+            harness::request(addr, "GET", "/v1/sessions", Some("a-wrong-key"), None, None).unwrap();
+        assert_eq!(code, 401, "failure {i}");
+    }
+    let (code, body, _) =
+        harness::request(addr, "GET", "/v1/sessions", Some("a-wrong-key"), None, None).unwrap();
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (429, Some("too_many_failed_auth")),
+        "{body}"
+    );
+    let (code, _, _) =
+        harness::request(addr, "GET", "/v1/sessions", Some(&key), None, None).unwrap();
+    assert_eq!(code, 200, "a valid key is never throttled");
 }
 
 /// A policy reload entering at any node reaches every partition on every node, a takeover

@@ -1345,22 +1345,26 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    if path == "/v1/policy/reload" && request.method() == Method::POST {
-        // Every partition's runtime, not only the admin namespace's.
-        return answered_by(&node, node.reload_policies(header).await);
-    }
     if path == "/openapi.json" {
         // Public, as on one server, and the same on every node.
         return answered_by(&node, crate::server::get_openapi().await);
+    }
+    // Keys are checked here, at the node the client reached, with the failed-key throttle
+    // of one server: a client without a valid key is answered 401, and 429 past the limit
+    // of its address, before anything goes to another node.
+    let ip = crate::server::client_ip_in(request.extensions());
+    let namespace = match node.door.caller(header, ip) {
+        Ok((namespace, _)) => namespace,
+        Err(e) => return answered_by(&node, e.into_response()),
+    };
+    if path == "/v1/policy/reload" && request.method() == Method::POST {
+        // Every partition's runtime, not only the admin namespace's.
+        return answered_by(&node, node.reload_policies(header).await);
     }
     if path == "/metrics" && request.method() == Method::GET {
         // This node's own, not those of the node owning the admin namespace's partition.
         return answered_by(&node, node.metrics(header).await);
     }
-    let namespace = match node.auth.caller(header) {
-        Ok((namespace, _)) => namespace,
-        Err(e) => return e.into_response(),
-    };
     answered_by(&node, to_partition(&node, &namespace, request).await)
 }
 
@@ -1526,6 +1530,10 @@ async fn status(State(node): State<Arc<Node>>, request: Request<Body>) -> Respon
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
+    let ip = crate::server::client_ip_in(request.extensions());
+    if let Err(e) = node.door.caller(header, ip) {
+        return e.into_response();
+    }
     if let Err(e) = node.auth.admin(header, "GET /cluster needs an admin key") {
         return e.into_response();
     }

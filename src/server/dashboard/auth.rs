@@ -274,6 +274,17 @@ impl Door {
         }
     }
 
+    /// The caller an API key names, failures counted per client address as one server's
+    /// routers count them (a cluster node's front checks keys with it).
+    #[cfg(feature = "cluster")]
+    pub(crate) fn caller(
+        &self,
+        header: Option<&str>,
+        ip: Option<std::net::IpAddr>,
+    ) -> crate::server::ApiResult<(String, crate::server::Role)> {
+        crate::server::throttled_caller(&self.auth, &self.throttle, header, ip)
+    }
+
     /// The sign-ins behind this door (a cluster node lends them to the partitions it owns).
     #[cfg(feature = "cluster")]
     pub(crate) fn logins(&self) -> Arc<Logins> {
