@@ -385,6 +385,30 @@ fn a_cluster_without_tls_or_its_own_credential_is_refused() {
     );
 }
 
+/// A process `spawn` starts listening at the address it returns, spawned again (on the new
+/// port `spawn` picks) while it exits first: another test took the port between its
+/// choosing and the process binding it. Its `T` (the port or address) is returned with it.
+fn started<T>(
+    spawn: impl Fn() -> (std::process::Child, T, std::net::SocketAddr),
+) -> (std::process::Child, T) {
+    for _ in 0..5 {
+        let (mut child, value, addr) = spawn();
+        let until = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < until {
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return (child, value);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    panic!("a process did not start listening in five attempts");
+}
+
 /// A node reaches NATS over TLS with a user of its own, as README "Securing the cluster"
 /// configures it: one TLS-only NATS server on loopback (a certificate authority and a
 /// server certificate made with openssl for the test), `tls://` URL, `tls_ca`, `user` and
@@ -462,26 +486,33 @@ fn a_node_reaches_nats_over_tls_with_a_user_of_its_own() {
         "-out",
         "server.pem",
     ]);
-    let port = harness::free_port();
-    let conf = d.join("nats.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "listen: 127.0.0.1:{port}\nmax_payload: 8MB\n\
-             tls {{ cert_file: \"{d}/server.pem\", key_file: \"{d}/server-key.pem\", timeout: 2 }}\n\
-             authorization {{ users: [ {{ user: node0, password: \"node0-secret\" }} ] }}\n\
-             jetstream {{ store_dir: \"{d}/js\" }}\n",
-            d = d.display()
-        ),
-    )
-    .unwrap();
-    let mut nats = std::process::Command::new(&nats_bin)
-        .arg("-c")
-        .arg(&conf)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(d.join("nats.log")).unwrap())
-        .spawn()
+    // On a free port, chosen again if another test took it first (the server then exits).
+    let spawn_nats = |port: u16| {
+        let conf = d.join("nats.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "listen: 127.0.0.1:{port}\nmax_payload: 8MB\n\
+                 tls {{ cert_file: \"{d}/server.pem\", key_file: \"{d}/server-key.pem\", timeout: 2 }}\n\
+                 authorization {{ users: [ {{ user: node0, password: \"node0-secret\" }} ] }}\n\
+                 jetstream {{ store_dir: \"{d}/js\" }}\n",
+                d = d.display()
+            ),
+        )
         .unwrap();
+        std::process::Command::new(&nats_bin)
+            .arg("-c")
+            .arg(&conf)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(d.join("nats.log")).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let (mut nats, port) = started(|| {
+        let port = harness::free_port();
+        let child = spawn_nats(port);
+        (child, port, format!("127.0.0.1:{port}").parse().unwrap())
+    });
     let config = d.join("node0.toml");
     std::fs::write(
         &config,
@@ -494,19 +525,22 @@ fn a_node_reaches_nats_over_tls_with_a_user_of_its_own() {
         ),
     )
     .unwrap();
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", harness::free_port())
-        .parse()
-        .unwrap();
-    let mut node = std::process::Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-        .args(["serve", "--cluster", "--addr", &addr.to_string(), "--data"])
-        .arg(d.join("data"))
-        .arg("--config")
-        .arg(&config)
-        .env("SB_TEST_NATS_PASSWORD", "node0-secret")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(d.join("node0.log")).unwrap())
-        .spawn()
-        .unwrap();
+    let (mut node, addr) = started(|| {
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{}", harness::free_port())
+            .parse()
+            .unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+            .args(["serve", "--cluster", "--addr", &addr.to_string(), "--data"])
+            .arg(d.join("data"))
+            .arg("--config")
+            .arg(&config)
+            .env("SB_TEST_NATS_PASSWORD", "node0-secret")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(d.join("node0.log")).unwrap())
+            .spawn()
+            .unwrap();
+        (child, addr, addr)
+    });
     // Until it owns its partitions and takes a write (the first ones may find the
     // partitions still being taken: 503, retried).
     let until = Instant::now() + Duration::from_secs(60);
