@@ -59,6 +59,16 @@ fn header_map(pairs: Vec<(String, Vec<u8>)>) -> HeaderMap {
     map
 }
 
+/// The headers of an owner's answer as the client gets them: all but `Set-Cookie`. Only
+/// the front's own sign-in and sign-out set cookies (`crate::server::served_by_front`), so
+/// an answer from across NATS that sets one is not the owner's work: it is never handed to
+/// a browser.
+fn answer_headers(pairs: Vec<(String, Vec<u8>)>) -> HeaderMap {
+    let mut map = header_map(pairs);
+    map.remove(axum::http::header::SET_COOKIE);
+    map
+}
+
 /// Forwards `request` to whoever owns `subject`'s partition, waiting through a takeover
 /// (nobody answering yet) until `deadline` passes.
 pub(super) async fn forward(
@@ -118,7 +128,7 @@ pub(super) async fn forward(
                     let mut response = Response::new(Body::from(answer.body));
                     *response.status_mut() =
                         StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
-                    *response.headers_mut() = header_map(answer.headers);
+                    *response.headers_mut() = answer_headers(answer.headers);
                     return response;
                 }
                 Err(e) => {
@@ -310,6 +320,19 @@ mod tests {
 
     fn resend(method: Method, path: &str, body: &str) -> bool {
         safe_to_resend(&method, path, &HeaderMap::new(), body.as_bytes())
+    }
+
+    #[test]
+    fn a_forwarded_answer_never_sets_a_cookie() {
+        let headers = answer_headers(vec![
+            ("content-type".into(), b"application/json".to_vec()),
+            ("set-cookie".into(), b"sb_session=forged; Path=/".to_vec()),
+            ("Set-Cookie".into(), b"another=1".to_vec()),
+            ("x-shadowbrain-node".into(), b"node1".to_vec()),
+        ]);
+        assert!(headers.get(axum::http::header::SET_COOKIE).is_none());
+        assert_eq!(headers["content-type"], "application/json");
+        assert_eq!(headers["x-shadowbrain-node"], "node1");
     }
 
     #[test]
