@@ -79,6 +79,25 @@ def reads():
     return json.loads(config.read_text())["max_seq_length"] if config.exists() else 256
 
 
+def padded(tokenizer, texts, pad):
+    """The texts' token ids as one batch padded with `pad` to the longest, and its mask."""
+    encodings = tokenizer.encode_batch(texts)
+    width = max(len(e.ids) for e in encodings)
+    ids = np.full((len(texts), width), pad, dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, e in enumerate(encodings):
+        ids[row, : len(e.ids)] = e.ids
+        mask[row, : len(e.ids)] = 1
+    return ids, mask
+
+
+def mean_pooled(hidden, mask):
+    """Unit vectors: the token vectors' mean under the mask."""
+    weights = mask[:, :, None].astype(np.float32)
+    pooled = (hidden * weights).sum(1) / weights.sum(1)
+    return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+
+
 class TorchEncoder:
     """PyTorch, float32, the installed model, as sentence-transformers runs it."""
 
@@ -96,21 +115,12 @@ class TorchEncoder:
         self.model = AutoModel.from_pretrained(str(model_dir())).eval()
 
     def embed(self, texts):
-        encodings = self.tokenizer.encode_batch(texts)
-        width = max(len(e.ids) for e in encodings)
-        pad = self.model.config.pad_token_id or 0
-        ids = np.full((len(texts), width), pad, dtype=np.int64)
-        mask = np.zeros_like(ids)
-        for row, e in enumerate(encodings):
-            ids[row, : len(e.ids)] = e.ids
-            mask[row, : len(e.ids)] = 1
+        ids, mask = padded(self.tokenizer, texts, self.model.config.pad_token_id or 0)
         with self.torch.inference_mode():
             hidden = self.model(
                 input_ids=self.torch.from_numpy(ids), attention_mask=self.torch.from_numpy(mask)
             ).last_hidden_state.numpy()
-        weights = mask[:, :, None].astype(np.float32)
-        pooled = (hidden * weights).sum(1) / weights.sum(1)
-        return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+        return mean_pooled(hidden, mask)
 
 
 class Encoder:
@@ -132,20 +142,12 @@ class Encoder:
 
     def embed(self, texts):
         """Unit vectors, mean-pooled under the attention mask, one padded batch."""
-        encodings = self.tokenizer.encode_batch(texts)
-        width = max(len(e.ids) for e in encodings)
-        ids = np.zeros((len(texts), width), dtype=np.int64)
-        mask = np.zeros_like(ids)
-        for row, e in enumerate(encodings):
-            ids[row, : len(e.ids)] = e.ids
-            mask[row, : len(e.ids)] = 1
+        ids, mask = padded(self.tokenizer, texts, 0)
         (hidden,) = self.session.run(
             None,
             {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)},
         )
-        weights = mask[:, :, None].astype(np.float32)
-        pooled = (hidden * weights).sum(1) / weights.sum(1)
-        return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+        return mean_pooled(hidden, mask)
 
 
 def texts_per_second(encoder, batches):

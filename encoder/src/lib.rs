@@ -508,9 +508,10 @@ fn product(
 /// `−(longest − 1)` at index 0, so a query's biases over its keys are one contiguous run.
 /// `weights` is the checkpoint's `[bucket][head]` table.
 fn relative_bias(weights: &[f32], buckets: usize, heads: usize, longest: usize) -> Vec<f32> {
-    let width = 2 * longest.max(1) - 1;
+    let longest = longest.max(1) as isize;
+    let width = (2 * longest - 1) as usize;
     let mut table = vec![0.0f32; heads * width];
-    for (index, distance) in (1 - longest.max(1) as isize..longest.max(1) as isize).enumerate() {
+    for (index, distance) in (1 - longest..longest).enumerate() {
         let bucket = relative_bucket(distance, buckets);
         for head in 0..heads {
             table[head * width + index] = weights[bucket * heads + head];

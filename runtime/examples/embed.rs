@@ -95,9 +95,9 @@ async fn run() {
             cache_entries: 0,
             ..EmbedderConfig::default()
         })
-        .expect("the local model (run scripts/install-model)")
     };
-    let embedder = local(precision(&arg("--precision", String::from("auto"))));
+    let embedder = local(precision(&arg("--precision", String::from("auto"))))
+        .expect("the local model (run scripts/install-model)");
     let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data");
     let (texts, queries, source): (Vec<String>, Vec<String>, &str) =
         match shadowbrain_runtime::eval::locomo::load(&shared.join("locomo/locomo10.json")) {
@@ -195,13 +195,7 @@ async fn run() {
             std::fs::write(Path::new(&dump_dir).join(name), lines).expect("writing a dump");
         }
     }
-    let float = build_embedder(&EmbedderConfig {
-        kind: EmbedderKind::Local,
-        precision: Precision::F32,
-        cache_entries: 0,
-        ..EmbedderConfig::default()
-    });
-    let cosines: Vec<f32> = match float {
+    let cosines: Vec<f32> = match local(Precision::F32) {
         Ok(float) => {
             let reference = float.embed_background(sample).await.unwrap();
             ours.iter()

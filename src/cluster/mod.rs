@@ -251,7 +251,8 @@ impl ClusterConfig {
                         .to_string(),
                 );
             }
-            if user_password.is_none() && !problems.iter().any(|p| p.contains("password_env")) {
+            // Half a credential (or an unset variable) is reported above already.
+            if self.user.is_none() && self.password_env.is_none() {
                 problems.push(
                     "no credential of this node's own: set user and password_env (a NATS \
                      user per node, README \"Securing the cluster\"), or, when every NATS \
