@@ -7,6 +7,10 @@
 //! cargo run --release --example cluster_bench -- --secs 30 --records 1000000
 //! ```
 //!
+//! The cluster runs secured as `docs/cluster/` says (TLS, a NATS user per node, sealed
+//! messages) and, for the cost of that, once more in plain text on loopback
+//! (`insecure_loopback`) with the same load in the same run.
+//!
 //! Reports, for each: CPU time per acknowledged event (shadowbrain and NATS), disk bytes and
 //! loopback bytes (NATS's own count, clients and routes) per event, and acknowledgement
 //! latency p50/p99/p99.9; then the extra latency of a request entering at a node that does
@@ -25,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use harness::{Harness, NODES, PARTITIONS, Written, cpu_time, disk_bytes, keys, request};
+use harness::{Harness, NODES, PARTITIONS, Security, Written, cpu_time, disk_bytes, keys, request};
 use serde_json::{Value, json};
 
 #[derive(Clone)]
@@ -360,6 +364,12 @@ fn main() {
         a.secs
     );
     let anchor = embedded(&a);
+    eprintln!("cluster in plain text on loopback (insecure_loopback):");
+    let plain = {
+        let h = Harness::start_as(Security::InsecureLoopback, &nats, &a.bin, &[], &[]);
+        cluster(&h, &a)
+    };
+    eprintln!("cluster secured as docs/cluster/ says (TLS, a user per node, seals):");
     let mut h = Harness::start(&nats, &a.bin, &[]);
     let clustered = cluster(&h, &a);
     let forwarding = non_owner_latency(&h);
@@ -444,6 +454,7 @@ fn main() {
         "load": {"writers": a.writers, "batch": a.batch, "pace_ms": a.pace_ms, "secs": a.secs},
         "embedded": anchor,
         "cluster": clustered,
+        "cluster_insecure_loopback": plain,
         "forwarding": forwarding,
         "catch_up": {"events": behind, "secs": catch_up.as_secs_f64(), "events_per_s": behind as f64 / catch_up.as_secs_f64()},
         "big_failover": {"partitions": owned_before, "records": a.records, "secs": failover.as_secs_f64()},

@@ -181,6 +181,37 @@ impl Auth {
     }
 }
 
+/// Who sent a request, as the cluster node the client reached verified it (an API key, or
+/// a dashboard sign-in), with the throttle of one server. The partition's owner trusts it
+/// instead of credentials, which never cross NATS (`crate::cluster`): only a node puts it
+/// in a request's extensions, once the seal it came with verified.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize)]
+pub(crate) struct Verified {
+    /// The caller's namespace.
+    pub(crate) namespace: String,
+    /// Whether the caller holds an admin key.
+    pub(crate) admin: bool,
+    /// The hex SHA-256 of the caller's key (empty while no keys are configured).
+    pub(crate) key: String,
+    /// The client's address as the front saw it.
+    pub(crate) client: Option<std::net::IpAddr>,
+    /// For a dashboard page: the token the visitor's forms carry, and whether they signed
+    /// in with a key.
+    pub(crate) viewer: Option<(String, bool)>,
+}
+
+impl Verified {
+    /// The caller's namespace and role.
+    fn caller(&self) -> (String, Role) {
+        let role = if self.admin {
+            Role::Admin
+        } else {
+            Role::Tenant
+        };
+        (self.namespace.clone(), role)
+    }
+}
+
 /// Failed authentications counted per client address: past [`AUTH_FAILURES`] in
 /// [`AUTH_WINDOW`], every request from the address that fails authentication is answered
 /// 429 `too_many_failed_auth` until the window ends, so wrong keys are not answered at
@@ -242,7 +273,7 @@ impl AuthThrottle {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -254,7 +285,7 @@ pub(crate) fn digest(text: &str) -> String {
 
 /// The key an `Authorization` header carries, trimmed. The scheme is case-insensitive (RFC
 /// 9110 §11.1): `bearer` is as good as `Bearer`.
-fn bearer_token(authorization: Option<&str>) -> Option<&str> {
+pub(crate) fn bearer_token(authorization: Option<&str>) -> Option<&str> {
     let (scheme, token) = authorization?.trim_start().split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")
@@ -272,6 +303,9 @@ fn valid_namespace(ns: &str) -> bool {
 /// The caller's namespace and role (see [`Auth::caller`]), with failed attempts counted
 /// per client address and refused with 429 once there are too many ([`AuthThrottle`]).
 fn authenticate(parts: &Parts, s: &AppState) -> ApiResult<(String, Role)> {
+    if let Some(verified) = parts.extensions.get::<Verified>() {
+        return Ok(verified.caller());
+    }
     let header = parts
         .headers
         .get(AUTHORIZATION)
@@ -309,6 +343,9 @@ pub(crate) fn client_ip(parts: &Parts) -> Option<std::net::IpAddr> {
 
 /// [`client_ip`] from a request's extensions.
 pub(crate) fn client_ip_in(extensions: &axum::http::Extensions) -> Option<std::net::IpAddr> {
+    if let Some(verified) = extensions.get::<Verified>() {
+        return verified.client;
+    }
     extensions
         .get::<crate::listen::Client>()
         .map(|c| c.ip)
@@ -606,15 +643,18 @@ async fn mcp_caller(State(s): State<AppState>, request: Request, next: Next) -> 
         Ok((namespace, _)) => {
             let ending = parts.method == axum::http::Method::DELETE;
             // Who opened a session, by the SHA-256 of its key (none when keys are off).
-            let key = digest(
-                bearer_token(
-                    parts
-                        .headers
-                        .get(AUTHORIZATION)
-                        .and_then(|v| v.to_str().ok()),
-                )
-                .unwrap_or_default(),
-            );
+            let key = match parts.extensions.get::<Verified>() {
+                Some(verified) => verified.key.clone(),
+                None => digest(
+                    bearer_token(
+                        parts
+                            .headers
+                            .get(AUTHORIZATION)
+                            .and_then(|v| v.to_str().ok()),
+                    )
+                    .unwrap_or_default(),
+                ),
+            };
             let session = parts
                 .headers
                 .get("mcp-session-id")

@@ -385,225 +385,249 @@ fn a_cluster_without_tls_or_its_own_credential_is_refused() {
     );
 }
 
-/// A process `spawn` starts listening at the address it returns, spawned again (on the new
-/// port `spawn` picks) while it exits first: another test took the port between its
-/// choosing and the process binding it. Its `T` (the port or address) is returned with it.
-fn started<T>(
-    spawn: impl Fn() -> (std::process::Child, T, std::net::SocketAddr),
-) -> (std::process::Child, T) {
-    for _ in 0..5 {
-        let (mut child, value, addr) = spawn();
-        let until = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < until {
-            if child.try_wait().unwrap().is_some() {
-                break;
-            }
-            if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                return (child, value);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    panic!("a process did not start listening in five attempts");
-}
-
-/// A node reaches NATS over TLS with a user of its own, as README "Securing the cluster"
-/// configures it: one TLS-only NATS server on loopback (a certificate authority and a
-/// server certificate made with openssl for the test), `tls://` URL, `tls_ca`, `user` and
-/// `password_env`. The node serves writes; NATS refuses a client in plain text and one
-/// with the wrong password.
+/// The attacks an unsecured cluster fell to, made through the binaries against a cluster
+/// configured as `docs/cluster/` says (the harness's default), each refused:
+///
+/// - who may connect: plain text, no user and a wrong password are refused, and a user of
+///   another account sees none of the cluster's traffic and reaches none of its subjects;
+/// - credentials in clear: a thief holding a node's NATS password (not the cluster
+///   secret) subscribes to `sb.rpc.>` and captures forwarded requests: neither the API key
+///   nor the dashboard cookie is in them, and replaying one is refused;
+/// - a forged admin sign-in written to the sign-ins bucket signs nobody in;
+/// - lease theft and impersonation: the thief rewrites the partition's lease and answers
+///   its forwarded requests; no forged answer reaches a client (they get 502
+///   `bad_forward_answer`), and the partition serves again once the thief stops;
+/// - log poisoning: garbage and a well-formed but unsealed entry in the partition's log
+///   neither stop the partition nor write a key.
 #[test]
-fn a_node_reaches_nats_over_tls_with_a_user_of_its_own() {
+fn the_attacks_on_the_cluster_are_refused() {
+    use crate::dashboard::{Site, cookie_of};
+    use futures::StreamExt;
     let Some(nats_bin) = harness::nats_server() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let openssl = |args: &[&str]| {
-        let out = std::process::Command::new("openssl")
-            .args(args)
-            .current_dir(d)
-            .output()
-            .expect("openssl, to make the test's certificates");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=shadowbrain test CA",
-        "-keyout",
-        "ca-key.pem",
-        "-out",
-        "ca.pem",
-    ]);
-    openssl(&[
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-subj",
-        "/CN=nats",
-        "-keyout",
-        "server-key.pem",
-        "-out",
-        "server.csr",
-    ]);
-    std::fs::write(
-        d.join("san.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca-key.pem",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        "san.ext",
-        "-out",
-        "server.pem",
-    ]);
-    // On a free port, chosen again if another test took it first (the server then exits).
-    let spawn_nats = |port: u16| {
-        let conf = d.join("nats.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "listen: 127.0.0.1:{port}\nmax_payload: 8MB\n\
-                 tls {{ cert_file: \"{d}/server.pem\", key_file: \"{d}/server-key.pem\", timeout: 2 }}\n\
-                 authorization {{ users: [ {{ user: node0, password: \"node0-secret\" }} ] }}\n\
-                 jetstream {{ store_dir: \"{d}/js\" }}\n",
-                d = d.display()
-            ),
-        )
-        .unwrap();
-        std::process::Command::new(&nats_bin)
-            .arg("-c")
-            .arg(&conf)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(d.join("nats.log")).unwrap())
-            .spawn()
-            .unwrap()
-    };
-    let (mut nats, port) = started(|| {
-        let port = harness::free_port();
-        let child = spawn_nats(port);
-        (child, port, format!("127.0.0.1:{port}").parse().unwrap())
-    });
-    let config = d.join("node0.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[embedder]\nkind = \"hash\"\n\n[[auth.keys]]\nsha256 = \"{}\"\nnamespace = \"alpha\"\n\n\
-             [cluster]\nurls = [\"tls://127.0.0.1:{port}\"]\nnode = \"node0\"\npartitions = 2\n\
-             replicas = 1\ntls_ca = \"{}\"\nuser = \"node0\"\npassword_env = \"SB_TEST_NATS_PASSWORD\"\n",
-            harness::sha256_hex("alpha-key"),
-            d.join("ca.pem").display()
-        ),
-    )
-    .unwrap();
-    let (mut node, addr) = started(|| {
-        let addr: std::net::SocketAddr = format!("127.0.0.1:{}", harness::free_port())
-            .parse()
-            .unwrap();
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-            .args(["serve", "--cluster", "--addr", &addr.to_string(), "--data"])
-            .arg(d.join("data"))
-            .arg("--config")
-            .arg(&config)
-            .env("SB_TEST_NATS_PASSWORD", "node0-secret")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(d.join("node0.log")).unwrap())
-            .spawn()
-            .unwrap();
-        (child, addr, addr)
-    });
-    // Until it owns its partitions and takes a write (the first ones may find the
-    // partitions still being taken: 503, retried).
-    let until = Instant::now() + Duration::from_secs(60);
-    let mut last;
-    let written = loop {
-        let answer = harness::request(
-            addr,
-            "POST",
-            "/v1/sessions/s1/events",
-            Some("alpha-key"),
-            Some(r#"{"events":[{"kind":"observation","text":"written through TLS"}]}"#),
-            None,
-        );
-        match answer {
-            Ok((201, body, _)) => break body,
-            other => last = format!("{other:?}"),
-        }
-        if node.try_wait().unwrap().is_some() || Instant::now() > until {
-            let _ = nats.kill();
-            let log = std::fs::read_to_string(d.join("node0.log")).unwrap_or_default();
-            panic!("the node did not take a write over TLS: {last}\n{log}");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert_eq!(
-        written["ids"].as_array().map(Vec::len),
-        Some(1),
-        "{written}"
-    );
-    let tokio = tokio::runtime::Builder::new_current_thread()
+    let mut h = Harness::start(&nats_bin, env!("CARGO_BIN_EXE_shadowbrain").as_ref(), &[]);
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    let plain = tokio.block_on(async {
-        tokio::time::timeout(
-            Duration::from_secs(10),
-            async_nats::ConnectOptions::with_user_and_password(
-                "node0".into(),
-                "node0-secret".into(),
-            )
-            .connect(format!("nats://127.0.0.1:{port}")),
-        )
-        .await
+    let (ns, key) = harness::keys().into_iter().next().unwrap();
+    let p = shadowbrain::cluster::partition_of(&ns, PARTITIONS);
+    let owner_name = h.owners()[&p].clone();
+    let front = (0..NODES).find(|&i| h.nodes[i].name != owner_name).unwrap();
+    let site = Site::at(h.nodes[front].addr);
+    let access = h.nats_urls();
+    let rpc = format!("sb.rpc.{p:03}");
+    let log = format!("sb.log.{p:03}");
+    let within = |limit: Duration| tokio::time::sleep(limit);
+
+    tokio.block_on(async {
+        // Who may connect.
+        let plain = harness::NatsAccess {
+            urls: access.urls.iter().map(|u| u.replace("tls://", "nats://")).collect(),
+            ca: None,
+            ..access.as_user(Some(("node0", &harness::node_password(0))))
+        };
+        let password = harness::node_password(0);
+        for (what, attempt) in [
+            ("plain text", plain),
+            ("no user", access.as_user(None)),
+            ("a wrong password", access.as_user(Some(("node0", "guess")))),
+            ("a node's password for another node", access.as_user(Some(("node1", &password)))),
+        ] {
+            let got = tokio::time::timeout(Duration::from_secs(10), attempt.connect()).await;
+            assert!(!matches!(got, Ok(Ok(_))), "{what} was let in");
+        }
+        let other = access
+            .as_user(Some(("other", harness::OTHER_PASSWORD)))
+            .connect()
+            .await
+            .unwrap();
+        let mut other_sees = other.subscribe(">").await.unwrap();
+        let thief = access
+            .as_user(Some(("node2", &harness::node_password(2))))
+            .connect()
+            .await
+            .unwrap();
+        let mut captured = thief.subscribe(rpc.clone()).await.unwrap();
+        thief.flush().await.unwrap();
+
+        // Traffic with a key and a cookie, through a node that forwards it to the owner.
+        site.write(Some(&key), "attacked", &["the eu-1 runner is down since Monday"])
+            .await;
+        let login = site
+            .post("/ui/login", None, &[("key", &key), ("next", "/ui/sessions")])
+            .await;
+        assert_eq!(login.status, 303, "{}", login.body);
+        let cookie = cookie_of(&login);
+        let page = site.get("/ui/sessions", Some(&cookie)).await;
+        assert_eq!(page.status, 200, "{}", page.body);
+        assert_eq!(page.header("x-shadowbrain-node"), owner_name);
+        let token = cookie.split_once('=').unwrap().1.to_string();
+        let mut requests = Vec::new();
+        while let Ok(Some(m)) =
+            tokio::time::timeout(Duration::from_secs(1), captured.next()).await
+        {
+            requests.push(m);
+        }
+        assert!(
+            requests.len() >= 2,
+            "the thief captured {} forwarded requests; the test needs some",
+            requests.len()
+        );
+        let holds = |hay: &[u8], needle: &str| {
+            hay.windows(needle.len()).any(|w| w == needle.as_bytes())
+        };
+        for m in &requests {
+            assert!(!holds(&m.payload, &key), "an API key crossed NATS");
+            assert!(!holds(&m.payload, &token), "a dashboard cookie crossed NATS");
+            assert!(holds(&m.payload, "/v1/") || holds(&m.payload, "/ui/"));
+        }
+        // A captured request sent again is answered with nothing the front would accept.
+        let replayed = thief
+            .request(rpc.clone(), requests[0].payload.clone())
+            .await
+            .unwrap();
+        assert_eq!(&replayed.payload[..], b"refused");
+        drop(captured);
+
+        // Another account saw nothing of it, and what it publishes reaches nothing.
+        let before = harness::log_ends(&access, PARTITIONS).await;
+        other.publish(log.clone(), "poison".into()).await.unwrap();
+        other.publish("$KV.sb_leases.p000", "other".into()).await.unwrap();
+        other.flush().await.unwrap();
+        while let Ok(Some(m)) =
+            tokio::time::timeout(Duration::from_millis(500), other_sees.next()).await
+        {
+            assert!(
+                m.subject.as_str() == log || m.subject.as_str() == "$KV.sb_leases.p000",
+                "another account saw the cluster's {}",
+                m.subject
+            );
+        }
+        assert_eq!(harness::log_ends(&access, PARTITIONS).await, before);
+
+        // A forged admin sign-in.
+        let js = async_nats::jetstream::new(thief.clone());
+        let sign_ins = js.get_key_value("sb_signins").await.unwrap();
+        let forged = serde_json::json!({
+            "namespace": "ops", "admin": true, "csrf": "x", "key": "",
+            "expires": std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 3600,
+        });
+        sign_ins
+            .put(harness::sha256_hex("forged-token"), forged.to_string().into())
+            .await
+            .unwrap();
+        for i in 0..NODES {
+            let page = Site::at(h.nodes[i].addr)
+                .get("/ui/", Some("shadowbrain_ui=forged-token"))
+                .await;
+            assert_eq!(page.status, 401, "a forged sign-in let node{i} in: {}", page.body);
+            assert!(page.body.contains("Sign in to shadowbrain"));
+        }
+        // The genuine sign-in still works, everywhere.
+        let page = Site::at(h.nodes[front].addr).get("/ui/sessions", Some(&cookie)).await;
+        assert_eq!(page.status, 200, "{}", page.body);
+
+        // Lease theft and impersonation, for a few lease lifetimes.
+        let leases = js.get_key_value("sb_leases").await.unwrap();
+        let mut impostor = thief
+            .queue_subscribe(rpc.clone(), "owners".into())
+            .await
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let attack = {
+            let (thief, stop) = (thief.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut answered = 0;
+                let mut tick = tokio::time::interval(Duration::from_millis(400));
+                while !stop.load(Ordering::SeqCst) {
+                    tokio::select! {
+                        _ = tick.tick() => {
+                            let _ = leases.put(format!("p{p:03}"), "thief".into()).await;
+                        }
+                        Some(m) = impostor.next() => {
+                            if let Some(reply) = m.reply {
+                                let forged = "HTTP/1.1 200 OK\r\nSet-Cookie: shadowbrain_ui=forged\r\n\r\n{\"forged\":true}";
+                                let _ = thief.publish(reply, forged.into()).await;
+                                answered += 1;
+                            }
+                        }
+                    }
+                }
+                answered
+            })
+        };
+        let mut refused = 0;
+        let until = Instant::now() + 4 * LEASE_TTL;
+        while Instant::now() < until {
+            let answer = site
+                .keyed("GET", "/v1/sessions/attacked/timeline", Some(&key))
+                .await;
+            assert!(!answer.body.contains("forged"), "{}", answer.body);
+            assert!(answer.header("set-cookie").is_empty(), "a forwarded answer set a cookie");
+            if answer.status == 502 {
+                assert!(answer.body.contains("bad_forward_answer"), "{}", answer.body);
+                refused += 1;
+            }
+            within(Duration::from_millis(100)).await;
+        }
+        stop.store(true, Ordering::SeqCst);
+        let answered = attack.await.unwrap();
+        assert!(
+            answered > 0 && refused > 0,
+            "the impostor answered {answered} requests; clients were refused {refused} forged answers"
+        );
+
+        // Log poisoning: garbage and a well-formed entry that no node sealed.
+        let poison = shadowbrain::internals::encode_entry(&[shadowbrain::internals::Op::Put(
+            b"forged-key".to_vec(),
+            b"forged".to_vec(),
+        )]);
+        js.publish(log.clone(), vec![0u8; 13].into()).await.unwrap().await.unwrap();
+        js.publish(log.clone(), poison.into()).await.unwrap().await.unwrap();
     });
-    assert!(
-        !matches!(plain, Ok(Ok(_))),
-        "a client in plain text was let in"
-    );
-    let wrong = tokio.block_on(async {
-        tokio::time::timeout(
-            Duration::from_secs(10),
-            async_nats::ConnectOptions::with_user_and_password("node0".into(), "guess".into())
-                .require_tls(true)
-                .add_root_certificates(d.join("ca.pem"))
-                .connect(format!("tls://127.0.0.1:{port}")),
-        )
-        .await
-    });
-    assert!(!matches!(wrong, Ok(Ok(_))), "a wrong password was let in");
-    let _ = node.kill();
-    let _ = node.wait();
-    let _ = nats.kill();
-    let _ = nats.wait();
+
+    // The partition serves again (after the lease theft and the poisoned log).
+    let limit = recovery_limit();
+    let until = Instant::now() + limit;
+    loop {
+        let answer = harness::request(
+            h.nodes[front].addr,
+            "POST",
+            "/v1/sessions/attacked/events",
+            Some(&key),
+            Some(r#"{"events":[{"kind":"observation","text":"written after the attacks"}]}"#),
+            None,
+        );
+        if matches!(answer, Ok((201, _, _))) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the attacked partition did not take a write within {limit:?}: {answer:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Every copy of the partition passed the poisoned entries without writing them.
+    h.stop_nodes();
+    for node in &h.nodes {
+        let store = node
+            .data
+            .join("partitions")
+            .join(format!("p{p:03}"))
+            .join("store");
+        if store.exists() {
+            let copy = harness::contents(&store);
+            assert!(
+                !copy.contains_key(&b"forged-key"[..]),
+                "{} applied an unsealed log entry",
+                node.name
+            );
+        }
+    }
 }
 
 #[test]
@@ -723,6 +747,8 @@ fn the_python_mcp_sdk_and_http_work_through_any_node() {
         .arg(data.path())
         .arg("--config")
         .arg(&h.nodes[0].config)
+        .env("SB_NATS_PASSWORD", harness::node_password(0))
+        .env("SB_CLUSTER_SECRET", harness::CLUSTER_SECRET)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -3,6 +3,12 @@
 //! storage, `sync_interval: always`) and three `shadowbrain serve --cluster` nodes on
 //! 127.0.0.1 as child processes, paced writers that record every acknowledgement, and
 //! readers of what the cluster stored and logged.
+//!
+//! Secured ([`Security::Secured`], the default) the servers and nodes run the example
+//! configuration of `docs/cluster/` as the README tells an operator to: certificates from
+//! `make-certs.sh`, `nats-server.conf` with `shadowbrain.conf` (TLS, an account, a user and
+//! permissions per node), `node.toml` (TLS, its user, the cluster secret); only the lines
+//! those files mark "per server" or "per node" are changed.
 // Each includer uses a part of it.
 #![allow(dead_code)]
 
@@ -94,8 +100,111 @@ pub fn keys() -> Vec<(String, String)> {
 }
 pub const ADMIN: &str = "the-admin-key";
 
+/// How the harness's NATS servers and nodes are configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Security {
+    /// As `docs/cluster/` says: TLS, a NATS user and permissions per node, the cluster
+    /// secret.
+    Secured,
+    /// Plain text, no users, no secret (`insecure_loopback = true`).
+    InsecureLoopback,
+}
+
+/// The passwords of the secured configuration's NATS users (the environment variables
+/// `docs/cluster/shadowbrain.conf` reads) and the nodes' cluster secret.
+pub const OPERATOR_PASSWORD: &str = "operator-password-of-the-harness";
+pub const OTHER_PASSWORD: &str = "other-password-of-the-harness";
+pub const CLUSTER_SECRET: &str = "the-harness-cluster-secret-of-at-least-32-bytes";
+
+/// The password of node `i`'s NATS user.
+pub fn node_password(i: usize) -> String {
+    format!("node{i}-password-of-the-harness")
+}
+
+/// How to reach the harness's NATS servers as one of its users.
+#[derive(Debug, Clone)]
+pub struct NatsAccess {
+    pub urls: Vec<String>,
+    /// The CA of the servers' certificates, when they speak TLS.
+    pub ca: Option<PathBuf>,
+    /// A user and password, when the servers want one.
+    pub user: Option<(String, String)>,
+}
+
+impl NatsAccess {
+    /// The same servers as another user (or none).
+    pub fn as_user(&self, user: Option<(&str, &str)>) -> NatsAccess {
+        NatsAccess {
+            user: user.map(|(u, p)| (u.to_string(), p.to_string())),
+            ..self.clone()
+        }
+    }
+
+    pub async fn connect(&self) -> Result<async_nats::Client, async_nats::ConnectError> {
+        let addrs: Vec<async_nats::ServerAddr> =
+            self.urls.iter().map(|u| u.parse().unwrap()).collect();
+        let mut options = async_nats::ConnectOptions::new()
+            .connection_timeout(Duration::from_secs(5))
+            .ignore_discovered_servers();
+        if let Some(ca) = &self.ca {
+            options = options.require_tls(true).add_root_certificates(ca.clone());
+        }
+        if let Some((user, password)) = &self.user {
+            options = options.user_and_password(user.clone(), password.clone());
+        }
+        options.connect(addrs).await
+    }
+}
+
+/// A file of `docs/cluster/`.
+pub fn cluster_doc(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("docs/cluster")
+        .join(name)
+}
+
+/// `text` with the value of each line marked `# {mark}` whose key is a key of `values`
+/// replaced (in order of appearance, for keys that appear twice), and every such key
+/// used: a change to the example that the harness no longer matches fails here.
+fn per_line(text: &str, mark: &str, values: &[(&str, String)]) -> String {
+    let mut used = vec![false; values.len()];
+    let mut out = String::new();
+    for line in text.lines() {
+        let key = line
+            .trim_start()
+            .split([':', ' ', '='])
+            .next()
+            .unwrap_or("");
+        let slot = line
+            .contains(&format!("# {mark}"))
+            .then(|| {
+                values
+                    .iter()
+                    .enumerate()
+                    .position(|(i, (k, _))| *k == key && !used[i])
+            })
+            .flatten();
+        match slot {
+            Some(i) => {
+                used[i] = true;
+                out.push_str(&values[i].1);
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    for (i, (k, _)) in values.iter().enumerate() {
+        assert!(
+            used[i],
+            "no line `{k}` marked `# {mark}` left in the example to set"
+        );
+    }
+    out
+}
+
 pub struct Harness {
     pub dir: tempfile::TempDir,
+    pub security: Security,
     pub bin: PathBuf,
     pub nats_bin: PathBuf,
     pub nats: Vec<Nats>,
@@ -108,7 +217,7 @@ pub struct Harness {
 
 /// Three NATS servers' configurations on fresh ports (routes, clients, monitoring), in
 /// the cluster `cluster`.
-fn nats_servers(dir: &Path, cluster: &str) -> Vec<Nats> {
+fn nats_servers(dir: &Path, cluster: &str, security: Security) -> Vec<Nats> {
     let mut ports = free_ports(9).into_iter();
     let routes: Vec<u16> = ports.by_ref().take(3).collect();
     let route_list = routes
@@ -122,17 +231,48 @@ fn nats_servers(dir: &Path, cluster: &str) -> Vec<Nats> {
         let http = ports.next().unwrap();
         let name = format!("nats{i}");
         let conf = dir.join(format!("{name}.conf"));
+        let others = routes
+            .iter()
+            .filter(|p| *p != route)
+            .map(|p| format!("\"nats-route://127.0.0.1:{p}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let secured = (security == Security::Secured).then(|| {
+            let example = std::fs::read_to_string(cluster_doc("nats-server.conf")).unwrap();
+            let example = per_line(
+                &example,
+                "per server",
+                &[
+                    ("server_name", format!("server_name: {name}")),
+                    ("listen", format!("listen: 127.0.0.1:{port}")),
+                    ("http", format!("http: 127.0.0.1:{http}")),
+                    (
+                        "store_dir",
+                        format!("  store_dir: \"{}\"", dir.join(&name).display()),
+                    ),
+                    ("listen", format!("  listen: 127.0.0.1:{route}")),
+                    ("routes", format!("  routes: [{others}]")),
+                ],
+            );
+            // A cluster name of this harness's own (see `start_with`).
+            let named = example.replace("  name: shadowbrain\n", &format!("  name: {cluster}\n"));
+            assert_ne!(
+                named, example,
+                "the example names its cluster `shadowbrain`"
+            );
+            named
+        });
         // Pings every second, two missed: a paused client's subscriptions go within
         // seconds, not the default two minutes.
         std::fs::write(
             &conf,
-            format!(
+            secured.unwrap_or_else(|| format!(
                 "server_name: {name}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{http}\n\
                  max_payload: 8MB\nping_interval: \"1s\"\nping_max: 2\n\
                  jetstream {{ store_dir: \"{}\", sync_interval: always }}\n\
                  cluster {{ name: {cluster}, listen: 127.0.0.1:{route}, routes: [{route_list}] }}\n",
                 dir.join(&name).display()
-            ),
+            )),
         )
         .unwrap();
         nats.push(Nats {
@@ -152,9 +292,18 @@ fn spawn_nats(bin: &Path, dir: &Path, n: &Nats) -> Child {
         .append(true)
         .open(dir.join(format!("{}.log", n.name)))
         .unwrap();
+    // In the directory of the TLS files and `shadowbrain.conf`, which the example names
+    // relative to it; with the passwords it reads from the environment.
+    let mut passwords: Vec<(String, String)> = (0..NODES)
+        .map(|i| (format!("SB_NODE{i}_PASSWORD"), node_password(i)))
+        .collect();
+    passwords.push(("SB_OPERATOR_PASSWORD".into(), OPERATOR_PASSWORD.into()));
+    passwords.push(("SB_OTHER_PASSWORD".into(), OTHER_PASSWORD.into()));
     Command::new(bin)
         .arg("-c")
         .arg(&n.conf)
+        .current_dir(dir)
+        .envs(passwords)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -196,7 +345,36 @@ impl Harness {
 
     /// [`Harness::start`], with `args` added to every node's `serve` command.
     pub fn start_with(nats_bin: &Path, bin: &Path, env: &[(&str, &str)], args: &[&str]) -> Harness {
+        Harness::start_as(Security::Secured, nats_bin, bin, env, args)
+    }
+
+    /// [`Harness::start_with`], configured as `security` says.
+    pub fn start_as(
+        security: Security,
+        nats_bin: &Path,
+        bin: &Path,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Harness {
         let dir = tempfile::tempdir().unwrap();
+        if security == Security::Secured {
+            let made = Command::new("sh")
+                .arg(cluster_doc("make-certs.sh"))
+                .arg(dir.path())
+                .output()
+                .expect("sh runs docs/cluster/make-certs.sh");
+            assert!(
+                made.status.success(),
+                "docs/cluster/make-certs.sh (needs openssl, which scripts/install-nats-server \
+                 installs): {}",
+                String::from_utf8_lossy(&made.stderr)
+            );
+            std::fs::copy(
+                cluster_doc("shadowbrain.conf"),
+                dir.path().join("shadowbrain.conf"),
+            )
+            .unwrap();
+        }
         // A NATS cluster name of this harness's own: another harness's servers (tests run
         // in parallel) can never route into this cluster.
         let cluster: String = dir
@@ -210,7 +388,7 @@ impl Harness {
         let cluster = format!("sb{cluster}");
         let mut nats = Vec::new();
         for attempt in 1.. {
-            nats = nats_servers(dir.path(), &cluster);
+            nats = nats_servers(dir.path(), &cluster, security);
             for n in &mut nats {
                 n.child = Some(spawn_nats(nats_bin, dir.path(), n));
             }
@@ -232,9 +410,13 @@ impl Harness {
             );
         }
         let mut ports = free_ports(NODES).into_iter();
+        let scheme = match security {
+            Security::Secured => "tls",
+            Security::InsecureLoopback => "nats",
+        };
         let urls = nats
             .iter()
-            .map(|n| format!("\"nats://127.0.0.1:{}\"", n.port))
+            .map(|n| format!("\"{scheme}://127.0.0.1:{}\"", n.port))
             .collect::<Vec<_>>()
             .join(", ");
         let mut auth = String::new();
@@ -252,12 +434,39 @@ impl Harness {
         for i in 0..NODES {
             let name = format!("node{i}");
             let config = dir.path().join(format!("{name}.toml"));
+            let cluster = match security {
+                Security::Secured => {
+                    let example = std::fs::read_to_string(cluster_doc("node.toml")).unwrap();
+                    per_line(
+                        &example,
+                        "per node",
+                        &[
+                            ("node", format!("node = \"{name}\"")),
+                            ("user", format!("user = \"{name}\"")),
+                        ],
+                    )
+                    .lines()
+                    .map(|line| {
+                        if line.starts_with("urls = ") {
+                            format!("urls = [{urls}]")
+                        } else if line.starts_with("tls_ca = ") {
+                            format!("tls_ca = \"{}\"", dir.path().join("ca.pem").display())
+                        } else {
+                            line.to_string()
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+                }
+                Security::InsecureLoopback => format!(
+                    "[cluster]\nurls = [{urls}]\nnode = \"{name}\"\ninsecure_loopback = true"
+                ),
+            };
             std::fs::write(
                 &config,
                 format!(
-                    "[embedder]\nkind = \"hash\"\n\n{auth}\n[cluster]\nurls = [{urls}]\n\
-                     node = \"{name}\"\npartitions = {PARTITIONS}\nlease_ttl = \"{}s\"\n\
-                     insecure_loopback = true\n",
+                    "[embedder]\nkind = \"hash\"\n\n{auth}\n{cluster}\npartitions = {PARTITIONS}\n\
+                     lease_ttl = \"{}s\"\n",
                     LEASE_TTL.as_secs()
                 ),
             )
@@ -274,6 +483,7 @@ impl Harness {
         }
         let mut h = Harness {
             dir,
+            security,
             bin: bin.to_path_buf(),
             nats_bin: nats_bin.to_path_buf(),
             nats,
@@ -346,6 +556,9 @@ impl Harness {
             .arg(&n.config)
             .args(&self.args)
             .env("RUST_LOG", "info,async_nats=warn")
+            // What docs/cluster/node.toml names: this node's NATS password, the secret.
+            .env("SB_NATS_PASSWORD", node_password(i))
+            .env("SB_CLUSTER_SECRET", CLUSTER_SECRET)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log)
@@ -477,12 +690,22 @@ impl Harness {
             .collect()
     }
 
-    pub fn nats_urls(&self) -> Vec<String> {
-        self.nats
-            .iter()
-            .filter(|n| n.child.is_some())
-            .map(|n| format!("nats://127.0.0.1:{}", n.port))
-            .collect()
+    /// The running NATS servers, as the operator user of the secured configuration.
+    pub fn nats_urls(&self) -> NatsAccess {
+        let secured = self.security == Security::Secured;
+        NatsAccess {
+            urls: self
+                .nats
+                .iter()
+                .filter(|n| n.child.is_some())
+                .map(|n| match secured {
+                    true => format!("tls://127.0.0.1:{}", n.port),
+                    false => format!("nats://127.0.0.1:{}", n.port),
+                })
+                .collect(),
+            ca: secured.then(|| self.dir.path().join("ca.pem")),
+            user: secured.then(|| ("operator".to_string(), OPERATOR_PASSWORD.to_string())),
+        }
     }
 }
 
@@ -721,9 +944,8 @@ pub fn stored(h: &Harness, w: &Written) -> Vec<u64> {
 
 /// Every partition's log: (entries, whether its epochs never went backwards, the first
 /// place they did).
-pub async fn epochs(urls: &[String], partitions: u16) -> BTreeMap<u16, (u64, Option<String>)> {
-    let addrs: Vec<async_nats::ServerAddr> = urls.iter().map(|u| u.parse().unwrap()).collect();
-    let client = async_nats::connect(addrs).await.unwrap();
+pub async fn epochs(nats: &NatsAccess, partitions: u16) -> BTreeMap<u16, (u64, Option<String>)> {
+    let client = nats.connect().await.unwrap();
     let js = async_nats::jetstream::new(client);
     let mut out = BTreeMap::new();
     for p in 0..partitions {
@@ -761,9 +983,8 @@ pub async fn epochs(urls: &[String], partitions: u16) -> BTreeMap<u16, (u64, Opt
 }
 
 /// The NATS server leading most partition streams.
-pub async fn busiest_leader(urls: &[String]) -> String {
-    let addrs: Vec<async_nats::ServerAddr> = urls.iter().map(|u| u.parse().unwrap()).collect();
-    let js = async_nats::jetstream::new(async_nats::connect(addrs).await.unwrap());
+pub async fn busiest_leader(nats: &NatsAccess) -> String {
+    let js = async_nats::jetstream::new(nats.connect().await.unwrap());
     let mut count: BTreeMap<String, usize> = BTreeMap::new();
     for p in 0..PARTITIONS {
         let mut s = js.get_stream(format!("SB_P{p:03}")).await.unwrap();
@@ -839,9 +1060,8 @@ pub fn disk_bytes(dir: &Path) -> u64 {
 }
 
 /// Every entry of partition `p`'s log: (position, bytes).
-pub async fn read_log(urls: &[String], p: u16) -> Vec<(u64, Vec<u8>)> {
-    let addrs: Vec<async_nats::ServerAddr> = urls.iter().map(|u| u.parse().unwrap()).collect();
-    let js = async_nats::jetstream::new(async_nats::connect(addrs).await.unwrap());
+pub async fn read_log(nats: &NatsAccess, p: u16) -> Vec<(u64, Vec<u8>)> {
+    let js = async_nats::jetstream::new(nats.connect().await.unwrap());
     let mut stream = js.get_stream(format!("SB_P{p:03}")).await.unwrap();
     let end = stream.info().await.unwrap().state.last_sequence;
     let mut out = Vec::new();
@@ -878,9 +1098,8 @@ pub fn contents(store: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
 
 /// Where each partition's log ends (its stream's last sequence), from the streams' state
 /// alone: nothing of the logs is read.
-pub async fn log_ends(urls: &[String], partitions: u16) -> BTreeMap<u16, u64> {
-    let addrs: Vec<async_nats::ServerAddr> = urls.iter().map(|u| u.parse().unwrap()).collect();
-    let js = async_nats::jetstream::new(async_nats::connect(addrs).await.unwrap());
+pub async fn log_ends(nats: &NatsAccess, partitions: u16) -> BTreeMap<u16, u64> {
+    let js = async_nats::jetstream::new(nats.connect().await.unwrap());
     let mut out = BTreeMap::new();
     for p in 0..partitions {
         let mut stream = js.get_stream(format!("SB_P{p:03}")).await.unwrap();

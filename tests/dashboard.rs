@@ -142,6 +142,16 @@ impl Site {
         page(request).await
     }
 
+    /// Any request with an API key, its answer as it comes (no status expected).
+    pub(crate) async fn keyed(&self, method: &str, path: &str, key: Option<&str>) -> Page {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(k) = key {
+            request = request.bearer_auth(k);
+        }
+        page(request).await
+    }
+
     pub(crate) async fn api(
         &self,
         method: &str,

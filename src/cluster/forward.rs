@@ -1,7 +1,13 @@
-//! Requests between nodes: a node that does not own a request's partition sends the whole
-//! HTTP request (method, path, headers, body) over NATS request/reply to the partition's
+//! Requests between nodes: a node that does not own a request's partition sends the HTTP
+//! request (method, path, headers, body) over NATS request/reply to the partition's
 //! subject, where the owner answers it with its own router and sends the whole answer back.
-//! Clients need not know the topology; the owner checks the API key again.
+//! Clients need not know the topology.
+//!
+//! No credential crosses NATS: the node the client reached checks its key or sign-in (with
+//! the failed-key throttle), removes `Authorization` and `Cookie`, and sends who the caller
+//! is ([`Verified`]) sealed under the cluster secret with a fresh nonce and the time
+//! ([`super::seal`]). The owner believes only a request whose seal verifies, once; its
+//! answer is sealed to that nonce, and the front hands on only an answer whose seal does.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -15,7 +21,8 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tower::ServiceExt;
 
-use crate::server::ApiError;
+use super::seal::{self, Kind, Sealer, SeenNonces};
+use crate::server::{ApiError, Verified};
 
 /// Marks a request that came over NATS (never forwarded again) and, on answers, which node
 /// answered it.
@@ -33,7 +40,20 @@ struct WireRequest {
     uri: String,
     headers: Vec<(String, Vec<u8>)>,
     body: Vec<u8>,
+    /// Who sent it, as the front verified.
+    caller: Verified,
+    /// Fresh per attempt: the answer is sealed to it, and the owner answers it once.
+    nonce: [u8; 16],
+    /// When the front sealed it (Unix ms): the owner refuses stale ones.
+    issued: u64,
 }
+
+/// The headers that carry a client's credentials: the front checked them, and they never
+/// go on the wire.
+const CREDENTIALS: [HeaderName; 2] = [
+    axum::http::header::AUTHORIZATION,
+    axum::http::header::COOKIE,
+];
 
 /// An answer on the wire.
 #[derive(Debug, Serialize, Deserialize)]
@@ -69,16 +89,31 @@ fn answer_headers(pairs: Vec<(String, Vec<u8>)>) -> HeaderMap {
     map
 }
 
-/// Forwards `request` to whoever owns `subject`'s partition, waiting through a takeover
-/// (nobody answering yet) until `deadline` passes.
+/// What forwarding needs of its node: the NATS client, its name, the seals, the largest
+/// body and how long to wait through a takeover.
+pub(super) struct Forwarder<'a> {
+    pub(super) client: &'a async_nats::Client,
+    pub(super) node: &'a str,
+    pub(super) sealer: &'a Sealer,
+    pub(super) max_body: usize,
+    pub(super) deadline: Duration,
+}
+
+/// Forwards `request` of `caller` to whoever owns `subject`'s partition, waiting through a
+/// takeover (nobody answering yet) until the deadline passes.
 pub(super) async fn forward(
-    client: &async_nats::Client,
+    via: &Forwarder<'_>,
     subject: String,
-    node: &str,
+    caller: Verified,
     request: Request<Body>,
-    max_body: usize,
-    deadline: Duration,
 ) -> Response<Body> {
+    let Forwarder {
+        client,
+        node,
+        sealer,
+        max_body,
+        deadline,
+    } = *via;
     let (parts, body) = request.into_parts();
     let body = match axum::body::to_bytes(body, max_body).await {
         Ok(b) => b,
@@ -95,17 +130,22 @@ pub(super) async fn forward(
         }
     };
     let mut headers = parts.headers;
+    for name in CREDENTIALS {
+        headers.remove(name);
+    }
     headers.insert(
         HeaderName::from_static(FORWARDED_BY),
         HeaderValue::from_str(node).unwrap_or(HeaderValue::from_static("?")),
     );
-    let wire = WireRequest {
+    let mut wire = WireRequest {
         method: parts.method.as_str().to_string(),
         uri: parts.uri.to_string(),
         headers: headers_of(&headers),
         body: body.to_vec(),
+        caller,
+        nonce: [0; 16],
+        issued: 0,
     };
-    let payload = bytes::Bytes::from(postcard::to_stdvec(&wire).expect("a request serialises"));
     // A request safe to send twice ([`safe_to_resend`]) is sent again when an attempt goes
     // unanswered: the owner may have stopped (a paused process keeps its subscription until
     // NATS drops it) or died holding it, while a new owner answers. Any other request gets
@@ -119,11 +159,29 @@ pub(super) async fn forward(
         } else {
             left
         };
+        // Each attempt is a new request to the owner: its own nonce and time.
+        wire.nonce = seal::nonce();
+        wire.issued = seal::now_ms();
+        let payload = sealer.seal(
+            Kind::Request,
+            &[subject.as_bytes()],
+            &postcard::to_stdvec(&wire).expect("a request serialises"),
+        );
         let ask = async_nats::Request::new()
-            .payload(payload.clone())
+            .payload(payload.into())
             .timeout(Some(attempt.max(Duration::from_millis(1))));
         match client.send_request(subject.clone(), ask).await {
-            Ok(message) => match postcard::from_bytes::<WireAnswer>(&message.payload) {
+            Ok(message) => match sealer
+                .open(Kind::Answer, &[&wire.nonce], &message.payload)
+                .map_err(|e| e.to_string())
+                .and_then(|body| {
+                    postcard::from_bytes::<WireAnswer>(body).map_err(|e| {
+                        format!(
+                            "the partition's owner answered something unreadable ({e}); is \
+                             every node on the same shadowbrain version?"
+                        )
+                    })
+                }) {
                 Ok(answer) => {
                     let mut response = Response::new(Body::from(answer.body));
                     *response.status_mut() =
@@ -131,11 +189,19 @@ pub(super) async fn forward(
                     *response.headers_mut() = answer_headers(answer.headers);
                     return response;
                 }
-                Err(e) => {
-                    return unavailable(format!(
-                        "the partition's owner answered something unreadable ({e}); is every \
-                         node on the same shadowbrain version?"
-                    ));
+                Err(why) => {
+                    tracing::warn!(subject, why, "refusing the answer to a forwarded request");
+                    return ApiError::new(
+                        StatusCode::BAD_GATEWAY,
+                        "bad_forward_answer",
+                        format!(
+                            "{why}; the answer was not handed on. Check that every node has \
+                             the same cluster secret (secret_env) and version, and that only \
+                             nodes may answer on the cluster's subjects (README \"Securing \
+                             the cluster\")"
+                        ),
+                    )
+                    .into_response();
                 }
             },
             Err(e) if e.kind() == RequestErrorKind::NoResponders && !left.is_zero() => {
@@ -215,34 +281,58 @@ fn unavailable(why: String) -> Response<Body> {
     e.into_response()
 }
 
-/// Answers the requests forwarded to `subject` with `router`, until the subscription ends
-/// (it is dropped when the partition is given up).
+/// What answering forwarded requests needs: the NATS client, the node's name, its seals and
+/// the nonces already answered.
+#[derive(Clone)]
+pub(super) struct Answerer {
+    pub(super) client: async_nats::Client,
+    pub(super) node: String,
+    pub(super) sealer: std::sync::Arc<Sealer>,
+    pub(super) seen: std::sync::Arc<SeenNonces>,
+}
+
+/// Answers the requests forwarded to `requests`' subject with `router`, until the
+/// subscription ends (it is dropped when the partition is given up). A request whose seal
+/// does not verify, or that is stale or answered already, is not served: its sender gets an
+/// answer it cannot verify either, and the refusal is logged here.
 pub(super) async fn answer_forwarded(
-    client: async_nats::Client,
+    with: Answerer,
     mut requests: async_nats::Subscriber,
     router: Router,
-    node: String,
 ) {
     while let Some(message) = requests.next().await {
         let Some(reply) = message.reply.clone() else {
             continue;
         };
-        let (client, router, node) = (client.clone(), router.clone(), node.clone());
+        let (with, router) = (with.clone(), router.clone());
         tokio::spawn(async move {
-            let answer = match postcard::from_bytes::<WireRequest>(&message.payload) {
-                Ok(wire) => answer_one(wire, router, &node).await,
-                Err(e) => WireAnswer {
-                    status: 400,
-                    headers: vec![("content-type".into(), b"application/json".to_vec())],
-                    body: format!(
-                        "{{\"error\":{{\"code\":\"bad_forward\",\"message\":\"a forwarded request \
-                         was unreadable ({e}); is every node on the same version?\"}}}}"
-                    )
-                    .into_bytes(),
-                },
+            let opened = with
+                .sealer
+                .open(Kind::Request, &[message.subject.as_bytes()], &message.payload)
+                .map_err(|e| e.to_string())
+                .and_then(|body| {
+                    postcard::from_bytes::<WireRequest>(body).map_err(|e| {
+                        format!("a forwarded request was unreadable ({e}); is every node on the same version?")
+                    })
+                })
+                .and_then(|wire| {
+                    with.seen
+                        .admit(wire.nonce, wire.issued, seal::now_ms())
+                        .map(|()| wire)
+                });
+            let payload = match opened {
+                Ok(wire) => {
+                    let nonce = wire.nonce;
+                    let answer = answer_one(wire, router, &with.node).await;
+                    let body = postcard::to_stdvec(&answer).expect("an answer serialises");
+                    with.sealer.seal(Kind::Answer, &[&nonce], &body)
+                }
+                Err(why) => {
+                    tracing::warn!(subject = %message.subject, why, "refusing a forwarded request");
+                    b"refused".to_vec()
+                }
             };
-            let payload = postcard::to_stdvec(&answer).expect("an answer serialises");
-            if let Err(e) = client.publish(reply, payload.into()).await {
+            if let Err(e) = with.client.publish(reply, payload.into()).await {
                 tracing::warn!(error = %e, "could not send a forwarded request's answer");
             }
         });
@@ -254,6 +344,11 @@ async fn answer_one(wire: WireRequest, router: Router, node: &str) -> WireAnswer
     *request.method_mut() = Method::from_bytes(wire.method.as_bytes()).unwrap_or(Method::GET);
     *request.uri_mut() = wire.uri.parse().unwrap_or_default();
     *request.headers_mut() = header_map(wire.headers);
+    for name in CREDENTIALS {
+        request.headers_mut().remove(name);
+    }
+    // Who the caller is: what the front verified, never a header.
+    request.extensions_mut().insert(wire.caller);
     let response = match router.oneshot(request).await {
         Ok(r) => r,
         Err(never) => match never {},
@@ -282,6 +377,7 @@ async fn answer_one(wire: WireRequest, router: Router, node: &str) -> WireAnswer
 /// itself cannot be used.
 pub(super) async fn gather<A: serde::de::DeserializeOwned, T>(
     client: &async_nats::Client,
+    sealer: &Sealer,
     subject: &str,
     payload: Vec<u8>,
     members: &[String],
@@ -293,25 +389,54 @@ pub(super) async fn gather<A: serde::de::DeserializeOwned, T>(
         .subscribe(inbox.clone())
         .await
         .map_err(|e| e.to_string())?;
+    let payload = sealer.seal(Kind::Ask, &[subject.as_bytes(), inbox.as_bytes()], &payload);
     client
-        .publish_with_reply(subject.to_string(), inbox, payload.into())
+        .publish_with_reply(subject.to_string(), inbox.clone(), payload.into())
         .await
         .map_err(|e| e.to_string())?;
     let deadline = tokio::time::Instant::now() + patience;
     let mut got = BTreeMap::new();
     while members.iter().any(|m| !got.contains_key(m)) {
         match tokio::time::timeout_at(deadline, replies.next()).await {
-            Ok(Some(message)) => match serde_json::from_slice::<A>(&message.payload) {
-                Ok(answer) => {
-                    let (node, answer) = node_of(answer);
-                    got.insert(node, answer);
+            Ok(Some(message)) => {
+                let Ok(body) = sealer.open(Kind::Reply, &[inbox.as_bytes()], &message.payload)
+                else {
+                    tracing::warn!(subject, "an answer without the cluster's seal; ignored");
+                    continue;
+                };
+                match serde_json::from_slice::<A>(body) {
+                    Ok(answer) => {
+                        let (node, answer) = node_of(answer);
+                        got.insert(node, answer);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, subject, "an unreadable answer from a node")
+                    }
                 }
-                Err(e) => tracing::warn!(error = %e, subject, "an unreadable answer from a node"),
-            },
+            }
             Ok(None) | Err(_) => break,
         }
     }
     Ok(got)
+}
+
+/// The body of an ask [`gather`] sent (`message`, to be answered on `reply`), once its seal
+/// verified.
+pub(super) fn open_ask<'a>(
+    sealer: &Sealer,
+    message: &'a async_nats::Message,
+    reply: &async_nats::Subject,
+) -> Result<&'a [u8], seal::Refused> {
+    sealer.open(
+        Kind::Ask,
+        &[message.subject.as_bytes(), reply.as_bytes()],
+        &message.payload,
+    )
+}
+
+/// An answer to an ask, sealed for the asker's `reply` subject.
+pub(super) fn seal_reply(sealer: &Sealer, reply: &async_nats::Subject, body: &[u8]) -> Vec<u8> {
+    sealer.seal(Kind::Reply, &[reply.as_bytes()], body)
 }
 
 #[cfg(test)]

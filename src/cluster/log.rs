@@ -1,11 +1,13 @@
 //! A partition's write log on JetStream: the [`CommitLog`] its owner's store appends every
 //! commit group to before committing it locally.
 //!
-//! Each append carries three headers: a message id (`Nats-Msg-Id`), so a retry after a lost
+//! Each append carries four headers: a message id (`Nats-Msg-Id`), so a retry after a lost
 //! acknowledgement is dropped as a duplicate; the expected last sequence of the stream
 //! (`Nats-Expected-Last-Sequence`), so a node that lost its lease can never append after
-//! the new owner; and the lease revision it holds (`Sb-Epoch`), which the harness checks
-//! never goes backwards. Any failure whose outcome is unknown fences the log: it refuses
+//! the new owner; the lease revision it holds (`Sb-Epoch`), which the harness checks
+//! never goes backwards; and its seal under the cluster secret (`Sb-Seal`), bound to the
+//! stream, the position and the epoch, so an entry that no node wrote, or one moved from
+//! elsewhere, is never applied ([`checked_entry`]). Any failure whose outcome is unknown fences the log: it refuses
 //! every later append, and the node gives the partition up and catches up from the stream
 //! before it may own it again.
 
@@ -16,8 +18,65 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, context::PublishErrorKind};
 use shadowbrain_runtime::{CommitLog, Error, Result};
 
+use super::seal::{Kind, Sealer};
+
 /// The header carrying the lease revision an entry was appended under.
 pub(super) const EPOCH_HEADER: &str = "Sb-Epoch";
+
+/// The header carrying an entry's seal ([`entry_seal`]).
+pub(super) const SEAL_HEADER: &str = "Sb-Seal";
+
+/// The seal of `entry` appended to `subject` at `position` under `epoch`.
+fn entry_seal(sealer: &Sealer, subject: &str, position: u64, epoch: &str, entry: &[u8]) -> String {
+    sealer.sign_hex(
+        Kind::Log,
+        &[
+            subject.as_bytes(),
+            &position.to_be_bytes(),
+            epoch.as_bytes(),
+        ],
+        entry,
+    )
+}
+
+/// The entry a standby applies for the stream message at `position`: its payload when its
+/// seal verifies, else an empty commit group — the position is passed, nothing is written
+/// — and the refusal is logged. Something that may publish to the log subject without the
+/// cluster secret can then neither write a key nor stop the partition's replicas.
+pub(super) fn checked_entry(
+    sealer: &Sealer,
+    message: &async_nats::jetstream::Message,
+    position: u64,
+) -> Vec<u8> {
+    let header = |name: &str| {
+        message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(name))
+            .map(|v| v.as_str().to_string())
+    };
+    let epoch = header(EPOCH_HEADER).unwrap_or_default();
+    let sealed = header(SEAL_HEADER).is_some_and(|tag| {
+        let expected = &[
+            message.subject.as_bytes(),
+            &position.to_be_bytes()[..],
+            epoch.as_bytes(),
+        ];
+        sealer
+            .verify_hex(Kind::Log, expected, &message.payload, &tag)
+            .is_ok()
+    });
+    if sealed {
+        return message.payload.to_vec();
+    }
+    tracing::warn!(
+        subject = %message.subject,
+        position,
+        "skipping a log entry without a valid seal of the cluster secret (not written by a \
+         node of this cluster)"
+    );
+    shadowbrain_runtime::internals::encode_entry(&[])
+}
 
 /// How long one publish waits for its acknowledgement before it is sent again (with the
 /// same message id, so it is stored once).
@@ -120,6 +179,7 @@ struct State {
 #[derive(Debug)]
 pub(super) struct JetStreamLog {
     js: jetstream::Context,
+    sealer: std::sync::Arc<Sealer>,
     handle: tokio::runtime::Handle,
     subject: String,
     max_entry: usize,
@@ -131,6 +191,7 @@ impl JetStreamLog {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         js: jetstream::Context,
+        sealer: std::sync::Arc<Sealer>,
         handle: tokio::runtime::Handle,
         subject: String,
         id_prefix: String,
@@ -141,6 +202,7 @@ impl JetStreamLog {
     ) -> Self {
         JetStreamLog {
             js,
+            sealer,
             handle,
             subject,
             max_entry,
@@ -220,11 +282,15 @@ impl CommitLog for JetStreamLog {
                 state.fenced = Some(why.into());
                 return Err(self.refuse(why));
             }
+            let epoch = state.lease.epoch().to_string();
+            // Bound to where the entry lands: the expected last sequence guarantees it.
+            let seal = entry_seal(&self.sealer, &self.subject, state.last + 1, &epoch, entry);
             let publish = jetstream::message::PublishMessage::build()
                 .payload(payload.clone())
                 .message_id(&id)
                 .expected_last_sequence(state.last)
-                .header(EPOCH_HEADER, state.lease.epoch().to_string().as_str());
+                .header(EPOCH_HEADER, epoch.as_str())
+                .header(SEAL_HEADER, seal.as_str());
             let outcome = self.handle.block_on(async {
                 let ack = self.js.send_publish(self.subject.clone(), publish).await?;
                 match tokio::time::timeout(ACK_WAIT, ack).await {

@@ -23,6 +23,7 @@ mod forward;
 mod log;
 mod node;
 mod policy;
+mod seal;
 mod signins;
 
 use std::time::Duration;
@@ -68,6 +69,10 @@ pub struct ClusterConfig {
     pub tls_cert: Option<String>,
     /// The private key of `tls_cert` (PEM).
     pub tls_key: Option<String>,
+    /// The environment variable holding the cluster secret (at least 32 bytes, the same on
+    /// every node, never the secret itself): what nodes tell each other over NATS is sealed
+    /// with it ([`seal`]). Needed unless `insecure_loopback`.
+    pub secret_env: Option<String>,
     /// Lets the node talk to NATS without TLS and without a credential of its own, which
     /// is safe only when NATS is reachable from this machine alone: accepted only when
     /// every URL is on loopback (127.0.0.0/8, ::1, localhost). Default false.
@@ -90,6 +95,7 @@ impl Default for ClusterConfig {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            secret_env: None,
             insecure_loopback: false,
         }
     }
@@ -128,6 +134,8 @@ pub struct Cluster {
     pub token: Option<String>,
     /// TLS, required when set.
     pub tls: Option<Tls>,
+    /// The cluster secret the nodes seal what they tell each other with.
+    pub secret: Vec<u8>,
     /// Plain text and shared credentials allowed (every server on loopback).
     pub insecure_loopback: bool,
 }
@@ -199,6 +207,17 @@ impl ClusterConfig {
         };
         let password = secret(&self.password_env, &mut problems);
         let token = secret(&self.token_env, &mut problems);
+        let cluster_secret = secret(&self.secret_env, &mut problems);
+        if let (Some(var), Some(value)) = (&self.secret_env, &cluster_secret)
+            && value.len() < seal::MIN_SECRET
+        {
+            problems.push(format!(
+                "the cluster secret in {var} has {} bytes; use at least {} random ones, the \
+                 same on every node (e.g. `openssl rand -hex 32`)",
+                value.len(),
+                seal::MIN_SECRET
+            ));
+        }
         let user_password = match (&self.user, password) {
             (Some(u), Some(p)) => Some((u.clone(), p)),
             (None, None) => None,
@@ -260,6 +279,15 @@ impl ClusterConfig {
                         .to_string(),
                 );
             }
+            if self.secret_env.is_none() {
+                problems.push(
+                    "secret_env is not set: nodes seal what they tell each other (forwarded \
+                     identities, answers, the write log, sign-ins) with a cluster secret; \
+                     put at least 32 random bytes, the same on every node, in an environment \
+                     variable and name it in secret_env (README \"Securing the cluster\")"
+                        .to_string(),
+                );
+            }
             if self.token_env.is_some() {
                 problems.push(
                     "token_env is one secret every client shares, so anyone holding it is \
@@ -282,10 +310,20 @@ impl ClusterConfig {
             user_password,
             token,
             tls,
+            // Without a secret (accepted on loopback only) the seals are still made and
+            // checked, under a secret anyone can read here: they then protect nothing,
+            // which is what insecure_loopback says.
+            secret: cluster_secret
+                .map(String::into_bytes)
+                .unwrap_or_else(|| INSECURE_SECRET.to_vec()),
             insecure_loopback: self.insecure_loopback,
         })
     }
 }
+
+/// The cluster secret under `insecure_loopback` without `secret_env`: public, so the seals
+/// keep their shape and cost but protect nothing.
+const INSECURE_SECRET: &[u8] = b"shadowbrain insecure_loopback: this secret is public";
 
 /// Whether a NATS URL's host is on loopback (127.0.0.0/8, ::1, localhost).
 fn on_loopback(url: &str) -> bool {
@@ -493,16 +531,40 @@ mod tests {
             assert!(!on_loopback(url), "{url}");
         }
         // TLS and a user of its own: accepted anywhere; a shared token is not.
-        unsafe_set_env("SB_TEST_NATS_PASSWORD");
+        unsafe_set_env("SB_TEST_NATS_PASSWORD", "secret");
+        unsafe_set_env("SB_TEST_CLUSTER_SECRET", &"s".repeat(32));
+        unsafe_set_env("SB_TEST_SHORT_SECRET", "short");
         let secure = ClusterConfig {
             urls: vec!["tls://10.0.0.7:4222".into()],
             tls_ca: Some(ca.display().to_string()),
             user: Some("node0".into()),
             password_env: Some("SB_TEST_NATS_PASSWORD".into()),
+            secret_env: Some("SB_TEST_CLUSTER_SECRET".into()),
             ..base.clone()
         };
         let c = secure.check().unwrap();
         assert_eq!(c.tls.unwrap().ca, ca);
+        assert_eq!(c.secret, "s".repeat(32).into_bytes());
+        // Without a cluster secret, or with a short one: refused, saying how to make one.
+        let e = ClusterConfig {
+            secret_env: None,
+            ..secure.clone()
+        }
+        .check()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("secret_env is not set"), "{e}");
+        let e = ClusterConfig {
+            secret_env: Some("SB_TEST_SHORT_SECRET".into()),
+            ..secure.clone()
+        }
+        .check()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("SB_TEST_SHORT_SECRET has 5 bytes") && e.contains("openssl rand"),
+            "{e}"
+        );
         let e = ClusterConfig {
             token_env: Some("SB_TEST_NATS_PASSWORD".into()),
             ..secure.clone()
@@ -530,8 +592,8 @@ mod tests {
     }
 
     /// Sets a variable only this test reads.
-    fn unsafe_set_env(name: &str) {
+    fn unsafe_set_env(name: &str, value: &str) {
         // SAFETY: the variable is this test's own; no other thread reads or writes it.
-        unsafe { std::env::set_var(name, "secret") };
+        unsafe { std::env::set_var(name, value) };
     }
 }

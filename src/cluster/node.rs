@@ -31,15 +31,16 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use super::forward::{self, ANSWERED_BY};
-use super::log::{JetStreamLog, Lease, LogCounters};
+use super::log::{self, JetStreamLog, Lease, LogCounters};
 use super::policy;
+use super::seal::{Sealer, SeenNonces};
 use super::signins::{self, KvSignIns};
 use super::{Cluster, partition_of, rendezvous};
 use crate::config::ConfigFile;
 use crate::listen::{Drained, Edge};
 use crate::metrics::{Metrics, NodeFigures, Totals};
 use crate::server::{
-    ApiError, Auth, AuthThrottle, ClusterNode, Door, InCluster, Logins, NodeFuture,
+    ApiError, Auth, AuthThrottle, ClusterNode, Door, InCluster, Logins, NodeFuture, Verified,
 };
 
 /// Entries a standby applies in one transaction at most.
@@ -145,6 +146,10 @@ struct Node {
     applying: tokio::sync::Mutex<()>,
     /// What the front needs to sign visitors in and see who they are.
     door: Door,
+    /// Seals what this node tells the others, and checks what they tell it.
+    sealer: Arc<Sealer>,
+    /// The forwarded requests answered lately (each is answered once).
+    seen: Arc<SeenNonces>,
     /// The dashboard pages the front answers itself: signing in and out, the assets.
     front_ui: Router,
     /// What the runtimes this node closed had counted (`/metrics` counters never go back
@@ -271,10 +276,14 @@ async fn run_node(
         },
     )
     .await?;
+    let sealer = Arc::new(Sealer::new(&cfg.secret));
     let door = Door::new(
         Arc::new(file.auth.clone()),
         Arc::new(AuthThrottle::default()),
-        Arc::new(Logins::shared(Arc::new(KvSignIns { bucket: sign_ins }))),
+        Arc::new(Logins::shared(Arc::new(KvSignIns {
+            bucket: sign_ins,
+            sealer: sealer.clone(),
+        }))),
     );
     ensure_name_free(&members, &cfg.node, cfg.lease_ttl).await?;
     let mut partitions = Vec::with_capacity(cfg.partitions as usize);
@@ -318,6 +327,8 @@ async fn run_node(
         me: me.clone(),
         front_ui: crate::server::dashboard_front(door.clone()),
         door,
+        sealer,
+        seen: Arc::new(SeenNonces::default()),
         client: client.clone(),
         js,
         leases,
@@ -851,6 +862,7 @@ impl Node {
         let (tx, applied) = watch::channel(position);
         let task = tokio::spawn(follow(
             self.js.clone(),
+            self.sealer.clone(),
             part.stream.clone(),
             part.id,
             standby,
@@ -891,6 +903,7 @@ impl Node {
         let closed = started.elapsed();
         let log = Arc::new(JetStreamLog::new(
             self.js.clone(),
+            self.sealer.clone(),
             self.io.clone(),
             part.subject.clone(),
             self.id_prefix(part, held),
@@ -934,10 +947,14 @@ impl Node {
             .queue_subscribe(part.rpc_subject.clone(), "owners".into())
             .await?;
         let rpc = tokio::spawn(forward::answer_forwarded(
-            self.client.clone(),
+            forward::Answerer {
+                client: self.client.clone(),
+                node: self.cfg.node.clone(),
+                sealer: self.sealer.clone(),
+                seen: self.seen.clone(),
+            },
             requests,
             router.clone(),
-            self.cfg.node.clone(),
         ));
         *part.router.write().unwrap_or_else(|p| p.into_inner()) = Some(router);
         tracing::info!(
@@ -1087,6 +1104,7 @@ impl Node {
         let patience = self.cfg.forward_timeout;
         let checked = policy::ask_all(
             &self.client,
+            &self.sealer,
             &subject,
             &policy::Ask::Check,
             &members,
@@ -1095,7 +1113,15 @@ impl Node {
         .await?;
         let expect = policy::agreed(&checked, false)?;
         let ask = policy::Ask::Apply { expect };
-        let applied = policy::ask_all(&self.client, &subject, &ask, &members, patience).await?;
+        let applied = policy::ask_all(
+            &self.client,
+            &self.sealer,
+            &subject,
+            &ask,
+            &members,
+            patience,
+        )
+        .await?;
         policy::agreed(&applied, true).map(|_| ())
     }
 
@@ -1105,6 +1131,7 @@ impl Node {
         let members = self.live.borrow().clone();
         let got = forward::gather(
             &self.client,
+            &self.sealer,
             &format!("{}.status", self.cfg.prefix),
             Vec::new(),
             &members,
@@ -1219,6 +1246,7 @@ impl Node {
 /// restarts itself on a gap); a broken one is recreated from the applied position.
 async fn follow(
     js: jetstream::Context,
+    sealer: Arc<Sealer>,
     stream: String,
     partition: u16,
     standby: Substrate,
@@ -1294,7 +1322,10 @@ async fn follow(
             }
             let entries: Vec<(u64, Vec<u8>)> = batch
                 .iter()
-                .filter_map(|m| Some((m.info().ok()?.stream_sequence, m.payload.to_vec())))
+                .filter_map(|m| {
+                    let position = m.info().ok()?.stream_sequence;
+                    Some((position, log::checked_entry(&sealer, m, position)))
+                })
                 .collect();
             let target = standby.clone();
             let done = tokio::task::spawn_blocking(move || target.apply_logged(entries)).await;
@@ -1353,8 +1384,14 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
     // of one server: a client without a valid key is answered 401, and 429 past the limit
     // of its address, before anything goes to another node.
     let ip = crate::server::client_ip_in(request.extensions());
-    let namespace = match node.door.caller(header, ip) {
-        Ok((namespace, _)) => namespace,
+    let caller = match node.door.caller(header, ip) {
+        Ok((namespace, role)) => Verified {
+            namespace,
+            admin: role == crate::server::Role::Admin,
+            key: crate::server::digest(crate::server::bearer_token(header).unwrap_or_default()),
+            client: ip,
+            viewer: None,
+        },
         Err(e) => return answered_by(&node, e.into_response()),
     };
     if path == "/v1/policy/reload" && request.method() == Method::POST {
@@ -1365,7 +1402,7 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
         // This node's own, not those of the node owning the admin namespace's partition.
         return answered_by(&node, node.metrics(header).await);
     }
-    answered_by(&node, to_partition(&node, &namespace, request).await)
+    answered_by(&node, to_partition(&node, caller, request).await)
 }
 
 /// A dashboard page: signing in and out (whose sign-ins every node reads) and the assets
@@ -1379,35 +1416,39 @@ async fn dashboard(node: &Node, request: Request) -> Response {
         };
     }
     match crate::server::visitor(&node.door, request).await {
-        Ok((namespace, request)) => to_partition(node, &namespace, request).await,
+        Ok((caller, request)) => to_partition(node, caller, request).await,
         Err(answer) => answer,
     }
 }
 
-/// Answers `request` with this node's runtime of `namespace`'s partition, or forwards it to
-/// the partition's owner.
-async fn to_partition(node: &Node, namespace: &str, request: Request) -> Response {
-    let part = &node.partitions[partition_of(namespace, node.cfg.partitions) as usize];
+/// Answers `caller`'s `request` with this node's runtime of the caller's partition, or
+/// forwards it to the partition's owner.
+async fn to_partition(node: &Node, caller: Verified, mut request: Request) -> Response {
+    let part = &node.partitions[partition_of(&caller.namespace, node.cfg.partitions) as usize];
     let local = part
         .router
         .read()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
     match local {
-        Some(router) => match router.oneshot(request).await {
-            Ok(r) => r,
-            Err(never) => match never {},
-        },
+        Some(router) => {
+            // The owner's router believes the caller the front verified, as it does a
+            // forwarded request's.
+            request.extensions_mut().insert(caller);
+            match router.oneshot(request).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            }
+        }
         None => {
-            forward::forward(
-                &node.client,
-                part.rpc_subject.clone(),
-                &node.cfg.node,
-                request,
-                node.limits.max_body_bytes,
-                node.cfg.forward_timeout,
-            )
-            .await
+            let via = forward::Forwarder {
+                client: &node.client,
+                node: &node.cfg.node,
+                sealer: &node.sealer,
+                max_body: node.limits.max_body_bytes,
+                deadline: node.cfg.forward_timeout,
+            };
+            forward::forward(&via, part.rpc_subject.clone(), caller, request).await
         }
     }
 }
@@ -1449,9 +1490,14 @@ async fn answer_status_asks(
     mut asks: async_nats::Subscriber,
     stop: CancellationToken,
 ) {
-    while let Some((_, reply)) = next_ask(&mut asks, &stop).await {
+    while let Some((message, reply)) = next_ask(&mut asks, &stop).await {
+        if let Err(e) = forward::open_ask(&node.sealer, &message, &reply) {
+            tracing::warn!(error = %e, "refusing a status ask");
+            continue;
+        }
         // `status` waits for nothing (a partition that is moving says so).
-        let payload = serde_json::to_vec(&node.status()).expect("a status serializes");
+        let body = serde_json::to_vec(&node.status()).expect("a status serializes");
+        let payload = forward::seal_reply(&node.sealer, &reply, &body);
         if let Err(e) = node.client.publish(reply, payload.into()).await {
             tracing::warn!(error = %e, "cannot answer a status ask");
         }
@@ -1496,8 +1542,13 @@ async fn answer_policy_asks(
 ) {
     while let Some((message, reply)) = next_ask(&mut asks, &stop).await {
         let node = node.clone();
+        let Ok(body) = forward::open_ask(&node.sealer, &message, &reply) else {
+            tracing::warn!("refusing a policy ask without the cluster's seal");
+            continue;
+        };
+        let ask = serde_json::from_slice::<policy::Ask>(body);
         tokio::spawn(async move {
-            let outcome = match serde_json::from_slice::<policy::Ask>(&message.payload) {
+            let outcome = match ask {
                 Ok(ask) => node.answer_policy_ask(ask).await,
                 Err(e) => policy::Outcome::failed(&ApiError::new(
                     StatusCode::BAD_REQUEST,
@@ -1511,7 +1562,8 @@ async fn answer_policy_asks(
                 node: node.cfg.node.clone(),
                 outcome,
             };
-            let payload = serde_json::to_vec(&answer).expect("a reply serializes");
+            let body = serde_json::to_vec(&answer).expect("a reply serializes");
+            let payload = forward::seal_reply(&node.sealer, &reply, &body);
             if let Err(e) = node.client.publish(reply, payload.into()).await {
                 tracing::warn!(error = %e, "cannot answer a policy reload");
             }

@@ -107,6 +107,7 @@ pub(super) fn read(config: &RuntimeConfig) -> Result<Loaded, ApiError> {
 /// one included), waiting `patience` at most.
 pub(super) async fn ask_all(
     client: &async_nats::Client,
+    sealer: &super::seal::Sealer,
     subject: &str,
     ask: &Ask,
     members: &[String],
@@ -124,9 +125,15 @@ pub(super) async fn ask_all(
         e
     };
     let payload = serde_json::to_vec(ask).expect("an ask serializes");
-    let got = super::forward::gather(client, subject, payload, members, patience, |r: Reply| {
-        (r.node, r.outcome)
-    })
+    let got = super::forward::gather(
+        client,
+        sealer,
+        subject,
+        payload,
+        members,
+        patience,
+        |r: Reply| (r.node, r.outcome),
+    )
     .await
     .map_err(|e| unreachable(&e))?;
     let missing: Vec<&str> = members

@@ -4,9 +4,14 @@
 //! and the one that owns the partition after a takeover. Each sign-in is kept under the hex
 //! SHA-256 of its cookie's token (never the token, never the API key); the bucket forgets
 //! an entry after the sign-in's lifetime, and signing out deletes it at once everywhere.
+//! Every entry is sealed under the cluster secret and bound to its name ([`super::seal`]):
+//! one that no node wrote, or that was moved to another name, is no sign-in.
+
+use std::sync::Arc;
 
 use async_nats::jetstream::kv;
 
+use super::seal::{Kind, Sealer};
 use crate::server::{SharedSignIns, SignIn, random_token};
 
 /// The key of the forms' token while no keys are configured (not a hex digest, so never a
@@ -20,6 +25,34 @@ pub(super) const MAX_BYTES: i64 = 64 << 20;
 /// [`SharedSignIns`] on a KV bucket.
 pub(super) struct KvSignIns {
     pub(super) bucket: kv::Store,
+    pub(super) sealer: Arc<Sealer>,
+}
+
+impl KvSignIns {
+    fn seal(&self, name: &str, value: &[u8]) -> bytes::Bytes {
+        self.sealer
+            .seal(Kind::SignIn, &[name.as_bytes()], value)
+            .into()
+    }
+
+    /// The value kept under `name`, if there is one a node sealed.
+    async fn read(&self, name: &str) -> Result<Option<Vec<u8>>, String> {
+        let Some(sealed) = self
+            .bucket
+            .get(name)
+            .await
+            .map_err(|e| format!("reading the sign-in: {e}"))?
+        else {
+            return Ok(None);
+        };
+        match self.sealer.open(Kind::SignIn, &[name.as_bytes()], &sealed) {
+            Ok(value) => Ok(Some(value.to_vec())),
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring a sign-in no node wrote");
+                Ok(None)
+            }
+        }
+    }
 }
 
 impl SharedSignIns for KvSignIns {
@@ -27,7 +60,7 @@ impl SharedSignIns for KvSignIns {
         Box::pin(async move {
             let value = serde_json::to_vec(sign_in).expect("a sign-in serializes");
             self.bucket
-                .put(name, value.into())
+                .put(name, self.seal(name, &value))
                 .await
                 .map(|_| ())
                 .map_err(|e| format!("keeping the sign-in: {e}"))
@@ -36,12 +69,7 @@ impl SharedSignIns for KvSignIns {
 
     fn get<'a>(&'a self, name: &'a str) -> crate::server::Shared<'a, Option<SignIn>> {
         Box::pin(async move {
-            let Some(value) = self
-                .bucket
-                .get(name)
-                .await
-                .map_err(|e| format!("reading the sign-in: {e}"))?
-            else {
+            let Some(value) = self.read(name).await? else {
                 return Ok(None);
             };
             // An entry another version wrote differently is no sign-in: sign in again.
@@ -64,18 +92,24 @@ impl SharedSignIns for KvSignIns {
             // and the next node to need it makes a new one (a page older than that asks
             // for a reload when its form is sent).
             for _ in 0..3 {
-                if let Some(token) = self
-                    .bucket
-                    .get(OPEN_CSRF)
-                    .await
-                    .map_err(|e| format!("reading the forms' token: {e}"))?
-                {
+                if let Some(token) = self.read(OPEN_CSRF).await? {
                     return Ok(String::from_utf8_lossy(&token).into_owned());
                 }
                 let token = random_token();
-                match self.bucket.create(OPEN_CSRF, token.clone().into()).await {
+                let sealed = self.seal(OPEN_CSRF, token.as_bytes());
+                match self.bucket.create(OPEN_CSRF, sealed.clone()).await {
                     Ok(_) => return Ok(token),
-                    Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => continue,
+                    Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                        // Another node made one first, or something that is not a node
+                        // wrote one: a sealed token replaces the latter.
+                        if self.read(OPEN_CSRF).await?.is_none() {
+                            self.bucket
+                                .put(OPEN_CSRF, sealed)
+                                .await
+                                .map_err(|e| format!("making the forms' token: {e}"))?;
+                            return Ok(token);
+                        }
+                    }
                     Err(e) => return Err(format!("making the forms' token: {e}")),
                 }
             }

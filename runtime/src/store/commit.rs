@@ -445,7 +445,8 @@ impl Worker {
     /// session statistics, and the catalog of every record the entries touched, so that
     /// the store a standby took over answers like its owner's.
     fn apply_logged(&mut self, entries: Vec<(u64, Vec<u8>)>) -> Result<()> {
-        let mut last = log::applied(self.kv.as_ref())?;
+        let before = log::applied(self.kv.as_ref())?;
+        let mut last = before;
         let mut ops = Vec::new();
         for (position, entry) in &entries {
             if *position <= last {
@@ -455,6 +456,11 @@ impl Worker {
             last = *position;
         }
         if ops.is_empty() {
+            // Entries with nothing to write (a cluster skips those no node sealed) still
+            // move the position, so they are not read again.
+            if last > before {
+                self.kv.commit(&[&[log::applied_op(last)]])?;
+            }
             return Ok(());
         }
         // Each touched record's header as the catalog has it, read before the commit.

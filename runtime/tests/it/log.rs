@@ -305,3 +305,29 @@ async fn a_standby_indexes_as_the_log_arrives_and_its_takeover_rebuilds_nothing(
     assert_eq!(taken.rebuilds(), 0, "the takeover rebuilt an index");
     assert_eq!(ranked(&taken), owner_ranked);
 }
+
+#[test]
+fn an_entry_with_nothing_to_write_still_passes_its_position() {
+    // A cluster node hands its standby an empty group for an entry it will not apply (one
+    // no node sealed): the position must move past it, or it would be read forever.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new(1_780_000_000_000));
+    let mut opts = options(None, clock);
+    opts.standby = true;
+    let standby = Substrate::open(dir.path(), opts).unwrap();
+    let empty = shadowbrain_runtime::internals::encode_entry(&[]);
+    assert_eq!(
+        standby
+            .apply_logged(vec![(1, empty.clone()), (2, empty)])
+            .unwrap(),
+        2
+    );
+    // Positions already passed are not decoded again, whatever they hold.
+    assert_eq!(
+        standby
+            .apply_logged(vec![(2, b"not a group".to_vec())])
+            .unwrap(),
+        2
+    );
+    assert_eq!(standby.store().census("acme"), Default::default());
+}

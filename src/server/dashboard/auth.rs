@@ -311,6 +311,8 @@ pub(in crate::server) struct Viewer {
     pub(in crate::server) csrf: String,
     /// Whether the visitor signed in with a key (and can sign out).
     pub(in crate::server) signed_in: bool,
+    /// The hex SHA-256 of the key the visitor signed in with (empty without keys).
+    pub(in crate::server) key: String,
 }
 
 impl Viewer {
@@ -327,6 +329,23 @@ where
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, s: &S) -> Result<Self, Response> {
+        // In cluster mode, the node the visitor reached read the cookie and sent who they
+        // are, sealed (the cookie itself never crosses NATS).
+        if let Some(verified) = parts.extensions.get::<crate::server::Verified>()
+            && let Some((csrf, signed_in)) = &verified.viewer
+        {
+            return Ok(Viewer {
+                namespace: verified.namespace.clone(),
+                role: if verified.admin {
+                    Role::Admin
+                } else {
+                    Role::Tenant
+                },
+                csrf: csrf.clone(),
+                signed_in: *signed_in,
+                key: verified.key.clone(),
+            });
+        }
         let door = Door::from_ref(s);
         if !door.auth.required() {
             // A keyless server listens on loopback only; a page elsewhere that makes a
@@ -349,6 +368,7 @@ where
                     .await
                     .map_err(|e| e.into_response())?,
                 signed_in: false,
+                key: String::new(),
             });
         }
         let found = match cookie_token(&parts.headers) {
@@ -369,6 +389,7 @@ where
                 },
                 csrf: sign_in.csrf,
                 signed_in: true,
+                key: sign_in.key,
             }),
             None => {
                 let next = match parts.method {

@@ -116,13 +116,26 @@ pub(crate) fn served_by_front(path: &str) -> bool {
 }
 
 #[cfg(feature = "cluster")]
-/// The namespace of the visitor of a dashboard page, with the request to hand on; or the
-/// answer when there is none to show (the sign-in page, a refused host).
-pub(crate) async fn visitor(door: &Door, request: Request) -> Result<(String, Request), Response> {
+/// Who the visitor of a dashboard page is (what the partition's owner is told instead of
+/// the cookie), with the request to hand on; or the answer when there is none to show (the
+/// sign-in page, a refused host).
+pub(crate) async fn visitor(
+    door: &Door,
+    request: Request,
+) -> Result<(crate::server::Verified, Request), Response> {
     use axum::extract::FromRequestParts;
     let (mut parts, body) = request.into_parts();
     match Viewer::from_request_parts(&mut parts, door).await {
-        Ok(viewer) => Ok((viewer.namespace, Request::from_parts(parts, body))),
+        Ok(viewer) => {
+            let verified = crate::server::Verified {
+                admin: viewer.admin(),
+                namespace: viewer.namespace,
+                key: viewer.key,
+                client: crate::server::client_ip_in(&parts.extensions),
+                viewer: Some((viewer.csrf, viewer.signed_in)),
+            };
+            Ok((verified, Request::from_parts(parts, body)))
+        }
         Err(mut answer) => {
             secure(&mut answer, false);
             Err(answer)
