@@ -8,6 +8,7 @@
 //! command that only reads refuses a directory that does not exist rather than creating an
 //! empty one.
 
+mod cluster;
 mod eval;
 mod memory;
 mod policy;
@@ -154,6 +155,12 @@ enum Command {
     /// Run policies on one synthetic multi-agent workload on the virtual clock and compare
     /// them: `report.json` and `report.md` in --out (the same seed, the same workload).
     Simulate(simulate::SimulateArgs),
+    /// A cluster's credentials: `cluster init` makes an nkey per node and the cluster
+    /// secret (README "Securing the cluster").
+    Cluster {
+        #[command(subcommand)]
+        command: cluster::ClusterCommand,
+    },
     /// Retrieval benchmarks through the real recall path (no LLM): `eval locomo`.
     Eval {
         #[command(subcommand)]
@@ -430,6 +437,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Import(args) => transfer::import(args),
         Command::Reindex(args) => transfer::reindex(args),
         Command::Simulate(args) => simulate::simulate(args),
+        Command::Cluster { command } => cluster::run(command),
         Command::Eval { command } => eval::run(command),
     }
 }

@@ -388,11 +388,12 @@ fn a_cluster_without_tls_or_its_own_credential_is_refused() {
 /// The attacks an unsecured cluster fell to, made through the binaries against a cluster
 /// configured as `docs/cluster/` says (the harness's default), each refused:
 ///
-/// - who may connect: plain text, no user and a wrong password are refused, and a user of
-///   another account sees none of the cluster's traffic and reaches none of its subjects;
-/// - credentials in clear: a thief holding a node's NATS password (not the cluster
-///   secret) subscribes to `sb.rpc.>` and captures forwarded requests: neither the API key
-///   nor the dashboard cookie is in them, and replaying one is refused;
+/// - who may connect: plain text, no user, a wrong password and an nkey no server was given
+///   are refused, and a user of another account sees none of the cluster's traffic and
+///   reaches none of its subjects;
+/// - credentials in clear: a thief holding a node's nkey seed (not the cluster secret)
+///   subscribes to `sb.rpc.>` and captures forwarded requests: neither the API key nor the
+///   dashboard cookie is in them, and replaying one is refused;
 /// - a forged admin sign-in written to the sign-ins bucket signs nobody in;
 /// - lease theft and impersonation: the thief rewrites the partition's lease and answers
 ///   its forwarded requests; no forged answer reaches a client (they get 502
@@ -424,17 +425,26 @@ fn the_attacks_on_the_cluster_are_refused() {
 
     tokio.block_on(async {
         // Who may connect.
+        let seed = h.node_seed(0);
         let plain = harness::NatsAccess {
             urls: access.urls.iter().map(|u| u.replace("tls://", "nats://")).collect(),
             ca: None,
-            ..access.as_user(Some(("node0", &harness::node_password(0))))
+            ..access.with_nkey(&seed)
         };
-        let password = harness::node_password(0);
+        // An nkey no server was given (made as `cluster init` makes them).
+        let stranger = tempfile::tempdir().unwrap();
+        let made = std::process::Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
+            .args(["cluster", "init", "--nodes", "1", "--dir"])
+            .arg(stranger.path())
+            .output()
+            .unwrap();
+        assert!(made.status.success());
+        let unknown = harness::env_file(&stranger.path().join("node0.env"))[0].1.clone();
         for (what, attempt) in [
             ("plain text", plain),
             ("no user", access.as_user(None)),
-            ("a wrong password", access.as_user(Some(("node0", "guess")))),
-            ("a node's password for another node", access.as_user(Some(("node1", &password)))),
+            ("a wrong password", access.as_user(Some(("operator", "guess")))),
+            ("an nkey no server knows", access.with_nkey(&unknown)),
         ] {
             let got = tokio::time::timeout(Duration::from_secs(10), attempt.connect()).await;
             assert!(!matches!(got, Ok(Ok(_))), "{what} was let in");
@@ -445,11 +455,7 @@ fn the_attacks_on_the_cluster_are_refused() {
             .await
             .unwrap();
         let mut other_sees = other.subscribe(">").await.unwrap();
-        let thief = access
-            .as_user(Some(("node2", &harness::node_password(2))))
-            .connect()
-            .await
-            .unwrap();
+        let thief = access.with_nkey(&h.node_seed(2)).connect().await.unwrap();
         let mut captured = thief.subscribe(rpc.clone()).await.unwrap();
         thief.flush().await.unwrap();
 
@@ -747,8 +753,7 @@ fn the_python_mcp_sdk_and_http_work_through_any_node() {
         .arg(data.path())
         .arg("--config")
         .arg(&h.nodes[0].config)
-        .env("SB_NATS_PASSWORD", harness::node_password(0))
-        .env("SB_CLUSTER_SECRET", harness::CLUSTER_SECRET)
+        .envs(h.node_env(0))
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -6,9 +6,10 @@
 //!
 //! Secured ([`Security::Secured`], the default) the servers and nodes run the example
 //! configuration of `docs/cluster/` as the README tells an operator to: certificates from
-//! `make-certs.sh`, `nats-server.conf` with `shadowbrain.conf` (TLS, an account, a user and
-//! permissions per node), `node.toml` (TLS, its user, the cluster secret); only the lines
-//! those files mark "per server" or "per node" are changed.
+//! `make-certs.sh`, an nkey per node and the cluster secret from `shadowbrain cluster
+//! init`, `nats-server.conf` with `shadowbrain.conf` (TLS, an account, an nkey and
+//! permissions per node), `node.toml` (TLS, its nkey, the secret); only the lines those
+//! files mark "per server" or "per node" are changed.
 // Each includer uses a part of it.
 #![allow(dead_code)]
 
@@ -110,15 +111,20 @@ pub enum Security {
     InsecureLoopback,
 }
 
-/// The passwords of the secured configuration's NATS users (the environment variables
-/// `docs/cluster/shadowbrain.conf` reads) and the nodes' cluster secret.
+/// The passwords of the secured configuration's other NATS users (the environment
+/// variables `docs/cluster/shadowbrain.conf` reads).
 pub const OPERATOR_PASSWORD: &str = "operator-password-of-the-harness";
 pub const OTHER_PASSWORD: &str = "other-password-of-the-harness";
-pub const CLUSTER_SECRET: &str = "the-harness-cluster-secret-of-at-least-32-bytes";
 
-/// The password of node `i`'s NATS user.
-pub fn node_password(i: usize) -> String {
-    format!("node{i}-password-of-the-harness")
+/// The `NAME=value` lines of an environment file `shadowbrain cluster init` wrote.
+pub fn env_file(path: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 /// How to reach the harness's NATS servers as one of its users.
@@ -129,6 +135,8 @@ pub struct NatsAccess {
     pub ca: Option<PathBuf>,
     /// A user and password, when the servers want one.
     pub user: Option<(String, String)>,
+    /// Or an nkey seed.
+    pub nkey: Option<String>,
 }
 
 impl NatsAccess {
@@ -136,6 +144,16 @@ impl NatsAccess {
     pub fn as_user(&self, user: Option<(&str, &str)>) -> NatsAccess {
         NatsAccess {
             user: user.map(|(u, p)| (u.to_string(), p.to_string())),
+            nkey: None,
+            ..self.clone()
+        }
+    }
+
+    /// The same servers, signing in with an nkey seed.
+    pub fn with_nkey(&self, seed: &str) -> NatsAccess {
+        NatsAccess {
+            user: None,
+            nkey: Some(seed.to_string()),
             ..self.clone()
         }
     }
@@ -151,6 +169,9 @@ impl NatsAccess {
         }
         if let Some((user, password)) = &self.user {
             options = options.user_and_password(user.clone(), password.clone());
+        }
+        if let Some(seed) = &self.nkey {
+            options = options.nkey(seed.clone());
         }
         options.connect(addrs).await
     }
@@ -294,9 +315,11 @@ fn spawn_nats(bin: &Path, dir: &Path, n: &Nats) -> Child {
         .unwrap();
     // In the directory of the TLS files and `shadowbrain.conf`, which the example names
     // relative to it; with the passwords it reads from the environment.
-    let mut passwords: Vec<(String, String)> = (0..NODES)
-        .map(|i| (format!("SB_NODE{i}_PASSWORD"), node_password(i)))
-        .collect();
+    let servers_env = dir.join("keys/nats-servers.env");
+    let mut passwords = match servers_env.exists() {
+        true => env_file(&servers_env),
+        false => Vec::new(),
+    };
     passwords.push(("SB_OPERATOR_PASSWORD".into(), OPERATOR_PASSWORD.into()));
     passwords.push(("SB_OTHER_PASSWORD".into(), OTHER_PASSWORD.into()));
     Command::new(bin)
@@ -374,6 +397,16 @@ impl Harness {
                 dir.path().join("shadowbrain.conf"),
             )
             .unwrap();
+            let init = Command::new(bin)
+                .args(["cluster", "init", "--nodes", &NODES.to_string(), "--dir"])
+                .arg(dir.path().join("keys"))
+                .output()
+                .expect("shadowbrain cluster init runs");
+            assert!(
+                init.status.success(),
+                "shadowbrain cluster init: {}",
+                String::from_utf8_lossy(&init.stderr)
+            );
         }
         // A NATS cluster name of this harness's own: another harness's servers (tests run
         // in parallel) can never route into this cluster.
@@ -440,10 +473,7 @@ impl Harness {
                     per_line(
                         &example,
                         "per node",
-                        &[
-                            ("node", format!("node = \"{name}\"")),
-                            ("user", format!("user = \"{name}\"")),
-                        ],
+                        &[("node", format!("node = \"{name}\""))],
                     )
                     .lines()
                     .map(|line| {
@@ -537,6 +567,7 @@ impl Harness {
     }
 
     pub fn start_node(&mut self, i: usize) {
+        let keys = self.node_env(i);
         let n = &mut self.nodes[i];
         let log = std::fs::File::options()
             .create(true)
@@ -556,9 +587,8 @@ impl Harness {
             .arg(&n.config)
             .args(&self.args)
             .env("RUST_LOG", "info,async_nats=warn")
-            // What docs/cluster/node.toml names: this node's NATS password, the secret.
-            .env("SB_NATS_PASSWORD", node_password(i))
-            .env("SB_CLUSTER_SECRET", CLUSTER_SECRET)
+            // What docs/cluster/node.toml names: this node's nkey seed, the secret.
+            .envs(keys)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log)
@@ -690,6 +720,24 @@ impl Harness {
             .collect()
     }
 
+    /// Node `i`'s environment file of `shadowbrain cluster init` (none when insecure).
+    pub fn node_env(&self, i: usize) -> Vec<(String, String)> {
+        let path = self.dir.path().join(format!("keys/node{i}.env"));
+        match self.security {
+            Security::Secured => env_file(&path),
+            Security::InsecureLoopback => Vec::new(),
+        }
+    }
+
+    /// Node `i`'s nkey seed.
+    pub fn node_seed(&self, i: usize) -> String {
+        self.node_env(i)
+            .into_iter()
+            .find(|(k, _)| k == "SB_NATS_NKEY_SEED")
+            .expect("a secured harness")
+            .1
+    }
+
     /// The running NATS servers, as the operator user of the secured configuration.
     pub fn nats_urls(&self) -> NatsAccess {
         let secured = self.security == Security::Secured;
@@ -705,6 +753,7 @@ impl Harness {
                 .collect(),
             ca: secured.then(|| self.dir.path().join("ca.pem")),
             user: secured.then(|| ("operator".to_string(), OPERATOR_PASSWORD.to_string())),
+            nkey: None,
         }
     }
 }

@@ -20,6 +20,7 @@
 //! Single-node mode (plain `serve`) uses none of this and needs no NATS.
 
 mod forward;
+pub mod init;
 mod log;
 mod node;
 mod policy;
@@ -58,6 +59,13 @@ pub struct ClusterConfig {
     pub user: Option<String>,
     /// The environment variable holding the NATS password (never the password itself).
     pub password_env: Option<String>,
+    /// The environment variable holding this node's NATS nkey seed (`SU…`, made by
+    /// `shadowbrain cluster init`): the NATS servers hold only its public key. Instead of
+    /// `user` and `password_env`.
+    pub nkey_seed_env: Option<String>,
+    /// A NATS credentials file (a user JWT and its nkey seed, for NATS servers run in
+    /// operator mode). Instead of `user` and `password_env`.
+    pub credentials_file: Option<String>,
     /// The environment variable holding a NATS token (shared by every client that knows
     /// it, so accepted only with `insecure_loopback`).
     pub token_env: Option<String>,
@@ -92,6 +100,8 @@ impl Default for ClusterConfig {
             user: None,
             password_env: None,
             token_env: None,
+            nkey_seed_env: None,
+            credentials_file: None,
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
@@ -132,6 +142,10 @@ pub struct Cluster {
     pub user_password: Option<(String, String)>,
     /// Token.
     pub token: Option<String>,
+    /// An nkey seed.
+    pub nkey_seed: Option<String>,
+    /// A credentials file.
+    pub credentials_file: Option<std::path::PathBuf>,
     /// TLS, required when set.
     pub tls: Option<Tls>,
     /// The cluster secret the nodes seal what they tell each other with.
@@ -208,6 +222,15 @@ impl ClusterConfig {
         let password = secret(&self.password_env, &mut problems);
         let token = secret(&self.token_env, &mut problems);
         let cluster_secret = secret(&self.secret_env, &mut problems);
+        let nkey_seed = secret(&self.nkey_seed_env, &mut problems);
+        if let (Some(var), Some(seed)) = (&self.nkey_seed_env, &nkey_seed)
+            && nkeys::KeyPair::from_seed(seed.trim()).is_err()
+        {
+            problems.push(format!(
+                "{var} does not hold an nkey seed (`SU…`, as `shadowbrain cluster init` \
+                 writes one)"
+            ));
+        }
         if let (Some(var), Some(value)) = (&self.secret_env, &cluster_secret)
             && value.len() < seal::MIN_SECRET
         {
@@ -252,6 +275,19 @@ impl ClusterConfig {
             problems.push("tls_cert and tls_key need tls_ca (the servers' CA)".into());
         }
         let tls = ca.map(|ca| Tls { ca, client });
+        let credentials_file = file("credentials_file", &self.credentials_file, &mut problems);
+        let ways = [
+            self.user.is_some() || self.password_env.is_some(),
+            self.nkey_seed_env.is_some(),
+            self.credentials_file.is_some(),
+        ];
+        if ways.iter().filter(|w| **w).count() > 1 {
+            problems.push(
+                "give one NATS credential: user and password_env, nkey_seed_env, or \
+                 credentials_file"
+                    .into(),
+            );
+        }
         if self.insecure_loopback {
             for url in self.urls.iter().filter(|u| !on_loopback(u)) {
                 problems.push(format!(
@@ -271,10 +307,11 @@ impl ClusterConfig {
                 );
             }
             // Half a credential (or an unset variable) is reported above already.
-            if self.user.is_none() && self.password_env.is_none() {
+            if !ways.contains(&true) {
                 problems.push(
-                    "no credential of this node's own: set user and password_env (a NATS \
-                     user per node, README \"Securing the cluster\"), or, when every NATS \
+                    "no credential of this node's own: set nkey_seed_env (a NATS nkey per \
+                     node, made by `shadowbrain cluster init`), user and password_env, or \
+                     credentials_file (README \"Securing the cluster\"), or, when every NATS \
                      server is on this machine, insecure_loopback = true"
                         .to_string(),
                 );
@@ -309,6 +346,8 @@ impl ClusterConfig {
             prefix: self.prefix.clone(),
             user_password,
             token,
+            nkey_seed: nkey_seed.map(|s| s.trim().to_string()),
+            credentials_file,
             tls,
             // Without a secret (accepted on loopback only) the seals are still made and
             // checked, under a secret anyone can read here: they then protect nothing,
@@ -565,6 +604,33 @@ mod tests {
             e.contains("SB_TEST_SHORT_SECRET has 5 bytes") && e.contains("openssl rand"),
             "{e}"
         );
+        // An nkey instead of a password: a seed is checked; one credential only.
+        let seed = nkeys::KeyPair::new_user().seed().unwrap();
+        unsafe_set_env("SB_TEST_NKEY_SEED", &seed);
+        unsafe_set_env("SB_TEST_NOT_A_SEED", "SUnot-a-seed");
+        let keyed = ClusterConfig {
+            user: None,
+            password_env: None,
+            nkey_seed_env: Some("SB_TEST_NKEY_SEED".into()),
+            ..secure.clone()
+        };
+        assert_eq!(keyed.check().unwrap().nkey_seed, Some(seed));
+        let e = ClusterConfig {
+            nkey_seed_env: Some("SB_TEST_NOT_A_SEED".into()),
+            ..keyed.clone()
+        }
+        .check()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("does not hold an nkey seed"), "{e}");
+        let e = ClusterConfig {
+            nkey_seed_env: Some("SB_TEST_NKEY_SEED".into()),
+            ..secure.clone()
+        }
+        .check()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("give one NATS credential"), "{e}");
         let e = ClusterConfig {
             token_env: Some("SB_TEST_NATS_PASSWORD".into()),
             ..secure.clone()

@@ -209,6 +209,15 @@ async fn run_node(
     if let Some(token) = &cfg.token {
         options = options.token(token.clone());
     }
+    if let Some(seed) = &cfg.nkey_seed {
+        options = options.nkey(seed.clone());
+    }
+    if let Some(path) = &cfg.credentials_file {
+        options = options
+            .credentials_file(path)
+            .await
+            .with_context(|| format!("[cluster] credentials_file `{}`", path.display()))?;
+    }
     if let Some(tls) = &cfg.tls {
         options = options
             .require_tls(true)
