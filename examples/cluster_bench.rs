@@ -369,7 +369,7 @@ fn main() {
         let h = Harness::start_as(Security::InsecureLoopback, &nats, &a.bin, &[], &[]);
         cluster(&h, &a)
     };
-    eprintln!("cluster secured as docs/cluster/ says (TLS, a user per node, seals):");
+    eprintln!("cluster secured as docs/cluster/ says (TLS, an nkey per node, seals):");
     let mut h = Harness::start(&nats, &a.bin, &[]);
     let clustered = cluster(&h, &a);
     let forwarding = non_owner_latency(&h);
