@@ -255,11 +255,7 @@ fn same_as_the_log(h: &mut Harness, tokio: &tokio::runtime::Runtime, probe: &Wri
         let expected = harness::contents(&rebuilt.join("store"));
         let mut whole = 0;
         for node in &h.nodes {
-            let store = node
-                .data
-                .join("partitions")
-                .join(format!("p{p:03}"))
-                .join("store");
+            let store = node.partition_dir(p).join("store");
             if !store.exists() {
                 continue;
             }
@@ -321,7 +317,7 @@ fn same_as_the_log(h: &mut Harness, tokio: &tokio::runtime::Runtime, probe: &Wri
     let owner_copy = h
         .nodes
         .iter()
-        .map(|n| n.data.join("partitions").join(format!("p{p:03}")))
+        .map(|n| n.partition_dir(p))
         .find(|d| {
             d.join("store").exists() && harness::contents(&d.join("store")) == rebuilt_contents[&p]
         })
@@ -620,11 +616,7 @@ fn the_attacks_on_the_cluster_are_refused() {
     // Every copy of the partition passed the poisoned entries without writing them.
     h.stop_nodes();
     for node in &h.nodes {
-        let store = node
-            .data
-            .join("partitions")
-            .join(format!("p{p:03}"))
-            .join("store");
+        let store = node.partition_dir(p).join("store");
         if store.exists() {
             let copy = harness::contents(&store);
             assert!(

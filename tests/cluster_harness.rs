@@ -93,6 +93,13 @@ pub struct NodeProc {
     pub child: Option<Child>,
 }
 
+impl NodeProc {
+    /// This node's copy of partition `p` (a whole single-node data directory).
+    pub fn partition_dir(&self, p: u16) -> PathBuf {
+        self.data.join("partitions").join(format!("p{p:03}"))
+    }
+}
+
 /// The namespaces the writers use, and their API keys (`[[auth.keys]]`).
 pub fn keys() -> Vec<(String, String)> {
     (0..TENANTS)
