@@ -115,7 +115,7 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
         /// Join a cluster on NATS JetStream, configured by the config file's `[cluster]`
-        /// section (README "Cluster"); the data directory then holds this node's copies
+        /// section (docs/cluster.md); the data directory then holds this node's copies
         /// of the partitions.
         #[arg(long)]
         cluster: bool,
@@ -156,7 +156,7 @@ enum Command {
     /// them: `report.json` and `report.md` in --out (the same seed, the same workload).
     Simulate(simulate::SimulateArgs),
     /// A cluster's credentials: `cluster init` makes an nkey per node and the cluster
-    /// secret (README "Securing the cluster").
+    /// secret (docs/cluster.md, "Securing the cluster").
     Cluster {
         #[command(subcommand)]
         command: cluster::ClusterCommand,

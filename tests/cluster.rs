@@ -1,4 +1,4 @@
-//! The cluster's fault scenarios (README "Cluster"), on the harness of
+//! The cluster's fault scenarios (docs/cluster.md), on the harness of
 //! `tests/cluster_harness.rs`: three NATS servers and three nodes on 127.0.0.1, eight
 //! paced writers recording every acknowledgement, one fault, then the checks:
 //!
@@ -38,8 +38,8 @@ const WRITERS: usize = 8;
 const PACE: Duration = Duration::from_millis(50);
 /// Every session must accept writes again within this long of a fault: the 15 s,
 /// or `SHADOWBRAIN_CLUSTER_RECOVERY_SECS`. CI sets 60: scenario 2 (a NATS stream leader
-/// killed) missed 15 s in 3 of 17 runs before two fixes (none in 5 since; README
-/// "Cluster"), it is bounded below by JetStream's own leader election, and a CI run must
+/// killed) missed 15 s in 3 of 17 runs before two fixes (none in 5 since;
+/// docs/cluster.md), it is bounded below by JetStream's own leader election, and a CI run must
 /// not fail on a known, documented miss; every correctness check stays the same there.
 fn recovery_limit() -> Duration {
     let secs = std::env::var("SHADOWBRAIN_CLUSTER_RECOVERY_SECS")

@@ -1,6 +1,6 @@
 //! `shadowbrain cluster init`: makes the credentials of a secured cluster (an nkey per
 //! node, the cluster secret) as files to hand to the NATS servers and to each node
-//! (README "Securing the cluster").
+//! (docs/cluster.md, "Securing the cluster").
 
 use std::path::PathBuf;
 

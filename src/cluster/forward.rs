@@ -197,8 +197,8 @@ pub(super) async fn forward(
                         format!(
                             "{why}; the answer was not handed on. Check that every node has \
                              the same cluster secret (secret_env) and version, and that only \
-                             nodes may answer on the cluster's subjects (README \"Securing \
-                             the cluster\")"
+                             nodes may answer on the cluster's subjects (docs/cluster.md, \
+                             \"Securing the cluster\")"
                         ),
                     )
                     .into_response();

@@ -1,7 +1,8 @@
-//! `shadowbrain cluster init`: the credentials a secured cluster needs (README "Securing
-//! the cluster", `docs/cluster/`), made on one machine and handed out: an nkey per node
-//! (the node keeps its seed; the NATS servers are given only the public key, so nothing on
-//! a NATS server lets anyone sign in as a node) and the cluster secret every node shares.
+//! `shadowbrain cluster init`: the credentials a secured cluster needs (docs/cluster.md,
+//! "Securing the cluster"; `docs/cluster/`), made on one machine and handed out: an nkey
+//! per node (the node keeps its seed; the NATS servers are given only the public key, so
+//! nothing on a NATS server lets anyone sign in as a node) and the cluster secret every
+//! node shares.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -1,4 +1,4 @@
-//! Cluster mode (`serve --cluster`, README "Cluster", DESIGN §9): several nodes share the
+//! Cluster mode (`serve --cluster`, docs/cluster.md, DESIGN §9): several nodes share the
 //! work on NATS JetStream, which replicates the write log, holds the ownership leases and
 //! carries forwarded requests. There is no replication or membership protocol of our own.
 //!
@@ -293,7 +293,7 @@ impl ClusterConfig {
                 problems.push(format!(
                     "insecure_loopback is set, but `{url}` is not on loopback: NATS \
                      reachable from other machines needs tls_ca and a user per node \
-                     (README \"Securing the cluster\")"
+                     (docs/cluster.md, \"Securing the cluster\")"
                 ));
             }
         } else {
@@ -311,7 +311,7 @@ impl ClusterConfig {
                 problems.push(
                     "no credential of this node's own: set nkey_seed_env (a NATS nkey per \
                      node, made by `shadowbrain cluster init`), user and password_env, or \
-                     credentials_file (README \"Securing the cluster\"), or, when every NATS \
+                     credentials_file (docs/cluster.md, \"Securing the cluster\"), or, when every NATS \
                      server is on this machine, insecure_loopback = true"
                         .to_string(),
                 );
@@ -321,7 +321,7 @@ impl ClusterConfig {
                     "secret_env is not set: nodes seal what they tell each other (forwarded \
                      identities, answers, the write log, sign-ins) with a cluster secret; \
                      put at least 32 random bytes, the same on every node, in an environment \
-                     variable and name it in secret_env (README \"Securing the cluster\")"
+                     variable and name it in secret_env (docs/cluster.md, \"Securing the cluster\")"
                         .to_string(),
                 );
             }

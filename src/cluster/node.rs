@@ -257,8 +257,8 @@ async fn run_node(
     }
     .with_context(|| {
         format!(
-            "connecting to NATS at {}; start the NATS servers (see the README's Cluster \
-                 section) or fix [cluster] urls",
+            "connecting to NATS at {}; start the NATS servers (see docs/cluster.md) or \
+                 fix [cluster] urls",
             cfg.urls.join(", ")
         )
     })?;

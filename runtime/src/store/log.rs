@@ -1,4 +1,4 @@
-//! The seam a cluster puts under the store (README "Cluster"): a [`CommitLog`] the commit
+//! The seam a cluster puts under the store (docs/cluster.md): a [`CommitLog`] the commit
 //! thread appends every commit group to *before* it commits the group locally, and a
 //! [`Replica`] that applies such a log to another copy of the store.
 //!
