@@ -1,5 +1,6 @@
 //! The second stage of a policy: [`Policy::compile`] turns a [`RawPolicy`] into the typed,
-//! validated sections ([`Scoring`], [`Evaluation`], …) with DESIGN §5's defaults filled in.
+//! validated sections ([`Scoring`], [`Evaluation`], …) with the defaults of
+//! docs/policy.md filled in.
 //!
 //! Owns every rule about what a valid policy is (ranges, durations, enum values, regexes,
 //! kind names) and reports **every** violation at once with its dotted key. It must never
@@ -40,7 +41,7 @@ use crate::model::Kind;
 /// How recall fuses the vector and keyword candidate lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fusion {
-    /// Reciprocal rank fusion (DESIGN default): robust to incomparable score scales.
+    /// Reciprocal rank fusion: robust to incomparable score scales.
     Rrf,
     /// Weighted sum of the normalised scores.
     Weighted,
@@ -51,7 +52,7 @@ pub enum Fusion {
 /// What "age" means for the recency component.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecencyBasis {
-    /// Age since the event happened (DESIGN default).
+    /// Age since the event happened (the default).
     Event,
     /// Age since the record was last reinforced (`strength_at`), as in Generative Agents.
     LastAccess,
@@ -80,7 +81,7 @@ pub enum CondensationMode {
 /// The shape of strength decay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Curve {
-    /// `s(t) = s0 * 2^(-t / half_life)` (DESIGN default).
+    /// `s(t) = s0 * 2^(-t / half_life)` (the default curve).
     HalfLife,
     /// `s(t) = s0 * e^(-t / S)` with `S = stability * (1 + stability_growth * reinforcements)`:
     /// every recall makes the memory fade more slowly (MemoryBank).
@@ -277,7 +278,7 @@ impl Updates {
     }
 }
 
-/// DESIGN §5's values: what an empty file means.
+/// The defaults (docs/policy.md): what an empty file means.
 pub(crate) mod defaults {
     pub const NAME: &str = "default";
     pub const RELEVANCE: f64 = 1.0;
@@ -337,7 +338,7 @@ pub(crate) mod defaults {
     /// whose newer record the question did not match.
     pub const SUPERSEDED_WEIGHT: f64 = 1.0;
 
-    /// DESIGN's two rules: goals matter most, failed observations next.
+    /// The two default rules: goals matter most, failed observations next.
     pub fn rules() -> Vec<crate::policy::raw::RawRule> {
         use crate::policy::raw::RawRule;
         vec![
@@ -538,7 +539,7 @@ const WEIGHT_MAX: f64 = 10.0;
 const MAX_CONTEXT_WINDOW: u32 = 8;
 
 impl Policy {
-    /// Validates a raw policy and fills in DESIGN's defaults. Every problem is reported,
+    /// Validates a raw policy and fills in the defaults. Every problem is reported,
     /// each with `file` and its dotted key; nothing is returned half-valid.
     pub fn compile(raw: RawPolicy, file: &str) -> Result<Policy, PolicyErrors> {
         let mut c = Ctx {

@@ -434,7 +434,7 @@ mod tests {
                 "{kind}: {text}"
             );
         }
-        // DESIGN's default rules.
+        // The default rules.
         let d = Policy::default_policy();
         assert_eq!(d.importance("goal", "ship v1").importance, 9.0);
         assert_eq!(

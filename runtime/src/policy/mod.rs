@@ -1,4 +1,4 @@
-//! The policy engine: one TOML file (DESIGN §5) decides scoring, evaluation, condensation,
+//! The policy engine: one TOML file (docs/policy.md) decides scoring, evaluation, condensation,
 //! forgetting and promotion, so researchers compare memory policies by swapping a file.
 //!
 //! Two stages, like ripgrep's `LowArgs -> HiArgs`: [`raw`] reads a [`RawPolicy`] with the
@@ -70,7 +70,7 @@ impl Default for Policy {
 }
 
 impl Policy {
-    /// DESIGN §5's policy: exactly what an empty file compiles to.
+    /// The default policy (docs/policy.md): exactly what an empty file compiles to.
     pub fn default_policy() -> Policy {
         match Policy::compile(RawPolicy::default(), DEFAULT_FILE) {
             Ok(p) => p,

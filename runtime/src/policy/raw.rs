@@ -1,11 +1,12 @@
-//! The first stage of a policy: [`RawPolicy`], the file as written (DESIGN §5), read with the
-//! `config` crate from TOML plus `SHADOWBRAIN_POLICY__SECTION__KEY` environment overrides.
+//! The first stage of a policy: [`RawPolicy`], the file as written (docs/policy.md), read
+//! with the `config` crate from TOML plus `SHADOWBRAIN_POLICY__SECTION__KEY` environment
+//! overrides.
 //!
 //! Owns the serde shape of the file and the translation of every read problem (TOML syntax,
 //! unknown field, wrong type) into [`PolicyIssue`]s with the file and the dotted key. It must
 //! never validate meaning (ranges, durations, regexes, enum values) — that is
 //! [`super::compile`]'s job — and never applies defaults: every field is `Option`, `None`
-//! meaning "DESIGN's default".
+//! meaning "the default".
 
 use std::collections::HashMap;
 use std::fmt;
@@ -30,7 +31,7 @@ pub const ENV_LIST_KEYS: [&str; 1] = ["forgetting.protect_kinds"];
 /// Pseudo-key of issues about the file as a whole (unreadable, or not TOML).
 pub const FILE_KEY: &str = "(file)";
 
-/// A policy file as written. Every field is optional; `None` means DESIGN §5's default.
+/// A policy file as written. Every field is optional; `None` means the default.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPolicy {
@@ -74,13 +75,13 @@ pub struct RawScoring {
     /// Weight of utility (Beta mean).
     #[serde(default, deserialize_with = "number")]
     pub utility: Option<f64>,
-    /// Extension: weight of the record's current strength (default 0, as DESIGN).
+    /// Extension: weight of the record's current strength (default 0).
     #[serde(default, deserialize_with = "number")]
     pub strength: Option<f64>,
     /// Duration string, or `"never"` for no recency decay.
     #[serde(default)]
     pub recency_half_life: Option<String>,
-    /// Extension: `"event"` (age from the event time, DESIGN) or `"last_access"`.
+    /// Extension: `"event"` (age from the event time, the default) or `"last_access"`.
     #[serde(default)]
     pub recency_basis: Option<String>,
     /// `"rrf"` or `"weighted"`.
@@ -120,7 +121,7 @@ pub struct RawEvaluation {
     /// Importance when no rule matches.
     #[serde(default, deserialize_with = "number")]
     pub default_importance: Option<f64>,
-    /// The rules, first match wins; absent means DESIGN's two rules, `[]` means none.
+    /// The rules, first match wins; absent means the two default rules, `[]` means none.
     #[serde(default)]
     pub rules: Option<Vec<RawRule>>,
     /// What the LLM judge is told about rating (`llm`/`hybrid`); absent means the built-in
@@ -170,7 +171,7 @@ pub struct RawCondensation {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawForgetting {
-    /// Extension: `"half_life"` (DESIGN) or `"ebbinghaus"`.
+    /// Extension: `"half_life"` (the default) or `"ebbinghaus"`.
     #[serde(default)]
     pub curve: Option<String>,
     /// Strength halves over this without reinforcement (duration or `"never"`).

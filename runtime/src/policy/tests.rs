@@ -673,3 +673,48 @@ fn prompt_overrides_are_checked_hashed_and_shown() {
     assert_issue(&issues, "evaluation.prompt", &["blank", "built-in"]);
     assert_issue(&issues, "condensation.prompt", &["9000 bytes", "8192"]);
 }
+
+/// docs/policy.md is the contract policy files are read by: every key a file may hold (the
+/// fields of [`RawPolicy`], each section's) must be named there, so a key added to the
+/// code without its documentation fails here.
+#[test]
+fn the_policy_contract_names_every_key() {
+    let doc_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/policy.md");
+    let doc = std::fs::read_to_string(&doc_path).unwrap();
+    let raw = serde_json::to_value(RawPolicy {
+        evaluation: RawEvaluation {
+            rules: Some(vec![RawRule::default()]),
+            ..RawEvaluation::default()
+        },
+        ..RawPolicy::default()
+    })
+    .unwrap();
+    let mut keys = Vec::new();
+    for (section, value) in raw.as_object().unwrap() {
+        match value.as_object() {
+            Some(fields) => {
+                assert!(
+                    doc.contains(&format!("`[{section}]`")),
+                    "docs/policy.md does not name the section [{section}]"
+                );
+                for (key, inner) in fields {
+                    keys.push(key.clone());
+                    // The rules' own keys.
+                    if let Some(rule) = inner.as_array().and_then(|a| a.first()) {
+                        keys.extend(rule.as_object().unwrap().keys().cloned());
+                    }
+                }
+            }
+            None => keys.push(section.clone()),
+        }
+    }
+    assert!(keys.len() > 40, "{keys:?}");
+    let missing: Vec<&String> = keys
+        .iter()
+        .filter(|k| !doc.contains(&format!("`{k}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/policy.md does not name these policy keys: {missing:?}"
+    );
+}

@@ -83,7 +83,7 @@ async fn view(
                 Err(e) => p.error { (e) },
             }
         } @else {
-            p { "No policy file: the built-in default (DESIGN §5) is in force." }
+            p { "No policy file: the built-in default (docs/policy.md) is in force." }
         }
         h2 { "In force (compiled)" }
         pre.json { (compiled) }
