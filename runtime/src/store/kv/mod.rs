@@ -113,7 +113,8 @@ pub trait Kv: Send + Sync + std::fmt::Debug {
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
-    /// LMDB through heed: copy-on-write B-tree, survives kill -9 (the default; see README).
+    /// LMDB through heed: copy-on-write B-tree, survives kill -9 (the default; see
+    /// docs/storage.md).
     #[default]
     Lmdb,
     /// sled 0.34.

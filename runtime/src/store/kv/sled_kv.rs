@@ -1,6 +1,6 @@
 //! The sled backend of [`Kv`](super::Kv): one default tree, batches applied atomically, one
 //! `flush` per group commit. sled 0.34 is unmaintained; the crash test decides whether it
-//! can be the default (README has the figures).
+//! can be the default (docs/storage.md has the figures).
 
 use std::path::{Path, PathBuf};
 
