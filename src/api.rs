@@ -1,4 +1,4 @@
-//! The wire types of the HTTP contract (`DESIGN.md` §7): every request body the handlers
+//! The wire types of the HTTP contract (docs/http-api.md): every request body the handlers
 //! read and every answer they write, as typed structs. The handlers serialize these
 //! directly (no intermediate `serde_json::Value`), and `/openapi.json` is derived from the
 //! same structs, so the published schema cannot drift from what the server sends.

@@ -1,4 +1,4 @@
-//! The MCP door (`DESIGN.md` §10): the memory runtime as a Model Context Protocol server,
+//! The MCP door (docs/mcp.md): the memory runtime as a Model Context Protocol server,
 //! on the official SDK (rmcp), over stdio (`shadowbrain mcp`) and over Streamable HTTP
 //! (`/mcp` on `serve`, mounted by [`crate::server`] behind the API keys).
 //!

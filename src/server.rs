@@ -1,5 +1,5 @@
 //! The HTTP edge (`shadowbrain serve`): axum over the actor runtime's [`Runtime`] handle,
-//! implementing the contract of `DESIGN.md` §7 — paths, bodies, status codes and the error
+//! implementing the contract of docs/http-api.md — paths, bodies, status codes and the error
 //! shape `{"error":{"code","message"}}` — for the endpoints listed in [`router`], with API
 //! keys that map to namespaces ([`Auth`]) and Prometheus metrics (`crate::metrics`); and
 //! `/mcp`, the MCP server of [`crate::mcp`] over Streamable HTTP, behind the same keys,
@@ -501,10 +501,10 @@ pub(crate) trait ClusterNode: Send + Sync {
     fn statuses(&self) -> NodeFuture<'_, Vec<serde_json::Value>>;
 }
 
-/// The routes of `DESIGN.md` §7: health and metrics, session events, recall, feedback,
+/// The routes of docs/http-api.md: health and metrics, session events, recall, feedback,
 /// condense and timeline, the session list, one memory (get, status, archive, history),
 /// knowledge search and graph, the policy (get, reload), `/mcp` and the dashboard
-/// (`DESIGN.md` §10).
+/// (docs/mcp.md, docs/dashboard.md).
 /// Every request's body is held to `edge.body_timeout` between chunks and, when it
 /// declares its length, to the body limit before a byte of it is read ([`guard_body`]).
 pub fn router(rt: Runtime, limits: Limits, auth: Auth, edge: Edge) -> Router {
@@ -972,7 +972,7 @@ async fn guard_body(State(s): State<AppState>, request: Request, next: Next) -> 
             Some(length),
         ));
     }
-    // JSON in (DESIGN §7): a body declared as anything else is refused unread. A body
+    // JSON in (docs/http-api.md): a body declared as anything else is refused unread. A body
     // without a declared type is read as JSON.
     let declared_type = request
         .headers()
@@ -1368,7 +1368,8 @@ async fn healthz() -> Json<Health> {
 #[openapi(
     info(
         title = "shadowbrain",
-        description = "Long-term memory for LLM agents: the HTTP contract of DESIGN.md §7. \
+        description = "Long-term memory for LLM agents: the HTTP contract of the repository's \
+                       docs/http-api.md. \
                        With API keys configured, every /v1 request needs \
                        `Authorization: Bearer <key>`."
     ),
@@ -1409,7 +1410,7 @@ async fn no_route() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "no_such_route",
-        "no endpoint at this path and method; the README's endpoint table lists them",
+        "no endpoint at this path and method; docs/http-api.md lists them",
     )
 }
 
@@ -1957,6 +1958,36 @@ async fn post_policy_reload(
 
 #[cfg(test)]
 mod tests {
+    /// docs/http-api.md is the HTTP contract: every path of the OpenAPI document (what the
+    /// router serves) must be named there, so a route added without its documentation
+    /// fails here.
+    #[test]
+    fn the_http_contract_names_every_route() {
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/http-api.md"),
+        )
+        .unwrap();
+        let api = serde_json::to_value(super::ApiDoc::openapi()).unwrap();
+        let paths = api["paths"].as_object().unwrap();
+        assert!(paths.len() >= 15, "{:?}", paths.keys());
+        // The document names a path's parameters as the code does; the table may name a
+        // session's `{id}` by that shorter name.
+        // Named whole: `/v1/policy` is not named by `/v1/policy/reload`.
+        let named = |path: &str| {
+            ["`", "?", " "]
+                .iter()
+                .any(|end| doc.contains(&format!("{path}{end}")))
+        };
+        let missing: Vec<&String> = paths
+            .keys()
+            .filter(|path| !named(path) && !named(&path.replace("{session_id}", "{id}")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "docs/http-api.md does not name these routes: {missing:?}"
+        )
+    }
+
     use super::*;
 
     #[test]

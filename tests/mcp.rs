@@ -20,7 +20,7 @@ use crate::edge::Served;
 
 type Client = RunningService<RoleClient, ClientConfig>;
 
-/// The tools of the contract (`DESIGN.md` §10), in the order the server lists them.
+/// The tools of the contract (docs/mcp.md), in the order the server lists them.
 const TOOLS: [&str; 10] = [
     "remember",
     "recall",

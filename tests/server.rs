@@ -1045,7 +1045,7 @@ fn openapi_documents_every_route_and_answers_match_its_schemas() {
         "{}",
         doc["openapi"]
     );
-    // Every route of DESIGN.md §7, and this document itself.
+    // Every route of docs/http-api.md, and this document itself.
     let contract = [
         ("/healthz", "get"),
         ("/metrics", "get"),

@@ -465,7 +465,7 @@ pub struct AuditEntry {
     pub detail: String,
 }
 
-/// The limits every door enforces (DESIGN §7; these defaults are the contract's): the
+/// The limits every door enforces (docs/http-api.md; these defaults are the contract's): the
 /// config file's `[limits]` section, read by the server, the CLI and the runtime alike, so
 /// an embedded application, a CLI command and an HTTP request meet the same bounds with
 /// the same messages. Keys in the file are the serde names (`body_bytes`, `max_k` …).

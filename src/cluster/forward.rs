@@ -308,11 +308,18 @@ pub(super) async fn answer_forwarded(
         tokio::spawn(async move {
             let opened = with
                 .sealer
-                .open(Kind::Request, &[message.subject.as_bytes()], &message.payload)
+                .open(
+                    Kind::Request,
+                    &[message.subject.as_bytes()],
+                    &message.payload,
+                )
                 .map_err(|e| e.to_string())
                 .and_then(|body| {
                     postcard::from_bytes::<WireRequest>(body).map_err(|e| {
-                        format!("a forwarded request was unreadable ({e}); is every node on the same version?")
+                        format!(
+                            "a forwarded request was unreadable ({e}); is every node on the \
+                             same version?"
+                        )
                     })
                 })
                 .and_then(|wire| {

@@ -7,9 +7,9 @@
 //! the new owner; the lease revision it holds (`Sb-Epoch`), which the harness checks
 //! never goes backwards; and its seal under the cluster secret (`Sb-Seal`), bound to the
 //! stream, the position and the epoch, so an entry that no node wrote, or one moved from
-//! elsewhere, is never applied ([`checked_entry`]). Any failure whose outcome is unknown fences the log: it refuses
-//! every later append, and the node gives the partition up and catches up from the stream
-//! before it may own it again.
+//! elsewhere, is never applied ([`checked_entry`]). Any failure whose outcome is unknown
+//! fences the log: it refuses every later append, and the node gives the partition up and
+//! catches up from the stream before it may own it again.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,4 +1,4 @@
-//! Cluster mode (`serve --cluster`, docs/cluster.md, DESIGN §9): several nodes share the
+//! Cluster mode (`serve --cluster`, docs/cluster.md): several nodes share the
 //! work on NATS JetStream, which replicates the write log, holds the ownership leases and
 //! carries forwarded requests. There is no replication or membership protocol of our own.
 //!
@@ -311,8 +311,8 @@ impl ClusterConfig {
                 problems.push(
                     "no credential of this node's own: set nkey_seed_env (a NATS nkey per \
                      node, made by `shadowbrain cluster init`), user and password_env, or \
-                     credentials_file (docs/cluster.md, \"Securing the cluster\"), or, when every NATS \
-                     server is on this machine, insecure_loopback = true"
+                     credentials_file (docs/cluster.md, \"Securing the cluster\"), or, when \
+                     every NATS server is on this machine, insecure_loopback = true"
                         .to_string(),
                 );
             }

@@ -1,4 +1,4 @@
-//! The dashboard (`DESIGN.md` §10): `GET /` and the views under `/ui/`, served by `serve`
+//! The dashboard (docs/dashboard.md): `GET /` and the views under `/ui/`, served by `serve`
 //! on its own port, as server-rendered HTML (maud templates, which escape every value) with
 //! two small ES modules for what HTML cannot do alone (the graph, drawn by the vendored
 //! Cytoscape.js, and the overview's live figures). Every asset is compiled into the binary;

@@ -1,5 +1,6 @@
 //! The ordered key-value seam under the store. Two backends implement [`Kv`]: sled (the
-//! project owner's choice) and LMDB through heed (crash-proven; DESIGN §3 says why both).
+//! project owner's choice) and LMDB through heed (crash-proven; docs/storage.md says why
+//! LMDB is the default).
 //! The trait is deliberately small — point reads, ordered range scans, and durable group
 //! commits of whole batches — so a distributed backend can implement it later. It knows
 //! nothing about records: keys and values are bytes.
