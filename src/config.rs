@@ -1,4 +1,4 @@
-//! The server's config file (`--config`, TOML; DESIGN §6–7), read with `config` so every
+//! The server's config file (`--config`, TOML; docs/configuration.md), read with `config` so every
 //! key can be overridden from the environment as `SHADOWBRAIN__SECTION__KEY` (e.g.
 //! `SHADOWBRAIN__LIMITS__MAX_K=50`). Eight sections, each optional:
 //!

@@ -74,7 +74,7 @@ impl Fnv1a {
     }
 }
 
-/// Deterministic feature-hashing embedder (DESIGN §6 `hash`, the default).
+/// Deterministic feature-hashing embedder (`hash`, docs/configuration.md).
 #[derive(Debug, Clone)]
 pub struct HashEmbedder {
     dimensions: usize,

@@ -1,8 +1,8 @@
-//! Embedders: the [`Embedder`] trait, the `[embedder]` configuration (DESIGN §6) and the
-//! factory that turns one into the other. Implementations live in [`hash`] (feature
-//! hashing, in-process, no semantics), [`local`] (a sentence-transformers model run
-//! in-process, when its weights are installed) and [`openai`] (any OpenAI-compatible
-//! endpoint). `kind = "auto"`, the default, is `local` when the model is installed and
+//! Embedders: the [`Embedder`] trait, the `[embedder]` configuration
+//! (docs/configuration.md) and the factory that turns one into the other. Implementations
+//! live in [`hash`] (feature hashing, in-process, no semantics), [`local`] (a
+//! sentence-transformers model run in-process, when its weights are installed) and
+//! [`openai`] (any OpenAI-compatible endpoint). `kind = "auto"`, the default, is `local` when the model is installed and
 //! `hash` otherwise ([`EmbedderConfig::resolve`]).
 //!
 //! This module must never read secrets from the configuration (only the *name* of the
@@ -157,9 +157,9 @@ impl<'de> Deserialize<'de> for Precision {
     }
 }
 
-/// The `[embedder]` section of the server configuration (DESIGN §6). Every key is optional;
-/// an empty section is `auto`: the local model when it is installed, else the hash
-/// embedder with 384 dimensions.
+/// The `[embedder]` section of the server configuration (docs/configuration.md). Every key
+/// is optional; an empty section is `auto`: the local model when it is installed, else the
+/// hash embedder with 384 dimensions.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EmbedderConfig {

@@ -3,7 +3,7 @@
 //! LM Studio), temperature 0, one system and one user message, optionally with a JSON schema
 //! the answer must follow.
 //!
-//! The faults (DESIGN §6) are the provider transport's (`provider`): the
+//! The faults (docs/configuration.md) are the provider transport's (`provider`): the
 //! per-request timeout, bounded concurrency, retries with backoff and jitter honouring
 //! `Retry-After`. What is particular to chat is here: an endpoint that rejects
 //! `response_format` is asked again without it, and remembered, so later calls do not pay

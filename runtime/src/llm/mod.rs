@@ -1,4 +1,4 @@
-//! The `[llm]` section of the server configuration (DESIGN §6): which chat-completions
+//! The `[llm]` section of the server configuration (docs/configuration.md): which chat-completions
 //! endpoint judges importance and condenses windows when the policy asks for `llm` or
 //! `hybrid` evaluation. This module holds the section's shape and its validation, so a
 //! config file is checked, with every mistake named, when the server starts; the provider
