@@ -387,7 +387,7 @@ fn main() {
         },
     );
     let behind: u64 = summary(&written).0;
-    let ends = tokio.block_on(harness::log_ends(&h.nats_urls(), PARTITIONS));
+    let ends = tokio.block_on(harness::log_ends(&h.nats_access(), PARTITIONS));
     h.start_node(victim);
     let back = Instant::now();
     while !caught_up(&h, victim, &ends) {
@@ -406,7 +406,7 @@ fn main() {
 
     // Cold rebuild: fill, then a node with an empty data directory joins.
     fill(&h, a.records);
-    let ends = tokio.block_on(harness::log_ends(&h.nats_urls(), PARTITIONS));
+    let ends = tokio.block_on(harness::log_ends(&h.nats_access(), PARTITIONS));
     let entries: u64 = ends.values().sum();
     // Failover with big partitions: the victim's partitions move to the others.
     let owned_before = h.owned()[victim];

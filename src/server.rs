@@ -191,7 +191,9 @@ pub(crate) struct Verified {
     pub(crate) namespace: String,
     /// Whether the caller holds an admin key.
     pub(crate) admin: bool,
-    /// The hex SHA-256 of the caller's key (empty while no keys are configured).
+    /// The hex SHA-256 of the caller's key, as `mcp_caller` names a protocol session's
+    /// owner (that of the empty key when none was sent; empty for a dashboard visitor
+    /// while no keys are configured).
     pub(crate) key: String,
     /// The client's address as the front saw it.
     pub(crate) client: Option<std::net::IpAddr>,
@@ -1970,9 +1972,8 @@ mod tests {
         let api = serde_json::to_value(super::ApiDoc::openapi()).unwrap();
         let paths = api["paths"].as_object().unwrap();
         assert!(paths.len() >= 15, "{:?}", paths.keys());
-        // The document names a path's parameters as the code does; the table may name a
-        // session's `{id}` by that shorter name.
-        // Named whole: `/v1/policy` is not named by `/v1/policy/reload`.
+        // Each path named whole (`/v1/policy` is not named by `/v1/policy/reload`), with its
+        // parameters as the code names them or a session's `{id}` as the table does.
         let named = |path: &str| {
             ["`", "?", " "]
                 .iter()

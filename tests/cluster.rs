@@ -91,7 +91,7 @@ fn run(nats: &std::path::Path, scenario: Scenario, tokio: &tokio::runtime::Runti
             Instant::now()
         }
         Scenario::KillStreamLeader => {
-            let leader = tokio.block_on(harness::busiest_leader(&h.nats_urls()));
+            let leader = tokio.block_on(harness::busiest_leader(&h.nats_access()));
             let i = h.nats.iter().position(|n| n.name == leader).unwrap();
             h.kill_nats(i);
             Instant::now()
@@ -196,7 +196,7 @@ fn run(nats: &std::path::Path, scenario: Scenario, tokio: &tokio::runtime::Runti
         acked += w.acked.len();
         latencies.extend(w.latencies.iter().copied());
     }
-    let logs = tokio.block_on(harness::epochs(&h.nats_urls(), PARTITIONS));
+    let logs = tokio.block_on(harness::epochs(&h.nats_access(), PARTITIONS));
     for (p, (_, backwards)) in &logs {
         assert!(
             backwards.is_none(),
@@ -237,14 +237,14 @@ fn run(nats: &std::path::Path, scenario: Scenario, tokio: &tokio::runtime::Runti
 /// owner's); and recall on the last owner's copy, opened by one process, answers what the
 /// rebuilt store answers.
 fn same_as_the_log(h: &mut Harness, tokio: &tokio::runtime::Runtime, probe: &Written) -> String {
-    let urls = h.nats_urls();
+    let nats = h.nats_access();
     h.stop_nodes();
     let rebuilt_root = h.dir.path().join("rebuilt");
     let mut compared = 0;
     // What each partition's log rebuilds to, kept for the recall check below.
     let mut rebuilt_contents = std::collections::BTreeMap::new();
     for p in 0..PARTITIONS {
-        let entries = tokio.block_on(harness::read_log(&urls, p));
+        let entries = tokio.block_on(harness::read_log(&nats, p));
         let rebuilt = rebuilt_root.join(format!("p{p:03}"));
         let mut replica =
             shadowbrain::Replica::open(&rebuilt.join("store"), shadowbrain::Backend::Lmdb).unwrap();
@@ -414,7 +414,7 @@ fn the_attacks_on_the_cluster_are_refused() {
     let owner_name = h.owners()[&p].clone();
     let front = (0..NODES).find(|&i| h.nodes[i].name != owner_name).unwrap();
     let site = Site::at(h.nodes[front].addr);
-    let access = h.nats_urls();
+    let access = h.nats_access();
     let rpc = format!("sb.rpc.{p:03}");
     let log = format!("sb.log.{p:03}");
     let within = |limit: Duration| tokio::time::sleep(limit);

@@ -746,7 +746,7 @@ impl Harness {
     }
 
     /// The running NATS servers, as the operator user of the secured configuration.
-    pub fn nats_urls(&self) -> NatsAccess {
+    pub fn nats_access(&self) -> NatsAccess {
         let secured = self.security == Security::Secured;
         NatsAccess {
             urls: self
