@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use nkeys::{KeyPair, KeyPairType};
+use nkeys::KeyPair;
 
 /// The files [`init`] writes, by the machines they go to.
 #[derive(Debug)]
@@ -19,14 +19,6 @@ pub struct Made {
     /// One per node, for its environment only: its seed (`SB_NATS_NKEY_SEED`) and the
     /// cluster secret (`SB_CLUSTER_SECRET`), as `docs/cluster/node.toml` names them.
     pub nodes: Vec<PathBuf>,
-}
-
-/// 32 random bytes from the operating system.
-fn random() -> [u8; 32] {
-    let mut bytes = [0u8; 32];
-    // Without the operating system's generator no key would be safe to hand out.
-    getrandom::fill(&mut bytes).expect("the operating system's random generator failed");
-    bytes
 }
 
 /// Writes `text` to a new file readable by its owner only; an existing file is never
@@ -57,14 +49,15 @@ pub fn init(nodes: usize, dir: &Path) -> anyhow::Result<Made> {
         "--nodes is {nodes}; use 1 to 64 (three for a cluster that survives one node's loss)"
     );
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let secret: String = crate::server::hex(&random());
+    // 32 random bytes, hex: as the dashboard makes its tokens.
+    let secret = crate::server::random_token();
     let mut servers = String::from(
         "# The public nkeys of the shadowbrain nodes, for the NATS servers' environment\n\
          # (docs/cluster/shadowbrain.conf reads them). Public: not a secret.\n",
     );
     let mut made = Vec::with_capacity(nodes);
     for i in 0..nodes {
-        let key = KeyPair::new_from_raw(KeyPairType::User, random()).context("making an nkey")?;
+        let key = KeyPair::new_user();
         let seed = key.seed().context("reading the nkey's seed")?;
         servers.push_str(&format!("SB_NODE{i}_NKEY={}\n", key.public_key()));
         let path = dir.join(format!("node{i}.env"));

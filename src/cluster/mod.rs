@@ -538,17 +538,14 @@ mod tests {
             "{e}"
         );
         // The setting is refused when any server is elsewhere.
-        let e = ClusterConfig {
+        let e = refused(ClusterConfig {
             urls: vec![
                 "nats://127.0.0.1:4222".into(),
                 "nats://10.0.0.7:4222".into(),
             ],
             insecure_loopback: true,
             ..base.clone()
-        }
-        .check()
-        .unwrap_err()
-        .to_string();
+        });
         assert!(
             e.contains("`nats://10.0.0.7:4222` is not on loopback"),
             "{e}"
@@ -585,21 +582,15 @@ mod tests {
         assert_eq!(c.tls.unwrap().ca, ca);
         assert_eq!(c.secret, "s".repeat(32).into_bytes());
         // Without a cluster secret, or with a short one: refused, saying how to make one.
-        let e = ClusterConfig {
+        let e = refused(ClusterConfig {
             secret_env: None,
             ..secure.clone()
-        }
-        .check()
-        .unwrap_err()
-        .to_string();
+        });
         assert!(e.contains("secret_env is not set"), "{e}");
-        let e = ClusterConfig {
+        let e = refused(ClusterConfig {
             secret_env: Some("SB_TEST_SHORT_SECRET".into()),
             ..secure.clone()
-        }
-        .check()
-        .unwrap_err()
-        .to_string();
+        });
         assert!(
             e.contains("SB_TEST_SHORT_SECRET has 5 bytes") && e.contains("openssl rand"),
             "{e}"
@@ -615,46 +606,39 @@ mod tests {
             ..secure.clone()
         };
         assert_eq!(keyed.check().unwrap().nkey_seed, Some(seed));
-        let e = ClusterConfig {
+        let e = refused(ClusterConfig {
             nkey_seed_env: Some("SB_TEST_NOT_A_SEED".into()),
             ..keyed.clone()
-        }
-        .check()
-        .unwrap_err()
-        .to_string();
+        });
         assert!(e.contains("does not hold an nkey seed"), "{e}");
-        let e = ClusterConfig {
+        let e = refused(ClusterConfig {
             nkey_seed_env: Some("SB_TEST_NKEY_SEED".into()),
             ..secure.clone()
-        }
-        .check()
-        .unwrap_err()
-        .to_string();
+        });
         assert!(e.contains("give one NATS credential"), "{e}");
-        let e = ClusterConfig {
+        let e = refused(ClusterConfig {
             token_env: Some("SB_TEST_NATS_PASSWORD".into()),
             ..secure.clone()
-        }
-        .check()
-        .unwrap_err()
-        .to_string();
+        });
         assert!(
             e.contains("token_env is one secret every client shares"),
             "{e}"
         );
-        let e = ClusterConfig {
+        let e = refused(ClusterConfig {
             tls_cert: Some(ca.display().to_string()),
             tls_ca: Some("/nonexistent/ca.pem".into()),
             ..secure
-        }
-        .check()
-        .unwrap_err()
-        .to_string();
+        });
         assert!(
             e.contains("tls_ca `/nonexistent/ca.pem` is not a readable file")
                 && e.contains("tls_cert and tls_key go together"),
             "{e}"
         );
+    }
+
+    /// Why `section` is refused.
+    fn refused(section: ClusterConfig) -> String {
+        section.check().unwrap_err().to_string()
     }
 
     /// Sets a variable only this test reads.
