@@ -99,7 +99,7 @@ fn ask(query: &str) -> RecallRequest {
 async fn every_record_is_embedded_once_and_a_paraphrase_finds_its_record() {
     let (provider, endpoint, dir) = start_provider(false).await;
     let rt = Runtime::open(config(&dir, &endpoint)).await.unwrap();
-    // 43 events over three sessions, as in the report this test comes from.
+    // 43 events over three sessions: several of the enricher's rounds.
     let target = "we bought a sedan for the team last week";
     let mut ids: Vec<(MemoryId, String)> = Vec::new();
     for i in 0..42 {

@@ -317,14 +317,15 @@ impl Int8Encoder {
         // Errors add up layer by layer: past six layers (MPNet-base has twelve) the inputs
         // of the query-key-value and down projections get a second byte too, which brings
         // the twelve-layer model to the six-layer one's agreement with the float model or
-        // better, for about a sixth more work (the README's embedder section gives both).
+        // better, for about a sixth more work (docs/configuration.md, 'Embedders', has the
+        // agreement with and without it).
         let deep = self.layers.len() > 6;
         for ((layer, source), ranges) in self.layers.iter_mut().zip(&self.sources).zip(&ranges) {
             let [qkv, out, up, down] = std::array::from_fn(|i| {
                 let s = &source[i];
                 // The down projection (the fourth) reads GELU's output, four times the
                 // hidden width, and its weights' rounding costs the most: they get a
-                // second byte (the README's figures for the local embedder weigh it).
+                // second byte.
                 let down = i == 3;
                 let fine_inputs = deep && (down || i == 0);
                 PackedWeights::smoothed(&s.w, s.n, s.k, &s.b, &ranges[i], down, fine_inputs)
@@ -662,7 +663,7 @@ mod tests {
     #[test]
     fn mpnet_buckets_are_those_of_the_reference() {
         // (key − query distance, bucket), from `tests/reference/encoder.py`, itself checked
-        // against transformers' MPNet in float64 (the README's embedder section).
+        // against transformers' MPNet in float64.
         let expected = [
             (-200, 15),
             (-129, 15),

@@ -1,5 +1,5 @@
 //! Facts that change, measured on BEAM and LoCoMo with the policy's `[updates]` section off
-//! and on, in one run, on the same embedder (issue 21). Each data set is ingested once with
+//! and on, in one run, on the same embedder. Each data set is ingested once with
 //! `[updates] mode = "rules"`; "off" is the same store asked with `include_superseded`,
 //! which ranks exactly as a store without detection would (detection changes no scored
 //! component: it only adds validity, edges and, for repeats, strength, which the default

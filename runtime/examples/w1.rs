@@ -1,4 +1,4 @@
-//! Workload W1 (`../shared/bench/README.md`): 1,000 sessions × 100 events with 384-d
+//! Workload W1 (its figures: docs/benchmarks.md): 1,000 sessions × 100 events with 384-d
 //! clustered embeddings. Ingests durably through the substrate, waits for the indexes, runs
 //! the 1,000 session-scoped (Q1) and 1,000 global (Q2) top-10 queries against the vector
 //! index, rebuilds the vector index from scratch, reopens the store, and prints one JSON

@@ -11,10 +11,10 @@
 //! [`MapRelease`] drops the map's pages from the process with `madvise(MADV_DONTNEED)`:
 //! every [`RELEASE_INTERVAL`] of activity, and, once the file is larger than
 //! [`MAP_BUDGET`], every [`RELEASE_EVERY_READS`] page-reading operations. As each random
-//! read can map 2 MB, only a count of reads bounds what is mapped (a burst of recalls
-//! mapped 1 GB of a 2.5 GB store within 500 ms). That has a price: reads after a release
-//! fault their pages in again (at 1M records, session recall p50 went from 0.45–0.54 to
-//! 0.63–0.83 ms), so a file within the budget is only ever released by time.
+//! read can map 2 MB, only a count of reads bounds what is mapped (a burst of recalls can
+//! map a gigabyte within half a second). That has a price: reads after a release fault
+//! their pages in again, which shows in session recall's median latency, so a file within
+//! the budget is only ever released by time.
 //!
 //! It is safe for LMDB's map, a shared read-only mapping of the file: LMDB writes with
 //! `pwrite`, never through the map, so a dropped page is read again from the page cache,

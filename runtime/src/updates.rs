@@ -461,8 +461,8 @@ fn clauses(text: &str) -> Vec<&str> {
             && bytes.get(i + 1).is_none_or(|n| n.is_ascii_whitespace());
         if end_of_sentence && c == b'?' {
             // A question states nothing to update or contradict ("is the runner still in
-            // eu-1?"); on BEAM, users' questions naming numbers were most of the false
-            // supersessions.
+            // eu-1?"); on BEAM, users' questions naming numbers would otherwise make most
+            // of the false supersessions.
             out.truncate(sentence_start);
             start = i + 1;
             sentence_start = out.len();

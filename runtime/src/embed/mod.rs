@@ -74,8 +74,8 @@ pub trait Embedder: Send + Sync + std::fmt::Debug {
 /// Answers, once, the question the local model's kernels ask on every matrix product — how
 /// many threads to split it over — by setting `RAYON_NUM_THREADS` to candle's own answer
 /// when it is unset. candle reads `RAYON_NUM_THREADS` first and otherwise counts the
-/// physical cores from `/proc/cpuinfo` each time, which was a quarter of a short query's
-/// embedding time. Nothing else changes: candle splits its work as before, and rayon's
+/// physical cores from `/proc/cpuinfo` each time, which costs a quarter of a short query's
+/// embedding time. Nothing else changes: candle splits its work the same way, and rayon's
 /// pool takes the same number.
 ///
 /// # Safety

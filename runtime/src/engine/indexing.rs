@@ -56,7 +56,7 @@ impl Substrate {
         // cannot be caught up from the log: rebuild it from the store. The truncation mark
         // says exactly how far the log was dropped; sequences are shared with the audit
         // log, so without it (stores from before the mark) an index is judged by the first
-        // kept change, and an empty log after audits looked stale on every start.
+        // kept change, which makes an empty log after audits look stale on every start.
         let truncated = store.changes_truncated()?;
         let stale = |wm: u64| match truncated {
             Some(t) => wm < t,
@@ -93,7 +93,8 @@ impl Substrate {
         // A small tail is built now, as a close builds one. A large one is left to the
         // indexer, as a close leaves it: searches read the tails exactly meanwhile, and an
         // open's time does not grow with the tail (a cluster's takeover waits for this
-        // open: 113k changes took 30 s to build on a busy machine).
+        // open, and a build of a hundred thousand changes takes half a minute on a busy
+        // machine).
         let small = |pending: usize| pending <= super::CLOSE_BUILD_LIMIT;
         if small(self.inner.keywords.pending()) {
             self.index_pass_for(IndexKind::Keywords, true)?;
@@ -285,8 +286,9 @@ impl Substrate {
             let spill = self.inner.vectors.spilling();
             // An index skips what it already holds: after an open, the log is read from the
             // older watermark of the two (the vectors', when a big build was left for
-            // later), and staging again what the keyword index committed long ago cost a
-            // taking node seconds of tokenising and a re-commit of every such document.
+            // later), and staging again what the keyword index committed long ago would
+            // cost a node taking over seconds of tokenising and a re-commit of every such
+            // document.
             let (kw_done, vec_done) = (
                 self.inner.keywords.watermark()?,
                 self.inner.vectors.watermark()?,

@@ -476,8 +476,8 @@ fn pick_representatives(
     let n = window.len();
     // Each event's mean cosine with the others. Cosine is the dot product of unit vectors,
     // so the sum over the others is the event's unit vector against the sum of all unit
-    // vectors, less itself: one pass over the window instead of one per pair (a 500-event
-    // window took ~50 ms of a core pairwise, on the async workers every request shares).
+    // vectors, less itself: one pass over the window instead of one per pair (pairwise, a
+    // 500-event window would hold a core for tens of milliseconds).
     let units: Vec<Option<Vec<f32>>> = embeddings.iter().map(|e| e.as_deref().map(unit)).collect();
     let dims = units.iter().flatten().map(Vec::len).max().unwrap_or(0);
     let mut total = vec![0.0f64; dims];

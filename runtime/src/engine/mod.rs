@@ -146,7 +146,7 @@ impl Default for SubstrateOptions {
 }
 
 /// Staged vector changes a close still builds into the trees; a larger tail is left to the
-/// next open (18,000 staged vectors took 14 s to build in a debug build, holding up the stop).
+/// next open (a build of 18,000 staged vectors takes seconds, and the stop would wait for it).
 pub const CLOSE_BUILD_LIMIT: usize = 4096;
 
 /// The active policies: the default, and those the operator assigned to single
@@ -239,11 +239,11 @@ struct Inner {
     closed: AtomicBool,
     /// A cluster standby (see [`SubstrateOptions::standby`]).
     standby: bool,
-    /// Recalls ranking at once: two per core. Without a bound, 32 concurrent recalls were 32
-    /// blocking threads time-sliced on 2 cores, and an unlucky one waited for all the
+    /// Recalls ranking at once: two per core. Without a bound, 32 concurrent recalls would be
+    /// 32 blocking threads time-sliced on 2 cores, and an unlucky one would wait for all the
     /// others (p99 five times p50); with it they queue first in, first out. One per core
-    /// left cores idle while a ranking thread waited on a page fault (measured: a quarter
-    /// less throughput).
+    /// would leave a core idle while a ranking thread waits on a page fault (a quarter less
+    /// throughput).
     ranking: tokio::sync::Semaphore,
 }
 

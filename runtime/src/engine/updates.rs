@@ -32,7 +32,7 @@ use crate::store::{Filter, Mutation, Queue, Reinforcement, Validity, ValidityCha
 use crate::updates::{Change, Claims, Finding, compare};
 
 /// How many queued records one scheduled round takes: about a tenth of a second of
-/// searches and comparisons (453 µs per record measured on BEAM).
+/// searches and comparisons (about half a millisecond per record on BEAM).
 const ROUND: usize = 256;
 
 /// What one detection round did.

@@ -1,4 +1,4 @@
-//! BEAM evidence recall (`../shared/data/beam/README.md`, the 100K-token split): each chat
+//! BEAM evidence recall (the 100K-token split, not shipped): each chat
 //! becomes one session and each message one memory (`role: content`, in id order, the
 //! batch's `time_anchor` date as event time); every probing question that names evidence
 //! (`source_chat_ids`; abstention questions name none) is asked through recall and scored

@@ -1,4 +1,4 @@
-//! LoCoMo evidence recall (`../shared/data/locomo/README.md`): each conversation becomes one
+//! LoCoMo evidence recall (`locomo10.json`, not shipped): each conversation becomes one
 //! session, each dialog turn one memory (`Speaker: text [shares caption]`, its session's
 //! date as event time, `dia_id` in metadata); every question is asked through recall, and
 //! recall@k = |evidence ∩ top-k| / |evidence| is averaged per category (see [`super::ask`]).

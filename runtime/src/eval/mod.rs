@@ -138,8 +138,8 @@ pub enum Ranking {
     /// Plain BM25 over the same analysed text: the keyword index alone, which scores a
     /// long turn by its best passage.
     Bm25,
-    /// BM25 over whole turns, however long ([`WholeBm25`]): the anchor of the figures
-    /// measured before long turns were indexed as passages.
+    /// BM25 over whole turns, however long ([`WholeBm25`]): an anchor that does not depend
+    /// on how the keyword index cuts long turns into passages.
     WholeBm25,
 }
 
@@ -382,8 +382,8 @@ impl Ingested {
 
 /// BM25 over whole turns, however long (k1 = 1.2, b = 0.75, tantivy's idf; statistics over
 /// every turn of every conversation, as the keyword index's are over the namespace),
-/// computed here from the data alone: the anchor the figures had before long turns were
-/// indexed as passages, which the keyword index can no longer give.
+/// computed here from the data alone: the keyword index scores a long turn by its best
+/// passage, so it cannot give this anchor.
 #[derive(Debug, Clone, Default)]
 pub struct WholeBm25 {
     /// Per conversation, per turn: its analysed terms with their counts, and its length.

@@ -18,7 +18,7 @@ pub use vector::{BuildStats, VectorIndex, VectorOptions, VectorSource};
 /// similarity, the condenser's centrality and the judge's reuse all compare with this one.
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     // Eight independent lanes, so the compiler vectorises without reassociating floats
-    // (one accumulator each made this a chain of dependent scalar adds).
+    // (one accumulator each would make this a chain of dependent scalar adds).
     const LANES: usize = 8;
     let (mut dot, mut na, mut nb) = ([0f32; LANES], [0f32; LANES], [0f32; LANES]);
     let (ac, bc) = (a.chunks_exact(LANES), b.chunks_exact(LANES));

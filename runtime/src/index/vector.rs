@@ -38,12 +38,12 @@
 //!
 //! The built index is **sharded by id range** ([`VectorOptions::shard_items`]): one arroy
 //! forest (arroy's index number) per range of ids. An arroy build walks every item and node
-//! of the forest it changes, so with one forest every build read, and mapped, the whole
+//! of the forest it changes, so with one forest every build would read, and map, the whole
 //! index (2.4 GB at 1M 384-dimensional vectors); ids are handed out in order, so new
 //! records land in the last shard and a build reads that one. A search walks each shard
 //! that can hold a candidate and keeps the best `k` of all. An index of the format before
-//! shards opens as one shard holding every id and works as before; `shadowbrain reindex`
-//! rebuilds it in shards.
+//! shards opens as one shard holding every id; `shadowbrain reindex` rebuilds it in
+//! shards.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
@@ -91,22 +91,14 @@ const META_SHARDS: &str = "shards";
 type ArroyDb = arroy::Database<'static, Cosine>;
 type MetaDb = heed::Database<'static, Str, Bytes>;
 
-/// Tuning of a [`VectorIndex`]. The defaults were measured on W1 (`runtime/examples/w1.rs`:
-/// 100k × 384-d clustered vectors, release, 2 shared cores). Recall@10 against exact search
-/// and Q2 (namespace-wide top-10) latency:
-///
-/// | trees × factor | recall@10 | p50 | p99 | 100k build |
-/// |---|---|---|---|---|
-/// | 16 × 10 | 0.985 | 1.38 ms | 2.58 ms | 9.3 s |
-/// | 16 × 12 | 0.991 | 1.67 ms | 3.17 ms | 10.0 s |
-/// | 24 × 6 | 0.987 | 1.06 ms | 1.91 ms | 13.5 s |
-/// | 24 × 7 | 0.994 | 1.32–1.34 ms | 2.33–2.63 ms | 13.8–15.4 s |
-/// | **24 × 8** (default) | 0.991–0.993 | 0.92–1.06 ms | 1.75–1.99 ms | 7.2–8.0 s |
+/// Tuning of a [`VectorIndex`]. The defaults are chosen on W1 (`runtime/examples/w1.rs`:
+/// 100k × 384-d clustered vectors, release, 2 shared cores) for recall@10 against exact
+/// search and Q2 (namespace-wide top-10) latency; docs/benchmarks.md has the figures.
 ///
 /// More trees with a smaller factor reach the same recall with fewer items scored (each
 /// costs an LMDB read); the tree count is bounded by the 15 s budget for a 100k build.
-/// The last row is of 2026-12-04, on vectors as the store keeps them (half precision),
-/// where 24 × 7 reached 0.987–0.991 in seven runs against 0.989–0.994 on float32.
+/// On vectors as the store keeps them (half precision), 24 trees need factor 8 to keep
+/// recall@10 at 0.99.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VectorOptions {
     /// Trees in the arroy forest, passed on every build. `None` lets arroy choose (about 150
@@ -297,7 +289,7 @@ impl StagedVector {
 /// [`dot`] of `query` and `halves × scale`: the same products summed in the same lanes and
 /// order, so the same bits as the dot of the widened vector. On a CPU with F16C (x86-64
 /// since 2013) the halves are widened eight at a time in registers: widening them into a
-/// buffer first took about 40 % of the session searches' time over HTTP (perf).
+/// buffer first would take about 40 % of a session search's time.
 fn dot_half(query: &[f32], halves: &[half::f16], scale: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx") {
@@ -550,7 +542,7 @@ pub struct VectorIndex {
     build_pool: OnceLock<rayon::ThreadPool>,
     /// The same at a lower CPU priority (`nice` 10), for builds that may wait: on a busy
     /// machine they take the cores ingest and recall leave over, instead of halving
-    /// ingest throughput (measured: 12k → 19–23k events/s on two cores).
+    /// ingest throughput.
     background_pool: OnceLock<rayon::ThreadPool>,
     /// Where vectors staged past the tail budget are read back from (see the module docs).
     source: OnceLock<Arc<dyn VectorSource>>,
@@ -1050,7 +1042,7 @@ impl VectorIndex {
             writer.set_tmpdir(self.dir.clone());
             // Items past the largest one are appended (`MDB_APPEND`): LMDB then fills pages,
             // where inserting at the end splits them in half and leaves one 1.5 KB vector
-            // per 4 KB page (measured: 20k vectors on 10.7k pages instead of 20.3k).
+            // per 4 KB page.
             let (existed, mut largest) = match Reader::<Cosine>::open(wtxn, shard, self.arroy) {
                 Ok(reader) => (true, reader.item_ids().max()),
                 Err(arroy::Error::MissingMetadata(_)) => (false, None),
@@ -1553,8 +1545,8 @@ impl VectorIndex {
     /// Runs `work` (a build) while another thread gives the map's pages back every
     /// [`BUILD_RELEASE_INTERVAL`]: arroy reads items and nodes through the map, no read of
     /// ours counts them, and a build of a whole shard would otherwise keep all of it
-    /// mapped (measured at 100,000 sessions: up to 780 MB of mapped files at the peak
-    /// RSS). Each release walks the map's page tables, about a millisecond.
+    /// mapped (hundreds of MB at 100,000 sessions). Each release walks the map's page
+    /// tables, about a millisecond.
     fn releasing_while<T>(&self, work: impl FnOnce() -> T) -> T {
         let done = std::sync::Mutex::new(false);
         let wake = std::sync::Condvar::new();

@@ -1,5 +1,5 @@
-//! Reading JSON out of a model's answer, for the LLM judge and the condenser (issue 5,
-//! point 4). Local models wrap their JSON in prose, Markdown fences and `<think>` blocks, and
+//! Reading JSON out of a model's answer, for the LLM judge and the condenser. Local models
+//! wrap their JSON in prose, Markdown fences and `<think>` blocks, and
 //! get its syntax a little wrong; this module finds the JSON the model meant ([`extract`]),
 //! repairs the common faults while saying which ones it repaired ([`Repair`]), and checks the
 //! two answers the runtime asks for ([`judge_answer`], [`condense_answer`]).

@@ -9,7 +9,7 @@
 //! provider's own faults (timeouts, 429, 5xx) are retried inside the client; a namespace
 //! over its token budget gets rules without a call ([`super::cost`]).
 //!
-//! Calls are spared before they are made (issue 5's cost control):
+//! Calls are spared before they are made, since each costs tokens and seconds:
 //! - **cache**: a record whose kind and text (under the same guidance) were judged before
 //!   takes that judgement; the cache holds the last `cache_entries` texts;
 //! - **semantic reuse**: a record whose embedding is within `reuse_similarity` (cosine) of

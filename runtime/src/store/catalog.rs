@@ -233,7 +233,7 @@ impl Catalog {
     ///
     /// Every step intersects with the (usually small) scope first: a session's few hundred
     /// ids against a tier, never a union of whole tiers of 100k ids against the session,
-    /// and never a clone of the namespace's bitmap just to narrow it (those copies were a
+    /// and never a clone of the namespace's bitmap just to narrow it (such copies are a
     /// visible part of a loaded server's recall CPU).
     pub fn candidates(&self, f: &Filter<'_>) -> RoaringBitmap {
         let Some(ns) = self.namespaces.get(f.namespace) else {

@@ -54,7 +54,7 @@ struct Body {
 
 /// What recall's reinforcements changed in a record, kept under the record's id in a table
 /// of its own instead of in the record ([`super::keys::strength`]). Each recall reinforces
-/// about ten records, and rewriting each dirtied a page of the record table; these entries
+/// about ten records, and rewriting each would dirty a page of the record table; these entries
 /// are small enough that a session's fit in a page or two. Readers lay the entry over the
 /// record ([`Strength::lay_over`]); any other rewrite of the record folds it back in and
 /// drops it. Postcard is positional: these fields, in this order, are the stored bytes.

@@ -393,8 +393,8 @@ impl Worker {
             };
             // Truncating the change log is an index's bookkeeping, and every copy of a
             // store keeps indexes of its own: each truncates its own change log once its
-            // indexes built it, so that never goes to a cluster's log. (Logged, it made
-            // a standby drop changes its own indexes had not built yet.)
+            // indexes built it, so that never goes to a cluster's log. (Logged, it would
+            // make a standby drop changes its own indexes had not built yet.)
             let own = writes
                 .0
                 .iter()

@@ -48,7 +48,7 @@ pub struct Idempotent {
 
 /// What one recall's reinforcement did to the records of one session: an entry of that
 /// session's reinforcement log. Recall reinforces what it returns, and keeping each
-/// record's entry under the record (as other audit entries are) dirtied a page per record
+/// record's entry under the record (as other audit entries are) would dirty a page per record
 /// reinforced; a session's log takes one append per recall, and
 /// [`Store::history`](super::Store::history) merges it back into each record's history.
 /// Postcard is positional: these fields, in this order, are the stored bytes.

@@ -87,7 +87,7 @@ pub struct KeywordIndex {
     /// so the table is read once from the `id` fast field when a segment is first searched
     /// by id (8 bytes a document), and dropped when the segment leaves the searcher. A
     /// session-scoped recall finds its hundred-odd documents by binary search here, where
-    /// a lookup in the id field's term dictionary per id cost a few percent of the recall.
+    /// a lookup in the id field's term dictionary per id would cost a few percent of it.
     id_docs: Mutex<HashMap<SegmentId, IdTable>>,
 }
 
@@ -398,8 +398,8 @@ impl KeywordIndex {
             // A small scope (a session): look its docs up by id and score only them,
             // instead of scoring every doc that shares a query term and filtering. Each
             // term's postings seek by skip list from one scope doc to the next, where a
-            // should-union's buffered seek refilled its window from every term (measured:
-            // 14 % of a session recall's CPU went to that seek).
+            // should-union's buffered seek would refill its window from every term (a
+            // seventh of a session recall's CPU).
             let query_stats = query_stats_of(&stats, words)?;
             let mut counts = HashMap::new();
             if count {
@@ -532,8 +532,8 @@ impl KeywordIndex {
     /// passage, in no particular order; an id the index does not hold is absent), for the
     /// terms of `stats`. Recall reads a keyword hit together with its neighbouring turns:
     /// their query-term frequencies and lengths come from the postings and field norms the
-    /// index already holds, where analysing each neighbour's text again cost three quarters
-    /// of that step.
+    /// index already holds, where analysing each neighbour's text again would cost three
+    /// quarters of that step.
     pub fn term_counts(
         &self,
         stats: &QueryStats,

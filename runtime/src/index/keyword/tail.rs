@@ -175,7 +175,7 @@ impl Tail {
     /// what the smaller side costs: when most of the tail was committed (the usual case: a
     /// commit takes a fraction of a second, the tail holds up to its threshold) the tail is
     /// rebuilt from the entries staged since, instead of unaccounting every committed entry
-    /// term by term, which for a large batch stalled recalls and writes for tens of
+    /// term by term, which for a large batch would stall recalls and writes for tens of
     /// milliseconds.
     pub(super) fn drop_committed(&mut self, snapshot: &Snapshot, snapshot_seq: u64) -> Tail {
         let later: Vec<u32> = self
