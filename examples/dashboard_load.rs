@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use shadowbrain::listen::Edge;
-use shadowbrain::server::{self, Auth};
-use shadowbrain::{Limits, NewMemory, Runtime, RuntimeConfig};
+use shadowbrain::auth::Auth;
+use shadowbrain::http::{self, ServerLimits};
+use shadowbrain::{NewMemory, Runtime, RuntimeConfig};
 
 struct Args {
     records: usize,
@@ -154,12 +154,14 @@ async fn main() {
         .expect("listen");
     let addr = listener.local_addr().expect("an address");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(server::serve(
+    let served = tokio::spawn(http::serve(
         listener,
         rt.clone(),
-        Limits::default(),
-        Auth::open(),
-        Edge::default(),
+        http::Options {
+            auth: Auth::open(),
+            server: ServerLimits::default(),
+            ..http::Options::default()
+        },
         async {
             let _ = stopped.await;
         },

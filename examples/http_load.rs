@@ -50,9 +50,8 @@ use std::time::{Duration, Instant};
 
 use serde::de::IgnoredAny;
 use serde_json::{Value, json};
-use shadowbrain::Limits;
-use shadowbrain::listen::Edge;
-use shadowbrain::server::{self, Auth};
+use shadowbrain::auth::Auth;
+use shadowbrain::http::{self, ServerLimits};
 use shadowbrain::{Policy, Runtime, RuntimeConfig};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -135,10 +134,10 @@ fn args() -> Result<Args, String> {
         paced_secs: 10.0,
         mixed_secs: 0.0,
         mixed_clients: 200,
-        mixed_max_recalls: Edge::default().max_recalls,
-        mixed_max_writes: Edge::default().max_writes,
-        mixed_queue_wait: Edge::default().queue_wait,
-        mixed_write_wait: Edge::default().write_queue_wait,
+        mixed_max_recalls: ServerLimits::default().max_recalls,
+        mixed_max_writes: ServerLimits::default().max_writes,
+        mixed_queue_wait: ServerLimits::default().queue_wait,
+        mixed_write_wait: ServerLimits::default().write_queue_wait,
         mixed_variants: vec!["off".into(), "at_once".into(), "queue".into()],
         paced_mixed: 0.0,
         paced_mixed_clients: 20,
@@ -343,17 +342,19 @@ async fn main() {
     // Phases 1–3 measure the throughput and latency of admitted work with a fixed set of
     // clients, so none of them may be refused: the admission limits are raised to the
     // client count. Phase 4 is where the default limits are measured.
-    let edge = Edge {
-        max_recalls: Edge::default().max_recalls.max(a.clients),
-        max_writes: Edge::default().max_writes.max(a.clients),
-        ..Edge::default()
+    let edge = ServerLimits {
+        max_recalls: ServerLimits::default().max_recalls.max(a.clients),
+        max_writes: ServerLimits::default().max_writes.max(a.clients),
+        ..ServerLimits::default()
     };
-    let served = tokio::spawn(server::serve(
+    let served = tokio::spawn(http::serve(
         listener,
         rt.clone(),
-        Limits::default(),
-        Auth::open(),
-        edge,
+        http::Options {
+            auth: Auth::open(),
+            server: edge,
+            ..http::Options::default()
+        },
         async {
             let _ = stopped.await;
         },
@@ -482,27 +483,27 @@ async fn main() {
     // Each variant on a fresh runtime loaded alike, so none runs on another's writes: the
     // anchor with limits that never bind, the limits refusing at once (`queue_wait = 0`,
     // admission before requests could wait for a slot), then the default limits.
-    let unbounded = Edge {
+    let unbounded = ServerLimits {
         max_recalls: 1 << 20,
         max_writes: 1 << 20,
-        ..Edge::default()
+        ..ServerLimits::default()
     };
-    let at_once = Edge {
+    let at_once = ServerLimits {
         max_recalls: a.mixed_max_recalls,
         // The limits as they were before requests could wait: 512 writes.
         max_writes: 512,
         queue_wait: Duration::ZERO,
         write_queue_wait: Duration::ZERO,
-        ..Edge::default()
+        ..ServerLimits::default()
     };
-    let waiting = Edge {
+    let waiting = ServerLimits {
         max_recalls: a.mixed_max_recalls,
         max_writes: a.mixed_max_writes,
         queue_wait: a.mixed_queue_wait,
         write_queue_wait: a.mixed_write_wait,
-        ..Edge::default()
+        ..ServerLimits::default()
     };
-    let variants: Vec<(&str, Edge)> = [
+    let variants: Vec<(&str, ServerLimits)> = [
         ("off", unbounded),
         ("at_once", at_once),
         ("queue", waiting.clone()),
@@ -717,7 +718,7 @@ fn config(dir: &std::path::Path, policy: Option<&Policy>) -> RuntimeConfig {
 /// One mixed phase: a fresh runtime with [`MIXED_PRELOAD`] events, served with `edge`, and
 /// [`mixed_load`] against it.
 async fn mixed_phase(
-    edge: Edge,
+    edge: ServerLimits,
     policy: Option<&Policy>,
     clients: usize,
     secs: f64,
@@ -735,12 +736,14 @@ async fn mixed_phase(
     // Served as `serve` serves: the connections on a thread of their own, the answers on
     // this runtime.
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(server::serve(
+    let served = tokio::spawn(http::serve(
         listener,
         rt,
-        Limits::default(),
-        Auth::open(),
-        edge,
+        http::Options {
+            auth: Auth::open(),
+            server: edge,
+            ..http::Options::default()
+        },
         async {
             let _ = stopped.await;
         },

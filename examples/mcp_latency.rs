@@ -21,9 +21,9 @@ use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RoleClient, RunningSe
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::{Value, json};
-use shadowbrain::listen::Edge;
-use shadowbrain::server::{self, Auth};
-use shadowbrain::{Limits, Runtime, RuntimeConfig};
+use shadowbrain::auth::Auth;
+use shadowbrain::http::{self, ServerLimits};
+use shadowbrain::{Runtime, RuntimeConfig};
 
 /// Words the events are made of; a query is two of them.
 const WORDS: [&str; 24] = [
@@ -125,12 +125,14 @@ async fn main() {
         .expect("listen");
     let addr = listener.local_addr().expect("an address");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(server::serve(
+    let served = tokio::spawn(http::serve(
         listener,
         rt.clone(),
-        Limits::default(),
-        Auth::open(),
-        Edge::default(),
+        http::Options {
+            auth: Auth::open(),
+            server: ServerLimits::default(),
+            ..http::Options::default()
+        },
         async {
             let _ = stopped.await;
         },

@@ -22,8 +22,10 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use shadowbrain::Backend;
+use shadowbrain::auth::DEFAULT_NAMESPACE;
 use shadowbrain::config::ConfigFile;
 use shadowbrain::embed::{Embedder, EmbedderConfig, EmbedderKind, build_embedder, is_model_dir};
+use shadowbrain::http;
 use shadowbrain::internals::{Store, StoreOptions};
 use shadowbrain::llm::LlmKind;
 use shadowbrain::llm::chat::ChatClient;
@@ -32,7 +34,6 @@ use shadowbrain::llm::cost::Llm;
 use shadowbrain::llm::judge::LlmJudge;
 use shadowbrain::llm::updates::LlmUpdateJudge;
 use shadowbrain::policy::{CondensationMode, EvaluationMode, Policy};
-use shadowbrain::server;
 use shadowbrain::{Runtime, RuntimeConfig};
 
 /// shadowbrain: long-term memory for LLM agents.
@@ -69,7 +70,7 @@ struct RuntimeArgs {
     #[command(flatten)]
     store: StoreArgs,
     /// The namespace to act in (the one an API key maps to under `serve`).
-    #[arg(long, default_value = server::DEFAULT_NAMESPACE)]
+    #[arg(long, default_value = DEFAULT_NAMESPACE)]
     namespace: String,
     /// A policy file (TOML); the built-in default policy without one.
     #[arg(long)]
@@ -89,7 +90,7 @@ struct McpArgs {
     #[arg(long)]
     policy: Option<PathBuf>,
     /// The namespace every call acts in.
-    #[arg(long, default_value = server::DEFAULT_NAMESPACE)]
+    #[arg(long, default_value = DEFAULT_NAMESPACE)]
     namespace: String,
     /// The session a tool call acts in when it names none.
     #[arg(long, default_value = shadowbrain::mcp::DEFAULT_SESSION)]
@@ -273,15 +274,12 @@ async fn serve(
     if let Err(e) = std::fs::write(data.join(SERVE_URL), &url) {
         tracing::warn!(error = %e, "cannot write {SERVE_URL} in the data directory");
     }
-    let drained = server::serve(
-        listener,
-        rt,
-        file.limits,
+    let options = http::Options {
+        limits: file.limits,
         auth,
-        file.edge,
-        shutdown_signal(),
-    )
-    .await;
+        server: file.server,
+    };
+    let drained = http::serve(listener, rt, options, shutdown_signal()).await;
     let _ = std::fs::remove_file(data.join(SERVE_URL));
     let drained = drained?;
     match drained.cut {

@@ -34,8 +34,8 @@ use crate::llm::LlmConfig;
 use anyhow::Context;
 use serde::Deserialize;
 
-use crate::listen::{Edge, ServerConfig};
-use crate::server::{ApiKey, Auth};
+use crate::auth::{ApiKey, Auth};
+use crate::http::{ServerConfig, ServerLimits};
 
 /// The sections a config file may have.
 const SECTIONS: [&str; 8] = [
@@ -86,7 +86,7 @@ pub struct ConfigFile {
     /// `[limits]`.
     pub limits: Limits,
     /// `[server]`, checked.
-    pub edge: Edge,
+    pub server: ServerLimits,
     /// `[[namespaces]]`, names checked and paths resolved (the files are read when the
     /// runtime is configured).
     pub namespaces: Vec<NamespacePolicy>,
@@ -133,7 +133,7 @@ impl ConfigFile {
             anyhow::bail!(
                 "unknown config section(s) {unknown:?}; the sections are [provider], \
                  [embedder], [llm], [[auth.keys]], [limits], [server], [[namespaces]] and \
-                 [cluster] (see the README)"
+                 [cluster] (see docs/configuration.md)"
             );
         }
         // Checked for unknown keys, then merged as written into the sections that use it.
@@ -152,9 +152,9 @@ impl ConfigFile {
         if !problems.is_empty() {
             anyhow::bail!("the [limits] section is invalid: {}", problems.join("; "));
         }
-        let edge = section::<ServerConfig>(&cfg, "server")?
+        let server = section::<ServerConfig>(&cfg, "server")?
             .unwrap_or_default()
-            .edge()
+            .limits()
             .map_err(|problems| {
                 anyhow::anyhow!("the [server] section is invalid: {}", problems.join("; "))
             })?;
@@ -169,7 +169,7 @@ impl ConfigFile {
             llm,
             auth,
             limits,
-            edge,
+            server,
             namespaces,
         })
     }

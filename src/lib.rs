@@ -15,19 +15,26 @@ pub use shadowbrain_actors::{
 };
 pub use shadowbrain_runtime::*;
 
+// The root package's layers, each using only those above it in this list (docs/architecture.md):
+// the contract (wire types, the error shape, requests read for HTTP and MCP alike), who a
+// caller is, admission, metrics and the config file; then MCP over the runtime; then HTTP
+// (routes, connections, the dashboard), which mounts MCP; then the cluster, which runs HTTP
+// per partition; the policy lab beside them; the CLI on top (`src/cli.rs`, the binary's).
+#[cfg(feature = "server")]
+pub(crate) mod admission;
 #[cfg(feature = "server")]
 pub mod api;
+#[cfg(feature = "server")]
+pub mod auth;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 #[cfg(feature = "server")]
 pub mod config;
 #[cfg(feature = "server")]
-pub mod listen;
+pub mod http;
 #[cfg(feature = "server")]
 pub mod mcp;
 #[cfg(feature = "server")]
 pub mod metrics;
-#[cfg(feature = "server")]
-pub mod server;
 #[cfg(feature = "lab")]
 pub mod sim;

@@ -11,9 +11,8 @@ use std::process::ExitCode;
 use clap::Parser;
 
 // mimalloc instead of glibc's malloc: the actor runtime allocates many small, short-lived
-// buffers from many threads, where glibc's per-thread arenas cost ~10 % of ingest CPU in
-// arena growth and consolidation (measured with perf; sessions_scale 15–19k → 19–23k
-// events/s on two cores).
+// buffers from many threads, where glibc's per-thread arenas spend a tenth of ingest's CPU
+// growing and consolidating arenas (perf on `examples/sessions_scale.rs` shows it).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -469,14 +469,9 @@ impl Metrics {
         (self.events.get(), self.recalls.get())
     }
 
-    /// Counts one MCP tool call: `tool` is one of the contract's names (anything else is
-    /// counted as `unknown`, so a client cannot grow the label set).
-    pub fn tool_call(&self, tool: &str, ok: bool) {
-        let tool = crate::mcp::TOOLS
-            .iter()
-            .find(|t| **t == tool)
-            .copied()
-            .unwrap_or("unknown");
+    /// Counts one MCP tool call: `tool` is one of the contract's names, or `unknown` (a
+    /// static name, so a client cannot grow the label set).
+    pub fn tool_call(&self, tool: &'static str, ok: bool) {
         let outcome = if ok { "ok" } else { "error" };
         self.tool_calls
             .get_or_create(&ToolLabels { tool, outcome })

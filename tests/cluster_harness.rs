@@ -5,7 +5,7 @@
 //! readers of what the cluster stored and logged.
 //!
 //! Secured ([`Security::Secured`], the default) the servers and nodes run the example
-//! configuration of `docs/cluster/` as the README tells an operator to: certificates from
+//! configuration of `docs/cluster/` as docs/cluster.md tells an operator to: certificates from
 //! `make-certs.sh`, an nkey per node and the cluster secret from `shadowbrain cluster
 //! init`, `nats-server.conf` with `shadowbrain.conf` (TLS, an account, an nkey and
 //! permissions per node), `node.toml` (TLS, its nkey, the secret); only the lines those

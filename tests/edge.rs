@@ -1295,7 +1295,7 @@ fn thread_policy(pid: u32, name: &str) -> u32 {
 #[test]
 fn the_edge_thread_runs_at_real_time_priority_only_when_asked() {
     // Whether this process may: the server, its child, may then too.
-    let allowed = std::thread::spawn(|| shadowbrain::listen::raise_to_realtime().is_ok())
+    let allowed = std::thread::spawn(|| shadowbrain::http::raise_to_realtime().is_ok())
         .join()
         .unwrap();
     let plain = Served::start("");

@@ -314,7 +314,7 @@ fn serve_keeps_a_long_event_whole_and_finds_it_by_a_passage_deep_inside() {
     let data = dir.path().join("data");
     let (child, addr) = serve(&data, &remote_config(dir.path(), &endpoint));
     let detail = "| note: we bought a sedan for the team |";
-    // 150 KB: past the 64 KiB the server used to refuse.
+    // 150 KB: well past 64 KiB, a common default body limit, to show the limit is ours.
     let text = tool_output(3_300, detail);
     assert!(text.len() > 150_000);
     let long = record(addr, "ops", &text);

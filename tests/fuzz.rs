@@ -14,10 +14,9 @@ use axum::http::{Request, StatusCode};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::Value;
-use shadowbrain::listen::Edge;
+use shadowbrain::http;
 use shadowbrain::policy::Policy;
-use shadowbrain::server::{self, Auth};
-use shadowbrain::{Limits, Runtime, RuntimeConfig};
+use shadowbrain::{Runtime, RuntimeConfig};
 use tower::ServiceExt;
 
 /// Valid bodies for each route: what mutation starts from.
@@ -78,7 +77,7 @@ fn mutated_bodies_never_get_a_5xx_and_every_error_has_the_contract_shape() {
     let rt = tokio
         .block_on(Runtime::open(RuntimeConfig::new(dir.path())))
         .unwrap();
-    let app = server::router(rt.clone(), Limits::default(), Auth::open(), Edge::default());
+    let app = http::router(rt.clone(), http::Options::default());
     let send = |path: &str, body: String| {
         let request = Request::post(path)
             .header("content-type", "application/json")

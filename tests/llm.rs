@@ -1,4 +1,4 @@
-//! The LLM judge and condenser end to end (issue 5), through the actor runtime, against a
+//! The LLM judge and condenser end to end, through the actor runtime, against a
 //! real OpenAI-compatible HTTP server this file starts on 127.0.0.1 and scripts: good JSON,
 //! JSON in code fences, broken JSON, the wrong schema, 429 with Retry-After, 500, a hang
 //! past the timeout, slow answers. What must hold: the model's scores and lessons when it

@@ -7,9 +7,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use shadowbrain::Limits;
-use shadowbrain::listen::Edge;
-use shadowbrain::server::{self, ApiKey, Auth, Role};
+use shadowbrain::auth::{ApiKey, Auth, Role};
+use shadowbrain::http;
+use shadowbrain::http::ServerLimits;
 use shadowbrain::{Runtime, RuntimeConfig};
 
 /// One HTTP/1.1 exchange: the status and the body as JSON (`Null` when it is not JSON).
@@ -125,12 +125,14 @@ impl TestServer {
                 let rt = Runtime::open(RuntimeConfig::new(&data)).await.unwrap();
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 addr_tx.send(listener.local_addr().unwrap()).unwrap();
-                server::serve(
+                http::serve(
                     listener,
                     rt,
-                    Limits::default(),
-                    auth,
-                    Edge::default(),
+                    http::Options {
+                        auth,
+                        server: ServerLimits::default(),
+                        ..http::Options::default()
+                    },
                     async {
                         let _ = stopped.await;
                     },

@@ -22,7 +22,8 @@ use serde::{Deserialize, Serialize};
 use tower::ServiceExt;
 
 use super::seal::{self, Kind, Sealer, SeenNonces};
-use crate::server::{ApiError, Verified};
+use crate::api::ApiError;
+use crate::auth::Verified;
 
 /// Marks a request that came over NATS (never forwarded again) and, on answers, which node
 /// answered it.
@@ -80,7 +81,7 @@ fn header_map(pairs: Vec<(String, Vec<u8>)>) -> HeaderMap {
 }
 
 /// The headers of an owner's answer as the client gets them: all but `Set-Cookie`. Only
-/// the front's own sign-in and sign-out set cookies (`crate::server::served_by_front`), so
+/// the front's own sign-in and sign-out set cookies (`crate::http::dashboard::served_by_front`), so
 /// an answer from across NATS that sets one is not the owner's work: it is never handed to
 /// a browser.
 fn answer_headers(pairs: Vec<(String, Vec<u8>)>) -> HeaderMap {
@@ -258,7 +259,7 @@ fn safe_to_resend(method: &Method, path: &str, headers: &HeaderMap, body: &[u8])
         .is_some_and(|id| !id.is_empty() && !id.contains('/'));
     match *method {
         Method::GET | Method::HEAD => true,
-        _ if headers.contains_key(crate::server::IDEMPOTENCY_KEY) => true,
+        _ if headers.contains_key(crate::http::IDEMPOTENCY_KEY) => true,
         Method::POST if path == "/mcp" => crate::mcp::safe_to_resend(body),
         Method::POST => session_route("/recall") || path == "/v1/knowledge/search",
         Method::DELETE => memory_route,
@@ -489,7 +490,7 @@ mod tests {
         ));
         let mut keyed = HeaderMap::new();
         keyed.insert(
-            crate::server::IDEMPOTENCY_KEY,
+            crate::http::IDEMPOTENCY_KEY,
             HeaderValue::from_static("k-1"),
         );
         assert!(safe_to_resend(

@@ -50,7 +50,7 @@ pub fn init(nodes: usize, dir: &Path) -> anyhow::Result<Made> {
     );
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     // 32 random bytes, hex: as the dashboard makes its tokens.
-    let secret = crate::server::random_token();
+    let secret = crate::auth::random_token();
     let mut servers = String::from(
         "# The public nkeys of the shadowbrain nodes, for the NATS servers' environment\n\
          # (docs/cluster/shadowbrain.conf reads them). Public: not a secret.\n",

@@ -86,8 +86,8 @@ const ACK_WAIT: Duration = Duration::from_secs(2);
 /// JetStream's leader elections (up to ~9 s in nats-server): a retry under the same
 /// message id and expected sequence is stored once, and the lease check in the loop still
 /// stops a node that lost its lease, so waiting out an election is safe and cheaper than
-/// fencing, stepping down and taking the partition back (8 s here left scenario 2 at
-/// ~15 s in 4 of 12 runs).
+/// fencing, stepping down and taking the partition back (a deadline shorter than an
+/// election turns every leader change into a takeover).
 const APPEND_DEADLINE: Duration = Duration::from_secs(20);
 
 /// Fault injection for the cluster harness (scenario 6): the share of publish

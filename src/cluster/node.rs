@@ -36,12 +36,13 @@ use super::policy;
 use super::seal::{Sealer, SeenNonces};
 use super::signins::{self, KvSignIns};
 use super::{Cluster, partition_of, rendezvous};
+use crate::api::ApiError;
+use crate::auth::{Auth, AuthThrottle, Verified};
 use crate::config::ConfigFile;
-use crate::listen::{Drained, Edge};
+use crate::http::dashboard::{Door, Logins};
+use crate::http::{ClusterNode, InCluster, NodeFuture};
+use crate::http::{Drained, ServerLimits};
 use crate::metrics::{Metrics, NodeFigures, Totals};
-use crate::server::{
-    ApiError, Auth, AuthThrottle, ClusterNode, Door, InCluster, Logins, NodeFuture, Verified,
-};
 
 /// Entries a standby applies in one transaction at most.
 const APPLY_BATCH: usize = 512;
@@ -130,7 +131,7 @@ struct Node {
     rt_config: RuntimeConfig,
     limits: Limits,
     auth: Auth,
-    edge: Edge,
+    edge: ServerLimits,
     metrics: Arc<Metrics>,
     closing: CancellationToken,
     max_entry: usize,
@@ -279,7 +280,7 @@ async fn run_node(
     let sign_ins = create_bucket(
         &js,
         kv::Config {
-            max_age: crate::server::SIGN_IN_FOR,
+            max_age: crate::http::dashboard::SIGN_IN_FOR,
             max_bytes: signins::MAX_BYTES,
             ..bucket("signins")
         },
@@ -334,7 +335,7 @@ async fn run_node(
     let (live_tx, live) = watch::channel(Vec::new());
     let node = Arc::new_cyclic(|me| Node {
         me: me.clone(),
-        front_ui: crate::server::dashboard_front(door.clone()),
+        front_ui: crate::http::dashboard::front(door.clone()),
         door,
         sealer,
         seen: Arc::new(SeenNonces::default()),
@@ -346,7 +347,7 @@ async fn run_node(
         partitions,
         limits: file.limits,
         auth: file.auth,
-        edge: file.edge,
+        edge: file.server,
         metrics: Arc::new(Metrics::for_cluster()),
         retired: Mutex::new(Totals::default()),
         closing: CancellationToken::new(),
@@ -399,7 +400,7 @@ async fn run_node(
         .fallback(front)
         .with_state(node.clone());
     let counts = node.metrics.connections();
-    let drained = crate::server::serve_app(
+    let drained = crate::http::serve_app(
         listener,
         app,
         node.edge.clone().lingering_for(node.limits.max_body_bytes),
@@ -937,20 +938,22 @@ impl Node {
             }
         };
         let closing = self.closing.child_token();
-        let router = crate::server::router_with(
-            rt.clone(),
-            self.limits,
-            self.auth.clone(),
-            self.edge.clone(),
-            Some(self.work.clone()),
-            self.metrics.clone(),
-            closing.clone(),
-            Some(InCluster {
+        let options = crate::http::Options {
+            limits: self.limits,
+            auth: self.auth.clone(),
+            server: self.edge.clone(),
+        };
+        let wiring = crate::http::Wiring {
+            work: Some(self.work.clone()),
+            metrics: Some(self.metrics.clone()),
+            closing: closing.clone(),
+            cluster: Some(InCluster {
                 logins: self.door.logins(),
                 node: Arc::new(Lent(self.me.clone(), self.cfg.node.clone())),
                 partition: part.id,
             }),
-        );
+        };
+        let router = crate::http::router_with(rt.clone(), options, wiring);
         let requests = self
             .client
             .queue_subscribe(part.rpc_subject.clone(), "owners".into())
@@ -1361,7 +1364,7 @@ async fn follow(
 /// caller's partition, or forwarded to its owner.
 async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
     let path = request.uri().path();
-    if crate::server::is_dashboard(path) {
+    if crate::http::dashboard::is_dashboard(path) {
         return answered_by(&node, dashboard(&node, request).await);
     }
     if path == "/mcp" && request.method() != Method::POST {
@@ -1387,17 +1390,17 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
         .and_then(|v| v.to_str().ok());
     if path == "/openapi.json" {
         // Public, as on one server, and the same on every node.
-        return answered_by(&node, crate::server::get_openapi().await);
+        return answered_by(&node, crate::http::get_openapi().await);
     }
     // Keys are checked here, at the node the client reached, with the failed-key throttle
     // of one server: a client without a valid key is answered 401, and 429 past the limit
     // of its address, before anything goes to another node.
-    let ip = crate::server::client_ip_in(request.extensions());
+    let ip = crate::http::client_ip_in(request.extensions());
     let caller = match node.door.caller(header, ip) {
         Ok((namespace, role)) => Verified {
             namespace,
-            admin: role == crate::server::Role::Admin,
-            key: crate::server::digest(crate::server::bearer_token(header).unwrap_or_default()),
+            admin: role == crate::auth::Role::Admin,
+            key: crate::auth::digest(crate::auth::bearer_token(header).unwrap_or_default()),
             client: ip,
             viewer: None,
         },
@@ -1418,13 +1421,13 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
 /// are answered here; every other page shows its visitor's namespace, so it goes to that
 /// namespace's partition like a `/v1` request of the visitor's key would.
 async fn dashboard(node: &Node, request: Request) -> Response {
-    if crate::server::served_by_front(request.uri().path()) {
+    if crate::http::dashboard::served_by_front(request.uri().path()) {
         return match node.front_ui.clone().oneshot(request).await {
             Ok(r) => r,
             Err(never) => match never {},
         };
     }
-    match crate::server::visitor(&node.door, request).await {
+    match crate::http::dashboard::visitor(&node.door, request).await {
         Ok((caller, request)) => to_partition(node, caller, request).await,
         Err(answer) => answer,
     }
@@ -1591,7 +1594,7 @@ async fn status(State(node): State<Arc<Node>>, request: Request<Body>) -> Respon
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let ip = crate::server::client_ip_in(request.extensions());
+    let ip = crate::http::client_ip_in(request.extensions());
     if let Err(e) = node.door.caller(header, ip) {
         return e.into_response();
     }

@@ -14,9 +14,10 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
+use crate::api::ApiError;
 use crate::api::PolicyOut;
+use crate::api::requests::policy_out;
 use crate::policy::Policy;
-use crate::server::{ApiError, policy_out};
 use crate::{PolicyStamp, RuntimeConfig};
 
 /// What a reload asks of every node.

@@ -123,7 +123,7 @@ impl Sealer {
 
     /// The tag of `body` alone, hex (for a header).
     pub(super) fn sign_hex(&self, kind: Kind, context: &[&[u8]], body: &[u8]) -> String {
-        crate::server::hex(self.tag(kind, context, body).as_ref())
+        crate::auth::hex(self.tag(kind, context, body).as_ref())
     }
 
     /// Checks a hex tag made by [`Sealer::sign_hex`].

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use async_nats::jetstream::kv;
 
 use super::seal::{Kind, Sealer};
-use crate::server::{SharedSignIns, SignIn, random_token};
+use crate::auth::random_token;
+use crate::http::dashboard::{SharedSignIns, SignIn};
 
 /// The key of the forms' token while no keys are configured (not a hex digest, so never a
 /// sign-in's).
@@ -56,7 +57,11 @@ impl KvSignIns {
 }
 
 impl SharedSignIns for KvSignIns {
-    fn put<'a>(&'a self, name: &'a str, sign_in: &'a SignIn) -> crate::server::Shared<'a, ()> {
+    fn put<'a>(
+        &'a self,
+        name: &'a str,
+        sign_in: &'a SignIn,
+    ) -> crate::http::dashboard::Shared<'a, ()> {
         Box::pin(async move {
             let value = serde_json::to_vec(sign_in).expect("a sign-in serializes");
             self.bucket
@@ -67,7 +72,7 @@ impl SharedSignIns for KvSignIns {
         })
     }
 
-    fn get<'a>(&'a self, name: &'a str) -> crate::server::Shared<'a, Option<SignIn>> {
+    fn get<'a>(&'a self, name: &'a str) -> crate::http::dashboard::Shared<'a, Option<SignIn>> {
         Box::pin(async move {
             let Some(value) = self.read(name).await? else {
                 return Ok(None);
@@ -77,7 +82,7 @@ impl SharedSignIns for KvSignIns {
         })
     }
 
-    fn delete<'a>(&'a self, name: &'a str) -> crate::server::Shared<'a, ()> {
+    fn delete<'a>(&'a self, name: &'a str) -> crate::http::dashboard::Shared<'a, ()> {
         Box::pin(async move {
             self.bucket
                 .delete(name)
@@ -86,7 +91,7 @@ impl SharedSignIns for KvSignIns {
         })
     }
 
-    fn open_csrf(&self) -> crate::server::Shared<'_, String> {
+    fn open_csrf(&self) -> crate::http::dashboard::Shared<'_, String> {
         Box::pin(async move {
             // The first node to need it makes it; the bucket forgets it with the sign-ins,
             // and the next node to need it makes a new one (a page older than that asks

@@ -1,4 +1,4 @@
-//! The policy lab (issue 6): a deterministic synthetic multi-agent workload on the virtual
+//! The policy lab: a deterministic synthetic multi-agent workload on the virtual
 //! clock, to compare memory policies on identical input.
 //!
 //! [`workload`] plans the run (sessions, planted items with known ground truth, probes) and

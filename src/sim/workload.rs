@@ -1,4 +1,4 @@
-//! The policy lab's synthetic workload (issue 6): agents × sessions over a simulated span,
+//! The policy lab's synthetic workload: agents × sessions over a simulated span,
 //! each session a stream of typed events with noise, plus **planted items** whose fate is
 //! known — facts asked about later, facts superseded by newer ones, lessons that recur and
 //! succeed, misleading lessons that recur and fail, and trivia that should fade — and the

@@ -1,9 +1,9 @@
 //! The MCP door (docs/mcp.md): the memory runtime as a Model Context Protocol server,
 //! on the official SDK (rmcp), over stdio (`shadowbrain mcp`) and over Streamable HTTP
-//! (`/mcp` on `serve`, mounted by [`crate::server`] behind the API keys).
+//! (`/mcp` on `serve`, mounted by [`crate::http`] behind the API keys).
 //!
-//! The tools' names are a contract ([`TOOLS`]). Each tool reads its arguments with the same
-//! functions as the HTTP handler it mirrors ([`crate::server`]'s `events_from`,
+//! The tools' names are a contract ([`Tool`]). Each tool reads its arguments with the same
+//! functions as the HTTP handler it mirrors ([`crate::api::requests`]: `events_from`,
 //! `recall_request`, `feedback_target`, …), so a bad argument is refused with the same
 //! code and words as over HTTP, here as a tool error (`isError`) the model can read and act
 //! on. A result carries the HTTP API's JSON as structured content (its schema is the tool's
@@ -26,7 +26,7 @@ use rmcp::model::{
     ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
     Prompt, PromptArgument, PromptMessage, ProtocolVersion, ReadResourceRequestParams,
     ReadResourceResponse, ReadResourceResult, Resource, ResourceContents, ResourceTemplate, Role,
-    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    ServerCapabilities, ServerConfig, Tool as ToolSpec, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -35,28 +35,20 @@ use serde::Deserialize;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::admission::{Admission, Slot};
+use crate::api::requests::{self, events_from};
+use crate::api::{ApiError, ApiResult, from_value};
 use crate::api::{
     CondenseOut, FeedbackIn, Graph, Ids, KnowledgeSearchIn, Memory, RecallIn, RecallOut, Sessions,
     Timeline, Updated,
 };
 use crate::metrics::Metrics;
 use crate::policy::CondensationMode;
-use crate::server::{self, Admission, ApiError, ApiResult, Work};
 use crate::{Limits, MemoryId, Outcome, Runtime, Status};
 
-/// The tools, by their contract names.
-pub const TOOLS: [&str; 10] = [
-    "remember",
-    "recall",
-    "feedback",
-    "forget",
-    "mark",
-    "timeline",
-    "sessions",
-    "knowledge_search",
-    "knowledge_graph",
-    "condense",
-];
+mod tool;
+
+pub use tool::Tool;
 
 /// The session a tool acts in when its call names none and the host set no other.
 pub const DEFAULT_SESSION: &str = "default";
@@ -175,28 +167,23 @@ impl McpServer {
 
     /// Takes an admission slot for a tool that recalls or writes, as `/v1` does: it waits
     /// for one, or is refused with HTTP's `overloaded`, exactly as a `/v1` request.
-    async fn admit(&self, tool: &str) -> ApiResult<Option<server::Slot>> {
-        let Some(admission) = &self.inner.admission else {
-            return Ok(None);
-        };
-        let work = match tool {
-            "recall" | "knowledge_search" => Work::Recall,
-            "remember" | "feedback" | "forget" | "mark" | "condense" => Work::Write,
-            _ => return Ok(None),
-        };
-        admission.enter(work).await.map(Some)
+    async fn admit(&self, tool: Tool) -> ApiResult<Option<Slot>> {
+        match (&self.inner.admission, tool.work()) {
+            (Some(admission), Some(work)) => admission.enter(work).await.map(Some),
+            _ => Ok(None),
+        }
     }
 
     /// Runs one tool: its structured answer and its text.
-    async fn run(&self, tool: &str, args: JsonObject, place: Place) -> ApiResult<(Value, String)> {
+    async fn run(&self, tool: Tool, args: JsonObject, place: Place) -> ApiResult<(Value, String)> {
         let rt = &self.inner.rt;
         let limits = &self.inner.limits;
         let mut args = args;
         let ns = place.namespace.as_str();
         match tool {
-            "remember" => {
+            Tool::Remember => {
                 let session_id = session_arg(&mut args, &place)?;
-                let events = server::events_from(remember_body(args)?)?;
+                let events = events_from(remember_body(args)?)?;
                 let session = rt.session(ns, &session_id)?;
                 let recorded = session.record_idempotent(events, None).await?;
                 if let Some(metrics) = &self.inner.metrics {
@@ -210,11 +197,11 @@ impl McpServer {
                 );
                 answer(&Ids { ids }, text)
             }
-            "recall" => {
+            Tool::Recall => {
                 let session_id = session_arg(&mut args, &place)?;
-                let body: RecallIn = server::from_value("recall", Value::Object(args))?;
+                let body: RecallIn = from_value("recall", Value::Object(args))?;
                 let session = rt.session(ns, &session_id)?;
-                let request = server::recall_request(limits, ns, &session_id, body)?;
+                let request = requests::recall_request(limits, ns, &session_id, body)?;
                 let result = RecallOut::from(session.recall_with(request).await?);
                 if let Some(metrics) = &self.inner.metrics {
                     metrics.recall();
@@ -222,11 +209,11 @@ impl McpServer {
                 let text = render_recall(&result);
                 answer(&result, text)
             }
-            "feedback" => {
+            Tool::Feedback => {
                 let session_id = session_arg(&mut args, &place)?;
-                let body: FeedbackIn = server::from_value("feedback", Value::Object(args))?;
+                let body: FeedbackIn = from_value("feedback", Value::Object(args))?;
                 let outcome = body.outcome;
-                let target = server::feedback_target(body)?;
+                let target = requests::feedback_target(body)?;
                 let report = rt
                     .session(ns, &session_id)?
                     .feedback(target, outcome)
@@ -246,8 +233,8 @@ impl McpServer {
                     text,
                 )
             }
-            "forget" => {
-                let MemoryArg { id } = server::from_value("arguments", Value::Object(args))?;
+            Tool::Forget => {
+                let MemoryArg { id } = from_value("arguments", Value::Object(args))?;
                 let record = rt.memory(ns, id.parse()?)?.archive(BY_MCP).await?;
                 let text = format!(
                     "archived {id}: it is no longer recalled; `mark` it `active` to restore it"
@@ -257,10 +244,9 @@ impl McpServer {
                     text,
                 )
             }
-            "mark" => {
-                let MarkArgs { id, status, reason } =
-                    server::from_value("arguments", Value::Object(args))?;
-                server::settable(status, "archive with the `forget` tool")?;
+            Tool::Mark => {
+                let MarkArgs { id, status, reason } = from_value("arguments", Value::Object(args))?;
+                requests::settable(status, "archive with the `forget` tool")?;
                 let record = rt
                     .memory(ns, id.parse()?)?
                     .set_status_because(status, reason, BY_MCP)
@@ -269,17 +255,17 @@ impl McpServer {
                 let text = format!("{id} is now {}", status.as_str());
                 answer(&memory, text)
             }
-            "timeline" => {
+            Tool::Timeline => {
                 let session_id = session_arg(&mut args, &place)?;
-                let TimelineArgs { limit } = server::from_value("arguments", Value::Object(args))?;
-                let limit = server::timeline_limit(limits, limit)?;
+                let TimelineArgs { limit } = from_value("arguments", Value::Object(args))?;
+                let limit = requests::timeline_limit(limits, limit)?;
                 let records = rt.session(ns, &session_id)?.timeline(limit).await?;
                 let items = Memory::all_of(rt.substrate(), records)?;
                 let text = render_timeline(&session_id, &items);
                 answer(&Timeline { items }, text)
             }
-            "sessions" => {
-                let NoArgs {} = server::from_value("arguments", Value::Object(args))?;
+            Tool::Sessions => {
+                let NoArgs {} = from_value("arguments", Value::Object(args))?;
                 let sessions: Vec<_> = rt.sessions(ns).await?.into_iter().map(Into::into).collect();
                 let sessions = Sessions { sessions };
                 let mut text = format!(
@@ -297,23 +283,22 @@ impl McpServer {
                 }
                 answer(&sessions, text)
             }
-            "knowledge_search" => {
-                let body: KnowledgeSearchIn = server::from_value("search", Value::Object(args))?;
+            Tool::KnowledgeSearch => {
+                let body: KnowledgeSearchIn = from_value("search", Value::Object(args))?;
                 let k = limits.k(body.k)?;
                 let result = RecallOut::from(rt.knowledge(ns)?.search(&body.query, k).await?);
                 let text = render_recall(&result);
                 answer(&result, text)
             }
-            "knowledge_graph" => {
-                let GraphArgs { around, depth } =
-                    server::from_value("arguments", Value::Object(args))?;
-                let graph = server::graph(rt, ns, &around, depth).await?;
+            Tool::KnowledgeGraph => {
+                let GraphArgs { around, depth } = from_value("arguments", Value::Object(args))?;
+                let graph = requests::graph(rt, ns, &around, depth).await?;
                 let text = render_graph(&graph);
                 answer(&graph, text)
             }
-            "condense" => {
+            Tool::Condense => {
                 let session_id = session_arg(&mut args, &place)?;
-                let NoArgs {} = server::from_value("arguments", Value::Object(args))?;
+                let NoArgs {} = from_value("arguments", Value::Object(args))?;
                 let session = rt.session(ns, &session_id)?;
                 // A tool call never waits for a model: with an LLM condenser the window is
                 // condensed in the background and shows up in the timeline.
@@ -334,13 +319,6 @@ impl McpServer {
                 };
                 answer(&CondenseOut { memory_id }, text)
             }
-            other => Err(ApiError::invalid(
-                "tool",
-                format!(
-                    "there is no tool `{other}`; the tools are {}",
-                    TOOLS.join(", ")
-                ),
-            )),
         }
     }
 
@@ -349,21 +327,21 @@ impl McpServer {
         let rt = &self.inner.rt;
         let ns = place.namespace.as_str();
         if uri == POLICY_URI {
-            return Ok(json(&server::policy_out(&rt.policy_for(ns))));
+            return Ok(json(&requests::policy_out(&rt.policy_for(ns))));
         }
         if let Some(id) = uri.strip_prefix("shadowbrain://memories/") {
             let memory = rt.memory(ns, id.parse()?)?;
             let record = Memory::from(memory.get().await?).with_chain(memory.chain().await?);
             return Ok(serde_json::json!({
                 "memory": record,
-                "history": server::history(&memory).await?,
+                "history": requests::history(&memory).await?,
             }));
         }
         if let Some(session) = uri
             .strip_prefix("shadowbrain://sessions/")
             .and_then(|rest| rest.strip_suffix("/timeline"))
         {
-            let limit = server::timeline_limit(&self.inner.limits, None)?;
+            let limit = requests::timeline_limit(&self.inner.limits, None)?;
             let records = rt.session(ns, session)?.timeline(limit).await?;
             let items = Memory::all_of(rt.substrate(), records)?;
             return Ok(json(&Timeline { items }));
@@ -416,16 +394,28 @@ impl ServerHandler for McpServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let tool = request.name.as_ref();
+        let name = request.name.as_ref();
+        let tool = Tool::named(name);
         let outcome = async {
             let place = self.place(&context)?;
+            let Some(tool) = tool else {
+                let tools: Vec<&str> = Tool::ALL.iter().map(|t| t.name()).collect();
+                return Err(ApiError::invalid(
+                    "tool",
+                    format!(
+                        "there is no tool `{name}`; the tools are {}",
+                        tools.join(", ")
+                    ),
+                ));
+            };
             let _slot = self.admit(tool).await?;
             self.run(tool, request.arguments.unwrap_or_default(), place)
                 .await
         }
         .await;
         if let Some(metrics) = &self.inner.metrics {
-            metrics.tool_call(tool, outcome.is_ok());
+            // Only the contract's names become labels: a client cannot grow the label set.
+            metrics.tool_call(tool.map_or("unknown", Tool::name), outcome.is_ok());
         }
         let result = match outcome {
             Ok((structured, text)) => {
@@ -591,13 +581,14 @@ const NAMESPACE_NOTE: &str = "The namespace is never an argument: it is the API 
     HTTP) or the server's `--namespace` (over stdio), and nothing outside it is visible.";
 
 /// The tools with their descriptions (written for a model), input and output schemas.
-fn tools() -> Vec<Tool> {
-    let tool =
-        |name: &'static str, description: String| Tool::new(name, description, JsonObject::new());
+fn tools() -> Vec<ToolSpec> {
+    let tool = |tool: Tool, description: String| {
+        ToolSpec::new(tool.name(), description, JsonObject::new())
+    };
     let read_only = || ToolAnnotations::new().read_only(true);
     vec![
         tool(
-            "remember",
+            Tool::Remember,
             format!(
                 "Record what happened into long-term memory: one event (give `kind` and \
                  `text`) or several at once (give `events`, a list of such objects). Use it \
@@ -611,7 +602,7 @@ fn tools() -> Vec<Tool> {
         .with_output_schema::<Ids>()
         .with_annotations(ToolAnnotations::new().read_only(false).destructive(false)),
         tool(
-            "recall",
+            Tool::Recall,
             format!(
                 "Ask long-term memory what is relevant now: answers the best memories for \
                  `query`, best first, each with `why` (relevance, recency, importance and \
@@ -626,7 +617,7 @@ fn tools() -> Vec<Tool> {
         .with_output_schema::<RecallOut>()
         .with_annotations(read_only()),
         tool(
-            "feedback",
+            Tool::Feedback,
             format!(
                 "Tell long-term memory whether what it recalled helped: `outcome` `success` \
                  or `failure`, for every memory of a recall (`recall_id`) or for memories you \
@@ -639,7 +630,7 @@ fn tools() -> Vec<Tool> {
         .with_output_schema::<Updated>()
         .with_annotations(ToolAnnotations::new().read_only(false).destructive(false)),
         tool(
-            "forget",
+            Tool::Forget,
             format!(
                 "Archive a memory (`id`, `mem-…`): it is never recalled again but is kept, \
                  with its history, and can be restored with `mark` status `active`. Use it \
@@ -655,7 +646,7 @@ fn tools() -> Vec<Tool> {
                 .idempotent(true),
         ),
         tool(
-            "mark",
+            Tool::Mark,
             format!(
                 "Set a memory's status (`id`, `mem-…`): `pinned` (always kept, never fades), \
                  `obsolete` (kept for history, never recalled: for a fact that is no longer \
@@ -674,7 +665,7 @@ fn tools() -> Vec<Tool> {
                 .idempotent(true),
         ),
         tool(
-            "timeline",
+            Tool::Timeline,
             format!(
                 "A session's records, newest first (`limit`, default 100): what was \
                  recorded, in order, with each record's kind, importance, strength and \
@@ -685,7 +676,7 @@ fn tools() -> Vec<Tool> {
         .with_output_schema::<Timeline>()
         .with_annotations(read_only()),
         tool(
-            "sessions",
+            Tool::Sessions,
             format!(
                 "The sessions of this namespace, with how many events and records each holds \
                  and when it was last active. Takes no arguments. {NAMESPACE_NOTE}"
@@ -695,7 +686,7 @@ fn tools() -> Vec<Tool> {
         .with_output_schema::<Sessions>()
         .with_annotations(read_only()),
         tool(
-            "knowledge_search",
+            Tool::KnowledgeSearch,
             format!(
                 "Search the namespace's shared knowledge pool: lessons promoted from every \
                  agent's and session's experience because they proved useful. Answers like \
@@ -706,7 +697,7 @@ fn tools() -> Vec<Tool> {
         .with_output_schema::<RecallOut>()
         .with_annotations(read_only()),
         tool(
-            "knowledge_graph",
+            Tool::KnowledgeGraph,
             format!(
                 "The graph around a record (`around`, `mem-…`): the records within `depth` \
                  edges (default 2, at most 5) and the edges among them (`derived_from`, \
@@ -718,7 +709,7 @@ fn tools() -> Vec<Tool> {
         .with_output_schema::<Graph>()
         .with_annotations(read_only()),
         tool(
-            "condense",
+            Tool::Condense,
             format!(
                 "Condense a session's recent records into one condensed memory now (the \
                  policy also does it on its own as sessions grow). Answers the condensed \
@@ -755,7 +746,7 @@ pub fn safe_to_resend(body: &[u8]) -> bool {
             return true;
         }
         match message.pointer("/params/name").and_then(Value::as_str) {
-            Some(name) => REPEATABLE.iter().any(|t| t == name) || !TOOLS.contains(&name),
+            Some(name) => REPEATABLE.iter().any(|t| t == name) || Tool::named(name).is_none(),
             None => true,
         }
     };
@@ -1089,7 +1080,7 @@ mod tests {
     fn every_tool_of_the_contract_is_listed_once_with_schemas_of_objects() {
         let tools = tools();
         let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
-        assert_eq!(names, TOOLS);
+        assert_eq!(names, Tool::ALL.map(Tool::name));
         for tool in &tools {
             assert_eq!(
                 tool.input_schema.get("type"),

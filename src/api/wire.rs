@@ -23,6 +23,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
+/// The answer of every `/v1` route (and `/metrics`) to a request without a known API key
+/// while keys are configured: one response for the OpenAPI document, named once.
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 401,
+    description = "Keys are configured and none, or an unknown one, was sent"
+)]
+pub struct Unauthorized(pub ErrorBody);
+
 /// Every error answer: `{"error":{"code","message"}}`.
 #[derive(Debug, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct ErrorBody {

@@ -5,53 +5,16 @@
 //! the commit backlog, index lag, session actors), with ingest and recall rates over the
 //! last minute; `live.js` refreshes them every few seconds.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use maud::{Markup, html};
 
+use super::answer::{UiError, UiResult, html};
 use super::page::{self, Nav};
-use super::{UiResult, Viewer, html};
-use crate::server::AppState;
+use super::viewer::Viewer;
+use crate::http::state::AppState;
 use crate::{Census, Status, Tier};
-
-/// Samples of the served counters older than this are dropped; rates are over it.
-const RATE_WINDOW: Duration = Duration::from_secs(60);
-
-/// Served-counter samples, one at most per second, for rates over [`RATE_WINDOW`].
-#[derive(Debug, Default)]
-pub(super) struct Samples {
-    ring: VecDeque<(Instant, u64, u64)>,
-}
-
-impl Samples {
-    /// Events and recalls per second over the window (since `started` while the window
-    /// has no older sample), and the seconds the rate is over.
-    fn rates(&mut self, now: Instant, served: (u64, u64), started: Instant) -> (f64, f64, f64) {
-        if self
-            .ring
-            .back()
-            .is_none_or(|(at, _, _)| now.duration_since(*at) >= Duration::from_secs(1))
-        {
-            self.ring.push_back((now, served.0, served.1));
-        }
-        // Keep one sample at or before the window's start, so the rate spans all of it.
-        while self.ring.len() > 2 && now.duration_since(self.ring[1].0) >= RATE_WINDOW {
-            self.ring.pop_front();
-        }
-        let (from, events, recalls) = match self.ring.front() {
-            Some(&(at, e, r)) if now.duration_since(at) >= Duration::from_secs(1) => (at, e, r),
-            _ => (started, 0, 0),
-        };
-        let secs = now.duration_since(from).as_secs_f64().max(1e-3);
-        (
-            served.0.saturating_sub(events) as f64 / secs,
-            served.1.saturating_sub(recalls) as f64 / secs,
-            secs,
-        )
-    }
-}
 
 /// The server-wide figures, read from the store.
 struct Live {
@@ -166,7 +129,7 @@ struct Figures {
     uptime: Duration,
 }
 
-async fn server_figures(s: &AppState) -> Result<Figures, super::UiError> {
+async fn server_figures(s: &AppState) -> Result<Figures, UiError> {
     let live =
         s.rt.inspect("the server's figures", |sub| {
             let store = sub.store();
@@ -244,7 +207,7 @@ fn figures_section(heading: &str, f: Figures, llm: Option<&crate::llm::cost::Llm
 /// In cluster mode, for admins: every live node's view (`GET /cluster` of each), gathered
 /// over NATS — who owns which partition under which epoch, what each has not indexed yet,
 /// and what each appended to the log.
-fn cluster_section(statuses: Result<Vec<serde_json::Value>, crate::server::ApiError>) -> Markup {
+fn cluster_section(statuses: Result<Vec<serde_json::Value>, crate::api::ApiError>) -> Markup {
     let statuses = match statuses {
         Ok(s) => s,
         Err(e) => {
@@ -337,33 +300,5 @@ fn cluster_section(statuses: Result<Vec<serde_json::Value>, crate::server::ApiEr
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rates_span_the_window_and_start_from_the_first_view() {
-        let start = Instant::now();
-        let mut s = Samples::default();
-        // First view, 10 s after start: the rate since start.
-        let (e, r, over) = s.rates(start + Duration::from_secs(10), (100, 20), start);
-        assert!((e - 10.0).abs() < 1e-9 && (r - 2.0).abs() < 1e-9 && (over - 10.0).abs() < 1e-9);
-        // 10 s later: the rate between the two views.
-        let (e, _, over) = s.rates(start + Duration::from_secs(20), (300, 20), start);
-        assert!((e - 20.0).abs() < 1e-9 && (over - 10.0).abs() < 1e-9);
-        // Two minutes on, with a view every 30 s: the rate over the last window only.
-        for i in 1..=4 {
-            s.rates(
-                start + Duration::from_secs(20 + 30 * i),
-                (300 + 30 * i, 20),
-                start,
-            );
-        }
-        let (e, _, over) = s.rates(start + Duration::from_secs(170), (450, 20), start);
-        assert!(over <= 61.0, "{over}");
-        assert!((e - 1.0).abs() < 1e-9, "{e}");
     }
 }

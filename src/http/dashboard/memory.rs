@@ -11,11 +11,14 @@ use axum::http::{HeaderMap, StatusCode};
 use maud::{Markup, html};
 use serde::Deserialize;
 
+use super::answer::{UiError, UiResult, html, redirect};
 use super::auth::check_form;
 use super::page::{self, Nav, encode};
-use super::{UiError, UiResult, Viewer, html, redirect};
+use super::viewer::Viewer;
+use crate::admission::Work;
+use crate::api::requests::settable;
+use crate::http::state::AppState;
 use crate::internals::Filter;
-use crate::server::{AppState, Work, settable};
 use crate::{AuditEntry, Edge, MemoryId, MemoryRecord, Status, Tier};
 
 /// Who changed a record from the dashboard, in its history.
@@ -259,7 +262,7 @@ pub(super) async fn set_status(
     })?;
     check_form(&viewer, &headers, &form.csrf)?;
     let status: Status =
-        crate::server::from_value("status", serde_json::Value::String(form.status.clone()))?;
+        crate::api::from_value("status", serde_json::Value::String(form.status.clone()))?;
     let id: MemoryId = id.parse()?;
     let memory = s.rt.memory(&viewer.namespace, id)?;
     let reason = form

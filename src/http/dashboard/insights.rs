@@ -12,23 +12,19 @@ use axum::extract::{Query, State};
 use maud::{Markup, html};
 use serde::Deserialize;
 
+use super::answer::{UiResult, html};
 use super::page::{self, Nav};
-use super::{UiResult, Viewer, html};
-use crate::server::{AppState, Work};
-use crate::{Insights, MemoryRecord};
+use super::ui::Cached;
+use super::viewer::Viewer;
+use crate::MemoryRecord;
+use crate::admission::Work;
+use crate::http::state::AppState;
 
 /// How long computed insights are shown before they are computed again.
 const FRESH_FOR: Duration = Duration::from_secs(30);
 
 /// Entries per list.
 const TOP: usize = 20;
-
-/// Insights computed for one namespace.
-pub(super) struct Cached {
-    insights: Arc<Insights>,
-    at: Instant,
-    took: Duration,
-}
 
 #[derive(Debug, Deserialize)]
 pub(super) struct InsightsQuery {

@@ -10,10 +10,12 @@ use maud::{Markup, PreEscaped, html};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::answer::{UiResult, html};
 use super::page::{self, Nav};
-use super::{UiResult, Viewer, html};
+use super::viewer::Viewer;
+use crate::admission::Work;
+use crate::http::state::AppState;
 use crate::internals::Filter;
-use crate::server::{AppState, Work};
 use crate::{MemoryId, MemoryRecord, Tier};
 
 /// Rows per page of the pool.
@@ -135,7 +137,9 @@ pub(super) async fn graph(
     // Walking a neighbourhood or reading the pool is admitted like a recall.
     let slot = s.admission.enter(Work::Recall).await?;
     let (nodes, edges): (Vec<MemoryRecord>, Vec<crate::Edge>) = match around {
-        Some(id) => crate::server::graph_records(&s.rt, &viewer.namespace, id, query.depth).await?,
+        Some(id) => {
+            crate::api::requests::graph_records(&s.rt, &viewer.namespace, id, query.depth).await?
+        }
         None => {
             let ns = viewer.namespace.clone();
             s.rt.inspect("the knowledge graph", move |sub| {

@@ -14,7 +14,7 @@
 //! Recalls come first: while any recall waits for a slot, a write that starts also takes
 //! one of half the write slots, so writes keep at most half their share of the cores. An
 //! agent waits for its recall before it can go on; a write is acknowledged within
-//! `write_queue_wait` either way (README "Admission that waits" has the figures).
+//! `write_queue_wait` either way (docs/benchmarks.md, "Admission that waits", has the figures).
 //!
 //! A refusal says how long the wait would have been: `Retry-After` in whole seconds (what
 //! HTTP allows, at least 1) and `retry_after_ms` in the error body.
@@ -26,8 +26,23 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::{ApiError, ApiResult};
-use crate::listen::Edge;
+use crate::api::{ApiError, ApiResult};
+
+/// The `[server]` settings admission works by (docs/configuration.md): the slots of each
+/// class, the queue's bound and each class's longest wait.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AdmissionLimits {
+    /// Recalls and knowledge searches answered at once.
+    pub(crate) max_recalls: usize,
+    /// Writes answered at once.
+    pub(crate) max_writes: usize,
+    /// Requests of one class waiting for a slot at most.
+    pub(crate) max_queued: usize,
+    /// Longest wait for a recall's slot.
+    pub(crate) queue_wait: Duration,
+    /// Longest wait for a write's slot.
+    pub(crate) write_queue_wait: Duration,
+}
 
 /// What an admitted request does, for [`Admission::enter`].
 #[derive(Debug, Clone, Copy)]
@@ -99,7 +114,7 @@ impl Class {
         what: &'static str,
         limit: usize,
         (wait_setting, max_wait): (&'static str, Duration),
-        edge: &Edge,
+        max_queued: usize,
     ) -> Class {
         Class {
             what,
@@ -107,7 +122,7 @@ impl Class {
             slots: Arc::new(Semaphore::new(limit)),
             limit,
             waiting: AtomicUsize::new(0),
-            max_queued: edge.max_queued,
+            max_queued,
             max_wait,
             held_us: Arc::new(AtomicU64::new(FIRST_HOLD_US)),
         }
@@ -186,21 +201,21 @@ impl Drop for Leave<'_> {
 }
 
 impl Admission {
-    pub(crate) fn new(edge: &Edge) -> Self {
+    pub(crate) fn new(limits: AdmissionLimits) -> Self {
         Admission {
             recalls: Class::new(
                 "recalls",
-                edge.max_recalls,
-                ("queue_wait", edge.queue_wait),
-                edge,
+                limits.max_recalls,
+                ("queue_wait", limits.queue_wait),
+                limits.max_queued,
             ),
             writes: Class::new(
                 "writes",
-                edge.max_writes,
-                ("write_queue_wait", edge.write_queue_wait),
-                edge,
+                limits.max_writes,
+                ("write_queue_wait", limits.write_queue_wait),
+                limits.max_queued,
             ),
-            yielded: Arc::new(Semaphore::new((edge.max_writes / 2).max(1))),
+            yielded: Arc::new(Semaphore::new((limits.max_writes / 2).max(1))),
         }
     }
 
@@ -235,19 +250,19 @@ impl Admission {
 mod tests {
     use super::*;
 
-    fn edge(slots: usize, queued: usize, wait_ms: u64) -> Edge {
-        Edge {
+    fn edge(slots: usize, queued: usize, wait_ms: u64) -> AdmissionLimits {
+        AdmissionLimits {
             max_recalls: slots,
+            max_writes: 4,
             write_queue_wait: Duration::from_millis(wait_ms),
             max_queued: queued,
             queue_wait: Duration::from_millis(wait_ms),
-            ..Edge::default()
         }
     }
 
     #[tokio::test]
     async fn a_burst_past_the_slots_waits_and_is_served_in_turn() {
-        let admission = Arc::new(Admission::new(&edge(2, 64, 1_000)));
+        let admission = Arc::new(Admission::new(edge(2, 64, 1_000)));
         let mut tasks = Vec::new();
         for _ in 0..10 {
             let a = admission.clone();
@@ -271,15 +286,14 @@ mod tests {
 
     #[tokio::test]
     async fn while_recalls_wait_writes_keep_half_their_slots() {
-        let edge = Edge {
+        let edge = AdmissionLimits {
             max_recalls: 1,
             max_writes: 4,
             max_queued: 64,
             queue_wait: Duration::from_secs(5),
             write_queue_wait: Duration::from_millis(100),
-            ..Edge::default()
         };
-        let admission = Arc::new(Admission::new(&edge));
+        let admission = Arc::new(Admission::new(edge));
         let writes = |n: usize| {
             let tasks: Vec<_> = (0..n)
                 .map(|_| {
@@ -330,7 +344,7 @@ mod tests {
     async fn one_slow_first_answer_does_not_refuse_the_burst_behind_it() {
         // A fresh process's first recall is its slowest; taken whole as the hold time, it
         // would make three waiting requests look like a 60 ms wait against a 50 ms bound.
-        let admission = Admission::new(&edge(4, 64, 50));
+        let admission = Admission::new(edge(4, 64, 50));
         let slot = admission.enter(Work::Recall).await.unwrap();
         tokio::time::sleep(Duration::from_millis(60)).await;
         drop(slot);
@@ -343,7 +357,7 @@ mod tests {
 
     #[tokio::test]
     async fn past_the_queue_bound_or_the_wait_it_is_refused_at_once_with_the_wait() {
-        let admission = Admission::new(&edge(1, 1, 50));
+        let admission = Admission::new(edge(1, 1, 50));
         let held = admission.enter(Work::Recall).await.unwrap();
         // One may wait; it gives up when the wait runs out, saying so.
         let started = Instant::now();
@@ -379,7 +393,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_wait_longer_than_the_budget_is_refused_without_waiting() {
-        let admission = Admission::new(&edge(1, 64, 50));
+        let admission = Admission::new(edge(1, 64, 50));
         // Slots are held 200 ms: one ahead means about 200 ms, past the 50 ms budget.
         admission.recalls.held_us.store(200_000, Ordering::Relaxed);
         let _held = admission.enter(Work::Recall).await.unwrap();

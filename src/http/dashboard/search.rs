@@ -14,10 +14,13 @@ use maud::html;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::answer::{UiError, UiResult, html};
 use super::page::{self, Nav, encode};
-use super::{UiError, UiResult, Viewer, html};
+use super::viewer::Viewer;
+use crate::admission::Work;
 use crate::api::RecallIn;
-use crate::server::{AppState, Work, recall_request};
+use crate::api::requests::recall_request;
+use crate::http::state::AppState;
 
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct SearchQuery {
@@ -135,7 +138,7 @@ async fn run(
         })?),
         None => None,
     };
-    let scope = Some(crate::server::from_value(
+    let scope = Some(crate::api::from_value(
         "recall",
         Value::String(scope.to_string()),
     )?);

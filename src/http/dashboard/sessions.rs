@@ -8,9 +8,10 @@ use axum::http::StatusCode;
 use maud::html;
 use serde::Deserialize;
 
+use super::answer::{UiError, UiResult, html};
 use super::page::{self, Nav, encode};
-use super::{UiError, UiResult, Viewer, html};
-use crate::server::AppState;
+use super::viewer::Viewer;
+use crate::http::state::AppState;
 use crate::{MemoryId, Timestamp};
 
 /// Rows per page.

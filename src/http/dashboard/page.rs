@@ -5,7 +5,7 @@
 
 use maud::{DOCTYPE, Markup, html};
 
-use super::Viewer;
+use super::viewer::Viewer;
 use crate::{MemoryId, MemoryRecord, Status, Timestamp, to_rfc3339};
 
 /// Which view a page is, for the navigation's `aria-current`.

@@ -1,18 +1,18 @@
 //! How `serve` holds its connections: the accept loop, the per-connection timeouts, the
 //! bound on open connections and the drain with a deadline (the `[server]` section,
-//! [`Edge`]).
+//! [`ServerLimits`]).
 //!
 //! axum's own `serve` reads headers and bodies without a deadline and, on shutdown, waits
 //! for every connection to finish however long it takes: a client holding half-sent
 //! headers kept SIGTERM from ever completing. Here hyper serves each connection with a
 //! header read timeout (which also closes idle keep-alive connections, since hyper starts
 //! it whenever it waits for the next request), the router bounds the time between body
-//! chunks ([`crate::server::router`]), at [`Edge::max_connections`] the idlest connection
+//! chunks ([`super::router`]), at [`ServerLimits::max_connections`] the idlest connection
 //! makes room for a new one and one address holds at most its share (`held`), a
 //! connection the server closes lingers to discard what the client still sends so it
 //! reads the answer (`linger`), and a shutdown stops accepting, lets each connection
 //! finish the request it is serving, and closes whatever is still open after
-//! [`Edge::drain_timeout`]. The answers hyper writes itself to requests it cannot parse
+//! [`ServerLimits::drain_timeout`]. The answers hyper writes itself to requests it cannot parse
 //! get the contract's error body on the way out ([`malformed`]).
 
 use std::convert::Infallible;
@@ -35,8 +35,9 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 
+use crate::admission::AdmissionLimits;
+use crate::api::ApiError;
 use crate::metrics::ConnectionMetrics;
-use crate::server::ApiError;
 use held::{Connections, Refused};
 use linger::Linger;
 use malformed::ErrorBodies;
@@ -86,8 +87,8 @@ pub struct ServerConfig {
     /// Writes (events, feedback, condense, status changes) being answered at once; one
     /// more waits for a slot (`write_queue_wait`). Default 2 per core, like recalls: each
     /// write's work (and the indexing it causes) takes the same cores recall ranks on, and
-    /// with more in flight a write flood at saturation starves recall (README, "Admission
-    /// that waits").
+    /// with more in flight a write flood at saturation starves recall (docs/configuration.md,
+    /// "Admission and connections").
     pub max_writes: usize,
     /// How long a recall (or knowledge search, graph walk) past its slots may wait for one;
     /// a request that cannot expect a slot within it (the requests ahead of it times the
@@ -105,9 +106,8 @@ pub struct ServerConfig {
     /// Run the thread that reads requests and answers refusals at real-time priority
     /// (`SCHED_FIFO`, the lowest level; Linux, with `CAP_SYS_NICE` or an `RLIMIT_RTPRIO`
     /// of at least 1). On a saturated machine a woken thread of normal priority waits for
-    /// a scheduler tick: with 200 mixed clients on 2 cores, refusals' p99 was 11–16 ms at
-    /// normal priority, 7–10 ms with this, and 2.5–3.8 ms with this and clients that did
-    /// not compete for the same cores. The thread only parses requests and moves bytes,
+    /// a scheduler tick, and a refusal that should take microseconds waits milliseconds
+    /// (docs/benchmarks.md has the measured difference). The thread only parses requests and moves bytes,
     /// and the kernel leaves other threads at least 5 % of every core
     /// (`sched_rt_runtime_us`). When the priority cannot be had, `serve` says so and runs
     /// at normal priority. Default `false`.
@@ -136,7 +136,7 @@ impl Default for ServerConfig {
 
 impl ServerConfig {
     /// The settings checked and parsed; every problem is listed, each naming its key.
-    pub fn edge(&self) -> Result<Edge, Vec<String>> {
+    pub fn limits(&self) -> Result<ServerLimits, Vec<String>> {
         let mut problems = Vec::new();
         let mut duration = |key: &str, text: &str| match humantime::parse_duration(text.trim()) {
             Ok(d) if !d.is_zero() => d,
@@ -155,7 +155,7 @@ impl ServerConfig {
                 Duration::ZERO
             }
         };
-        let edge = Edge {
+        let edge = ServerLimits {
             header_timeout: duration("header_timeout", &self.header_timeout),
             body_timeout: duration("body_timeout", &self.body_timeout),
             drain_timeout: duration("drain_timeout", &self.drain_timeout),
@@ -330,7 +330,7 @@ fn in_net(ip: std::net::IpAddr, net: std::net::IpAddr, bits: u8) -> bool {
 
 /// How the server treats connections (see [`ServerConfig`] for each setting).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Edge {
+pub struct ServerLimits {
     /// Time to send a request's headers, and the idle keep-alive timeout.
     pub header_timeout: Duration,
     /// Longest pause between two chunks of a request body.
@@ -356,7 +356,7 @@ pub struct Edge {
     /// Requests of one class waiting for a slot at most.
     pub max_queued: usize,
     /// Bytes a closing connection reads and discards at most, so the client sees an answer
-    /// given before its body was read ([`Edge::lingering_for`], `listen/linger.rs`).
+    /// given before its body was read ([`ServerLimits::lingering_for`], `listen/linger.rs`).
     pub linger_bytes: u64,
     /// The connections' thread asks for real-time priority ([`raise_to_realtime`]).
     pub realtime: bool,
@@ -366,21 +366,32 @@ pub struct Edge {
 /// limits still gets its `413`.
 const MIN_LINGER_BYTES: u64 = 64 << 20;
 
-impl Edge {
+impl ServerLimits {
+    /// What admission works by.
+    pub(crate) fn admission(&self) -> AdmissionLimits {
+        AdmissionLimits {
+            max_recalls: self.max_recalls,
+            max_writes: self.max_writes,
+            max_queued: self.max_queued,
+            queue_wait: self.queue_wait,
+            write_queue_wait: self.write_queue_wait,
+        }
+    }
+
     /// This edge, discarding up to the larger of 4× `body_limit` and 64 MiB of what a
     /// client still sends when its connection closes.
-    pub fn lingering_for(self, body_limit: usize) -> Edge {
-        Edge {
+    pub fn lingering_for(self, body_limit: usize) -> ServerLimits {
+        ServerLimits {
             linger_bytes: (4 * body_limit as u64).max(MIN_LINGER_BYTES),
             ..self
         }
     }
 }
 
-impl Default for Edge {
+impl Default for ServerLimits {
     fn default() -> Self {
         ServerConfig::default()
-            .edge()
+            .limits()
             .expect("the default [server] settings are valid")
     }
 }
@@ -425,7 +436,7 @@ pub struct Drained {
 pub async fn serve_connections(
     listener: TcpListener,
     app: Router,
-    edge: Edge,
+    edge: ServerLimits,
     counts: ConnectionMetrics,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Drained {
@@ -612,7 +623,7 @@ mod tests {
 
     #[test]
     fn the_defaults_are_valid_and_bad_values_are_named() {
-        let edge = Edge::default();
+        let edge = ServerLimits::default();
         assert_eq!(edge.header_timeout, Duration::from_secs(30));
         assert_eq!(edge.drain_timeout, Duration::from_secs(10));
         let bad = ServerConfig {
@@ -621,7 +632,7 @@ mod tests {
             max_connections: 0,
             ..ServerConfig::default()
         };
-        let problems = bad.edge().unwrap_err();
+        let problems = bad.limits().unwrap_err();
         assert_eq!(problems.len(), 3, "{problems:?}");
         assert!(
             problems[0].starts_with("server.header_timeout"),

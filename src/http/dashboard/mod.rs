@@ -17,6 +17,7 @@
 //! The views only read, except the memory actions (pin, obsolete, wrong, archive, restore)
 //! and the policy reload, which go through the same handles and audit trail as `/v1`.
 
+mod answer;
 mod auth;
 mod insights;
 mod knowledge;
@@ -26,46 +27,25 @@ mod page;
 mod policy;
 mod search;
 mod sessions;
-
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+pub(crate) mod signins;
+pub(in crate::http) mod ui;
+mod viewer;
 
 use axum::Router;
 use axum::extract::{Path, Request};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use super::{ApiError, AppState};
-pub(crate) use auth::Logins;
-pub(super) use auth::Viewer;
+use super::state::AppState;
+use answer::{UiError, redirect};
+pub(crate) use auth::Door;
+pub(crate) use signins::Logins;
 #[cfg(feature = "cluster")]
-pub(crate) use auth::{Door, SIGN_IN_FOR, Shared, SharedSignIns, SignIn, random_token};
-
-/// The state the dashboard keeps beside the server's: sign-ins, the figures the overview
-/// turns into rates, and insights recently computed.
-pub(super) struct Ui {
-    logins: Arc<Logins>,
-    rates: Mutex<overview::Samples>,
-    insights: Mutex<HashMap<String, insights::Cached>>,
-    /// Per namespace, held while its insights are computed: one computation at a time.
-    computing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    started: Instant,
-}
-
-impl Ui {
-    pub(super) fn new(logins: Arc<Logins>) -> Self {
-        Ui {
-            logins,
-            rates: Mutex::new(overview::Samples::default()),
-            insights: Mutex::new(HashMap::new()),
-            computing: Mutex::new(HashMap::new()),
-            started: Instant::now(),
-        }
-    }
-}
+pub(crate) use signins::{SIGN_IN_FOR, Shared, SharedSignIns, SignIn};
+pub(in crate::http) use ui::Ui;
+use viewer::Viewer;
 
 /// The dashboard's routes, to merge into the server's router.
 pub(super) fn routes() -> Router<AppState> {
@@ -122,16 +102,16 @@ pub(crate) fn served_by_front(path: &str) -> bool {
 pub(crate) async fn visitor(
     door: &Door,
     request: Request,
-) -> Result<(crate::server::Verified, Request), Response> {
+) -> Result<(crate::auth::Verified, Request), Response> {
     use axum::extract::FromRequestParts;
     let (mut parts, body) = request.into_parts();
     match Viewer::from_request_parts(&mut parts, door).await {
         Ok(viewer) => {
-            let verified = crate::server::Verified {
+            let verified = crate::auth::Verified {
                 admin: viewer.admin(),
                 namespace: viewer.namespace,
                 key: viewer.key,
-                client: crate::server::client_ip_in(&parts.extensions),
+                client: crate::http::client_ip_in(&parts.extensions),
                 viewer: Some((viewer.csrf, viewer.signed_in)),
             };
             Ok((verified, Request::from_parts(parts, body)))
@@ -174,69 +154,6 @@ fn secure(answer: &mut Response, is_asset: bool) {
     if !is_asset {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     }
-}
-
-/// A `303 See Other` to `to` (after a form, so a reload does not post it again).
-fn redirect(to: &str) -> Response {
-    let mut answer = StatusCode::SEE_OTHER.into_response();
-    if let Ok(location) = HeaderValue::from_str(to) {
-        answer.headers_mut().insert(header::LOCATION, location);
-    }
-    answer
-}
-
-/// A dashboard page that could not be shown: the status and the error's code and words,
-/// on a page of its own (the same words `/v1` would answer).
-#[derive(Debug)]
-pub(super) struct UiError {
-    status: StatusCode,
-    code: String,
-    message: String,
-}
-
-impl UiError {
-    fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
-        UiError {
-            status,
-            code: code.to_string(),
-            message: message.into(),
-        }
-    }
-}
-
-impl From<ApiError> for UiError {
-    fn from(e: ApiError) -> Self {
-        UiError::new(e.status(), e.code(), e.message())
-    }
-}
-
-impl From<crate::Error> for UiError {
-    fn from(e: crate::Error) -> Self {
-        ApiError::from(e).into()
-    }
-}
-
-impl IntoResponse for UiError {
-    fn into_response(self) -> Response {
-        let title = self.status.canonical_reason().unwrap_or("Error");
-        let body = page::bare(
-            title,
-            maud::html! {
-                h1 { (title) }
-                p.error role="alert" { code { (self.code) } ": " (self.message) }
-                p { a href="/" { "Back to the overview" } }
-            },
-        );
-        (self.status, Html(body.into_string())).into_response()
-    }
-}
-
-/// What a view answers.
-type UiResult = Result<Response, UiError>;
-
-/// An HTML page with status 200.
-fn html(markup: maud::Markup) -> Response {
-    Html(markup.into_string()).into_response()
 }
 
 /// An unknown view: only a visitor who may see the dashboard learns that it is unknown.

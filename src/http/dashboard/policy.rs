@@ -10,10 +10,11 @@ use axum::response::IntoResponse;
 use maud::{Markup, html};
 use serde::Deserialize;
 
+use super::answer::{UiError, UiResult, html, redirect};
 use super::auth::{CsrfForm, check_form};
 use super::page::{self, Nav};
-use super::{UiError, UiResult, Viewer, html, redirect};
-use crate::server::AppState;
+use super::viewer::Viewer;
+use crate::http::state::AppState;
 use crate::{Error, PolicyIssue};
 
 #[derive(Debug, Deserialize)]

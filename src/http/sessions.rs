@@ -1,0 +1,131 @@
+//! A session's routes beyond its events: recall, feedback, condensation, its timeline, and
+//! the namespace's list of sessions.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use serde::Deserialize;
+
+use super::auth::Namespace;
+use super::state::AppState;
+use crate::api::requests::*;
+use crate::api::*;
+
+/// `POST /v1/sessions/{id}/recall`.
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/recall", tag = "sessions",
+    params(("session_id" = String, Path, description = "`[A-Za-z0-9._:-]{1,128}`")),
+    request_body = RecallIn,
+    responses(
+        (status = 200, description = "Ranked, explained memories and a prompt-ready context", body = RecallOut),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        Unauthorized,
+        (status = 422, description = "`k`, `token_budget`, `scope`, a time or the session id is invalid", body = ErrorBody),
+    ))]
+pub(super) async fn post_recall(
+    State(s): State<AppState>,
+    ns: Namespace,
+    Path(session_id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<RecallOut>> {
+    let body: RecallIn = from_json("recall", body)?;
+    let session = s.rt.session(&ns.0, &session_id)?;
+    let request = recall_request(&s.limits, &ns.0, &session_id, body)?;
+    let result = session.recall_with(request).await?;
+    s.metrics.recall();
+    Ok(Json(result.into()))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct TimelineQuery {
+    /// How many records (1..=1000, default 100).
+    limit: Option<usize>,
+}
+
+/// `GET /v1/sessions/{id}/timeline?limit=`: newest first.
+#[utoipa::path(get, path = "/v1/sessions/{session_id}/timeline", tag = "sessions",
+    params(("session_id" = String, Path, description = "`[A-Za-z0-9._:-]{1,128}`"), TimelineQuery),
+    responses(
+        (status = 200, description = "Records, newest first", body = Timeline),
+        Unauthorized,
+        (status = 422, description = "`limit` out of range or a bad session id", body = ErrorBody),
+    ))]
+pub(super) async fn get_timeline(
+    State(s): State<AppState>,
+    ns: Namespace,
+    Path(session_id): Path<String>,
+    query: Result<Query<TimelineQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<Timeline>> {
+    let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
+    let limit = timeline_limit(&s.limits, query.limit)?;
+    let session = s.rt.session(&ns.0, &session_id)?;
+    let items = Memory::all_of(s.rt.substrate(), session.timeline(limit).await?)?;
+    Ok(Json(Timeline { items }))
+}
+
+/// `POST /v1/sessions/{id}/feedback`.
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/feedback", tag = "sessions",
+    params(("session_id" = String, Path, description = "`[A-Za-z0-9._:-]{1,128}`")),
+    request_body = FeedbackIn,
+    responses(
+        (status = 200, description = "Utility and strength updated", body = Updated),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        Unauthorized,
+        (status = 404, description = "Unknown recall or memory", body = ErrorBody),
+        (status = 422, description = "Neither or both of `recall_id` and `memory_ids`, or a bad outcome", body = ErrorBody),
+    ))]
+pub(super) async fn post_feedback(
+    State(s): State<AppState>,
+    ns: Namespace,
+    Path(session_id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<Updated>> {
+    let body: FeedbackIn = from_json("feedback", body)?;
+    let outcome = body.outcome;
+    let target = feedback_target(body)?;
+    let session = s.rt.session(&ns.0, &session_id)?;
+    let report = session.feedback(target, outcome).await?;
+    Ok(Json(Updated {
+        updated: report.updated,
+    }))
+}
+
+/// `POST /v1/sessions/{id}/condense`: the condensed record's id, or `null`.
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/condense", tag = "sessions",
+    params(("session_id" = String, Path, description = "`[A-Za-z0-9._:-]{1,128}`")),
+    responses(
+        (status = 200, description = "The condensed record, or null", body = CondenseOut),
+        Unauthorized,
+        (status = 422, description = "A bad session id", body = ErrorBody),
+    ))]
+pub(super) async fn post_condense(
+    State(s): State<AppState>,
+    ns: Namespace,
+    Path(session_id): Path<String>,
+) -> ApiResult<Json<CondenseOut>> {
+    let session = s.rt.session(&ns.0, &session_id)?;
+    let condensed = session.condense().await?;
+    Ok(Json(CondenseOut {
+        memory_id: condensed.map(|c| c.id.to_string()),
+    }))
+}
+
+/// `GET /v1/sessions`.
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
+    responses(
+        (status = 200, description = "The namespace's sessions", body = Sessions),
+        Unauthorized,
+    ))]
+pub(super) async fn get_sessions(
+    State(s): State<AppState>,
+    ns: Namespace,
+) -> ApiResult<Json<Sessions>> {
+    let sessions =
+        s.rt.sessions(&ns.0)
+            .await?
+            .into_iter()
+            .map(Into::into)
+            .collect();
+    Ok(Json(Sessions { sessions }))
+}
