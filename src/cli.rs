@@ -59,7 +59,8 @@ struct StoreArgs {
     #[command(flatten)]
     dir: DataDir,
     /// A config file (TOML) whose `[embedder]` section names the embedder the directory
-    /// was made with (default: `hash`); the same file `serve --config` reads.
+    /// was made with (default: `auto`, the local model when installed, else `hash`); the
+    /// same file `serve --config` reads.
     #[arg(long)]
     config: Option<PathBuf>,
 }
@@ -111,8 +112,9 @@ enum Command {
         /// A policy file (TOML); the built-in default policy without one.
         #[arg(long)]
         policy: Option<PathBuf>,
-        /// A config file (TOML): `[embedder]` (default `hash`), `[llm]`, `[[auth.keys]]` and
-        /// `[limits]`; any key can be overridden as `SHADOWBRAIN__SECTION__KEY`.
+        /// A config file (TOML): `[embedder]` (default `auto`: the local model when installed,
+        /// else `hash`), `[llm]`, `[[auth.keys]]`, `[limits]`, `[server]`, `[[namespaces]]`
+        /// and `[cluster]`; any key can be overridden as `SHADOWBRAIN__SECTION__KEY`.
         #[arg(long)]
         config: Option<PathBuf>,
         /// Join a cluster on NATS JetStream, configured by the config file's `[cluster]`

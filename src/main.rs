@@ -1,8 +1,9 @@
 //! The `shadowbrain` binary: thin edges over the library. It carries `serve` (the HTTP
-//! server of [`shadowbrain::server`]), `mcp` (the MCP server over stdio of
-//! [`shadowbrain::mcp`]) and the one-shot commands over a data directory
+//! server of [`shadowbrain::http`]), `mcp` (the MCP server over stdio of
+//! [`shadowbrain::mcp`]), the one-shot commands over a data directory
 //! (`record`, `recall`, `timeline`, `inspect`, `policy check`, `export`, `import`,
-//! `reindex`; see `cli`). `main` only parses, runs and maps the error chain to an exit code.
+//! `reindex`), the policy lab (`simulate`), the evaluations (`eval locomo`, `eval beam`)
+//! and `cluster init`; see `cli`. `main` only parses, runs and maps the error chain to an exit code.
 
 mod cli;
 

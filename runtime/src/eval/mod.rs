@@ -70,8 +70,9 @@ pub struct Layout {
     pub headline: &'static str,
     /// Groups left out of the headline (LoCoMo's adversarial questions).
     pub outside_headline: &'static [&'static str],
-    /// The two halves by conversation index (inclusive): the first is where defaults are
-    /// tuned, the second is held out.
+    /// The two halves by conversation index (inclusive), reported apart: on LoCoMo the
+    /// first is where defaults were tuned and the second is held out; on BEAM neither was
+    /// tuned on.
     pub halves: [(usize, usize); 2],
     /// A group's name in the table (`1 multi-hop`).
     pub label: fn(&str) -> String,

@@ -1,6 +1,6 @@
 //! The local embedder on the real all-MiniLM-L6-v2 weights (installed by
 //! `scripts/install-model`): its vectors match an independent numpy computation of the same
-//! model (`tests/reference/minilm.py`, its output in `tests/reference/minilm.json`), and a
+//! model (`tests/reference/encoder.py`, its output in `tests/reference/minilm.json`), and a
 //! paraphrase with no word in common is nearer than an unrelated text. Skipped when the
 //! model is not installed, unless SHADOWBRAIN_REQUIRE_MODEL is set (CI sets it).
 

@@ -1,0 +1,402 @@
+//! One cluster node: its partitions (owned, or kept as warm standbys), the lease keeper and
+//! role task of each, the membership heartbeat, and the front router every request enters.
+//!
+//! Per partition two tasks cooperate. The **keeper** holds the lease: every quarter TTL it
+//! refreshes a held lease (compare-and-set on its revision) or, when the lease is vacant and
+//! rendezvous hashing names this node (or nobody took it for three TTLs), creates it. The
+//! **role** task follows the keeper: with a lease it catches the standby up to the stream's
+//! end and opens the partition's runtime on it, logging to JetStream; without one (or when
+//! its log was fenced) it closes the runtime and goes back to following the stream. A node
+//! that should no longer own a partition (its rendezvous winner is back) hands it over: it
+//! closes the runtime first (its last writes logged), then deletes the lease.
+//!
+//! By job: this file starts a node (NATS, the buckets, membership, the tasks of each
+//! partition, the front's listener); `state` is what a node and its partitions are made of;
+//! `roles` the keeper and role tasks; `front` the router every request enters;
+//! `operations` what acts on or shows the whole cluster.
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use async_nats::jetstream::{self, kv, stream};
+use axum::Router;
+use futures::StreamExt;
+use shadowbrain_actors::RuntimeConfig;
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::Cluster;
+use super::log::LogCounters;
+use super::seal::{Sealer, SeenNonces};
+use super::signins::{self, KvSignIns};
+use crate::auth::AuthThrottle;
+use crate::config::ConfigFile;
+use crate::http::Drained;
+use crate::http::dashboard::{Door, Logins};
+use crate::metrics::{Metrics, Totals};
+use front::{front, healthz, status};
+use operations::{answer_policy_asks, answer_status_asks};
+use roles::{keeper, role_task, stop_following};
+use state::*;
+
+mod front;
+mod operations;
+mod roles;
+mod state;
+
+/// `serve --cluster`: joins the cluster, serves `listener` until `shutdown`, then hands
+/// every owned partition over (its writes logged and its lease deleted) and stops.
+pub async fn serve_cluster(
+    listener: tokio::net::TcpListener,
+    data: &Path,
+    rt_config: RuntimeConfig,
+    file: ConfigFile,
+    cfg: Cluster,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<Drained> {
+    // The NATS connection runs on a runtime of its own. The store's commit thread waits
+    // for JetStream's acknowledgement while a request handler may wait for that commit on
+    // a worker of the main runtime: were the connection driven by those workers, a few
+    // such waits would starve it and nothing would ever be acknowledged. The lease keepers
+    // run there too, so busy workers never let a lease lapse.
+    let io = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("cluster-io")
+        .enable_all()
+        .build()
+        .context("starting the cluster's I/O thread")?;
+    let outcome = run_node(&io, listener, data, rt_config, file, cfg, shutdown).await;
+    // Whatever happened: a runtime may not be dropped inside another one.
+    io.shutdown_background();
+    outcome
+}
+
+/// How long a starting node waits for the NATS servers (they may be starting too).
+const CONNECT_PATIENCE: Duration = Duration::from_secs(30);
+
+async fn run_node(
+    io: &tokio::runtime::Runtime,
+    listener: tokio::net::TcpListener,
+    data: &Path,
+    rt_config: RuntimeConfig,
+    file: ConfigFile,
+    cfg: Cluster,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<Drained> {
+    let mut options = async_nats::ConnectOptions::new()
+        .name(format!("shadowbrain {}", cfg.node))
+        .connection_timeout(Duration::from_secs(5));
+    if let Some((user, password)) = &cfg.user_password {
+        options = options.user_and_password(user.clone(), password.clone());
+    }
+    if let Some(token) = &cfg.token {
+        options = options.token(token.clone());
+    }
+    if let Some(seed) = &cfg.nkey_seed {
+        options = options.nkey(seed.clone());
+    }
+    if let Some(path) = &cfg.credentials_file {
+        options = options
+            .credentials_file(path)
+            .await
+            .with_context(|| format!("[cluster] credentials_file `{}`", path.display()))?;
+    }
+    if let Some(tls) = &cfg.tls {
+        options = options
+            .require_tls(true)
+            .add_root_certificates(tls.ca.clone());
+        if let Some((cert, key)) = &tls.client {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+    }
+    if cfg.insecure_loopback {
+        // The servers' own list may name addresses off this machine; plain text goes only
+        // to the loopback servers the config lists.
+        options = options.ignore_discovered_servers();
+    }
+    let addrs = cfg
+        .urls
+        .iter()
+        .map(|u| {
+            u.parse::<async_nats::ServerAddr>().with_context(|| {
+                format!("[cluster] urls: `{u}` is not a NATS URL (nats://host:port)")
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let started = Instant::now();
+    let client = loop {
+        let (options, addrs) = (options.clone(), addrs.clone());
+        match io
+            .spawn(async move { options.connect(addrs).await })
+            .await?
+        {
+            Ok(client) => break Ok(client),
+            Err(e) if started.elapsed() < CONNECT_PATIENCE => {
+                tracing::info!(error = %e, "waiting for the NATS servers");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => break Err(e),
+        }
+    }
+    .with_context(|| {
+        format!(
+            "connecting to NATS at {}; start the NATS servers (see docs/cluster.md) or \
+                 fix [cluster] urls",
+            cfg.urls.join(", ")
+        )
+    })?;
+    let max_payload = client.server_info().max_payload;
+    // Room for the headers and postcard's lengths; an entry is never split.
+    let max_entry = max_payload.saturating_sub(4096).max(64 * 1024);
+    let js = jetstream::new(client.clone());
+    let bucket = |name: &str| kv::Config {
+        bucket: format!("{}_{name}", cfg.prefix),
+        history: 1,
+        max_age: cfg.lease_ttl,
+        num_replicas: cfg.replicas,
+        storage: stream::StorageType::File,
+        ..Default::default()
+    };
+    let leases = create_bucket(&js, bucket("leases")).await?;
+    let members = create_bucket(&js, bucket("nodes")).await?;
+    let sign_ins = create_bucket(
+        &js,
+        kv::Config {
+            max_age: crate::http::dashboard::SIGN_IN_FOR,
+            max_bytes: signins::MAX_BYTES,
+            ..bucket("signins")
+        },
+    )
+    .await?;
+    let sealer = Arc::new(Sealer::new(&cfg.secret));
+    let door = Door::new(
+        Arc::new(file.auth.clone()),
+        Arc::new(AuthThrottle::default()),
+        Arc::new(Logins::shared(Arc::new(KvSignIns {
+            bucket: sign_ins,
+            sealer: sealer.clone(),
+        }))),
+    );
+    ensure_name_free(&members, &cfg.node, cfg.lease_ttl).await?;
+    let mut partitions = Vec::with_capacity(cfg.partitions as usize);
+    for p in 0..cfg.partitions {
+        let stream = format!("{}_P{p:03}", cfg.prefix.to_uppercase());
+        let subject = format!("{}.log.{p:03}", cfg.prefix);
+        js.get_or_create_stream(stream::Config {
+            name: stream.clone(),
+            subjects: vec![subject.clone()],
+            storage: stream::StorageType::File,
+            num_replicas: cfg.replicas,
+            ..Default::default()
+        })
+        .await
+        .with_context(|| {
+            format!(
+                "creating the stream {stream} ({} replicas); a NATS cluster of at least that \
+                 many servers with JetStream enabled is needed",
+                cfg.replicas
+            )
+        })?;
+        let dir = partition_dir(data, p);
+        partitions.push(Arc::new(Partition {
+            id: p,
+            key: format!("p{p:03}"),
+            rpc_subject: format!("{}.rpc.{p:03}", cfg.prefix),
+            stream,
+            subject,
+            dir,
+            held: Mutex::new(None),
+            changed: Notify::new(),
+            hand_over: AtomicBool::new(false),
+            role: tokio::sync::Mutex::new(Role::Idle),
+            router: RwLock::new(None),
+            vacant_since: Mutex::new(None),
+            closed: Mutex::new(None),
+        }));
+    }
+    let (live_tx, live) = watch::channel(Vec::new());
+    let node = Arc::new_cyclic(|me| Node {
+        me: me.clone(),
+        front_ui: crate::http::dashboard::front(door.clone()),
+        door,
+        sealer,
+        seen: Arc::new(SeenNonces::default()),
+        client: client.clone(),
+        js,
+        leases,
+        members,
+        live,
+        partitions,
+        limits: file.limits,
+        auth: file.auth,
+        edge: file.server,
+        metrics: Arc::new(Metrics::for_cluster()),
+        retired: Mutex::new(Totals::default()),
+        closing: CancellationToken::new(),
+        max_entry,
+        counters: Arc::new(LogCounters::default()),
+        io: io.handle().clone(),
+        work: tokio::runtime::Handle::current(),
+        reloaded: RwLock::new(None),
+        applying: tokio::sync::Mutex::new(()),
+        rt_config,
+        cfg,
+    });
+    for part in &node.partitions {
+        let standby = node.open_standby(part).await?;
+        *part.role.lock().await = Role::Standby(node.follow(part, standby));
+    }
+    let asks = client
+        .subscribe(format!("{}.policy", node.cfg.prefix))
+        .await
+        .context("subscribing to policy reloads")?;
+    let status_asks = client
+        .subscribe(format!("{}.status", node.cfg.prefix))
+        .await
+        .context("subscribing to status asks")?;
+    let stop = CancellationToken::new();
+    let mut tasks = vec![io.spawn(membership(node.clone(), live_tx, stop.clone()))];
+    tasks.push(tokio::spawn(answer_policy_asks(
+        node.clone(),
+        asks,
+        stop.clone(),
+    )));
+    tasks.push(tokio::spawn(answer_status_asks(
+        node.clone(),
+        status_asks,
+        stop.clone(),
+    )));
+    for part in &node.partitions {
+        tasks.push(io.spawn(keeper(node.clone(), part.clone(), stop.clone())));
+        tasks.push(tokio::spawn(role_task(
+            node.clone(),
+            part.clone(),
+            stop.clone(),
+        )));
+    }
+    tracing::info!(node = %node.cfg.node, partitions = node.cfg.partitions, "joined the cluster");
+
+    let app = Router::new()
+        .route("/healthz", axum::routing::get(healthz))
+        .route("/cluster", axum::routing::get(status))
+        .fallback(front)
+        .with_state(node.clone());
+    let counts = node.metrics.connections();
+    let drained = crate::http::serve_app(
+        listener,
+        app,
+        node.edge.clone().lingering_for(node.limits.max_body_bytes),
+        counts,
+        node.closing.clone(),
+        shutdown,
+    )
+    .await;
+    // Hand over: the keepers stop refreshing, each owned partition closes (its writes
+    // logged) and its lease is deleted so another node takes it at once.
+    stop.cancel();
+    for t in tasks {
+        let _ = t.await;
+    }
+    for part in &node.partitions {
+        let mut role = part.role.lock().await;
+        let held = part.held.lock().unwrap_or_else(|p| p.into_inner()).take();
+        node.close_owned(part, &mut role, false).await;
+        if let Some(held) = held {
+            let _ = node
+                .leases
+                .delete_expect_revision(&part.key, Some(held.revision))
+                .await;
+        }
+        if let Role::Standby(f) = std::mem::replace(&mut *role, Role::Idle) {
+            stop_following(f).await;
+        }
+    }
+    let _ = node.members.delete(&node.cfg.node).await;
+    let _ = node.client.flush().await;
+    drained
+}
+
+async fn create_bucket(js: &jetstream::Context, config: kv::Config) -> anyhow::Result<kv::Store> {
+    let name = config.bucket.clone();
+    match js.get_key_value(&name).await {
+        Ok(store) => Ok(store),
+        Err(_) => js
+            .create_key_value(config)
+            .await
+            .or(js.get_key_value(&name).await.map_err(anyhow::Error::from))
+            .with_context(|| format!("creating the KV bucket {name}")),
+    }
+}
+
+/// The revision of `node`'s heartbeat when one is in the members bucket (`None`: none, or
+/// it could not be read).
+async fn heartbeat_of(members: &kv::Store, node: &str) -> Option<u64> {
+    match members.entry(node).await {
+        Ok(Some(e)) if e.operation == kv::Operation::Put => Some(e.revision),
+        _ => None,
+    }
+}
+
+/// Refuses to join while another live process heartbeats under this node's name. Two
+/// processes with one name would each hold leases the other takes for its own, and the
+/// partitions rendezvous hashing gives that name could stay without an owner. A
+/// heartbeat a stopped process left is not refreshed and expires within a lease TTL:
+/// one that is refreshed meanwhile is another process's.
+async fn ensure_name_free(members: &kv::Store, node: &str, ttl: Duration) -> anyhow::Result<()> {
+    let Some(first) = heartbeat_of(members, node).await else {
+        return Ok(());
+    };
+    tracing::info!(
+        node,
+        "a heartbeat under this node's name is in the cluster; waiting for it to expire"
+    );
+    let until = Instant::now() + ttl * 2;
+    while Instant::now() < until {
+        tokio::time::sleep(ttl / 4).await;
+        match heartbeat_of(members, node).await {
+            None => return Ok(()),
+            Some(revision) if revision != first => anyhow::bail!(
+                "another process is running as node `{node}` in this cluster (its heartbeat \
+                 in the members bucket is being refreshed); give every node its own \
+                 [cluster] node name, or stop the other process first"
+            ),
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Heartbeats this node into the members bucket and publishes who is live.
+async fn membership(node: Arc<Node>, live: watch::Sender<Vec<String>>, stop: CancellationToken) {
+    let period = node.cfg.lease_ttl / 4;
+    loop {
+        if let Err(e) = node.members.put(&node.cfg.node, "up".into()).await {
+            tracing::warn!(error = %e, "cannot heartbeat into the members bucket");
+        }
+        match node.members.keys().await {
+            Ok(keys) => {
+                let mut names: Vec<String> = keys.filter_map(|k| async { k.ok() }).collect().await;
+                if !names.contains(&node.cfg.node) {
+                    names.push(node.cfg.node.clone());
+                }
+                names.sort();
+                live.send_if_modified(|old| {
+                    let changed = *old != names;
+                    if changed {
+                        tracing::info!(live = ?names, "cluster members");
+                        *old = names;
+                    }
+                    changed
+                });
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot list the cluster members"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+    }
+}
