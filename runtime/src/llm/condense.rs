@@ -17,7 +17,11 @@ use serde_json::json;
 
 use super::chat::ChatRequest;
 use super::cost::{Counters, Llm};
-use super::json::{self, CondenseKind, CondenseVerdict, JsonFault, MAX_CONDENSED_CHARS};
+use std::fmt;
+
+use serde_json::Value;
+
+use super::json::{self, JsonFault, describe, shape_fault, whole_number};
 use crate::engine::{Summarizer, Summary, SummaryRequest};
 use crate::error::{Error, Result};
 use crate::model::MemoryRecord;
@@ -127,7 +131,7 @@ impl LlmCondenser {
 
 /// A summary, or a lesson that reads as a rule.
 fn rule_or_summary(v: &CondenseVerdict) -> bool {
-    v.kind == CondenseKind::Summary || json::is_rule_shaped(&v.text)
+    v.kind == CondenseKind::Summary || is_rule_shaped(&v.text)
 }
 
 fn summary(v: CondenseVerdict, window: &[MemoryRecord]) -> Summary {
@@ -141,7 +145,7 @@ fn summary(v: CondenseVerdict, window: &[MemoryRecord]) -> Summary {
 /// Reads an answer for a window of `n` records.
 fn read(content: &str, n: usize) -> std::result::Result<CondenseVerdict, JsonFault> {
     let extracted = json::extract(content)?;
-    json::condense_answer(&extracted.value, n)
+    condense_answer(&extracted.value, n)
 }
 
 /// The JSON schema of the answer for a window of `n` records.
@@ -180,10 +184,159 @@ impl Summarizer for LlmCondenser {
     }
 }
 
+/// Longest text a condensed record may have, in characters.
+pub const MAX_CONDENSED_CHARS: usize = 2000;
+
+/// What a condensed record is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CondenseKind {
+    /// A summary of what happened in the window.
+    Summary,
+    /// A rule learned from the window, ideally phrased "When …, do …" or "Avoid …".
+    Lesson,
+}
+
+impl fmt::Display for CondenseKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CondenseKind::Summary => "summary",
+            CondenseKind::Lesson => "lesson",
+        })
+    }
+}
+
+/// The condenser's answer for one window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CondenseVerdict {
+    /// Summary or lesson.
+    pub kind: CondenseKind,
+    /// The condensed text, trimmed, 1 to [`MAX_CONDENSED_CHARS`] characters.
+    pub text: String,
+    /// Positions in the window of the records the text was drawn from: sorted, distinct,
+    /// never empty, each below the window's length.
+    pub sources: Vec<usize>,
+}
+
+/// Checks a condenser answer `{"kind": "summary"|"lesson", "text": "…", "sources": [0, 2]}`
+/// for a window of `window_len` records.
+///
+/// `kind` is case-insensitive and `rule` is read as `lesson`; sources may be numbers or
+/// numeric strings, and repeats are merged. The text must be non-empty and at most
+/// [`MAX_CONDENSED_CHARS`] characters, and every source must index the window. Whether a
+/// lesson is phrased as a rule is not enforced; see [`is_rule_shaped`].
+pub fn condense_answer(value: &Value, window_len: usize) -> Result<CondenseVerdict, JsonFault> {
+    const SHAPE: &str = "answer {\"kind\": \"summary\" or \"lesson\", \"text\": \"...\", \
+                         \"sources\": [indices]}";
+    let Some(fields) = value.as_object() else {
+        let problem = format!("is {}, not an object; {SHAPE}", describe(value));
+        return Err(shape_fault("answer", problem));
+    };
+
+    let kind = match fields.get("kind") {
+        None => return Err(shape_fault("kind", format!("is missing; {SHAPE}"))),
+        Some(v) => match v.as_str().map(|s| s.trim().to_ascii_lowercase()).as_deref() {
+            Some("summary") => CondenseKind::Summary,
+            Some("lesson" | "rule") => CondenseKind::Lesson,
+            _ => {
+                let problem = format!("{} is not \"summary\" or \"lesson\"", describe(v));
+                return Err(shape_fault("kind", problem));
+            }
+        },
+    };
+
+    let text = match fields.get("text") {
+        Some(Value::String(text)) => text.trim(),
+        None => return Err(shape_fault("text", format!("is missing; {SHAPE}"))),
+        Some(other) => {
+            let problem = format!("is {}, not a string", describe(other));
+            return Err(shape_fault("text", problem));
+        }
+    };
+    if text.is_empty() {
+        return Err(shape_fault("text", "is empty; write the summary or lesson"));
+    }
+    let length = text.chars().count();
+    if length > MAX_CONDENSED_CHARS {
+        let problem =
+            format!("is {length} characters long; keep it to at most {MAX_CONDENSED_CHARS}");
+        return Err(shape_fault("text", problem));
+    }
+
+    let range = match window_len {
+        0 => "the window is empty".to_string(),
+        n => format!("use indices 0 to {} of the window", n - 1),
+    };
+    let sources = match fields.get("sources") {
+        Some(Value::Array(sources)) => sources,
+        None => {
+            let problem = format!("is missing; list the records the text comes from ({range})");
+            return Err(shape_fault("sources", problem));
+        }
+        Some(other) => {
+            let problem = format!("is {}, not an array of indices; {range}", describe(other));
+            return Err(shape_fault("sources", problem));
+        }
+    };
+    if sources.is_empty() {
+        let problem = format!("is empty; list the records the text comes from ({range})");
+        return Err(shape_fault("sources", problem));
+    }
+    let mut indices = Vec::with_capacity(sources.len());
+    for (position, source) in sources.iter().enumerate() {
+        match whole_number(source) {
+            Some(index) if index < window_len => indices.push(index),
+            Some(index) => {
+                let problem = format!("index {index} is out of range; {range}");
+                return Err(shape_fault(format!("sources[{position}]"), problem));
+            }
+            None => {
+                let problem = format!("{} is not a whole number; {range}", describe(source));
+                return Err(shape_fault(format!("sources[{position}]"), problem));
+            }
+        }
+    }
+    indices.sort_unstable();
+    indices.dedup();
+
+    Ok(CondenseVerdict {
+        kind,
+        text: text.to_string(),
+        sources: indices,
+    })
+}
+
+/// Whether a lesson reads as a rule an agent can follow: an imperative ("Avoid …", "Never …",
+/// "Always …", "Do not …", "Prefer …") or a condition followed by an instruction ("When …,
+/// do …", "If …, …", "Before …, …"). Advisory: the condenser may prefer such lessons, but
+/// [`condense_answer`] accepts any non-empty text.
+pub fn is_rule_shaped(text: &str) -> bool {
+    const IMPERATIVES: &[&str] = &[
+        "avoid ", "never ", "always ", "do not ", "don't ", "don’t ", "prefer ",
+    ];
+    const CONDITIONS: &[&str] = &["when ", "whenever ", "if ", "before ", "after ", "once "];
+    let text = text
+        .trim_start_matches(|c: char| !c.is_alphanumeric())
+        .to_lowercase();
+    if IMPERATIVES.iter().any(|p| text.starts_with(p)) {
+        return true;
+    }
+    CONDITIONS.iter().any(|p| {
+        text.strip_prefix(p).is_some_and(|rest| {
+            // The instruction after the condition: "…, do …" or "… then do …".
+            let instruction = rest
+                .split_once(',')
+                .or_else(|| rest.split_once(" then "))
+                .map(|(_, instruction)| instruction);
+            instruction.is_some_and(|i| i.trim().chars().any(char::is_alphabetic))
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::engine::{Substrate, SubstrateOptions};
+    use crate::llm::json::tests::schema_fault;
     use crate::llm::script::scripted;
     use crate::model::{MemoryId, NewMemory};
     use crate::policy::Policy;
@@ -398,5 +551,99 @@ mod tests {
             "{history:?}"
         );
         sub.close().unwrap();
+    }
+
+    // --- the condenser's answer --------------------------------------------------------------
+
+    #[test]
+    fn a_condenser_answer_reads_kind_text_and_sources() {
+        let value = json!({"kind": "Lesson", "text": " When tests hang, check the timeout. ",
+                           "sources": [2, "0", 2]});
+        let verdict = condense_answer(&value, 3).unwrap();
+        assert_eq!(
+            verdict,
+            CondenseVerdict {
+                kind: CondenseKind::Lesson,
+                text: "When tests hang, check the timeout.".into(),
+                sources: vec![0, 2],
+            }
+        );
+        let value = json!({"kind": "rule", "text": "Avoid sudo.", "sources": [0]});
+        assert_eq!(
+            condense_answer(&value, 1).unwrap().kind,
+            CondenseKind::Lesson
+        );
+        let value = json!({"kind": "summary", "text": "Deployed.", "sources": [0]});
+        assert_eq!(
+            condense_answer(&value, 1).unwrap().kind.to_string(),
+            "summary"
+        );
+    }
+
+    #[test]
+    fn a_condenser_answer_with_bad_sources_names_them() {
+        let value = json!({"kind": "summary", "text": "x", "sources": [0, 7]});
+        assert_eq!(
+            schema_fault(condense_answer(&value, 3)),
+            "sources[1]: index 7 is out of range; use indices 0 to 2 of the window"
+        );
+        let value = json!({"kind": "summary", "text": "x", "sources": [0, "two"]});
+        let message = schema_fault(condense_answer(&value, 3));
+        assert!(
+            message.starts_with("sources[1]: \"two\" is not a whole number"),
+            "{message}"
+        );
+        let value = json!({"kind": "summary", "text": "x", "sources": []});
+        assert!(schema_fault(condense_answer(&value, 3)).starts_with("sources: is empty"));
+        let value = json!({"kind": "summary", "text": "x"});
+        assert!(schema_fault(condense_answer(&value, 3)).starts_with("sources: is missing"));
+        let value = json!({"kind": "summary", "text": "x", "sources": 1});
+        assert!(schema_fault(condense_answer(&value, 3)).contains("not an array"));
+    }
+
+    #[test]
+    fn a_condenser_answer_needs_a_kind_and_a_sensible_text() {
+        let value = json!({"kind": "story", "text": "x", "sources": [0]});
+        assert_eq!(
+            schema_fault(condense_answer(&value, 1)),
+            "kind: \"story\" is not \"summary\" or \"lesson\""
+        );
+        let value = json!({"kind": "summary", "text": "  ", "sources": [0]});
+        assert!(schema_fault(condense_answer(&value, 1)).starts_with("text: is empty"));
+        let value = json!({"kind": "summary", "text": "é".repeat(2001), "sources": [0]});
+        assert_eq!(
+            schema_fault(condense_answer(&value, 1)),
+            "text: is 2001 characters long; keep it to at most 2000"
+        );
+        let value = json!({"kind": "summary", "text": "é".repeat(2000), "sources": [0]});
+        assert!(condense_answer(&value, 1).is_ok());
+        let message = schema_fault(condense_answer(&json!([1]), 1));
+        assert!(
+            message.starts_with("answer: is an array, not an object"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn rule_shaped_lessons_are_recognised() {
+        for rule in [
+            "When the build fails on CI, rerun it with --verbose.",
+            "Avoid force-pushing to main.",
+            "  \"Never log the API key.",
+            "If the user asks for tea, offer green tea first.",
+            "Don't retry a 400.",
+            "when deploying then tag the release",
+        ] {
+            assert!(is_rule_shaped(rule), "{rule}");
+        }
+        for prose in [
+            "The user deployed the service twice.",
+            "When the build failed.",
+            "When it rains,",
+            "",
+            "Avoidance of conflict was discussed.",
+        ] {
+            assert!(!is_rule_shaped(prose), "{prose}");
+        }
     }
 }

@@ -1,17 +1,17 @@
 //! Reading JSON out of a model's answer, for the LLM judge and the condenser. Local models
 //! wrap their JSON in prose, Markdown fences and `<think>` blocks, and
 //! get its syntax a little wrong; this module finds the JSON the model meant ([`extract`]),
-//! repairs the common faults while saying which ones it repaired ([`Repair`]), and checks the
-//! two answers the runtime asks for ([`judge_answer`], [`condense_answer`]).
+//! and repairs the common faults while saying which ones it repaired ([`Repair`]). Each
+//! answer's shape is checked where it is asked for (`judge::judge_answer`,
+//! `condense::condense_answer`), with the fault type and the small readers here.
 //!
 //! It is pure and synchronous — no I/O, no clock, no logging — so the provider, the audit log
 //! and the retry loop decide what to do with a [`JsonFault`]; its message is short and quotes
 //! at most about 120 characters of the answer, so it can be shown back to the model
-//! ([`JsonFault::retry_prompt`]). Repairs change syntax only: no value is ever guessed, and
-//! the validators report an out-of-range score as a fault instead of clamping it. Nothing
-//! here may panic on any input; a proptest feeds it arbitrary and mutated answers.
+//! ([`JsonFault::retry_prompt`]). Repairs change syntax only: no value is ever guessed.
+//! Nothing here may panic on any input; a proptest (in `llm`'s tests, with the answers'
+//! readers) feeds it arbitrary and mutated answers.
 
-use std::collections::BTreeMap;
 use std::fmt;
 
 use serde_json::Value;
@@ -22,12 +22,6 @@ const SNIPPET_CHARS: usize = 120;
 /// How many times the search for JSON may start again inside a candidate that ran to the
 /// end of the answer without closing.
 const MAX_RESTARTS: usize = 8;
-
-/// Longest text a condensed record may have, in characters.
-pub const MAX_CONDENSED_CHARS: usize = 2000;
-
-/// The judge's scale: importance and reusability are numbers from 0 to this, inclusive.
-pub const SCORE_MAX: f64 = 10.0;
 
 /// A syntax fault that [`extract`] repaired. `Display` reads well after "repaired: ".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -160,7 +154,7 @@ impl JsonFault {
     }
 }
 
-fn schema(path: impl Into<String>, problem: impl Into<String>) -> JsonFault {
+pub(super) fn shape_fault(path: impl Into<String>, problem: impl Into<String>) -> JsonFault {
     JsonFault::Schema {
         path: path.into(),
         problem: problem.into(),
@@ -747,133 +741,8 @@ impl<'a> Scanner<'a> {
     }
 }
 
-/// The judge's verdict on one record of the batch.
-#[derive(Debug, Clone, PartialEq)]
-pub struct JudgeVerdict {
-    /// The record's position in the batch sent to the judge.
-    pub index: usize,
-    /// Long-term importance, 0 to [`SCORE_MAX`].
-    pub importance: f32,
-    /// How reusable the record is beyond its session, 0 to [`SCORE_MAX`].
-    pub reusability: f32,
-    /// The judge's short reason, trimmed (empty when it gave none).
-    pub reason: String,
-}
-
-/// Checks a judge answer for a batch of `expected` records and returns one verdict per
-/// index `0..expected`, in index order.
-///
-/// Accepted shapes: `{"items": [{"index": 0, "importance": 7, "reusability": 3, "reason":
-/// "…"}, …]}`, a bare array of items, or a single item object for a batch of one. Scores may
-/// be integers, floats or numeric strings (`"7"`). Nothing is clamped: a score outside 0 to
-/// 10, an index out of range, a duplicate or a missing index is a fault naming the item.
-pub fn judge_answer(value: &Value, expected: usize) -> Result<Vec<JudgeVerdict>, JsonFault> {
-    const SHAPE: &str = "answer {\"items\": [{\"index\": 0, \"importance\": 0-10, \
-                         \"reusability\": 0-10, \"reason\": \"...\"}]}";
-    let items: &[Value] = match value {
-        Value::Array(items) => items,
-        Value::Object(map) => match map.get("items") {
-            Some(Value::Array(items)) => items,
-            Some(other) => {
-                let problem = format!("is {}, not an array; {SHAPE}", describe(other));
-                return Err(schema("items", problem));
-            }
-            None if map.contains_key("index") => std::slice::from_ref(value),
-            None => return Err(schema("answer", format!("has no \"items\" array; {SHAPE}"))),
-        },
-        other => {
-            let problem = format!("is {}, not an object; {SHAPE}", describe(other));
-            return Err(schema("answer", problem));
-        }
-    };
-    let wanted = match expected {
-        0 => "no items were asked for".to_string(),
-        n => format!("give exactly one item per index 0 to {}", n - 1),
-    };
-
-    let mut verdicts = BTreeMap::new();
-    for (position, item) in items.iter().enumerate() {
-        let path = format!("items[{position}]");
-        let Some(fields) = item.as_object() else {
-            let problem = format!("is {}, not an object; {SHAPE}", describe(item));
-            return Err(schema(path, problem));
-        };
-        let index = match fields.get("index") {
-            None => return Err(schema(path, format!("has no \"index\"; {wanted}"))),
-            Some(v) => whole_number(v).ok_or_else(|| {
-                let problem = format!("index {} is not a whole number; {wanted}", describe(v));
-                schema(&path, problem)
-            })?,
-        };
-        if index >= expected {
-            let problem = format!("index {index} is out of range; {wanted}");
-            return Err(schema(path, problem));
-        }
-        let path = format!("items[{position}] (index {index})");
-        let importance = score(fields, "importance", &path)?;
-        let reusability = score(fields, "reusability", &path)?;
-        let reason = match fields.get("reason") {
-            None | Some(Value::Null) => String::new(),
-            Some(Value::String(reason)) => reason.trim().to_string(),
-            Some(other) => {
-                let problem = format!("reason is {}, not a string", describe(other));
-                return Err(schema(path, problem));
-            }
-        };
-        let verdict = JudgeVerdict {
-            index,
-            importance,
-            reusability,
-            reason,
-        };
-        if verdicts.insert(index, verdict).is_some() {
-            let problem = format!("index {index} appears twice; {wanted}");
-            return Err(schema(path, problem));
-        }
-    }
-    if verdicts.len() < expected {
-        // Stops after a few, so a caller passing a huge `expected` cannot make this loop long.
-        let missing: Vec<String> = (0..expected)
-            .filter(|i| !verdicts.contains_key(i))
-            .take(5)
-            .map(|i| i.to_string())
-            .collect();
-        let problem = format!("no verdict for index {}; {wanted}", missing.join(", "));
-        return Err(schema("items", problem));
-    }
-    Ok(verdicts.into_values().collect())
-}
-
-/// A score field of a judge item: a number or a numeric string, finite, 0 to [`SCORE_MAX`].
-fn score(
-    fields: &serde_json::Map<String, Value>,
-    name: &str,
-    path: &str,
-) -> Result<f32, JsonFault> {
-    let range = format!("give a number from 0 to {SCORE_MAX}");
-    let Some(v) = fields.get(name) else {
-        return Err(schema(path, format!("has no \"{name}\"; {range}")));
-    };
-    let number = match v {
-        Value::Number(n) => n.as_f64(),
-        Value::String(s) => s.trim().parse::<f64>().ok(),
-        _ => None,
-    };
-    match number {
-        Some(n) if n.is_finite() && (0.0..=SCORE_MAX).contains(&n) => Ok(n as f32),
-        Some(n) if n.is_finite() => {
-            let problem = format!("{name} {} is out of range; {range}", describe(v));
-            Err(schema(path, problem))
-        }
-        _ => {
-            let problem = format!("{name} {} is not a number; {range}", describe(v));
-            Err(schema(path, problem))
-        }
-    }
-}
-
 /// A non-negative whole number: `3`, `3.0` or `"3"`.
-fn whole_number(v: &Value) -> Option<usize> {
+pub(super) fn whole_number(v: &Value) -> Option<usize> {
     let n = match v {
         Value::Number(n) => match n.as_u64() {
             Some(n) => n,
@@ -893,7 +762,7 @@ fn whole_number(v: &Value) -> Option<usize> {
 }
 
 /// A JSON value for a fault message: its JSON text, cut to the snippet length.
-fn describe(v: &Value) -> String {
+pub(super) fn describe(v: &Value) -> String {
     match v {
         Value::Null => "null".to_string(),
         Value::Array(_) => "an array".to_string(),
@@ -902,159 +771,21 @@ fn describe(v: &Value) -> String {
     }
 }
 
-/// What a condensed record is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CondenseKind {
-    /// A summary of what happened in the window.
-    Summary,
-    /// A rule learned from the window, ideally phrased "When …, do …" or "Avoid …".
-    Lesson,
-}
-
-impl fmt::Display for CondenseKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            CondenseKind::Summary => "summary",
-            CondenseKind::Lesson => "lesson",
-        })
-    }
-}
-
-/// The condenser's answer for one window.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CondenseVerdict {
-    /// Summary or lesson.
-    pub kind: CondenseKind,
-    /// The condensed text, trimmed, 1 to [`MAX_CONDENSED_CHARS`] characters.
-    pub text: String,
-    /// Positions in the window of the records the text was drawn from: sorted, distinct,
-    /// never empty, each below the window's length.
-    pub sources: Vec<usize>,
-}
-
-/// Checks a condenser answer `{"kind": "summary"|"lesson", "text": "…", "sources": [0, 2]}`
-/// for a window of `window_len` records.
-///
-/// `kind` is case-insensitive and `rule` is read as `lesson`; sources may be numbers or
-/// numeric strings, and repeats are merged. The text must be non-empty and at most
-/// [`MAX_CONDENSED_CHARS`] characters, and every source must index the window. Whether a
-/// lesson is phrased as a rule is not enforced; see [`is_rule_shaped`].
-pub fn condense_answer(value: &Value, window_len: usize) -> Result<CondenseVerdict, JsonFault> {
-    const SHAPE: &str = "answer {\"kind\": \"summary\" or \"lesson\", \"text\": \"...\", \
-                         \"sources\": [indices]}";
-    let Some(fields) = value.as_object() else {
-        let problem = format!("is {}, not an object; {SHAPE}", describe(value));
-        return Err(schema("answer", problem));
-    };
-
-    let kind = match fields.get("kind") {
-        None => return Err(schema("kind", format!("is missing; {SHAPE}"))),
-        Some(v) => match v.as_str().map(|s| s.trim().to_ascii_lowercase()).as_deref() {
-            Some("summary") => CondenseKind::Summary,
-            Some("lesson" | "rule") => CondenseKind::Lesson,
-            _ => {
-                let problem = format!("{} is not \"summary\" or \"lesson\"", describe(v));
-                return Err(schema("kind", problem));
-            }
-        },
-    };
-
-    let text = match fields.get("text") {
-        Some(Value::String(text)) => text.trim(),
-        None => return Err(schema("text", format!("is missing; {SHAPE}"))),
-        Some(other) => {
-            let problem = format!("is {}, not a string", describe(other));
-            return Err(schema("text", problem));
-        }
-    };
-    if text.is_empty() {
-        return Err(schema("text", "is empty; write the summary or lesson"));
-    }
-    let length = text.chars().count();
-    if length > MAX_CONDENSED_CHARS {
-        let problem =
-            format!("is {length} characters long; keep it to at most {MAX_CONDENSED_CHARS}");
-        return Err(schema("text", problem));
-    }
-
-    let range = match window_len {
-        0 => "the window is empty".to_string(),
-        n => format!("use indices 0 to {} of the window", n - 1),
-    };
-    let sources = match fields.get("sources") {
-        Some(Value::Array(sources)) => sources,
-        None => {
-            let problem = format!("is missing; list the records the text comes from ({range})");
-            return Err(schema("sources", problem));
-        }
-        Some(other) => {
-            let problem = format!("is {}, not an array of indices; {range}", describe(other));
-            return Err(schema("sources", problem));
-        }
-    };
-    if sources.is_empty() {
-        let problem = format!("is empty; list the records the text comes from ({range})");
-        return Err(schema("sources", problem));
-    }
-    let mut indices = Vec::with_capacity(sources.len());
-    for (position, source) in sources.iter().enumerate() {
-        match whole_number(source) {
-            Some(index) if index < window_len => indices.push(index),
-            Some(index) => {
-                let problem = format!("index {index} is out of range; {range}");
-                return Err(schema(format!("sources[{position}]"), problem));
-            }
-            None => {
-                let problem = format!("{} is not a whole number; {range}", describe(source));
-                return Err(schema(format!("sources[{position}]"), problem));
-            }
-        }
-    }
-    indices.sort_unstable();
-    indices.dedup();
-
-    Ok(CondenseVerdict {
-        kind,
-        text: text.to_string(),
-        sources: indices,
-    })
-}
-
-/// Whether a lesson reads as a rule an agent can follow: an imperative ("Avoid …", "Never …",
-/// "Always …", "Do not …", "Prefer …") or a condition followed by an instruction ("When …,
-/// do …", "If …, …", "Before …, …"). Advisory: the condenser may prefer such lessons, but
-/// [`condense_answer`] accepts any non-empty text.
-pub fn is_rule_shaped(text: &str) -> bool {
-    const IMPERATIVES: &[&str] = &[
-        "avoid ", "never ", "always ", "do not ", "don't ", "don’t ", "prefer ",
-    ];
-    const CONDITIONS: &[&str] = &["when ", "whenever ", "if ", "before ", "after ", "once "];
-    let text = text
-        .trim_start_matches(|c: char| !c.is_alphanumeric())
-        .to_lowercase();
-    if IMPERATIVES.iter().any(|p| text.starts_with(p)) {
-        return true;
-    }
-    CONDITIONS.iter().any(|p| {
-        text.strip_prefix(p).is_some_and(|rest| {
-            // The instruction after the condition: "…, do …" or "… then do …".
-            let instruction = rest
-                .split_once(',')
-                .or_else(|| rest.split_once(" then "))
-                .map(|(_, instruction)| instruction);
-            instruction.is_some_and(|i| i.trim().chars().any(char::is_alphabetic))
-        })
-    })
-}
-
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use serde_json::json;
 
     use super::*;
 
-    fn ok(text: &str) -> Extracted {
+    pub(in crate::llm) fn ok(text: &str) -> Extracted {
         extract(text).unwrap_or_else(|e| panic!("no JSON in {text:?}: {e}"))
+    }
+
+    pub(in crate::llm) fn schema_fault(result: Result<impl fmt::Debug, JsonFault>) -> String {
+        match result {
+            Err(fault @ JsonFault::Schema { .. }) => fault.to_string(),
+            other => panic!("expected a schema fault, got {other:?}"),
+        }
     }
 
     // --- finding the JSON -------------------------------------------------------------
@@ -1354,324 +1085,5 @@ mod tests {
         assert_eq!(snippet, "Here: {\"importance");
         let fault = extract("{\"a\": 1]").unwrap_err();
         assert!(matches!(fault, JsonFault::Unbalanced { .. }), "{fault:?}");
-    }
-
-    // --- the judge's answer ----------------------------------------------------------------
-
-    fn judge(text: &str, expected: usize) -> Result<Vec<JudgeVerdict>, JsonFault> {
-        judge_answer(&ok(text).value, expected)
-    }
-
-    fn schema_fault(result: Result<impl fmt::Debug, JsonFault>) -> String {
-        match result {
-            Err(fault @ JsonFault::Schema { .. }) => fault.to_string(),
-            other => panic!("expected a schema fault, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn a_judge_answer_gives_one_verdict_per_index_in_order() {
-        let text = r#"{"items": [
-            {"index": 1, "importance": 3, "reusability": 8, "reason": " generic fix "},
-            {"index": 0, "importance": 7.5, "reusability": 0, "reason": "user preference"}
-        ]}"#;
-        let verdicts = judge(text, 2).unwrap();
-        assert_eq!(
-            verdicts,
-            vec![
-                JudgeVerdict {
-                    index: 0,
-                    importance: 7.5,
-                    reusability: 0.0,
-                    reason: "user preference".into()
-                },
-                JudgeVerdict {
-                    index: 1,
-                    importance: 3.0,
-                    reusability: 8.0,
-                    reason: "generic fix".into()
-                },
-            ]
-        );
-    }
-
-    #[test]
-    fn a_judge_answer_may_be_a_bare_array_or_a_single_item_with_string_numbers() {
-        let bare = r#"[{"index": "0", "importance": "7", "reusability": " 2.5 "}]"#;
-        let verdicts = judge(bare, 1).unwrap();
-        assert_eq!(
-            (verdicts[0].importance, verdicts[0].reusability),
-            (7.0, 2.5)
-        );
-        assert_eq!(verdicts[0].reason, "");
-        let single = r#"{"index": 0.0, "importance": 10, "reusability": 0}"#;
-        assert_eq!(judge(single, 1).unwrap()[0].importance, 10.0);
-    }
-
-    #[test]
-    fn a_judge_answer_missing_an_index_names_it() {
-        let text = r#"{"items": [{"index": 0, "importance": 1, "reusability": 1},
-                                 {"index": 2, "importance": 1, "reusability": 1}]}"#;
-        let message = schema_fault(judge(text, 4));
-        assert_eq!(
-            message,
-            "items: no verdict for index 1, 3; give exactly one item per index 0 to 3"
-        );
-    }
-
-    #[test]
-    fn a_judge_answer_with_a_duplicate_or_foreign_index_names_it() {
-        let text = r#"[{"index": 0, "importance": 1, "reusability": 1},
-                       {"index": 0, "importance": 2, "reusability": 2}]"#;
-        let message = schema_fault(judge(text, 2));
-        assert!(
-            message.starts_with("items[1] (index 0): index 0 appears twice"),
-            "{message}"
-        );
-        let text = r#"[{"index": 5, "importance": 1, "reusability": 1}]"#;
-        let message = schema_fault(judge(text, 2));
-        assert!(message.contains("index 5 is out of range"), "{message}");
-        let text = r#"[{"index": -1, "importance": 1, "reusability": 1}]"#;
-        let message = schema_fault(judge(text, 2));
-        assert!(
-            message.contains("index -1 is not a whole number"),
-            "{message}"
-        );
-    }
-
-    #[test]
-    fn out_of_range_or_non_numeric_scores_are_faults_not_clamped() {
-        let text = r#"[{"index": 0, "importance": 12, "reusability": 1}]"#;
-        assert_eq!(
-            schema_fault(judge(text, 1)),
-            "items[0] (index 0): importance 12 is out of range; give a number from 0 to 10"
-        );
-        let text = r#"[{"index": 0, "importance": 5, "reusability": -0.5}]"#;
-        let message = schema_fault(judge(text, 1));
-        assert!(
-            message.contains("reusability -0.5 is out of range"),
-            "{message}"
-        );
-        let text = r#"[{"index": 0, "importance": "high", "reusability": 1}]"#;
-        let message = schema_fault(judge(text, 1));
-        assert!(
-            message.contains("importance \"high\" is not a number"),
-            "{message}"
-        );
-        let text = r#"[{"index": 0, "importance": "NaN", "reusability": 1}]"#;
-        assert!(schema_fault(judge(text, 1)).contains("is not a number"));
-        let text = r#"[{"index": 0, "importance": 5}]"#;
-        assert!(schema_fault(judge(text, 1)).contains("has no \"reusability\""));
-    }
-
-    #[test]
-    fn a_judge_answer_of_the_wrong_shape_says_what_to_send() {
-        let fault = judge_answer(&json!({"scores": [1, 2]}), 2).unwrap_err();
-        assert!(!fault.is_syntax());
-        assert!(
-            fault.to_string().contains("has no \"items\" array"),
-            "{fault}"
-        );
-        assert!(
-            fault
-                .retry_prompt()
-                .contains("did not have the requested shape")
-        );
-        let message = schema_fault(judge_answer(&json!({"items": "none"}), 1));
-        assert!(message.contains("not an array"), "{message}");
-        let message = schema_fault(judge_answer(&json!([3]), 1));
-        assert!(
-            message.starts_with("items[0]: is 3, not an object"),
-            "{message}"
-        );
-        assert_eq!(judge_answer(&json!({"items": []}), 0).unwrap(), vec![]);
-    }
-
-    #[test]
-    fn a_messy_local_model_answer_reads_end_to_end() {
-        let text = "<think>Record 0 is a preference; record 1 is chatter.</think>\n\
-                    Sure! Here are the scores:\n```json\n{items: [\n  \
-                    {index: 0, importance: '8', reusability: 6, reason: 'user's preference',},\n  \
-                    {index: 1, importance: 1, reusability: 0, reason: None}, // chatter\n]}\n```";
-        let found = ok(text);
-        let verdicts = judge_answer(&found.value, 2).unwrap();
-        assert_eq!(verdicts[0].importance, 8.0);
-        assert_eq!(verdicts[0].reason, "user's preference");
-        assert_eq!(verdicts[1].reason, "");
-        assert!(found.repairs.contains(&Repair::TrailingComma));
-    }
-
-    // --- the condenser's answer --------------------------------------------------------------
-
-    #[test]
-    fn a_condenser_answer_reads_kind_text_and_sources() {
-        let value = json!({"kind": "Lesson", "text": " When tests hang, check the timeout. ",
-                           "sources": [2, "0", 2]});
-        let verdict = condense_answer(&value, 3).unwrap();
-        assert_eq!(
-            verdict,
-            CondenseVerdict {
-                kind: CondenseKind::Lesson,
-                text: "When tests hang, check the timeout.".into(),
-                sources: vec![0, 2],
-            }
-        );
-        let value = json!({"kind": "rule", "text": "Avoid sudo.", "sources": [0]});
-        assert_eq!(
-            condense_answer(&value, 1).unwrap().kind,
-            CondenseKind::Lesson
-        );
-        let value = json!({"kind": "summary", "text": "Deployed.", "sources": [0]});
-        assert_eq!(
-            condense_answer(&value, 1).unwrap().kind.to_string(),
-            "summary"
-        );
-    }
-
-    #[test]
-    fn a_condenser_answer_with_bad_sources_names_them() {
-        let value = json!({"kind": "summary", "text": "x", "sources": [0, 7]});
-        assert_eq!(
-            schema_fault(condense_answer(&value, 3)),
-            "sources[1]: index 7 is out of range; use indices 0 to 2 of the window"
-        );
-        let value = json!({"kind": "summary", "text": "x", "sources": [0, "two"]});
-        let message = schema_fault(condense_answer(&value, 3));
-        assert!(
-            message.starts_with("sources[1]: \"two\" is not a whole number"),
-            "{message}"
-        );
-        let value = json!({"kind": "summary", "text": "x", "sources": []});
-        assert!(schema_fault(condense_answer(&value, 3)).starts_with("sources: is empty"));
-        let value = json!({"kind": "summary", "text": "x"});
-        assert!(schema_fault(condense_answer(&value, 3)).starts_with("sources: is missing"));
-        let value = json!({"kind": "summary", "text": "x", "sources": 1});
-        assert!(schema_fault(condense_answer(&value, 3)).contains("not an array"));
-    }
-
-    #[test]
-    fn a_condenser_answer_needs_a_kind_and_a_sensible_text() {
-        let value = json!({"kind": "story", "text": "x", "sources": [0]});
-        assert_eq!(
-            schema_fault(condense_answer(&value, 1)),
-            "kind: \"story\" is not \"summary\" or \"lesson\""
-        );
-        let value = json!({"kind": "summary", "text": "  ", "sources": [0]});
-        assert!(schema_fault(condense_answer(&value, 1)).starts_with("text: is empty"));
-        let value = json!({"kind": "summary", "text": "é".repeat(2001), "sources": [0]});
-        assert_eq!(
-            schema_fault(condense_answer(&value, 1)),
-            "text: is 2001 characters long; keep it to at most 2000"
-        );
-        let value = json!({"kind": "summary", "text": "é".repeat(2000), "sources": [0]});
-        assert!(condense_answer(&value, 1).is_ok());
-        let message = schema_fault(condense_answer(&json!([1]), 1));
-        assert!(
-            message.starts_with("answer: is an array, not an object"),
-            "{message}"
-        );
-    }
-
-    #[test]
-    fn rule_shaped_lessons_are_recognised() {
-        for rule in [
-            "When the build fails on CI, rerun it with --verbose.",
-            "Avoid force-pushing to main.",
-            "  \"Never log the API key.",
-            "If the user asks for tea, offer green tea first.",
-            "Don't retry a 400.",
-            "when deploying then tag the release",
-        ] {
-            assert!(is_rule_shaped(rule), "{rule}");
-        }
-        for prose in [
-            "The user deployed the service twice.",
-            "When the build failed.",
-            "When it rains,",
-            "",
-            "Avoidance of conflict was discussed.",
-        ] {
-            assert!(!is_rule_shaped(prose), "{prose}");
-        }
-    }
-
-    // --- never panic ---------------------------------------------------------------------------
-
-    const VALID_ANSWERS: &[&str] = &[
-        r#"{"items":[{"index":0,"importance":7,"reusability":3,"reason":"it's a preference"},{"index":1,"importance":"2","reusability":0.5,"reason":"chatter"}]}"#,
-        r#"```json
-{"kind":"lesson","text":"When tests hang, check the timeout.","sources":[0,2]}
-```"#,
-        "<think>hmm</think>{'kind': 'summary', text: “done”, sources: [0,], ok: True} // end",
-    ];
-
-    /// Applies `edits` (position, operation, character) to `text`: delete, insert, replace,
-    /// or cut the text there — the ways a model's answer gets mangled.
-    fn mutate(text: &str, edits: &[(usize, u8, char)]) -> String {
-        let mut chars: Vec<char> = text.chars().collect();
-        for &(position, op, c) in edits {
-            let at = position % (chars.len() + 1);
-            match op % 4 {
-                0 if at < chars.len() => {
-                    chars.remove(at);
-                }
-                1 => chars.insert(at, c),
-                2 if at < chars.len() => chars[at] = c,
-                _ => chars.truncate(at.max(chars.len() / 2)),
-            }
-        }
-        chars.into_iter().collect()
-    }
-
-    fn exercise(text: &str) {
-        match extract(text) {
-            Ok(found) => {
-                let _ = judge_answer(&found.value, 2);
-                let _ = judge_answer(&found.value, usize::MAX);
-                let _ = condense_answer(&found.value, 3);
-                let _ = found.repair_note();
-            }
-            Err(fault) => {
-                let _ = fault.retry_prompt();
-            }
-        }
-        let _ = is_rule_shaped(text);
-    }
-
-    proptest::proptest! {
-        /// Arbitrary text, including any Unicode: extract and the validators return.
-        #[test]
-        fn arbitrary_text_never_panics(text in "\\PC{0,200}") {
-            exercise(&text);
-        }
-
-        /// Text made of JSON's own punctuation, quotes of every kind, comments and literals.
-        #[test]
-        fn json_like_text_never_panics(
-            text in "([{}\\[\\]\"',:/*\\\\ \n0-9a-z“”‘’`<>-]|True|None|think|```|\\\\u){0,120}"
-        ) {
-            exercise(&text);
-        }
-
-        /// Valid answers with random deletions, insertions, replacements and truncations.
-        #[test]
-        fn mutated_valid_answers_never_panic(
-            which in 0..VALID_ANSWERS.len(),
-            edits in proptest::collection::vec(
-                (0usize..400, 0u8..4, proptest::char::any()), 0..8),
-        ) {
-            exercise(&mutate(VALID_ANSWERS[which], &edits));
-        }
-    }
-
-    #[test]
-    fn the_valid_answers_used_for_mutation_are_valid() {
-        assert_eq!(
-            judge_answer(&ok(VALID_ANSWERS[0]).value, 2).unwrap().len(),
-            2
-        );
-        for text in &VALID_ANSWERS[1..] {
-            condense_answer(&ok(text).value, 3).unwrap();
-        }
     }
 }

@@ -23,13 +23,17 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::chat::ChatRequest;
 use super::cost::{Counters, Llm};
-use super::json::{self, JsonFault, JudgeVerdict};
+use serde_json::Value;
+
+use super::json::{self, JsonFault, describe, shape_fault, whole_number};
 use crate::engine::{Judge, JudgeBatch, JudgeItem, Judgement, Verdict};
 use crate::error::{Error, Result};
 use crate::model::MemoryId;
@@ -240,7 +244,7 @@ fn schema(n: usize) -> serde_json::Value {
 /// Reads an answer into one judgement per record, in the records' order.
 fn read(content: &str, n: usize) -> std::result::Result<Vec<Judgement>, JsonFault> {
     let extracted = json::extract(content)?;
-    let mut verdicts: Vec<JudgeVerdict> = json::judge_answer(&extracted.value, n)?;
+    let mut verdicts: Vec<JudgeVerdict> = judge_answer(&extracted.value, n)?;
     verdicts.sort_by_key(|v| v.index);
     let repaired = extracted.repair_note();
     Ok(verdicts
@@ -436,9 +440,144 @@ fn content_key(guidance: u64, kind: &str, text: &str) -> u128 {
     u128::from_be_bytes(digest[..16].try_into().unwrap_or([0; 16]))
 }
 
+/// The judge's scale: importance and reusability are numbers from 0 to this, inclusive.
+pub const SCORE_MAX: f64 = 10.0;
+
+/// The judge's verdict on one record of the batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JudgeVerdict {
+    /// The record's position in the batch sent to the judge.
+    pub index: usize,
+    /// Long-term importance, 0 to [`SCORE_MAX`].
+    pub importance: f32,
+    /// How reusable the record is beyond its session, 0 to [`SCORE_MAX`].
+    pub reusability: f32,
+    /// The judge's short reason, trimmed (empty when it gave none).
+    pub reason: String,
+}
+
+/// Checks a judge answer for a batch of `expected` records and returns one verdict per
+/// index `0..expected`, in index order.
+///
+/// Accepted shapes: `{"items": [{"index": 0, "importance": 7, "reusability": 3, "reason":
+/// "…"}, …]}`, a bare array of items, or a single item object for a batch of one. Scores may
+/// be integers, floats or numeric strings (`"7"`). Nothing is clamped: a score outside 0 to
+/// 10, an index out of range, a duplicate or a missing index is a fault naming the item.
+pub fn judge_answer(value: &Value, expected: usize) -> Result<Vec<JudgeVerdict>, JsonFault> {
+    const SHAPE: &str = "answer {\"items\": [{\"index\": 0, \"importance\": 0-10, \
+                         \"reusability\": 0-10, \"reason\": \"...\"}]}";
+    let items: &[Value] = match value {
+        Value::Array(items) => items,
+        Value::Object(map) => match map.get("items") {
+            Some(Value::Array(items)) => items,
+            Some(other) => {
+                let problem = format!("is {}, not an array; {SHAPE}", describe(other));
+                return Err(shape_fault("items", problem));
+            }
+            None if map.contains_key("index") => std::slice::from_ref(value),
+            None => {
+                return Err(shape_fault(
+                    "answer",
+                    format!("has no \"items\" array; {SHAPE}"),
+                ));
+            }
+        },
+        other => {
+            let problem = format!("is {}, not an object; {SHAPE}", describe(other));
+            return Err(shape_fault("answer", problem));
+        }
+    };
+    let wanted = match expected {
+        0 => "no items were asked for".to_string(),
+        n => format!("give exactly one item per index 0 to {}", n - 1),
+    };
+
+    let mut verdicts = BTreeMap::new();
+    for (position, item) in items.iter().enumerate() {
+        let path = format!("items[{position}]");
+        let Some(fields) = item.as_object() else {
+            let problem = format!("is {}, not an object; {SHAPE}", describe(item));
+            return Err(shape_fault(path, problem));
+        };
+        let index = match fields.get("index") {
+            None => return Err(shape_fault(path, format!("has no \"index\"; {wanted}"))),
+            Some(v) => whole_number(v).ok_or_else(|| {
+                let problem = format!("index {} is not a whole number; {wanted}", describe(v));
+                shape_fault(&path, problem)
+            })?,
+        };
+        if index >= expected {
+            let problem = format!("index {index} is out of range; {wanted}");
+            return Err(shape_fault(path, problem));
+        }
+        let path = format!("items[{position}] (index {index})");
+        let importance = score(fields, "importance", &path)?;
+        let reusability = score(fields, "reusability", &path)?;
+        let reason = match fields.get("reason") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(reason)) => reason.trim().to_string(),
+            Some(other) => {
+                let problem = format!("reason is {}, not a string", describe(other));
+                return Err(shape_fault(path, problem));
+            }
+        };
+        let verdict = JudgeVerdict {
+            index,
+            importance,
+            reusability,
+            reason,
+        };
+        if verdicts.insert(index, verdict).is_some() {
+            let problem = format!("index {index} appears twice; {wanted}");
+            return Err(shape_fault(path, problem));
+        }
+    }
+    if verdicts.len() < expected {
+        // Stops after a few, so a caller passing a huge `expected` cannot make this loop long.
+        let missing: Vec<String> = (0..expected)
+            .filter(|i| !verdicts.contains_key(i))
+            .take(5)
+            .map(|i| i.to_string())
+            .collect();
+        let problem = format!("no verdict for index {}; {wanted}", missing.join(", "));
+        return Err(shape_fault("items", problem));
+    }
+    Ok(verdicts.into_values().collect())
+}
+
+/// A score field of a judge item: a number or a numeric string, finite, 0 to [`SCORE_MAX`].
+fn score(
+    fields: &serde_json::Map<String, Value>,
+    name: &str,
+    path: &str,
+) -> Result<f32, JsonFault> {
+    let range = format!("give a number from 0 to {SCORE_MAX}");
+    let Some(v) = fields.get(name) else {
+        return Err(shape_fault(path, format!("has no \"{name}\"; {range}")));
+    };
+    let number = match v {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.trim().parse::<f64>().ok(),
+        _ => None,
+    };
+    match number {
+        Some(n) if n.is_finite() && (0.0..=SCORE_MAX).contains(&n) => Ok(n as f32),
+        Some(n) if n.is_finite() => {
+            let problem = format!("{name} {} is out of range; {range}", describe(v));
+            Err(shape_fault(path, problem))
+        }
+        _ => {
+            let problem = format!("{name} {} is not a number; {range}", describe(v));
+            Err(shape_fault(path, problem))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::llm::json::Repair;
+    use crate::llm::json::tests::{ok as extracted, schema_fault};
     use crate::llm::script::{AUTO, Script, scripted};
     use crate::model::MemoryId;
 
@@ -811,5 +950,143 @@ mod tests {
             "{history:?}"
         );
         sub.close().unwrap();
+    }
+
+    // --- the judge's answer ----------------------------------------------------------------
+
+    fn verdicts_of(text: &str, expected: usize) -> Result<Vec<JudgeVerdict>, JsonFault> {
+        judge_answer(&extracted(text).value, expected)
+    }
+
+    #[test]
+    fn a_judge_answer_gives_one_verdict_per_index_in_order() {
+        let text = r#"{"items": [
+            {"index": 1, "importance": 3, "reusability": 8, "reason": " generic fix "},
+            {"index": 0, "importance": 7.5, "reusability": 0, "reason": "user preference"}
+        ]}"#;
+        let verdicts = verdicts_of(text, 2).unwrap();
+        assert_eq!(
+            verdicts,
+            vec![
+                JudgeVerdict {
+                    index: 0,
+                    importance: 7.5,
+                    reusability: 0.0,
+                    reason: "user preference".into()
+                },
+                JudgeVerdict {
+                    index: 1,
+                    importance: 3.0,
+                    reusability: 8.0,
+                    reason: "generic fix".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_judge_answer_may_be_a_bare_array_or_a_single_item_with_string_numbers() {
+        let bare = r#"[{"index": "0", "importance": "7", "reusability": " 2.5 "}]"#;
+        let verdicts = verdicts_of(bare, 1).unwrap();
+        assert_eq!(
+            (verdicts[0].importance, verdicts[0].reusability),
+            (7.0, 2.5)
+        );
+        assert_eq!(verdicts[0].reason, "");
+        let single = r#"{"index": 0.0, "importance": 10, "reusability": 0}"#;
+        assert_eq!(verdicts_of(single, 1).unwrap()[0].importance, 10.0);
+    }
+
+    #[test]
+    fn a_judge_answer_missing_an_index_names_it() {
+        let text = r#"{"items": [{"index": 0, "importance": 1, "reusability": 1},
+                                 {"index": 2, "importance": 1, "reusability": 1}]}"#;
+        let message = schema_fault(verdicts_of(text, 4));
+        assert_eq!(
+            message,
+            "items: no verdict for index 1, 3; give exactly one item per index 0 to 3"
+        );
+    }
+
+    #[test]
+    fn a_judge_answer_with_a_duplicate_or_foreign_index_names_it() {
+        let text = r#"[{"index": 0, "importance": 1, "reusability": 1},
+                       {"index": 0, "importance": 2, "reusability": 2}]"#;
+        let message = schema_fault(verdicts_of(text, 2));
+        assert!(
+            message.starts_with("items[1] (index 0): index 0 appears twice"),
+            "{message}"
+        );
+        let text = r#"[{"index": 5, "importance": 1, "reusability": 1}]"#;
+        let message = schema_fault(verdicts_of(text, 2));
+        assert!(message.contains("index 5 is out of range"), "{message}");
+        let text = r#"[{"index": -1, "importance": 1, "reusability": 1}]"#;
+        let message = schema_fault(verdicts_of(text, 2));
+        assert!(
+            message.contains("index -1 is not a whole number"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn out_of_range_or_non_numeric_scores_are_faults_not_clamped() {
+        let text = r#"[{"index": 0, "importance": 12, "reusability": 1}]"#;
+        assert_eq!(
+            schema_fault(verdicts_of(text, 1)),
+            "items[0] (index 0): importance 12 is out of range; give a number from 0 to 10"
+        );
+        let text = r#"[{"index": 0, "importance": 5, "reusability": -0.5}]"#;
+        let message = schema_fault(verdicts_of(text, 1));
+        assert!(
+            message.contains("reusability -0.5 is out of range"),
+            "{message}"
+        );
+        let text = r#"[{"index": 0, "importance": "high", "reusability": 1}]"#;
+        let message = schema_fault(verdicts_of(text, 1));
+        assert!(
+            message.contains("importance \"high\" is not a number"),
+            "{message}"
+        );
+        let text = r#"[{"index": 0, "importance": "NaN", "reusability": 1}]"#;
+        assert!(schema_fault(verdicts_of(text, 1)).contains("is not a number"));
+        let text = r#"[{"index": 0, "importance": 5}]"#;
+        assert!(schema_fault(verdicts_of(text, 1)).contains("has no \"reusability\""));
+    }
+
+    #[test]
+    fn a_judge_answer_of_the_wrong_shape_says_what_to_send() {
+        let fault = judge_answer(&json!({"scores": [1, 2]}), 2).unwrap_err();
+        assert!(!fault.is_syntax());
+        assert!(
+            fault.to_string().contains("has no \"items\" array"),
+            "{fault}"
+        );
+        assert!(
+            fault
+                .retry_prompt()
+                .contains("did not have the requested shape")
+        );
+        let message = schema_fault(judge_answer(&json!({"items": "none"}), 1));
+        assert!(message.contains("not an array"), "{message}");
+        let message = schema_fault(judge_answer(&json!([3]), 1));
+        assert!(
+            message.starts_with("items[0]: is 3, not an object"),
+            "{message}"
+        );
+        assert_eq!(judge_answer(&json!({"items": []}), 0).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn a_messy_local_model_answer_reads_end_to_end() {
+        let text = "<think>Record 0 is a preference; record 1 is chatter.</think>\n\
+                    Sure! Here are the scores:\n```json\n{items: [\n  \
+                    {index: 0, importance: '8', reusability: 6, reason: 'user's preference',},\n  \
+                    {index: 1, importance: 1, reusability: 0, reason: None}, // chatter\n]}\n```";
+        let found = extracted(text);
+        let verdicts = judge_answer(&found.value, 2).unwrap();
+        assert_eq!(verdicts[0].importance, 8.0);
+        assert_eq!(verdicts[0].reason, "user's preference");
+        assert_eq!(verdicts[1].reason, "");
+        assert!(found.repairs.contains(&Repair::TrailingComma));
     }
 }

@@ -187,6 +187,9 @@ impl LlmConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::llm::condense::{condense_answer, is_rule_shaped};
+    use crate::llm::json::{extract, tests::ok};
+    use crate::llm::judge::judge_answer;
 
     #[test]
     fn the_default_is_no_model_and_valid() {
@@ -216,5 +219,85 @@ mod tests {
         let err =
             serde_json::from_str::<LlmConfig>(r#"{"kind":"openai","modle":"x"}"#).unwrap_err();
         assert!(err.to_string().contains("modle"), "{err}");
+    }
+
+    // --- never panic ---------------------------------------------------------------------------
+
+    const VALID_ANSWERS: &[&str] = &[
+        r#"{"items":[{"index":0,"importance":7,"reusability":3,"reason":"it's a preference"},{"index":1,"importance":"2","reusability":0.5,"reason":"chatter"}]}"#,
+        r#"```json
+{"kind":"lesson","text":"When tests hang, check the timeout.","sources":[0,2]}
+```"#,
+        "<think>hmm</think>{'kind': 'summary', text: “done”, sources: [0,], ok: True} // end",
+    ];
+
+    /// Applies `edits` (position, operation, character) to `text`: delete, insert, replace,
+    /// or cut the text there — the ways a model's answer gets mangled.
+    fn mutate(text: &str, edits: &[(usize, u8, char)]) -> String {
+        let mut chars: Vec<char> = text.chars().collect();
+        for &(position, op, c) in edits {
+            let at = position % (chars.len() + 1);
+            match op % 4 {
+                0 if at < chars.len() => {
+                    chars.remove(at);
+                }
+                1 => chars.insert(at, c),
+                2 if at < chars.len() => chars[at] = c,
+                _ => chars.truncate(at.max(chars.len() / 2)),
+            }
+        }
+        chars.into_iter().collect()
+    }
+
+    fn exercise(text: &str) {
+        match extract(text) {
+            Ok(found) => {
+                let _ = judge_answer(&found.value, 2);
+                let _ = judge_answer(&found.value, usize::MAX);
+                let _ = condense_answer(&found.value, 3);
+                let _ = found.repair_note();
+            }
+            Err(fault) => {
+                let _ = fault.retry_prompt();
+            }
+        }
+        let _ = is_rule_shaped(text);
+    }
+
+    proptest::proptest! {
+        /// Arbitrary text, including any Unicode: extract and the validators return.
+        #[test]
+        fn arbitrary_text_never_panics(text in "\\PC{0,200}") {
+            exercise(&text);
+        }
+
+        /// Text made of JSON's own punctuation, quotes of every kind, comments and literals.
+        #[test]
+        fn json_like_text_never_panics(
+            text in "([{}\\[\\]\"',:/*\\\\ \n0-9a-z“”‘’`<>-]|True|None|think|```|\\\\u){0,120}"
+        ) {
+            exercise(&text);
+        }
+
+        /// Valid answers with random deletions, insertions, replacements and truncations.
+        #[test]
+        fn mutated_valid_answers_never_panic(
+            which in 0..VALID_ANSWERS.len(),
+            edits in proptest::collection::vec(
+                (0usize..400, 0u8..4, proptest::char::any()), 0..8),
+        ) {
+            exercise(&mutate(VALID_ANSWERS[which], &edits));
+        }
+    }
+
+    #[test]
+    fn the_valid_answers_used_for_mutation_are_valid() {
+        assert_eq!(
+            judge_answer(&ok(VALID_ANSWERS[0]).value, 2).unwrap().len(),
+            2
+        );
+        for text in &VALID_ANSWERS[1..] {
+            condense_answer(&ok(text).value, 3).unwrap();
+        }
     }
 }
