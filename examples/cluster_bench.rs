@@ -29,64 +29,64 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use clap::{CommandFactory, Parser};
 use harness::{Harness, NODES, PARTITIONS, Security, Written, cpu_time, disk_bytes, keys, request};
 use serde_json::{Value, json};
+use shadowbrain_test_support::stats::percentile;
 
-#[derive(Clone)]
+/// What cluster mode costs against one embedded `serve` under the same load, then
+/// forwarding, catch-up, failover and a cold rebuild; one JSON line, last.
+#[derive(Parser, Clone)]
+#[command(name = "cluster_bench")]
 struct Args {
+    /// Seconds of load on each setup.
+    #[arg(long, default_value_t = 30)]
     secs: u64,
+    /// Writers, each in a tenant of its own.
+    #[arg(long, default_value_t = 8)]
     writers: usize,
+    /// Events per write.
+    #[arg(long, default_value_t = 10)]
     batch: usize,
+    /// Each writer's pause between writes, in ms.
+    #[arg(long, value_name = "MS", default_value_t = 40)]
     pace_ms: u64,
+    /// Records the cluster holds for the failover and the cold rebuild.
+    #[arg(long, default_value_t = 1_000_000)]
     records: u64,
+    /// The `shadowbrain` binary the nodes run.
+    #[arg(long, value_name = "PATH",
+          default_value_os_t = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/shadowbrain"))]
     bin: PathBuf,
 }
 
-fn args() -> Result<Args, String> {
-    let mut a = Args {
-        secs: 30,
-        writers: 8,
-        batch: 10,
-        pace_ms: 40,
-        records: 1_000_000,
-        bin: Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/shadowbrain"),
+fn args() -> Args {
+    let a = Args::parse();
+    let invalid = |message: String| -> ! {
+        Args::command()
+            .error(clap::error::ErrorKind::ValueValidation, message)
+            .exit()
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--secs" => a.secs = value()?.parse().map_err(|e| format!("--secs: {e}"))?,
-            "--writers" => a.writers = value()?.parse().map_err(|e| format!("--writers: {e}"))?,
-            "--batch" => a.batch = value()?.parse().map_err(|e| format!("--batch: {e}"))?,
-            "--pace-ms" => a.pace_ms = value()?.parse().map_err(|e| format!("--pace-ms: {e}"))?,
-            "--records" => a.records = value()?.parse().map_err(|e| format!("--records: {e}"))?,
-            "--bin" => a.bin = value()?.into(),
-            other => {
-                return Err(format!(
-                    "unknown flag {other}; flags: --secs --writers --batch --pace-ms --records --bin"
-                ));
-            }
-        }
-    }
     if a.writers == 0 || a.writers > harness::TENANTS {
-        return Err(format!("--writers must be 1 to {}", harness::TENANTS));
+        invalid(format!("--writers must be 1 to {}", harness::TENANTS));
     }
     if !a.bin.is_file() {
-        return Err(format!(
+        invalid(format!(
             "{} is missing: run `cargo build --release` first (or pass --bin)",
             a.bin.display()
         ));
     }
-    Ok(a)
+    a
 }
 
+/// p50, p99 and p99.9 of `v` in ms, and its count; null when it is empty.
 fn percentiles(mut v: Vec<Duration>) -> Value {
     v.sort();
-    if v.is_empty() {
+    let ms = |q| percentile(&v, q).map(|d| d.as_secs_f64() * 1e3);
+    let (Some(p50), Some(p99), Some(p999)) = (ms(0.5), ms(0.99), ms(0.999)) else {
         return Value::Null;
-    }
-    let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e3;
-    json!({"p50_ms": at(0.5), "p99_ms": at(0.99), "p999_ms": at(0.999), "n": v.len()})
+    };
+    json!({"p50_ms": p50, "p99_ms": p99, "p999_ms": p999, "n": v.len()})
 }
 
 /// Runs the load for `secs` against `nodes`; returns the writers' records.
@@ -218,7 +218,7 @@ fn non_owner_latency(h: &Harness) -> Value {
     }
     let med = |mut v: Vec<Duration>| {
         v.sort();
-        v[v.len() / 2].as_secs_f64() * 1e3
+        percentile(&v, 0.5).expect("300 recalls").as_secs_f64() * 1e3
     };
     let (d, f) = (med(direct.clone()), med(forwarded.clone()));
     eprintln!("recall at the owner {d:.2} ms, at another node {f:.2} ms (medians)");
@@ -345,13 +345,7 @@ fn caught_up(h: &Harness, i: usize, ends: &std::collections::BTreeMap<u16, u64>)
 }
 
 fn main() {
-    let a = match args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("cluster_bench: {e}");
-            std::process::exit(2);
-        }
-    };
+    let a = args();
     let Some(nats) = harness::nats_server() else {
         std::process::exit(2);
     };

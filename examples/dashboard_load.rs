@@ -17,47 +17,41 @@
 
 use std::time::{Duration, Instant};
 
+use clap::{CommandFactory, Parser};
 use serde_json::json;
 
 use shadowbrain::auth::Auth;
 use shadowbrain::http::{self, ServerLimits};
 use shadowbrain::{NewMemory, Runtime, RuntimeConfig};
+use shadowbrain_test_support::stats::percentile;
 
+/// How fast the dashboard's pages load on a large store, beside the API's anchors: p50,
+/// p99 and size of every view, as a Markdown table.
+#[derive(Parser)]
+#[command(name = "dashboard_load")]
 struct Args {
+    /// Records in the store.
+    #[arg(long, default_value_t = 100_000)]
     records: usize,
+    /// Sessions the records are spread over (at most --records).
+    #[arg(long, default_value_t = 1_000)]
     sessions: usize,
+    /// Loads of every view.
+    #[arg(long, default_value_t = 20)]
     rounds: usize,
 }
 
-fn args() -> Result<Args, String> {
-    let mut a = Args {
-        records: 100_000,
-        sessions: 1_000,
-        rounds: 20,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or(format!("{flag} needs a value"))?;
-        let n: usize = value
-            .parse()
-            .map_err(|_| format!("{flag}: `{value}` is not a number"))?;
-        match flag.as_str() {
-            "--records" => a.records = n,
-            "--sessions" => a.sessions = n,
-            "--rounds" => a.rounds = n,
-            _ => {
-                return Err(format!(
-                    "unknown flag {flag}; use --records, --sessions, --rounds"
-                ));
-            }
-        }
-    }
+fn args() -> Args {
+    let a = Args::parse();
     if a.records == 0 || a.sessions == 0 || a.rounds == 0 || a.sessions > a.records {
-        return Err(
-            "--records, --sessions and --rounds must be positive, sessions ≤ records".into(),
-        );
+        Args::command()
+            .error(
+                clap::error::ErrorKind::ValueValidation,
+                "--records, --sessions and --rounds must be positive, sessions ≤ records",
+            )
+            .exit();
     }
-    Ok(a)
+    a
 }
 
 const TOPICS: [&str; 8] = [
@@ -71,19 +65,9 @@ const TOPICS: [&str; 8] = [
     "api keys rotate every quarter",
 ];
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 #[tokio::main]
 async fn main() {
-    let a = match args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("dashboard_load: {e}");
-            std::process::exit(2);
-        }
-    };
+    let a = args();
     let dir = tempfile::tempdir().expect("a temporary directory");
     let rt = Runtime::open(RuntimeConfig::new(dir.path()))
         .await
@@ -263,11 +247,8 @@ async fn main() {
             bytes = body.len();
         }
         times.sort_by(f64::total_cmp);
-        println!(
-            "| {name} | {:.2} | {:.2} | {bytes} |",
-            percentile(&times, 0.5),
-            percentile(&times, 0.99)
-        );
+        let at = |q| percentile(&times, q).expect("--rounds is at least 1");
+        println!("| {name} | {:.2} | {:.2} | {bytes} |", at(0.5), at(0.99));
     }
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(60), served).await;

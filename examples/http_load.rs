@@ -48,11 +48,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use serde::de::IgnoredAny;
 use serde_json::{Value, json};
 use shadowbrain::auth::Auth;
 use shadowbrain::http::{self, ServerLimits};
 use shadowbrain::{Policy, Runtime, RuntimeConfig};
+use shadowbrain_test_support::flags::{non_negative, positive};
+use shadowbrain_test_support::stats::percentile;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -70,36 +73,73 @@ const TOPICS: [&str; 8] = [
     "the on-call rota has a gap on sunday",
 ];
 
+/// Load over HTTP on loopback: ingest, saturating and paced recalls, and a mixed load of
+/// writes and recalls under each admission variant; one JSON line, last.
+#[derive(Parser)]
+#[command(name = "http_load")]
 struct Args {
+    /// Keep-alive clients of phases 1–3 (0 counts as 1).
+    #[arg(long, default_value_t = 32)]
     clients: usize,
+    /// Sessions phases 1–3 write to and recall from (0 counts as 1).
+    #[arg(long, default_value_t = 1_000)]
     sessions: usize,
+    /// Phase 1: events written.
+    #[arg(long, default_value_t = 100_000)]
     events: usize,
+    /// Phase 1: events per write (clamped to 1..=1000).
+    #[arg(long, default_value_t = 100)]
     batch: usize,
+    /// Phase 2: recalls, each client sending the next as soon as the last is answered.
+    #[arg(long, default_value_t = 2_000)]
     recalls: usize,
+    /// Phase 3: recall rates per second, comma-separated, each paced for --paced-secs.
+    #[arg(long, value_delimiter = ',', value_parser = positive)]
     rates: Vec<f64>,
+    /// Phase 3: seconds at each rate (at least 1).
+    #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = non_negative)]
     paced_secs: f64,
+    /// Phase 4: seconds of mixed load per admission variant (0: none; 20 with --target).
+    #[arg(long, value_name = "SECS", default_value_t = 0.0, value_parser = non_negative)]
     mixed_secs: f64,
+    /// Phase 4: keep-alive clients (0 counts as 1).
+    #[arg(long, default_value_t = 200)]
     mixed_clients: usize,
+    /// Phase 4: `max_recalls` of the limited variants (0 counts as 1).
+    #[arg(long, default_value_t = ServerLimits::default().max_recalls)]
     mixed_max_recalls: usize,
-    /// `max_writes` of the mixed phases' servers (`--mixed-max-writes`, default the server's).
+    /// Phase 4: `max_writes` of the waiting variant (0 counts as 1).
+    #[arg(long, default_value_t = ServerLimits::default().max_writes)]
     mixed_max_writes: usize,
-    /// `queue_wait` of the waiting variant, in ms (`--mixed-queue-wait`, default the server's).
-    mixed_queue_wait: Duration,
-    /// Its `write_queue_wait`, in ms (`--mixed-write-wait`, default the server's).
-    mixed_write_wait: Duration,
-    /// The admission variants the mixed phases run (`--mixed-variants off,at_once,queue`,
-    /// the default).
+    /// Phase 4: `queue_wait` of the waiting variant, in ms.
+    #[arg(long, value_name = "MS",
+          default_value_t = ServerLimits::default().queue_wait.as_millis() as u64)]
+    mixed_queue_wait: u64,
+    /// Phase 4: `write_queue_wait` of the waiting variant, in ms.
+    #[arg(long, value_name = "MS",
+          default_value_t = ServerLimits::default().write_queue_wait.as_millis() as u64)]
+    mixed_write_wait: u64,
+    /// Phase 4: the admission variants run, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values = ["off", "at_once", "queue"],
+          value_parser = ["off", "at_once", "queue"])]
     mixed_variants: Vec<String>,
-    /// The paced mixed load (`--paced-mixed 1000`): requests per second, 0 for none.
+    /// The paced mixed load: requests per second over all its clients (0: none).
+    #[arg(long, value_name = "RATE", default_value_t = 0.0, value_parser = non_negative)]
     paced_mixed: f64,
-    /// Its clients (`--paced-mixed-clients`, default 20).
+    /// The paced mixed load's clients (0 counts as 1).
+    #[arg(long, default_value_t = 20)]
     paced_mixed_clients: usize,
-    /// Idle keep-alive connections held open beside the paced mixed load (`--idle 2000`):
-    /// it runs once more with them.
+    /// Run the paced mixed load once more beside N idle keep-alive connections.
+    #[arg(long, value_name = "N", default_value_t = 0)]
     idle: usize,
-    /// A server already running (the release binary): only the mixed load, against it.
+    /// Print each mixed-load request slower than MS, and each refusal, with when it was due.
+    #[arg(long, value_name = "MS")]
+    slow: Option<u64>,
+    /// Only the mixed load, against a server already running at HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
     target: Option<SocketAddr>,
-    /// The in-process runtimes' policy (`--policy FILE`); the default one without it.
+    /// Run the in-process servers on the policy in FILE (TOML) instead of the default one.
+    #[arg(long, value_name = "FILE", value_parser = policy)]
     policy: Option<Policy>,
 }
 
@@ -123,95 +163,33 @@ fn log_slow(due: Instant, write: bool, status: u16, ms: f64, answer: &[u8]) {
     eprintln!("http_load: slow at {at:.3} s: {kind} {status} {ms:.1} ms {body}");
 }
 
-fn args() -> Result<Args, String> {
-    let mut a = Args {
-        clients: 32,
-        sessions: 1_000,
-        events: 100_000,
-        batch: 100,
-        recalls: 2_000,
-        rates: Vec::new(),
-        paced_secs: 10.0,
-        mixed_secs: 0.0,
-        mixed_clients: 200,
-        mixed_max_recalls: ServerLimits::default().max_recalls,
-        mixed_max_writes: ServerLimits::default().max_writes,
-        mixed_queue_wait: ServerLimits::default().queue_wait,
-        mixed_write_wait: ServerLimits::default().write_queue_wait,
-        mixed_variants: vec!["off".into(), "at_once".into(), "queue".into()],
-        paced_mixed: 0.0,
-        paced_mixed_clients: 20,
-        idle: 0,
-        target: None,
-        policy: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || -> Result<usize, String> {
-            it.next()
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| format!("{flag} needs a positive number"))
-        };
-        match flag.as_str() {
-            "--clients" => a.clients = value()?.max(1),
-            "--sessions" => a.sessions = value()?.max(1),
-            "--events" => a.events = value()?,
-            "--batch" => a.batch = value()?.clamp(1, 1000),
-            "--recalls" => a.recalls = value()?,
-            "--paced-secs" => a.paced_secs = value()?.max(1) as f64,
-            "--mixed-secs" => a.mixed_secs = value()? as f64,
-            "--mixed-clients" => a.mixed_clients = value()?.max(1),
-            "--mixed-max-recalls" => a.mixed_max_recalls = value()?.max(1),
-            "--mixed-max-writes" => a.mixed_max_writes = value()?.max(1),
-            "--mixed-queue-wait" => a.mixed_queue_wait = Duration::from_millis(value()? as u64),
-            "--mixed-write-wait" => a.mixed_write_wait = Duration::from_millis(value()? as u64),
-            "--mixed-variants" => {
-                a.mixed_variants = it
-                    .next()
-                    .unwrap_or_default()
-                    .split(',')
-                    .map(str::to_string)
-                    .collect();
-            }
-            "--paced-mixed" => a.paced_mixed = value()? as f64,
-            "--paced-mixed-clients" => a.paced_mixed_clients = value()?.max(1),
-            "--idle" => a.idle = value()?,
-            "--slow" => {
-                let _ = SLOW_MS.set(value()? as f64);
-            }
-            "--target" => {
-                a.target =
-                    Some(it.next().and_then(|v| v.parse().ok()).ok_or(
-                        "--target needs the server's address, e.g. --target 127.0.0.1:7420",
-                    )?);
-            }
-            "--policy" => {
-                let file = it.next().ok_or("--policy needs a policy file (TOML)")?;
-                a.policy = Some(
-                    Policy::load(std::path::Path::new(&file))
-                        .map_err(|e| format!("--policy {file}: {e}"))?,
-                );
-            }
-            "--rates" => {
-                a.rates = it
-                    .next()
-                    .unwrap_or_default()
-                    .split(',')
-                    .map(|r| r.trim().parse::<f64>().ok().filter(|r| *r > 0.0))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or("--rates needs positive numbers, e.g. --rates 500,1000")?;
-            }
-            other => {
-                return Err(format!(
-                    "unknown flag {other}; use --clients, --sessions, --events, --batch, \
-                     --recalls, --rates, --paced-secs, --mixed-secs, --mixed-clients, --mixed-max-recalls, \
-                     --mixed-max-writes, --mixed-queue-wait, --mixed-write-wait, --mixed-variants, \
-                     --paced-mixed, --paced-mixed-clients, --idle, --slow, --policy, --target"
-                ));
-            }
-        }
+fn args() -> Args {
+    let a = Args::parse();
+    if let Some(ms) = a.slow {
+        let _ = SLOW_MS.set(ms as f64);
     }
-    Ok(a)
+    Args {
+        clients: a.clients.max(1),
+        sessions: a.sessions.max(1),
+        batch: a.batch.clamp(1, 1000),
+        paced_secs: a.paced_secs.max(1.0),
+        mixed_clients: a.mixed_clients.max(1),
+        mixed_max_recalls: a.mixed_max_recalls.max(1),
+        mixed_max_writes: a.mixed_max_writes.max(1),
+        paced_mixed_clients: a.paced_mixed_clients.max(1),
+        ..a
+    }
+}
+
+/// The `q` quantile of the latencies `sorted` (ms), 0 when there are none (nothing refused,
+/// say): the JSON line stays numbers.
+fn ms_at(sorted: &[f64], q: f64) -> f64 {
+    percentile(sorted, q).unwrap_or(0.0)
+}
+
+/// `--policy FILE`: the policy the file holds (and the environment overrides), checked.
+fn policy(file: &str) -> Result<Policy, String> {
+    Policy::load(std::path::Path::new(file)).map_err(|e| e.to_string())
 }
 
 /// One keep-alive HTTP/1.1 connection: a request, then its status and JSON body.
@@ -311,22 +289,9 @@ struct Written {
     ids: Vec<IgnoredAny>,
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 #[tokio::main]
 async fn main() {
-    let a = match args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("http_load: {e}");
-            std::process::exit(2);
-        }
-    };
+    let a = args();
     if let Some(addr) = a.target {
         return against(addr, &a).await;
     }
@@ -468,14 +433,14 @@ async fn main() {
             paced_recalls(addr, a.clients, a.sessions.min(batches), rate, a.paced_secs).await;
         eprintln!(
             "http_load: paced {rate:.0}/s: achieved {achieved:.0}/s, p50 {:.2} ms, p99 {:.2} ms",
-            percentile(&lat, 0.5),
-            percentile(&lat, 0.99)
+            ms_at(&lat, 0.5),
+            ms_at(&lat, 0.99)
         );
         paced.push(format!(
             "{{\"rate\":{rate:.0},\"achieved_per_s\":{achieved:.0},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"p999_ms\":{:.3},\"max_ms\":{:.3}}}",
-            percentile(&lat, 0.5),
-            percentile(&lat, 0.99),
-            percentile(&lat, 0.999),
+            ms_at(&lat, 0.5),
+            ms_at(&lat, 0.99),
+            ms_at(&lat, 0.999),
             lat.last().copied().unwrap_or(0.0),
         ));
     }
@@ -499,8 +464,8 @@ async fn main() {
     let waiting = ServerLimits {
         max_recalls: a.mixed_max_recalls,
         max_writes: a.mixed_max_writes,
-        queue_wait: a.mixed_queue_wait,
-        write_queue_wait: a.mixed_write_wait,
+        queue_wait: Duration::from_millis(a.mixed_queue_wait),
+        write_queue_wait: Duration::from_millis(a.mixed_write_wait),
         ..ServerLimits::default()
     };
     let variants: Vec<(&str, ServerLimits)> = [
@@ -566,12 +531,12 @@ async fn main() {
         a.events,
         a.batch,
         a.events as f64 / ingest_s,
-        percentile(&write_lat, 0.5),
-        percentile(&write_lat, 0.99),
+        ms_at(&write_lat, 0.5),
+        ms_at(&write_lat, 0.99),
         recall_lat.len(),
         recall_lat.len() as f64 / recall_s,
-        percentile(&recall_lat, 0.5),
-        percentile(&recall_lat, 0.99),
+        ms_at(&recall_lat, 0.5),
+        ms_at(&recall_lat, 0.99),
         backlog_s,
         paced.join(","),
         mixed.join(","),
@@ -629,10 +594,10 @@ impl Mixed {
              max {:.0} ms (p99 by third {:.0} / {:.0} / {:.0} ms; a fixed scope's {:.0} / {:.0} / \
              {:.0} ms), {} refused (p50 {:.2} ms, p99 {:.2} ms)",
             self.events as f64 / self.secs,
-            percentile(&self.writes, 0.99),
+            ms_at(&self.writes, 0.99),
             self.recalls.len() as f64 / self.secs,
-            percentile(&self.recalls, 0.5),
-            percentile(&self.recalls, 0.99),
+            ms_at(&self.recalls, 0.5),
+            ms_at(&self.recalls, 0.99),
             self.recalls.last().copied().unwrap_or(0.0),
             self.recall_thirds[0],
             self.recall_thirds[1],
@@ -641,15 +606,15 @@ impl Mixed {
             self.probe_thirds[1],
             self.probe_thirds[2],
             self.refused.len(),
-            percentile(&self.refused, 0.5),
-            percentile(&self.refused, 0.99),
+            ms_at(&self.refused, 0.5),
+            ms_at(&self.refused, 0.99),
         )
     }
 
     /// The same figures as [`Mixed::line`], with `tag` (what was measured) first.
     fn json(&self, tag: (&str, &str)) -> String {
         let ms = |v: f64| (v * 1000.0).round() / 1000.0;
-        let p = |v: &[f64], q: f64| ms(percentile(v, q));
+        let p = |v: &[f64], q: f64| ms(ms_at(v, q));
         json!({
             tag.0: tag.1,
             "events_per_s": (self.events as f64 / self.secs).round(),
@@ -959,7 +924,7 @@ fn p99_by_third(timed: Vec<(usize, f64)>) -> [f64; 3] {
     }
     thirds.map(|mut third| {
         third.sort_by(f64::total_cmp);
-        percentile(&third, 0.99)
+        ms_at(&third, 0.99)
     })
 }
 

@@ -1,5 +1,5 @@
-//! The LLM judge under load (issue 5's figures), against an OpenAI-compatible endpoint this
-//! process serves itself on 127.0.0.1 (scripted: it sleeps, then rates every record).
+//! The LLM judge under load, against an OpenAI-compatible endpoint this process serves
+//! itself on 127.0.0.1 (scripted: it sleeps, then rates every record).
 //!
 //! ```text
 //! cargo run --release --example llm_load -- --events 20000 --delay-ms 2000 --runs 3
@@ -26,6 +26,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use serde_json::{Value, json};
 use shadowbrain::NewMemory;
 use shadowbrain::embed::Embedder;
@@ -36,74 +37,59 @@ use shadowbrain::llm::judge::LlmJudge;
 use shadowbrain::llm::{LlmConfig, LlmKind};
 use shadowbrain::policy::Policy;
 use shadowbrain::{Runtime, RuntimeConfig};
+use shadowbrain_test_support::flags::{non_negative, positive};
+use shadowbrain_test_support::stats::percentile;
 use shadowbrain_test_support::{Endpoint, Reply, verdicts};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The LLM judge under load: ingest's acknowledgements beside a slow judge, then the calls
+/// a stream with near-duplicates costs; one JSON line, last.
+#[derive(Parser)]
+#[command(name = "llm_load")]
 struct Args {
+    /// Phase 1: events written in each run of each mode.
+    #[arg(long, default_value_t = 20_000)]
     events: usize,
+    /// Phase 1: sessions writing at once (0 counts as 1).
+    #[arg(long, default_value_t = 8)]
     clients: usize,
+    /// Phase 1: events per write (clamped to 1..=1000).
+    #[arg(long, default_value_t = 10)]
     batch: usize,
+    /// Phase 1: how long the endpoint takes per call, in ms.
+    #[arg(long, value_name = "MS", default_value_t = 2_000)]
     delay_ms: u64,
+    /// Phase 1: runs of each mode, alternating (0 counts as 1).
+    #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Phase 2: events sent at each rate (0 skips phase 2).
+    #[arg(long, default_value_t = 1_000)]
     cost_events: usize,
+    /// Phase 2: the share of the events that are near-duplicates (at most 0.9).
+    #[arg(long, default_value_t = 0.3, value_parser = non_negative)]
     near: f64,
+    /// Phase 2: arrival rates, events per second, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [200.0, 20.0], value_parser = positive)]
     rates: Vec<f64>,
+    /// Phase 2: how long the endpoint takes per call, in ms.
+    #[arg(long, value_name = "MS", default_value_t = 500)]
     cost_delay_ms: u64,
-    /// `[llm] batch_wait` for phase 2 (`None`: the default).
+    /// Phase 2: `[llm] batch_wait`, a duration such as 5s (default: the `[llm]` default).
+    #[arg(long, value_name = "DURATION")]
     batch_wait: Option<String>,
 }
 
-fn args() -> Result<Args, String> {
-    let mut a = Args {
-        events: 20_000,
-        clients: 8,
-        batch: 10,
-        delay_ms: 2_000,
-        runs: 3,
-        cost_events: 1_000,
-        near: 0.3,
-        rates: vec![200.0, 20.0],
-        cost_delay_ms: 500,
-        batch_wait: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let number = || -> Result<f64, String> {
-            value
-                .parse::<f64>()
-                .ok()
-                .filter(|v| v.is_finite() && *v >= 0.0)
-                .ok_or_else(|| format!("{flag} needs a number, not {value:?}"))
-        };
-        match flag.as_str() {
-            "--events" => a.events = number()? as usize,
-            "--clients" => a.clients = (number()? as usize).max(1),
-            "--batch" => a.batch = (number()? as usize).clamp(1, 1000),
-            "--delay-ms" => a.delay_ms = number()? as u64,
-            "--runs" => a.runs = (number()? as usize).max(1),
-            "--cost-events" => a.cost_events = number()? as usize,
-            "--near" => a.near = number()?.min(0.9),
-            "--cost-delay-ms" => a.cost_delay_ms = number()? as u64,
-            "--batch-wait" => a.batch_wait = Some(value.clone()),
-            "--rates" => {
-                a.rates = value
-                    .split(',')
-                    .map(|r| r.trim().parse::<f64>().ok().filter(|r| *r > 0.0))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or("--rates needs positive numbers, e.g. --rates 200,20")?;
-            }
-            other => {
-                return Err(format!(
-                    "unknown flag {other}; use --events, --clients, --batch, --delay-ms, \
-                     --runs, --cost-events, --near, --rates, --cost-delay-ms, --batch-wait"
-                ));
-            }
-        }
+fn args() -> Args {
+    let a = Args::parse();
+    Args {
+        clients: a.clients.max(1),
+        batch: a.batch.clamp(1, 1000),
+        runs: a.runs.max(1),
+        near: a.near.min(0.9),
+        ..a
     }
-    Ok(a)
 }
 
 /// The scripted endpoint (the tests' own): sleeps `delay`, then rates every numbered
@@ -196,14 +182,6 @@ const PREDICATES: [&str; 12] = [
     "finished early",
 ];
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
 /// Phase 1, one run of one mode.
 async fn acknowledge(a: &Args, url: Option<&str>, run: usize) -> Value {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -241,6 +219,8 @@ async fn acknowledge(a: &Args, url: Option<&str>, run: usize) -> Value {
     }
     let wall = started.elapsed().as_secs_f64();
     latencies.sort_by(f64::total_cmp);
+    // No acknowledgements (fewer events than clients × batch) read as NaN: null in the JSON.
+    let ms = |q| percentile(&latencies, q).unwrap_or(f64::NAN);
     let events = per_client * a.clients * a.batch;
     let waiting = rt
         .substrate()
@@ -254,7 +234,7 @@ async fn acknowledge(a: &Args, url: Option<&str>, run: usize) -> Value {
     let mode = if url.is_some() { "llm" } else { "rules" };
     let figures = json!({
         "mode": mode, "run": run, "events": events, "events_per_s": events as f64 / wall,
-        "ack_p50_ms": percentile(&latencies, 0.5), "ack_p99_ms": percentile(&latencies, 0.99),
+        "ack_p50_ms": ms(0.5), "ack_p99_ms": ms(0.99),
         "ack_max_ms": latencies.last().copied().unwrap_or(f64::NAN),
         "llm_requests": stats.chat.requests, "records_judged": stats.judged,
         "waiting_for_judge": waiting, "shutdown_s": shutdown_s,
@@ -264,8 +244,8 @@ async fn acknowledge(a: &Args, url: Option<&str>, run: usize) -> Value {
          p99 {:.2} ms max {:.1} ms; {} LLM calls, {waiting} waiting for the judge; shutdown \
          {shutdown_s:.2}s",
         events as f64 / wall,
-        percentile(&latencies, 0.5),
-        percentile(&latencies, 0.99),
+        ms(0.5),
+        ms(0.99),
         latencies.last().copied().unwrap_or(f64::NAN),
         stats.chat.requests,
     );
@@ -423,10 +403,7 @@ async fn cost(a: &Args, rate: f64, url: &str) -> Value {
          events (1 per {:.1}); {} judged by the model, {} cached, {} reused; {} tokens; \
          judged {lag:.1}s after the last event",
         a.batch_wait.as_deref().unwrap_or("2s"),
-        similarity
-            .get(similarity.len() / 2)
-            .copied()
-            .unwrap_or(f32::NAN),
+        percentile(&similarity, 0.5).unwrap_or(f32::NAN),
         s.chat.requests,
         events as f64 / s.chat.requests.max(1) as f64,
         s.judged,
@@ -445,13 +422,7 @@ async fn cost(a: &Args, rate: f64, url: &str) -> Value {
 
 #[tokio::main]
 async fn main() {
-    let a = match args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("llm_load: {e}");
-            std::process::exit(2);
-        }
-    };
+    let a = args();
     let (slow, slow_url) = endpoint(Duration::from_millis(a.delay_ms)).await;
     let mut ack = Vec::new();
     for run in 1..=a.runs {

@@ -16,6 +16,7 @@
 
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use rmcp::model::{CallToolRequestParams, ClientConfig, JsonObject, ProtocolVersion};
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RoleClient, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -24,6 +25,7 @@ use serde_json::{Value, json};
 use shadowbrain::auth::Auth;
 use shadowbrain::http::{self, ServerLimits};
 use shadowbrain::{Runtime, RuntimeConfig};
+use shadowbrain_test_support::stats::percentile;
 
 /// Words the events are made of; a query is two of them.
 const WORDS: [&str; 24] = [
@@ -53,32 +55,29 @@ const WORDS: [&str; 24] = [
     "billing",
 ];
 
+/// The same recall through the HTTP API and through /mcp's `recall` tool (a protocol
+/// session, and stateless): p50 and p99 per door.
+#[derive(Parser)]
+#[command(name = "mcp_latency")]
 struct Args {
+    /// Sessions written to (0 counts as 1).
+    #[arg(long, default_value_t = 100)]
     sessions: usize,
+    /// Events written to each session (0 counts as 1).
+    #[arg(long, default_value_t = 100)]
     events: usize,
+    /// Recalls asked of each door (0 counts as 1).
+    #[arg(long, default_value_t = 2000)]
     recalls: usize,
 }
 
-fn args() -> Result<Args, String> {
-    let mut a = Args {
-        sessions: 100,
-        events: 100,
-        recalls: 2000,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or(format!("{flag} needs a value"))?;
-        let n: usize = value
-            .parse()
-            .map_err(|_| format!("{flag} takes a number, not {value}"))?;
-        match flag.as_str() {
-            "--sessions" => a.sessions = n.max(1),
-            "--events" => a.events = n.max(1),
-            "--recalls" => a.recalls = n.max(1),
-            other => return Err(format!("unknown flag {other}")),
-        }
+fn args() -> Args {
+    let a = Args::parse();
+    Args {
+        sessions: a.sessions.max(1),
+        events: a.events.max(1),
+        recalls: a.recalls.max(1),
     }
-    Ok(a)
 }
 
 type Mcp = RunningService<RoleClient, ClientConfig>;
@@ -102,19 +101,9 @@ async fn mcp_client(url: &str, version: ProtocolVersion) -> Mcp {
         .expect("an MCP client")
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 #[tokio::main]
 async fn main() {
-    let a = match args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("mcp_latency: {e}");
-            std::process::exit(2);
-        }
-    };
+    let a = args();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().expect("a temporary directory");
     let rt = Runtime::open(RuntimeConfig::new(dir.path()))
@@ -216,23 +205,23 @@ async fn main() {
         }
     }
     let mut rows = Vec::new();
+    let mut p50s = Vec::new();
     for (door, lat) in doors.iter().zip(&mut latencies) {
         lat.sort_by(f64::total_cmp);
-        let (p50, p99) = (percentile(lat, 0.5), percentile(lat, 0.99));
+        let at = |q| percentile(lat, q).expect("--recalls is at least 1");
+        let (p50, p99) = (at(0.5), at(0.99));
         eprintln!("mcp_latency: {door:>15}: recall p50 {p50:.3} ms, p99 {p99:.3} ms");
         rows.push(json!({"door": door, "p50_ms": p50, "p99_ms": p99, "recalls": lat.len()}));
+        p50s.push(p50);
     }
-    let anchor = percentile(&latencies[0], 0.5);
+    let anchor = p50s[0];
     println!(
         "{}",
         json!({
             "sessions": a.sessions,
             "events_per_session": a.events,
             "doors": rows,
-            "mcp_p50_over_http": [
-                percentile(&latencies[1], 0.5) / anchor,
-                percentile(&latencies[2], 0.5) / anchor,
-            ],
+            "mcp_p50_over_http": [p50s[1] / anchor, p50s[2] / anchor],
         })
     );
     drop((sessioned, stateless));

@@ -21,7 +21,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use serde_json::json;
+use shadowbrain_test_support::flags::positive;
+use shadowbrain_test_support::stats::percentile;
 
 const TOPICS: [&str; 8] = [
     "the nightly backup job timed out",
@@ -45,48 +48,24 @@ const QUESTIONS: [&str; 8] = [
     "who is on call on the weekend?",
 ];
 
+/// Recall while a running `serve` embeds a backlog, against recall once it is idle: p50,
+/// p99 and their ratios.
+#[derive(Parser)]
+#[command(name = "recall_backlog")]
 struct Args {
+    /// The running `shadowbrain serve`'s address, e.g. 127.0.0.1:7499.
+    #[arg(long, value_name = "HOST:PORT")]
     target: String,
+    /// Events written first (100 per call, to 100 sessions).
+    #[arg(long, default_value_t = 10_000,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     records: usize,
+    /// Recalls per second.
+    #[arg(long, default_value_t = 40.0, value_parser = positive)]
     rate: f64,
+    /// The longest the recalls beside the backlog go on, in seconds.
+    #[arg(long, default_value_t = 60.0, value_parser = positive)]
     secs: f64,
-}
-
-fn args() -> Result<Args, String> {
-    let mut a = Args {
-        target: String::new(),
-        records: 10_000,
-        rate: 40.0,
-        secs: 60.0,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || -> Result<f64, String> {
-            it.next()
-                .and_then(|v| v.parse::<f64>().ok())
-                .filter(|v| *v > 0.0)
-                .ok_or_else(|| format!("{flag} needs a positive number"))
-        };
-        match flag.as_str() {
-            "--records" => a.records = value()? as usize,
-            "--rate" => a.rate = value()?,
-            "--secs" => a.secs = value()?,
-            "--target" => {
-                a.target = it
-                    .next()
-                    .ok_or("--target needs the server's address, e.g. 127.0.0.1:7499")?;
-            }
-            other => {
-                return Err(format!(
-                    "unknown flag {other}; use --target, --records, --rate, --secs"
-                ));
-            }
-        }
-    }
-    if a.target.is_empty() {
-        return Err("--target HOST:PORT is required (a running `shadowbrain serve`)".into());
-    }
-    Ok(a)
 }
 
 /// The enrich queue's depth from `/metrics`.
@@ -139,16 +118,9 @@ async fn paced_recalls(
     lat
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 #[tokio::main]
 async fn main() {
-    let a = args().unwrap_or_else(|e| {
-        eprintln!("recall_backlog: {e}");
-        std::process::exit(2)
-    });
+    let a = Args::parse();
     let base = format!("http://{}", a.target);
     // Plain HTTP on loopback, but reqwest is built with rustls and no provider chosen.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -206,8 +178,11 @@ async fn main() {
     watch.await.expect("the queue watcher");
     eprintln!("recall_backlog: queue empty; as many recalls again");
     let idle = paced_recalls(&http, &base, a.rate, busy.len(), &AtomicBool::new(false)).await;
-    let (bp50, bp99) = (percentile(&busy, 0.5), percentile(&busy, 0.99));
-    let (ip50, ip99) = (percentile(&idle, 0.5), percentile(&idle, 0.99));
+    let at = |sorted: &[f64], q| {
+        percentile(sorted, q).expect("recalls (none ran: the queue was empty before the first)")
+    };
+    let (bp50, bp99) = (at(&busy, 0.5), at(&busy, 0.99));
+    let (ip50, ip99) = (at(&idle, 0.5), at(&idle, 0.99));
     eprintln!(
         "recall_backlog: beside the backlog p50 {bp50:.2} ms, p99 {bp99:.2} ms; idle p50 \
          {ip50:.2} ms, p99 {ip99:.2} ms; ratio {:.2} / {:.2}",

@@ -14,69 +14,67 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use clap::{Parser, ValueEnum};
 use shadowbrain::NewMemory;
+use shadowbrain::embed::EmbedderKind;
+use shadowbrain_test_support::stats::percentile;
 
 // The server binary's allocator, so the figures are the server's.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use shadowbrain::{Runtime, RuntimeConfig};
 
+/// Many sessions through the actor runtime: memory, durable write rate, first-write and
+/// recall latency; one JSON line, last.
+#[derive(Parser)]
+#[command(name = "sessions_scale")]
 struct Args {
+    /// Sessions touched.
+    #[arg(long, default_value_t = 100_000)]
     sessions: usize,
+    /// Events each session writes, one call each (0 counts as 1).
+    #[arg(long, default_value_t = 10)]
     events: usize,
+    /// Sessions writing at once (0 counts as 1).
+    #[arg(long, default_value_t = 1_000)]
     concurrency: usize,
+    /// Session-scoped recalls timed, before and after the indexes catch up.
+    #[arg(long, default_value_t = 2_000)]
     recalls: usize,
+    /// How long an idle session actor lives before it passivates, in ms.
+    #[arg(long, value_name = "MS", default_value_t = 2_000)]
     idle_ms: u64,
+    /// Keep the data in DIR instead of a scratch directory.
+    #[arg(long, value_name = "DIR")]
     data: Option<std::path::PathBuf>,
+    /// Threads of each vector index build, foreground and background (0 counts as 1).
+    #[arg(long)]
     build_threads: Option<usize>,
+    /// Build the vector index once this many changes are staged (0 counts as 1).
+    #[arg(long)]
     build_every: Option<usize>,
-    /// `hash` (default) or `local`: with `local`, records are embedded in the background,
-    /// and the acks show what that costs the write path.
-    embedder: String,
+    /// The embedder; with `local`, records are embedded in the background, and the acks
+    /// show what that costs the write path.
+    #[arg(long, value_enum, default_value_t = Embedder::Hash)]
+    embedder: Embedder,
 }
 
-fn args() -> Result<Args, String> {
-    let mut a = Args {
-        sessions: 100_000,
-        events: 10,
-        concurrency: 1_000,
-        recalls: 2_000,
-        idle_ms: 2_000,
-        data: None,
-        build_threads: None,
-        build_every: None,
-        embedder: "hash".into(),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut num = || -> Result<usize, String> {
-            it.next()
-                .ok_or(format!("{flag} needs a value"))?
-                .parse()
-                .map_err(|e| format!("{flag}: {e}"))
-        };
-        match flag.as_str() {
-            "--sessions" => a.sessions = num()?,
-            "--events" => a.events = num()?.max(1),
-            "--concurrency" => a.concurrency = num()?.max(1),
-            "--recalls" => a.recalls = num()?,
-            "--idle-ms" => a.idle_ms = num()? as u64,
-            "--build-threads" => a.build_threads = Some(num()?.max(1)),
-            "--build-every" => a.build_every = Some(num()?.max(1)),
-            "--data" => {
-                a.data = Some(it.next().ok_or("--data needs a directory")?.into());
-            }
-            "--embedder" => a.embedder = it.next().ok_or("--embedder needs hash or local")?,
-            other => {
-                return Err(format!(
-                    "unknown argument {other}; use --sessions N --events N --concurrency N \
-                     --recalls N --idle-ms MS --data DIR --build-threads N --build-every N \
-                     --embedder hash|local"
-                ));
-            }
-        }
+/// `--embedder`.
+#[derive(Clone, Copy, ValueEnum)]
+enum Embedder {
+    Hash,
+    Local,
+}
+
+fn args() -> Args {
+    let a = Args::parse();
+    Args {
+        events: a.events.max(1),
+        concurrency: a.concurrency.max(1),
+        build_threads: a.build_threads.map(|n| n.max(1)),
+        build_every: a.build_every.map(|n| n.max(1)),
+        ..a
     }
-    Ok(a)
 }
 
 /// Peak resident memory of this process, from the kernel (Linux).
@@ -113,13 +111,6 @@ impl Peaks {
     }
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 const TOPICS: [&str; 8] = [
     "the payment gateway timed out",
     "the user asked for a refund",
@@ -133,13 +124,7 @@ const TOPICS: [&str; 8] = [
 
 #[tokio::main]
 async fn main() {
-    let a = match args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("sessions_scale: {e}");
-            std::process::exit(2);
-        }
-    };
+    let a = args();
     let tmp;
     let dir = match &a.data {
         Some(d) => d.clone(),
@@ -151,13 +136,9 @@ async fn main() {
     let mut config = RuntimeConfig::new(&dir);
     config.session_idle = Duration::from_millis(a.idle_ms);
     config.call_timeout = Duration::from_secs(120);
-    let kind = match a.embedder.as_str() {
-        "hash" => shadowbrain::embed::EmbedderKind::Hash,
-        "local" => shadowbrain::embed::EmbedderKind::Local,
-        other => {
-            eprintln!("--embedder {other}: use hash or local");
-            std::process::exit(2);
-        }
+    let kind = match a.embedder {
+        Embedder::Hash => EmbedderKind::Hash,
+        Embedder::Local => EmbedderKind::Local,
     };
     config.substrate.embedder =
         shadowbrain::embed::build_embedder(&shadowbrain::embed::EmbedderConfig {
@@ -273,12 +254,14 @@ async fn main() {
         peaks.anon.load(Ordering::Relaxed),
         peaks.file.load(Ordering::Relaxed),
     );
+    // No samples (`--recalls 0`) print as 0.
+    let ms = |sorted: &[f64], q| percentile(sorted, q).unwrap_or(0.0);
     eprintln!(
         "sessions_scale: recall p50 {:.3} ms p99 {:.3} ms (indexes built: {:.3} / {:.3} ms); {live} live session actors; peak RSS {peak:.0} MB",
-        percentile(&lat, 0.5),
-        percentile(&lat, 0.99),
-        percentile(&settled, 0.5),
-        percentile(&settled, 0.99)
+        ms(&lat, 0.5),
+        ms(&lat, 0.99),
+        ms(&settled, 0.5),
+        ms(&settled, 0.99)
     );
     rt.shutdown().await.expect("a clean shutdown");
     println!(
@@ -287,12 +270,12 @@ async fn main() {
         events,
         peak,
         events_per_s,
-        percentile(&first_acks, 0.5),
-        percentile(&first_acks, 0.99),
-        percentile(&lat, 0.5),
-        percentile(&lat, 0.99),
-        percentile(&settled, 0.5),
-        percentile(&settled, 0.99),
+        ms(&first_acks, 0.5),
+        ms(&first_acks, 0.99),
+        ms(&lat, 0.5),
+        ms(&lat, 0.99),
+        ms(&settled, 0.5),
+        ms(&settled, 0.99),
     );
 }
 

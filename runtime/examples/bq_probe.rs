@@ -17,16 +17,31 @@
 //! ```
 
 use std::num::NonZeroUsize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use arroy::distances::{BinaryQuantizedCosine, Cosine};
 use arroy::{Database, Distance, Reader, Writer};
+use clap::Parser;
 use heed::{CommitOrAbort, EnvOpenOptions};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
+use shadowbrain_test_support::stats::percentile;
 
 const DIM: usize = 384;
+
+/// arroy's one-bit forest over W1's vectors, rescored, beside the float32 forest: latency
+/// and recall@10 of the Q2 queries per candidate setting.
+#[derive(Parser)]
+#[command(name = "bq_probe")]
+struct Args {
+    /// W1's data directory (emb.f32, q2.f32, q2_gt.i64).
+    #[arg(value_name = "W1_DATA")]
+    data: PathBuf,
+    /// Trees in each forest.
+    #[arg(default_value_t = 24)]
+    trees: usize,
+}
 
 fn read<T: Copy>(path: &Path, decode: fn(&[u8]) -> T, width: usize) -> Vec<T> {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -47,14 +62,8 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
-    let data = std::path::PathBuf::from(args.next().ok_or("usage: bq_probe W1_DATA [TREES]")?);
-    let trees: usize = args.next().map(|t| t.parse()).transpose()?.unwrap_or(24);
+    let Args { data, trees } = Args::parse();
     let f32le = |c: &[u8]| f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
     let emb = read(&data.join("emb.f32"), f32le, 4);
     let queries = read(&data.join("q2.f32"), f32le, 4);
@@ -166,7 +175,8 @@ fn forest<D: Distance>(
         }
         times.sort_unstable_by(f64::total_cmp);
         let recall = hits as f64 / (10 * nq) as f64;
-        let (p50, p99) = (percentile(&times, 0.5), percentile(&times, 0.99));
+        let at = |q| percentile(&times, q).expect("W1 has Q2 queries");
+        let (p50, p99) = (at(0.5), at(0.99));
         eprintln!(
             "bq_probe: {name}: {asked} asked, {inspected} inspected: p50 {p50:.3} ms p99 {p99:.3} ms recall@10 {recall:.4}"
         );

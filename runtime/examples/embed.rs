@@ -21,33 +21,57 @@
 //!     [--agree 300] [--beam-messages 300] [--precision auto|int8|f32] [--dump DIR]
 //! ```
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use clap::{Parser, ValueEnum};
 use shadowbrain_runtime::embed::{
     Embedder, EmbedderConfig, EmbedderKind, Precision, build_embedder, default_model_dir,
 };
 use shadowbrain_runtime::internals::{is_long, split};
+use shadowbrain_test_support::stats::percentile;
 
-fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// The local embedder's speed on this machine: batch throughput, single-query latency,
+/// BEAM's passages, and agreement with the float model; one JSON line, last.
+#[derive(Parser)]
+#[command(name = "embed")]
+struct Args {
+    /// Texts embedded in batches (LoCoMo's turns, else generated ones).
+    #[arg(long, default_value_t = 2000)]
+    texts: usize,
+    /// Queries embedded one at a time (LoCoMo's questions, else generated ones).
+    #[arg(long, default_value_t = 300)]
+    queries: usize,
+    /// Turns compared with the float model's vectors.
+    #[arg(long, default_value_t = 300)]
+    agree: usize,
+    /// BEAM's long messages cut into passages, when BEAM is beside the repository.
+    #[arg(long, default_value_t = 300)]
+    beam_messages: usize,
+    /// The engine: the int8 one where the CPU has VNNI (auto), always int8, or the float model.
+    #[arg(long, value_enum, default_value_t = Engine::Auto)]
+    precision: Engine,
+    /// Write the texts and the first --agree vectors to DIR for bench/embed_anchor.py.
+    #[arg(long, value_name = "DIR")]
+    dump: Option<PathBuf>,
 }
 
-fn precision(name: &str) -> Precision {
-    match name {
-        "int8" => Precision::Int8,
-        "f32" => Precision::F32,
-        _ => Precision::Auto,
+/// `--precision`, as the embedder's configuration names it.
+#[derive(Clone, Copy, ValueEnum)]
+enum Engine {
+    Auto,
+    Int8,
+    F32,
+}
+
+impl From<Engine> for Precision {
+    fn from(engine: Engine) -> Precision {
+        match engine {
+            Engine::Auto => Precision::Auto,
+            Engine::Int8 => Precision::Int8,
+            Engine::F32 => Precision::F32,
+        }
     }
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 fn round2(x: f64) -> f64 {
@@ -58,11 +82,12 @@ fn main() {
     // As `serve` does, before any thread starts (see `settle_model_threads`).
     // SAFETY: first thing in main: no other thread has started.
     unsafe { shadowbrain_runtime::embed::settle_model_threads() };
+    let a = Args::parse();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("a tokio runtime")
-        .block_on(run());
+        .block_on(run(a));
 }
 
 /// Texts per second through the enricher's path, in its rounds.
@@ -83,11 +108,8 @@ fn dump(dir: &Path, name: &str, texts: &[String]) {
     std::fs::write(dir.join(name), lines).expect("writing a dump");
 }
 
-async fn run() {
-    let (n_texts, n_queries) = (arg("--texts", 2000usize), arg("--queries", 300usize));
-    let n_agree = arg("--agree", 300usize);
-    let n_beam = arg("--beam-messages", 300usize);
-    let dump_dir = arg("--dump", String::new());
+async fn run(a: Args) {
+    let (n_texts, n_queries, n_agree, n_beam) = (a.texts, a.queries, a.agree, a.beam_messages);
     let local = |p: Precision| {
         build_embedder(&EmbedderConfig {
             kind: EmbedderKind::Local,
@@ -96,8 +118,7 @@ async fn run() {
             ..EmbedderConfig::default()
         })
     };
-    let embedder = local(precision(&arg("--precision", String::from("auto"))))
-        .expect("the local model (run scripts/install-model)");
+    let embedder = local(a.precision.into()).expect("the local model (run scripts/install-model)");
     let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data");
     let (texts, queries, source): (Vec<String>, Vec<String>, &str) =
         match shadowbrain_runtime::eval::locomo::load(&shared.join("locomo/locomo10.json")) {
@@ -136,8 +157,7 @@ async fn run() {
                 .collect()
         })
         .unwrap_or_default();
-    if !dump_dir.is_empty() {
-        let dir = Path::new(&dump_dir);
+    if let Some(dir) = &a.dump {
         dump(dir, "turns.jsonl", &texts);
         dump(dir, "queries.jsonl", &queries);
         dump(dir, "passages.jsonl", &passages);
@@ -155,6 +175,7 @@ async fn run() {
         latencies.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     latencies.sort_by(f64::total_cmp);
+    let query_ms = |q| percentile(&latencies, q).expect("--queries is at least 1");
     let passage_speed = match passages.is_empty() {
         true => 0.0,
         false => batch_speed(embedder.as_ref(), &passages).await,
@@ -180,7 +201,7 @@ async fn run() {
     // Agreement with the float model, text by text, where candle runs the model.
     let sample = &texts[..n_agree.min(texts.len())];
     let ours = embedder.embed_background(sample).await.unwrap();
-    if !dump_dir.is_empty() {
+    if let Some(dir) = &a.dump {
         // For the anchor's agreement: these turns', and as many passages' (long texts).
         let passages = &passages[..n_agree.min(passages.len())];
         let passage_vectors = embedder.embed_background(passages).await.unwrap();
@@ -192,7 +213,7 @@ async fn run() {
                 .iter()
                 .map(|v| serde_json::to_string(v).unwrap() + "\n")
                 .collect();
-            std::fs::write(Path::new(&dump_dir).join(name), lines).expect("writing a dump");
+            std::fs::write(dir.join(name), lines).expect("writing a dump");
         }
     }
     let cosines: Vec<f32> = match local(Precision::F32) {
@@ -230,8 +251,8 @@ async fn run() {
             "batch_texts_per_s": batch.round(),
             "batch_tokens_per_s": (batch * turn_tokens as f64 / texts.len() as f64).round(),
             "queries": queries.len(),
-            "query_p50_ms": round2(percentile(&latencies, 0.5)),
-            "query_p99_ms": round2(percentile(&latencies, 0.99)),
+            "query_p50_ms": round2(query_ms(0.5)),
+            "query_p99_ms": round2(query_ms(0.99)),
             "beam_passages": passages.len(),
             "beam_tokens_per_passage": per_text(passage_tokens, passages.len()),
             "beam_passages_per_s": passage_speed.round(),

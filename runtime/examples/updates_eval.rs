@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use clap::{Parser, ValueEnum};
 use serde_json::{Value, json};
 use shadowbrain_runtime::embed::{Embedder, EmbedderConfig, EmbedderKind, build_embedder};
 use shadowbrain_runtime::eval::{self, Answer, Conversation, Ingested, Layout, Ranking, Report};
@@ -42,24 +43,37 @@ use shadowbrain_runtime::{MemoryId, Relation, Substrate, SubstrateOptions};
 
 const GROUPS: [&str; 2] = ["knowledge_update", "contradiction_resolution"];
 
-fn flag(name: &str) -> bool {
-    std::env::args().any(|a| a == name)
+/// Facts that change: BEAM and LoCoMo with the policy's `[updates]` section off and on, in
+/// one run; a table, then one JSON line.
+#[derive(Parser)]
+#[command(name = "updates_eval")]
+struct Args {
+    /// BEAM's 100K split (a directory).
+    #[arg(long, value_name = "DIR", default_value_os_t = shared("beam/100K"))]
+    beam: PathBuf,
+    /// LoCoMo's locomo10.json.
+    #[arg(long, value_name = "FILE", default_value_os_t = shared("locomo/locomo10.json"))]
+    locomo: PathBuf,
+    /// The embedder: the local model (the hash embedder when it is not installed) or hash.
+    #[arg(long, value_enum, default_value_t = EmbedderArg::Local)]
+    embedder: EmbedderArg,
+    /// Also ingest each data set without the section: the equality check, and ingest's cost.
+    #[arg(long)]
+    off_run: bool,
 }
 
-fn value(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    let i = args.iter().position(|a| a == name)?;
-    args.get(i + 1).cloned()
+/// `--embedder`.
+#[derive(Clone, Copy, ValueEnum)]
+enum EmbedderArg {
+    Local,
+    Hash,
 }
 
-fn arg(name: &str, default: &str) -> PathBuf {
-    let args: Vec<String> = std::env::args().collect();
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(PathBuf::from)
-        .unwrap_or_else(|| here.join(default))
+/// A data set in `../shared/data`, beside the repository.
+fn shared(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/data")
+        .join(name)
 }
 
 /// Process CPU time (user + system), seconds.
@@ -353,8 +367,8 @@ fn detection_alone(run: &Run) -> (usize, f64) {
 
 #[tokio::main]
 async fn main() {
-    let beam_dir = arg("--beam", "../../shared/data/beam/100K");
-    let locomo_path = arg("--locomo", "../../shared/data/locomo/locomo10.json");
+    let a = Args::parse();
+    let (beam_dir, locomo_path) = (a.beam, a.locomo);
     let hash = || {
         build_embedder(&EmbedderConfig {
             kind: EmbedderKind::Hash,
@@ -362,9 +376,9 @@ async fn main() {
         })
         .unwrap()
     };
-    let embedder: Arc<dyn Embedder> = match value("--embedder").as_deref() {
-        Some("hash") => hash(),
-        _ => build_embedder(&EmbedderConfig {
+    let embedder: Arc<dyn Embedder> = match a.embedder {
+        EmbedderArg::Hash => hash(),
+        EmbedderArg::Local => build_embedder(&EmbedderConfig {
             kind: EmbedderKind::Local,
             ..EmbedderConfig::default()
         })
@@ -431,7 +445,7 @@ async fn main() {
         r10(&locomo_on.as_off),
         r10(&locomo_on.report)
     );
-    let (beam_off, locomo_off) = match flag("--off-run") {
+    let (beam_off, locomo_off) = match a.off_run {
         true => (
             Some(run(&beam, eval::beam::LAYOUT, "", &embedder).await),
             Some(run(&locomo, eval::locomo::LAYOUT, "", &embedder).await),

@@ -18,68 +18,45 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use shadowbrain_runtime::internals::Filter;
 use shadowbrain_runtime::{Backend, MemoryId, NewMemory, Substrate, SubstrateOptions};
+use shadowbrain_test_support::stats::percentile;
 
 const DIM: usize = 384;
 
+/// Workload W1 through the substrate: durable ingest, index catch-up, Q1 and Q2 top-10,
+/// the full recall path, a rebuild and a reopen; one JSON line of figures, last.
+#[derive(Parser)]
+#[command(name = "w1")]
 struct Args {
+    /// W1's data directory (made by ../shared/bench/gen_w1.py DIR).
+    #[arg(long, value_name = "DIR")]
     data: PathBuf,
+    /// The store's backend: lmdb or sled.
+    #[arg(long, default_value = "lmdb")]
     backend: Backend,
+    /// Keep the store in DIR (emptied first, unless --reuse) instead of a scratch directory.
+    #[arg(long, value_name = "DIR")]
     work: Option<PathBuf>,
-    writers: usize,
-    defer_index: bool,
-    trees: Option<usize>,
-    search_k_factor: Option<usize>,
-    recalls: usize,
+    /// Reopen the store an earlier run left in --work and run only the full recall loop.
+    #[arg(long, requires = "work")]
     reuse: bool,
-}
-
-fn args() -> Result<Args, String> {
-    let mut it = std::env::args().skip(1);
-    let mut a = Args {
-        data: PathBuf::new(),
-        backend: Backend::Lmdb,
-        work: None,
-        writers: 10,
-        defer_index: false,
-        trees: None,
-        search_k_factor: None,
-        recalls: 200,
-        reuse: false,
-    };
-    while let Some(flag) = it.next() {
-        let mut val = || it.next().ok_or(format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--data" => a.data = PathBuf::from(val()?),
-            "--backend" => a.backend = val()?.parse().map_err(|e| format!("{e}"))?,
-            "--work" => a.work = Some(PathBuf::from(val()?)),
-            "--defer-index" => a.defer_index = true,
-            "--trees" => a.trees = Some(val()?.parse().map_err(|e| format!("--trees: {e}"))?),
-            "--search-k-factor" => {
-                a.search_k_factor = Some(
-                    val()?
-                        .parse()
-                        .map_err(|e| format!("--search-k-factor: {e}"))?,
-                )
-            }
-            "--writers" => a.writers = val()?.parse().map_err(|e| format!("--writers: {e}"))?,
-            "--recalls" => a.recalls = val()?.parse().map_err(|e| format!("--recalls: {e}"))?,
-            "--reuse" => a.reuse = true,
-            other => {
-                return Err(format!(
-                    "unknown argument {other}; use --data DIR [--backend sled|lmdb] [--work DIR [--reuse]] [--writers N] [--recalls N]"
-                ));
-            }
-        }
-    }
-    if a.data.as_os_str().is_empty() {
-        return Err("--data DIR is required (make it with ../shared/bench/gen_w1.py DIR)".into());
-    }
-    if a.reuse && a.work.is_none() {
-        return Err("--reuse needs --work DIR (a directory an earlier run left)".into());
-    }
-    Ok(a)
+    /// Threads ingesting at once.
+    #[arg(long, default_value_t = 10)]
+    writers: usize,
+    /// Index nothing during ingest: one flush catches up afterwards.
+    #[arg(long)]
+    defer_index: bool,
+    /// The vector index's tree count (default: the index's own).
+    #[arg(long)]
+    trees: Option<usize>,
+    /// The vector index's search_k factor (default: the index's own).
+    #[arg(long)]
+    search_k_factor: Option<usize>,
+    /// Full session recalls to time (the recall path's p50 and p99).
+    #[arg(long, default_value_t = 200)]
+    recalls: usize,
 }
 
 fn read_f32(path: &Path) -> Vec<f32> {
@@ -111,14 +88,9 @@ struct Row {
     text: String,
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
 /// Runs `n` full session recalls (vector, keyword, recent paths, scoring, context) with
-/// W1's Q1 queries and their vectors, one at a time; returns their latencies in ms, sorted.
-fn full_recalls(sub: &Substrate, rows: &[Row], data: &Path, n: usize) -> Vec<f64> {
+/// W1's Q1 queries and their vectors, one at a time; returns their p50 and p99 in ms.
+fn full_recalls(sub: &Substrate, rows: &[Row], data: &Path, n: usize) -> (f64, f64) {
     let q1 = read_f32(&data.join("q1.f32"));
     let q1_s = read_i32(&data.join("q1_session.i32"));
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -141,22 +113,16 @@ fn full_recalls(sub: &Substrate, rows: &[Row], data: &Path, n: usize) -> Vec<f64
         recall_lat.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     recall_lat.sort_by(f64::total_cmp);
+    let at = |q| percentile(&recall_lat, q).expect("--recalls is at least 1");
+    let (p50, p99) = (at(0.5), at(0.99));
     eprintln!(
-        "w1: full session recall (4 paths, scoring, context) p50 {:.3} ms p99 {:.3} ms",
-        percentile(&recall_lat, 0.5),
-        percentile(&recall_lat, 0.99)
+        "w1: full session recall (4 paths, scoring, context) p50 {p50:.3} ms p99 {p99:.3} ms"
     );
-    recall_lat
+    (p50, p99)
 }
 
 fn main() {
-    let a = match args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("w1: {e}");
-            std::process::exit(2);
-        }
-    };
+    let a = Args::parse();
     let emb = read_f32(&a.data.join("emb.f32"));
     let n = emb.len() / DIM;
     let mut rows = Vec::with_capacity(n);
@@ -208,13 +174,13 @@ fn main() {
             "{} holds another store",
             work.display()
         );
-        let lat = full_recalls(&sub, &rows, &a.data, a.recalls);
+        let (p50, p99) = full_recalls(&sub, &rows, &a.data, a.recalls);
         sub.close().unwrap();
         println!(
             "{}",
             serde_json::json!({
-                "recall_path_p50_ms": percentile(&lat, 0.5),
-                "recall_path_p99_ms": percentile(&lat, 0.99),
+                "recall_path_p50_ms": p50,
+                "recall_path_p99_ms": p99,
             })
         );
         return;
@@ -336,13 +302,12 @@ fn main() {
             }
             lat.sort_by(f64::total_cmp);
             let recall = hits as f64 / (nq * 10) as f64;
+            let at = |q| percentile(&lat, q).expect("W1 has queries");
+            let (p50, p95, p99) = (at(0.5), at(0.95), at(0.99));
             eprintln!(
-                "w1: {name} p50 {:.3} ms p95 {:.3} ms p99 {:.3} ms recall@10 {recall:.4}",
-                percentile(&lat, 0.5),
-                percentile(&lat, 0.95),
-                percentile(&lat, 0.99)
+                "w1: {name} p50 {p50:.3} ms p95 {p95:.3} ms p99 {p99:.3} ms recall@10 {recall:.4}"
             );
-            (percentile(&lat, 0.5), percentile(&lat, 0.99), recall)
+            (p50, p99, recall)
         };
     let q1 = read_f32(&a.data.join("q1.f32"));
     let q1_gt = read_i64(&a.data.join("q1_gt.i64"));
@@ -353,7 +318,7 @@ fn main() {
     let (q2_p50, q2_p99, q2_recall) = run_queries("Q2 global top-10", &q2, &q2_gt, None);
 
     // Full recall path (vector + keyword + recent, policy scoring), for context.
-    let recall_lat = full_recalls(&sub, &rows, &a.data, a.recalls);
+    let (recall_p50, recall_p99) = full_recalls(&sub, &rows, &a.data, a.recalls);
 
     // Footprint of the workload as ingested and indexed (a forced rebuild below leaves
     // LMDB free pages behind, which is not what the workload costs).
@@ -392,8 +357,8 @@ fn main() {
             "q2_p50_ms": q2_p50, "q2_p99_ms": q2_p99, "q2_recall_at_10": q2_recall,
             "build_100k_s": build_100k_s, "reopen_s": reopen_s,
             "disk_bytes": disk_bytes, "raw_bytes": raw_bytes,
-            "recall_path_p50_ms": percentile(&recall_lat, 0.5),
-            "recall_path_p99_ms": percentile(&recall_lat, 0.99),
+            "recall_path_p50_ms": recall_p50,
+            "recall_path_p99_ms": recall_p99,
             "backend": a.backend.as_str(),
         })
     );

@@ -8,9 +8,14 @@
 //! Every test that needs a provider starts one of these instead of writing a server of its
 //! own, so the provider's wire format is written once. It knows the OpenAI-compatible wire
 //! format and the shape of shadowbrain's judge prompts (numbered records), nothing else.
+//!
+//! Beside it, for the examples: [`stats`], the one percentile their benchmark figures are
+//! read with, and [`flags`], the checks of their numeric flags.
 #![warn(missing_docs)]
 
 pub mod concepts;
+pub mod flags;
+pub mod stats;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
