@@ -2,12 +2,10 @@
 //! check`, `export` / `import` and `reindex`, their happy paths and their main errors, and
 //! the polite refusal of a data directory a running server holds.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{Value, json};
 use shadowbrain::embed::HashEmbedder;
@@ -15,6 +13,9 @@ use shadowbrain::{
     FeedbackTarget, NewMemory, Outcome, Promotion, RecallRequest, Scope, Substrate,
     SubstrateOptions,
 };
+
+use crate::common::http::post;
+use crate::common::serve::Serve;
 
 #[tokio::test]
 async fn reindex_moves_a_store_to_another_dimension() {
@@ -809,27 +810,6 @@ fn file_str(text: &str, dir: &Path) -> String {
     path.to_str().unwrap().to_string()
 }
 
-/// One HTTP/1.1 POST with a JSON body: the status and the JSON answer.
-fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
-    let body = body.to_string();
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    write!(
-        stream,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).unwrap();
-    let (head, rest) = raw.split_once("\r\n\r\n").unwrap();
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, serde_json::from_str(rest).unwrap_or(Value::Null))
-}
-
 /// The keys of a JSON object, sorted.
 fn keys(v: &Value) -> Vec<String> {
     let mut k: Vec<String> = v
@@ -844,26 +824,8 @@ fn keys(v: &Value) -> Vec<String> {
 fn a_data_directory_held_by_a_server_is_refused_politely() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
-        .arg(&data)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = server.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(addr) = line.split("http://").nth(1) {
-                let _ = tx.send(addr.trim().to_string());
-            }
-        }
-    });
-    let addr: SocketAddr = rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("the server listens")
-        .parse()
-        .unwrap();
+    let server = Serve::new().data(&data).start();
+    let addr = server.addr;
     let (status, answer) = post(
         addr,
         "/v1/sessions/s1/events",
@@ -904,8 +866,7 @@ fn a_data_directory_held_by_a_server_is_refused_politely() {
             "{args:?}: {err}"
         );
     }
-    server.kill().unwrap();
-    server.wait().unwrap();
+    server.kill();
 
     // Nothing was touched: the one event sent over HTTP, and the refused `record` absent.
     let timeline: Value =
@@ -1062,24 +1023,12 @@ fn serve_opens_a_sled_directory_without_being_told() {
     .unwrap();
     sub.close().unwrap();
     drop(sub);
-    let mut server = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
-        .arg(&data)
+    let server = Serve::new()
+        .data(&data)
         .env_remove("SHADOWBRAIN_DATA")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = server.stderr.take().unwrap();
-    let mut said = Vec::new();
-    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-        let serving = line.contains("http://");
-        said.push(line);
-        if serving {
-            break;
-        }
-    }
-    let _ = server.kill();
-    server.wait().unwrap();
+        .start();
+    let said = server.startup();
+    server.kill();
     assert!(
         said.last().is_some_and(|l| l.contains("serving")),
         "{}",

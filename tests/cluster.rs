@@ -30,6 +30,9 @@ use std::time::{Duration, Instant};
 
 use harness::{Harness, LEASE_TTL, NODES, PARTITIONS, Written};
 
+use crate::common::python::{python_client, python_sdk};
+use crate::common::serve::Serve;
+
 /// Writers, each its own session, in namespaces of their own (so over partitions).
 const WRITERS: usize = 8;
 /// Each writer's pace: about 160 acknowledged events a second in all, a small fixed load
@@ -350,17 +353,11 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 /// section is checked first.)
 #[test]
 fn a_cluster_without_tls_or_its_own_credential_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
     let refused = |section: &str| -> String {
-        let config = dir.path().join("node.toml");
-        std::fs::write(&config, format!("[cluster]\nnode = \"n1\"\n{section}")).unwrap();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-            .args(["serve", "--cluster", "--addr", "127.0.0.1:0", "--data"])
-            .arg(dir.path().join("data"))
-            .arg("--config")
-            .arg(&config)
-            .output()
-            .unwrap();
+        let out = Serve::new()
+            .cluster()
+            .config(&format!("[cluster]\nnode = \"n1\"\n{section}"))
+            .output();
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(!out.status.success(), "{section}: {stderr}");
         stderr
@@ -398,7 +395,7 @@ fn a_cluster_without_tls_or_its_own_credential_is_refused() {
 ///   neither stop the partition nor write a key.
 #[test]
 fn the_attacks_on_the_cluster_are_refused() {
-    use crate::dashboard::{Site, cookie_of};
+    use crate::common::site::{Site, cookie_of};
     use futures::StreamExt;
     let Some(nats_bin) = harness::nats_server() else {
         return;
@@ -677,7 +674,7 @@ fn the_python_mcp_sdk_and_http_work_through_any_node() {
     let Some(nats) = harness::nats_server() else {
         return;
     };
-    let Some(python) = crate::mcp::python_sdk() else {
+    let Some(python) = python_sdk() else {
         return;
     };
     let mut h = Harness::start(&nats, env!("CARGO_BIN_EXE_shadowbrain").as_ref(), &[]);
@@ -686,7 +683,7 @@ fn the_python_mcp_sdk_and_http_work_through_any_node() {
     let owner = h.owners()[&p].clone();
     for (i, node) in h.nodes.iter().enumerate() {
         let url = format!("http://{}/mcp", node.addr);
-        for answer in crate::mcp::python_client(&python, &["http", &url, &key]) {
+        for answer in python_client(&python, &["http", &url, &key]) {
             assert_eq!(answer["tools"], 10, "through {}: {answer}", node.name);
             assert!(
                 answer["recalled"].as_u64().unwrap() >= 1,
@@ -740,14 +737,12 @@ fn the_python_mcp_sdk_and_http_work_through_any_node() {
     // A second process under a live node's name is refused, saying why; the cluster is
     // left as it was.
     let data = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-        .args(["serve", "--cluster", "--addr", "127.0.0.1:0", "--data"])
-        .arg(data.path())
-        .arg("--config")
-        .arg(&h.nodes[0].config)
+    let out = Serve::new()
+        .cluster()
+        .data(data.path())
+        .config_file(&h.nodes[0].config)
         .envs(h.node_env(0))
-        .output()
-        .unwrap();
+        .output();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(
@@ -918,7 +913,8 @@ fn a_policy_reload_reaches_every_partition_and_outlives_a_takeover() {
 /// a memory wrong on the partition's new owner.
 #[test]
 fn the_dashboard_works_through_any_node_and_across_a_takeover() {
-    use crate::dashboard::{Site, click, cookie_of, csrf_of, open, screenshot, wait_for};
+    use crate::common::browser::{browser, click, open, screenshot, wait_for};
+    use crate::common::site::{Site, cookie_of, csrf_of};
     let Some(nats) = harness::nats_server() else {
         return;
     };
@@ -1112,7 +1108,7 @@ fn the_dashboard_works_through_any_node_and_across_a_takeover() {
     );
 
     // In Chromium, through `front`, which does not own the namespace's partition.
-    let Some((_driver, client)) = tokio.block_on(crate::dashboard::browser()) else {
+    let Some((_driver, client)) = tokio.block_on(browser()) else {
         return;
     };
     let base = site(&h, front).base;
@@ -1206,25 +1202,9 @@ fn load_against_capacity() {
     let config = h.nodes[0].config.clone();
     h.stop_nodes();
     let data = tempfile::tempdir().unwrap();
-    let port = harness::free_port();
-    let mut one = std::process::Command::new(bin)
-        .args(["serve", "--addr", &format!("127.0.0.1:{port}"), "--data"])
-        .arg(data.path())
-        .arg("--config")
-        .arg(&config)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    while harness::request(addr, "GET", "/healthz", None, None, None).is_err() {
-        assert!(Instant::now() < until, "serve did not listen");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let single = rate(vec![addr]);
-    let _ = one.kill();
-    let _ = one.wait();
+    let one = Serve::new().data(data.path()).config_file(&config).start();
+    let single = rate(vec![one.addr]);
+    drop(one);
     let paced = WRITERS as f64 / PACE.as_secs_f64();
     println!(
         "acknowledged events/s with {WRITERS} unpaced writers: cluster {cluster:.0}, one \

@@ -8,31 +8,28 @@
 //! installs them); without them they skip, unless `SHADOWBRAIN_REQUIRE_BROWSER=1` (CI)
 //! makes a missing browser a failure.
 
-use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::edge::Served;
-use crate::server::sha256_hex;
+use crate::common::browser::{browser, click, open, screenshot, wait_for};
+use crate::common::config::sha256_hex;
+use crate::common::serve::{Serve, Served};
+use crate::common::site::{Site, cookie_of, csrf_of};
 
 /// A `serve` child with the hash embedder and `extra` in its config file, and namespace
 /// `acme`'s policy file `acme.toml` beside it (the path of that file is answered too).
 fn serve(extra: &str) -> (Served, std::path::PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let config = dir.path().join("shadowbrain.toml");
-    let policy = dir.path().join("acme.toml");
+    let serve = Serve::new();
+    let policy = serve.dir().join("acme.toml");
     std::fs::write(&policy, "name = \"acme-policy\"\n").unwrap();
-    std::fs::write(
-        &config,
-        format!(
+    let served = serve
+        .config(&format!(
             "[embedder]\nkind = \"hash\"\n{extra}\n\
              [[namespaces]]\nname = \"acme\"\npolicy = \"acme.toml\"\n"
-        ),
-    )
-    .unwrap();
-    (Served::start_in(dir, data, &config), policy)
+        ))
+        .start();
+    (served, policy)
 }
 
 /// Keys: a tenant of `acme`, a tenant of `globex`, an admin whose namespace is `acme`.
@@ -54,204 +51,6 @@ fn keyed() -> (Served, std::path::PathBuf) {
 /// A text that would run if a page ever wrote it as markup.
 const HOSTILE: &str = "runner eu-2 notes <script>window.__pwned = 1</script>\
                        <img src=x onerror=\"window.__pwned = 2\"> end";
-
-/// A page: status, headers, body.
-pub(crate) struct Page {
-    pub(crate) status: u16,
-    pub(crate) headers: reqwest::header::HeaderMap,
-    pub(crate) body: String,
-}
-
-impl Page {
-    pub(crate) fn header(&self, name: &str) -> &str {
-        self.headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-    }
-}
-
-/// An HTTP client that shows redirects instead of following them.
-fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-}
-
-pub(crate) struct Site {
-    pub(crate) base: String,
-    http: reqwest::Client,
-}
-
-impl Site {
-    fn of(served: &Served) -> Site {
-        Site::at(served.addr)
-    }
-
-    /// The server listening at `addr`.
-    pub(crate) fn at(addr: std::net::SocketAddr) -> Site {
-        Site {
-            base: format!("http://{addr}"),
-            http: client(),
-        }
-    }
-
-    pub(crate) async fn get(&self, path: &str, cookie: Option<&str>) -> Page {
-        let mut request = self.http.get(format!("{}{path}", self.base));
-        if let Some(c) = cookie {
-            request = request.header("cookie", c);
-        }
-        page(request).await
-    }
-
-    /// A form post as a browser on this site sends it.
-    pub(crate) async fn post(
-        &self,
-        path: &str,
-        cookie: Option<&str>,
-        fields: &[(&str, &str)],
-    ) -> Page {
-        self.post_from(path, cookie, fields, Some(&self.base)).await
-    }
-
-    async fn post_from(
-        &self,
-        path: &str,
-        cookie: Option<&str>,
-        fields: &[(&str, &str)],
-        origin: Option<&str>,
-    ) -> Page {
-        let body = fields
-            .iter()
-            .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
-            .collect::<Vec<_>>()
-            .join("&");
-        let mut request = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(body);
-        if let Some(c) = cookie {
-            request = request.header("cookie", c);
-        }
-        if let Some(o) = origin {
-            request = request.header("origin", o);
-        }
-        page(request).await
-    }
-
-    /// Any request with an API key, its answer as it comes (no status expected).
-    pub(crate) async fn keyed(&self, method: &str, path: &str, key: Option<&str>) -> Page {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-        let mut request = self.http.request(method, format!("{}{path}", self.base));
-        if let Some(k) = key {
-            request = request.bearer_auth(k);
-        }
-        page(request).await
-    }
-
-    pub(crate) async fn api(
-        &self,
-        method: &str,
-        path: &str,
-        key: Option<&str>,
-        body: Option<Value>,
-    ) -> Value {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-        let mut request = self.http.request(method, format!("{}{path}", self.base));
-        if let Some(k) = key {
-            request = request.bearer_auth(k);
-        }
-        if let Some(b) = body {
-            request = request
-                .header("content-type", "application/json")
-                .body(b.to_string());
-        }
-        let answer = request.send().await.unwrap();
-        let status = answer.status().as_u16();
-        let text = answer.text().await.unwrap();
-        assert!(status < 300, "{path}: {status} {text}");
-        serde_json::from_str(&text).unwrap_or(Value::Null)
-    }
-
-    /// Writes a session's events through `/v1` and answers their ids.
-    pub(crate) async fn write(
-        &self,
-        key: Option<&str>,
-        session: &str,
-        texts: &[&str],
-    ) -> Vec<String> {
-        let events: Vec<Value> = texts
-            .iter()
-            .map(|t| json!({"kind": "observation", "text": t}))
-            .collect();
-        let ids = self
-            .api(
-                "POST",
-                &format!("/v1/sessions/{session}/events"),
-                key,
-                Some(json!({ "events": events })),
-            )
-            .await;
-        ids["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_str().unwrap().to_string())
-            .collect()
-    }
-
-    async fn recall(&self, key: Option<&str>, session: &str, query: &str) -> Value {
-        self.api(
-            "POST",
-            &format!("/v1/sessions/{session}/recall"),
-            key,
-            Some(json!({"query": query, "scope": "namespace", "k": 20})),
-        )
-        .await
-    }
-}
-
-async fn page(request: reqwest::RequestBuilder) -> Page {
-    let answer = request.send().await.unwrap();
-    Page {
-        status: answer.status().as_u16(),
-        headers: answer.headers().clone(),
-        body: answer.text().await.unwrap(),
-    }
-}
-
-fn enc(v: &str) -> String {
-    v.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// The value of the page's first hidden `csrf` field.
-pub(crate) fn csrf_of(body: &str) -> String {
-    let at = body
-        .find("name=\"csrf\" value=\"")
-        .expect("a form with a CSRF token");
-    let rest = &body[at + "name=\"csrf\" value=\"".len()..];
-    rest[..rest.find('"').unwrap()].to_string()
-}
-
-/// The `name=value` of the sign-in cookie a login answered.
-pub(crate) fn cookie_of(page: &Page) -> String {
-    let set = page.header("set-cookie");
-    assert!(
-        set.contains("HttpOnly") && set.contains("SameSite=Strict"),
-        "{set}"
-    );
-    set.split(';').next().unwrap().to_string()
-}
 
 /// Seeds the default namespace: a session with a hostile text, a recall with success
 /// feedback, a condensation. Answers the ids written.
@@ -693,121 +492,6 @@ async fn with_keys_a_visitor_signs_in_and_sees_only_the_keys_namespace() {
     assert_eq!(site.get("/", Some(&tenant)).await.status, 401);
 }
 
-/// chromedriver on a free loopback port, stopped on drop.
-pub(crate) struct Driver {
-    child: std::process::Child,
-    url: String,
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        // chromedriver and the Chromium it started share its process group: a test that
-        // fails before closing its session leaves no browser behind.
-        if let Ok(group) = i32::try_from(self.child.id())
-            && group > 1
-        {
-            // SAFETY: kill(2) with a negative pid signals that process group only: the
-            // group chromedriver leads (`process_group(0)`), never this process's.
-            unsafe {
-                libc::kill(-group, libc::SIGKILL);
-            }
-        }
-        let _ = self.child.wait();
-    }
-}
-
-/// chromedriver and a headless Chromium session, or `None` (a skip) when they are not
-/// installed and `SHADOWBRAIN_REQUIRE_BROWSER` is unset.
-pub(crate) async fn browser() -> Option<(Driver, fantoccini::Client)> {
-    let (chromium, driver) = ("/usr/bin/chromium", "/usr/bin/chromedriver");
-    if !std::path::Path::new(chromium).exists() || !std::path::Path::new(driver).exists() {
-        assert!(
-            std::env::var_os("SHADOWBRAIN_REQUIRE_BROWSER").is_none(),
-            "Chromium and chromedriver are needed: run scripts/setup (it installs Debian's \
-             chromium and chromium-driver)"
-        );
-        eprintln!("skipped: no {chromium} or {driver}; scripts/setup installs them");
-        return None;
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = std::process::Command::new(driver)
-        .arg(format!("--port={port}"))
-        .process_group(0)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let driver = Driver {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-    };
-    let mut caps = serde_json::Map::new();
-    caps.insert(
-        "goog:chromeOptions".into(),
-        json!({
-            "binary": chromium,
-            // As root in a sandbox-less container, on a machine with no outside network.
-            "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                     "--no-first-run", "--disable-background-networking",
-                     "--disable-component-update", "--disable-sync",
-                     "--disable-dev-shm-usage", "--window-size=1280,800"],
-        }),
-    );
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-        match fantoccini::ClientBuilder::new(connector)
-            .capabilities(caps.clone())
-            .connect(&driver.url)
-            .await
-        {
-            Ok(client) => return Some((driver, client)),
-            Err(e) if std::time::Instant::now() < deadline => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("chromedriver did not start a session: {e}"),
-        }
-    }
-}
-
-/// Saves the browser's view as `target/dashboard-screenshots/{name}.png`.
-pub(crate) async fn screenshot(client: &fantoccini::Client, name: &str) {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard-screenshots");
-    std::fs::create_dir_all(&dir).unwrap();
-    let png = client.screenshot().await.unwrap();
-    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
-    std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
-}
-
-/// Waits (20 s at most) for the element `css` selects.
-pub(crate) async fn wait_for(
-    client: &fantoccini::Client,
-    css: &str,
-) -> fantoccini::elements::Element {
-    client
-        .wait()
-        .at_most(Duration::from_secs(20))
-        .for_element(fantoccini::Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("no `{css}`: {e}"))
-}
-
-/// Clicks the element `css` selects.
-pub(crate) async fn click(client: &fantoccini::Client, css: &str) {
-    client
-        .find(fantoccini::Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("no `{css}`: {e}"))
-        .click()
-        .await
-        .unwrap();
-}
-
 /// Presses Tab, as a person at the keyboard does.
 async fn tab(client: &fantoccini::Client) {
     use fantoccini::actions::{InputSource, KeyAction, KeyActions};
@@ -816,12 +500,6 @@ async fn tab(client: &fantoccini::Client) {
         .then(KeyAction::Down { value: tab })
         .then(KeyAction::Up { value: tab });
     client.perform_actions(press).await.unwrap();
-}
-
-/// Loads `path` and waits for its heading.
-pub(crate) async fn open(client: &fantoccini::Client, base: &str, path: &str) -> String {
-    client.goto(&format!("{base}{path}")).await.unwrap();
-    wait_for(client, "main h1").await.text().await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

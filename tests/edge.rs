@@ -2,207 +2,15 @@
 //! driven by raw TCP clients that stall, trickle, overstate their bodies or crowd the
 //! server, and stopped with SIGTERM while they do.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::Receiver;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-/// A `shadowbrain serve` child on 127.0.0.1:0 with `server` as its `[server]` section.
-pub(crate) struct Served {
-    pub(crate) child: Child,
-    pub(crate) addr: SocketAddr,
-    /// Its stderr lines after the listening line.
-    lines: Receiver<String>,
-    data: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Served {
-    pub(crate) fn start(server: &str) -> Served {
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        let config = dir.path().join("shadowbrain.toml");
-        // The hash embedder: these tests are about connections, not the model's start-up.
-        std::fs::write(
-            &config,
-            format!("[embedder]\nkind = \"hash\"\n[server]\n{server}\n"),
-        )
-        .unwrap();
-        Served::start_in(dir, data, &config)
-    }
-
-    pub(crate) fn start_in(
-        dir: tempfile::TempDir,
-        data: std::path::PathBuf,
-        config: &std::path::Path,
-    ) -> Served {
-        let mut serve = Command::new(env!("CARGO_BIN_EXE_shadowbrain"));
-        serve
-            .args(["serve", "--addr", "127.0.0.1:0", "--data"])
-            .arg(&data)
-            .arg("--config")
-            .arg(config);
-        Served::spawn(serve, dir, data)
-    }
-
-    /// Runs `command`, which must become `serve` (or exec it), and waits for it to listen.
-    fn spawn(mut command: Command, dir: tempfile::TempDir, data: std::path::PathBuf) -> Served {
-        let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let addr = loop {
-            let line = lines
-                .recv_timeout(Duration::from_secs(120))
-                .expect("the server says where it listens");
-            if let Some(addr) = line.split("http://").nth(1) {
-                break addr.trim().parse().unwrap();
-            }
-        };
-        Served {
-            child,
-            addr,
-            lines,
-            data,
-            _dir: dir,
-        }
-    }
-
-    /// Stops this server with SIGTERM and starts another on the same data directory.
-    fn restart(mut self) -> Served {
-        self.terminate();
-        let status = self
-            .exit_within(Duration::from_secs(60))
-            .expect("the server stops");
-        assert!(status.success(), "{status:?}");
-        self.restart_stopped()
-    }
-
-    /// Starts another server on this stopped one's data directory and config.
-    pub(crate) fn restart_stopped(mut self) -> Served {
-        // The new server takes the directory (data and config); this one leaves with an
-        // empty one in its place.
-        let dir = std::mem::replace(&mut self._dir, tempfile::tempdir().unwrap());
-        let config = dir.path().join("shadowbrain.toml");
-        let data = self.data.clone();
-        Served::start_in(dir, data, &config)
-    }
-
-    pub(crate) fn connect(&self) -> TcpStream {
-        let s = TcpStream::connect(self.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        s
-    }
-
-    pub(crate) fn terminate(&self) {
-        let sent = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success());
-    }
-
-    /// Waits up to `limit` for the child to exit; its status, or None if it still runs.
-    pub(crate) fn exit_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
-        let started = Instant::now();
-        while started.elapsed() < limit {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        None
-    }
-
-    /// The stderr lines printed so far.
-    pub(crate) fn said(&self) -> String {
-        let mut out = String::new();
-        while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
-            out.push_str(&line);
-            out.push('\n');
-        }
-        out
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        // A failed assertion must not leave a server running under the test harness.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// An HTTP answer: status, headers (lower-case names) and body.
-pub(crate) type Answer = (u16, Vec<(String, String)>, String);
-
-/// One whole HTTP/1.1 answer read from `s`.
-pub(crate) fn answer(s: &mut TcpStream) -> Answer {
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = s.read(&mut buf).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        raw.extend_from_slice(&buf[..n]);
-        let text = String::from_utf8_lossy(&raw);
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let length = head.lines().find_map(|l| {
-                l.to_ascii_lowercase()
-                    .strip_prefix("content-length:")
-                    .map(|v| v.trim().parse::<usize>().unwrap())
-            });
-            if length.is_some_and(|n| body.len() >= n) {
-                break;
-            }
-        }
-    }
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
-    let (status, headers) = parse_head(head);
-    (status, headers, body.to_string())
-}
-
-/// An answer's status line and headers (lower-case names).
-fn parse_head(head: &str) -> (u16, Vec<(String, String)>) {
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    (status, headers)
-}
-
-pub(crate) fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    headers
-        .iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.as_str())
-}
-
-pub(crate) fn code(body: &str) -> String {
-    let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
-    v["error"]["code"]
-        .as_str()
-        .unwrap_or("<no error code>")
-        .to_string()
-}
+use crate::common::http::{Answer, answer, code, header, parse_head};
+use crate::common::serve::Serve;
 
 /// Whether the server closed `s` within `limit` (a read returns end of stream or a reset).
 fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
@@ -234,8 +42,10 @@ fn post_event(addr: SocketAddr, session: &str, text: &str) -> u16 {
 #[test]
 fn sigterm_completes_while_clients_hold_half_sent_headers_and_stalled_bodies() {
     // Generous read timeouts, so only the drain deadline can end these connections.
-    let mut served =
-        Served::start("header_timeout = \"5m\"\nbody_timeout = \"5m\"\ndrain_timeout = \"2s\"");
+    let mut served = Serve::with_server(
+        "header_timeout = \"5m\"\nbody_timeout = \"5m\"\ndrain_timeout = \"2s\"",
+    )
+    .start();
     assert_eq!(
         post_event(served.addr, "s1", "accepted before the stop"),
         201
@@ -284,7 +94,7 @@ fn sigterm_completes_while_clients_hold_half_sent_headers_and_stalled_bodies() {
 
 #[test]
 fn a_stop_with_nothing_stalled_answers_what_is_in_flight_and_drains_cleanly() {
-    let mut served = Served::start("drain_timeout = \"30s\"");
+    let mut served = Serve::with_server("drain_timeout = \"30s\"").start();
     // An idle keep-alive connection does not hold the stop up.
     let mut idle = served.connect();
     write!(idle, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
@@ -300,7 +110,7 @@ fn a_stop_with_nothing_stalled_answers_what_is_in_flight_and_drains_cleanly() {
 
 #[test]
 fn headers_sent_a_byte_at_a_time_and_idle_connections_are_cut_off() {
-    let served = Served::start("header_timeout = \"1s\"");
+    let served = Serve::with_server("header_timeout = \"1s\"").start();
     let mut trickle = served.connect();
     let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
     let started = Instant::now();
@@ -339,7 +149,7 @@ fn headers_sent_a_byte_at_a_time_and_idle_connections_are_cut_off() {
 
 #[test]
 fn a_declared_body_over_the_limit_is_refused_before_it_is_sent() {
-    let served = Served::start("");
+    let served = Serve::with_server("").start();
     let mut s = served.connect();
     // 100 GB announced, nothing sent, and a client that waits for 100 Continue first.
     write!(
@@ -358,7 +168,7 @@ fn a_declared_body_over_the_limit_is_refused_before_it_is_sent() {
 
 #[test]
 fn a_body_that_stops_arriving_is_answered_408() {
-    let served = Served::start("body_timeout = \"1s\"");
+    let served = Serve::with_server("body_timeout = \"1s\"").start();
     let mut s = served.connect();
     s.write_all(
         b"POST /v1/sessions/s1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
@@ -374,10 +184,11 @@ fn a_body_that_stops_arriving_is_answered_408() {
 
 #[test]
 fn connections_past_the_bound_are_refused_at_once_when_all_are_busy_and_slots_come_back() {
-    let served = Served::start(
+    let served = Serve::with_server(
         "max_connections = 2\nmax_connections_per_address = 2\nheader_timeout = \"5m\"\n\
          body_timeout = \"5m\"",
-    );
+    )
+    .start();
     // Both connections are answering a request: each body is still arriving.
     let holders: Vec<TcpStream> = (0..2)
         .map(|_| {
@@ -440,16 +251,7 @@ fn connections_past_the_bound_are_refused_at_once_when_all_are_busy_and_slots_co
 
 /// `serve` with `config` as its config file: it must refuse to start; its stderr.
 fn refused_at_start(config_text: &str) -> String {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("c.toml");
-    std::fs::write(&config, config_text).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
-        .arg(dir.path().join("data"))
-        .arg("--config")
-        .arg(&config)
-        .output()
-        .unwrap();
+    let out = Serve::new().config(config_text).output();
     assert!(!out.status.success());
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -470,7 +272,7 @@ fn a_bad_server_section_is_refused_at_start_with_the_key() {
 
 #[test]
 fn every_error_answer_has_the_contract_shape() {
-    let served = Served::start("");
+    let served = Serve::with_server("").start();
     let ask = |request: &str| {
         let mut s = served.connect();
         s.write_all(request.as_bytes()).unwrap();
@@ -581,7 +383,7 @@ fn session_texts(data: &std::path::Path) -> Vec<String> {
 
 #[test]
 fn a_write_retried_under_its_idempotency_key_is_stored_once_even_across_a_cut_and_a_restart() {
-    let served = Served::start("");
+    let served = Serve::with_server("").start();
     let body =
         |i: usize| json!({"kind": "observation", "text": format!("event {i:02}")}).to_string();
 
@@ -694,7 +496,7 @@ fn a_write_retried_under_its_idempotency_key_is_stored_once_even_across_a_cut_an
 
 #[test]
 fn a_body_that_is_not_json_is_refused_with_415() {
-    let served = Served::start("");
+    let served = Serve::with_server("").start();
     let send = |content_type: &str| {
         let body = r#"{"kind": "observation", "text": "typed"}"#;
         let mut s = served.connect();
@@ -743,9 +545,10 @@ fn guessing_keys_from_one_address_is_throttled() {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let served = Served::start(&format!(
+    let served = Serve::with_server(&format!(
         "\n[[auth.keys]]\nsha256 = \"{hash}\"\nnamespace = \"acme\""
-    ));
+    ))
+    .start();
     let ask = |s: &mut TcpStream, key: &str| {
         write!(
             s,
@@ -785,7 +588,8 @@ fn guessing_keys_from_one_address_is_throttled() {
 #[test]
 fn a_client_trickling_its_body_holds_no_admission_slot() {
     // One slot each; a write and a recall whose bodies trickle.
-    let served = Served::start("max_writes = 1\nmax_recalls = 1\nbody_timeout = \"30s\"");
+    let served =
+        Serve::with_server("max_writes = 1\nmax_recalls = 1\nbody_timeout = \"30s\"").start();
     let event = r#"{"kind": "observation", "text": "the slow one"}"#;
     let recall = r#"{"query": "the slow one"}"#;
     let mut trickling = Vec::new();
@@ -902,25 +706,22 @@ fn a_full_disk_answers_507_keeps_serving_reads_and_resumes_when_space_returns() 
         eprintln!("skipped: this machine cannot mount a tmpfs in a user namespace");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let disk = dir.path().join("disk");
+    let serve = Serve::new();
+    let disk = serve.dir().join("disk");
     std::fs::create_dir(&disk).unwrap();
-    let config = dir.path().join("shadowbrain.toml");
-    std::fs::write(&config, "[embedder]\nkind = \"hash\"\n").unwrap();
     // The server runs on a 24 MiB filesystem of its own, in a mount namespace that ends
     // with it; `exec` makes the child's pid the server's.
-    let mut serve = Command::new("unshare");
-    serve
+    let mut unshare = Command::new("unshare");
+    unshare
         .args(["--map-root-user", "--mount", "sh", "-c"])
-        .arg(
-            "mount -t tmpfs -o size=24m tmpfs \"$1\" && exec \"$2\" serve --addr 127.0.0.1:0 \
-             --data \"$1/data\" --config \"$3\"",
-        )
+        .arg("mount -t tmpfs -o size=24m tmpfs \"$1\" && shift && exec \"$@\"")
         .arg("sh")
-        .arg(&disk)
-        .arg(env!("CARGO_BIN_EXE_shadowbrain"))
-        .arg(&config);
-    let mut served = Served::spawn(serve, dir, disk.join("data"));
+        .arg(&disk);
+    let mut served = serve
+        .config("[embedder]\nkind = \"hash\"\n")
+        .data(disk.join("data"))
+        .within(&unshare)
+        .start();
     let addr = served.addr;
     let resize = |size: &str| {
         let status = Command::new("nsenter")
@@ -1071,7 +872,7 @@ fn soak_mixed_load_with_slow_clients_then_sigterm_loses_nothing() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
-    let mut served = Served::start("drain_timeout = \"2s\"");
+    let mut served = Serve::with_server("drain_timeout = \"2s\"").start();
     let addr = served.addr;
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -1224,7 +1025,7 @@ fn soak_mixed_load_with_slow_clients_then_sigterm_loses_nothing() {
 
 #[test]
 fn a_request_past_its_deadline_is_abandoned_with_503() {
-    let served = Served::start("request_timeout = \"300ms\"");
+    let served = Serve::with_server("request_timeout = \"300ms\"").start();
     // A write whose body stops half way (well within body_timeout's 30 s between chunks):
     // the deadline, not the body timeout, ends it.
     let body = r#"{"kind": "observation", "text": "half of it"}"#;
@@ -1298,11 +1099,11 @@ fn the_edge_thread_runs_at_real_time_priority_only_when_asked() {
     let allowed = std::thread::spawn(|| shadowbrain::http::raise_to_realtime().is_ok())
         .join()
         .unwrap();
-    let plain = Served::start("");
+    let plain = Serve::with_server("").start();
     assert_eq!(thread_policy(plain.child.id(), "shadowbrain-edg"), 0);
     drop(plain);
 
-    let asked = Served::start("edge_realtime = true");
+    let asked = Serve::with_server("edge_realtime = true").start();
     let policy = thread_policy(asked.child.id(), "shadowbrain-edg");
     if allowed {
         assert_eq!(policy, 1, "SCHED_FIFO");

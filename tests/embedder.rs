@@ -4,7 +4,7 @@
 //! and a paraphrase with no word in common finds its record.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +12,9 @@ use serde_json::{Value, json};
 use shadowbrain_test_support::Endpoint;
 use shadowbrain_test_support::concepts::ConceptProvider;
 
-use super::server::{http, http_text, post, wait_for_address};
+use crate::common::config::remote_config;
+use crate::common::http::{http, http_text, post};
+use crate::common::serve::{Serve, Served};
 
 /// A scripted embeddings provider of the toy concept model, on a thread of its own.
 fn provider() -> (Arc<ConceptProvider>, Endpoint) {
@@ -22,42 +24,11 @@ fn provider() -> (Arc<ConceptProvider>, Endpoint) {
     (provider, endpoint)
 }
 
-/// A config file for the remote embedder at `endpoint`.
-pub(crate) fn remote_config(dir: &Path, endpoint: &Endpoint) -> std::path::PathBuf {
-    let path = dir.join("remote.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[embedder]\nkind = \"openai\"\nbase_url = \"{}\"\nmodel = \"concepts\"\n\
-             dimensions = 16\nbatch_size = 8\nmax_concurrency = 2\nmax_retries = 1\n\
-             timeout = \"5s\"\n",
-            endpoint.base_url()
-        ),
-    )
-    .unwrap();
-    path
-}
-
-fn serve(data: &Path, config: &Path) -> (Child, std::net::SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
-        .arg(data)
-        .arg("--config")
-        .arg(config)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (addr, _stderr) = wait_for_address(child.stderr.take().unwrap());
-    (child, addr)
-}
-
-pub(crate) fn stop(mut child: Child) {
-    let term = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(term.success());
-    assert_eq!(child.wait().unwrap().code(), Some(0));
+/// `serve` over `data` with the config file `config`, and its address.
+fn serve(data: &Path, config: &Path) -> (Served, std::net::SocketAddr) {
+    let served = Serve::new().data(data).config_file(config).start();
+    let addr = served.addr;
+    (served, addr)
 }
 
 /// The value of the metric line that starts with `name` (labels included).
@@ -120,7 +91,7 @@ fn serve_embeds_every_record_once_and_a_paraphrase_finds_its_record() {
     let (provider, endpoint) = provider();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let (child, addr) = serve(&data, &remote_config(dir.path(), &endpoint));
+    let (served, addr) = serve(&data, &remote_config(dir.path(), &endpoint));
     for i in 0..42 {
         record(addr, &format!("s{}", i % 3), &chatter(i));
     }
@@ -134,7 +105,7 @@ fn serve_embeds_every_record_once_and_a_paraphrase_finds_its_record() {
     let answer = ask(addr, "acquired automobile");
     assert_eq!(top(&answer), Some(target.as_str()), "{answer}");
     assert!(answer.get("notes").is_none(), "{answer}");
-    stop(child);
+    served.stop();
 }
 
 const HITS: &str = r#"shadowbrain_embed_cache_lookups_total{result="hit"}"#;
@@ -144,7 +115,7 @@ const MISSES: &str = r#"shadowbrain_embed_cache_lookups_total{result="miss"}"#;
 fn serve_embeds_a_text_it_has_seen_once() {
     let (provider, endpoint) = provider();
     let dir = tempfile::tempdir().unwrap();
-    let (child, addr) = serve(
+    let (served, addr) = serve(
         &dir.path().join("data"),
         &remote_config(dir.path(), &endpoint),
     );
@@ -195,7 +166,7 @@ fn serve_embeds_a_text_it_has_seen_once() {
         ids.iter()
             .any(|id| found.iter().any(|m| m["id"] == id.as_str()))
     );
-    stop(child);
+    served.stop();
 }
 
 #[test]
@@ -205,7 +176,7 @@ fn serve_outlasts_a_provider_outage_and_a_restart_mid_queue() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let config = remote_config(dir.path(), &endpoint);
-    let (child, addr) = serve(&data, &config);
+    let (served, addr) = serve(&data, &config);
     for i in 0..20 {
         record(addr, "ops", &chatter(i));
     }
@@ -229,9 +200,9 @@ fn serve_outlasts_a_provider_outage_and_a_restart_mid_queue() {
         "{answer}"
     );
     // Stopped with the records still queued, started again with the provider back.
-    stop(child);
+    served.stop();
     provider.set_down(false);
-    let (child, addr) = serve(&data, &config);
+    let (served, addr) = serve(&data, &config);
     drained(addr);
     for i in 0..20 {
         assert_eq!(provider.times_embedded(&chatter(i)), 1, "{}", chatter(i));
@@ -246,7 +217,7 @@ fn serve_outlasts_a_provider_outage_and_a_restart_mid_queue() {
         &json!({"query": "deploy runner"}),
     );
     assert!(answer.get("notes").is_none(), "{answer}");
-    stop(child);
+    served.stop();
 }
 
 #[test]
@@ -256,22 +227,16 @@ fn reindex_moves_a_hash_store_to_a_remote_embedder() {
     let data = dir.path().join("data");
     let hash = dir.path().join("hash.toml");
     std::fs::write(&hash, "[embedder]\nkind = \"hash\"\n").unwrap();
-    let (child, addr) = serve(&data, &hash);
+    let (served, addr) = serve(&data, &hash);
     for i in 0..10 {
         record(addr, "s", &chatter(i));
     }
     let target = record(addr, "s", "we bought a sedan for the team last week");
-    stop(child);
+    served.stop();
 
     let remote = remote_config(dir.path(), &endpoint);
     // The other embedder is refused on this directory, with the way out.
-    let refused = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
-        .arg(&data)
-        .arg("--config")
-        .arg(&remote)
-        .output()
-        .unwrap();
+    let refused = Serve::new().data(&data).config_file(&remote).output();
     let said = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(1), "{said}");
     assert!(said.contains("shadowbrain reindex"), "{said}");
@@ -289,13 +254,13 @@ fn reindex_moves_a_hash_store_to_a_remote_embedder() {
     for i in 0..10 {
         assert_eq!(provider.times_embedded(&chatter(i)), 1, "{}", chatter(i));
     }
-    let (child, addr) = serve(&data, &remote);
+    let (served, addr) = serve(&data, &remote);
     assert_eq!(metric(addr, QUEUED), 0.0);
     assert_eq!(
         top(&ask(addr, "acquired automobile")),
         Some(target.as_str())
     );
-    stop(child);
+    served.stop();
 }
 
 /// A long tool output: a table of `rows` border lines (no words), with `detail` in the
@@ -312,7 +277,7 @@ fn serve_keeps_a_long_event_whole_and_finds_it_by_a_passage_deep_inside() {
     let (provider, endpoint) = provider();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let (child, addr) = serve(&data, &remote_config(dir.path(), &endpoint));
+    let (served, addr) = serve(&data, &remote_config(dir.path(), &endpoint));
     let detail = "| note: we bought a sedan for the team |";
     // 150 KB: well past 64 KiB, a common default body limit, to show the limit is ours.
     let text = tool_output(3_300, detail);
@@ -351,5 +316,5 @@ fn serve_keeps_a_long_event_whole_and_finds_it_by_a_passage_deep_inside() {
     let context = answer["context"].as_str().unwrap();
     assert!(context.contains("we bought a sedan"), "{context}");
     assert!(context.len() < 2_000, "a passage, not 150 KB: {context}");
-    stop(child);
+    served.stop();
 }

@@ -16,7 +16,8 @@ use rmcp::transport::{ConfigureCommandExt, StreamableHttpClientTransport, TokioC
 use rmcp::{ServiceError, ServiceExt};
 use serde_json::{Value, json};
 
-use crate::edge::Served;
+use crate::common::python::{python_client, python_sdk};
+use crate::common::serve::{Serve, Served};
 
 type Client = RunningService<RoleClient, ClientConfig>;
 
@@ -490,15 +491,11 @@ async fn over_stdio_every_tool_answers_and_every_bad_call_is_a_tool_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stdio_refuses_a_directory_a_server_holds_and_points_at_its_mcp() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let config = dir.path().join("shadowbrain.toml");
-    std::fs::write(&config, "[embedder]\nkind = \"hash\"\n").unwrap();
-    let served = Served::start_in(dir, data.clone(), &config);
+    let served = Serve::new().config("[embedder]\nkind = \"hash\"\n").start();
     let out = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
         .arg("mcp")
         .arg("--data")
-        .arg(&data)
+        .arg(&served.data)
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -513,9 +510,6 @@ async fn stdio_refuses_a_directory_a_server_holds_and_points_at_its_mcp() {
 
 /// A server with three keys: alpha and beta tenants, and an admin (namespace `ops`).
 fn keyed_server() -> Served {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let config = dir.path().join("shadowbrain.toml");
     let keys: String = [
         (ALPHA, "alpha", "tenant"),
         (BETA, "beta", "tenant"),
@@ -526,8 +520,9 @@ fn keyed_server() -> Served {
         format!("[[auth.keys]]\nsha256 = \"{hash}\"\nnamespace = \"{ns}\"\nrole = \"{role}\"\n")
     })
     .collect();
-    std::fs::write(&config, format!("[embedder]\nkind = \"hash\"\n{keys}")).unwrap();
-    Served::start_in(dir, data, &config)
+    Serve::new()
+        .config(&format!("[embedder]\nkind = \"hash\"\n{keys}"))
+        .start()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -720,51 +715,6 @@ async fn sigterm_with_an_open_mcp_session_drains_in_time_and_keeps_what_was_ackn
     kept.sort();
     ids.sort();
     assert_eq!(kept, ids);
-}
-
-/// The interpreter of the virtualenv `scripts/install-mcp-sdk` makes, if it is there. CI
-/// sets `SHADOWBRAIN_REQUIRE_PYTHON_MCP=1`, so there a missing SDK fails the test instead
-/// of skipping it.
-pub(crate) fn python_sdk() -> Option<std::path::PathBuf> {
-    let python =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-venv/bin/python");
-    if python.is_file() {
-        return Some(python);
-    }
-    assert!(
-        std::env::var_os("SHADOWBRAIN_REQUIRE_PYTHON_MCP").is_none(),
-        "SHADOWBRAIN_REQUIRE_PYTHON_MCP is set but {} is missing: run scripts/install-mcp-sdk",
-        python.display()
-    );
-    eprintln!("skipped: the Python MCP SDK is not installed (scripts/install-mcp-sdk)");
-    None
-}
-
-/// Runs tests/python/mcp_client.py with `args`: one JSON object per connection mode.
-pub(crate) fn python_client(python: &std::path::Path, args: &[&str]) -> Vec<Value> {
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/mcp_client.py");
-    let out = Command::new(python)
-        .arg(script)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the Python client failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !stderr.contains("WARNING") && !stderr.contains("failed"),
-        "the Python SDK complained:\n{stderr}"
-    );
-    stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 #[test]

@@ -5,7 +5,6 @@
 //! that answers slowly, or not at all across a restart.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -15,8 +14,9 @@ use shadowbrain_runtime::embed::{default_model_dir, is_model_dir};
 use shadowbrain_test_support::concepts::ConceptProvider;
 use shadowbrain_test_support::{Endpoint, Reply};
 
-use super::embedder::remote_config;
-use super::server::{http, post, wait_for_address};
+use crate::common::config::remote_config;
+use crate::common::http::{http, post};
+use crate::common::serve::{Serve, Served};
 
 /// A policy that promotes a condensed record after one success (as the report).
 fn policy(dir: &Path) -> PathBuf {
@@ -30,36 +30,15 @@ fn policy(dir: &Path) -> PathBuf {
     path
 }
 
-/// A `serve` child, killed if the test fails before it stops it.
-struct Served(Option<Child>);
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
+/// `serve` over `data` with `policy` (and the config file `config`), and its address.
 fn serve(data: &Path, config: Option<&Path>, policy: &Path) -> (Served, std::net::SocketAddr) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shadowbrain"));
-    command
-        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
-        .arg(data)
-        .arg("--policy")
-        .arg(policy);
+    let mut serve = Serve::new().data(data).policy(policy);
     if let Some(config) = config {
-        command.arg("--config").arg(config);
+        serve = serve.config_file(config);
     }
-    let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
-    let (addr, _stderr) = wait_for_address(child.stderr.take().unwrap());
-    (Served(Some(child)), addr)
-}
-
-/// SIGTERM, and a clean exit.
-fn stop(mut served: Served) {
-    super::embedder::stop(served.0.take().expect("running"));
+    let served = serve.start();
+    let addr = served.addr;
+    (served, addr)
 }
 
 const LESSON: [&str; 6] = [
@@ -168,7 +147,7 @@ fn feedback_before_a_slow_embedding_still_promotes() {
     let (_provider, delay, endpoint) = slow_provider();
     let dir = tempfile::tempdir().unwrap();
     let config = remote_config(dir.path(), &endpoint);
-    let (child, addr) = serve(&dir.path().join("data"), Some(&config), &policy(dir.path()));
+    let (served, addr) = serve(&dir.path().join("data"), Some(&config), &policy(dir.path()));
     // Every embedding takes 1.5 s to arrive: the feedback lands long before it.
     delay.store(1500, Ordering::SeqCst);
     let condensed = make_eligible(addr);
@@ -185,7 +164,7 @@ fn feedback_before_a_slow_embedding_still_promotes() {
         "feedback, then the embedding, then the promotion: {order:?}"
     );
     assert_eq!(knowledge["tier"], "knowledge", "{knowledge}");
-    stop(child);
+    served.stop();
 }
 
 #[test]
@@ -195,7 +174,7 @@ fn a_promotion_waiting_for_its_embedding_survives_a_restart() {
     let data = dir.path().join("data");
     let config = remote_config(dir.path(), &endpoint);
     let policy = policy(dir.path());
-    let (child, addr) = serve(&data, Some(&config), &policy);
+    let (served, addr) = serve(&data, Some(&config), &policy);
     // The provider goes down before anything is embedded: the condensed record cannot be
     // embedded before the server stops.
     provider.set_down(true);
@@ -205,11 +184,11 @@ fn a_promotion_waiting_for_its_embedding_survives_a_restart() {
         !history(addr, &condensed).iter().any(|a| a == "promoted"),
         "promoted without an embedding"
     );
-    stop(child);
+    served.stop();
     provider.set_down(false);
-    let (child, addr) = serve(&data, Some(&config), &policy);
+    let (served, addr) = serve(&data, Some(&config), &policy);
     promoted(addr, &condensed, Duration::from_secs(90));
-    stop(child);
+    served.stop();
 }
 
 #[test]
@@ -224,8 +203,8 @@ fn with_the_local_model_feedback_before_the_embedding_still_promotes() {
     };
     let dir = tempfile::tempdir().unwrap();
     // No config: the default configuration, which embeds with the local model.
-    let (child, addr) = serve(&dir.path().join("data"), None, &policy(dir.path()));
+    let (served, addr) = serve(&dir.path().join("data"), None, &policy(dir.path()));
     let condensed = make_eligible(addr);
     promoted(addr, &condensed, Duration::from_secs(60));
-    stop(child);
+    served.stop();
 }

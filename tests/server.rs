@@ -1,96 +1,17 @@
 //! The HTTP server, spoken to over real sockets: a server on port 0 in this process for the
 //! contract's answers and errors, and the binary itself for a graceful SIGTERM.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use shadowbrain::auth::{ApiKey, Auth, Role};
-use shadowbrain::http;
-use shadowbrain::http::ServerLimits;
 use shadowbrain::{Runtime, RuntimeConfig};
 
-/// One HTTP/1.1 exchange: the status and the body as JSON (`Null` when it is not JSON).
-pub(crate) fn http(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: Option<&[u8]>,
-) -> (u16, Value) {
-    http_as(addr, None, method, path, body)
-}
-
-/// The same, with `Authorization: Bearer <key>` when a key is given.
-pub(crate) fn http_as(
-    addr: SocketAddr,
-    key: Option<&str>,
-    method: &str,
-    path: &str,
-    body: Option<&[u8]>,
-) -> (u16, Value) {
-    let (status, body) = exchange(addr, key, method, path, body).expect("an answer");
-    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
-}
-
-/// The raw exchange: the status and the body text, or the I/O error (a killed server).
-fn exchange(
-    addr: SocketAddr,
-    key: Option<&str>,
-    method: &str,
-    path: &str,
-    body: Option<&[u8]>,
-) -> std::io::Result<(u16, String)> {
-    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
-    let body = body.unwrap_or_default();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         {auth}Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes())?;
-    // A server may answer (413) before reading the whole body and close: that is fine.
-    let _ = stream.write_all(body);
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw);
-    let broken = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP answer");
-    let (head, rest) = text.split_once("\r\n\r\n").ok_or_else(broken)?;
-    let status: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(broken)?;
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(rest)
-    } else {
-        rest.to_string()
-    };
-    Ok((status, body))
-}
-
-fn dechunk(mut rest: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, tail)) = rest.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out.push_str(&tail[..n]);
-        rest = &tail[n + 2..];
-    }
-    out
-}
-
-pub(crate) fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
-    http(addr, "POST", path, Some(body.to_string().as_bytes()))
-}
+use crate::common::config::sha256_hex;
+use crate::common::http::{exchange, http, http_as, http_text, post};
+use crate::common::serve::Serve;
 
 fn error_code(answer: &Value) -> &str {
     answer["error"]["code"]
@@ -98,73 +19,9 @@ fn error_code(answer: &Value) -> &str {
         .unwrap_or("<no error code>")
 }
 
-/// A server on 127.0.0.1:0 over a fresh data directory; stops when the test ends.
-struct TestServer {
-    addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    done: Option<std::thread::JoinHandle<()>>,
-    _dir: tempfile::TempDir,
-}
-
-impl TestServer {
-    fn start() -> TestServer {
-        TestServer::start_with(Auth::open())
-    }
-
-    fn start_with(auth: Auth) -> TestServer {
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let done = std::thread::spawn(move || {
-            let tokio = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            tokio.block_on(async move {
-                let rt = Runtime::open(RuntimeConfig::new(&data)).await.unwrap();
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                addr_tx.send(listener.local_addr().unwrap()).unwrap();
-                http::serve(
-                    listener,
-                    rt,
-                    http::Options {
-                        auth,
-                        server: ServerLimits::default(),
-                        ..http::Options::default()
-                    },
-                    async {
-                        let _ = stopped.await;
-                    },
-                )
-                .await
-                .unwrap();
-            });
-        });
-        let addr = addr_rx.recv_timeout(Duration::from_secs(60)).unwrap();
-        TestServer {
-            addr,
-            stop: Some(stop),
-            done: Some(done),
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(done) = self.done.take() {
-            let _ = done.join();
-        }
-    }
-}
-
 #[test]
 fn record_recall_timeline_and_get_follow_the_contract() {
-    let server = TestServer::start();
+    let server = Serve::in_process(Auth::open());
     let addr = server.addr;
 
     let (status, health) = http(addr, "GET", "/healthz", None);
@@ -277,16 +134,9 @@ fn record_recall_timeline_and_get_follow_the_contract() {
     }
 }
 
-/// The raw body of a GET (for the Prometheus text).
-pub(crate) fn http_text(addr: SocketAddr, path: &str) -> String {
-    let (status, body) = exchange(addr, None, "GET", path, None).expect("an answer");
-    assert_eq!(status, 200, "{body}");
-    body
-}
-
 #[test]
 fn feedback_condense_sessions_memories_knowledge_and_policy_answer() {
-    let server = TestServer::start();
+    let server = Serve::in_process(Auth::open());
     let addr = server.addr;
     let texts = [
         "deploys fail when the cache is cold",
@@ -459,15 +309,6 @@ fn feedback_condense_sessions_memories_knowledge_and_policy_answer() {
     );
 }
 
-/// The hex SHA-256 of a key, as the config file's `[[auth.keys]]` holds it.
-pub(crate) fn sha256_hex(key: &str) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 #[test]
 fn api_keys_separate_namespaces_and_unknown_keys_get_401() {
     let keys = [("key-of-acme", "acme"), ("key-of-globex", "globex")].map(|(k, ns)| ApiKey {
@@ -475,7 +316,7 @@ fn api_keys_separate_namespaces_and_unknown_keys_get_401() {
         namespace: ns.into(),
         role: Role::Tenant,
     });
-    let server = TestServer::start_with(Auth::with_keys(&keys).unwrap());
+    let server = Serve::in_process(Auth::with_keys(&keys).unwrap());
     let addr = server.addr;
     let event = json!({"kind": "goal", "text": "the acme launch is on friday"});
     let body = event.to_string();
@@ -589,7 +430,7 @@ fn server_wide_operations_need_an_admin_key() {
         namespace: ns.into(),
         role,
     });
-    let server = TestServer::start_with(Auth::with_keys(&keys).unwrap());
+    let server = Serve::in_process(Auth::with_keys(&keys).unwrap());
     let addr = server.addr;
     let reload = "/v1/policy/reload";
 
@@ -669,7 +510,7 @@ fn server_wide_operations_need_an_admin_key() {
 
 #[test]
 fn bad_requests_get_the_right_status_and_code_and_the_server_keeps_serving() {
-    let server = TestServer::start();
+    let server = Serve::in_process(Auth::open());
     let addr = server.addr;
     let events = "/v1/sessions/s1/events";
     let (status, first) = post(addr, events, &json!({"kind": "goal", "text": "ship it"}));
@@ -846,47 +687,17 @@ fn bad_requests_get_the_right_status_and_code_and_the_server_keeps_serving() {
     assert_eq!((status, record["text"].as_str()), (200, Some("ship it")));
 }
 
-/// Reads the address the binary prints once it listens, then keeps reading its stderr
-/// (into the returned handle's text) so the child never writes to a closed pipe.
-pub(crate) fn wait_for_address(
-    stderr: impl Read + Send + 'static,
-) -> (SocketAddr, std::thread::JoinHandle<String>) {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        let mut seen = String::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            // The listening line; others (the embedder in force) may name addresses too.
-            if let Some(addr) = line
-                .split_once("serving ")
-                .and_then(|(_, rest)| rest.split("http://").nth(1))
-            {
-                let _ = tx.send(addr.trim().to_string());
-            }
-            seen.push_str(&line);
-            seen.push('\n');
-        }
-        seen
-    });
-    match rx.recv_timeout(Duration::from_secs(120)) {
-        Ok(addr) => (addr.parse().unwrap(), reader),
-        Err(_) => panic!("the server did not listen: {}", reader.join().unwrap()),
-    }
-}
-
 #[test]
 fn sigterm_drains_flushes_and_exits_zero() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
-        .arg(&data)
+    let mut served = Serve::new()
+        .data(&data)
         .env("RUST_LOG", "shadowbrain=debug")
         // The hash embedder, which the library default below opens the directory with.
         .env("SHADOWBRAIN_MODEL_DIR", "")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (addr, stderr) = wait_for_address(child.stderr.take().unwrap());
+        .start();
+    let addr = served.addr;
     let mut ids = Vec::new();
     for i in 0..20 {
         let (status, answer) = post(
@@ -897,13 +708,9 @@ fn sigterm_drains_flushes_and_exits_zero() {
         assert_eq!(status, 201, "{answer}");
         ids.push(answer["ids"][0].as_str().unwrap().to_string());
     }
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let exit = child.wait().unwrap();
-    let said = stderr.join().unwrap();
+    served.terminate();
+    let exit = served.wait();
+    let said = served.said();
     assert_eq!(exit.code(), Some(0), "{exit:?}: {said}");
     assert!(said.contains("drained and flushed"), "{said}");
     // Each request ran in a span naming it, and was logged when answered.
@@ -934,41 +741,12 @@ fn sigterm_drains_flushes_and_exits_zero() {
     });
 }
 
-/// `shadowbrain serve` on port 0 over `data`, with a config file and a policy file when
-/// given.
-fn serve_command(
-    data: &std::path::Path,
-    config: Option<&std::path::Path>,
-    policy: Option<&std::path::Path>,
-) -> Command {
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_shadowbrain"));
-    serve
-        .args(["serve", "--addr", "127.0.0.1:0", "--data"])
-        .arg(data);
-    if let Some(config) = config {
-        serve.arg("--config").arg(config);
-    }
-    if let Some(policy) = policy {
-        serve.arg("--policy").arg(policy);
-    }
-    serve
-}
-
-/// Starts the binary on port 0 over `data`; answers the child and its address.
-fn spawn_server(data: &std::path::Path) -> (std::process::Child, SocketAddr) {
-    let mut child = serve_command(data, None, None)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (addr, _stderr) = wait_for_address(child.stderr.take().unwrap());
-    (child, addr)
-}
-
 #[test]
 fn kill_9_during_concurrent_ingest_loses_no_acknowledged_event() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let (mut child, addr) = spawn_server(&data);
+    let served = Serve::new().data(&data).start();
+    let addr = served.addr;
     let acknowledged = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let writers: Vec<_> = (0..8)
         .map(|w| {
@@ -1008,8 +786,7 @@ fn kill_9_during_concurrent_ingest_loses_no_acknowledged_event() {
     while acknowledged.lock().unwrap().len() < 2_000 {
         std::thread::sleep(Duration::from_millis(20));
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    served.kill();
     for w in writers {
         w.join().unwrap();
     }
@@ -1017,13 +794,13 @@ fn kill_9_during_concurrent_ingest_loses_no_acknowledged_event() {
     assert!(acknowledged.len() >= 2_000);
 
     // Restarted: every acknowledged id is there.
-    let (mut child, addr) = spawn_server(&data);
+    let served = Serve::new().data(&data).start();
+    let addr = served.addr;
     for id in &acknowledged {
         let (status, record) = http(addr, "GET", &format!("/v1/memories/{id}"), None);
         assert_eq!(status, 200, "{id} was acknowledged but is gone: {record}");
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    served.kill();
 }
 
 /// The keys of a JSON object, sorted.
@@ -1038,7 +815,7 @@ fn keys(value: &Value) -> Vec<String> {
 
 #[test]
 fn openapi_documents_every_route_and_answers_match_its_schemas() {
-    let server = TestServer::start();
+    let server = Serve::in_process(Auth::open());
     let addr = server.addr;
     let (status, doc) = http(addr, "GET", "/openapi.json", None);
     assert_eq!(status, 200, "{doc}");
@@ -1130,13 +907,13 @@ fn the_config_file_sets_limits_and_keys_with_environment_overrides() {
         ),
     )
     .unwrap();
-    let mut child = serve_command(&dir.path().join("data"), Some(&config), None)
+    let served = Serve::new()
+        .data(dir.path().join("data"))
+        .config_file(&config)
         // The environment wins over the file.
         .env("SHADOWBRAIN__LIMITS__MAX_K", "3")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (addr, _stderr) = wait_for_address(child.stderr.take().unwrap());
+        .start();
+    let addr = served.addr;
     let key = Some("secret-key");
     let (status, _) = http(addr, "GET", "/v1/sessions", None);
     assert_eq!(status, 401, "keys from the file are required");
@@ -1176,14 +953,14 @@ fn the_config_file_sets_limits_and_keys_with_environment_overrides() {
         Some(br#"{"query":"short","k":3}"#),
     );
     assert_eq!(status, 200, "{three}");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    served.kill();
 
     // A mistake in the file stops the start with what to fix.
     std::fs::write(&config, "[limits]\nmax_kk = 5\n").unwrap();
-    let refused = serve_command(&dir.path().join("data"), Some(&config), None)
-        .output()
-        .unwrap();
+    let refused = Serve::new()
+        .data(dir.path().join("data"))
+        .config_file(&config)
+        .output();
     let said = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(1), "{said}");
     assert!(said.contains("max_kk"), "{said}");
@@ -1225,11 +1002,12 @@ fn serve_with_an_llm_section_judges_importance_in_the_background() {
         default.replace("mode = \"rules\"", "mode = \"llm\""),
     )
     .unwrap();
-    let mut child = serve_command(&dir.path().join("data"), Some(&config), Some(&policy))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (addr, _stderr) = wait_for_address(child.stderr.take().unwrap());
+    let served = Serve::new()
+        .data(dir.path().join("data"))
+        .config_file(&config)
+        .policy(&policy)
+        .start();
+    let addr = served.addr;
     let (status, written) = post(
         addr,
         "/v1/sessions/s/events",
@@ -1284,8 +1062,7 @@ fn serve_with_an_llm_section_judges_importance_in_the_background() {
             .any(|l| l == "shadowbrain_work_queue_oldest_seconds{queue=\"evaluate\"} 0.0"),
         "{metrics}"
     );
-    child.kill().unwrap();
-    child.wait().unwrap();
+    served.kill();
 }
 
 #[test]
@@ -1316,11 +1093,12 @@ fn serve_with_updates_in_llm_mode_asks_the_model_in_the_background() {
         "name = \"facts-change-llm\"\n[updates]\nmode = \"llm\"\nmin_similarity = 0.2\n",
     )
     .unwrap();
-    let mut child = serve_command(&dir.path().join("data"), Some(&config), Some(&policy))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (addr, _stderr) = wait_for_address(child.stderr.take().unwrap());
+    let served = Serve::new()
+        .data(dir.path().join("data"))
+        .config_file(&config)
+        .policy(&policy)
+        .start();
+    let addr = served.addr;
     let (status, written) = post(
         addr,
         "/v1/sessions/ops/events",
@@ -1361,8 +1139,7 @@ fn serve_with_updates_in_llm_mode_asks_the_model_in_the_background() {
         "{history}"
     );
     assert!(llm.requests() >= 1);
-    child.kill().unwrap();
-    child.wait().unwrap();
+    served.kill();
 }
 
 #[test]
@@ -1399,11 +1176,12 @@ fn namespaces_run_the_policies_the_operator_assigned_them() {
         ),
     )
     .unwrap();
-    let mut child = serve_command(&dir.path().join("data"), Some(&config), Some(&shared))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (addr, _stderr) = wait_for_address(child.stderr.take().unwrap());
+    let served = Serve::new()
+        .data(dir.path().join("data"))
+        .config_file(&config)
+        .policy(&shared)
+        .start();
+    let addr = served.addr;
     let name_for = |key: &str| {
         let (status, policy) = http_as(addr, Some(key), "GET", "/v1/policy", None);
         assert_eq!(status, 200, "{policy}");
@@ -1497,14 +1275,14 @@ fn namespaces_run_the_policies_the_operator_assigned_them() {
     );
     assert_eq!(name_for("key-a"), "alpha-2");
     assert_eq!(name_for("key-b"), "shared-2");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    served.kill();
 
     // A [[namespaces]] entry whose file is missing stops the start, naming it.
     std::fs::remove_file(&alpha).unwrap();
-    let refused = serve_command(&dir.path().join("data2"), Some(&config), None)
-        .output()
-        .unwrap();
+    let refused = Serve::new()
+        .data(dir.path().join("data2"))
+        .config_file(&config)
+        .output();
     let said = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(1), "{said}");
     assert!(
@@ -1525,11 +1303,12 @@ fn serve_with_updates_links_a_changed_fact_recall_says_so_and_patch_settles_it()
     .unwrap();
     let config = dir.path().join("shadowbrain.toml");
     std::fs::write(&config, "[embedder]\nkind = \"hash\"\n").unwrap();
-    let mut child = serve_command(&dir.path().join("data"), Some(&config), Some(&policy))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (addr, _stderr) = wait_for_address(child.stderr.take().unwrap());
+    let served = Serve::new()
+        .data(dir.path().join("data"))
+        .config_file(&config)
+        .policy(&policy)
+        .start();
+    let addr = served.addr;
     let post = |path: &str, body: Value| {
         let (status, answer) = http(addr, "POST", path, Some(body.to_string().as_bytes()));
         assert!(status == 200 || status == 201, "{status} {answer}");
@@ -1648,6 +1427,5 @@ fn serve_with_updates_links_a_changed_fact_recall_says_so_and_patch_settles_it()
         text.contains("eu-1 is back") && text.contains("updates:rules"),
         "{history}"
     );
-    child.kill().unwrap();
-    child.wait().unwrap();
+    served.kill();
 }

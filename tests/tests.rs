@@ -3,6 +3,7 @@
 mod abuse;
 mod cli;
 mod cluster;
+mod common;
 mod dashboard;
 mod edge;
 mod embedder;
