@@ -10,6 +10,8 @@
 use std::sync::Arc;
 
 use async_nats::jetstream::kv;
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
+use bytes::Bytes;
 
 use super::seal::{Kind, Sealer};
 use crate::auth::random_token;
@@ -38,13 +40,20 @@ impl KvSignIns {
 
     /// The value kept under `name`, if there is one a node sealed.
     async fn read(&self, name: &str) -> Result<Option<Vec<u8>>, String> {
-        let Some(sealed) = self
+        let found = self
             .bucket
             .get(name)
             .await
-            .map_err(|e| format!("reading the sign-in: {e}"))?
-        else {
-            return Ok(None);
+            .map_err(|e| format!("reading the sign-in: {e}"))?;
+        let sealed = match found {
+            Some(sealed) => sealed,
+            // A get is answered by any replica of the bucket, and one that has not applied
+            // a put acknowledged a moment ago (a sign-in just made) answers nothing: a
+            // miss is asked of the stream's leader before it counts.
+            None => match self.read_from_leader(name).await? {
+                Some(sealed) => sealed,
+                None => return Ok(None),
+            },
         };
         match self.sealer.open(Kind::SignIn, &[name.as_bytes()], &sealed) {
             Ok(value) => Ok(Some(value.to_vec())),
@@ -52,6 +61,24 @@ impl KvSignIns {
                 tracing::warn!(error = %e, "ignoring a sign-in no node wrote");
                 Ok(None)
             }
+        }
+    }
+
+    /// The entry `name` as the bucket's stream leader holds it (`None`: none, or deleted).
+    async fn read_from_leader(&self, name: &str) -> Result<Option<Bytes>, String> {
+        let subject = format!("{}{name}", self.bucket.prefix);
+        match self
+            .bucket
+            .stream
+            .get_last_raw_message_by_subject(&subject)
+            .await
+        {
+            // A delete or a purge leaves a marker with an operation header and no value.
+            Ok(m) if m.headers.get("KV-Operation").is_some() => Ok(None),
+            Ok(m) if m.headers.get("Nats-Marker-Reason").is_some() => Ok(None),
+            Ok(m) => Ok(Some(m.payload)),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(format!("reading the sign-in: {e}")),
         }
     }
 }
