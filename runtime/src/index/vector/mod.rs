@@ -65,10 +65,11 @@ use roaring::RoaringBitmap;
 use crate::error::{Error, Result};
 use crate::pages::MapRelease;
 use crate::store::codec;
-use search::*;
+use dot::*;
 use tail::*;
 
 mod build;
+mod dot;
 mod search;
 mod tail;
 
@@ -205,45 +206,6 @@ pub struct BuildStats {
 pub trait VectorSource: Send + Sync {
     /// The vector of `id`, or `None` when the id has none any more.
     fn vector(&self, id: u32) -> Result<Option<Vec<f32>>>;
-}
-
-/// [`dot_half`] with F16C: one register of eight lanes, each lane `+= q × (h × scale)` with
-/// separate multiplies and adds (never fused), as [`dot`] computes them.
-///
-/// # Safety
-/// The CPU must have AVX and F16C.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,f16c")]
-unsafe fn dot_half_f16c(query: &[f32], halves: &[half::f16], scale: f32) -> f32 {
-    use std::arch::x86_64::{
-        __m128i, _mm_loadu_si128, _mm256_add_ps, _mm256_cvtph_ps, _mm256_loadu_ps, _mm256_mul_ps,
-        _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps,
-    };
-    const _: () = assert!(LANES == 8, "one 256-bit register holds the lanes");
-    let n = query.len().min(halves.len());
-    let whole = n - n % LANES;
-    let scale8 = _mm256_set1_ps(scale);
-    let mut acc = _mm256_setzero_ps();
-    for i in (0..whole).step_by(LANES) {
-        // SAFETY: i + 8 <= n, so both reads are within their slices; the loads are
-        // unaligned, and f16 is two plain bytes.
-        let (h, q) = unsafe {
-            (
-                _mm_loadu_si128(halves.as_ptr().add(i).cast::<__m128i>()),
-                _mm256_loadu_ps(query.as_ptr().add(i)),
-            )
-        };
-        let w = _mm256_mul_ps(_mm256_cvtph_ps(h), scale8);
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(q, w));
-    }
-    let mut lanes = [0f32; LANES];
-    // SAFETY: `lanes` has room for the eight floats written.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
-    let mut d: f32 = lanes.iter().sum();
-    for (x, h) in query[whole..n].iter().zip(&halves[whole..n]) {
-        d += x * (h.to_f32() * scale);
-    }
-    d
 }
 
 /// A cosine vector index over `u32` item ids (the record ids of the store): arroy trees on

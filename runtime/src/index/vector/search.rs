@@ -233,46 +233,6 @@ impl VectorIndex {
     }
 }
 
-/// Dot product of `a` and `b`, summed exactly as [`dot_and_norm2`] sums it (the same
-/// bits), for vectors whose norm is known already.
-pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut dot = [0f32; LANES];
-    let (ac, bc) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let (ar, br) = (ac.remainder(), bc.remainder());
-    for (x, y) in ac.zip(bc) {
-        for i in 0..LANES {
-            dot[i] += x[i] * y[i];
-        }
-    }
-    let mut d: f32 = dot.iter().sum();
-    for (x, y) in ar.iter().zip(br) {
-        d += x * y;
-    }
-    d
-}
-
-/// Dot product of `a` and `b` and the squared norm of `b`, in eight independent lanes so
-/// the compiler can vectorise without reassociating floats.
-pub(super) fn dot_and_norm2(a: &[f32], b: &[f32]) -> (f32, f32) {
-    let mut dot = [0f32; LANES];
-    let mut norm = [0f32; LANES];
-    let (ac, bc) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let (ar, br) = (ac.remainder(), bc.remainder());
-    for (x, y) in ac.zip(bc) {
-        for i in 0..LANES {
-            dot[i] += x[i] * y[i];
-            norm[i] += y[i] * y[i];
-        }
-    }
-    let mut d: f32 = dot.iter().sum();
-    let mut n: f32 = norm.iter().sum();
-    for (x, y) in ar.iter().zip(br) {
-        d += x * y;
-        n += y * y;
-    }
-    (d, n)
-}
-
 /// Sorts best first (ties: smaller id first) and keeps `k`.
 pub(super) fn keep_best(hits: &mut Vec<(u32, f32)>, k: usize) {
     let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));

@@ -160,13 +160,6 @@ pub(super) enum Values {
     },
 }
 
-/// Elements a half-precision vector is widened at a time to be multiplied.
-pub(super) const WIDEN: usize = 64;
-
-/// Independent sums a dot product is split into, so the compiler can vectorise it without
-/// reassociating floats.
-pub(super) const LANES: usize = 8;
-
 impl StagedVector {
     pub(super) fn new(values: &[f32], norm: f32) -> Arc<Self> {
         let (exp, halves) = codec::half_precision(values);
@@ -214,52 +207,13 @@ impl StagedVector {
     }
 
     /// [`dot`] of `query` and these values, with the same bits whichever way they are held.
+    #[inline]
     pub(super) fn dot(&self, query: &[f32]) -> f32 {
         match &self.values {
             Values::Full(v) => dot(query, v),
             Values::Half { scale, halves } => dot_half(query, halves, *scale),
         }
     }
-}
-
-/// [`dot`] of `query` and `halves × scale`: the same products summed in the same lanes and
-/// order, so the same bits as the dot of the widened vector. On a CPU with F16C (x86-64
-/// since 2013) the halves are widened eight at a time in registers: widening them into a
-/// buffer first would take about 40 % of a session search's time.
-pub(super) fn dot_half(query: &[f32], halves: &[half::f16], scale: f32) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx") {
-        // SAFETY: the CPU has the features the function is compiled for (checked above).
-        return unsafe { dot_half_f16c(query, halves, scale) };
-    }
-    dot_half_widened(query, halves, scale)
-}
-
-/// [`dot_half`] on any CPU: the lanes of [`dot`], fed a widened block at a time.
-pub(super) fn dot_half_widened(query: &[f32], halves: &[half::f16], scale: f32) -> f32 {
-    let mut lanes = [0f32; LANES];
-    let mut widened = [0f32; WIDEN];
-    let (mut left, mut left_q, mut left_v) = (0, [0f32; LANES], [0f32; LANES]);
-    for (h, q) in halves.chunks(WIDEN).zip(query.chunks(WIDEN)) {
-        let w = &mut widened[..h.len()];
-        codec::from_halves(h, scale, w);
-        let (qc, wc) = (q.chunks_exact(LANES), w.chunks_exact(LANES));
-        let (qr, wr) = (qc.remainder(), wc.remainder());
-        for (x, y) in qc.zip(wc) {
-            for i in 0..LANES {
-                lanes[i] += x[i] * y[i];
-            }
-        }
-        // Only the last block can leave a remainder (WIDEN is a multiple of LANES).
-        left = qr.len().min(wr.len());
-        left_q[..left].copy_from_slice(&qr[..left]);
-        left_v[..left].copy_from_slice(&wr[..left]);
-    }
-    let mut d: f32 = lanes.iter().sum();
-    for (x, y) in left_q[..left].iter().zip(&left_v[..left]) {
-        d += x * y;
-    }
-    d
 }
 
 #[derive(Debug, Clone)]

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use rand::RngExt;
 use tempfile::{TempDir, tempdir};
 
+use super::search::keep_best;
 use super::*;
 
 /// `n` vectors around `centroids` random directions: the shape of real embeddings
