@@ -14,7 +14,7 @@
 //! - `[server]`: how connections are held (defaults: 30 s to send headers, also the idle
 //!   keep-alive timeout; 30 s between body chunks; 30 s to answer; a 10 s drain; 1024
 //!   connections; admission limits per route class; the edge thread at normal priority,
-//!   `edge_realtime` to raise it), see [`crate::listen`].
+//!   `edge_realtime` to raise it), see [`crate::http`].
 //!
 //! - `[[namespaces]]`: a policy file of its own for a namespace (`name`, `policy`; a
 //!   relative path is read from the config file's directory), so tenants never share a

@@ -123,7 +123,7 @@ pub(crate) struct NodeFigures {
     pub(crate) log_duplicates: u64,
 }
 
-/// What the accept loop counts ([`crate::listen::serve_connections`]): connections open,
+/// What the accept loop counts (`http::connections::serve_connections`): connections open,
 /// refused past `server.max_connections`, and cut at the drain deadline.
 #[derive(Debug, Clone, Default)]
 pub struct ConnectionMetrics {

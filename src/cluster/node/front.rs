@@ -26,7 +26,7 @@ pub(super) async fn front(State(node): State<Arc<Node>>, request: Request) -> Re
     }
     if path == "/mcp" && request.method() != Method::POST {
         // Each POST stands alone (no protocol sessions, so a takeover never ends a
-        // client's connection; see `crate::server::mcp_service`): there is no standalone
+        // client's connection; see `crate::http`'s `mcp_service`): there is no standalone
         // event stream to open (GET) nor session to end (DELETE). The MCP specification
         // lets a server answer 405, and clients carry on without them.
         let mut answer = ApiError::new(

@@ -93,7 +93,7 @@ pub struct ServerConfig {
     /// How long a recall (or knowledge search, graph walk) past its slots may wait for one;
     /// a request that cannot expect a slot within it (the requests ahead of it times the
     /// time a slot is held, over the slots) is answered `503 overloaded` at once, with the
-    /// expected wait (`crate::server` admission). `"0s"` refuses at once, without waiting.
+    /// expected wait (`crate::admission`). `"0s"` refuses at once, without waiting.
     /// Default `"50ms"`: with 200 clients saturating, admitted recalls' p99 stays within a
     /// few tens of milliseconds, and a burst of good clients still waits its turn.
     pub queue_wait: String,
