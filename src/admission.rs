@@ -46,7 +46,7 @@ pub(crate) struct AdmissionLimits {
 
 /// What an admitted request does, for [`Admission::enter`].
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Work {
+pub(crate) enum WorkClass {
     /// A recall, a knowledge search, or another read that ranks or walks many records.
     Recall,
     /// A write: events, feedback, condensation, a status change or an archive.
@@ -222,10 +222,10 @@ impl Admission {
     /// A slot for `work`, held until dropped, once one is free (see the module docs); or
     /// 503 `overloaded` with the expected wait. A write that starts while recalls wait for
     /// a slot also takes one of half the write slots: recalls come first at saturation.
-    pub(crate) async fn enter(&self, work: Work) -> ApiResult<Slot> {
+    pub(crate) async fn enter(&self, work: WorkClass) -> ApiResult<Slot> {
         match work {
-            Work::Recall => self.recalls.enter().await,
-            Work::Write => {
+            WorkClass::Recall => self.recalls.enter().await,
+            WorkClass::Write => {
                 let started = Instant::now();
                 let mut slot = self.writes.enter().await?;
                 if self.recalls.waiting.load(Ordering::Acquire) > 0 {
@@ -267,7 +267,7 @@ mod tests {
         for _ in 0..10 {
             let a = admission.clone();
             tasks.push(tokio::spawn(async move {
-                let slot = a.enter(Work::Recall).await?;
+                let slot = a.enter(WorkClass::Recall).await?;
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 drop(slot);
                 Ok::<_, ApiError>(())
@@ -298,7 +298,7 @@ mod tests {
             let tasks: Vec<_> = (0..n)
                 .map(|_| {
                     let a = admission.clone();
-                    tokio::spawn(async move { a.enter(Work::Write).await })
+                    tokio::spawn(async move { a.enter(WorkClass::Write).await })
                 })
                 .collect();
             async move {
@@ -314,9 +314,9 @@ mod tests {
         assert!(all.iter().all(Result::is_ok), "four writes, four slots");
         drop(all);
         // One recall answered, one waiting for it.
-        let answering = admission.enter(Work::Recall).await.unwrap();
+        let answering = admission.enter(WorkClass::Recall).await.unwrap();
         let a = admission.clone();
-        let waiting = tokio::spawn(async move { a.enter(Work::Recall).await.map(drop) });
+        let waiting = tokio::spawn(async move { a.enter(WorkClass::Recall).await.map(drop) });
         while admission.recalls.waiting.load(Ordering::Acquire) == 0 {
             tokio::task::yield_now().await;
         }
@@ -345,7 +345,7 @@ mod tests {
         // A fresh process's first recall is its slowest; taken whole as the hold time, it
         // would make three waiting requests look like a 60 ms wait against a 50 ms bound.
         let admission = Admission::new(edge(4, 64, 50));
-        let slot = admission.enter(Work::Recall).await.unwrap();
+        let slot = admission.enter(WorkClass::Recall).await.unwrap();
         tokio::time::sleep(Duration::from_millis(60)).await;
         drop(slot);
         let expected = admission.recalls.expected_wait(3);
@@ -358,10 +358,14 @@ mod tests {
     #[tokio::test]
     async fn past_the_queue_bound_or_the_wait_it_is_refused_at_once_with_the_wait() {
         let admission = Admission::new(edge(1, 1, 50));
-        let held = admission.enter(Work::Recall).await.unwrap();
+        let held = admission.enter(WorkClass::Recall).await.unwrap();
         // One may wait; it gives up when the wait runs out, saying so.
         let started = Instant::now();
-        let waited = admission.enter(Work::Recall).await.err().expect("refused");
+        let waited = admission
+            .enter(WorkClass::Recall)
+            .await
+            .err()
+            .expect("refused");
         assert!(started.elapsed() >= Duration::from_millis(50));
         assert_eq!(waited.code(), "overloaded");
         assert!(
@@ -372,10 +376,10 @@ mod tests {
         // With one waiting, the next finds the queue full and is refused at once.
         let a = Arc::new(admission);
         let b = a.clone();
-        let queued = tokio::spawn(async move { b.enter(Work::Recall).await.map(drop) });
+        let queued = tokio::spawn(async move { b.enter(WorkClass::Recall).await.map(drop) });
         tokio::time::sleep(Duration::from_millis(5)).await;
         let started = Instant::now();
-        let full = a.enter(Work::Recall).await.err().expect("refused");
+        let full = a.enter(WorkClass::Recall).await.err().expect("refused");
         assert!(started.elapsed() < Duration::from_millis(20));
         assert!(
             full.message().contains("queue is full"),
@@ -396,9 +400,13 @@ mod tests {
         let admission = Admission::new(edge(1, 64, 50));
         // Slots are held 200 ms: one ahead means about 200 ms, past the 50 ms budget.
         admission.recalls.held_us.store(200_000, Ordering::Relaxed);
-        let _held = admission.enter(Work::Recall).await.unwrap();
+        let _held = admission.enter(WorkClass::Recall).await.unwrap();
         let started = Instant::now();
-        let refused = admission.enter(Work::Recall).await.err().expect("refused");
+        let refused = admission
+            .enter(WorkClass::Recall)
+            .await
+            .err()
+            .expect("refused");
         assert!(started.elapsed() < Duration::from_millis(20));
         assert_eq!(refused.retry_after, Some(1));
         assert_eq!(refused.retry_after_ms, Some(200));

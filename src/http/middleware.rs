@@ -15,7 +15,7 @@ use tracing::Instrument;
 
 use super::auth::authenticate;
 use super::state::{AppState, MCP_SESSIONS_PER_KEY};
-use crate::admission::Work;
+use crate::admission::WorkClass;
 use crate::api::ApiError;
 use crate::auth::{Verified, bearer_token, digest};
 use crate::mcp::Caller;
@@ -321,14 +321,14 @@ pub(super) async fn admit(
     let route = matched.as_ref().map_or("", |m| m.as_str());
     let work = match (request.method().as_str(), route) {
         ("POST", "/v1/sessions/{session_id}/recall" | "/v1/knowledge/search")
-        | ("GET", "/v1/knowledge/graph") => Work::Recall,
+        | ("GET", "/v1/knowledge/graph") => WorkClass::Recall,
         (
             "POST" | "PATCH" | "DELETE",
             "/v1/sessions/{session_id}/events"
             | "/v1/sessions/{session_id}/feedback"
             | "/v1/sessions/{session_id}/condense"
             | "/v1/memories/{id}",
-        ) => Work::Write,
+        ) => WorkClass::Write,
         _ => return answer_on(&s, request, next, std::time::Instant::now()).await,
     };
     let started = std::time::Instant::now();

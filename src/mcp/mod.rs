@@ -92,7 +92,7 @@ struct Inner {
 }
 
 /// Where one call acts.
-struct Place {
+struct CallScope {
     namespace: String,
     session: String,
 }
@@ -135,10 +135,10 @@ impl McpServer {
 
     /// Where a call acts: the stdio namespace, or the HTTP request's key's; the session the
     /// host set as default (the header over HTTP).
-    fn place(&self, context: &RequestContext<RoleServer>) -> ApiResult<Place> {
+    fn place(&self, context: &RequestContext<RoleServer>) -> ApiResult<CallScope> {
         let inner = &self.inner;
         if let Some(namespace) = &inner.namespace {
-            return Ok(Place {
+            return Ok(CallScope {
                 namespace: namespace.clone(),
                 session: inner.default_session.clone(),
             });
@@ -159,7 +159,7 @@ impl McpServer {
             .and_then(|p| p.headers.get(SESSION_HEADER))
             .and_then(|v| v.to_str().ok())
             .map_or_else(|| inner.default_session.clone(), str::to_string);
-        Ok(Place {
+        Ok(CallScope {
             namespace: namespace.clone(),
             session,
         })
@@ -175,7 +175,12 @@ impl McpServer {
     }
 
     /// Runs one tool: its structured answer and its text.
-    async fn run(&self, tool: Tool, args: JsonObject, place: Place) -> ApiResult<(Value, String)> {
+    async fn run(
+        &self,
+        tool: Tool,
+        args: JsonObject,
+        place: CallScope,
+    ) -> ApiResult<(Value, String)> {
         let rt = &self.inner.rt;
         let limits = &self.inner.limits;
         let mut args = args;
@@ -323,7 +328,7 @@ impl McpServer {
     }
 
     /// Reads a resource: the policy, a memory with its history, a session's timeline.
-    async fn read(&self, uri: &str, place: Place) -> ApiResult<Value> {
+    async fn read(&self, uri: &str, place: CallScope) -> ApiResult<Value> {
         let rt = &self.inner.rt;
         let ns = place.namespace.as_str();
         if uri == POLICY_URI {
@@ -508,7 +513,7 @@ impl ServerHandler for McpServer {
         let prompt = Prompt::new(
             PROMPT,
             Some(
-                "Work on a task with long-term memory: recall what is known about it first, \
+                "WorkClass on a task with long-term memory: recall what is known about it first, \
                  remember what happens, and report whether the memories helped",
             ),
             Some(vec![task]),
@@ -545,7 +550,7 @@ impl ServerHandler for McpServer {
             })?;
         let text = format!(
             "{task}\n\n\
-             You have a long-term memory through the shadowbrain tools. Work like this:\n\
+             You have a long-term memory through the shadowbrain tools. WorkClass like this:\n\
              1. Before you act, call `recall` with a query that describes the task. Read its \
              context, and keep its `recall_id`.\n\
              2. While you work, call `remember` for what is worth keeping: what you tried, what \
@@ -759,7 +764,7 @@ pub fn safe_to_resend(body: &[u8]) -> bool {
 
 /// Takes `session_id` out of a call's arguments (the rest are the HTTP body's fields), or
 /// the default session.
-fn session_arg(args: &mut JsonObject, place: &Place) -> ApiResult<String> {
+fn session_arg(args: &mut JsonObject, place: &CallScope) -> ApiResult<String> {
     match args.remove("session_id") {
         None | Some(Value::Null) => Ok(place.session.clone()),
         Some(Value::String(s)) => Ok(s),

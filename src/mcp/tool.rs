@@ -1,7 +1,7 @@
 //! The tools by their contract names (docs/mcp.md), each with the admission class its calls
 //! take over HTTP, so a name is matched once, where a call arrives, and never again as text.
 
-use crate::admission::Work;
+use crate::admission::WorkClass;
 
 /// One of the MCP tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,11 +66,11 @@ impl Tool {
 
     /// The admission slot a call takes over HTTP, as the `/v1` route it mirrors does; `None`
     /// for the light reads no route bounds either (a timeline, the session list, the graph).
-    pub(crate) fn work(self) -> Option<Work> {
+    pub(crate) fn work(self) -> Option<WorkClass> {
         match self {
-            Tool::Recall | Tool::KnowledgeSearch => Some(Work::Recall),
+            Tool::Recall | Tool::KnowledgeSearch => Some(WorkClass::Recall),
             Tool::Remember | Tool::Feedback | Tool::Forget | Tool::Mark | Tool::Condense => {
-                Some(Work::Write)
+                Some(WorkClass::Write)
             }
             Tool::Timeline | Tool::Sessions | Tool::KnowledgeGraph => None,
         }

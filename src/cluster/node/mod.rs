@@ -35,7 +35,7 @@ use super::signins::{self, KvSignIns};
 use crate::auth::AuthThrottle;
 use crate::config::ConfigFile;
 use crate::http::Drained;
-use crate::http::dashboard::{Door, Logins};
+use crate::http::dashboard::{DashboardAccess, Logins};
 use crate::metrics::{Metrics, Totals};
 use front::{front, healthz, status};
 use operations::{answer_policy_asks, answer_status_asks};
@@ -172,7 +172,7 @@ async fn run_node(
     )
     .await?;
     let sealer = Arc::new(Sealer::new(&cfg.secret));
-    let door = Door::new(
+    let door = DashboardAccess::new(
         Arc::new(file.auth.clone()),
         Arc::new(AuthThrottle::default()),
         Arc::new(Logins::shared(Arc::new(KvSignIns {

@@ -1,6 +1,6 @@
 //! What acts on or shows the whole cluster: the policy reload on every node (asked, checked
 //! everywhere, then applied), each node's status and metrics, and the sealed asks nodes
-//! answer one another; and what a partition's router borrows of its node ([`Lent`]).
+//! answer one another; and what a partition's router borrows of its node ([`NodeHandle`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -20,9 +20,9 @@ use crate::http::{ClusterNode, NodeFuture};
 use crate::metrics::NodeFigures;
 
 /// What the router of an owned partition may ask of its node ([`ClusterNode`]).
-pub(super) struct Lent(pub(super) Weak<Node>, pub(super) String);
+pub(super) struct NodeHandle(pub(super) Weak<Node>, pub(super) String);
 
-impl Lent {
+impl NodeHandle {
     pub(super) fn node(&self) -> Result<Arc<Node>, ApiError> {
         self.0.upgrade().ok_or_else(|| {
             let mut e = ApiError::new(
@@ -36,7 +36,7 @@ impl Lent {
     }
 }
 
-impl ClusterNode for Lent {
+impl ClusterNode for NodeHandle {
     fn name(&self) -> &str {
         &self.1
     }

@@ -19,7 +19,7 @@ use super::super::forward::{self};
 use super::super::log::{self, JetStreamLog, Lease};
 use super::super::rendezvous;
 use super::super::seal::Sealer;
-use super::operations::Lent;
+use super::operations::NodeHandle;
 use super::state::*;
 use crate::http::InCluster;
 use crate::metrics::Totals;
@@ -111,7 +111,7 @@ pub(super) async fn keeper(node: Arc<Node>, part: Arc<Partition>, stop: Cancella
                     tracing::info!(partition = part.id, revision, "took the lease");
                     let lease = Arc::new(Lease::new(revision, sent + ttl * 3 / 4));
                     *part.held.lock().unwrap_or_else(|p| p.into_inner()) =
-                        Some(Held { revision, lease });
+                        Some(HeldLease { revision, lease });
                     *part.vacant_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
                     part.changed.notify_one();
                 }
@@ -298,7 +298,7 @@ pub(super) async fn follow(
     standby
 }
 impl Node {
-    pub(super) fn id_prefix(&self, part: &Partition, held: &Held) -> String {
+    pub(super) fn id_prefix(&self, part: &Partition, held: &HeldLease) -> String {
         format!("{}-{}-{}", self.cfg.node, part.id, held.revision)
     }
 
@@ -314,7 +314,7 @@ impl Node {
     pub(super) async fn stream_end_while_held(
         &self,
         part: &Partition,
-        held: &Held,
+        held: &HeldLease,
     ) -> anyhow::Result<u64> {
         let started = Instant::now();
         loop {
@@ -335,7 +335,7 @@ impl Node {
     /// partition's runtime carries on under the new lease (see `JetStreamLog::rearm`)
     /// instead of closing; otherwise give it up. Only the partition's rendezvous owner takes
     /// it again: a node handing it over (its lease just deleted) must not.
-    pub(super) async fn retake(&self, part: &Partition, held: &Held, rendezvous_owner: bool) {
+    pub(super) async fn retake(&self, part: &Partition, held: &HeldLease, rendezvous_owner: bool) {
         if !rendezvous_owner {
             tracing::info!(partition = part.id, "the lease expired or moved");
             self.lose(part, held);
@@ -357,7 +357,7 @@ impl Node {
                 held.lease.renew(held.lease.epoch(), Instant::now());
                 let lease = Arc::new(Lease::new(revision, sent + ttl * 3 / 4));
                 *part.held.lock().unwrap_or_else(|p| p.into_inner()) =
-                    Some(Held { revision, lease });
+                    Some(HeldLease { revision, lease });
                 part.changed.notify_one();
             }
             Err(_) => {
@@ -372,7 +372,7 @@ impl Node {
 
     /// The lease is gone: writes stop at once (the lease's deadline), and the role task
     /// steps down.
-    pub(super) fn lose(&self, part: &Partition, held: &Held) {
+    pub(super) fn lose(&self, part: &Partition, held: &HeldLease) {
         held.lease.renew(held.lease.epoch(), Instant::now());
         let mut slot = part.held.lock().unwrap_or_else(|p| p.into_inner());
         if slot
@@ -387,7 +387,7 @@ impl Node {
 
     /// Deletes a lease this node holds, so another node may take it at once. The entry is
     /// read first: a refresh the keeper had in flight may have moved its revision on.
-    pub(super) async fn give_back(&self, part: &Partition, held: &Held) {
+    pub(super) async fn give_back(&self, part: &Partition, held: &HeldLease) {
         self.lose(part, held);
         for _ in 0..3 {
             let revision = match self.leases.entry(&part.key).await {
@@ -513,7 +513,7 @@ impl Node {
         &self,
         part: &Partition,
         role: &mut Role,
-        held: &Held,
+        held: &HeldLease,
     ) -> anyhow::Result<()> {
         let started = Instant::now();
         let Role::Standby(follower) = role else {
@@ -575,7 +575,7 @@ impl Node {
             closing: closing.clone(),
             cluster: Some(InCluster {
                 logins: self.door.logins(),
-                node: Arc::new(Lent(self.me.clone(), self.cfg.node.clone())),
+                node: Arc::new(NodeHandle(self.me.clone(), self.cfg.node.clone())),
                 partition: part.id,
             }),
         };

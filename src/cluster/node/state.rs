@@ -20,7 +20,7 @@ use super::super::policy;
 use super::super::seal::{Sealer, SeenNonces};
 use crate::auth::Auth;
 use crate::http::ServerLimits;
-use crate::http::dashboard::Door;
+use crate::http::dashboard::DashboardAccess;
 use crate::metrics::{Metrics, Totals};
 
 /// Entries a standby applies in one transaction at most.
@@ -42,7 +42,7 @@ pub(super) const CATCH_UP_LIMIT: Duration = Duration::from_secs(60);
 
 /// The lease a node holds, as its keeper knows it.
 #[derive(Debug, Clone)]
-pub(super) struct Held {
+pub(super) struct HeldLease {
     pub(super) revision: u64,
     pub(super) lease: Arc<Lease>,
 }
@@ -82,7 +82,7 @@ pub(super) struct Partition {
     pub(super) stream: String,
     pub(super) subject: String,
     pub(super) rpc_subject: String,
-    pub(super) held: Mutex<Option<Held>>,
+    pub(super) held: Mutex<Option<HeldLease>>,
     pub(super) changed: Notify,
     /// The keeper asks the role task to hand the partition over.
     pub(super) hand_over: AtomicBool,
@@ -97,7 +97,7 @@ pub(super) struct Partition {
 }
 
 pub(super) struct Node {
-    /// This node, for the routers of the partitions it owns ([`Lent`]); weak, since the
+    /// This node, for the routers of the partitions it owns ([`NodeHandle`]); weak, since the
     /// node holds those routers.
     pub(super) me: Weak<Node>,
     pub(super) cfg: Cluster,
@@ -125,7 +125,7 @@ pub(super) struct Node {
     /// One reload applied at a time.
     pub(super) applying: tokio::sync::Mutex<()>,
     /// What the front needs to sign visitors in and see who they are.
-    pub(super) door: Door,
+    pub(super) door: DashboardAccess,
     /// Seals what this node tells the others, and checks what they tell it.
     pub(super) sealer: Arc<Sealer>,
     /// The forwarded requests answered lately (each is answered once).

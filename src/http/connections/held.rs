@@ -26,7 +26,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 const EVICTION_WAIT: Duration = Duration::from_millis(500);
 
 /// One connection being served.
-pub(crate) struct Held {
+pub(crate) struct HeldConnection {
     id: u64,
     ip: Option<IpAddr>,
     /// Requests being answered (their answers not yet written in full).
@@ -40,7 +40,7 @@ pub(crate) struct Held {
     pub(crate) linger: Arc<AtomicBool>,
 }
 
-impl Held {
+impl HeldConnection {
     /// A request arrived.
     pub(crate) fn start(&self) {
         self.busy.fetch_add(1, Ordering::AcqRel);
@@ -77,7 +77,7 @@ impl Held {
 }
 
 /// Marks its connection idle when dropped, with the answer's body.
-struct Done(Arc<Held>);
+struct Done(Arc<HeldConnection>);
 
 impl Drop for Done {
     fn drop(&mut self) {
@@ -133,19 +133,19 @@ pub(crate) struct Connections {
 #[derive(Default)]
 struct Inner {
     next: u64,
-    held: HashMap<u64, Arc<Held>>,
+    held: HashMap<u64, Arc<HeldConnection>>,
     per_ip: HashMap<IpAddr, usize>,
 }
 
 /// A connection's place: its slot and its entry, both given back when dropped.
-pub(crate) struct Place {
+pub(crate) struct ConnectionPlace {
     /// Taken (given back) before the waiters are woken, so the one woken finds it free.
     slot: Option<OwnedSemaphorePermit>,
-    pub(crate) held: Arc<Held>,
+    pub(crate) held: Arc<HeldConnection>,
     connections: Arc<Connections>,
 }
 
-impl Drop for Place {
+impl Drop for ConnectionPlace {
     fn drop(&mut self) {
         {
             let mut inner = self
@@ -191,7 +191,10 @@ impl Connections {
 
     /// A place for a new connection from `ip`, making room by closing an idle one if need
     /// be (module doc); `Refused` when every connection that could make room is busy.
-    pub(crate) async fn admit(self: &Arc<Self>, ip: Option<IpAddr>) -> Result<Place, Refused> {
+    pub(crate) async fn admit(
+        self: &Arc<Self>,
+        ip: Option<IpAddr>,
+    ) -> Result<ConnectionPlace, Refused> {
         let shared = ip.filter(|ip| !self.trusted.contains(*ip));
         let deadline = tokio::time::Instant::now() + EVICTION_WAIT;
         loop {
@@ -225,9 +228,9 @@ impl Connections {
         inner: &mut Inner,
         slot: OwnedSemaphorePermit,
         ip: Option<IpAddr>,
-    ) -> Place {
+    ) -> ConnectionPlace {
         inner.next += 1;
-        let held = Arc::new(Held {
+        let held = Arc::new(HeldConnection {
             id: inner.next,
             ip,
             busy: AtomicUsize::new(0),
@@ -240,7 +243,7 @@ impl Connections {
         if let Some(ip) = ip {
             *inner.per_ip.entry(ip).or_default() += 1;
         }
-        Place {
+        ConnectionPlace {
             slot: Some(slot),
             held,
             connections: self.clone(),

@@ -34,15 +34,15 @@ const SECURE_COOKIE: &str = "__Host-shadowbrain_ui";
 /// and the sign-ins. Part of every router's state; a cluster node's front has one of its
 /// own, sharing the sign-ins with the routers of the partitions it owns.
 #[derive(Clone)]
-pub(crate) struct Door {
+pub(crate) struct DashboardAccess {
     auth: Arc<Auth>,
     throttle: Arc<AuthThrottle>,
     logins: Arc<Logins>,
 }
 
-impl Door {
+impl DashboardAccess {
     pub(crate) fn new(auth: Arc<Auth>, throttle: Arc<AuthThrottle>, logins: Arc<Logins>) -> Self {
-        Door {
+        DashboardAccess {
             auth,
             throttle,
             logins,
@@ -67,15 +67,15 @@ impl Door {
     }
 }
 
-impl FromRef<AppState> for Door {
-    fn from_ref(s: &AppState) -> Door {
-        Door::new(s.auth.clone(), s.throttle.clone(), s.ui.logins.clone())
+impl FromRef<AppState> for DashboardAccess {
+    fn from_ref(s: &AppState) -> DashboardAccess {
+        DashboardAccess::new(s.auth.clone(), s.throttle.clone(), s.ui.logins.clone())
     }
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Viewer
 where
-    Door: FromRef<S>,
+    DashboardAccess: FromRef<S>,
 {
     type Rejection = Response;
 
@@ -97,7 +97,7 @@ where
                 key: verified.key.clone(),
             });
         }
-        let door = Door::from_ref(s);
+        let door = DashboardAccess::from_ref(s);
         if !door.auth.required() {
             // A keyless server listens on loopback only; a page elsewhere that makes a
             // browser resolve its own name to 127.0.0.1 (DNS rebinding) is refused here.
@@ -286,7 +286,7 @@ pub(super) struct NextQuery {
 /// `GET /ui/login`: the key prompt (or, when already signed in or no keys are
 /// configured, straight on).
 pub(super) async fn login_page(
-    State(s): State<Door>,
+    State(s): State<DashboardAccess>,
     headers: HeaderMap,
     query: axum::extract::Query<NextQuery>,
 ) -> Response {
@@ -326,7 +326,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ClientIp {
 /// `POST /ui/login`: checks the key as `/v1` would (same failed-attempt throttle), then
 /// sets the session cookie and goes on to `next`.
 pub(super) async fn login(
-    State(s): State<Door>,
+    State(s): State<DashboardAccess>,
     ClientIp(ip, https): ClientIp,
     headers: HeaderMap,
     form: Result<Form<SignInForm>, FormRejection>,
@@ -387,7 +387,7 @@ pub(super) struct CsrfForm {
 
 /// `POST /ui/logout`: ends the sign-in and clears the cookie.
 pub(super) async fn logout(
-    State(s): State<Door>,
+    State(s): State<DashboardAccess>,
     viewer: Viewer,
     headers: HeaderMap,
     form: Result<Form<CsrfForm>, FormRejection>,

@@ -17,7 +17,7 @@ use super::page::{self, Nav};
 use super::ui::Cached;
 use super::viewer::Viewer;
 use crate::MemoryRecord;
-use crate::admission::Work;
+use crate::admission::WorkClass;
 use crate::http::state::AppState;
 
 /// How long computed insights are shown before they are computed again.
@@ -67,7 +67,7 @@ pub(super) async fn page(
         None => {
             // Admitted like a recall; the slot is held by the reading itself, which goes on
             // if the request is abandoned, so the work never outlives its slot.
-            let slot = s.admission.enter(Work::Recall).await?;
+            let slot = s.admission.enter(WorkClass::Recall).await?;
             let ns = viewer.namespace.clone();
             let now = s.rt.substrate().clock().now();
             let started = Instant::now();

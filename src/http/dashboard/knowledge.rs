@@ -13,7 +13,7 @@ use serde_json::json;
 use super::answer::{UiResult, html};
 use super::page::{self, Nav};
 use super::viewer::Viewer;
-use crate::admission::Work;
+use crate::admission::WorkClass;
 use crate::http::state::AppState;
 use crate::internals::Filter;
 use crate::{MemoryId, MemoryRecord, Tier};
@@ -40,7 +40,7 @@ pub(super) async fn pool(
     let page_no = query.page.unwrap_or(0);
     let (items, total): (Vec<MemoryRecord>, usize) = match search {
         Some(q) => {
-            let slot = s.admission.enter(Work::Recall).await?;
+            let slot = s.admission.enter(WorkClass::Recall).await?;
             let found = s.rt.knowledge(&viewer.namespace)?.search(q, PAGE).await?;
             drop(slot);
             let n = found.memories.len();
@@ -135,7 +135,7 @@ pub(super) async fn graph(
         .map(str::trim)
         .filter(|a| !a.is_empty());
     // Walking a neighbourhood or reading the pool is admitted like a recall.
-    let slot = s.admission.enter(Work::Recall).await?;
+    let slot = s.admission.enter(WorkClass::Recall).await?;
     let (nodes, edges): (Vec<MemoryRecord>, Vec<crate::Edge>) = match around {
         Some(id) => {
             crate::api::requests::graph_records(&s.rt, &viewer.namespace, id, query.depth).await?

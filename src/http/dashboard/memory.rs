@@ -15,7 +15,7 @@ use super::answer::{UiError, UiResult, html, redirect};
 use super::auth::check_form;
 use super::page::{self, Nav, encode};
 use super::viewer::Viewer;
-use crate::admission::Work;
+use crate::admission::WorkClass;
 use crate::api::requests::settable;
 use crate::http::state::AppState;
 use crate::internals::Filter;
@@ -269,7 +269,7 @@ pub(super) async fn set_status(
         .reason
         .map(|r| r.trim().to_string())
         .filter(|r| !r.is_empty());
-    let slot = s.admission.enter(Work::Write).await?;
+    let slot = s.admission.enter(WorkClass::Write).await?;
     // Archiving is its own operation in `/v1` (DELETE); here it is one more button, and
     // its reason is kept like the others'.
     if status != Status::Archived {

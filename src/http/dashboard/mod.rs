@@ -40,7 +40,7 @@ use axum::routing::{get, post};
 
 use super::state::AppState;
 use answer::{UiError, redirect};
-pub(crate) use auth::Door;
+pub(crate) use auth::DashboardAccess;
 pub(crate) use signins::Logins;
 #[cfg(feature = "cluster")]
 pub(crate) use signins::{SIGN_IN_FOR, Shared, SharedSignIns, SignIn};
@@ -74,7 +74,7 @@ pub(super) fn routes() -> Router<AppState> {
 /// What a cluster node's front serves itself (`crate::cluster`): signing in and out, whose
 /// sign-ins every node reads, and the assets. Every other page is its visitor's namespace's:
 /// the front finds the namespace with [`visitor`] and hands the request to its partition.
-pub(crate) fn front(door: Door) -> Router {
+pub(crate) fn front(door: DashboardAccess) -> Router {
     Router::new()
         .route("/ui/login", get(auth::login_page).post(auth::login))
         .route("/ui/logout", post(auth::logout))
@@ -100,7 +100,7 @@ pub(crate) fn served_by_front(path: &str) -> bool {
 /// the cookie), with the request to hand on; or the answer when there is none to show (the
 /// sign-in page, a refused host).
 pub(crate) async fn visitor(
-    door: &Door,
+    door: &DashboardAccess,
     request: Request,
 ) -> Result<(crate::auth::Verified, Request), Response> {
     use axum::extract::FromRequestParts;

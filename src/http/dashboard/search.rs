@@ -17,7 +17,7 @@ use serde_json::Value;
 use super::answer::{UiError, UiResult, html};
 use super::page::{self, Nav, encode};
 use super::viewer::Viewer;
-use crate::admission::Work;
+use crate::admission::WorkClass;
 use crate::api::RecallIn;
 use crate::api::requests::recall_request;
 use crate::http::state::AppState;
@@ -163,7 +163,7 @@ async fn run(
     let handle = s.rt.session(&viewer.namespace, session)?;
     let mut request = recall_request(&s.limits, &viewer.namespace, session, body)?;
     request.reinforce = reinforce;
-    let slot = s.admission.enter(Work::Recall).await?;
+    let slot = s.admission.enter(WorkClass::Recall).await?;
     let result = handle.recall_with(request).await?;
     drop(slot);
     s.metrics.recall();

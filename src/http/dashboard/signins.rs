@@ -47,12 +47,12 @@ pub(crate) trait SharedSignIns: Send + Sync {
 
 /// The sign-ins in force.
 pub(crate) struct Logins {
-    kept: Kept,
+    kept: SignInStore,
     /// Per key (by its SHA-256): sign-ins started in the current minute, and when it began.
     started: Mutex<HashMap<String, (u32, std::time::Instant)>>,
 }
 
-enum Kept {
+enum SignInStore {
     /// One server: by the SHA-256 of their token, and the forms' token while no keys are
     /// configured (random per start).
     Here {
@@ -98,7 +98,7 @@ impl Logins {
     /// Sign-ins in this process's memory: a restart signs everyone out.
     pub(crate) fn here() -> Self {
         Logins {
-            kept: Kept::Here {
+            kept: SignInStore::Here {
                 map: Mutex::new(HashMap::new()),
                 open_csrf: random_token(),
             },
@@ -110,7 +110,7 @@ impl Logins {
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) fn shared(store: Arc<dyn SharedSignIns>) -> Self {
         Logins {
-            kept: Kept::Shared(store),
+            kept: SignInStore::Shared(store),
             started: Mutex::new(HashMap::new()),
         }
     }
@@ -164,7 +164,7 @@ impl Logins {
             key,
         };
         match &self.kept {
-            Kept::Here { map, .. } => {
+            SignInStore::Here { map, .. } => {
                 let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
                 map.retain(|_, s| s.expires > now);
                 let own = map.values().filter(|s| s.key == sign_in.key).count();
@@ -196,7 +196,7 @@ impl Logins {
                 }
                 map.insert(digest(&token), sign_in);
             }
-            Kept::Shared(store) => store
+            SignInStore::Shared(store) => store
                 .put(&digest(&token), &sign_in)
                 .await
                 .map_err(unavailable)?,
@@ -206,32 +206,32 @@ impl Logins {
 
     pub(super) async fn find(&self, token: &str) -> Result<Option<SignIn>, UiError> {
         let found = match &self.kept {
-            Kept::Here { map, .. } => map
+            SignInStore::Here { map, .. } => map
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .get(&digest(token))
                 .cloned(),
-            Kept::Shared(store) => store.get(&digest(token)).await.map_err(unavailable)?,
+            SignInStore::Shared(store) => store.get(&digest(token)).await.map_err(unavailable)?,
         };
         Ok(found.filter(|s| s.expires > unix_now()))
     }
 
     pub(super) async fn end(&self, token: &str) -> Result<(), UiError> {
         match &self.kept {
-            Kept::Here { map, .. } => {
+            SignInStore::Here { map, .. } => {
                 map.lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&digest(token));
                 Ok(())
             }
-            Kept::Shared(store) => store.delete(&digest(token)).await.map_err(unavailable),
+            SignInStore::Shared(store) => store.delete(&digest(token)).await.map_err(unavailable),
         }
     }
 
     pub(super) async fn open_csrf(&self) -> Result<String, UiError> {
         match &self.kept {
-            Kept::Here { open_csrf, .. } => Ok(open_csrf.clone()),
-            Kept::Shared(store) => store.open_csrf().await.map_err(unavailable),
+            SignInStore::Here { open_csrf, .. } => Ok(open_csrf.clone()),
+            SignInStore::Shared(store) => store.open_csrf().await.map_err(unavailable),
         }
     }
 }
