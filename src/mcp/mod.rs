@@ -513,7 +513,7 @@ impl ServerHandler for McpServer {
         let prompt = Prompt::new(
             PROMPT,
             Some(
-                "WorkClass on a task with long-term memory: recall what is known about it first, \
+                "Work on a task with long-term memory: recall what is known about it first, \
                  remember what happens, and report whether the memories helped",
             ),
             Some(vec![task]),

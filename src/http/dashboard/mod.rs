@@ -40,6 +40,7 @@ use axum::routing::{get, post};
 
 use super::state::AppState;
 use answer::{UiError, redirect};
+#[cfg(feature = "cluster")]
 pub(crate) use auth::DashboardAccess;
 pub(crate) use signins::Logins;
 #[cfg(feature = "cluster")]
