@@ -15,11 +15,12 @@ pub use shadowbrain_actors::{
 };
 pub use shadowbrain_runtime::*;
 
-// The root package's layers, each using only those above it in this list (docs/architecture.md):
-// the contract (wire types, the error shape, requests read for HTTP and MCP alike), who a
-// caller is, admission, metrics and the config file; then MCP over the runtime; then HTTP
-// (routes, connections, the dashboard), which mounts MCP; then the cluster, which runs HTTP
-// per partition; the policy lab beside them; the CLI on top (`src/cli.rs`, the binary's).
+// The root package's layers, bottom to top (docs/architecture.md, "The layer rules"); each
+// uses only those below it: `api` (the contract: wire types, the error shape, requests read
+// alike by HTTP and MCP) → `auth` (who a caller is) → `admission` → `metrics` and `config`
+// → `mcp` (the tools over the runtime) → `http` (routes, connections, the dashboard; it
+// mounts MCP) → `cluster` (an `http` router per partition a node owns); `sim`, the policy
+// lab, uses the runtime only; the CLI (`src/cli.rs`, the binary's) is on top.
 #[cfg(feature = "server")]
 pub(crate) mod admission;
 #[cfg(feature = "server")]
