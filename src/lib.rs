@@ -17,10 +17,11 @@ pub use shadowbrain_runtime::*;
 
 // The root package's layers, bottom to top (docs/architecture.md, "The layer rules"); each
 // uses only those below it: `api` (the contract: wire types, the error shape, requests read
-// alike by HTTP and MCP) → `auth` (who a caller is) → `admission` → `metrics` and `config`
-// → `mcp` (the tools over the runtime) → `http` (routes, connections, the dashboard; it
-// mounts MCP) → `cluster` (an `http` router per partition a node owns); `sim`, the policy
-// lab, uses the runtime only; the CLI (`src/cli.rs`, the binary's) is on top.
+// alike by HTTP and MCP) → `auth` (who a caller is) → `admission` → `metrics` → `mcp` (the
+// tools over the runtime) → `http` (routes, connections, the dashboard; it mounts MCP) →
+// `config` (the config file: every section, `[server]` included) → `cluster` (an `http`
+// router per partition a node owns); `sim`, the policy lab, uses the runtime only; the CLI
+// (`src/cli.rs`, the binary's) is on top.
 #[cfg(feature = "server")]
 pub(crate) mod admission;
 #[cfg(feature = "server")]
