@@ -1,4 +1,4 @@
-//! What cluster mode costs (docs/cluster.md), measured against its anchor in the same run:
+//! What cluster mode costs (docs/benchmarks.md, "Cluster"), measured against its anchor in the same run:
 //! the same fixed load on one embedded `serve` and on three `serve --cluster` nodes over
 //! three NATS servers, all on this machine's loopback.
 //!
