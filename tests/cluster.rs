@@ -17,7 +17,8 @@
 //!
 //! CI runs scenarios 1–3 once (the README's test command). All seven, twenty times:
 //! `SHADOWBRAIN_CLUSTER_RUNS=20 SHADOWBRAIN_CLUSTER_SCENARIOS=1,2,3,4,5,6,7 cargo test
-//! --release --test tests cluster:: -- --nocapture`. Needs the NATS server of
+//! --test tests cluster::scenarios -- --nocapture` (a debug build, as docs/cluster.md and
+//! the recorded results use; about 90 minutes). Needs the NATS server of
 //! `scripts/install-nats-server`; without it the test says it was skipped (and fails under
 //! `SHADOWBRAIN_REQUIRE_NATS=1`, as in CI).
 
