@@ -9,8 +9,10 @@ use serde::Deserialize;
 
 use super::auth::Namespace;
 use super::state::AppState;
-use crate::api::requests::*;
-use crate::api::*;
+use crate::api::requests::graph;
+use crate::api::{
+    ApiError, ApiResult, ErrorBody, Graph, KnowledgeSearchIn, RecallOut, Unauthorized, from_json,
+};
 
 /// `POST /v1/knowledge/search`: like recall, over the knowledge tier only.
 #[utoipa::path(post, path = "/v1/knowledge/search", tag = "knowledge",

@@ -9,8 +9,10 @@ use axum::extract::{Path, State};
 use super::auth::Namespace;
 use super::state::AppState;
 use crate::MemoryId;
-use crate::api::requests::*;
-use crate::api::*;
+use crate::api::requests::{history, settable};
+use crate::api::{
+    ApiError, ApiResult, ErrorBody, History, Memory, StatusIn, Unauthorized, from_json,
+};
 
 /// `GET /v1/memories/{id}`.
 #[utoipa::path(get, path = "/v1/memories/{id}", tag = "memories",

@@ -5,8 +5,8 @@ use axum::extract::State;
 
 use super::auth::{Admin, Namespace};
 use super::state::AppState;
-use crate::api::requests::*;
-use crate::api::*;
+use crate::api::requests::policy_out;
+use crate::api::{ApiResult, ErrorBody, PolicyOut, Unauthorized};
 
 /// `GET /v1/policy`.
 #[utoipa::path(get, path = "/v1/policy", tag = "policy",

@@ -9,8 +9,11 @@ use serde::Deserialize;
 
 use super::auth::Namespace;
 use super::state::AppState;
-use crate::api::requests::*;
-use crate::api::*;
+use crate::api::requests::{feedback_target, recall_request, timeline_limit};
+use crate::api::{
+    ApiError, ApiResult, CondenseOut, ErrorBody, FeedbackIn, Memory, RecallIn, RecallOut, Sessions,
+    Timeline, Unauthorized, Updated, from_json,
+};
 
 /// `POST /v1/sessions/{id}/recall`.
 #[utoipa::path(post, path = "/v1/sessions/{session_id}/recall", tag = "sessions",
