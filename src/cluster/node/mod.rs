@@ -74,7 +74,8 @@ pub async fn serve_cluster(
     outcome
 }
 
-/// How long a starting node waits for the NATS servers (they may be starting too).
+/// How long a starting node waits for the NATS servers (they may be starting too), and
+/// then for JetStream to answer its set-up requests.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(30);
 
 async fn run_node(
@@ -152,6 +153,7 @@ async fn run_node(
     // Room for the headers and postcard's lengths; an entry is never split.
     let max_entry = max_payload.saturating_sub(4096).max(64 * 1024);
     let js = jetstream::new(client.clone());
+    let setup = Instant::now();
     let bucket = |name: &str| kv::Config {
         bucket: format!("{}_{name}", cfg.prefix),
         history: 1,
@@ -160,16 +162,18 @@ async fn run_node(
         storage: stream::StorageType::File,
         ..Default::default()
     };
-    let leases = create_bucket(&js, bucket("leases")).await?;
-    let members = create_bucket(&js, bucket("nodes")).await?;
-    let sign_ins = create_bucket(
-        &js,
-        kv::Config {
-            max_age: crate::http::dashboard::SIGN_IN_FOR,
-            max_bytes: signins::MAX_BYTES,
-            ..bucket("signins")
-        },
-    )
+    let leases = patiently(setup, || create_bucket(&js, bucket("leases"))).await?;
+    let members = patiently(setup, || create_bucket(&js, bucket("nodes"))).await?;
+    let sign_ins = patiently(setup, || {
+        create_bucket(
+            &js,
+            kv::Config {
+                max_age: crate::http::dashboard::SIGN_IN_FOR,
+                max_bytes: signins::MAX_BYTES,
+                ..bucket("signins")
+            },
+        )
+    })
     .await?;
     let sealer = Arc::new(Sealer::new(&cfg.secret));
     let door = DashboardAccess::new(
@@ -185,21 +189,24 @@ async fn run_node(
     for p in 0..cfg.partitions {
         let stream = format!("{}_P{p:03}", cfg.prefix.to_uppercase());
         let subject = format!("{}.log.{p:03}", cfg.prefix);
-        js.get_or_create_stream(stream::Config {
-            name: stream.clone(),
-            subjects: vec![subject.clone()],
-            storage: stream::StorageType::File,
-            num_replicas: cfg.replicas,
-            ..Default::default()
+        patiently(setup, || async {
+            js.get_or_create_stream(stream::Config {
+                name: stream.clone(),
+                subjects: vec![subject.clone()],
+                storage: stream::StorageType::File,
+                num_replicas: cfg.replicas,
+                ..Default::default()
+            })
+            .await
+            .with_context(|| {
+                format!(
+                    "creating the stream {stream} ({} replicas); a NATS cluster of at least \
+                     that many servers with JetStream enabled is needed",
+                    cfg.replicas
+                )
+            })
         })
-        .await
-        .with_context(|| {
-            format!(
-                "creating the stream {stream} ({} replicas); a NATS cluster of at least that \
-                 many servers with JetStream enabled is needed",
-                cfg.replicas
-            )
-        })?;
+        .await?;
         let dir = partition_dir(data, p);
         partitions.push(Arc::new(Partition {
             id: p,
@@ -317,6 +324,28 @@ async fn run_node(
     let _ = node.members.delete(&node.cfg.node).await;
     let _ = node.client.flush().await;
     drained
+}
+
+/// Runs a JetStream set-up request again, a second apart, until it succeeds or
+/// [`CONNECT_PATIENCE`] has passed since `setup`. JetStream servers that have just started
+/// answer a stream or bucket creation with a timeout, "no leader" or "insufficient
+/// resources" until they have met and elected a meta leader; a node started with them
+/// waits for that instead of exiting. Past the patience, the last error stands.
+async fn patiently<T, F, Fut>(setup: Instant, mut request: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<T>>,
+{
+    loop {
+        match request().await {
+            Ok(t) => return Ok(t),
+            Err(e) if setup.elapsed() < CONNECT_PATIENCE => {
+                tracing::info!(error = %format!("{e:#}"), "waiting for JetStream");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 async fn create_bucket(js: &jetstream::Context, config: kv::Config) -> anyhow::Result<kv::Store> {
