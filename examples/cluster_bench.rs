@@ -24,7 +24,6 @@ mod harness;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,6 +31,7 @@ use std::time::{Duration, Instant};
 use clap::{CommandFactory, Parser};
 use harness::{Harness, NODES, PARTITIONS, Security, Written, cpu_time, disk_bytes, keys, request};
 use serde_json::{Value, json};
+use shadowbrain_test_support::serve::Serve;
 use shadowbrain_test_support::stats::percentile;
 
 /// What cluster mode costs against one embedded `serve` under the same load, then
@@ -126,31 +126,16 @@ fn embedded(a: &Args) -> Value {
     }
     let config = dir.path().join("serve.toml");
     std::fs::write(&config, format!("[embedder]\nkind = \"hash\"\n\n{auth}")).unwrap();
-    let addr: SocketAddr = format!("127.0.0.1:{}", harness::free_port())
-        .parse()
-        .unwrap();
-    let data = dir.path().join("data");
-    let mut child = Command::new(&a.bin)
-        .args(["serve", "--addr", &addr.to_string(), "--data"])
-        .arg(&data)
-        .arg("--config")
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    while request(addr, "GET", "/healthz", None, None, None).is_err() {
-        assert!(Instant::now() < until, "serve did not start");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let cpu0 = cpu_time(child.id());
-    let written = drive(vec![addr], a);
-    let cpu = cpu_time(child.id()) - cpu0;
+    let served = Serve::new(&a.bin)
+        .data(dir.path().join("data"))
+        .config_file(&config)
+        .start();
+    let cpu0 = cpu_time(served.pid());
+    let written = drive(vec![served.addr], a);
+    let cpu = cpu_time(served.pid()) - cpu0;
     let (events, lat) = summary(&written);
-    let disk = disk_bytes(&data);
-    let _ = child.kill();
-    let _ = child.wait();
+    let disk = disk_bytes(&served.data);
+    served.kill();
     eprintln!(
         "embedded: {events} events, {:.1} CPU-µs each",
         cpu.as_secs_f64() * 1e6 / events as f64

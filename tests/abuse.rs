@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use crate::common::config::sha256_hex;
 use crate::common::http::{Answer, answer, code, header};
 use crate::common::python::python_sdk;
-use crate::common::serve::Serve;
+use crate::common::serve;
 
 /// One request on `s` (kept open), its answer.
 fn exchange(s: &mut TcpStream, method: &str, path: &str, extra: &str, body: &str) -> Answer {
@@ -55,7 +55,7 @@ fn a_burst_of_recalls_past_the_slots_waits_its_turn_instead_of_being_refused() {
     // Two slots; 24 recalls at once, each from its own connection. The wait allowed is
     // long: this debug build ranks far slower than a release one, and the point here is
     // that a burst waits (with `queue_wait = "0s"`, as before, 22 of them were refused).
-    let served = Serve::with_server("max_recalls = 2\nqueue_wait = \"10s\"").start();
+    let served = serve::with_server("max_recalls = 2\nqueue_wait = \"10s\"").start();
     let mut s = served.connect();
     let events: Vec<Value> = (0..50)
         .map(|i| json!({"kind": "observation", "text": format!("note {i} about the deploy")}))
@@ -113,7 +113,7 @@ fn burst(addr: SocketAddr, n: usize, path: &str, body: &str) -> Vec<(Answer, u16
 #[test]
 fn at_saturation_a_refusal_says_how_long_the_wait_is_and_keeps_the_connection() {
     // One slot and no queue: a burst is refused past the one being answered.
-    let served = Serve::with_server("max_recalls = 1\nmax_queued = 0").start();
+    let served = serve::with_server("max_recalls = 1\nmax_queued = 0").start();
     let recall = r#"{"query": "anything"}"#;
     let answers = burst(served.addr, 32, "/v1/sessions/s1/recall", recall);
     let refused: Vec<_> = answers
@@ -153,7 +153,7 @@ fn at_saturation_a_refusal_says_how_long_the_wait_is_and_keeps_the_connection() 
 fn idle_keep_alive_connections_past_the_bound_make_room_for_working_clients() {
     // 2,000 idle keep-alive connections (each answered once, then silent) against a bound
     // of 1,024, then 20 working clients: none of them sees an error.
-    let served = Serve::with_server("max_connections = 1024\nheader_timeout = \"5m\"").start();
+    let served = serve::with_server("max_connections = 1024\nheader_timeout = \"5m\"").start();
     let mut idle = Vec::new();
     for _ in 0..2_000 {
         let mut s = served.connect();
@@ -208,7 +208,7 @@ fn idle_keep_alive_connections_past_the_bound_make_room_for_working_clients() {
 
 #[test]
 fn wrong_keys_from_an_address_never_lock_out_a_valid_key_from_it() {
-    let served = Serve::with_server(&keys(&[("good-key", "acme")])).start();
+    let served = serve::with_server(&keys(&[("good-key", "acme")])).start();
     let mut good = served.connect();
     assert_eq!(sessions_as(&mut good, "good-key"), 200);
     // A misconfigured agent on the same host: 270 wrong keys.
@@ -238,7 +238,7 @@ fn wrong_keys_from_an_address_never_lock_out_a_valid_key_from_it() {
 #[test]
 fn an_oversized_body_from_python_clients_gets_its_413_not_a_reset() {
     let Some(python) = python_sdk() else { return };
-    let served = Serve::with_server("").start();
+    let served = serve::with_server("").start();
     let script = r#"
 import http.client, json, sys, requests
 host, port = sys.argv[1], int(sys.argv[2])
@@ -293,7 +293,7 @@ print(json.dumps(out))
 
 #[test]
 fn a_flood_of_sign_ins_with_one_key_signs_nobody_else_out() {
-    let served = Serve::with_server(&keys(&[("key-a", "alpha"), ("key-b", "beta")])).start();
+    let served = serve::with_server(&keys(&[("key-a", "alpha"), ("key-b", "beta")])).start();
     let sign_in = |key: &str| {
         let mut s = served.connect();
         exchange(
@@ -328,7 +328,7 @@ fn a_flood_of_sign_ins_with_one_key_signs_nobody_else_out() {
 
 #[test]
 fn after_sign_in_the_next_page_is_always_on_this_server() {
-    let served = Serve::with_server(&keys(&[("key-a", "alpha")])).start();
+    let served = serve::with_server(&keys(&[("key-a", "alpha")])).start();
     for next in [
         "%2F%09%2Fevil.example",
         "%2F%2Fevil.example",
@@ -381,7 +381,7 @@ fn mcp_session(addr: SocketAddr, key: &str) -> String {
 
 #[test]
 fn an_mcp_session_answers_only_the_key_that_opened_it() {
-    let served = Serve::with_server(&keys(&[("key-a", "alpha"), ("key-b", "beta")])).start();
+    let served = serve::with_server(&keys(&[("key-a", "alpha"), ("key-b", "beta")])).start();
     let session = mcp_session(served.addr, "key-a");
     let mut s = served.connect();
     let (status, _, body) = exchange(
@@ -421,7 +421,7 @@ fn an_mcp_session_answers_only_the_key_that_opened_it() {
 
 #[test]
 fn behind_a_trusted_proxy_the_cookie_is_secure_and_the_throttle_counts_the_forwarded_client() {
-    let served = Serve::with_server(&format!(
+    let served = serve::with_server(&format!(
         "trusted_proxies = [\"127.0.0.1\"]{}",
         keys(&[("key-a", "alpha")])
     ))

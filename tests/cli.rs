@@ -15,7 +15,7 @@ use shadowbrain::{
 };
 
 use crate::common::http::post;
-use crate::common::serve::Serve;
+use crate::common::serve;
 
 #[tokio::test]
 async fn reindex_moves_a_store_to_another_dimension() {
@@ -824,7 +824,7 @@ fn keys(v: &Value) -> Vec<String> {
 fn a_data_directory_held_by_a_server_is_refused_politely() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let server = Serve::new().data(&data).start();
+    let server = serve::new().data(&data).start();
     let addr = server.addr;
     let (status, answer) = post(
         addr,
@@ -1023,7 +1023,7 @@ fn serve_opens_a_sled_directory_without_being_told() {
     .unwrap();
     sub.close().unwrap();
     drop(sub);
-    let server = Serve::new()
+    let server = serve::new()
         .data(&data)
         .env_remove("SHADOWBRAIN_DATA")
         .start();

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use harness::{Harness, LEASE_TTL, NODES, PARTITIONS, Written};
 
 use crate::common::python::{python_client, python_sdk};
-use crate::common::serve::Serve;
+use crate::common::serve;
 
 /// Writers, each its own session, in namespaces of their own (so over partitions).
 const WRITERS: usize = 8;
@@ -355,7 +355,7 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 #[test]
 fn a_cluster_without_tls_or_its_own_credential_is_refused() {
     let refused = |section: &str| -> String {
-        let out = Serve::new()
+        let out = serve::new()
             .cluster()
             .config(&format!("[cluster]\nnode = \"n1\"\n{section}"))
             .output();
@@ -738,7 +738,7 @@ fn the_python_mcp_sdk_and_http_work_through_any_node() {
     // A second process under a live node's name is refused, saying why; the cluster is
     // left as it was.
     let data = tempfile::tempdir().unwrap();
-    let out = Serve::new()
+    let out = serve::new()
         .cluster()
         .data(data.path())
         .config_file(&h.nodes[0].config)
@@ -1203,7 +1203,7 @@ fn load_against_capacity() {
     let config = h.nodes[0].config.clone();
     h.stop_nodes();
     let data = tempfile::tempdir().unwrap();
-    let one = Serve::new().data(data.path()).config_file(&config).start();
+    let one = serve::new().data(data.path()).config_file(&config).start();
     let single = rate(vec![one.addr]);
     drop(one);
     let paced = WRITERS as f64 / PACE.as_secs_f64();

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::Value;
+use shadowbrain_test_support::serve::{Serve, Served};
 
 pub const NODES: usize = 3;
 pub const PARTITIONS: u16 = 8;
@@ -90,7 +91,11 @@ pub struct NodeProc {
     pub addr: SocketAddr,
     pub data: PathBuf,
     pub config: PathBuf,
-    pub child: Option<Child>,
+    /// Its command line: `serve --cluster` on `addr` over `data` with `config`, the
+    /// harness's environment and arguments, stderr appended to `<name>.log`.
+    pub serve: Serve,
+    /// The running node (`None`: killed, or not started again yet).
+    pub served: Option<Served>,
 }
 
 impl NodeProc {
@@ -237,10 +242,6 @@ pub struct Harness {
     pub nats_bin: PathBuf,
     pub nats: Vec<Nats>,
     pub nodes: Vec<NodeProc>,
-    /// Extra environment of every node (fault injection).
-    pub env: Vec<(String, String)>,
-    /// Extra arguments of every node's `serve` (`--policy FILE`).
-    pub args: Vec<String>,
 }
 
 /// Three NATS servers' configurations on fresh ports (routes, clients, monitoring), in
@@ -508,14 +509,33 @@ impl Harness {
                 ),
             )
             .unwrap();
+            let addr = format!("127.0.0.1:{}", ports.next().unwrap())
+                .parse()
+                .unwrap();
+            let data = dir.path().join(&name);
+            // What docs/cluster/node.toml names: this node's nkey seed, the secret; then
+            // the harness's own environment (fault injection).
+            let keys = match security {
+                Security::Secured => env_file(&dir.path().join(format!("keys/{name}.env"))),
+                Security::InsecureLoopback => Vec::new(),
+            };
+            let serve = Serve::new(bin)
+                .cluster()
+                .addr(addr)
+                .data(&data)
+                .config_file(&config)
+                .args(args)
+                .env("RUST_LOG", "info,async_nats=warn")
+                .envs(keys)
+                .envs(env.iter().copied())
+                .log(dir.path().join(format!("{name}.log")));
             nodes.push(NodeProc {
-                addr: format!("127.0.0.1:{}", ports.next().unwrap())
-                    .parse()
-                    .unwrap(),
-                data: dir.path().join(&name),
                 name,
+                addr,
+                data,
                 config,
-                child: None,
+                serve,
+                served: None,
             });
         }
         let mut h = Harness {
@@ -525,45 +545,37 @@ impl Harness {
             nats_bin: nats_bin.to_path_buf(),
             nats,
             nodes,
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            args: args.iter().map(|a| a.to_string()).collect(),
         };
         for i in 0..NODES {
             h.start_node(i);
         }
-        h.wait_listening();
+        h.wait_ready();
         h.wait_settled(Duration::from_secs(90));
         h
     }
 
-    /// Until every node answers; a node that exited (another test took its port between
-    /// our choosing and its binding) is started again on a new port.
-    fn wait_listening(&mut self) {
+    /// Until every node printed its ready line; a node that exited first (another test
+    /// took its port between our choosing and its binding) is started again on a new port.
+    fn wait_ready(&mut self) {
         let until = Instant::now() + Duration::from_secs(90);
         for i in 0..NODES {
             loop {
-                if request(self.nodes[i].addr, "GET", "/healthz", None, None, None).is_ok() {
-                    break;
-                }
-                let exited = self.nodes[i]
-                    .child
-                    .as_mut()
-                    .is_some_and(|c| c.try_wait().ok().flatten().is_some());
-                if exited {
-                    self.nodes[i].child = None;
-                    self.nodes[i].addr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-                    self.start_node(i);
-                }
+                let left = until.saturating_duration_since(Instant::now());
+                let served = self.nodes[i].served.as_mut().unwrap();
+                let not = match served.wait_ready(left) {
+                    Ok(()) => break,
+                    Err(not) => not,
+                };
                 assert!(
-                    Instant::now() < until,
-                    "{} did not listen; logs in {}",
+                    not.exited.is_some() && !left.is_zero(),
+                    "{}: {not}; logs in {}",
                     self.nodes[i].name,
                     self.dir.path().display()
                 );
-                std::thread::sleep(Duration::from_millis(100));
+                let n = &mut self.nodes[i];
+                n.addr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+                n.serve = n.serve.clone().addr(n.addr);
+                self.start_node(i);
             }
         }
     }
@@ -573,35 +585,10 @@ impl Harness {
         self.nats[i].child = Some(child);
     }
 
+    /// Starts node `i` again, as it was first started, without waiting for it.
     pub fn start_node(&mut self, i: usize) {
-        let keys = self.node_env(i);
         let n = &mut self.nodes[i];
-        let log = std::fs::File::options()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join(format!("{}.log", n.name)))
-            .unwrap();
-        let child = Command::new(&self.bin)
-            .args([
-                "serve",
-                "--cluster",
-                "--addr",
-                &n.addr.to_string(),
-                "--data",
-            ])
-            .arg(&n.data)
-            .arg("--config")
-            .arg(&n.config)
-            .args(&self.args)
-            .env("RUST_LOG", "info,async_nats=warn")
-            // What docs/cluster/node.toml names: this node's nkey seed, the secret.
-            .envs(keys)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("the node starts");
-        n.child = Some(child);
+        n.served = Some(n.serve.clone().spawn());
     }
 
     pub fn signal(&mut self, pid: u32, signal: &str) {
@@ -614,9 +601,7 @@ impl Harness {
     }
 
     pub fn kill_node(&mut self, i: usize) {
-        let mut child = self.nodes[i].child.take().unwrap();
-        child.kill().unwrap();
-        child.wait().unwrap();
+        self.nodes[i].served.take().unwrap().kill();
     }
 
     pub fn kill_nats(&mut self, i: usize) {
@@ -626,13 +611,13 @@ impl Harness {
     }
 
     pub fn node_pid(&self, i: usize) -> u32 {
-        self.nodes[i].child.as_ref().unwrap().id()
+        self.nodes[i].served.as_ref().unwrap().pid()
     }
 
     pub fn alive_nodes(&self) -> Vec<SocketAddr> {
         self.nodes
             .iter()
-            .filter(|n| n.child.is_some())
+            .filter(|n| n.served.is_some())
             .map(|n| n.addr)
             .collect()
     }
@@ -767,14 +752,9 @@ impl Harness {
 
 impl Drop for Harness {
     fn drop(&mut self) {
+        // Each node dies of SIGKILL as its `Served` drops, stopped (SIGSTOP) or not.
         for n in &mut self.nodes {
-            if let Some(c) = &mut n.child {
-                let _ = Command::new("kill")
-                    .args(["-CONT", &c.id().to_string()])
-                    .status();
-                let _ = c.kill();
-                let _ = c.wait();
-            }
+            n.served = None;
         }
         for n in &mut self.nats {
             if let Some(c) = &mut n.child {
@@ -1057,7 +1037,7 @@ impl Harness {
     pub fn owners(&self) -> BTreeMap<u16, String> {
         let mut out = BTreeMap::new();
         for i in 0..NODES {
-            if self.nodes[i].child.is_none() {
+            if self.nodes[i].served.is_none() {
                 continue;
             }
             if let Some(s) = self.status(i) {
@@ -1089,10 +1069,15 @@ impl Harness {
 
     /// The process ids of the nodes and of the NATS servers still running.
     pub fn pids(&self) -> (Vec<u32>, Vec<u32>) {
-        let ids = |c: &Option<Child>| c.as_ref().map(|c| c.id());
         (
-            self.nodes.iter().filter_map(|n| ids(&n.child)).collect(),
-            self.nats.iter().filter_map(|n| ids(&n.child)).collect(),
+            self.nodes
+                .iter()
+                .filter_map(|n| n.served.as_ref().map(Served::pid))
+                .collect(),
+            self.nats
+                .iter()
+                .filter_map(|n| n.child.as_ref().map(Child::id))
+                .collect(),
         )
     }
 }
@@ -1174,19 +1159,13 @@ impl Harness {
                 .status();
         }
         for n in &mut self.nodes {
-            if let Some(mut c) = n.child.take() {
-                let until = Instant::now() + Duration::from_secs(60);
-                loop {
-                    if c.try_wait().unwrap().is_some() {
-                        break;
-                    }
-                    if Instant::now() > until {
-                        let _ = c.kill();
-                        let _ = c.wait();
-                        panic!("{} did not stop within 60 s of SIGTERM", n.name);
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                }
+            if let Some(mut served) = n.served.take() {
+                let stopped = served.exit_within(Duration::from_secs(60));
+                assert!(
+                    stopped.is_some(),
+                    "{} did not stop within 60 s of SIGTERM",
+                    n.name
+                );
             }
         }
     }

@@ -14,13 +14,13 @@ use serde_json::json;
 
 use crate::common::browser::{browser, click, open, screenshot, wait_for};
 use crate::common::config::sha256_hex;
-use crate::common::serve::{Serve, Served};
+use crate::common::serve::{self, Served};
 use crate::common::site::{Site, cookie_of, csrf_of};
 
 /// A `serve` child with the hash embedder and `extra` in its config file, and namespace
 /// `acme`'s policy file `acme.toml` beside it (the path of that file is answered too).
 fn serve(extra: &str) -> (Served, std::path::PathBuf) {
-    let serve = Serve::new();
+    let serve = serve::new();
     let policy = serve.dir().join("acme.toml");
     std::fs::write(&policy, "name = \"acme-policy\"\n").unwrap();
     let served = serve

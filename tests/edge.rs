@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::common::http::{Answer, answer, code, header, parse_head};
-use crate::common::serve::Serve;
+use crate::common::serve;
 
 /// Whether the server closed `s` within `limit` (a read returns end of stream or a reset).
 fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
@@ -42,7 +42,7 @@ fn post_event(addr: SocketAddr, session: &str, text: &str) -> u16 {
 #[test]
 fn sigterm_completes_while_clients_hold_half_sent_headers_and_stalled_bodies() {
     // Generous read timeouts, so only the drain deadline can end these connections.
-    let mut served = Serve::with_server(
+    let mut served = serve::with_server(
         "header_timeout = \"5m\"\nbody_timeout = \"5m\"\ndrain_timeout = \"2s\"",
     )
     .start();
@@ -94,7 +94,7 @@ fn sigterm_completes_while_clients_hold_half_sent_headers_and_stalled_bodies() {
 
 #[test]
 fn a_stop_with_nothing_stalled_answers_what_is_in_flight_and_drains_cleanly() {
-    let mut served = Serve::with_server("drain_timeout = \"30s\"").start();
+    let mut served = serve::with_server("drain_timeout = \"30s\"").start();
     // An idle keep-alive connection does not hold the stop up.
     let mut idle = served.connect();
     write!(idle, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
@@ -110,7 +110,7 @@ fn a_stop_with_nothing_stalled_answers_what_is_in_flight_and_drains_cleanly() {
 
 #[test]
 fn headers_sent_a_byte_at_a_time_and_idle_connections_are_cut_off() {
-    let served = Serve::with_server("header_timeout = \"1s\"").start();
+    let served = serve::with_server("header_timeout = \"1s\"").start();
     let mut trickle = served.connect();
     let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
     let started = Instant::now();
@@ -149,7 +149,7 @@ fn headers_sent_a_byte_at_a_time_and_idle_connections_are_cut_off() {
 
 #[test]
 fn a_declared_body_over_the_limit_is_refused_before_it_is_sent() {
-    let served = Serve::with_server("").start();
+    let served = serve::with_server("").start();
     let mut s = served.connect();
     // 100 GB announced, nothing sent, and a client that waits for 100 Continue first.
     write!(
@@ -168,7 +168,7 @@ fn a_declared_body_over_the_limit_is_refused_before_it_is_sent() {
 
 #[test]
 fn a_body_that_stops_arriving_is_answered_408() {
-    let served = Serve::with_server("body_timeout = \"1s\"").start();
+    let served = serve::with_server("body_timeout = \"1s\"").start();
     let mut s = served.connect();
     s.write_all(
         b"POST /v1/sessions/s1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
@@ -184,7 +184,7 @@ fn a_body_that_stops_arriving_is_answered_408() {
 
 #[test]
 fn connections_past_the_bound_are_refused_at_once_when_all_are_busy_and_slots_come_back() {
-    let served = Serve::with_server(
+    let served = serve::with_server(
         "max_connections = 2\nmax_connections_per_address = 2\nheader_timeout = \"5m\"\n\
          body_timeout = \"5m\"",
     )
@@ -251,7 +251,7 @@ fn connections_past_the_bound_are_refused_at_once_when_all_are_busy_and_slots_co
 
 /// `serve` with `config` as its config file: it must refuse to start; its stderr.
 fn refused_at_start(config_text: &str) -> String {
-    let out = Serve::new().config(config_text).output();
+    let out = serve::new().config(config_text).output();
     assert!(!out.status.success());
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -272,7 +272,7 @@ fn a_bad_server_section_is_refused_at_start_with_the_key() {
 
 #[test]
 fn every_error_answer_has_the_contract_shape() {
-    let served = Serve::with_server("").start();
+    let served = serve::with_server("").start();
     let ask = |request: &str| {
         let mut s = served.connect();
         s.write_all(request.as_bytes()).unwrap();
@@ -383,7 +383,7 @@ fn session_texts(data: &std::path::Path) -> Vec<String> {
 
 #[test]
 fn a_write_retried_under_its_idempotency_key_is_stored_once_even_across_a_cut_and_a_restart() {
-    let served = Serve::with_server("").start();
+    let served = serve::with_server("").start();
     let body =
         |i: usize| json!({"kind": "observation", "text": format!("event {i:02}")}).to_string();
 
@@ -496,7 +496,7 @@ fn a_write_retried_under_its_idempotency_key_is_stored_once_even_across_a_cut_an
 
 #[test]
 fn a_body_that_is_not_json_is_refused_with_415() {
-    let served = Serve::with_server("").start();
+    let served = serve::with_server("").start();
     let send = |content_type: &str| {
         let body = r#"{"kind": "observation", "text": "typed"}"#;
         let mut s = served.connect();
@@ -545,7 +545,7 @@ fn guessing_keys_from_one_address_is_throttled() {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let served = Serve::with_server(&format!(
+    let served = serve::with_server(&format!(
         "\n[[auth.keys]]\nsha256 = \"{hash}\"\nnamespace = \"acme\""
     ))
     .start();
@@ -589,7 +589,7 @@ fn guessing_keys_from_one_address_is_throttled() {
 fn a_client_trickling_its_body_holds_no_admission_slot() {
     // One slot each; a write and a recall whose bodies trickle.
     let served =
-        Serve::with_server("max_writes = 1\nmax_recalls = 1\nbody_timeout = \"30s\"").start();
+        serve::with_server("max_writes = 1\nmax_recalls = 1\nbody_timeout = \"30s\"").start();
     let event = r#"{"kind": "observation", "text": "the slow one"}"#;
     let recall = r#"{"query": "the slow one"}"#;
     let mut trickling = Vec::new();
@@ -706,7 +706,7 @@ fn a_full_disk_answers_507_keeps_serving_reads_and_resumes_when_space_returns() 
         eprintln!("skipped: this machine cannot mount a tmpfs in a user namespace");
         return;
     }
-    let serve = Serve::new();
+    let serve = serve::new();
     let disk = serve.dir().join("disk");
     std::fs::create_dir(&disk).unwrap();
     // The server runs on a 24 MiB filesystem of its own, in a mount namespace that ends
@@ -872,7 +872,7 @@ fn soak_mixed_load_with_slow_clients_then_sigterm_loses_nothing() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
-    let mut served = Serve::with_server("drain_timeout = \"2s\"").start();
+    let mut served = serve::with_server("drain_timeout = \"2s\"").start();
     let addr = served.addr;
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -1025,7 +1025,7 @@ fn soak_mixed_load_with_slow_clients_then_sigterm_loses_nothing() {
 
 #[test]
 fn a_request_past_its_deadline_is_abandoned_with_503() {
-    let served = Serve::with_server("request_timeout = \"300ms\"").start();
+    let served = serve::with_server("request_timeout = \"300ms\"").start();
     // A write whose body stops half way (well within body_timeout's 30 s between chunks):
     // the deadline, not the body timeout, ends it.
     let body = r#"{"kind": "observation", "text": "half of it"}"#;
@@ -1099,11 +1099,11 @@ fn the_edge_thread_runs_at_real_time_priority_only_when_asked() {
     let allowed = std::thread::spawn(|| shadowbrain::http::raise_to_realtime().is_ok())
         .join()
         .unwrap();
-    let plain = Serve::with_server("").start();
+    let plain = serve::with_server("").start();
     assert_eq!(thread_policy(plain.child.id(), "shadowbrain-edg"), 0);
     drop(plain);
 
-    let asked = Serve::with_server("edge_realtime = true").start();
+    let asked = serve::with_server("edge_realtime = true").start();
     let policy = thread_policy(asked.child.id(), "shadowbrain-edg");
     if allowed {
         assert_eq!(policy, 1, "SCHED_FIFO");

@@ -14,7 +14,7 @@ use shadowbrain_test_support::concepts::ConceptProvider;
 
 use crate::common::config::remote_config;
 use crate::common::http::{http, http_text, post};
-use crate::common::serve::{Serve, Served};
+use crate::common::serve::{self, Served};
 
 /// A scripted embeddings provider of the toy concept model, on a thread of its own.
 fn provider() -> (Arc<ConceptProvider>, Endpoint) {
@@ -26,7 +26,7 @@ fn provider() -> (Arc<ConceptProvider>, Endpoint) {
 
 /// `serve` over `data` with the config file `config`, and its address.
 fn serve(data: &Path, config: &Path) -> (Served, std::net::SocketAddr) {
-    let served = Serve::new().data(data).config_file(config).start();
+    let served = serve::new().data(data).config_file(config).start();
     let addr = served.addr;
     (served, addr)
 }
@@ -236,7 +236,7 @@ fn reindex_moves_a_hash_store_to_a_remote_embedder() {
 
     let remote = remote_config(dir.path(), &endpoint);
     // The other embedder is refused on this directory, with the way out.
-    let refused = Serve::new().data(&data).config_file(&remote).output();
+    let refused = serve::new().data(&data).config_file(&remote).output();
     let said = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(1), "{said}");
     assert!(said.contains("shadowbrain reindex"), "{said}");

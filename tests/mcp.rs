@@ -17,7 +17,7 @@ use rmcp::{ServiceError, ServiceExt};
 use serde_json::{Value, json};
 
 use crate::common::python::{python_client, python_sdk};
-use crate::common::serve::{Serve, Served};
+use crate::common::serve::{self, Served};
 
 type Client = RunningService<RoleClient, ClientConfig>;
 
@@ -491,7 +491,7 @@ async fn over_stdio_every_tool_answers_and_every_bad_call_is_a_tool_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stdio_refuses_a_directory_a_server_holds_and_points_at_its_mcp() {
-    let served = Serve::new().config("[embedder]\nkind = \"hash\"\n").start();
+    let served = serve::new().config("[embedder]\nkind = \"hash\"\n").start();
     let out = Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
         .arg("mcp")
         .arg("--data")
@@ -520,7 +520,7 @@ fn keyed_server() -> Served {
         format!("[[auth.keys]]\nsha256 = \"{hash}\"\nnamespace = \"{ns}\"\nrole = \"{role}\"\n")
     })
     .collect();
-    Serve::new()
+    serve::new()
         .config(&format!("[embedder]\nkind = \"hash\"\n{keys}"))
         .start()
 }

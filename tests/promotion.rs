@@ -16,7 +16,7 @@ use shadowbrain_test_support::{Endpoint, Reply};
 
 use crate::common::config::remote_config;
 use crate::common::http::{http, post};
-use crate::common::serve::{Serve, Served};
+use crate::common::serve::{self, Served};
 
 /// A policy that promotes a condensed record after one success (as the report).
 fn policy(dir: &Path) -> PathBuf {
@@ -32,7 +32,7 @@ fn policy(dir: &Path) -> PathBuf {
 
 /// `serve` over `data` with `policy` (and the config file `config`), and its address.
 fn serve(data: &Path, config: Option<&Path>, policy: &Path) -> (Served, std::net::SocketAddr) {
-    let mut serve = Serve::new().data(data).policy(policy);
+    let mut serve = serve::new().data(data).policy(policy);
     if let Some(config) = config {
         serve = serve.config_file(config);
     }

@@ -11,7 +11,7 @@ use shadowbrain::{Runtime, RuntimeConfig};
 
 use crate::common::config::sha256_hex;
 use crate::common::http::{exchange, http, http_as, http_text, post};
-use crate::common::serve::Serve;
+use crate::common::serve;
 
 fn error_code(answer: &Value) -> &str {
     answer["error"]["code"]
@@ -21,7 +21,7 @@ fn error_code(answer: &Value) -> &str {
 
 #[test]
 fn record_recall_timeline_and_get_follow_the_contract() {
-    let server = Serve::in_process(Auth::open());
+    let server = serve::in_process(Auth::open());
     let addr = server.addr;
 
     let (status, health) = http(addr, "GET", "/healthz", None);
@@ -136,7 +136,7 @@ fn record_recall_timeline_and_get_follow_the_contract() {
 
 #[test]
 fn feedback_condense_sessions_memories_knowledge_and_policy_answer() {
-    let server = Serve::in_process(Auth::open());
+    let server = serve::in_process(Auth::open());
     let addr = server.addr;
     let texts = [
         "deploys fail when the cache is cold",
@@ -316,7 +316,7 @@ fn api_keys_separate_namespaces_and_unknown_keys_get_401() {
         namespace: ns.into(),
         role: Role::Tenant,
     });
-    let server = Serve::in_process(Auth::with_keys(&keys).unwrap());
+    let server = serve::in_process(Auth::with_keys(&keys).unwrap());
     let addr = server.addr;
     let event = json!({"kind": "goal", "text": "the acme launch is on friday"});
     let body = event.to_string();
@@ -430,7 +430,7 @@ fn server_wide_operations_need_an_admin_key() {
         namespace: ns.into(),
         role,
     });
-    let server = Serve::in_process(Auth::with_keys(&keys).unwrap());
+    let server = serve::in_process(Auth::with_keys(&keys).unwrap());
     let addr = server.addr;
     let reload = "/v1/policy/reload";
 
@@ -510,7 +510,7 @@ fn server_wide_operations_need_an_admin_key() {
 
 #[test]
 fn bad_requests_get_the_right_status_and_code_and_the_server_keeps_serving() {
-    let server = Serve::in_process(Auth::open());
+    let server = serve::in_process(Auth::open());
     let addr = server.addr;
     let events = "/v1/sessions/s1/events";
     let (status, first) = post(addr, events, &json!({"kind": "goal", "text": "ship it"}));
@@ -691,7 +691,7 @@ fn bad_requests_get_the_right_status_and_code_and_the_server_keeps_serving() {
 fn sigterm_drains_flushes_and_exits_zero() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let mut served = Serve::new()
+    let mut served = serve::new()
         .data(&data)
         .env("RUST_LOG", "shadowbrain=debug")
         // The hash embedder, which the library default below opens the directory with.
@@ -745,7 +745,7 @@ fn sigterm_drains_flushes_and_exits_zero() {
 fn kill_9_during_concurrent_ingest_loses_no_acknowledged_event() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let served = Serve::new().data(&data).start();
+    let served = serve::new().data(&data).start();
     let addr = served.addr;
     let acknowledged = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let writers: Vec<_> = (0..8)
@@ -794,7 +794,7 @@ fn kill_9_during_concurrent_ingest_loses_no_acknowledged_event() {
     assert!(acknowledged.len() >= 2_000);
 
     // Restarted: every acknowledged id is there.
-    let served = Serve::new().data(&data).start();
+    let served = serve::new().data(&data).start();
     let addr = served.addr;
     for id in &acknowledged {
         let (status, record) = http(addr, "GET", &format!("/v1/memories/{id}"), None);
@@ -815,7 +815,7 @@ fn keys(value: &Value) -> Vec<String> {
 
 #[test]
 fn openapi_documents_every_route_and_answers_match_its_schemas() {
-    let server = Serve::in_process(Auth::open());
+    let server = serve::in_process(Auth::open());
     let addr = server.addr;
     let (status, doc) = http(addr, "GET", "/openapi.json", None);
     assert_eq!(status, 200, "{doc}");
@@ -907,7 +907,7 @@ fn the_config_file_sets_limits_and_keys_with_environment_overrides() {
         ),
     )
     .unwrap();
-    let served = Serve::new()
+    let served = serve::new()
         .data(dir.path().join("data"))
         .config_file(&config)
         // The environment wins over the file.
@@ -957,7 +957,7 @@ fn the_config_file_sets_limits_and_keys_with_environment_overrides() {
 
     // A mistake in the file stops the start with what to fix.
     std::fs::write(&config, "[limits]\nmax_kk = 5\n").unwrap();
-    let refused = Serve::new()
+    let refused = serve::new()
         .data(dir.path().join("data"))
         .config_file(&config)
         .output();
@@ -1002,7 +1002,7 @@ fn serve_with_an_llm_section_judges_importance_in_the_background() {
         default.replace("mode = \"rules\"", "mode = \"llm\""),
     )
     .unwrap();
-    let served = Serve::new()
+    let served = serve::new()
         .data(dir.path().join("data"))
         .config_file(&config)
         .policy(&policy)
@@ -1093,7 +1093,7 @@ fn serve_with_updates_in_llm_mode_asks_the_model_in_the_background() {
         "name = \"facts-change-llm\"\n[updates]\nmode = \"llm\"\nmin_similarity = 0.2\n",
     )
     .unwrap();
-    let served = Serve::new()
+    let served = serve::new()
         .data(dir.path().join("data"))
         .config_file(&config)
         .policy(&policy)
@@ -1176,7 +1176,7 @@ fn namespaces_run_the_policies_the_operator_assigned_them() {
         ),
     )
     .unwrap();
-    let served = Serve::new()
+    let served = serve::new()
         .data(dir.path().join("data"))
         .config_file(&config)
         .policy(&shared)
@@ -1279,7 +1279,7 @@ fn namespaces_run_the_policies_the_operator_assigned_them() {
 
     // A [[namespaces]] entry whose file is missing stops the start, naming it.
     std::fs::remove_file(&alpha).unwrap();
-    let refused = Serve::new()
+    let refused = serve::new()
         .data(dir.path().join("data2"))
         .config_file(&config)
         .output();
@@ -1303,7 +1303,7 @@ fn serve_with_updates_links_a_changed_fact_recall_says_so_and_patch_settles_it()
     .unwrap();
     let config = dir.path().join("shadowbrain.toml");
     std::fs::write(&config, "[embedder]\nkind = \"hash\"\n").unwrap();
-    let served = Serve::new()
+    let served = serve::new()
         .data(dir.path().join("data"))
         .config_file(&config)
         .policy(&policy)

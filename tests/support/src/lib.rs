@@ -9,12 +9,15 @@
 //! own, so the provider's wire format is written once. It knows the OpenAI-compatible wire
 //! format and the shape of shadowbrain's judge prompts (numbered records), nothing else.
 //!
-//! Beside it, for the examples: [`stats`], the one percentile their benchmark figures are
-//! read with, and [`flags`], the checks of their numeric flags.
+//! Beside it: [`serve`], the one way the package's tests and the examples start `shadowbrain
+//! serve` (a child process, its ready line awaited); and for the examples [`stats`], the one
+//! percentile their benchmark figures are read with, and [`flags`], the checks of their
+//! numeric flags.
 #![warn(missing_docs)]
 
 pub mod concepts;
 pub mod flags;
+pub mod serve;
 pub mod stats;
 
 use std::net::SocketAddr;
