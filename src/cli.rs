@@ -17,23 +17,15 @@ mod transfer;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use shadowbrain::Backend;
 use shadowbrain::auth::DEFAULT_NAMESPACE;
 use shadowbrain::config::ConfigFile;
-use shadowbrain::embed::{Embedder, EmbedderConfig, EmbedderKind, build_embedder, is_model_dir};
 use shadowbrain::http;
-use shadowbrain::internals::{Store, StoreOptions};
-use shadowbrain::llm::LlmKind;
-use shadowbrain::llm::chat::ChatClient;
-use shadowbrain::llm::condense::LlmCondenser;
-use shadowbrain::llm::cost::Llm;
-use shadowbrain::llm::judge::LlmJudge;
-use shadowbrain::llm::updates::LlmUpdateJudge;
-use shadowbrain::policy::{CondensationMode, EvaluationMode, Policy};
+use shadowbrain::setup::{
+    Choice, HOLDER, SERVE_URL, backend_of, embedder_for, refuse_if_held, with_namespace_policies,
+};
 use shadowbrain::{Runtime, RuntimeConfig};
 
 /// shadowbrain: long-term memory for LLM agents.
@@ -177,80 +169,6 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<ConfigFile> {
     ConfigFile::load(path)
 }
 
-/// How [`embedder_for`] decides `auto`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Choice {
-    /// Keep the embedder the directory was made with; a new directory takes the one named
-    /// (an import's source) or, with none, the best installed. Every command but `reindex`.
-    Keep(Option<String>),
-    /// The best one installed, whatever the directory has (`reindex`: switching is its job).
-    Best,
-}
-
-/// The embedder for the data directory `data`: the `[embedder]` section, with `auto` decided
-/// by what is installed and what the directory's store records ([`EmbedderConfig::resolve`]).
-/// With `announce`, says which embedder is in force and, when it is `hash`, how to get the
-/// semantic one.
-fn embedder_for(
-    cfg: &EmbedderConfig,
-    data: &Path,
-    choice: Choice,
-    announce: bool,
-) -> anyhow::Result<Arc<dyn Embedder>> {
-    let recorded = match (cfg.kind, choice) {
-        (EmbedderKind::Auto, Choice::Keep(source)) => recorded_embedder(data).or(source),
-        _ => None,
-    };
-    let resolved = cfg.resolve(recorded.as_deref());
-    let embedder = build_embedder(&resolved).context("setting up the [embedder]")?;
-    if announce {
-        let installed = cfg.model_dir().filter(|d| is_model_dir(d));
-        let why = match (cfg.kind, resolved.kind, installed) {
-            (EmbedderKind::Auto, EmbedderKind::Hash, Some(_)) => format!(
-                "the data directory was made with it; the local model is installed: stop \
-                 the server and run `shadowbrain reindex --data {}` for semantic recall",
-                data.display()
-            ),
-            (EmbedderKind::Auto, EmbedderKind::Hash, None) => "lexical vectors only, no \
-                 synonyms or paraphrases; for semantic recall install the local model with \
-                 `scripts/install-model` (or configure [embedder])"
-                .to_string(),
-            (_, EmbedderKind::Local, _) => {
-                "in-process; records are embedded in the background".to_string()
-            }
-            (_, EmbedderKind::Openai, _) => format!(
-                "at {}; records are embedded in the background",
-                resolved.base_url.as_deref().unwrap_or("OpenAI")
-            ),
-            _ => "as configured".to_string(),
-        };
-        say(format_args!(
-            "embedder in force: {} ({} dimensions; {why})",
-            embedder.name(),
-            embedder.dimensions()
-        ));
-    }
-    Ok(embedder)
-}
-
-/// The embedder a data directory's store records, if it has a store that can be read now
-/// (one held by a running server cannot; the command then refuses it anyway).
-fn recorded_embedder(data: &Path) -> Option<String> {
-    let dir = data.join("store");
-    if !dir.is_dir() {
-        return None;
-    }
-    let store = Store::open(
-        &dir,
-        StoreOptions {
-            backend: backend_of(data),
-            ..Default::default()
-        },
-    )
-    .ok()?;
-    store.embedder_name().ok().flatten()
-}
-
 /// Opens the runtime, listens, and serves until a shutdown signal.
 async fn serve(
     addr: SocketAddr,
@@ -276,6 +194,9 @@ async fn serve(
     if let Err(e) = std::fs::write(data.join(SERVE_URL), &url) {
         tracing::warn!(error = %e, "cannot write {SERVE_URL} in the data directory");
     }
+    // This process holds the directory now: what an in-process holder that crashed left
+    // would name the wrong holder.
+    let _ = std::fs::remove_file(data.join(HOLDER));
     let options = http::Options {
         limits: file.limits,
         auth,
@@ -335,36 +256,6 @@ async fn serve_cluster(
         )),
     }
     Ok(())
-}
-
-/// Says so at start-up when the policies and the `[llm]` section disagree: a policy asking
-/// for an LLM without one configured quietly gets rules, and an LLM no policy mode uses
-/// costs nothing but is probably a mistake.
-fn warn_on_llm_mismatch<'a>(policies: impl IntoIterator<Item = &'a Policy>, llm: LlmKind) {
-    let wants = |p: &Policy| {
-        p.evaluation.mode != EvaluationMode::Rules
-            || p.condensation.mode == CondensationMode::Llm
-            || p.updates.mode.asks_llm()
-    };
-    let policies: Vec<&Policy> = policies.into_iter().collect();
-    match llm {
-        LlmKind::None => {
-            for policy in policies.iter().filter(|p| wants(p)) {
-                tracing::warn!(
-                    policy = %policy.name,
-                    "the policy asks for an LLM ([evaluation] or [updates] mode `llm`/`hybrid`, \
-                     or [condensation] mode `llm`) but the config has no [llm] section: rules \
-                     and extractive condensation stand in, and each record's history says so; \
-                     add [llm] kind = \"openai\" to use one"
-                );
-            }
-        }
-        LlmKind::Openai if !policies.iter().any(|p| wants(p)) => tracing::info!(
-            "[llm] is configured, but every policy uses rules and extractive condensation, \
-             so it is never called; set [evaluation] mode or [condensation] mode to use it"
-        ),
-        LlmKind::Openai => {}
-    }
 }
 
 /// A line for the operator on stderr. A closed stderr (a supervisor that stopped reading)
@@ -443,54 +334,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// The runtime configuration and config file of a long-running server on `data` (`serve`
-/// and `mcp`): the policies, the embedder (announced on stderr), the limits, the
-/// directory's backend, and the `[llm]` judge and condenser when configured.
+/// and `mcp`, [`shadowbrain::setup::server_config`]), saying which embedder is in force.
 fn server_config(
     data: &Path,
     policy: Option<&Path>,
     config: Option<&Path>,
 ) -> anyhow::Result<(RuntimeConfig, ConfigFile)> {
-    let mut rt_config = RuntimeConfig::new(data);
-    if let Some(policy) = policy {
-        rt_config = rt_config
-            .with_policy_file(policy)
-            .with_context(|| format!("loading the policy {}", policy.display()))?;
-    }
-    let cfg = load_config(config)?;
-    rt_config = with_namespace_policies(rt_config, &cfg)?;
-    rt_config.substrate.embedder = embedder_for(&cfg.embedder, data, Choice::Keep(None), true)?;
-    rt_config.substrate.limits = cfg.limits;
-    // As for the one-shot commands: a directory made with another backend is opened
-    // with it (serve has no --backend to say so).
-    rt_config.substrate.backend = backend_of(data);
-    if cfg.llm.kind == LlmKind::Openai {
-        // The judge of `[evaluation] mode = "llm"` / `"hybrid"`, in batches of the
-        // section's `batch_size`; ingest never waits for it.
-        let client = ChatClient::new(&cfg.llm).context("setting up the [llm] endpoint")?;
-        let llm = Arc::new(Llm::new(Arc::new(client), cfg.llm.tokens_per_hour));
-        let judge = LlmJudge::with_options(llm.clone(), cfg.llm.judge_options());
-        rt_config.judge = Some(Arc::new(judge));
-        // The judge of `[updates] mode = "llm"` / `"hybrid"`: same client, budget, batch
-        // size and cache size; asked by the Evaluator in the background.
-        rt_config.update_judge = Some(Arc::new(LlmUpdateJudge::new(
-            llm.clone(),
-            cfg.llm.batch_size,
-            cfg.llm.cache_entries,
-        )));
-        // The condenser of `[condensation] mode = "llm"`, on the same client and
-        // budget.
-        rt_config.summarizer = Some(Arc::new(LlmCondenser::new(llm.clone())));
-        rt_config.llm = Some(llm);
-        rt_config.evaluation_batch = cfg.llm.batch_size;
-        rt_config.evaluation_concurrency = cfg.llm.max_concurrency;
-        rt_config.evaluation_wait = cfg.llm.batch_wait()?;
-    }
-    let substrate = &rt_config.substrate;
-    warn_on_llm_mismatch(
-        std::iter::once(&substrate.policy).chain(substrate.namespace_policies.values()),
-        cfg.llm.kind,
-    );
-    Ok((rt_config, cfg))
+    let setup = shadowbrain::setup::server_config(data, policy, config)?;
+    say(format_args!("{}", setup.embedder_note));
+    Ok((setup.runtime, setup.file))
 }
 
 /// `shadowbrain mcp`: the MCP server of [`shadowbrain::mcp`] over stdio until the host
@@ -552,10 +404,6 @@ fn mcp(args: McpArgs) -> anyhow::Result<()> {
     outcome
 }
 
-/// The file in a data directory where `serve` writes the URL it listens on, so a command
-/// refused the directory can say where the server is.
-const SERVE_URL: &str = "serve.url";
-
 /// Refuses a data directory that another process holds (its store's lock is taken), with
 /// the way out. The store checks its lock again when it opens, so a process that starts in
 /// between is still refused, only less kindly.
@@ -563,24 +411,6 @@ fn refuse_if_in_use(data: &Path) -> anyhow::Result<()> {
     refuse_if_held(data, |url| {
         format!("stop it, or talk to it over HTTP at {url} instead")
     })
-}
-
-/// [`refuse_if_in_use`] with the way out said by `way_out`, given the holding server's URL
-/// (from the directory's [`SERVE_URL`] file, which `serve` writes).
-fn refuse_if_held(data: &Path, way_out: impl FnOnce(&str) -> String) -> anyhow::Result<()> {
-    let busy = Store::in_use(&data.join("store"))
-        .with_context(|| format!("checking whether {} is in use", data.display()))?;
-    if busy {
-        let url = std::fs::read_to_string(data.join(SERVE_URL));
-        let url = url.as_deref().map_or("http://HOST:PORT", str::trim);
-        anyhow::bail!(
-            "the data directory {} is in use by another shadowbrain process (a running \
-             `shadowbrain serve`?); {}",
-            data.display(),
-            way_out(url)
-        );
-    }
-    Ok(())
 }
 
 /// Refuses a data directory without a store, for commands that only read: opening would
@@ -596,30 +426,6 @@ fn require_store(data: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The backend the directory's store was made with (a new store gets the default).
-fn backend_of(data: &Path) -> Backend {
-    Store::detect_backend(&data.join("store")).unwrap_or_default()
-}
-
-/// `config` with the policies of the config file's `[[namespaces]]` read.
-fn with_namespace_policies(
-    mut config: RuntimeConfig,
-    cfg: &ConfigFile,
-) -> anyhow::Result<RuntimeConfig> {
-    for entry in &cfg.namespaces {
-        config = config
-            .with_namespace_policy_file(&entry.name, &entry.policy)
-            .with_context(|| {
-                format!(
-                    "loading the policy {} of namespace {:?} ([[namespaces]])",
-                    entry.policy.display(),
-                    entry.name
-                )
-            })?;
-    }
-    Ok(config)
-}
-
 /// The runtime configuration `serve` would use for these arguments, minus what only a
 /// long-running server wants: no periodic decay sweep (a one-shot command must not forget
 /// on the side; sweeps are the server's job).
@@ -633,7 +439,7 @@ fn runtime_config(args: &RuntimeArgs) -> anyhow::Result<RuntimeConfig> {
     }
     let cfg = load_config(args.store.config.as_deref())?;
     let mut config = with_namespace_policies(config, &cfg)?;
-    config.substrate.embedder = embedder_for(&cfg.embedder, data, Choice::Keep(None), false)?;
+    config.substrate.embedder = embedder_for(&cfg.embedder, data, Choice::Keep(None))?.0;
     config.substrate.limits = cfg.limits;
     config.substrate.backend = backend_of(data);
     config.decay_check = None;

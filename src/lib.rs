@@ -19,9 +19,10 @@ pub use shadowbrain_runtime::*;
 // uses only those below it: `api` (the contract: wire types, the error shape, requests read
 // alike by HTTP and MCP) → `auth` (who a caller is) → `admission` → `metrics` → `mcp` (the
 // tools over the runtime) → `http` (routes, connections, the dashboard; it mounts MCP) →
-// `config` (the config file: every section, `[server]` included) → `cluster` (an `http`
-// router per partition a node owns); `sim`, the policy lab, uses the runtime only; the CLI
-// (`src/cli.rs`, the binary's) is on top.
+// `config` (the config file: every section, `[server]` included) → `setup` (a data
+// directory opened as `serve` opens it) → `embedded` (the HTTP contract answered in-process:
+// the Python package) → `cluster` (an `http` router per partition a node owns); `sim`, the
+// policy lab, uses the runtime only; the CLI (`src/cli.rs`, the binary's) is on top.
 #[cfg(feature = "server")]
 pub(crate) mod admission;
 #[cfg(feature = "server")]
@@ -33,10 +34,14 @@ pub mod cluster;
 #[cfg(feature = "server")]
 pub mod config;
 #[cfg(feature = "server")]
+pub mod embedded;
+#[cfg(feature = "server")]
 pub mod http;
 #[cfg(feature = "server")]
 pub mod mcp;
 #[cfg(feature = "server")]
 pub mod metrics;
+#[cfg(feature = "server")]
+pub mod setup;
 #[cfg(feature = "lab")]
 pub mod sim;

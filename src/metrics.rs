@@ -90,10 +90,12 @@ pub struct Metrics {
     llm: LlmMetrics,
     connections: ConnectionMetrics,
     /// Registered by [`Metrics::for_cluster`] only.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     cluster: ClusterMetrics,
 }
 
 /// A cluster node's own figures (`serve --cluster`).
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 #[derive(Debug, Default)]
 struct ClusterMetrics {
     partitions: Family<RoleLabels, Gauge>,
@@ -111,6 +113,7 @@ struct RoleLabels {
 
 /// What a cluster node reports of itself at a scrape: its partitions by role (`owner`,
 /// `standby`, `moving`), the live members it sees, and what it appended to the log.
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct NodeFigures {
     pub(crate) owner: u64,
@@ -372,6 +375,7 @@ impl Metrics {
 
     /// [`Metrics::new`] with a cluster node's own figures ([`Metrics::set_node`]): every
     /// node is scraped on its own, and reports the partitions it owns.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) fn for_cluster() -> Self {
         let metrics = Metrics::new();
         {
@@ -414,6 +418,7 @@ impl Metrics {
     }
 
     /// A cluster node's own figures, read now (before [`Metrics::render_all`]).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) fn set_node(&self, f: NodeFigures) {
         let c = &self.cluster;
         for (role, n) in [

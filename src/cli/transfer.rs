@@ -19,13 +19,11 @@ use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
 use shadowbrain::internals::{Store, StoreOptions};
+use shadowbrain::setup::{Choice, backend_of, embedder_for};
 use shadowbrain::transfer::{self, Extra, ImportError, Importer, Line, Outcome};
 use shadowbrain::{Backend, IndexingOptions, Substrate, SubstrateOptions};
 
-use super::{
-    Choice, DataDir, StoreArgs, backend_of, embedder_for, load_config, refuse_if_in_use,
-    require_store,
-};
+use super::{DataDir, StoreArgs, load_config, refuse_if_in_use, require_store};
 
 /// `shadowbrain export`.
 #[derive(Debug, Args)]
@@ -329,7 +327,7 @@ pub(super) fn import(args: ImportArgs) -> anyhow::Result<()> {
         .ok()
         .and_then(|v| v["header"]["embedder"].as_str().map(str::to_string));
     let cfg = load_config(args.store.config.as_deref())?;
-    let embedder = embedder_for(&cfg.embedder, data, Choice::Keep(source), false)?;
+    let embedder = embedder_for(&cfg.embedder, data, Choice::Keep(source))?.0;
     let sub = Substrate::open(
         data,
         SubstrateOptions {
@@ -530,8 +528,8 @@ pub(super) fn reindex(args: ReindexArgs) -> anyhow::Result<()> {
         &load_config(args.store.config.as_deref())?.embedder,
         data,
         Choice::Best,
-        false,
-    )?;
+    )?
+    .0;
     let opts = SubstrateOptions {
         backend: args.backend.unwrap_or_else(|| backend_of(data)),
         embedder: Arc::clone(&embedder),

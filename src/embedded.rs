@@ -1,0 +1,215 @@
+//! A data directory opened in this process as `serve` opens it ([`crate::setup`]), answering
+//! the requests of docs/http-api.md without a socket: the Python package's `Memory(path)`
+//! (`python/`), and any application that wants the server's exact answers, errors and limits
+//! without running one. The router is the server's ([`crate::http::router`]), so a request
+//! embedded and the same request over HTTP get the same answer byte for byte.
+//!
+//! A request names its namespace and is taken as from a caller already verified, with no
+//! key: the process that opened the directory holds its store and could read every
+//! namespace in it anyway. Nothing listens on a socket. Calls block the calling thread on a
+//! runtime of the handle's own, and may come from many threads at once.
+
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Method, Request, header};
+use tower::ServiceExt as _;
+
+use crate::Runtime;
+use crate::auth::{Auth, Verified};
+use crate::http;
+use crate::setup::{HOLDER, SERVE_URL, refuse_if_held, server_config};
+
+/// An open data directory answering the HTTP contract in-process; closed by
+/// [`Embedded::close`] or when dropped.
+pub struct Embedded {
+    data: PathBuf,
+    /// The runtime and the router over it while open; both dropped at close, for the
+    /// directory to be opened again (by this process or another).
+    open: RwLock<Option<Open>>,
+    /// Runs the requests and the runtime's actors; outlives [`Embedded::close`] so that a
+    /// request racing it ends with an answer, not a panic.
+    tokio: tokio::runtime::Runtime,
+}
+
+struct Open {
+    rt: Runtime,
+    app: Router,
+}
+
+/// An answer: the HTTP status and the JSON body, as `serve` would send them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The status code (200, 422, …).
+    pub status: u16,
+    /// The body: the route's JSON, or the error shape `{"error":{"code","message"}}`.
+    pub body: Vec<u8>,
+}
+
+/// What [`Embedded::request`] refuses before the router sees the request.
+#[derive(Debug)]
+pub enum RequestError {
+    /// [`Embedded::close`] ran.
+    Closed(PathBuf),
+    /// The method or the path is not one HTTP could carry.
+    Malformed(String),
+}
+
+impl std::fmt::Display for RequestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RequestError::Closed(data) => write!(
+                f,
+                "the data directory {} was closed; open it again to go on",
+                data.display()
+            ),
+            RequestError::Malformed(what) => f.write_str(what),
+        }
+    }
+}
+
+impl std::error::Error for RequestError {}
+
+impl Embedded {
+    /// Opens `data` with the policy file `policy` and the config file `config` (each
+    /// optional, as `serve --policy --config`), creating it when new. `holder` says who
+    /// holds the directory (written in it, so that another process refused it can name
+    /// the holder). Answers the handle and the line saying which embedder is in force.
+    pub fn open(
+        data: &Path,
+        policy: Option<&Path>,
+        config: Option<&Path>,
+        holder: &str,
+    ) -> anyhow::Result<(Embedded, String)> {
+        refuse_if_held(data, |url| {
+            format!(
+                "stop it, or talk to it at {url} instead (Memory.connect(\"{url}\") in \
+                 Python)"
+            )
+        })?;
+        let setup = server_config(data, policy, config)?;
+        let tokio = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("shadowbrain")
+            .build()
+            .context("starting the runtime's threads")?;
+        let rt = tokio
+            .block_on(Runtime::open(setup.runtime))
+            .with_context(|| format!("opening the data directory {}", data.display()))?;
+        // A `serve` that held the directory before and crashed left its URL behind.
+        let _ = std::fs::remove_file(data.join(SERVE_URL));
+        if let Err(e) = std::fs::write(data.join(HOLDER), holder) {
+            tracing::warn!(error = %e, "cannot write {HOLDER} in the data directory");
+        }
+        let options = http::Options {
+            limits: setup.file.limits,
+            auth: Auth::open(),
+            server: setup.file.server,
+        };
+        let app = http::router(rt.clone(), options);
+        let embedded = Embedded {
+            data: data.to_path_buf(),
+            open: RwLock::new(Some(Open { rt, app })),
+            tokio,
+        };
+        Ok((embedded, setup.embedder_note))
+    }
+
+    /// The data directory.
+    pub fn data(&self) -> &Path {
+        &self.data
+    }
+
+    /// The runtime's handle, for the library's own calls beside the contract's (the Python
+    /// package's benchmark measures recall through it as the anchor).
+    pub fn runtime(&self) -> Result<Runtime, RequestError> {
+        match &*self.open.read().unwrap_or_else(|p| p.into_inner()) {
+            Some(open) => Ok(open.rt.clone()),
+            None => Err(RequestError::Closed(self.data.clone())),
+        }
+    }
+
+    /// Runs `work` on the handle's runtime, blocking the calling thread until it is done.
+    pub fn block_on<F: std::future::Future>(&self, work: F) -> F::Output {
+        self.tokio.block_on(work)
+    }
+
+    /// Answers `method path` (the path with its query, as docs/http-api.md names it) with
+    /// the JSON `body` (empty for none) and `headers` (an `Idempotency-Key`, say), in
+    /// `namespace`, as `serve` would. Blocks the calling thread until the answer.
+    pub fn request(
+        &self,
+        namespace: &str,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> Result<Answer, RequestError> {
+        let app = match &*self.open.read().unwrap_or_else(|p| p.into_inner()) {
+            Some(open) => open.app.clone(),
+            None => return Err(RequestError::Closed(self.data.clone())),
+        };
+        let method = Method::from_bytes(method.as_bytes())
+            .map_err(|_| RequestError::Malformed(format!("`{method}` is not an HTTP method")))?;
+        let mut request = Request::builder().method(method).uri(path);
+        if !body.is_empty() {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let mut request = request
+            .body(Body::from(body))
+            .map_err(|e| RequestError::Malformed(format!("`{path}`: {e}")))?;
+        request.extensions_mut().insert(Verified {
+            namespace: namespace.to_string(),
+            admin: true,
+            key: String::new(),
+            client: None,
+            viewer: None,
+        });
+        self.tokio.block_on(async move {
+            let answer = match app.oneshot(request).await {
+                Ok(answer) => answer,
+                Err(never) => match never {},
+            };
+            let status = answer.status().as_u16();
+            // The server's own answers are whole JSON documents well under the body limit.
+            let body = axum::body::to_bytes(answer.into_body(), usize::MAX)
+                .await
+                .map(|b| b.to_vec())
+                .unwrap_or_default();
+            Ok(Answer { status, body })
+        })
+    }
+
+    /// Drains and flushes as `serve` does at SIGTERM: every actor finishes what it holds,
+    /// the indexes are flushed and the store is closed. Later requests answer
+    /// [`RequestError::Closed`]; closing again does nothing.
+    pub fn close(&self) -> anyhow::Result<()> {
+        let open = self.open.write().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(Open { rt, app }) = open else {
+            return Ok(());
+        };
+        drop(app);
+        let closed = self
+            .tokio
+            .block_on(rt.shutdown())
+            .with_context(|| format!("closing the data directory {}", self.data.display()));
+        drop(rt);
+        let _ = std::fs::remove_file(self.data.join(HOLDER));
+        closed
+    }
+}
+
+impl Drop for Embedded {
+    fn drop(&mut self) {
+        // A handle dropped without `close` still flushes what it accepted.
+        if let Err(e) = self.close() {
+            tracing::warn!(error = %format!("{e:#}"), "closing the data directory");
+        }
+    }
+}
