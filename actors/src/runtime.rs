@@ -859,8 +859,22 @@ impl SessionHandle {
 
     /// The session's newest `limit` records, newest first.
     pub async fn timeline(&self, limit: usize) -> Result<Vec<MemoryRecord>> {
+        self.timeline_before(limit, None).await
+    }
+
+    /// [`SessionHandle::timeline`] from a cursor: the `limit` records older than `before`
+    /// (a record of this session: the last one of the previous page), newest first.
+    pub async fn timeline_before(
+        &self,
+        limit: usize,
+        before: Option<MemoryId>,
+    ) -> Result<Vec<MemoryRecord>> {
         self.runtime
-            .call_session(&self.key, |reply| SessionMessage::Timeline { limit, reply })
+            .call_session(&self.key, |reply| SessionMessage::Timeline {
+                limit,
+                before,
+                reply,
+            })
             .await
     }
 }

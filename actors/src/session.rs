@@ -37,7 +37,7 @@ use futures::FutureExt;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use shadowbrain_runtime::policy::EvaluationMode;
 use shadowbrain_runtime::{
-    Error, FeedbackReport, FeedbackTarget, Idempotency, MemoryRecord, NewMemory, Outcome,
+    Error, FeedbackReport, FeedbackTarget, Idempotency, MemoryId, MemoryRecord, NewMemory, Outcome,
     RecallRequest, RecallResult, Recorded, Result, Substrate, Timestamp, panic_message,
 };
 use tokio::task::JoinHandle;
@@ -126,9 +126,11 @@ pub(crate) enum SessionMessage {
         request: Box<RecallRequest>,
         reply: RpcReplyPort<Result<RecallResult>>,
     },
-    /// The session's newest records, newest first.
+    /// The session's newest records, newest first; with `before`, those older than that
+    /// record of the session (the next page).
     Timeline {
         limit: usize,
+        before: Option<MemoryId>,
         reply: RpcReplyPort<Result<Vec<MemoryRecord>>>,
     },
     /// How using some memories went; answers what changed. Candidates the promotion
@@ -251,11 +253,34 @@ impl Actor for SessionActor {
                 state.last_active = Instant::now();
                 let _ = reply.send(substrate.recall(&request).await);
             }
-            SessionMessage::Timeline { limit, reply } => {
+            SessionMessage::Timeline {
+                limit,
+                before,
+                reply,
+            } => {
                 state.last_active = Instant::now();
-                let result = substrate
-                    .store()
-                    .timeline(&key.namespace, &key.session, None, limit);
+                let store = substrate.store();
+                let result = match before {
+                    None => Ok(None),
+                    // The cursor is a record of this session: its place in the listing.
+                    Some(id) => match store.get_light(id) {
+                        Ok(Some(r))
+                            if r.namespace == key.namespace && r.session_id == key.session =>
+                        {
+                            Ok(Some((r.event_time, id)))
+                        }
+                        Ok(_) => Err(Error::Invalid {
+                            field: "before".into(),
+                            reason: format!(
+                                "`{id}` is not a record of session `{}`; pass the id of the last \
+                                 record of the previous page",
+                                key.session
+                            ),
+                        }),
+                        Err(e) => Err(e),
+                    },
+                }
+                .and_then(|before| store.timeline(&key.namespace, &key.session, before, limit));
                 let _ = reply.send(result);
             }
             SessionMessage::Feedback {

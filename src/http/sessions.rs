@@ -44,15 +44,17 @@ pub(super) async fn post_recall(
 pub(super) struct TimelineQuery {
     /// How many records (1..=1000, default 100).
     limit: Option<usize>,
+    /// The next page: the records older than this one (the last id of the previous page).
+    before: Option<String>,
 }
 
-/// `GET /v1/sessions/{id}/timeline?limit=`: newest first.
+/// `GET /v1/sessions/{id}/timeline?limit=&before=`: newest first.
 #[utoipa::path(get, path = "/v1/sessions/{session_id}/timeline", tag = "sessions",
     params(("session_id" = String, Path, description = "`[A-Za-z0-9._:-]{1,128}`"), TimelineQuery),
     responses(
         (status = 200, description = "Records, newest first", body = Timeline),
         Unauthorized,
-        (status = 422, description = "`limit` out of range or a bad session id", body = ErrorBody),
+        (status = 422, description = "`limit` out of range, a bad session id, or `before` not a record of the session", body = ErrorBody),
     ))]
 pub(super) async fn get_timeline(
     State(s): State<AppState>,
@@ -62,8 +64,25 @@ pub(super) async fn get_timeline(
 ) -> ApiResult<Json<Timeline>> {
     let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
     let limit = timeline_limit(&s.limits, query.limit)?;
+    let before = query
+        .before
+        .map(|id| {
+            id.parse::<crate::MemoryId>().map_err(|_| {
+                ApiError::invalid(
+                    "before",
+                    format!(
+                        "`{id}` is not a memory id (`mem-` and 8 hex digits); pass the id of \
+                         the last record of the previous page"
+                    ),
+                )
+            })
+        })
+        .transpose()?;
     let session = s.rt.session(&ns.0, &session_id)?;
-    let items = Memory::all_of(s.rt.substrate(), session.timeline(limit).await?)?;
+    let items = Memory::all_of(
+        s.rt.substrate(),
+        session.timeline_before(limit, before).await?,
+    )?;
     Ok(Json(Timeline { items }))
 }
 
