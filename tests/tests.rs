@@ -12,5 +12,6 @@ mod fuzz;
 mod llm;
 mod mcp;
 mod promotion;
+mod python_package;
 mod server;
 mod sim;

@@ -1,0 +1,154 @@
+"""The Python package's benchmark (docs/python.md, "Speed"): embedded record and recall
+from Python against their anchors measured in the same run on the same data.
+
+- Recall: the same queries through ``Memory.recall`` (JSON through the server's router,
+  typed objects built) and through the Rust facade (``SessionHandle::recall_with``, the
+  native module's ``_facade_recall``), alternating query by query; session scope over one
+  session of ``--records`` records.
+- Record: batches of 1,000 events through ``Memory.record``.
+- Anchor: Chroma's ``PersistentClient`` (the embedded store Python users pick), given the
+  same records with the same vectors (the runtime's embedder's), add and query timed here.
+
+Run with scripts/bench-python (a release build into a throwaway virtualenv with Chroma).
+Prints a summary, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import shadowbrain
+
+WORDS = (
+    "deploy runner cache database region cluster token rotate backup restore queue worker "
+    "latency invoice customer refund ticket escalate outage alert metric dashboard config "
+    "secret schema migration index shard replica leader follower lease snapshot archive "
+    "agent session memory recall policy budget plan goal step tool result error retry"
+).split()
+
+
+def texts(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [
+        f"{' '.join(rng.choice(WORDS) for _ in range(12))} #{i}" for i in range(n)
+    ]
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[round(q * (len(ordered) - 1))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--queries", type=int, default=1_000)
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--no-chroma", action="store_true", help="skip the Chroma anchor")
+    args = parser.parse_args()
+
+    corpus = texts(args.records, 7)
+    queries = [" ".join(t.split()[:4]) for t in texts(args.queries, 11)]
+    work = Path(tempfile.mkdtemp(prefix="sb-bench-"))
+    config = work / "shadowbrain.toml"
+    config.write_text('[embedder]\nkind = "hash"\n')
+    out: dict[str, object] = {
+        "records": args.records,
+        "queries": args.queries,
+        "k": args.k,
+        "embedder": "hash",
+        "python": platform.python_version(),
+    }
+
+    memory = shadowbrain.Memory(work / "data", config=config)
+    native = memory._transport._native  # type: ignore[attr-defined]
+
+    # Record: batches of 1,000 events from Python.
+    batch_s: list[float] = []
+    started = time.perf_counter()
+    for i in range(0, len(corpus), 1000):
+        events = [{"kind": "observation", "text": t} for t in corpus[i : i + 1000]]
+        t0 = time.perf_counter()
+        memory.record("bench", events)
+        batch_s.append(time.perf_counter() - t0)
+    total = time.perf_counter() - started
+    out["record"] = {
+        "events_per_s": args.records / total,
+        "batch_1000_p50_ms": pct(batch_s, 0.5) * 1e3,
+        "batch_1000_p99_ms": pct(batch_s, 0.99) * 1e3,
+    }
+    print(f"record: {args.records / total:,.0f} events/s (batches of 1,000)")
+
+    # Warm both paths, then alternate query by query.
+    for q in queries[:50]:
+        memory.recall("bench", q, k=args.k)
+        native._facade_recall("default", "bench", q, args.k, 1)
+    py_us: list[float] = []
+    rust_us: list[float] = []
+    for q in queries:
+        t0 = time.perf_counter_ns()
+        recall = memory.recall("bench", q, k=args.k)
+        _ = [m.id for m in recall.memories]
+        py_us.append((time.perf_counter_ns() - t0) / 1e3)
+        rust_us.append(native._facade_recall("default", "bench", q, args.k, 1)[0] / 1e3)
+    out["recall"] = {
+        "python_p50_us": pct(py_us, 0.5),
+        "python_p99_us": pct(py_us, 0.99),
+        "facade_p50_us": pct(rust_us, 0.5),
+        "facade_p99_us": pct(rust_us, 0.99),
+        "python_minus_facade_p50_us": pct(py_us, 0.5) - pct(rust_us, 0.5),
+        "python_mean_us": statistics.fmean(py_us),
+    }
+    print(
+        f"recall p50: Python {pct(py_us, 0.5):.0f} µs, Rust facade {pct(rust_us, 0.5):.0f} µs "
+        f"(+{pct(py_us, 0.5) - pct(rust_us, 0.5):.0f} µs)"
+    )
+
+    if not args.no_chroma:
+        import chromadb
+
+        vectors: list[list[float]] = []
+        for i in range(0, len(corpus), 1000):
+            vectors.extend(native._embed(corpus[i : i + 1000]))
+        query_vectors = native._embed(queries)
+        client = chromadb.PersistentClient(path=str(work / "chroma"))
+        collection = client.create_collection("bench", embedding_function=None)
+        started = time.perf_counter()
+        for i in range(0, len(corpus), 1000):
+            collection.add(
+                ids=[str(j) for j in range(i, min(i + 1000, len(corpus)))],
+                embeddings=vectors[i : i + 1000],
+                documents=corpus[i : i + 1000],
+            )
+        add_total = time.perf_counter() - started
+        for v in query_vectors[:50]:
+            collection.query(query_embeddings=[v], n_results=args.k)
+        chroma_us: list[float] = []
+        for v in query_vectors:
+            t0 = time.perf_counter_ns()
+            collection.query(query_embeddings=[v], n_results=args.k)
+            chroma_us.append((time.perf_counter_ns() - t0) / 1e3)
+        out["chroma"] = {
+            "version": chromadb.__version__,
+            "add_per_s": args.records / add_total,
+            "query_p50_us": pct(chroma_us, 0.5),
+            "query_p99_us": pct(chroma_us, 0.99),
+        }
+        print(
+            f"chroma {chromadb.__version__}: add {args.records / add_total:,.0f}/s, "
+            f"query p50 {pct(chroma_us, 0.5):.0f} µs"
+        )
+
+    memory.close()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

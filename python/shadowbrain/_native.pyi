@@ -1,0 +1,28 @@
+"""The native module (Rust, PyO3): a data directory opened in this process."""
+
+class NativeError(Exception):
+    """A refusal: ``args`` is ``(code, message)``."""
+
+class Native:
+    def __init__(
+        self,
+        path: str,
+        policy: str | None = None,
+        config: str | None = None,
+        holder: str = "a Python process",
+    ) -> None: ...
+    @property
+    def embedder(self) -> str: ...
+    def request(
+        self,
+        namespace: str,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: list[tuple[str, str]] = ...,
+    ) -> tuple[int, bytes]: ...
+    def _facade_recall(
+        self, namespace: str, session_id: str, query: str, k: int, repeats: int
+    ) -> list[int]: ...
+    def _embed(self, texts: list[str]) -> list[list[float]]: ...
+    def close(self) -> None: ...

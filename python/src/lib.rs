@@ -1,0 +1,160 @@
+//! `shadowbrain._native`: the Rust half of the Python package. One class, `Native`, over
+//! [`shadowbrain::embedded::Embedded`]: a data directory opened in this process as `serve`
+//! opens it, answering the HTTP contract's requests without a socket. The Python half
+//! (`python/shadowbrain/`) turns its JSON answers into typed objects and its error bodies
+//! into exceptions, the same way for this and for a server reached over HTTP, so both
+//! speak one protocol.
+//!
+//! Every call releases the GIL while the runtime works, so Python threads sharing one
+//! `Native` run their requests at once.
+
+use std::path::PathBuf;
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use shadowbrain::RecallRequest;
+use shadowbrain::embedded::{Embedded, RequestError};
+use shadowbrain::setup::DirectoryHeld;
+
+create_exception!(
+    _native,
+    NativeError,
+    PyException,
+    "A refusal of the native module: args are (code, message)."
+);
+
+/// The error for Python: the contract's code and a message saying how to fix it.
+fn native_error(code: &str, message: String) -> PyErr {
+    NativeError::new_err((code.to_string(), message))
+}
+
+/// A data directory opened in this process.
+#[pyclass(frozen, module = "shadowbrain._native")]
+struct Native {
+    inner: Embedded,
+    note: String,
+}
+
+#[pymethods]
+impl Native {
+    /// Opens `path` as `serve --data path --policy policy --config config` would; `holder`
+    /// names this process to another one refused the directory.
+    #[new]
+    #[pyo3(signature = (path, policy=None, config=None, holder=String::from("a Python process")))]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        policy: Option<PathBuf>,
+        config: Option<PathBuf>,
+        holder: String,
+    ) -> PyResult<Native> {
+        let opened =
+            py.detach(|| Embedded::open(&path, policy.as_deref(), config.as_deref(), &holder));
+        match opened {
+            Ok((inner, note)) => Ok(Native { inner, note }),
+            Err(e) => {
+                let code = match e.downcast_ref::<DirectoryHeld>() {
+                    Some(_) => "directory_in_use",
+                    None => "cannot_open",
+                };
+                Err(native_error(code, format!("{e:#}")))
+            }
+        }
+    }
+
+    /// Which embedder is in force, and why (the line `serve` prints at start-up).
+    #[getter]
+    fn embedder(&self) -> &str {
+        &self.note
+    }
+
+    /// Answers `method path` with the JSON `body` and `headers` in `namespace`: the status
+    /// and the JSON body `serve` would send.
+    #[pyo3(signature = (namespace, method, path, body=None, headers=Vec::new()))]
+    fn request<'py>(
+        &self,
+        py: Python<'py>,
+        namespace: &str,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        headers: Vec<(String, String)>,
+    ) -> PyResult<(u16, Bound<'py, PyBytes>)> {
+        let body = body.map(<[u8]>::to_vec).unwrap_or_default();
+        let answer = py.detach(|| {
+            let headers: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            self.inner.request(namespace, method, path, &headers, body)
+        });
+        match answer {
+            Ok(answer) => Ok((answer.status, PyBytes::new(py, &answer.body))),
+            Err(e @ RequestError::Closed(_)) => Err(native_error("closed", e.to_string())),
+            Err(e @ RequestError::Malformed(_)) => Err(native_error("bad_request", e.to_string())),
+        }
+    }
+
+    /// The benchmark's anchor: `repeats` recalls of `query` in `session_id` through the
+    /// Rust facade (`SessionHandle::recall_with`, no JSON, no router), as `recall` asks
+    /// them (scope session, the knowledge pool included); each one's nanoseconds.
+    fn _facade_recall(
+        &self,
+        py: Python<'_>,
+        namespace: &str,
+        session_id: &str,
+        query: &str,
+        k: usize,
+        repeats: usize,
+    ) -> PyResult<Vec<u64>> {
+        py.detach(|| {
+            let rt = self.inner.runtime().map_err(|e| e.to_string())?;
+            let session = rt
+                .session(namespace, session_id)
+                .map_err(|e| e.to_string())?;
+            self.inner.block_on(async {
+                let mut took = Vec::with_capacity(repeats);
+                for _ in 0..repeats {
+                    let mut request = RecallRequest::new(namespace, session_id, query);
+                    request.k = k;
+                    let started = std::time::Instant::now();
+                    session
+                        .recall_with(request)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    took.push(started.elapsed().as_nanos() as u64);
+                }
+                Ok(took)
+            })
+        })
+        .map_err(|e: String| native_error("benchmark", e))
+    }
+
+    /// The vectors the runtime's embedder gives `texts` (the benchmark hands the same ones
+    /// to its anchor).
+    fn _embed(&self, py: Python<'_>, texts: Vec<String>) -> PyResult<Vec<Vec<f32>>> {
+        py.detach(|| {
+            let rt = self.inner.runtime().map_err(|e| e.to_string())?;
+            let embedder = rt.substrate().embedder().clone();
+            self.inner
+                .block_on(async move { embedder.embed(&texts).await })
+                .map_err(|e| e.to_string())
+        })
+        .map_err(|e: String| native_error("benchmark", e))
+    }
+
+    /// Drains and flushes as `serve` does at SIGTERM; later requests raise `closed`.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.close())
+            .map_err(|e| native_error("cannot_close", format!("{e:#}")))
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Native>()?;
+    m.add("NativeError", m.py().get_type::<NativeError>())?;
+    Ok(())
+}

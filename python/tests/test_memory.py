@@ -1,0 +1,268 @@
+"""Every method of ``Memory``, embedded and as a client of ``serve``: answers, typed
+objects, errors with the contract's codes, threads, asyncio, durability across a close,
+and a data directory another holder keeps."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+import shadowbrain
+from shadowbrain import (
+    AsyncMemory,
+    Closed,
+    DirectoryInUse,
+    InvalidRequest,
+    Memory,
+    NotFound,
+    Recall,
+    Recalled,
+    Record,
+    ShadowbrainError,
+)
+
+from .conftest import Server
+
+
+def test_record_and_recall_answer_typed_explained_memories(memory: Memory) -> None:
+    ids = memory.record("s1", text="the deploy runner lives in eu-west-1", agent_id="ops")
+    assert len(ids) == 1 and ids[0].startswith("mem-")
+    memory.record(
+        "s1",
+        [
+            {"kind": "observation", "text": "the staging database is postgres 16"},
+            {"kind": "action", "text": "restarted the cache on host blue", "metadata": {"host": "blue"}},
+        ],
+    )
+    recall = memory.recall("s1", "where does the deploy runner live?", k=3)
+    assert isinstance(recall, Recall)
+    assert recall.recall_id and recall.policy.name
+    assert recall.memories, recall
+    best = recall.memories[0]
+    assert isinstance(best, Recalled) and isinstance(best, Record)
+    assert best.id == ids[0]
+    assert best.text == "the deploy runner lives in eu-west-1"
+    assert best.kind == "observation" and best.tier == "episodic" and best.status == "active"
+    assert best.agent_id == "ops" and best.session_id == "s1" and best.namespace == "default"
+    assert best.score > 0 and 0 <= best.why.relevance <= 1
+    assert "eu-west-1" in recall.context
+    assert "Recalled(" in repr(best)
+
+
+def test_kinds_scope_and_time_filters_are_passed(memory: Memory) -> None:
+    memory.record("a1", text="alpha fact about rivers", agent_id="x")
+    memory.record("a2", text="alpha fact about mountains", agent_id="x")
+    memory.record("a2", text="alpha action taken", kind="action", agent_id="y")
+    only_session = memory.recall("a1", "alpha", k=10)
+    assert {m.session_id for m in only_session.memories} == {"a1"}
+    namespace = memory.recall("a1", "alpha", k=10, scope="namespace")
+    assert {m.session_id for m in namespace.memories} == {"a1", "a2"}
+    actions = memory.recall("a2", "alpha", k=10, kinds=["action"])
+    assert [m.kind for m in actions.memories] == ["action"]
+    future = datetime.now(timezone.utc) + timedelta(days=1)
+    assert memory.recall("a2", "alpha", since=future).memories == []
+
+
+def test_feedback_condense_timeline_sessions(memory: Memory) -> None:
+    for i in range(8):
+        memory.record("s2", text=f"step {i} of the migration went fine")
+    recall = memory.recall("s2", "migration step")
+    assert memory.feedback("s2", recall_id=recall.recall_id, outcome="success") == len(recall.memories)
+    first = recall.memories[0].id
+    assert memory.feedback("s2", memory_ids=[first], outcome="failure") == 1
+    timeline = memory.timeline("s2", limit=3)
+    assert [r.text for r in timeline] == [f"step {i} of the migration went fine" for i in (7, 6, 5)]
+    page = memory.timeline("s2", limit=3, before=timeline[-1].id)
+    assert [r.text for r in page] == [f"step {i} of the migration went fine" for i in (4, 3, 2)]
+    condensed = memory.condense("s2")
+    assert condensed is None or condensed.startswith("mem-")
+    sessions = {s.session_id: s for s in memory.sessions()}
+    assert sessions["s2"].events == 8
+
+
+def test_get_history_mark_resolve_forget(memory: Memory) -> None:
+    (wrong,) = memory.record("s3", text="the api key rotates every 90 days")
+    (right,) = memory.record("s3", text="the api token is rotated monthly")
+    record = memory.get(wrong)
+    assert record.id == wrong and record.chain is not None
+    marked = memory.mark(wrong, "wrong", reason="checked with security")
+    assert marked.status == "wrong"
+    assert wrong not in [m.id for m in memory.recall("s3", "api key rotation").memories]
+    actions = [e.action for e in memory.history(wrong)]
+    assert actions[0] and len(actions) >= 2
+    assert any("checked with security" in e.detail for e in memory.history(wrong))
+    forgotten = memory.forget(right)
+    assert forgotten.status == "archived"
+    pinned = memory.mark(forgotten.id, "active")
+    assert pinned.status == "active"
+
+
+def test_knowledge_search_and_policy(memory: Memory) -> None:
+    found = memory.knowledge_search("anything at all", k=5)
+    assert isinstance(found, Recall) and found.memories == []
+    policy = memory.policy()
+    assert policy["name"] and policy["hash"]
+
+
+@pytest.mark.parametrize(
+    ("call", "code", "status"),
+    [
+        (lambda m: m.recall("s", "q", k=0), "invalid_k", 422),
+        (lambda m: m.recall("s", "q", k=1000), "invalid_k", 422),
+        (lambda m: m.recall("bad/session", "q"), "invalid_session_id", 422),
+        (lambda m: m.record("s", text="x", kind="Not A Kind"), "invalid_kind", 422),
+        (lambda m: m.get("mem-ffffffff"), "not_found", 404),
+        (lambda m: m.mark("mem-ffffffff", "pinned"), "not_found", 404),
+        (lambda m: m.timeline("s", limit=0), "invalid_limit", 422),
+        (lambda m: m.timeline("s", before="yesterday"), "invalid_before", 422),
+        (lambda m: m.timeline("s", before="mem-ffffffff"), "invalid_before", 422),
+        (lambda m: m.feedback("s", outcome="success"), "invalid_feedback", 422),
+    ],
+)
+def test_errors_carry_the_contracts_code(memory: Memory, call, code: str, status: int) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ShadowbrainError) as raised:
+        call(memory)
+    error = raised.value
+    assert (error.code, error.status) == (code, status), error
+    assert error.message
+    assert isinstance(error, NotFound if status == 404 else InvalidRequest)
+
+
+def test_bad_arguments_are_refused_before_sending(memory: Memory) -> None:
+    with pytest.raises(InvalidRequest) as raised:
+        memory.recall("s", "q", since=datetime(2026, 1, 1))
+    assert raised.value.code == "invalid_since" and "time zone" in raised.value.message
+    with pytest.raises(InvalidRequest):
+        memory.record("s")
+    with pytest.raises(InvalidRequest):
+        memory.record("s", [{"kind": "observation", "text": "x"}], text="y")
+
+
+def test_an_idempotency_key_stores_a_write_once(memory: Memory) -> None:
+    first = memory.record("s4", text="once only", idempotency_key="write-1")
+    again = memory.record("s4", text="once only", idempotency_key="write-1")
+    assert first == again
+    assert len(memory.timeline("s4")) == 1
+    with pytest.raises(InvalidRequest) as raised:
+        memory.record("s4", text="something else", idempotency_key="write-1")
+    assert raised.value.code == "invalid_idempotency_key"
+
+
+def test_a_closed_memory_refuses_calls(memory: Memory) -> None:
+    memory.close()
+    memory.close()
+    with pytest.raises(Closed):
+        memory.recall("s", "q")
+
+
+def test_threads_share_one_memory(memory: Memory) -> None:
+    errors: list[BaseException] = []
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def agent(n: int) -> None:
+        try:
+            for i in range(10):
+                new = memory.record(f"t{n}", text=f"thread {n} fact {i} zebra{n}")
+                with lock:
+                    ids.extend(new)
+                found = memory.recall(f"t{n}", f"zebra{n}", k=20)
+                assert all(m.session_id == f"t{n}" for m in found.memories)
+        except BaseException as e:  # noqa: BLE001 — reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=agent, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(ids) == len(set(ids)) == 80
+    assert sum(s.events for s in memory.sessions()) == 80
+
+
+def test_async_memory_answers_the_same(memory: Memory) -> None:
+    async def main() -> None:
+        m = AsyncMemory.wrap(memory)
+        ids = await asyncio.gather(*(m.record(f"as{i}", text=f"async fact {i}") for i in range(10)))
+        assert len({i[0] for i in ids}) == 10
+        recalls = await asyncio.gather(*(m.recall(f"as{i}", "async fact") for i in range(10)))
+        assert all(r.memories for r in recalls)
+        assert (await m.get(ids[0][0])).text == "async fact 0"
+
+    asyncio.run(main())
+
+
+def test_embedded_writes_survive_a_close_and_reopen(tmp_path: Path, config_file: Path) -> None:
+    data = tmp_path / "data"
+    with Memory(data, config=config_file) as m:
+        ids = m.record("s", [{"kind": "observation", "text": f"durable {i}"} for i in range(100)])
+        assert m.embedder is not None and "hash" in m.embedder
+    with Memory(data, config=config_file) as m:
+        # The policy condenses the session as it grows: the 100 events, and its summary.
+        episodes = [r for r in m.timeline("s", limit=1000) if r.tier == "episodic"]
+        assert len(episodes) == 100
+        assert m.get(ids[42]).text == "durable 42"
+
+
+def test_a_held_directory_is_refused_naming_the_holder(tmp_path: Path, config_file: Path) -> None:
+    data = tmp_path / "data"
+    with Memory(data, config=config_file):
+        with pytest.raises(DirectoryInUse) as raised:
+            Memory(data, config=config_file)
+        assert "the Python process" in raised.value.message
+        # Another process gets the same refusal, naming this one.
+        script = (
+            "import shadowbrain, sys\n"
+            "try:\n"
+            f"    shadowbrain.Memory({str(data)!r})\n"
+            "except shadowbrain.DirectoryInUse as e:\n"
+            "    print(e.message); sys.exit(3)\n"
+        )
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 3, out.stderr
+        assert "the Python process" in out.stdout
+    # Released at close: it opens again.
+    Memory(data, config=config_file).close()
+
+
+def test_a_directory_a_server_holds_is_refused_with_its_url(server: Server, config_file: Path) -> None:
+    with pytest.raises(DirectoryInUse) as raised:
+        Memory(server.data, config=config_file)
+    assert server.url in raised.value.message and "Memory.connect" in raised.value.message
+
+
+def test_a_client_reaches_the_same_data_as_the_server(server: Server, config_file: Path) -> None:
+    with Memory.connect(server.url) as client:
+        client.record("shared", text="written over HTTP")
+    server.stop()
+    with Memory(server.data, config=config_file) as embedded:
+        assert [r.text for r in embedded.timeline("shared")] == ["written over HTTP"]
+
+
+def test_a_client_says_when_the_server_is_not_there() -> None:
+    client = Memory.connect("http://127.0.0.1:9", timeout=5)
+    with pytest.raises(shadowbrain.ConnectionFailed) as raised:
+        client.recall("s", "q")
+    assert "127.0.0.1:9" in raised.value.message
+    with pytest.raises(InvalidRequest):
+        Memory.connect("not a url")
+
+
+def test_namespaces_are_kept_apart(tmp_path: Path, config_file: Path) -> None:
+    with Memory(tmp_path / "data", config=config_file, namespace="acme") as acme:
+        (mine,) = acme.record("s", text="acme's secret plan")
+        other = acme.in_namespace("globex")
+        other.record("s", text="globex's own plan")
+        assert [m.text for m in other.recall("s", "plan").memories] == ["globex's own plan"]
+        with pytest.raises(NotFound):
+            other.get(mine)
+        with pytest.raises(InvalidRequest) as raised:
+            acme.in_namespace("not a namespace!").recall("s", "q")
+        assert raised.value.code == "invalid_namespace"
