@@ -3,8 +3,8 @@ from Python against their anchors measured in the same run on the same data.
 
 - Recall: the same queries through ``Memory.recall`` (JSON through the server's router,
   typed objects built) and through the Rust facade (``SessionHandle::recall_with``, the
-  native module's ``_facade_recall``), alternating query by query; session scope over one
-  session of ``--records`` records.
+  native module's ``_facade_recall``), alternating query by query; session scope, the
+  ``--records`` records spread over ``--sessions`` sessions.
 - Record: batches of 1,000 events through ``Memory.record``.
 - Anchor: Chroma's ``PersistentClient`` (the embedded store Python users pick), given the
   same records with the same vectors (the runtime's embedder's), add and query timed here.
@@ -49,6 +49,7 @@ def pct(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--queries", type=int, default=1_000)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--no-chroma", action="store_true", help="skip the Chroma anchor")
@@ -61,6 +62,7 @@ def main() -> None:
     config.write_text('[embedder]\nkind = "hash"\n')
     out: dict[str, object] = {
         "records": args.records,
+        "sessions": args.sessions,
         "queries": args.queries,
         "k": args.k,
         "embedder": "hash",
@@ -70,13 +72,13 @@ def main() -> None:
     memory = shadowbrain.Memory(work / "data", config=config)
     native = memory._transport._native  # type: ignore[attr-defined]
 
-    # Record: batches of 1,000 events from Python.
+    # Record: batches of 1,000 events from Python, each to a session in turn.
     batch_s: list[float] = []
     started = time.perf_counter()
-    for i in range(0, len(corpus), 1000):
+    for n, i in enumerate(range(0, len(corpus), 1000)):
         events = [{"kind": "observation", "text": t} for t in corpus[i : i + 1000]]
         t0 = time.perf_counter()
-        memory.record("bench", events)
+        memory.record(f"s{n % args.sessions}", events)
         batch_s.append(time.perf_counter() - t0)
     total = time.perf_counter() - started
     out["record"] = {
@@ -86,18 +88,25 @@ def main() -> None:
     }
     print(f"record: {args.records / total:,.0f} events/s (batches of 1,000)")
 
+    # Recall is measured once the writes are absorbed: indexes built, background work done.
+    t0 = time.perf_counter()
+    native._settle()
+    out["record"]["settle_s"] = time.perf_counter() - t0  # type: ignore[index]
+    print(f"settled in {time.perf_counter() - t0:.1f} s")
+
     # Warm both paths, then alternate query by query.
-    for q in queries[:50]:
-        memory.recall("bench", q, k=args.k)
-        native._facade_recall("default", "bench", q, args.k, 1)
+    for j, q in enumerate(queries[:50]):
+        memory.recall(f"s{j % args.sessions}", q, k=args.k)
+        native._facade_recall("default", f"s{j % args.sessions}", q, args.k, 1)
     py_us: list[float] = []
     rust_us: list[float] = []
-    for q in queries:
+    for j, q in enumerate(queries):
+        session = f"s{j % args.sessions}"
         t0 = time.perf_counter_ns()
-        recall = memory.recall("bench", q, k=args.k)
+        recall = memory.recall(session, q, k=args.k)
         _ = [m.id for m in recall.memories]
         py_us.append((time.perf_counter_ns() - t0) / 1e3)
-        rust_us.append(native._facade_recall("default", "bench", q, args.k, 1)[0] / 1e3)
+        rust_us.append(native._facade_recall("default", session, q, args.k, 1)[0] / 1e3)
     out["recall"] = {
         "python_p50_us": pct(py_us, 0.5),
         "python_p99_us": pct(py_us, 0.99),

@@ -132,6 +132,27 @@ impl Native {
         .map_err(|e: String| native_error("benchmark", e))
     }
 
+    /// The benchmark's wait before it measures recall: the background actors' work done and
+    /// both indexes caught up with every write (as a server is once a burst of writes has
+    /// been absorbed).
+    fn _settle(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            let rt = self.inner.runtime().map_err(|e| e.to_string())?;
+            self.inner.block_on(async {
+                rt.settle().await.map_err(|e| e.to_string())?;
+                while !rt
+                    .substrate()
+                    .indexes_caught_up()
+                    .map_err(|e| e.to_string())?
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Ok(())
+            })
+        })
+        .map_err(|e: String| native_error("benchmark", e))
+    }
+
     /// The vectors the runtime's embedder gives `texts` (the benchmark hands the same ones
     /// to its anchor).
     fn _embed(&self, py: Python<'_>, texts: Vec<String>) -> PyResult<Vec<Vec<f32>>> {
