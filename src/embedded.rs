@@ -7,7 +7,8 @@
 //! A request names its namespace and is taken as from a caller already verified, with no
 //! key: the process that opened the directory holds its store and could read every
 //! namespace in it anyway. Nothing listens on a socket. Calls block the calling thread on a
-//! runtime of the handle's own, and may come from many threads at once.
+//! runtime of the handle's own, and may come from many threads at once; they are for
+//! threads outside any async runtime (async code serves `http::router` itself).
 
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
@@ -31,8 +32,8 @@ pub struct Embedded {
     /// directory to be opened again (by this process or another).
     open: RwLock<Option<Open>>,
     /// Runs the requests and the runtime's actors; outlives [`Embedded::close`] so that a
-    /// request racing it ends with an answer, not a panic.
-    tokio: tokio::runtime::Runtime,
+    /// request racing it ends with an answer, not a panic. Taken only when dropped.
+    tokio: Option<tokio::runtime::Runtime>,
 }
 
 struct Open {
@@ -113,7 +114,7 @@ impl Embedded {
         let embedded = Embedded {
             data: data.to_path_buf(),
             open: RwLock::new(Some(Open { rt, app })),
-            tokio,
+            tokio: Some(tokio),
         };
         Ok((embedded, setup.embedder_note))
     }
@@ -134,7 +135,14 @@ impl Embedded {
 
     /// Runs `work` on the handle's runtime, blocking the calling thread until it is done.
     pub fn block_on<F: std::future::Future>(&self, work: F) -> F::Output {
-        self.tokio.block_on(work)
+        self.threads().block_on(work)
+    }
+
+    fn threads(&self) -> &tokio::runtime::Runtime {
+        // Present from `open` until `drop`.
+        self.tokio
+            .as_ref()
+            .expect("the handle's runtime lives until it is dropped")
     }
 
     /// Answers `method path` (the path with its query, as docs/http-api.md names it) with
@@ -148,6 +156,15 @@ impl Embedded {
         headers: &[(&str, &str)],
         body: Vec<u8>,
     ) -> Result<Answer, RequestError> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Blocking a runtime's worker on another runtime would panic.
+            return Err(RequestError::Malformed(
+                "Embedded::request blocks its thread and was called from async code; call it \
+                 from a plain thread (tokio::task::spawn_blocking), or serve \
+                 shadowbrain::http::router from the async code itself"
+                    .into(),
+            ));
+        }
         let app = match &*self.open.read().unwrap_or_else(|p| p.into_inner()) {
             Some(open) => open.app.clone(),
             None => return Err(RequestError::Closed(self.data.clone())),
@@ -171,7 +188,7 @@ impl Embedded {
             client: None,
             viewer: None,
         });
-        self.tokio.block_on(async move {
+        self.threads().block_on(async move {
             let answer = match app.oneshot(request).await {
                 Ok(answer) => answer,
                 Err(never) => match never {},
@@ -195,10 +212,18 @@ impl Embedded {
             return Ok(());
         };
         drop(app);
-        let closed = self
-            .tokio
-            .block_on(rt.shutdown())
-            .with_context(|| format!("closing the data directory {}", self.data.display()));
+        let shutdown = || {
+            self.threads()
+                .block_on(rt.shutdown())
+                .with_context(|| format!("closing the data directory {}", self.data.display()))
+        };
+        // Dropped inside async code, the blocking wait runs on a thread of its own: a
+        // runtime's worker may not block on another runtime.
+        let closed = match tokio::runtime::Handle::try_current() {
+            Ok(_) => std::thread::scope(|s| s.spawn(shutdown).join())
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("closing the data directory panicked"))),
+            Err(_) => shutdown(),
+        };
         drop(rt);
         let _ = std::fs::remove_file(self.data.join(HOLDER));
         closed
@@ -211,5 +236,94 @@ impl Drop for Embedded {
         if let Err(e) = self.close() {
             tracing::warn!(error = %format!("{e:#}"), "closing the data directory");
         }
+        // Inside async code a runtime may only be let go of without waiting for it.
+        if let (Some(threads), Ok(_)) = (self.tokio.take(), tokio::runtime::Handle::try_current()) {
+            threads.shutdown_background();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(dir: &Path) -> Embedded {
+        let config = dir.join("shadowbrain.toml");
+        std::fs::write(&config, "[embedder]\nkind = \"hash\"\n").unwrap();
+        Embedded::open(&dir.join("data"), None, Some(&config), "this test")
+            .unwrap()
+            .0
+    }
+
+    fn json(answer: &Answer) -> serde_json::Value {
+        serde_json::from_slice(&answer.body).unwrap()
+    }
+
+    #[test]
+    fn answers_the_contract_in_each_namespace_and_refuses_a_second_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let embedded = open(dir.path());
+        let event = br#"{"kind":"observation","text":"the runner is in eu-1"}"#.to_vec();
+        let written = embedded
+            .request("acme", "POST", "/v1/sessions/s/events", &[], event)
+            .unwrap();
+        assert_eq!(written.status, 201, "{}", json(&written));
+        let id = json(&written)["ids"][0].as_str().unwrap().to_string();
+        let mine = embedded
+            .request(
+                "acme",
+                "GET",
+                &format!("/v1/memories/{id}"),
+                &[],
+                Vec::new(),
+            )
+            .unwrap();
+        assert_eq!(json(&mine)["namespace"], "acme");
+        let theirs = embedded
+            .request(
+                "globex",
+                "GET",
+                &format!("/v1/memories/{id}"),
+                &[],
+                Vec::new(),
+            )
+            .unwrap();
+        assert_eq!(theirs.status, 404);
+        let bad = br#"{"query":"runner","k":0}"#.to_vec();
+        let refused = embedded
+            .request("acme", "POST", "/v1/sessions/s/recall", &[], bad)
+            .unwrap();
+        assert_eq!(refused.status, 422);
+        assert_eq!(json(&refused)["error"]["code"], "invalid_k");
+
+        let again = Embedded::open(&dir.path().join("data"), None, None, "another");
+        let why = format!("{:#}", again.err().unwrap());
+        assert!(why.contains("in use by this test"), "{why}");
+
+        embedded.close().unwrap();
+        let closed = embedded.request("acme", "GET", "/v1/sessions", &[], Vec::new());
+        assert!(matches!(closed, Err(RequestError::Closed(_))));
+        drop(embedded);
+        // Released: it opens again, with what was written.
+        let reopened = open(dir.path());
+        let timeline = reopened
+            .request("acme", "GET", "/v1/sessions/s/timeline", &[], Vec::new())
+            .unwrap();
+        assert_eq!(json(&timeline)["items"][0]["text"], "the runner is in eu-1");
+    }
+
+    #[test]
+    fn async_code_gets_an_error_not_a_panic_and_may_drop_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let embedded = open(dir.path());
+        let outer = tokio::runtime::Runtime::new().unwrap();
+        outer.block_on(async move {
+            let refused = embedded.request("acme", "GET", "/v1/sessions", &[], Vec::new());
+            assert!(
+                matches!(&refused, Err(RequestError::Malformed(m)) if m.contains("async code")),
+                "{refused:?}"
+            );
+            drop(embedded);
+        });
     }
 }
