@@ -4,9 +4,7 @@
 defaults as ``shadowbrain serve``); ``Memory.connect(url, api_key=...)`` talks to a running
 server. Both have the same methods, named as the HTTP API's verbs (``record``, ``recall``,
 ``feedback``, ...), answer the same typed objects and raise the same ``ShadowbrainError``
-subclasses. ``AsyncMemory`` is the same for asyncio. Adapters: ``shadowbrain.langgraph``
-(a LangGraph store) and ``shadowbrain.agents`` (an OpenAI Agents SDK session and tools).
-See docs/python.md.
+subclasses. ``AsyncMemory`` is the same for asyncio. See docs/python.md.
 """
 
 from ._memory import AsyncMemory, Memory
