@@ -45,8 +45,11 @@ class Embedded:
         config: str | os.PathLike[str] | None,
         namespace: str,
     ) -> None:
+        # Imported here, not at module level: a client (`Memory.connect`) needs no native
+        # module.
         from . import _native
 
+        self._refused = _native.NativeError
         self.path = Path(path)
         self.namespace = namespace
         program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
@@ -59,29 +62,22 @@ class Embedded:
                 holder,
             )
         except _native.NativeError as e:
-            code, message = e.args
-            raise error_from(code, message) from None
+            raise _error(e) from None
         self.embedder: str = self._native.embedder
 
     def call(
         self, method: str, path: str, body: bytes | None, headers: list[tuple[str, str]]
     ) -> tuple[int, bytes]:
-        from . import _native
-
         try:
             return self._native.request(self.namespace, method, path, body, headers)
-        except _native.NativeError as e:
-            code, message = e.args
-            raise error_from(code, message) from None
+        except self._refused as e:
+            raise _error(e) from None
 
     def close(self) -> None:
-        from . import _native
-
         try:
             self._native.close()
-        except _native.NativeError as e:
-            code, message = e.args
-            raise error_from(code, message) from None
+        except self._refused as e:
+            raise _error(e) from None
 
     def describe(self) -> str:
         return f"{self.path} (embedded, namespace {self.namespace!r})"
@@ -92,6 +88,12 @@ class Embedded:
         view.__dict__.update(self.__dict__)
         view.namespace = namespace
         return view
+
+
+def _error(refusal: Exception) -> Exception:
+    """The package's error for a refusal of the native module (args: code, message)."""
+    code, message = refusal.args
+    return error_from(code, message)
 
 
 class Http:
