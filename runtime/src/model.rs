@@ -620,6 +620,11 @@ pub struct NewMemory {
     /// A precomputed embedding (the embedder is skipped).
     #[serde(default)]
     pub embedding: Option<Vec<f32>>,
+    /// Written pinned: the record never fades, as if marked `pinned` at once, in the same
+    /// write (no window in which a decay sweep could archive it). For what a client keeps
+    /// whole and in order, such as a conversation's items.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pinned: bool,
 }
 
 /// A validated event, ready to become a record.
@@ -643,6 +648,8 @@ pub struct ValidMemory {
     pub importance: Option<f32>,
     /// Embedding, if sent (finite, right dimension).
     pub embedding: Option<Vec<f32>>,
+    /// Written pinned.
+    pub pinned: bool,
 }
 
 /// Checks an id (session, agent, namespace) against `[A-Za-z0-9._:-]{1,128}`.
@@ -832,6 +839,7 @@ impl NewMemory {
             timestamp: self.timestamp,
             importance: self.importance,
             embedding: self.embedding,
+            pinned: self.pinned,
         })
     }
 }

@@ -95,6 +95,9 @@ pub struct EventIn {
     /// A vector the client already has: the store's dimension, finite numbers. The
     /// embedder is skipped.
     pub embedding: Option<Vec<f32>>,
+    /// Written pinned: it never fades (as `PATCH {"status":"pinned"}` would), in the same
+    /// write. Default false.
+    pub pinned: Option<bool>,
 }
 
 /// `POST /v1/sessions/{session_id}/events`: one event, or a batch of at most 1000.

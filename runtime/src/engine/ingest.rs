@@ -17,8 +17,8 @@ use crate::embed::{Embedded, embed_records};
 use crate::error::{Error, Result};
 use crate::index::passage;
 use crate::model::{
-    AuditAction, AuditEntry, MemoryId, MemoryRecord, NewMemory, Passage, validate_embedding,
-    validate_id,
+    AuditAction, AuditEntry, MemoryId, MemoryRecord, NewMemory, Passage, Status,
+    validate_embedding, validate_id,
 };
 use crate::policy::EvaluationMode;
 use crate::store::{Idempotent, Mutation, Queue, WriteSet, stored_embedding};
@@ -241,7 +241,13 @@ impl Substrate {
             } else {
                 ""
             };
+            let status = if v.pinned {
+                Status::Pinned
+            } else {
+                Status::Active
+            };
             let record = MemoryRecord {
+                status,
                 agent_id: v.agent_id,
                 content: v.content,
                 metadata: v.metadata,
@@ -260,7 +266,12 @@ impl Substrate {
                     at: now,
                     action: AuditAction::Created,
                     by,
-                    detail: format!("{} in session {}", record.kind, record.session_id),
+                    detail: format!(
+                        "{} in session {}{}",
+                        record.kind,
+                        record.session_id,
+                        if v.pinned { ", pinned" } else { "" }
+                    ),
                 },
             ));
             writes.push(Mutation::Audit(

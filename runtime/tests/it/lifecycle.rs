@@ -64,6 +64,24 @@ async fn decay_archives_then_purges_on_the_virtual_clock_and_spares_the_protecte
     .await;
     sub.set_status("default", pinned, Status::Pinned, "test")
         .unwrap();
+    // Written pinned: pinned from its first write, with no status change in its history.
+    let written_pinned = sub
+        .record(
+            "default",
+            "s",
+            vec![NewMemory {
+                pinned: true,
+                ..NewMemory::new("agent_item", "the user asked for the quarterly report")
+            }],
+        )
+        .await
+        .unwrap()[0];
+    let r = sub.get("default", written_pinned).unwrap();
+    assert_eq!(r.status, Status::Pinned);
+    assert_eq!(
+        actions(&sub, written_pinned),
+        vec![AuditAction::Created, AuditAction::Scored]
+    );
     assert_eq!(sub.get("default", fading).unwrap().strength, 0.65);
 
     clock.advance(Duration::from_millis(60 * DAY_MS as u64));
@@ -71,7 +89,7 @@ async fn decay_archives_then_purges_on_the_virtual_clock_and_spares_the_protecte
     assert_eq!(
         report,
         SweepReport {
-            examined: 3,
+            examined: 4,
             decayed: 1,
             archived: 0,
             purged: 0
@@ -115,10 +133,14 @@ async fn decay_archives_then_purges_on_the_virtual_clock_and_spares_the_protecte
         ]
     );
     // Protected kinds and pinned records never decay, however long it takes.
-    for id in [goal, pinned] {
+    for id in [goal, pinned, written_pinned] {
         let r = sub.get("default", id).unwrap();
         assert!(r.status.recallable(), "{id} stays recallable");
-        assert!(r.strength >= 0.65, "{id}: {}", r.strength);
+        assert!(
+            r.strength >= 0.5,
+            "{id} never fell below a new record's strength: {}",
+            r.strength
+        );
         assert!(!actions(&sub, id).contains(&AuditAction::Decayed));
     }
 }
