@@ -162,12 +162,13 @@ class Memory:
         timestamp: When | None = None,
         importance: float | None = None,
         parent_id: str | None = None,
+        pinned: bool = False,
         idempotency_key: str | None = None,
     ) -> list[str]:
         """Records what happened in ``session_id``: the ``events`` given (each a dict of the
         contract's event fields: ``kind``, ``text``, ``agent_id``, ``metadata``, ...; up to
-        1000), or one event made of ``text`` and the keywords. Answers the new ids once
-        durable. Sent again with the same ``idempotency_key`` (one is made up when none is
+        1000), or one event made of ``text`` and the keywords; ``pinned`` writes it pinned
+        (it never fades). Answers the new ids once durable. Sent again with the same ``idempotency_key`` (one is made up when none is
         given), the write is stored once."""
         if events is None:
             if text is None and content is None:
@@ -187,6 +188,8 @@ class Memory:
             ):
                 if value is not None:
                     event[name] = value
+            if pinned:
+                event["pinned"] = True
             body: dict[str, Any] = {"events": [event]}
         else:
             if text is not None or content is not None:
@@ -429,6 +432,7 @@ class AsyncMemory:
         timestamp: When | None = None,
         importance: float | None = None,
         parent_id: str | None = None,
+        pinned: bool = False,
         idempotency_key: str | None = None,
     ) -> list[str]:
         events = None if events is None else list(events)
@@ -444,6 +448,7 @@ class AsyncMemory:
             timestamp=timestamp,
             importance=importance,
             parent_id=parent_id,
+            pinned=pinned,
             idempotency_key=idempotency_key,
         )
 

@@ -99,8 +99,11 @@ def test_get_history_mark_resolve_forget(memory: Memory) -> None:
     assert any("checked with security" in e.detail for e in memory.history(wrong))
     forgotten = memory.forget(right)
     assert forgotten.status == "archived"
-    pinned = memory.mark(forgotten.id, "active")
-    assert pinned.status == "active"
+    restored = memory.mark(forgotten.id, "active")
+    assert restored.status == "active"
+    (kept,) = memory.record("s3", text="the vault lives in rack 4", pinned=True)
+    assert memory.get(kept).status == "pinned"
+    assert "pinned" in memory.history(kept)[0].detail
 
 
 def test_knowledge_search_and_policy(memory: Memory) -> None:

@@ -48,6 +48,9 @@ pub struct RecordArgs {
     /// When it happened, RFC 3339 (default: now).
     #[arg(long, value_name = "RFC3339")]
     timestamp: Option<String>,
+    /// Write it pinned: it never fades.
+    #[arg(long)]
+    pinned: bool,
 }
 
 /// Where recall looks (`--scope`).
@@ -174,6 +177,7 @@ pub(super) fn record(args: RecordArgs) -> anyhow::Result<()> {
         timestamp: time_arg("timestamp", args.timestamp.as_deref())?,
         importance: args.importance,
         embedding: None,
+        pinned: args.pinned,
     };
     let (namespace, session) = (args.runtime.namespace.clone(), args.session);
     let id = with_runtime(&args.runtime, true, async |rt| {
