@@ -2,7 +2,8 @@
 //! the throwaway virtualenv of `scripts/install-python-tools` (`maturin develop`, the
 //! package's native module on this checkout's code), then its own tests run with pytest
 //! (`python/tests`: every method embedded and against this package's `serve` binary,
-//! errors, threads, asyncio), and mypy over the package and its examples. CI sets
+//! errors, threads, asyncio, and the LangGraph and Agents SDK adapters against the real
+//! frameworks), its examples, and mypy over the package, its examples and its tests. CI sets
 //! `SHADOWBRAIN_REQUIRE_PYTHON_PACKAGE=1`, so there a missing virtualenv fails instead of
 //! skipping.
 
@@ -62,10 +63,24 @@ fn the_python_package_builds_and_passes_its_tests() {
             .current_dir(&python)
             .env("SHADOWBRAIN_BIN", env!("CARGO_BIN_EXE_shadowbrain")),
     );
+    // The adapters' examples as a reader runs them: the default configuration (the local
+    // model when installed), a data directory of their own.
+    for example in ["agents_session.py", "langgraph_store.py"] {
+        let data = tempfile::tempdir().unwrap();
+        run(
+            &format!("python examples/{example}"),
+            Command::new(venv.join("bin/python"))
+                .arg(python.join("examples").join(example))
+                .arg(data.path().join("data"))
+                .current_dir(&python)
+                .env_remove("OPENAI_API_KEY"),
+        );
+    }
     run(
-        "mypy --strict python/shadowbrain",
+        "mypy --strict (the package, its examples and tests)",
         Command::new(venv.join("bin/python"))
-            .args(["-m", "mypy", "--strict", "--no-incremental", "shadowbrain"])
+            .args(["-m", "mypy", "--strict", "--no-incremental"])
+            .args(["shadowbrain", "examples", "tests"])
             .current_dir(&python),
     );
 }

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 try:
-    from agents import FunctionTool, function_tool
+    from agents import Tool, function_tool
     from agents.items import TResponseInputItem
     from agents.memory import SessionSettings
 except ImportError as e:  # pragma: no cover - depends on the environment
@@ -185,7 +185,7 @@ def memory_tools(
     agent_id: str | None = None,
     scope: Scope = "agent",
     k: int = 5,
-) -> list[FunctionTool]:
+) -> list[Tool]:
     """Two function tools over ``memory``: ``remember(text)`` records a fact in
     ``session_id`` (written by ``agent_id``), ``recall(query)`` answers the ``k`` memories
     of ``scope`` that fit, ready for the prompt. With the default scope ``agent`` (which

@@ -75,7 +75,7 @@ def test_the_session_keeps_items_whole_and_in_order(memory: Memory) -> None:
 
 
 def test_items_are_paged_past_a_timeline_page(memory: Memory) -> None:
-    many = [{"role": "user", "content": f"message {i}"} for i in range(1203)]
+    many: list[Any] = [{"role": "user", "content": f"message {i}"} for i in range(1203)]
 
     async def run() -> None:
         session = ShadowbrainSession("long", memory)

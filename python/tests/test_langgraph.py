@@ -52,8 +52,8 @@ def test_the_store_answers_as_langgraphs_own_store(memory: Memory) -> None:
             prefix = namespace[: rng.randint(0, len(namespace))]
             filters: list[dict[str, Any] | None] = [None, {"topic": "food"}, {"n": {"$gte": 5}}, {"n": {"$ne": 3}, "topic": "travel"}]
             flt = rng.choice(filters)
-            got = sorted(map(_plain, ours.search(prefix, filter=flt, limit=100)), key=repr)  # type: ignore[arg-type]
-            want = sorted(map(_plain, theirs.search(prefix, filter=flt, limit=100)), key=repr)  # type: ignore[arg-type]
+            got = sorted(map(_plain, ours.search(prefix, filter=flt, limit=100)), key=repr)
+            want = sorted(map(_plain, theirs.search(prefix, filter=flt, limit=100)), key=repr)
             assert got == want, what
         else:
             depth = rng.choice([None, 1, 2])
