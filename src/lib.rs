@@ -22,7 +22,8 @@ pub use shadowbrain_runtime::*;
 // `config` (the config file: every section, `[server]` included) → `setup` (a data
 // directory opened as `serve` opens it) → `embedded` (the HTTP contract answered in-process:
 // the Python package) → `cluster` (an `http` router per partition a node owns); `sim`, the
-// policy lab, uses the runtime only; the CLI (`src/cli.rs`, the binary's) is on top.
+// policy lab, and `files` (export files, for `export`/`import` and `embedded`) use the
+// runtime only; the CLI (`src/cli.rs`, the binary's) is on top.
 #[cfg(feature = "server")]
 pub(crate) mod admission;
 #[cfg(feature = "server")]
@@ -35,6 +36,8 @@ pub mod cluster;
 pub mod config;
 #[cfg(feature = "server")]
 pub mod embedded;
+#[cfg(feature = "server")]
+pub mod files;
 #[cfg(feature = "server")]
 pub mod http;
 #[cfg(feature = "server")]

@@ -11,16 +11,16 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, IsTerminal, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
+use shadowbrain::files::{self, Exported};
 use shadowbrain::internals::{Store, StoreOptions};
 use shadowbrain::setup::{Choice, backend_of, embedder_for};
-use shadowbrain::transfer::{self, Extra, ImportError, Importer, Line, Outcome};
 use shadowbrain::{Backend, IndexingOptions, Substrate, SubstrateOptions};
 
 use super::{DataDir, StoreArgs, load_config, refuse_if_in_use, require_store};
@@ -189,72 +189,47 @@ pub(super) fn export(args: ExportArgs) -> anyhow::Result<()> {
     )
     .with_context(|| format!("opening the data directory {}", data.display()))?;
     let namespace = args.namespace.as_deref();
-    let header = transfer::export_header(&store, namespace)?;
-    let ids = transfer::export_ids(&store, namespace)?;
-    let extras = transfer::export_extras(&store, namespace)?;
-    // A file is written beside its final name and renamed at the end, so a failed export
-    // never leaves a file that looks complete — nor a partial one behind.
-    let partial = partial_path(&args.output);
-    let sink: Box<dyn Write> = if to_stdout {
-        Box::new(std::io::stdout().lock())
-    } else {
-        Box::new(File::create(&partial).with_context(|| format!("creating {}", partial.display()))?)
+    // Made at the first line, when the total is known.
+    let mut progress: Option<ProgressBar> = None;
+    let mut tick = |done: u64, total: u64| {
+        progress
+            .get_or_insert_with(|| bar(Some(total), "export"))
+            .set_position(done);
     };
-    let mut sink = BufWriter::new(sink);
-    let progress = bar(Some((ids.len() + extras.len()) as u64), "export");
-    let mut counts = [0u64; 4];
-    let result = (|| -> anyhow::Result<()> {
-        let mut write = |line: &Line| -> anyhow::Result<()> {
-            sink.write_all(line.to_json()?.as_bytes())?;
-            sink.write_all(b"\n")?;
-            Ok(())
-        };
-        write(&Line::Header(header))?;
-        for id in &ids {
-            if let Some(line) = transfer::export_record(&store, *id)? {
-                write(&Line::Record(Box::new(line)))?;
-                counts[0] += 1;
-            }
-            progress.inc(1);
-        }
-        for extra in &extras {
-            if let Some(line) = transfer::export_extra(&store, *extra)? {
-                write(&line)?;
-                counts[match extra {
-                    Extra::Purged(_) => 1,
-                    Extra::Quarantine(_) => 2,
-                    Extra::Recall(_) => 3,
-                }] += 1;
-            }
-            progress.inc(1);
-        }
-        sink.flush()?;
-        Ok(())
-    })();
-    progress.finish_and_clear();
-    drop(sink);
-    let result = result.and_then(|()| {
-        if to_stdout {
+    let written = if to_stdout {
+        files::export(
+            &store,
+            namespace,
+            &mut BufWriter::new(std::io::stdout().lock()),
+            &mut tick,
+        )
+        .context("writing stdout")
+    } else {
+        files::export_to_file(&store, namespace, &args.output, &mut tick)
+    };
+    if let Some(progress) = progress {
+        progress.finish_and_clear();
+    }
+    let counts = match written {
+        Ok(counts) => counts,
+        // `export | head`: the reader has what it wanted; a closed pipe is not a failure.
+        Err(e)
+            if to_stdout
+                && e.chain().any(|c| {
+                    c.downcast_ref::<std::io::Error>()
+                        .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+                }) =>
+        {
             return Ok(());
         }
-        std::fs::rename(&partial, &args.output)
-            .with_context(|| format!("moving {} to {}", partial.display(), args.output.display()))
-    });
-    if let Err(e) = result {
-        if to_stdout {
-            // `export | head`: the reader has what it wanted; a closed pipe is not a failure.
-            if e.chain().any(|c| {
-                c.downcast_ref::<std::io::Error>()
-                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-            }) {
-                return Ok(());
-            }
-        } else {
-            let _ = std::fs::remove_file(&partial);
-        }
-        return Err(e.context(format!("writing {}", args.output.display())));
-    }
-    let [records, purged, quarantined, recalls] = counts;
+        Err(e) => return Err(e),
+    };
+    let Exported {
+        records,
+        purged,
+        quarantined,
+        recalls,
+    } = counts;
     super::say(format_args!(
         "exported {records} records, {purged} purged, {quarantined} quarantined and {recalls} \
          recalls from {} to {}",
@@ -266,12 +241,6 @@ pub(super) fn export(args: ExportArgs) -> anyhow::Result<()> {
         }
     ));
     Ok(())
-}
-
-fn partial_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".partial");
-    path.with_file_name(name)
 }
 
 /// Counts bytes as they are read, for the import's progress bar.
@@ -287,14 +256,6 @@ impl<R: Read> Read for Counting<R> {
         Ok(n)
     }
 }
-
-/// The longest line import reads: far above any record the input limits let in (a record's
-/// JSON, embedding and history included), low enough that a file without newlines cannot
-/// exhaust memory.
-const MAX_LINE_BYTES: u64 = 64 << 20;
-
-/// How many ids of "present but different" lines the report lists.
-const SHOWN: usize = 5;
 
 pub(super) fn import(args: ImportArgs) -> anyhow::Result<()> {
     let data = &args.store.dir.data;
@@ -321,11 +282,9 @@ pub(super) fn import(args: ImportArgs) -> anyhow::Result<()> {
     });
     let mut first = Vec::new();
     let peeked = (&mut counted)
-        .take(MAX_LINE_BYTES + 1)
+        .take(files::MAX_LINE_BYTES + 1)
         .read_until(b'\n', &mut first);
-    let source = serde_json::from_slice::<serde_json::Value>(&first)
-        .ok()
-        .and_then(|v| v["header"]["embedder"].as_str().map(str::to_string));
+    let source = files::source_embedder(&first);
     let cfg = load_config(args.store.config.as_deref())?;
     let embedder = embedder_for(&cfg.embedder, data, Choice::Keep(source))?.0;
     let sub = Substrate::open(
@@ -344,180 +303,40 @@ pub(super) fn import(args: ImportArgs) -> anyhow::Result<()> {
         },
     )
     .with_context(|| format!("opening the data directory {}", data.display()))?;
-    // A failed first read is met again, and reported, by the loop below.
+    // A failed first read is met again, and reported, by the import below.
     if peeked.is_err() {
         first.clear();
     }
     let mut reader = BufReader::new(std::io::Cursor::new(first).chain(counted));
-    let mut importer = Importer::new(&sub);
-    let (mut imported, mut present) = (0u64, 0u64);
-    let mut different: Vec<String> = Vec::new();
-    let mut buf = Vec::new();
-    let mut number = 0u64;
-    let failure = loop {
-        buf.clear();
-        number += 1;
-        match (&mut reader)
-            .take(MAX_LINE_BYTES + 1)
-            .read_until(b'\n', &mut buf)
-        {
-            Ok(0) => break None,
-            Ok(n) if n as u64 > MAX_LINE_BYTES && buf.last() != Some(&b'\n') => {
-                break Some(Failure::Line(anyhow::anyhow!(
-                    "line {number} of {name} is over {} MiB; an export's lines are far \
-                     shorter, so this is not (or no longer) a file `shadowbrain export` wrote",
-                    MAX_LINE_BYTES >> 20
-                )));
-            }
-            Ok(_) => {}
-            Err(e) => {
-                break Some(Failure::Read(anyhow::anyhow!(
-                    "reading line {number} of {name} failed: {e}"
-                )));
-            }
-        }
-        let Ok(line) = std::str::from_utf8(&buf) else {
-            break Some(Failure::Line(anyhow::anyhow!(
-                "line {number} of {name} is not UTF-8 text; an export is UTF-8, one JSON \
-                 object per line"
-            )));
-        };
-        if line.trim().is_empty() {
-            continue;
-        }
-        let added = transfer::parse_line(line)
-            .map_err(ImportError::Line)
-            .and_then(|l| importer.add(l, number));
-        match added {
-            Ok(Outcome::Imported) => imported += 1,
-            Ok(Outcome::AlreadyPresent) => present += 1,
-            Ok(Outcome::Different(id)) => different.push(id),
-            Ok(Outcome::Header) => {}
-            Err(ImportError::Line(e)) => {
-                break Some(Failure::Line(anyhow::anyhow!(
-                    "line {number} of {name}: {e}"
-                )));
-            }
-            Err(ImportError::Store(e)) => {
-                break Some(Failure::Write(anyhow::anyhow!(
-                    "writing into {} failed at line {number} of {name}: {e}",
-                    data.display()
-                )));
-            }
-        }
+    let imported = files::import(&sub, data, &mut reader, &name, &mut |so_far| {
         progress.set_message(format!(
-            "{imported} imported, {present} present, {} different",
-            different.len()
+            "{} imported, {} present, {} different",
+            so_far.imported,
+            so_far.present,
+            so_far.different.len()
         ));
-    };
+    });
     progress.finish_and_clear();
-    if let Some(failure) = failure {
-        // What was added before a bad line is committed and indexed: a bad line never
-        // costs the lines before it. After a failed write, only what was committed before
-        // counts, and writing more would likely fail the same way.
-        let flushed = match &failure {
-            Failure::Write(_) => Ok(()),
-            Failure::Line(_) | Failure::Read(_) => importer.flush().map_err(anyhow::Error::from),
-        };
-        let durable = importer.committed();
-        let closed = sub.close();
-        let (e, advice) = match failure {
-            Failure::Line(e) => (
-                e,
-                "Fix or remove the line and run the same import again: lines already \
-                 imported are skipped",
-            ),
-            Failure::Read(e) => (
-                e,
-                "Check the file (or the pipe feeding it) and run the same import again: lines \
-                 already imported are skipped",
-            ),
-            Failure::Write(e) => (
-                e,
-                "Nothing is wrong with the line as far as import can tell; fix the cause (disk \
-                 space, permissions, the disk itself) and run the same import again: lines \
-                 already imported are skipped",
-            ),
-        };
-        let state = match flushed.and_then(|()| closed.map_err(anyhow::Error::from)) {
-            Ok(()) => format!("the {durable} lines imported before it are durable"),
-            Err(e2) => format!(
-                "only the {durable} lines committed before it are durable (writing the rest \
-                 failed too: {e2})"
-            ),
-        };
-        // The line comes first: it is what the user has to fix.
-        anyhow::bail!(
-            "{e}\n  import stopped there; {state} in {} ({present} already present were \
-             skipped). {advice}",
-            data.display()
-        );
-    }
-    let dangling = importer.finish().map_err(|e| match e {
-        ImportError::Line(e) => anyhow::anyhow!("{name}: {e}"),
-        ImportError::Store(e) => anyhow::anyhow!(
-            "writing the last imported lines into {} failed: {e}; fix the cause (disk space, \
-             permissions) and run the same import again: lines already imported are skipped",
-            data.display()
-        ),
-    })?;
-    sub.close()
-        .with_context(|| format!("closing the data directory {}", data.display()))?;
+    let closed = sub
+        .close()
+        .with_context(|| format!("closing the data directory {}", data.display()));
+    let report = match (imported, closed) {
+        (Ok(report), Ok(())) => report,
+        (Err(e), Ok(())) => return Err(e),
+        (Ok(_), Err(closing)) => return Err(closing),
+        (Err(e), Err(closing)) => return Err(e.context(format!("{closing:#}"))),
+    };
     super::say(format_args!(
-        "{imported} lines imported, {present} already present and skipped, {} present but \
-         different, into {}",
-        different.len(),
+        "{} lines imported, {} already present and skipped, {} present but different, into {}",
+        report.imported,
+        report.present,
+        report.different.len(),
         data.display()
     ));
-    let mut problems = Vec::new();
-    if !different.is_empty() {
-        problems.push(format!(
-            "present but different: {} ({}); this data directory holds those ids in \
-             another state (the file is a newer or older export), and import never \
-             overwrites, so its versions were kept. To take the file's versions, import it \
-             into an empty data directory",
-            different.len(),
-            shown(&different)
-        ));
+    match report.problems(&name) {
+        Some(problems) => anyhow::bail!("{problems}"),
+        None => Ok(()),
     }
-    if !dangling.is_empty() {
-        let refs: Vec<String> = dangling.iter().map(ToString::to_string).collect();
-        problems.push(format!(
-            "dangling references: {} ({}); they name records that are neither in {name} \
-             nor in the data directory, so the export is incomplete (edited, or cut short). \
-             Import the missing records from a complete export of the source",
-            refs.len(),
-            shown(&refs)
-        ));
-    }
-    if !problems.is_empty() {
-        anyhow::bail!("{}", problems.join("\n"));
-    }
-    Ok(())
-}
-
-/// The first few of `items`, and how many more.
-fn shown(items: &[String]) -> String {
-    let mut text = items
-        .iter()
-        .take(SHOWN)
-        .cloned()
-        .collect::<Vec<_>>()
-        .join(", ");
-    if items.len() > SHOWN {
-        text.push_str(&format!(" and {} more", items.len() - SHOWN));
-    }
-    text
-}
-
-/// Why an import stopped early.
-enum Failure {
-    /// The line is wrong.
-    Line(anyhow::Error),
-    /// The input could not be read.
-    Read(anyhow::Error),
-    /// Writing into the data directory failed.
-    Write(anyhow::Error),
 }
 
 pub(super) fn reindex(args: ReindexArgs) -> anyhow::Result<()> {
