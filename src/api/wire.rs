@@ -104,6 +104,7 @@ pub struct EventIn {
 #[derive(Debug, Deserialize, ToSchema, JsonSchema)]
 #[serde(untagged)]
 #[allow(dead_code)] // Schema only, as for `EventIn`.
+#[allow(clippy::large_enum_variant)] // Never built: its size costs nothing.
 pub enum EventsIn {
     /// A single event.
     One(EventIn),
