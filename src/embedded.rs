@@ -10,6 +10,8 @@
 //! runtime of the handle's own, and may come from many threads at once; they are for
 //! threads outside any async runtime (async code serves `http::router` itself).
 
+use std::fs::File;
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
@@ -19,15 +21,19 @@ use axum::body::Body;
 use axum::http::{Method, Request, header};
 use tower::ServiceExt as _;
 
-use crate::Runtime;
 use crate::auth::{Auth, Verified};
+use crate::files::{self, Exported, Imported};
 use crate::http;
 use crate::setup::{HOLDER, SERVE_URL, refuse_if_held, server_config};
+use crate::{Runtime, Substrate, SubstrateOptions};
 
 /// An open data directory answering the HTTP contract in-process; closed by
 /// [`Embedded::close`] or when dropped.
 pub struct Embedded {
     data: PathBuf,
+    /// The policy and config files it was opened with, to open it again after an import.
+    policy: Option<PathBuf>,
+    config: Option<PathBuf>,
     /// The runtime and the router over it while open; both dropped at close, for the
     /// directory to be opened again (by this process or another).
     open: RwLock<Option<Open>>,
@@ -91,32 +97,134 @@ impl Embedded {
                  Python)"
             )
         })?;
-        let setup = server_config(data, policy, config)?;
         let tokio = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .thread_name("shadowbrain")
             .build()
             .context("starting the runtime's threads")?;
-        let rt = tokio
-            .block_on(Runtime::open(setup.runtime))
-            .with_context(|| format!("opening the data directory {}", data.display()))?;
+        let (open, note) = Self::start(&tokio, data, policy, config)?;
         // A `serve` that held the directory before and crashed left its URL behind.
         let _ = std::fs::remove_file(data.join(SERVE_URL));
         if let Err(e) = std::fs::write(data.join(HOLDER), holder) {
             tracing::warn!(error = %e, "cannot write {HOLDER} in the data directory");
         }
+        let embedded = Embedded {
+            data: data.to_path_buf(),
+            policy: policy.map(Path::to_path_buf),
+            config: config.map(Path::to_path_buf),
+            open: RwLock::new(Some(open)),
+            tokio: Some(tokio),
+        };
+        Ok((embedded, note))
+    }
+
+    /// The runtime and its router over `data`, as `serve` starts them.
+    fn start(
+        tokio: &tokio::runtime::Runtime,
+        data: &Path,
+        policy: Option<&Path>,
+        config: Option<&Path>,
+    ) -> anyhow::Result<(Open, String)> {
+        let setup = server_config(data, policy, config)?;
+        let rt = tokio
+            .block_on(Runtime::open(setup.runtime))
+            .with_context(|| format!("opening the data directory {}", data.display()))?;
         let options = http::Options {
             limits: setup.file.limits,
             auth: Auth::open(),
             server: setup.file.server,
         };
         let app = http::router(rt.clone(), options);
-        let embedded = Embedded {
-            data: data.to_path_buf(),
-            open: RwLock::new(Some(Open { rt, app })),
-            tokio: Some(tokio),
+        Ok((Open { rt, app }, setup.embedder_note))
+    }
+
+    /// Writes `namespace`'s records (and its tombstones, quarantine entries and recalls)
+    /// to the file `path` in the format of `shadowbrain export`, while the directory stays
+    /// open: each line is a record as it was when read.
+    pub fn export(&self, namespace: &str, path: &Path) -> anyhow::Result<Exported> {
+        crate::validate_id("namespace", namespace)?;
+        let rt = self.runtime()?;
+        files::export_to_file(
+            rt.substrate().store(),
+            Some(namespace),
+            path,
+            &mut |_, _| {},
+        )
+    }
+
+    /// Reads the file `path` that `shadowbrain export` (or [`Embedded::export`]) wrote into
+    /// the directory, as `shadowbrain import` does: the runtime is drained and closed, the
+    /// file imported with nothing else writing, and the runtime opened again. Requests
+    /// made meanwhile wait for it. The import's errors are the CLI's; a file whose lines
+    /// conflict with the directory is imported as far as it can be and its problems are in
+    /// [`Imported::problems`].
+    pub fn import(&self, path: &Path) -> anyhow::Result<Imported> {
+        let mut open = self.open.write().unwrap_or_else(|p| p.into_inner());
+        let Some(Open { rt, app }) = open.take() else {
+            return Err(RequestError::Closed(self.data.clone()).into());
         };
-        Ok((embedded, setup.embedder_note))
+        drop(app);
+        let shut = self.threads().block_on(rt.shutdown());
+        drop(rt);
+        let imported = shut
+            .with_context(|| {
+                format!(
+                    "closing the data directory {} to import",
+                    self.data.display()
+                )
+            })
+            .and_then(|()| {
+                // The substrate as `serve` would open it (the same embedder and limits).
+                let setup =
+                    server_config(&self.data, self.policy.as_deref(), self.config.as_deref())?;
+                self.import_closed(path, setup.runtime.substrate)
+            });
+        // Opened again whatever the import did: what it committed is durable either way.
+        match Self::start(
+            self.threads(),
+            &self.data,
+            self.policy.as_deref(),
+            self.config.as_deref(),
+        ) {
+            Ok((again, _)) => *open = Some(again),
+            Err(e) => {
+                let e =
+                    e.context("opening the data directory again after the import; open it anew");
+                return Err(match imported {
+                    Ok(_) => e,
+                    Err(first) => first.context(format!("{e:#}")),
+                });
+            }
+        }
+        imported
+    }
+
+    fn import_closed(
+        &self,
+        path: &Path,
+        mut options: SubstrateOptions,
+    ) -> anyhow::Result<Imported> {
+        let file = File::open(path)
+            .with_context(|| format!("opening {}; check the path", path.display()))?;
+        // Nothing may change a record while it is imported: no background indexing.
+        options.indexing.background = false;
+        let sub = Substrate::open(&self.data, options)
+            .with_context(|| format!("opening the data directory {}", self.data.display()))?;
+        let imported = files::import(
+            &sub,
+            &self.data,
+            &mut BufReader::new(file),
+            &path.display().to_string(),
+            &mut |_| {},
+        );
+        let closed = sub
+            .close()
+            .with_context(|| format!("closing the data directory {}", self.data.display()));
+        match (imported, closed) {
+            (Ok(report), Ok(())) => Ok(report),
+            (Err(e), Ok(())) | (Ok(_), Err(e)) => Err(e),
+            (Err(e), Err(closing)) => Err(e.context(format!("{closing:#}"))),
+        }
     }
 
     /// The data directory.
@@ -165,7 +273,10 @@ impl Embedded {
                     .into(),
             ));
         }
-        let app = match &*self.open.read().unwrap_or_else(|p| p.into_inner()) {
+        // Held until the answer: an import or a close (which take it to write) waits for
+        // the requests under way, and the requests after it wait for the import.
+        let open = self.open.read().unwrap_or_else(|p| p.into_inner());
+        let app = match &*open {
             Some(open) => open.app.clone(),
             None => return Err(RequestError::Closed(self.data.clone())),
         };
@@ -188,7 +299,7 @@ impl Embedded {
             client: None,
             viewer: None,
         });
-        self.threads().block_on(async move {
+        let answer = self.threads().block_on(async move {
             let answer = match app.oneshot(request).await {
                 Ok(answer) => answer,
                 Err(never) => match never {},
@@ -200,7 +311,9 @@ impl Embedded {
                 .map(|b| b.to_vec())
                 .unwrap_or_default();
             Ok(Answer { status, body })
-        })
+        });
+        drop(open);
+        answer
     }
 
     /// Drains and flushes as `serve` does at SIGTERM: every actor finishes what it holds,

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from urllib.parse import quote, urlencode
 
 from . import _transport
-from ._types import Graph, HistoryEntry, Recall, Record, Session, _build
+from ._types import Exported, Graph, HistoryEntry, Imported, Recall, Record, Session, _build
 from .errors import ShadowbrainError, error_from, from_answer
 
 Scope = Literal["session", "agent", "namespace"]
@@ -354,6 +354,39 @@ class Memory:
         answer: dict[str, Any] = self._call("GET", "/v1/policy")
         return answer
 
+    def _directory(self, what: str) -> _transport.Embedded:
+        if self._closed:
+            raise error_from("closed", f"{self!r} was closed; open a new Memory to go on")
+        if not isinstance(self._transport, _transport.Embedded):
+            raise error_from(
+                "not_embedded",
+                f"{what} needs the data directory itself, which the server holds: stop it and "
+                "run `shadowbrain export --data DIR --namespace NS --output FILE` (or "
+                "`shadowbrain import --data DIR FILE`), or open the directory with "
+                "Memory(path)",
+            )
+        return self._transport
+
+    def export(self, path: str | os.PathLike[str]) -> Exported:
+        """Writes this namespace's records (every tier and status, with their embeddings
+        and histories), tombstones, quarantine entries and recalls to the file ``path``, in
+        the format of ``shadowbrain export`` (JSON lines; written beside and renamed when
+        complete). Embedded only."""
+        transport = self._directory("export")
+        return Exported(*transport.export(os.fspath(path)))
+
+    def import_(self, path: str | os.PathLike[str]) -> Imported:
+        """Reads a file ``export`` (or ``shadowbrain export``) wrote into the data
+        directory, as ``shadowbrain import`` does: every id kept, nothing overwritten, what
+        is already there skipped. The runtime is drained, the file imported and the runtime
+        opened again; calls from other threads meanwhile wait. A bad line raises
+        ``ShadowbrainError`` (code ``import_failed``) naming it; the lines before it stay
+        imported, and running the same import again once it is fixed skips them. Embedded
+        only."""
+        transport = self._directory("import")
+        imported, present, different, dangling, problems = transport.import_(os.fspath(path))
+        return Imported(imported, present, different, dangling, problems)
+
     @staticmethod
     def _records(what: str, items: list[Any]) -> list[Record]:
         try:
@@ -534,3 +567,9 @@ class AsyncMemory:
 
     async def policy(self) -> dict[str, Any]:
         return await asyncio.to_thread(self.sync.policy)
+
+    async def export(self, path: str | os.PathLike[str]) -> Exported:
+        return await asyncio.to_thread(self.sync.export, path)
+
+    async def import_(self, path: str | os.PathLike[str]) -> Imported:
+        return await asyncio.to_thread(self.sync.import_, path)

@@ -73,6 +73,18 @@ class Embedded:
         except self._refused as e:
             raise _error(e) from None
 
+    def export(self, path: str) -> tuple[int, int, int, int]:
+        try:
+            return self._native.export(self.namespace, path)
+        except self._refused as e:
+            raise _error(e) from None
+
+    def import_(self, path: str) -> tuple[int, int, list[str], list[str], str | None]:
+        try:
+            return self._native.import_(path)
+        except self._refused as e:
+            raise _error(e) from None
+
     def close(self) -> None:
         try:
             self._native.close()

@@ -226,3 +226,27 @@ __all__ = [
     "Utility",
     "Why",
 ]
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What ``Memory.export`` wrote."""
+
+    records: int
+    purged: int
+    quarantined: int
+    recalls: int
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What ``Memory.import_`` did: lines ``imported``, lines already ``present`` (skipped),
+    ids the directory holds in another state (``different``: its version kept), references
+    to records in neither (``dangling``), and ``problems``, those two said as the CLI says
+    them (``None`` when the file was imported whole)."""
+
+    imported: int
+    present: int
+    different: list[str]
+    dangling: list[str]
+    problems: str | None

@@ -30,6 +30,15 @@ fn native_error(code: &str, message: String) -> PyErr {
     NativeError::new_err((code.to_string(), message))
 }
 
+/// A failed whole-directory operation as Python sees it: `closed` when the directory was
+/// closed, else `code` with the whole chain of causes.
+fn refusal(code: &str, e: anyhow::Error) -> PyErr {
+    match e.downcast_ref::<RequestError>() {
+        Some(closed @ RequestError::Closed(_)) => native_error("closed", closed.to_string()),
+        _ => native_error(code, format!("{e:#}")),
+    }
+}
+
 /// A data directory opened in this process.
 #[pyclass(frozen, module = "shadowbrain._native")]
 struct Native {
@@ -164,6 +173,46 @@ impl Native {
                 .map_err(|e| e.to_string())
         })
         .map_err(|e: String| native_error("benchmark", e))
+    }
+
+    /// Writes `namespace`'s records to the file `path` as `shadowbrain export --namespace`
+    /// would: `(records, purged, quarantined, recalls)`.
+    fn export(
+        &self,
+        py: Python<'_>,
+        namespace: &str,
+        path: PathBuf,
+    ) -> PyResult<(u64, u64, u64, u64)> {
+        let exported = py
+            .detach(|| self.inner.export(namespace, &path))
+            .map_err(|e| refusal("export_failed", e))?;
+        Ok((
+            exported.records,
+            exported.purged,
+            exported.quarantined,
+            exported.recalls,
+        ))
+    }
+
+    /// Reads the export file `path` into the directory as `shadowbrain import` would:
+    /// `(imported, present, different ids, dangling references, problems or None)`.
+    #[allow(clippy::type_complexity)] // The tuple `_native.pyi` names, field by field.
+    fn import_(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+    ) -> PyResult<(u64, u64, Vec<String>, Vec<String>, Option<String>)> {
+        let imported = py
+            .detach(|| self.inner.import(&path))
+            .map_err(|e| refusal("import_failed", e))?;
+        let problems = imported.problems(&path.display().to_string());
+        Ok((
+            imported.imported,
+            imported.present,
+            imported.different,
+            imported.dangling,
+            problems,
+        ))
     }
 
     /// Drains and flushes as `serve` does at SIGTERM; later requests raise `closed`.

@@ -269,3 +269,95 @@ def test_namespaces_are_kept_apart(tmp_path: Path, config_file: Path) -> None:
         with pytest.raises(InvalidRequest) as raised:
             acme.in_namespace("not a namespace!").recall("s", "q")
         assert raised.value.code == "invalid_namespace"
+
+
+def test_export_and_import_move_a_namespace(tmp_path: Path, config_file: Path) -> None:
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    with Memory(tmp_path / "a", config=config_file, namespace="team") as a:
+        a.record("s", text="the staging database is called orca", agent_id="ops")
+        a.record("s", text="deploys freeze on fridays", pinned=True)
+        recall = a.recall("s", "staging database")
+        a.feedback("s", recall_id=recall.recall_id, outcome="success")
+        a.in_namespace("other").record("s", text="not part of the team's export")
+        exported = a.export(first)
+        assert (exported.records, exported.recalls) == (2, 1)
+    with Memory(tmp_path / "b", config=config_file, namespace="team") as b:
+        imported = b.import_(first)
+        assert (imported.imported, imported.present, imported.problems) == (3, 0, None)
+        # Exported again before anything changes it: the same bytes.
+        b.export(second)
+        assert second.read_bytes() == first.read_bytes()
+        found = b.recall("s", "what is the staging database called?")
+        assert found.memories[0].text == "the staging database is called orca"
+        assert [r.status for r in b.timeline("s")].count("pinned") == 1
+        # Feedback on the recall made before the move still finds it.
+        assert b.feedback("s", recall_id=recall.recall_id, outcome="success") == len(recall.memories)
+        assert b.in_namespace("other").sessions() == []
+        # Imported again after the feedback changed both records: nothing is overwritten,
+        # and the report says which ids differ and what to do.
+        again = b.import_(first)
+        assert (again.imported, again.present, len(again.different)) == (0, 1, 2)
+        assert again.problems is not None and "present but different: 2" in again.problems
+
+
+def test_a_bad_export_file_is_refused_naming_the_line(tmp_path: Path, config_file: Path) -> None:
+    good = tmp_path / "good.jsonl"
+    with Memory(tmp_path / "a", config=config_file) as a:
+        a.record("s", text="one")
+        a.record("s", text="two")
+        a.export(good)
+    lines = good.read_text().splitlines()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([lines[0], lines[1], "{not json", lines[2]]) + "\n")
+    with Memory(tmp_path / "b", config=config_file) as b:
+        with pytest.raises(shadowbrain.ShadowbrainError, match="line 3 of .*bad.jsonl") as e:
+            b.import_(bad)
+        assert e.value.code == "import_failed"
+        assert "the 1 lines imported before it are durable" in e.value.message
+        # The Memory goes on, with the line before the bad one imported.
+        assert [r.text for r in b.timeline("s")] == ["one"]
+        assert b.import_(good).imported == 1
+        with pytest.raises(shadowbrain.ShadowbrainError, match="check the path"):
+            b.import_(tmp_path / "missing.jsonl")
+        with pytest.raises(shadowbrain.ShadowbrainError, match="is a directory"):
+            b.export(tmp_path)
+
+
+def test_a_client_cannot_export_and_says_how_to(server: Server) -> None:
+    with Memory.connect(server.url) as client:
+        with pytest.raises(shadowbrain.ShadowbrainError, match="shadowbrain export --data") as e:
+            client.export("x.jsonl")
+        assert e.value.code == "not_embedded"
+
+
+def test_calls_from_other_threads_wait_for_an_import(tmp_path: Path, config_file: Path) -> None:
+    exported = tmp_path / "export.jsonl"
+    with Memory(tmp_path / "a", config=config_file) as a:
+        # Ids are kept by an import: the exported ones (400 and up) must not be ones the
+        # writer below takes meanwhile (0 and up).
+        a.in_namespace("other").record("s", [{"kind": "observation", "text": f"x {i}"} for i in range(400)])
+        a.record("s", [{"kind": "observation", "text": f"fact {i}"} for i in range(300)])
+        a.export(exported)
+    with Memory(tmp_path / "b", config=config_file) as b:
+        failures: list[BaseException] = []
+        written: list[str] = []
+        started = threading.Event()
+
+        def write() -> None:
+            started.set()
+            try:
+                for i in range(100):
+                    written.extend(b.record("t", text=f"during the import {i}"))
+            except BaseException as e:  # noqa: BLE001 - reported below
+                failures.append(e)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        started.wait()
+        assert b.import_(exported).imported == 300
+        writer.join()
+        assert failures == []
+        assert len(written) == 100
+        # (The session's condensations beside them.)
+        assert len([r for r in b.timeline("t", limit=1000) if r.tier == "episodic"]) == 100
+        assert len([r for r in b.timeline("s", limit=1000) if r.tier == "episodic"]) == 300
