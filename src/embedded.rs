@@ -13,19 +13,21 @@
 use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
-use std::sync::RwLock;
+use std::sync::{RwLock, RwLockReadGuard};
 
 use anyhow::Context as _;
 use axum::Router;
 use axum::body::Body;
-use axum::http::{Method, Request, header};
+use axum::http::{Method, Request, StatusCode, header};
+use axum::response::{IntoResponse as _, Response};
 use tower::ServiceExt as _;
 
+use crate::api::{ApiResult, Ids};
 use crate::auth::{Auth, Verified};
 use crate::files::{self, Exported, Imported};
 use crate::http;
 use crate::setup::{HOLDER, SERVE_URL, refuse_if_held, server_config};
-use crate::{Runtime, Substrate, SubstrateOptions};
+use crate::{Limits, Runtime, Substrate, SubstrateOptions};
 
 /// An open data directory answering the HTTP contract in-process; closed by
 /// [`Embedded::close`] or when dropped.
@@ -45,6 +47,8 @@ pub struct Embedded {
 struct Open {
     rt: Runtime,
     app: Router,
+    /// The config file's `[limits]`, for the requests answered without the router.
+    limits: Limits,
 }
 
 /// An answer: the HTTP status and the JSON body, as `serve` would send them.
@@ -63,6 +67,44 @@ pub enum RequestError {
     Closed(PathBuf),
     /// The method or the path is not one HTTP could carry.
     Malformed(String),
+}
+
+impl Answer {
+    /// A response's status and whole body.
+    async fn read(answer: Response) -> Answer {
+        let status = answer.status().as_u16();
+        // The server's own answers are whole JSON documents well under the body limit.
+        let body = axum::body::to_bytes(answer.into_body(), usize::MAX)
+            .await
+            .map(|b| b.to_vec())
+            .unwrap_or_default();
+        Answer { status, body }
+    }
+
+    /// `ok` and the JSON of a route's result, or its error as the route answers it.
+    async fn of<T: serde::Serialize>(ok: StatusCode, result: ApiResult<T>) -> Answer {
+        match result {
+            Ok(value) => Answer {
+                status: ok.as_u16(),
+                // The contract's answers are plain data: they always serialise.
+                body: serde_json::to_vec(&value).unwrap_or_default(),
+            },
+            Err(e) => Answer::read(e.into_response()).await,
+        }
+    }
+}
+
+/// The read guard of an open handle (never `None` while held).
+struct OpenGuard<'a>(RwLockReadGuard<'a, Option<Open>>);
+
+impl std::ops::Deref for OpenGuard<'_> {
+    type Target = Open;
+
+    fn deref(&self) -> &Open {
+        // `enter` made it only over an open handle, and a writer cannot change it while
+        // the guard is held.
+        self.0.as_ref().expect("an open handle")
+    }
 }
 
 impl std::fmt::Display for RequestError {
@@ -129,13 +171,14 @@ impl Embedded {
         let rt = tokio
             .block_on(Runtime::open(setup.runtime))
             .with_context(|| format!("opening the data directory {}", data.display()))?;
+        let limits = setup.file.limits;
         let options = http::Options {
-            limits: setup.file.limits,
+            limits,
             auth: Auth::open(),
             server: setup.file.server,
         };
         let app = http::router(rt.clone(), options);
-        Ok((Open { rt, app }, setup.embedder_note))
+        Ok((Open { rt, app, limits }, setup.embedder_note))
     }
 
     /// Writes `namespace`'s records (and its tombstones, quarantine entries and recalls)
@@ -160,7 +203,7 @@ impl Embedded {
     /// [`Imported::problems`].
     pub fn import(&self, path: &Path) -> anyhow::Result<Imported> {
         let mut open = self.open.write().unwrap_or_else(|p| p.into_inner());
-        let Some(Open { rt, app }) = open.take() else {
+        let Some(Open { rt, app, .. }) = open.take() else {
             return Err(RequestError::Closed(self.data.clone()).into());
         };
         drop(app);
@@ -264,22 +307,8 @@ impl Embedded {
         headers: &[(&str, &str)],
         body: Vec<u8>,
     ) -> Result<Answer, RequestError> {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            // Blocking a runtime's worker on another runtime would panic.
-            return Err(RequestError::Malformed(
-                "Embedded::request blocks its thread and was called from async code; call it \
-                 from a plain thread (tokio::task::spawn_blocking), or serve \
-                 shadowbrain::http::router from the async code itself"
-                    .into(),
-            ));
-        }
-        // Held until the answer: an import or a close (which take it to write) waits for
-        // the requests under way, and the requests after it wait for the import.
-        let open = self.open.read().unwrap_or_else(|p| p.into_inner());
-        let app = match &*open {
-            Some(open) => open.app.clone(),
-            None => return Err(RequestError::Closed(self.data.clone())),
-        };
+        let open = self.enter()?;
+        let app = open.app.clone();
         let method = Method::from_bytes(method.as_bytes())
             .map_err(|_| RequestError::Malformed(format!("`{method}` is not an HTTP method")))?;
         let mut request = Request::builder().method(method).uri(path);
@@ -300,20 +329,81 @@ impl Embedded {
             viewer: None,
         });
         let answer = self.threads().block_on(async move {
-            let answer = match app.oneshot(request).await {
-                Ok(answer) => answer,
+            match app.oneshot(request).await {
+                Ok(answer) => Answer::read(answer).await,
                 Err(never) => match never {},
-            };
-            let status = answer.status().as_u16();
-            // The server's own answers are whole JSON documents well under the body limit.
-            let body = axum::body::to_bytes(answer.into_body(), usize::MAX)
-                .await
-                .map(|b| b.to_vec())
-                .unwrap_or_default();
-            Ok(Answer { status, body })
+            }
         });
         drop(open);
-        answer
+        Ok(answer)
+    }
+
+    /// The open runtime, held until the guard is dropped: an import or a close (which take
+    /// it to write) waits for the requests under way, and the requests after it wait for
+    /// the import.
+    fn enter(&self) -> Result<OpenGuard<'_>, RequestError> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Blocking a runtime's worker on another runtime would panic.
+            return Err(RequestError::Malformed(
+                "Embedded's requests block their thread and this one was called from async \
+                 code; call it from a plain thread (tokio::task::spawn_blocking), or serve \
+                 shadowbrain::http::router from the async code itself"
+                    .into(),
+            ));
+        }
+        let guard = self.open.read().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            return Err(RequestError::Closed(self.data.clone()));
+        }
+        Ok(OpenGuard(guard))
+    }
+
+    /// `POST /v1/sessions/{session_id}/recall` with the JSON `body`, in `namespace`: the
+    /// route's own work and answer, without the router (and so without the server's
+    /// admission queue: in-process, the caller's threads are the only callers).
+    pub fn recall(
+        &self,
+        namespace: &str,
+        session_id: &str,
+        body: Vec<u8>,
+    ) -> Result<Answer, RequestError> {
+        let open = self.enter()?;
+        let answer = self.threads().block_on(async {
+            let recalled = http::recall(
+                &open.rt,
+                &open.limits,
+                namespace,
+                session_id,
+                Ok(body.into()),
+            )
+            .await;
+            Answer::of(StatusCode::OK, recalled).await
+        });
+        drop(open);
+        Ok(answer)
+    }
+
+    /// `POST /v1/sessions/{session_id}/events` with the JSON `body` and the
+    /// `Idempotency-Key` `key`, in `namespace`: the route's own work and answer (201 and
+    /// the ids), without the router, as for [`Embedded::recall`].
+    pub fn record(
+        &self,
+        namespace: &str,
+        session_id: &str,
+        key: Option<&str>,
+        body: Vec<u8>,
+    ) -> Result<Answer, RequestError> {
+        let open = self.enter()?;
+        let answer = self.threads().block_on(async {
+            let recorded = http::record(&open.rt, namespace, session_id, key, body.into())
+                .await
+                .map(|r| Ids {
+                    ids: r.ids.iter().map(ToString::to_string).collect(),
+                });
+            Answer::of(StatusCode::CREATED, recorded).await
+        });
+        drop(open);
+        Ok(answer)
     }
 
     /// Drains and flushes as `serve` does at SIGTERM: every actor finishes what it holds,
@@ -321,7 +411,7 @@ impl Embedded {
     /// [`RequestError::Closed`]; closing again does nothing.
     pub fn close(&self) -> anyhow::Result<()> {
         let open = self.open.write().unwrap_or_else(|p| p.into_inner()).take();
-        let Some(Open { rt, app }) = open else {
+        let Some(Open { rt, app, .. }) = open else {
             return Ok(());
         };
         drop(app);
@@ -423,6 +513,80 @@ mod tests {
             .request("acme", "GET", "/v1/sessions/s/timeline", &[], Vec::new())
             .unwrap();
         assert_eq!(json(&timeline)["items"][0]["text"], "the runner is in eu-1");
+    }
+
+    /// `recall` and `record` without the router answer as the routes do: the same bytes
+    /// for every refusal, the same memories for a recall, the same ids for a retried write.
+    #[test]
+    fn the_direct_recall_and_record_answer_as_the_routes() {
+        let dir = tempfile::tempdir().unwrap();
+        let embedded = open(dir.path());
+        let routed = |path: &str, key: Option<&str>, body: &[u8]| {
+            let headers: Vec<(&str, &str)> = key
+                .map(|k| vec![("idempotency-key", k)])
+                .unwrap_or_default();
+            embedded
+                .request("acme", "POST", path, &headers, body.to_vec())
+                .unwrap()
+        };
+        let events = br#"{"events":[{"kind":"observation","text":"the runner is in eu-1"},
+            {"kind":"observation","text":"the cache is warm"}]}"#;
+        let direct = embedded
+            .record("acme", "s", Some("k-1"), events.to_vec())
+            .unwrap();
+        assert_eq!(direct.status, 201);
+        // The same key and body by the route: the first write's ids, nothing stored again.
+        assert_eq!(
+            routed("/v1/sessions/s/events", Some("k-1"), events).body,
+            direct.body
+        );
+        for body in [
+            &br#"{"kind":"observation"}"#[..],
+            br#"{"kind":"Observation","text":"x"}"#,
+            br#"{"kind":"observation","text":"x""#,
+            br#"{"events":[]}"#,
+        ] {
+            let direct = embedded.record("acme", "s", None, body.to_vec()).unwrap();
+            assert!(direct.status >= 400);
+            assert_eq!(routed("/v1/sessions/s/events", None, body), direct);
+        }
+        let bad_session = embedded
+            .record("acme", "no spaces", None, events.to_vec())
+            .unwrap();
+        assert_eq!(bad_session.status, 422);
+        for body in [
+            &br#"{"query":"runner","k":0}"#[..],
+            br#"{"query":"runner","scope":"galaxy"}"#,
+            br#"{"query":"runner","surprise":1}"#,
+            br#"{"query":"#,
+        ] {
+            let direct = embedded.recall("acme", "s", body.to_vec()).unwrap();
+            assert!(direct.status >= 400);
+            assert_eq!(routed("/v1/sessions/s/recall", None, body), direct);
+        }
+        let query = br#"{"query":"where is the runner?","k":5}"#;
+        let ids = |answer: &Answer| -> Vec<String> {
+            json(answer)["memories"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["id"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let direct = embedded.recall("acme", "s", query.to_vec()).unwrap();
+        let route = routed("/v1/sessions/s/recall", None, query);
+        assert_eq!(direct.status, 200);
+        assert_eq!(ids(&direct), ids(&route));
+        assert!(!ids(&direct).is_empty());
+        let keys = |answer: &Answer| -> Vec<String> {
+            json(answer).as_object().unwrap().keys().cloned().collect()
+        };
+        assert_eq!(keys(&direct), keys(&route));
+        embedded.close().unwrap();
+        assert!(matches!(
+            embedded.recall("acme", "s", query.to_vec()),
+            Err(RequestError::Closed(_))
+        ));
     }
 
     #[test]

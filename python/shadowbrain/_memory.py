@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 from . import _transport
 from ._types import Exported, Graph, HistoryEntry, Imported, Recall, Record, Session, _build
@@ -27,9 +27,7 @@ When = datetime | str
 _DEFAULT_TIMEOUT = 30.0
 
 
-def _segment(value: str) -> str:
-    # Any text stays one path segment; the server then judges it (`invalid_session_id`).
-    return quote(str(value), safe="")
+_segment = _transport.segment
 
 
 def _time(name: str, value: When | None) -> str | None:
@@ -128,7 +126,8 @@ class Memory:
             self._closed = True
             self._transport.close()
 
-    # The one place a request is sent and its answer read.
+    # The one place a request is sent and its answer read (`record` and `recall` send
+    # theirs by the transport's shorter ways, and read them here too).
     def _call(
         self,
         method: str,
@@ -136,18 +135,25 @@ class Memory:
         body: Any = None,
         headers: Sequence[tuple[str, str]] = (),
     ) -> Any:
+        self._open()
+        data = None if body is None else json.dumps(body).encode()
+        status, answer = self._transport.call(method, path, data, list(headers))
+        return self._read(f"{method} {path}", status, answer)
+
+    def _open(self) -> None:
         if self._closed:
             raise error_from(
                 "closed", f"{self!r} was closed; open a new Memory to go on"
             )
-        data = None if body is None else json.dumps(body).encode()
-        status, answer = self._transport.call(method, path, data, list(headers))
+
+    @staticmethod
+    def _read(what: str, status: int, answer: bytes) -> Any:
         if status >= 400:
             raise from_answer(status, answer)
         try:
             return json.loads(answer)
         except ValueError as e:
-            raise _shape(f"{method} {path}", e) from None
+            raise _shape(what, e) from None
 
     def record(
         self,
@@ -198,12 +204,9 @@ class Memory:
                 )
             body = {"events": [_event(e) for e in events]}
         key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
-        answer = self._call(
-            "POST",
-            f"/v1/sessions/{_segment(session_id)}/events",
-            body,
-            [("Idempotency-Key", key)],
-        )
+        self._open()
+        status, data = self._transport.record(session_id, json.dumps(body).encode(), key)
+        answer = self._read(f"POST /v1/sessions/{session_id}/events", status, data)
         return list(answer["ids"])
 
     def recall(
@@ -241,12 +244,14 @@ class Memory:
         ):
             if value is not None:
                 body[name] = value
-        path = f"/v1/sessions/{_segment(session_id)}/recall"
-        answer = self._call("POST", path, body)
+        self._open()
+        status, data = self._transport.recall(session_id, json.dumps(body).encode())
+        what = f"POST /v1/sessions/{session_id}/recall"
+        answer = self._read(what, status, data)
         try:
             return Recall.from_json(answer)
         except (KeyError, TypeError) as e:
-            raise _shape(f"POST {path}", e) from None
+            raise _shape(what, e) from None
 
     def feedback(
         self,

@@ -15,7 +15,7 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use shadowbrain::RecallRequest;
-use shadowbrain::embedded::{Embedded, RequestError};
+use shadowbrain::embedded::{Answer, Embedded, RequestError};
 use shadowbrain::setup::DirectoryHeld;
 
 create_exception!(
@@ -28,6 +28,18 @@ create_exception!(
 /// The error for Python: the contract's code and a message saying how to fix it.
 fn native_error(code: &str, message: String) -> PyErr {
     NativeError::new_err((code.to_string(), message))
+}
+
+/// An answer for Python: the status and the body, or the refusal before the request ran.
+fn answered<'py>(
+    py: Python<'py>,
+    answer: Result<Answer, RequestError>,
+) -> PyResult<(u16, Bound<'py, PyBytes>)> {
+    match answer {
+        Ok(answer) => Ok((answer.status, PyBytes::new(py, &answer.body))),
+        Err(e @ RequestError::Closed(_)) => Err(native_error("closed", e.to_string())),
+        Err(e @ RequestError::Malformed(_)) => Err(native_error("bad_request", e.to_string())),
+    }
 }
 
 /// A failed whole-directory operation as Python sees it: `closed` when the directory was
@@ -99,11 +111,37 @@ impl Native {
                 .collect();
             self.inner.request(namespace, method, path, &headers, body)
         });
-        match answer {
-            Ok(answer) => Ok((answer.status, PyBytes::new(py, &answer.body))),
-            Err(e @ RequestError::Closed(_)) => Err(native_error("closed", e.to_string())),
-            Err(e @ RequestError::Malformed(_)) => Err(native_error("bad_request", e.to_string())),
-        }
+        answered(py, answer)
+    }
+
+    /// `POST /v1/sessions/{session_id}/recall` without the router (the route's own work
+    /// and answer): the status and JSON body.
+    fn recall<'py>(
+        &self,
+        py: Python<'py>,
+        namespace: &str,
+        session_id: &str,
+        body: &[u8],
+    ) -> PyResult<(u16, Bound<'py, PyBytes>)> {
+        let body = body.to_vec();
+        let answer = py.detach(|| self.inner.recall(namespace, session_id, body));
+        answered(py, answer)
+    }
+
+    /// `POST /v1/sessions/{session_id}/events` with the `Idempotency-Key` `key`, without
+    /// the router: the status and JSON body.
+    #[pyo3(signature = (namespace, session_id, body, key=None))]
+    fn record<'py>(
+        &self,
+        py: Python<'py>,
+        namespace: &str,
+        session_id: &str,
+        body: &[u8],
+        key: Option<&str>,
+    ) -> PyResult<(u16, Bound<'py, PyBytes>)> {
+        let body = body.to_vec();
+        let answer = py.detach(|| self.inner.record(namespace, session_id, key, body));
+        answered(py, answer)
     }
 
     /// The benchmark's anchor: `repeats` recalls of `query` in `session_id` through the

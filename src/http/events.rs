@@ -45,26 +45,18 @@ pub(super) async fn post_events(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
     let body = body.map_err(ApiError::body)?;
-    // A retry sends the same bytes: their digest tells it from another request that
-    // reuses the key.
-    let idempotency = match headers.get(IDEMPOTENCY_KEY) {
-        None => None,
-        Some(key) => Some(crate::Idempotency {
-            key: key
-                .to_str()
-                .map_err(|_| {
-                    ApiError::invalid(
-                        "idempotency_key",
-                        "must be 1 to 255 visible ASCII characters; a UUID is a good key",
-                    )
-                })?
-                .to_string(),
-            fingerprint: hex(&Sha256::digest(&body)),
-        }),
-    };
-    let events = events_from(parse_json(Ok(body))?)?;
-    let session = s.rt.session(&ns.0, &session_id)?;
-    let recorded = session.record_idempotent(events, idempotency).await?;
+    let key = headers
+        .get(IDEMPOTENCY_KEY)
+        .map(|key| {
+            key.to_str().map_err(|_| {
+                ApiError::invalid(
+                    "idempotency_key",
+                    "must be 1 to 255 visible ASCII characters; a UUID is a good key",
+                )
+            })
+        })
+        .transpose()?;
+    let recorded = record(&s.rt, &ns.0, &session_id, key, body).await?;
     if !recorded.replayed {
         s.metrics.events_ingested(recorded.ids.len());
     }
@@ -76,4 +68,25 @@ pub(super) async fn post_events(
             .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     }
     Ok(answer)
+}
+
+/// A write's work, from the request's body (and its `Idempotency-Key`) to the durable ids:
+/// the route's, and the embedded handle's without the router ([`crate::embedded`]), so both
+/// answer alike.
+pub(crate) async fn record(
+    rt: &crate::Runtime,
+    namespace: &str,
+    session_id: &str,
+    key: Option<&str>,
+    body: Bytes,
+) -> ApiResult<crate::Recorded> {
+    // A retry sends the same bytes: their digest tells it from another request that
+    // reuses the key.
+    let idempotency = key.map(|key| crate::Idempotency {
+        key: key.to_string(),
+        fingerprint: hex(&Sha256::digest(&body)),
+    });
+    let events = events_from(parse_json(Ok(body))?)?;
+    let session = rt.session(namespace, session_id)?;
+    Ok(session.record_idempotent(events, idempotency).await?)
 }

@@ -51,10 +51,12 @@ mod state;
 #[cfg(feature = "cluster")]
 pub(crate) use auth::client_ip_in;
 pub use connections::{Client, Drained, Proxies, ServerConfig, ServerLimits, raise_to_realtime};
+pub(crate) use events::record;
 pub use events::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use openapi::ApiDoc;
 #[cfg(feature = "cluster")]
 pub(crate) use openapi::get_openapi;
+pub(crate) use sessions::recall;
 #[cfg(feature = "cluster")]
 pub(crate) use state::{ClusterNode, InCluster, NodeFuture};
 

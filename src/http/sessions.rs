@@ -31,12 +31,24 @@ pub(super) async fn post_recall(
     Path(session_id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<RecallOut>> {
-    let body: RecallIn = from_json("recall", body)?;
-    let session = s.rt.session(&ns.0, &session_id)?;
-    let request = recall_request(&s.limits, &ns.0, &session_id, body)?;
-    let result = session.recall_with(request).await?;
+    let answer = recall(&s.rt, &s.limits, &ns.0, &session_id, body).await?;
     s.metrics.recall();
-    Ok(Json(result.into()))
+    Ok(Json(answer))
+}
+
+/// A recall's work, from the request's body to the answer: the route's, and the embedded
+/// handle's without the router ([`crate::embedded`]), so both answer alike.
+pub(crate) async fn recall(
+    rt: &crate::Runtime,
+    limits: &crate::Limits,
+    namespace: &str,
+    session_id: &str,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<RecallOut> {
+    let body: RecallIn = from_json("recall", body)?;
+    let session = rt.session(namespace, session_id)?;
+    let request = recall_request(limits, namespace, session_id, body)?;
+    Ok(session.recall_with(request).await?.into())
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
