@@ -81,17 +81,30 @@ def main() -> None:
         memory.record(f"s{n % args.sessions}", events)
         batch_s.append(time.perf_counter() - t0)
     total = time.perf_counter() - started
+    # The anchor: as many events, in batches of 1,000, through the Rust facade, into
+    # sessions of their own (the same store, after the Python writes).
+    facade_ns: list[int] = []
+    for n, i in enumerate(range(0, len(corpus), 1000)):
+        facade_ns.extend(
+            native._facade_record("default", f"f{n % args.sessions}", corpus[i : i + 1000], 1000)
+        )
+    facade_rate = len(corpus) / (sum(facade_ns) / 1e9)
     out["record"] = {
         "events_per_s": args.records / total,
         "batch_1000_p50_ms": pct(batch_s, 0.5) * 1e3,
         "batch_1000_p99_ms": pct(batch_s, 0.99) * 1e3,
+        "facade_events_per_s": facade_rate,
+        "facade_batch_1000_p50_ms": pct([n / 1e6 for n in facade_ns], 0.5),
     }
-    print(f"record: {args.records / total:,.0f} events/s (batches of 1,000)")
+    print(
+        f"record: {args.records / total:,.0f} events/s from Python, {facade_rate:,.0f} "
+        "through the Rust facade (batches of 1,000)"
+    )
 
     # Recall is measured once the writes are absorbed: indexes built, background work done.
     t0 = time.perf_counter()
     native._settle()
-    out["record"]["settle_s"] = time.perf_counter() - t0  # type: ignore[index]
+    out["record"]["settle_s"] = time.perf_counter() - t0
     print(f"settled in {time.perf_counter() - t0:.1f} s")
 
     # Warm both paths, then alternate query by query.
@@ -100,24 +113,68 @@ def main() -> None:
         native._facade_recall("default", f"s{j % args.sessions}", q, args.k, 1)
     py_us: list[float] = []
     rust_us: list[float] = []
+    # Where the difference goes: the native call alone (bytes in, bytes out) by the
+    # direct path `Memory.recall` takes, and by the server's router.
+    direct_us: list[float] = []
+    routed_us: list[float] = []
+    order = random.Random(5)
     for j, q in enumerate(queries):
         session = f"s{j % args.sessions}"
-        t0 = time.perf_counter_ns()
-        recall = memory.recall(session, q, k=args.k)
-        _ = [m.id for m in recall.memories]
-        py_us.append((time.perf_counter_ns() - t0) / 1e3)
-        rust_us.append(native._facade_recall("default", session, q, args.k, 1)[0] / 1e3)
-    out["recall"] = {
+        body = json.dumps(
+            {"query": q, "k": args.k, "scope": "session", "include_knowledge": True}
+        ).encode()
+
+        def python() -> None:
+            t0 = time.perf_counter_ns()
+            recall = memory.recall(session, q, k=args.k)
+            _ = [m.id for m in recall.memories]
+            py_us.append((time.perf_counter_ns() - t0) / 1e3)
+
+        def facade() -> None:
+            rust_us.append(native._facade_recall("default", session, q, args.k, 1)[0] / 1e3)
+
+        def direct() -> None:
+            t0 = time.perf_counter_ns()
+            native.recall("default", session, body)
+            direct_us.append((time.perf_counter_ns() - t0) / 1e3)
+
+        def routed() -> None:
+            t0 = time.perf_counter_ns()
+            native.request("default", "POST", f"/v1/sessions/{session}/recall", body)
+            routed_us.append((time.perf_counter_ns() - t0) / 1e3)
+
+        # In a random order each time: whichever goes first meets colder caches.
+        paths = [python, facade, direct, routed]
+        order.shuffle(paths)
+        for path in paths:
+            path()
+    out["recall"] = r = {
         "python_p50_us": pct(py_us, 0.5),
         "python_p99_us": pct(py_us, 0.99),
         "facade_p50_us": pct(rust_us, 0.5),
         "facade_p99_us": pct(rust_us, 0.99),
         "python_minus_facade_p50_us": pct(py_us, 0.5) - pct(rust_us, 0.5),
         "python_mean_us": statistics.fmean(py_us),
+        "native_direct_p50_us": pct(direct_us, 0.5),
+        "native_routed_p50_us": pct(routed_us, 0.5),
+        # Paired by query (the same query, session and moment), steadier than a
+        # difference of medians: what each layer adds.
+        "paired_python_minus_direct_p50_us": pct([p - d for p, d in zip(py_us, direct_us)], 0.5),
+        "paired_direct_minus_facade_p50_us": pct([d - f for d, f in zip(direct_us, rust_us)], 0.5),
+        "paired_routed_minus_direct_p50_us": pct([r - d for r, d in zip(routed_us, direct_us)], 0.5),
+        "paired_python_minus_facade_p50_us": pct([p - f for p, f in zip(py_us, rust_us)], 0.5),
     }
     print(
         f"recall p50: Python {pct(py_us, 0.5):.0f} µs, Rust facade {pct(rust_us, 0.5):.0f} µs "
-        f"(+{pct(py_us, 0.5) - pct(rust_us, 0.5):.0f} µs)"
+        f"(+{pct(py_us, 0.5) - pct(rust_us, 0.5):.0f} µs); the native call alone "
+        f"{pct(direct_us, 0.5):.0f} µs direct, {pct(routed_us, 0.5):.0f} µs through the router"
+    )
+    print(
+        "paired by query (p50): Python over the facade "
+        f"+{r['paired_python_minus_facade_p50_us']:.0f} µs = the Python layer "
+        f"+{r['paired_python_minus_direct_p50_us']:.0f} µs + the native call "
+        f"+{r['paired_direct_minus_facade_p50_us']:.0f} µs; the router would add "
+        f"+{r['paired_routed_minus_direct_p50_us']:.0f} µs"
     )
 
     if not args.no_chroma:

@@ -14,7 +14,7 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use shadowbrain::RecallRequest;
+use shadowbrain::{NewMemory, RecallRequest};
 use shadowbrain::embedded::{Answer, Embedded, RequestError};
 use shadowbrain::setup::DirectoryHeld;
 
@@ -169,6 +169,42 @@ impl Native {
                     let started = std::time::Instant::now();
                     session
                         .recall_with(request)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    took.push(started.elapsed().as_nanos() as u64);
+                }
+                Ok(took)
+            })
+        })
+        .map_err(|e: String| native_error("benchmark", e))
+    }
+
+    /// The benchmark's anchor for writes: `texts` recorded in `session_id` in batches of
+    /// `batch` observations through the Rust facade (`SessionHandle::record_batch`, no
+    /// JSON, no router); each batch's nanoseconds.
+    fn _facade_record(
+        &self,
+        py: Python<'_>,
+        namespace: &str,
+        session_id: &str,
+        texts: Vec<String>,
+        batch: usize,
+    ) -> PyResult<Vec<u64>> {
+        py.detach(|| {
+            let rt = self.inner.runtime().map_err(|e| e.to_string())?;
+            let session = rt
+                .session(namespace, session_id)
+                .map_err(|e| e.to_string())?;
+            self.inner.block_on(async {
+                let mut took = Vec::new();
+                for chunk in texts.chunks(batch.max(1)) {
+                    let events = chunk
+                        .iter()
+                        .map(|t| NewMemory::new("observation", t.as_str()))
+                        .collect();
+                    let started = std::time::Instant::now();
+                    session
+                        .record_batch(events)
                         .await
                         .map_err(|e| e.to_string())?;
                     took.push(started.elapsed().as_nanos() as u64);
