@@ -4,8 +4,8 @@
 ``Runner.run(..., session=...)`` and the conversation is kept in shadowbrain. Each item is
 one record of kind ``agent_item`` in the shadowbrain session ``session_id``, the item
 whole in the record's ``content`` and a readable rendering in its ``text`` (so ``recall``
-finds past turns too), written pinned so the policy never fades it. Items come back in the
-order they were added; ``pop_item`` and ``clear_session`` archive records (history is
+finds past turns too; a long item, its JSON over 64 KiB, is kept as the text instead),
+written pinned so the policy never fades it. Items come back in the order they were added; ``pop_item`` and ``clear_session`` archive records (history is
 kept, nothing is recalled from them again).
 
 ``memory_tools(memory, session_id)`` gives the agent two function tools, ``remember`` and
@@ -40,6 +40,10 @@ ITEM_KIND = "agent_item"
 _PAGE = 1000
 # The contract's largest write: this many items are sent in one request.
 _BATCH = 1000
+# An item whose JSON is longer than this (a long tool output, a file) is kept as the text
+# of its record instead of its content: a text may be four times longer than a content by
+# default (1 MiB against 256 KiB, docs/configuration.md "[limits]").
+_LONG = 64 * 1024
 
 
 def _async(memory: Memory | AsyncMemory) -> AsyncMemory:
@@ -91,6 +95,14 @@ def item_text(item: Mapping[str, Any]) -> str:
     return text if text.strip(" :") else str(kind)
 
 
+def _item(record: Record) -> TResponseInputItem:
+    if isinstance(record.metadata, dict) and record.metadata.get("item") == "text":
+        long: TResponseInputItem = json.loads(record.text)
+        return long
+    item: TResponseInputItem = record.content
+    return item
+
+
 class ShadowbrainSession:
     """An Agents SDK ``Session`` kept in shadowbrain (see the module's documentation).
 
@@ -140,20 +152,21 @@ class ShadowbrainSession:
         if limit is not None and limit <= 0:
             return []
         records = await self._live(limit)
-        items: list[TResponseInputItem] = [r.content for r in reversed(records)]
-        return items
+        return [_item(r) for r in reversed(records)]
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Appends ``items``, in order, once durable."""
         events = []
         for item in items:
             plain = _plain(item)
-            event: dict[str, Any] = {
-                "kind": ITEM_KIND,
-                "text": item_text(plain),
-                "content": plain,
-                "pinned": True,
-            }
+            encoded = json.dumps(plain, ensure_ascii=False)
+            event: dict[str, Any] = {"kind": ITEM_KIND, "pinned": True}
+            if len(encoded) > _LONG:
+                event["text"] = encoded
+                event["metadata"] = {"item": "text"}
+            else:
+                event["text"] = item_text(plain)
+                event["content"] = plain
             if self.agent_id is not None:
                 event["agent_id"] = self.agent_id
             events.append(event)
@@ -168,8 +181,7 @@ class ShadowbrainSession:
             if not newest:
                 return None
             await self.memory.forget(newest[0].id)
-            item: TResponseInputItem = newest[0].content
-            return item
+            return _item(newest[0])
 
     async def clear_session(self) -> None:
         """Removes every item (their records are archived)."""

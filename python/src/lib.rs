@@ -14,7 +14,7 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use shadowbrain::{NewMemory, RecallRequest};
+use shadowbrain::{NewMemory, RecallRequest, SessionHandle};
 use shadowbrain::embedded::{Answer, Embedded, RequestError};
 use shadowbrain::setup::DirectoryHeld;
 
@@ -156,27 +156,17 @@ impl Native {
         k: usize,
         repeats: usize,
     ) -> PyResult<Vec<u64>> {
-        py.detach(|| {
-            let rt = self.inner.runtime().map_err(|e| e.to_string())?;
-            let session = rt
-                .session(namespace, session_id)
-                .map_err(|e| e.to_string())?;
-            self.inner.block_on(async {
-                let mut took = Vec::with_capacity(repeats);
-                for _ in 0..repeats {
-                    let mut request = RecallRequest::new(namespace, session_id, query);
-                    request.k = k;
-                    let started = std::time::Instant::now();
-                    session
-                        .recall_with(request)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    took.push(started.elapsed().as_nanos() as u64);
-                }
-                Ok(took)
-            })
+        self.timed(py, namespace, session_id, async |session| {
+            let mut took = Vec::with_capacity(repeats);
+            for _ in 0..repeats {
+                let mut request = RecallRequest::new(namespace, session_id, query);
+                request.k = k;
+                let started = std::time::Instant::now();
+                session.recall_with(request).await?;
+                took.push(started.elapsed().as_nanos() as u64);
+            }
+            Ok(took)
         })
-        .map_err(|e: String| native_error("benchmark", e))
     }
 
     /// The benchmark's anchor for writes: `texts` recorded in `session_id` in batches of
@@ -190,29 +180,19 @@ impl Native {
         texts: Vec<String>,
         batch: usize,
     ) -> PyResult<Vec<u64>> {
-        py.detach(|| {
-            let rt = self.inner.runtime().map_err(|e| e.to_string())?;
-            let session = rt
-                .session(namespace, session_id)
-                .map_err(|e| e.to_string())?;
-            self.inner.block_on(async {
-                let mut took = Vec::new();
-                for chunk in texts.chunks(batch.max(1)) {
-                    let events = chunk
-                        .iter()
-                        .map(|t| NewMemory::new("observation", t.as_str()))
-                        .collect();
-                    let started = std::time::Instant::now();
-                    session
-                        .record_batch(events)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    took.push(started.elapsed().as_nanos() as u64);
-                }
-                Ok(took)
-            })
+        self.timed(py, namespace, session_id, async |session| {
+            let mut took = Vec::new();
+            for chunk in texts.chunks(batch.max(1)) {
+                let events = chunk
+                    .iter()
+                    .map(|t| NewMemory::new("observation", t.as_str()))
+                    .collect();
+                let started = std::time::Instant::now();
+                session.record_batch(events).await?;
+                took.push(started.elapsed().as_nanos() as u64);
+            }
+            Ok(took)
         })
-        .map_err(|e: String| native_error("benchmark", e))
     }
 
     /// The benchmark's wait before it measures recall: the background actors' work done and
@@ -293,6 +273,28 @@ impl Native {
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.inner.close())
             .map_err(|e| native_error("cannot_close", format!("{e:#}")))
+    }
+}
+
+impl Native {
+    /// Runs a benchmark's `work` on the facade's handle of `session_id`, the GIL released.
+    fn timed(
+        &self,
+        py: Python<'_>,
+        namespace: &str,
+        session_id: &str,
+        work: impl AsyncFnOnce(SessionHandle) -> shadowbrain::Result<Vec<u64>> + Send,
+    ) -> PyResult<Vec<u64>> {
+        py.detach(|| {
+            let rt = self.inner.runtime().map_err(|e| e.to_string())?;
+            let session = rt
+                .session(namespace, session_id)
+                .map_err(|e| e.to_string())?;
+            self.inner
+                .block_on(work(session))
+                .map_err(|e| e.to_string())
+        })
+        .map_err(|e: String| native_error("benchmark", e))
     }
 }
 

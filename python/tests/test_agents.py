@@ -86,6 +86,20 @@ def test_items_are_paged_past_a_timeline_page(memory: Memory) -> None:
     asyncio.run(run())
 
 
+def test_a_long_item_is_kept_whole(memory: Memory) -> None:
+    page = "line of a long tool output\n" * 20_000  # 540 KB: over the content limit
+    long: Any = {"type": "function_call_output", "call_id": "call-9", "output": page}
+
+    async def run() -> None:
+        session = ShadowbrainSession("long-items", memory)
+        await session.add_items([ITEMS[0], long, ITEMS[3]])
+        assert await session.get_items() == [ITEMS[0], long, ITEMS[3]]
+        assert await session.pop_item() == ITEMS[3]
+        assert await session.pop_item() == long
+
+    asyncio.run(run())
+
+
 def test_session_settings_limit_applies_when_no_limit_is_given(memory: Memory) -> None:
     async def run() -> None:
         session = ShadowbrainSession("chat", memory, session_settings=SessionSettings(limit=1))
