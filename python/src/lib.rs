@@ -14,9 +14,9 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use shadowbrain::{NewMemory, RecallRequest, SessionHandle};
 use shadowbrain::embedded::{Answer, Embedded, RequestError};
 use shadowbrain::setup::DirectoryHeld;
+use shadowbrain::{NewMemory, RecallRequest, SessionHandle};
 
 create_exception!(
     _native,
