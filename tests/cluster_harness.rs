@@ -652,8 +652,11 @@ impl Harness {
             .collect()
     }
 
-    /// Until every partition has exactly one owner among the live nodes, the same for
-    /// two lease periods in a row (handovers at start-up done).
+    /// Until the live nodes agree on the members and every partition is owned by the
+    /// member rendezvous hashing picks for it (the handovers a join or a loss starts are
+    /// done), the same for half a lease period. Owners stable for a while are not enough: a
+    /// node that joins late (a loaded machine) is handed its partitions seconds after the
+    /// others have settled among themselves.
     pub fn wait_settled(&self, limit: Duration) {
         let until = Instant::now() + limit;
         let mut last = BTreeMap::new();
@@ -663,16 +666,47 @@ impl Harness {
             if owners != last {
                 last = owners;
                 since = Instant::now();
-            } else if last.len() == PARTITIONS as usize && since.elapsed() >= LEASE_TTL / 2 {
+            } else if last.len() == PARTITIONS as usize
+                && self.rendezvous_owners().as_ref() == Some(&last)
+                && since.elapsed() >= LEASE_TTL / 2
+            {
                 return;
             }
             assert!(
                 Instant::now() < until,
-                "the partitions did not settle: owners {last:?}; logs in {}",
+                "the partitions did not settle: owners {last:?}, rendezvous over the members \
+                 {:?}; logs in {}",
+                self.rendezvous_owners(),
                 self.dir.path().display()
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The owner rendezvous hashing picks for each partition among the members the live
+    /// nodes agree on (`None` while they do not agree, or one does not answer).
+    fn rendezvous_owners(&self) -> Option<BTreeMap<u16, String>> {
+        let mut agreed: Option<Vec<String>> = None;
+        for i in 0..NODES {
+            if self.nodes[i].served.is_none() {
+                continue;
+            }
+            let status = self.status(i)?;
+            let mut members: Vec<String> = status["members"]
+                .as_array()?
+                .iter()
+                .filter_map(|m| m.as_str().map(str::to_string))
+                .collect();
+            members.sort();
+            match &agreed {
+                Some(seen) if *seen != members => return None,
+                _ => agreed = Some(members),
+            }
+        }
+        let members = agreed?;
+        (0..PARTITIONS)
+            .map(|p| Some((p, shadowbrain::cluster::rendezvous(p, &members)?.clone())))
+            .collect()
     }
 
     /// [`Harness::start`] with every node's `serve --policy` reading one file that first
