@@ -186,9 +186,11 @@ impl Embedded {
     /// open: each line is a record as it was when read.
     pub fn export(&self, namespace: &str, path: &Path) -> anyhow::Result<Exported> {
         crate::validate_id("namespace", namespace)?;
-        let rt = self.runtime()?;
+        // Held while it writes: a close waits for the export instead of closing the store
+        // under it.
+        let open = self.enter()?;
         files::export_to_file(
-            rt.substrate().store(),
+            open.rt.substrate().store(),
             Some(namespace),
             path,
             &mut |_, _| {},
@@ -202,6 +204,8 @@ impl Embedded {
     /// conflict with the directory is imported as far as it can be and its problems are in
     /// [`Imported::problems`].
     pub fn import(&self, path: &Path) -> anyhow::Result<Imported> {
+        // It blocks its thread on the handle's runtime, as a request does.
+        drop(self.enter()?);
         let mut open = self.open.write().unwrap_or_else(|p| p.into_inner());
         let Some(Open { rt, app, .. }) = open.take() else {
             return Err(RequestError::Closed(self.data.clone()).into());
