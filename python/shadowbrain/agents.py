@@ -133,14 +133,17 @@ class ShadowbrainSession:
         """The session's live items' records, newest first, at most ``limit``."""
         out: list[Record] = []
         before: str | None = None
+        # A few items (`pop_item`, a short history) read a short page, not a whole one;
+        # records of other kinds in the session are paged past either way.
+        size = _PAGE if limit is None else min(_PAGE, limit + 16)
         while limit is None or len(out) < limit:
-            page = await self.memory.timeline(self.session_id, limit=_PAGE, before=before)
+            page = await self.memory.timeline(self.session_id, limit=size, before=before)
             for record in page:
                 if record.kind == ITEM_KIND and record.status in ("pinned", "active"):
                     out.append(record)
                     if limit is not None and len(out) == limit:
                         break
-            if len(page) < _PAGE:
+            if len(page) < size:
                 break
             before = page[-1].id
         return out

@@ -320,8 +320,12 @@ class ShadowbrainStore(BaseStore):
         if previous is not None:
             self.memory.mark(previous.id, "obsolete", reason="replaced by a newer value (put)")
 
-    def _items(self) -> dict[str, tuple[tuple[str, ...], str]]:
-        """Every item's session, with its namespace tuple and key."""
+    def _items(
+        self, read: dict[str, Record | None] | None = None
+    ) -> dict[str, tuple[tuple[str, ...], str]]:
+        """Every item's session, with its namespace tuple and key; the current records
+        read on the way (a hashed id's first time) are left in ``read``, so the caller
+        does not read them again."""
         out: dict[str, tuple[tuple[str, ...], str]] = {}
         for session in self.memory.sessions():
             sid = session.session_id
@@ -330,6 +334,8 @@ class ShadowbrainStore(BaseStore):
                 decoded = self._hashed.get(sid)
                 if decoded is None:
                     current = self._current(sid)
+                    if read is not None:
+                        read[sid] = current
                     if current is not None:
                         meta = current.metadata["langgraph"]
                         decoded = (tuple(meta["namespace"]), meta["key"])
@@ -345,10 +351,11 @@ class ShadowbrainStore(BaseStore):
             return []
         if not op.query:
             found: list[Record] = []
-            for sid, (namespace, _) in self._items().items():
+            read: dict[str, Record | None] = {}
+            for sid, (namespace, _) in self._items(read).items():
                 if namespace[: len(prefix)] != prefix:
                     continue
-                record = self._live(self._current(sid))
+                record = self._live(read[sid] if sid in read else self._current(sid))
                 if record is not None and (not op.filter or _matches(record.content, op.filter)):
                     found.append(record)
             found.sort(key=lambda r: (r.event_time, r.id), reverse=True)
@@ -382,12 +389,13 @@ class ShadowbrainStore(BaseStore):
 
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         namespaces: set[tuple[str, ...]] = set()
-        for sid, (namespace, _) in self._items().items():
+        read: dict[str, Record | None] = {}
+        for sid, (namespace, _) in self._items(read).items():
             if op.match_conditions and not all(_condition(c, namespace) for c in op.match_conditions):
                 continue
             if namespace in namespaces:
                 continue
-            if self._live(self._current(sid)) is None:
+            if self._live(read[sid] if sid in read else self._current(sid)) is None:
                 continue
             namespaces.add(namespace)
         if op.max_depth is not None:
