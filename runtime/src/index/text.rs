@@ -6,16 +6,19 @@
 //! character bigrams for Chinese, Japanese and Korean) → ASCII folding → over-long term removal
 //! → English stop words → English stemming.
 //!
-//! This module must never hold state between calls or depend on anything but the text: index
-//! terms written today have to match query terms computed next year. Changing the pipeline
-//! changes every stored keyword term and every hash embedding, so it requires a reindex.
+//! This module must never hold state between calls that changes a result or depend on
+//! anything but the text: index terms written today have to match query terms computed next
+//! year. Changing the pipeline changes every stored keyword term and every hash embedding, so
+//! it requires a reindex. (The one state it keeps, [`MemoStemmer`]'s memo of recent stems,
+//! only spares recomputing what the stemmer would answer again.)
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use tantivy::tokenizer::{
-    AsciiFoldingFilter, Language, LowerCaser, RemoveLongFilter, Stemmer, StopWordFilter,
-    TextAnalyzer, Token, TokenStream, Tokenizer,
+    AsciiFoldingFilter, LowerCaser, RemoveLongFilter, StopWordFilter, TextAnalyzer, Token,
+    TokenFilter, TokenStream, Tokenizer,
 };
 
 /// Version of what [`analyzer`] produces and of how texts become keyword documents. Bump it
@@ -200,9 +203,106 @@ static ANALYZER: LazyLock<TextAnalyzer> = LazyLock::new(|| {
         .filter(StopWordFilter::remove(
             ENGLISH_STOP_WORDS.iter().map(|w| (*w).to_owned()),
         ))
-        .filter(Stemmer::new(Language::English))
+        .filter(MemoStemmer)
         .build()
 });
+
+/// How many words each thread's stem memo holds before it starts afresh: the common
+/// vocabulary of a workload (Zipf's law: a few thousand words are most of any text) in
+/// about half a megabyte per thread.
+const STEM_MEMO_WORDS: usize = 8192;
+
+/// English stemming (Snowball's, as tantivy's `Stemmer` does it) with a per-thread memo of
+/// recent words. Every text is analysed more than once as it is written (the hash embedder,
+/// the keyword index's in-memory tail, tantivy), and stemming was the largest single cost
+/// of ingest with the hash embedder; most words repeat, so most stems are looked up.
+#[derive(Clone, Copy, Debug)]
+pub struct MemoStemmer;
+
+/// [`MemoStemmer`] over a tokenizer.
+#[derive(Clone)]
+pub struct MemoStemmerFilter<T> {
+    inner: T,
+}
+
+/// [`MemoStemmer`]'s token stream.
+pub struct MemoStemmerStream<T> {
+    tail: T,
+}
+
+/// One thread's stemmer and its memo.
+struct Stems {
+    stemmer: frostem::Stemmer,
+    memo: HashMap<String, String>,
+}
+
+thread_local! {
+    static STEMS: RefCell<Stems> = RefCell::new(Stems {
+        stemmer: frostem::Stemmer::new(frostem::Algorithm::English),
+        memo: HashMap::new(),
+    });
+}
+
+impl Stems {
+    /// Replaces `word` with its stem.
+    fn stem(&mut self, word: &mut String) {
+        if let Some(stem) = self.memo.get(word.as_str()) {
+            word.clear();
+            word.push_str(stem);
+            return;
+        }
+        let stem = self.stemmer.stem(word).into_owned();
+        if self.memo.len() >= STEM_MEMO_WORDS {
+            self.memo.clear();
+        }
+        let surface = std::mem::replace(word, stem.clone());
+        self.memo.insert(surface, stem);
+    }
+}
+
+impl TokenFilter for MemoStemmer {
+    type Tokenizer<T: Tokenizer> = MemoStemmerFilter<T>;
+
+    fn transform<T: Tokenizer>(self, inner: T) -> MemoStemmerFilter<T> {
+        MemoStemmerFilter { inner }
+    }
+}
+
+impl<T: Tokenizer> Tokenizer for MemoStemmerFilter<T> {
+    type TokenStream<'a> = MemoStemmerStream<T::TokenStream<'a>>;
+
+    fn token_stream<'a>(&'a mut self, text: &'a str) -> Self::TokenStream<'a> {
+        MemoStemmerStream {
+            tail: self.inner.token_stream(text),
+        }
+    }
+}
+
+impl<T: TokenStream> TokenStream for MemoStemmerStream<T> {
+    fn advance(&mut self) -> bool {
+        if !self.tail.advance() {
+            return false;
+        }
+        let token = self.tail.token_mut();
+        STEMS.with(|stems| match stems.try_borrow_mut() {
+            Ok(mut stems) => stems.stem(&mut token.text),
+            // Unreachable unless a stemmer re-enters this one; stem without the memo.
+            Err(_) => {
+                let stemmer = frostem::Stemmer::new(frostem::Algorithm::English);
+                token.text = stemmer.stem(&token.text).into_owned();
+            }
+        });
+        true
+    }
+
+    fn token(&self) -> &Token {
+        self.tail.token()
+    }
+
+    fn token_mut(&mut self) -> &mut Token {
+        self.tail.token_mut()
+    }
+}
 
 thread_local! {
     /// A per-thread analyzer, so [`analyze`] on the ingest path neither clones nor locks.
@@ -446,6 +546,28 @@ mod tests {
         assert!(terms("the of and, to! is?").is_empty());
         assert!(terms("").is_empty());
         assert!(terms("  \n\t ... --- !!! ").is_empty());
+    }
+
+    #[test]
+    fn the_memo_stems_as_the_stemmer_does() {
+        // More distinct words than the memo holds, twice over, so it fills, starts afresh
+        // and answers from the memo as well as from the stemmer.
+        let stemmer = frostem::Stemmer::new(frostem::Algorithm::English);
+        let words: Vec<String> = (0..STEM_MEMO_WORDS * 2 + 10)
+            .map(|i| {
+                format!("running{}ings", char::from(b'a' + (i % 26) as u8)).repeat(1 + i / 26 % 3)
+                    + &i.to_string()
+            })
+            .chain(["running", "databases", "flies", "agreed", "caresses"].map(String::from))
+            .collect();
+        for _ in 0..2 {
+            for w in &words {
+                let mut memo = w.clone();
+                STEMS.with(|s| s.borrow_mut().stem(&mut memo));
+                assert_eq!(memo, stemmer.stem(w), "{w}");
+            }
+        }
+        assert_eq!(terms("running databases"), ["run", "databas"]);
     }
 
     #[test]
