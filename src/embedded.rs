@@ -22,7 +22,7 @@ use axum::http::{Method, Request, StatusCode, header};
 use axum::response::{IntoResponse as _, Response};
 use tower::ServiceExt as _;
 
-use crate::api::{ApiResult, Ids};
+use crate::api::{ApiResult, Ids, RecallOut};
 use crate::auth::{Auth, Verified};
 use crate::files::{self, Exported, Imported};
 use crate::http;
@@ -371,6 +371,24 @@ impl Embedded {
         session_id: &str,
         body: Vec<u8>,
     ) -> Result<Answer, RequestError> {
+        let answer = match self.recall_out(namespace, session_id, body)? {
+            Ok(recalled) => self
+                .threads()
+                .block_on(Answer::of(StatusCode::OK, Ok(recalled))),
+            Err(refused) => refused,
+        };
+        Ok(answer)
+    }
+
+    /// [`Embedded::recall`]'s answer as the contract's struct, not its JSON (a caller that
+    /// builds its own objects from it skips writing and reading the JSON); a refusal is the
+    /// route's answer, as from [`Embedded::recall`].
+    pub fn recall_out(
+        &self,
+        namespace: &str,
+        session_id: &str,
+        body: Vec<u8>,
+    ) -> Result<Result<RecallOut, Answer>, RequestError> {
         let open = self.enter()?;
         let answer = self.threads().block_on(async {
             let recalled = http::recall(
@@ -381,7 +399,10 @@ impl Embedded {
                 Ok(body.into()),
             )
             .await;
-            Answer::of(StatusCode::OK, recalled).await
+            match recalled {
+                Ok(recalled) => Ok(recalled),
+                Err(refused) => Err(Answer::of::<RecallOut>(StatusCode::OK, Err(refused)).await),
+            }
         });
         drop(open);
         Ok(answer)

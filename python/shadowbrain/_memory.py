@@ -9,13 +9,23 @@ import asyncio
 import json
 import os
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlencode
 
-from . import _transport
-from ._types import Exported, Graph, HistoryEntry, Imported, Recall, Record, Session, _build
+from . import _native, _transport
+from ._types import (
+    Edge,
+    Exported,
+    Graph,
+    HistoryEntry,
+    Imported,
+    Recall,
+    Record,
+    Session,
+    _build,
+)
 from .errors import ShadowbrainError, error_from, from_answer
 
 Scope = Literal["session", "agent", "namespace"]
@@ -23,6 +33,7 @@ Outcome = Literal["success", "failure"]
 Status = Literal["active", "pinned", "obsolete", "wrong"]
 Resolution = Literal["keep", "dismiss", "reinstate"]
 When = datetime | str
+T = TypeVar("T")
 
 _DEFAULT_TIMEOUT = 30.0
 
@@ -135,10 +146,27 @@ class Memory:
         body: Any = None,
         headers: Sequence[tuple[str, str]] = (),
     ) -> Any:
+        status, answer = self._send(method, path, body, headers)
+        return self._read(f"{method} {path}", status, answer)
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> tuple[int, bytes]:
         self._open()
         data = None if body is None else json.dumps(body).encode()
-        status, answer = self._transport.call(method, path, data, list(headers))
-        return self._read(f"{method} {path}", status, answer)
+        return self._transport.call(method, path, data, list(headers))
+
+    def _records(
+        self, method: str, path: str, body: Any = None, field: str | None = None
+    ) -> list[Record]:
+        """The records of the answer to ``method path``: the list at ``field``, or the
+        answer itself, one record."""
+        status, answer = self._send(method, path, body)
+        return _parse(f"{method} {path}", lambda data: _native.records(data, field), status, answer)
 
     def _open(self) -> None:
         if self._closed:
@@ -245,13 +273,11 @@ class Memory:
             if value is not None:
                 body[name] = value
         self._open()
-        status, data = self._transport.recall(session_id, json.dumps(body).encode())
-        what = f"POST /v1/sessions/{session_id}/recall"
-        answer = self._read(what, status, data)
-        try:
-            return Recall.from_json(answer)
-        except (KeyError, TypeError) as e:
-            raise _shape(what, e) from None
+        answer = self._transport.recall(session_id, json.dumps(body).encode())
+        if isinstance(answer, Recall):
+            return answer
+        status, data = answer
+        return _parse(f"POST /v1/sessions/{session_id}/recall", Recall.from_json, status, data)
 
     def feedback(
         self,
@@ -287,8 +313,7 @@ class Memory:
         if before is not None:
             query["before"] = before
         path = f"/v1/sessions/{_segment(session_id)}/timeline?{urlencode(query)}"
-        answer = self._call("GET", path)
-        return self._records(path, answer["items"])
+        return self._records("GET", path, field="items")
 
     def sessions(self) -> list[Session]:
         """The namespace's sessions."""
@@ -300,8 +325,7 @@ class Memory:
 
     def get(self, memory_id: str) -> Record:
         """One record, with its place among the values of its fact (``chain``)."""
-        path = f"/v1/memories/{_segment(memory_id)}"
-        return self._records(path, [self._call("GET", path)])[0]
+        return self._records("GET", f"/v1/memories/{_segment(memory_id)}")[0]
 
     def history(self, memory_id: str) -> list[HistoryEntry]:
         """A record's audit history, oldest first."""
@@ -319,8 +343,7 @@ class Memory:
         body: dict[str, Any] = {"status": status}
         if reason is not None:
             body["reason"] = reason
-        path = f"/v1/memories/{_segment(memory_id)}"
-        return self._records(path, [self._call("PATCH", path, body)])[0]
+        return self._records("PATCH", f"/v1/memories/{_segment(memory_id)}", body)[0]
 
     def resolve(self, memory_id: str, how: Resolution, reason: str | None = None) -> Record:
         """Settles a contradiction the record is in (``keep`` it, ``dismiss`` it), or undoes
@@ -328,31 +351,33 @@ class Memory:
         body: dict[str, Any] = {"resolve": how}
         if reason is not None:
             body["reason"] = reason
-        path = f"/v1/memories/{_segment(memory_id)}"
-        return self._records(path, [self._call("PATCH", path, body)])[0]
+        return self._records("PATCH", f"/v1/memories/{_segment(memory_id)}", body)[0]
 
     def forget(self, memory_id: str) -> Record:
         """Archives a record (a soft delete: kept, with its history, never recalled)."""
-        path = f"/v1/memories/{_segment(memory_id)}"
-        return self._records(path, [self._call("DELETE", path)])[0]
+        return self._records("DELETE", f"/v1/memories/{_segment(memory_id)}")[0]
 
     def knowledge_search(self, query: str, *, k: int = 10) -> Recall:
         """Searches the namespace's knowledge pool only: the lessons promoted from what
         every agent recorded."""
-        answer = self._call("POST", "/v1/knowledge/search", {"query": query, "k": k})
-        try:
-            return Recall.from_json(answer)
-        except (KeyError, TypeError) as e:
-            raise _shape("POST /v1/knowledge/search", e) from None
+        path = "/v1/knowledge/search"
+        status, answer = self._send("POST", path, {"query": query, "k": k})
+        return _parse(f"POST {path}", Recall.from_json, status, answer)
 
     def graph(self, around: str, *, depth: int = 2) -> Graph:
         """The knowledge graph around a record, ``depth`` links deep."""
         path = f"/v1/knowledge/graph?{urlencode({'around': around, 'depth': depth})}"
-        answer = self._call("GET", path)
+        status, answer = self._send("GET", path)
+        what = f"GET {path}"
+        nodes = _parse(what, lambda data: _native.records(data, "nodes"), status, answer)
         try:
-            return Graph.from_json(answer)
-        except (KeyError, TypeError) as e:
-            raise _shape(f"GET {path}", e) from None
+            edges = [
+                Edge(from_=e["from"], to=e["to"], relation=e["relation"])
+                for e in json.loads(answer)["edges"]
+            ]
+        except (KeyError, TypeError, ValueError) as e:
+            raise _shape(what, e) from None
+        return Graph(nodes=nodes, edges=edges)
 
     def policy(self) -> dict[str, Any]:
         """The policy in force: ``{"name", "hash", "policy", "namespaces"}``."""
@@ -392,12 +417,17 @@ class Memory:
         imported, present, different, dangling, problems = transport.import_(os.fspath(path))
         return Imported(imported, present, different, dangling, problems)
 
-    @staticmethod
-    def _records(what: str, items: list[Any]) -> list[Record]:
-        try:
-            return [Record.from_json(r) for r in items]
-        except (KeyError, TypeError) as e:
-            raise _shape(what, e) from None
+
+
+def _parse(what: str, build: Callable[[bytes], T], status: int, answer: bytes) -> T:
+    """The answer to ``what`` built by the native module (``Recall.from_json``, ...), or the
+    error it says (a refusal, or an answer of another shape)."""
+    if status >= 400:
+        raise from_answer(status, answer)
+    try:
+        return build(answer)
+    except ShadowbrainError as e:
+        raise error_from(e.code, f"the answer to {what}: {e.message}") from None
 
 
 def _event(event: Mapping[str, Any]) -> dict[str, Any]:

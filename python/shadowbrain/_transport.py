@@ -18,9 +18,13 @@ import sys
 import threading
 import urllib.parse
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from . import _native
 from .errors import ConnectionFailed, error_from
+
+if TYPE_CHECKING:
+    from ._native import Recall
 
 
 class Transport(Protocol):
@@ -30,7 +34,10 @@ class Transport(Protocol):
         self, method: str, path: str, body: bytes | None, headers: list[tuple[str, str]]
     ) -> tuple[int, bytes]: ...
 
-    def recall(self, session_id: str, body: bytes) -> tuple[int, bytes]: ...
+    def recall(self, session_id: str, body: bytes) -> Recall | tuple[int, bytes]:
+        """The answer's ``Recall`` (embedded: built from the runtime's answer, no JSON),
+        or the status and body to read."""
+        ...
 
     def record(self, session_id: str, body: bytes, key: str) -> tuple[int, bytes]: ...
 
@@ -55,10 +62,6 @@ class Embedded:
         config: str | os.PathLike[str] | None,
         namespace: str,
     ) -> None:
-        # Imported here, not at module level: a client (`Memory.connect`) needs no native
-        # module.
-        from . import _native
-
         self._refused = _native.NativeError
         self.path = Path(path)
         self.namespace = namespace
@@ -84,8 +87,8 @@ class Embedded:
             raise _error(e) from None
 
     # The two calls an agent makes most, answered by the route's own work without the
-    # router: the same answers, less time.
-    def recall(self, session_id: str, body: bytes) -> tuple[int, bytes]:
+    # router: the same answers, less time (a recall's as its objects, no JSON between).
+    def recall(self, session_id: str, body: bytes) -> Recall | tuple[int, bytes]:
         try:
             return self._native.recall(self.namespace, session_id, body)
         except self._refused as e:

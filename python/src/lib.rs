@@ -1,12 +1,20 @@
-//! `shadowbrain._native`: the Rust half of the Python package. One class, `Native`, over
+//! `shadowbrain._native`: the Rust half of the Python package. `Native`, over
 //! [`shadowbrain::embedded::Embedded`]: a data directory opened in this process as `serve`
-//! opens it, answering the HTTP contract's requests without a socket. The Python half
-//! (`python/shadowbrain/`) turns its JSON answers into typed objects and its error bodies
-//! into exceptions, the same way for this and for a server reached over HTTP, so both
-//! speak one protocol.
+//! opens it, answering the HTTP contract's requests without a socket; and the answers'
+//! objects ([`answers`]: a record, a recall), built from the runtime's structs in-process
+//! and from a server's JSON by a client. The Python half (`python/shadowbrain/`) turns
+//! error bodies into exceptions and the other answers into typed objects, the same way for
+//! this and for a server reached over HTTP, so both speak one protocol.
 //!
 //! Every call releases the GIL while the runtime works, so Python threads sharing one
 //! `Native` run their requests at once.
+
+mod answers;
+
+// The server binary's allocator: the runtime embedded in Python allocates as under `serve`
+// (Python's own objects keep Python's allocator; only Rust's allocations use it).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::path::PathBuf;
 
@@ -26,7 +34,7 @@ create_exception!(
 );
 
 /// The error for Python: the contract's code and a message saying how to fix it.
-fn native_error(code: &str, message: String) -> PyErr {
+pub(crate) fn native_error(code: &str, message: String) -> PyErr {
     NativeError::new_err((code.to_string(), message))
 }
 
@@ -35,10 +43,15 @@ fn answered<'py>(
     py: Python<'py>,
     answer: Result<Answer, RequestError>,
 ) -> PyResult<(u16, Bound<'py, PyBytes>)> {
-    match answer {
-        Ok(answer) => Ok((answer.status, PyBytes::new(py, &answer.body))),
-        Err(e @ RequestError::Closed(_)) => Err(native_error("closed", e.to_string())),
-        Err(e @ RequestError::Malformed(_)) => Err(native_error("bad_request", e.to_string())),
+    let answer = answer.map_err(unanswered)?;
+    Ok((answer.status, PyBytes::new(py, &answer.body)))
+}
+
+/// A request refused before it ran, as Python sees it.
+fn unanswered(e: RequestError) -> PyErr {
+    match e {
+        RequestError::Closed(_) => native_error("closed", e.to_string()),
+        RequestError::Malformed(_) => native_error("bad_request", e.to_string()),
     }
 }
 
@@ -114,18 +127,22 @@ impl Native {
         answered(py, answer)
     }
 
-    /// `POST /v1/sessions/{session_id}/recall` without the router (the route's own work
-    /// and answer): the status and JSON body.
+    /// `POST /v1/sessions/{session_id}/recall` without the router (the route's own work):
+    /// the answer's `Recall`, made from the runtime's answer without JSON, or a refusal's
+    /// status and JSON body.
     fn recall<'py>(
         &self,
         py: Python<'py>,
         namespace: &str,
         session_id: &str,
         body: &[u8],
-    ) -> PyResult<(u16, Bound<'py, PyBytes>)> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let body = body.to_vec();
-        let answer = py.detach(|| self.inner.recall(namespace, session_id, body));
-        answered(py, answer)
+        let answer = py.detach(|| self.inner.recall_out(namespace, session_id, body));
+        match answer.map_err(unanswered)? {
+            Ok(recalled) => Ok(Bound::new(py, answers::Recall::new(py, recalled)?)?.into_any()),
+            Err(refused) => Ok(answered(py, Ok(refused))?.into_pyobject(py)?.into_any()),
+        }
     }
 
     /// `POST /v1/sessions/{session_id}/events` with the `Idempotency-Key` `key`, without
@@ -301,6 +318,15 @@ impl Native {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Native>()?;
+    m.add_class::<answers::Record>()?;
+    m.add_class::<answers::Recalled>()?;
+    m.add_class::<answers::Recall>()?;
+    m.add_class::<answers::Why>()?;
+    m.add_class::<answers::Passage>()?;
+    m.add_class::<answers::PolicyRef>()?;
+    m.add_class::<answers::Utility>()?;
+    m.add_class::<answers::Chain>()?;
+    m.add_function(wrap_pyfunction!(answers::records, m)?)?;
     m.add("NativeError", m.py().get_type::<NativeError>())?;
     Ok(())
 }

@@ -5,6 +5,8 @@ and a data directory another holder keeps."""
 from __future__ import annotations
 
 import asyncio
+import json
+import pickle
 import subprocess
 import sys
 import threading
@@ -53,6 +55,65 @@ def test_record_and_recall_answer_typed_explained_memories(memory: Memory) -> No
     assert best.score > 0 and 0 <= best.why.relevance <= 1
     assert "eu-west-1" in recall.context
     assert "Recalled(" in repr(best)
+
+
+def test_answers_compare_pickle_and_give_the_contracts_json(memory: Memory) -> None:
+    memory.record(
+        "p1",
+        [
+            {"kind": "observation", "text": "the invoice run starts at 02:00", "metadata": {"team": "billing", "n": [1, 2.5, None]}},
+            {"kind": "observation", "text": "the invoice run takes an hour", "content": {"took_s": 3600}},
+        ],
+    )
+    recall = memory.recall("p1", "when does the invoice run start?", k=2)
+    assert len(recall.memories) == 2
+    again = pickle.loads(pickle.dumps(recall))
+    assert again == recall and again is not recall
+    assert again.memories[0] == recall.memories[0] and isinstance(again.memories[0], Recalled)
+    whole = recall.to_dict()
+    assert Recall.from_json(json.dumps(whole).encode()) == recall
+    assert [m["id"] for m in whole["memories"]] == [m.id for m in recall.memories]
+    by_text = {m.text: m for m in recall.memories}
+    start = by_text["the invoice run starts at 02:00"]
+    assert start.metadata == {"team": "billing", "n": [1, 2.5, None]} and start.content is None
+    assert by_text["the invoice run takes an hour"].content == {"took_s": 3600}
+    # A score reads as its JSON spells it, embedded or not.
+    assert start.score == whole["memories"][[m.id for m in recall.memories].index(start.id)]["score"]
+    assert repr(start.score) == repr(json.loads(json.dumps(start.score)))
+    # A record equals a record of the same state, not a recalled memory of it.
+    record = memory.get(start.id)
+    assert isinstance(record, Record) and not isinstance(record, Recalled)
+    assert record == pickle.loads(pickle.dumps(record)) and record != start
+    assert Record.from_json(json.dumps(record.to_dict()).encode()) == record
+    # A field a newer server adds is ignored.
+    newer = {**record.to_dict(), "a_newer_field": {"x": 1}}
+    assert Record.from_json(json.dumps(newer).encode()) == record
+    assert record.to_dict()["metadata"] == {"team": "billing", "n": [1, 2.5, None]}
+    assert record.utility.successes == 0 and record.policy.name == recall.policy.name
+    assert record.chain is not None and record.chain.newer == []
+    assert "Record(id=" in repr(record) and "Recall(recall_id=" in repr(recall)
+    with pytest.raises(shadowbrain.ShadowbrainError) as refused:
+        Recall.from_json(b'{"memories": 3}')
+    assert refused.value.code == "unexpected_answer"
+
+
+def test_an_embedded_recall_is_the_routes_answer_without_json(tmp_path: Path, config_file: Path) -> None:
+    with Memory(tmp_path / "data", config=config_file) as memory:
+        memory.record("d1", [{"kind": "observation", "text": f"note {i} about the runner"} for i in range(20)])
+        native = memory._transport._native  # type: ignore[attr-defined]
+        body = json.dumps({"query": "runner note", "k": 5, "scope": "session"}).encode()
+        direct = native.recall("default", "d1", body)
+        assert isinstance(direct, Recall)
+        status, routed = native.request("default", "POST", "/v1/sessions/d1/recall", body)
+        assert status == 200
+        routed_json = json.loads(routed)
+        mine = direct.to_dict()
+        assert set(mine) == set(routed_json)
+        assert [m["id"] for m in mine["memories"]] == [m["id"] for m in routed_json["memories"]]
+        assert set(mine["memories"][0]) == set(routed_json["memories"][0])
+        # A refusal still answers the route's status and error body.
+        status, refused = native.recall("default", "d1", b'{"query": "x", "k": 0}')
+        assert status == 422 and json.loads(refused)["error"]["code"] == "invalid_k"
 
 
 def test_kinds_scope_and_time_filters_are_passed(memory: Memory) -> None:

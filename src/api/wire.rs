@@ -9,6 +9,10 @@
 //!
 //! The same structs are the MCP tools' structured output (`crate::mcp`): they also derive
 //! a JSON Schema (schemars), which the tools publish as their `outputSchema`.
+//!
+//! The answers a client reads back into objects (a record, a recall) also deserialize: the
+//! Python package builds its answer objects from these structs, from a server's JSON or
+//! straight from the runtime in-process. Fields a server may leave out default.
 
 use std::collections::BTreeMap;
 
@@ -166,7 +170,7 @@ pub struct RecallIn {
 }
 
 /// The policy that ranked an answer or decided about a record.
-#[derive(Debug, Serialize, ToSchema, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct PolicyRef {
     /// Its `name`.
     pub name: String,
@@ -184,7 +188,7 @@ impl From<PolicyStamp> for PolicyRef {
 }
 
 /// Success and failure counts from feedback.
-#[derive(Debug, Serialize, ToSchema, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct UtilityOut {
     /// Recalls that returned it and ended in success.
     pub successes: u32,
@@ -203,7 +207,7 @@ impl From<Utility> for UtilityOut {
 
 /// A stored record: all fields, status, strength, utility and sources (its embedding is
 /// left out; clients that want vectors keep their own).
-#[derive(Debug, Serialize, ToSchema, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct Memory {
     /// `mem-…`.
     #[schema(example = "mem-0000002a")]
@@ -266,6 +270,7 @@ pub struct Memory {
     /// while it is current.
     pub valid_until: Option<i64>,
     /// Records it is in open conflict with (settle with `PATCH` and `resolve`).
+    #[serde(default)]
     pub conflicts: Vec<String>,
     /// Its place among the values of its fact: on `GET` and `PATCH` of one memory only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -273,7 +278,7 @@ pub struct Memory {
 }
 
 /// A memory's place among the values of its fact.
-#[derive(Debug, Serialize, ToSchema, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct ChainOut {
     /// The records it superseded.
     pub supersedes: Vec<String>,
@@ -359,7 +364,7 @@ impl From<MemoryRecord> for Memory {
 }
 
 /// Why a memory ranked where it did: each policy component's weighted contribution.
-#[derive(Debug, Serialize, ToSchema, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct WhyOut {
     /// Query relevance (fused vector and keyword).
     pub relevance: f32,
@@ -382,12 +387,12 @@ pub struct WhyOut {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub valid_until: Option<i64>,
     /// Records it is in open conflict with: both sides rank as they match.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conflicts_with: Vec<String>,
 }
 
 /// Which passage of a long memory matched the query.
-#[derive(Debug, Serialize, ToSchema, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct PassageOut {
     /// Its place among the memory's passages, from 0.
     pub index: u32,
@@ -420,7 +425,7 @@ impl From<Why> for WhyOut {
 }
 
 /// A recalled memory: the record's fields, its score and why.
-#[derive(Debug, Serialize, ToSchema, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct Recalled {
     /// The record.
     #[serde(flatten)]
@@ -432,7 +437,7 @@ pub struct Recalled {
 }
 
 /// A recall's answer (also knowledge search's).
-#[derive(Debug, Serialize, ToSchema, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct RecallOut {
     /// Send it back with feedback to credit every memory of this answer.
     pub recall_id: Option<String>,
@@ -444,7 +449,7 @@ pub struct RecallOut {
     pub context: String,
     /// What the answer went without and why (e.g. the embedder was unreachable, so only
     /// keywords and recency ranked it). Absent when nothing was missing.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
 }
 
