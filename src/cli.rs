@@ -187,16 +187,18 @@ async fn serve(
         tracing::warn!(%addr, "serving beyond this machine without API keys: anyone who can reach the address reads and writes namespace `default`");
     }
     let url = format!("http://{}", listener.local_addr()?);
-    say(format_args!("serving {} on {url}", data.display()));
-    say(format_args!("MCP (Streamable HTTP) at {url}/mcp"));
-    // Read by `shadowbrain mcp` when it finds the directory held (a stale file after a
-    // crash is only ever read while a server holds the directory again and rewrote it).
+    // Read by `shadowbrain mcp` and `Memory(path)` when they find the directory held (a
+    // stale file after a crash is only ever read while a server holds the directory again
+    // and rewrote it). Written before the ready line: whoever waits for that line and then
+    // opens the directory is told this server's URL, not a placeholder.
     if let Err(e) = std::fs::write(data.join(SERVE_URL), &url) {
         tracing::warn!(error = %e, "cannot write {SERVE_URL} in the data directory");
     }
     // This process holds the directory now: what an in-process holder that crashed left
     // would name the wrong holder.
     let _ = std::fs::remove_file(data.join(HOLDER));
+    say(format_args!("serving {} on {url}", data.display()));
+    say(format_args!("MCP (Streamable HTTP) at {url}/mcp"));
     let options = http::Options {
         limits: file.limits,
         auth,
