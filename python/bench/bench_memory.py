@@ -1,11 +1,12 @@
 """The Python package's benchmark (docs/python.md, "Speed"): embedded record and recall
 from Python against their anchors measured in the same run on the same data.
 
-- Recall: the same queries through ``Memory.recall`` (JSON through the server's router,
-  typed objects built) and through the Rust facade (``SessionHandle::recall_with``, the
+- Recall: the same queries through ``Memory.recall`` (the route's work without the router,
+  the answer's objects made from the runtime's structs) and through the Rust facade (``SessionHandle::recall_with``, the
   native module's ``_facade_recall``), alternating query by query; session scope, the
   ``--records`` records spread over ``--sessions`` sessions.
-- Record: batches of 1,000 events through ``Memory.record``.
+- Record: batches of 1,000 events through ``Memory.record`` and through the Rust facade's
+  ``record_batch``, alternating batch by batch (the rate: events over the batches' time).
 - Anchor: Chroma's ``PersistentClient`` (the embedded store Python users pick), given the
   same records with the same vectors (the runtime's embedder's), add and query timed here.
 
@@ -72,22 +73,31 @@ def main() -> None:
     memory = shadowbrain.Memory(work / "data", config=config)
     native = memory._transport._native  # type: ignore[attr-defined]
 
-    # Record: batches of 1,000 events from Python, each to a session in turn.
+    # Record: batches of 1,000 events, from Python and through the Rust facade (the
+    # anchor) alternately, in a random order each time, so both write into a store of the
+    # same size meanwhile; each into sessions of its own, taken in turn.
     batch_s: list[float] = []
-    started = time.perf_counter()
-    for n, i in enumerate(range(0, len(corpus), 1000)):
-        events = [{"kind": "observation", "text": t} for t in corpus[i : i + 1000]]
-        t0 = time.perf_counter()
-        memory.record(f"s{n % args.sessions}", events)
-        batch_s.append(time.perf_counter() - t0)
-    total = time.perf_counter() - started
-    # The anchor: as many events, in batches of 1,000, through the Rust facade, into
-    # sessions of their own (the same store, after the Python writes).
     facade_ns: list[int] = []
+    turns = random.Random(3)
     for n, i in enumerate(range(0, len(corpus), 1000)):
-        facade_ns.extend(
-            native._facade_record("default", f"f{n % args.sessions}", corpus[i : i + 1000], 1000)
-        )
+        chunk = corpus[i : i + 1000]
+
+        def from_python() -> None:
+            events = [{"kind": "observation", "text": t} for t in chunk]
+            t0 = time.perf_counter()
+            memory.record(f"s{n % args.sessions}", events)
+            batch_s.append(time.perf_counter() - t0)
+
+        def through_facade() -> None:
+            facade_ns.extend(
+                native._facade_record("default", f"f{n % args.sessions}", chunk, 1000)
+            )
+
+        ways = [from_python, through_facade]
+        turns.shuffle(ways)
+        for way in ways:
+            way()
+    total = sum(batch_s)
     facade_rate = len(corpus) / (sum(facade_ns) / 1e9)
     out["record"] = {
         "events_per_s": args.records / total,
@@ -135,7 +145,7 @@ def main() -> None:
 
         def direct() -> None:
             t0 = time.perf_counter_ns()
-            native.recall("default", session, body)
+            native.recall("default", session, q, args.k, "session", None, True)
             direct_us.append((time.perf_counter_ns() - t0) / 1e3)
 
         def routed() -> None:

@@ -1,6 +1,7 @@
 """The native module (Rust, PyO3): a data directory opened in this process, and the
 answers' objects."""
 
+from collections.abc import Sequence
 from typing import Any
 
 class NativeError(Exception):
@@ -25,8 +26,21 @@ class Native:
         headers: list[tuple[str, str]] = ...,
     ) -> tuple[int, bytes]: ...
     def recall(
-        self, namespace: str, session_id: str, body: bytes
-    ) -> Recall | tuple[int, bytes]: ...
+        self,
+        namespace: str,
+        session_id: str,
+        query: str,
+        k: int | None = None,
+        scope: str | None = None,
+        agent_id: str | None = None,
+        include_knowledge: bool | None = None,
+        kinds: Sequence[str] | None = None,
+        since: str | None = None,
+        until: str | None = None,
+        token_budget: int | None = None,
+        include_superseded: bool | None = None,
+    ) -> Recall:
+        """A recall without the router; a refusal raises the package's error."""
     def record(
         self, namespace: str, session_id: str, body: bytes, key: str | None = None
     ) -> tuple[int, bytes]: ...

@@ -1,5 +1,7 @@
 """The two ways a ``Memory`` reaches shadowbrain, behind one call: ``(method, path, body,
-headers) -> (status, body)`` with the JSON of docs/http-api.md on both sides.
+headers) -> (status, body)`` with the JSON of docs/http-api.md on both sides, and two
+shorter ways for the calls an agent makes most (``record``; ``recall``, which answers its
+``Recall``).
 
 - ``Embedded``: a data directory opened in this process by the native module (the server's
   own router, no socket; the GIL is released while it works).
@@ -11,20 +13,21 @@ same objects and raise the same errors."""
 
 from __future__ import annotations
 
+import functools
 import http.client
+import json
 import os
 import socket
 import sys
 import threading
 import urllib.parse
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 from . import _native
-from .errors import ConnectionFailed, error_from
-
-if TYPE_CHECKING:
-    from ._native import Recall
+from ._native import Recall
+from .errors import ConnectionFailed, ShadowbrainError, error_from, from_answer
 
 
 class Transport(Protocol):
@@ -34,9 +37,22 @@ class Transport(Protocol):
         self, method: str, path: str, body: bytes | None, headers: list[tuple[str, str]]
     ) -> tuple[int, bytes]: ...
 
-    def recall(self, session_id: str, body: bytes) -> Recall | tuple[int, bytes]:
-        """The answer's ``Recall`` (embedded: built from the runtime's answer, no JSON),
-        or the status and body to read."""
+    def recall(
+        self,
+        session_id: str,
+        query: str,
+        k: int,
+        scope: str,
+        agent_id: str | None,
+        include_knowledge: bool,
+        kinds: Sequence[str] | None,
+        since: str | None,
+        until: str | None,
+        token_budget: int | None,
+        include_superseded: bool | None,
+    ) -> Recall:
+        """The answer's ``Recall`` (embedded: built from the runtime's answer, no JSON
+        between), or the refusal raised; arguments that are ``None`` are left out."""
         ...
 
     def record(self, session_id: str, body: bytes, key: str) -> tuple[int, bytes]: ...
@@ -77,6 +93,7 @@ class Embedded:
         except _native.NativeError as e:
             raise _error(e) from None
         self.embedder: str = self._native.embedder
+        self.recall = functools.partial(self._native.recall, namespace)
 
     def call(
         self, method: str, path: str, body: bytes | None, headers: list[tuple[str, str]]
@@ -87,12 +104,10 @@ class Embedded:
             raise _error(e) from None
 
     # The two calls an agent makes most, answered by the route's own work without the
-    # router: the same answers, less time (a recall's as its objects, no JSON between).
-    def recall(self, session_id: str, body: bytes) -> Recall | tuple[int, bytes]:
-        try:
-            return self._native.recall(self.namespace, session_id, body)
-        except self._refused as e:
-            raise _error(e) from None
+    # router: the same answers, less time. A recall goes straight to the native module (its
+    # arguments in, its objects out, its refusals raised there), with nothing of Python's
+    # between: `recall` is the native method with the namespace bound.
+    recall: Callable[..., Recall]
 
     def record(self, session_id: str, body: bytes, key: str) -> tuple[int, bytes]:
         try:
@@ -126,7 +141,24 @@ class Embedded:
         view = object.__new__(Embedded)
         view.__dict__.update(self.__dict__)
         view.namespace = namespace
+        view.recall = functools.partial(self._native.recall, namespace)
         return view
+
+
+def _dumps(body: dict[str, Any]) -> bytes:
+    """``body`` as JSON, or ``invalid_<argument>`` naming what cannot be JSON (as the
+    native module refuses it)."""
+    try:
+        return json.dumps(body).encode()
+    except (TypeError, ValueError):
+        for name, value in body.items():
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError) as e:
+                raise error_from(
+                    f"invalid_{name}", f"`{name}` cannot be sent as JSON ({e})"
+                ) from None
+        raise
 
 
 def _error(refusal: Exception) -> Exception:
@@ -214,8 +246,44 @@ class Http:
                 ) from None
         raise AssertionError("unreachable")
 
-    def recall(self, session_id: str, body: bytes) -> tuple[int, bytes]:
-        return self.call("POST", f"/v1/sessions/{segment(session_id)}/recall", body, [])
+    def recall(
+        self,
+        session_id: str,
+        query: str,
+        k: int,
+        scope: str,
+        agent_id: str | None,
+        include_knowledge: bool,
+        kinds: Sequence[str] | None,
+        since: str | None,
+        until: str | None,
+        token_budget: int | None,
+        include_superseded: bool | None,
+    ) -> Recall:
+        body: dict[str, Any] = {
+            "query": query,
+            "k": k,
+            "scope": scope,
+            "include_knowledge": include_knowledge,
+        }
+        for name, value in (
+            ("agent_id", agent_id),
+            ("kinds", None if kinds is None else list(kinds)),
+            ("since", since),
+            ("until", until),
+            ("token_budget", token_budget),
+            ("include_superseded", include_superseded),
+        ):
+            if value is not None:
+                body[name] = value
+        path = f"/v1/sessions/{segment(session_id)}/recall"
+        status, answer = self.call("POST", path, _dumps(body), [])
+        if status >= 400:
+            raise from_answer(status, answer)
+        try:
+            return _native.Recall.from_json(answer)
+        except ShadowbrainError as e:
+            raise error_from(e.code, f"the answer to POST {path}: {e.message}") from None
 
     def record(self, session_id: str, body: bytes, key: str) -> tuple[int, bytes]:
         path = f"/v1/sessions/{segment(session_id)}/events"

@@ -49,9 +49,38 @@ fn answered<'py>(
 
 /// A request refused before it ran, as Python sees it.
 fn unanswered(e: RequestError) -> PyErr {
+    native_error(request_code(&e), e.to_string())
+}
+
+/// The code of a request refused before it ran.
+fn request_code(e: &RequestError) -> &'static str {
     match e {
-        RequestError::Closed(_) => native_error("closed", e.to_string()),
-        RequestError::Malformed(_) => native_error("bad_request", e.to_string()),
+        RequestError::Closed(_) => "closed",
+        RequestError::Malformed(_) => "bad_request",
+    }
+}
+
+/// The package's own error (`shadowbrain.errors`), made by its function `make` from
+/// `args`: what the Python half raises for the same refusal.
+fn raised<'py>(py: Python<'py>, make: &str, args: impl pyo3::call::PyCallArgs<'py>) -> PyErr {
+    let error = py
+        .import("shadowbrain.errors")
+        .and_then(|m| m.getattr(make))
+        .and_then(|make| make.call1(args));
+    match error {
+        Ok(error) => PyErr::from_value(error),
+        Err(e) => e,
+    }
+}
+
+/// What a recall argument takes, for the message refusing another.
+fn kind_of(name: &str) -> &'static str {
+    match name {
+        "k" | "token_budget" => "number",
+        "include_knowledge" | "include_superseded" => "bool",
+        "kinds" => "list of kind names",
+        "since" | "until" => "datetime or an RFC 3339 string",
+        _ => "string",
     }
 }
 
@@ -127,21 +156,75 @@ impl Native {
         answered(py, answer)
     }
 
-    /// `POST /v1/sessions/{session_id}/recall` without the router (the route's own work):
-    /// the answer's `Recall`, made from the runtime's answer without JSON, or a refusal's
-    /// status and JSON body.
-    fn recall<'py>(
+    /// `POST /v1/sessions/{session_id}/recall` without the router (the route's own work),
+    /// its body made of the arguments that are not `None`: the answer's `Recall`, made
+    /// from the runtime's answer without JSON, or the package's error for a refusal (the
+    /// route's code and message). `Memory.recall` calls it straight: the less Python runs
+    /// around a recall, the less it adds to it.
+    #[pyo3(signature = (
+        namespace, session_id, query, k=None, scope=None, agent_id=None,
+        include_knowledge=None, kinds=None, since=None, until=None, token_budget=None,
+        include_superseded=None,
+    ))]
+    #[allow(clippy::too_many_arguments)] // `Memory.recall`'s keywords, one by one.
+    fn recall(
         &self,
-        py: Python<'py>,
+        py: Python<'_>,
         namespace: &str,
         session_id: &str,
-        body: &[u8],
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let body = body.to_vec();
+        query: &Bound<'_, PyAny>,
+        k: Option<&Bound<'_, PyAny>>,
+        scope: Option<&Bound<'_, PyAny>>,
+        agent_id: Option<&Bound<'_, PyAny>>,
+        include_knowledge: Option<&Bound<'_, PyAny>>,
+        kinds: Option<&Bound<'_, PyAny>>,
+        since: Option<&Bound<'_, PyAny>>,
+        until: Option<&Bound<'_, PyAny>>,
+        token_budget: Option<&Bound<'_, PyAny>>,
+        include_superseded: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<answers::Recall> {
+        let mut body = serde_json::Map::new();
+        for (name, value) in [
+            ("query", Some(query)),
+            ("k", k),
+            ("scope", scope),
+            ("agent_id", agent_id),
+            ("include_knowledge", include_knowledge),
+            ("kinds", kinds),
+            ("since", since),
+            ("until", until),
+            ("token_budget", token_budget),
+            ("include_superseded", include_superseded),
+        ] {
+            let Some(value) = value.filter(|v| !v.is_none()) else {
+                continue;
+            };
+            let json = pythonize::depythonize::<serde_json::Value>(value).map_err(|e| {
+                raised(
+                    py,
+                    "error_from",
+                    (
+                        format!("invalid_{name}"),
+                        format!(
+                            "`{name}` cannot be sent as JSON ({e}); pass a {}",
+                            kind_of(name)
+                        ),
+                    ),
+                )
+            })?;
+            body.insert(name.to_string(), json);
+        }
+        // The route reads its body as JSON: the same bytes, the same refusals, word for word.
+        let body = serde_json::to_vec(&serde_json::Value::Object(body)).unwrap_or_default();
         let answer = py.detach(|| self.inner.recall_out(namespace, session_id, body));
-        match answer.map_err(unanswered)? {
-            Ok(recalled) => Ok(Bound::new(py, answers::Recall::new(py, recalled)?)?.into_any()),
-            Err(refused) => Ok(answered(py, Ok(refused))?.into_pyobject(py)?.into_any()),
+        match answer {
+            Ok(Ok(recalled)) => answers::Recall::new(py, recalled),
+            Ok(Err(refused)) => Err(raised(
+                py,
+                "from_answer",
+                (refused.status, PyBytes::new(py, &refused.body)),
+            )),
+            Err(e) => Err(raised(py, "error_from", (request_code(&e), e.to_string()))),
         }
     }
 

@@ -101,9 +101,9 @@ def test_an_embedded_recall_is_the_routes_answer_without_json(tmp_path: Path, co
     with Memory(tmp_path / "data", config=config_file) as memory:
         memory.record("d1", [{"kind": "observation", "text": f"note {i} about the runner"} for i in range(20)])
         native = memory._transport._native  # type: ignore[attr-defined]
-        body = json.dumps({"query": "runner note", "k": 5, "scope": "session"}).encode()
-        direct = native.recall("default", "d1", body)
+        direct = native.recall("default", "d1", "runner note", 5, "session")
         assert isinstance(direct, Recall)
+        body = json.dumps({"query": "runner note", "k": 5, "scope": "session"}).encode()
         status, routed = native.request("default", "POST", "/v1/sessions/d1/recall", body)
         assert status == 200
         routed_json = json.loads(routed)
@@ -111,9 +111,14 @@ def test_an_embedded_recall_is_the_routes_answer_without_json(tmp_path: Path, co
         assert set(mine) == set(routed_json)
         assert [m["id"] for m in mine["memories"]] == [m["id"] for m in routed_json["memories"]]
         assert set(mine["memories"][0]) == set(routed_json["memories"][0])
-        # A refusal still answers the route's status and error body.
-        status, refused = native.recall("default", "d1", b'{"query": "x", "k": 0}')
-        assert status == 422 and json.loads(refused)["error"]["code"] == "invalid_k"
+        # A refusal raises the route's code and message.
+        status, refused = native.request(
+            "default", "POST", "/v1/sessions/d1/recall", b'{"query": "x", "k": 0}'
+        )
+        with pytest.raises(InvalidRequest) as raised:
+            native.recall("default", "d1", "x", 0)
+        assert status == 422 and raised.value.status == 422
+        assert json.loads(refused)["error"] == {"code": raised.value.code, "message": raised.value.message}
 
 
 def test_kinds_scope_and_time_filters_are_passed(memory: Memory) -> None:
@@ -206,6 +211,10 @@ def test_bad_arguments_are_refused_before_sending(memory: Memory) -> None:
         memory.record("s")
     with pytest.raises(InvalidRequest):
         memory.record("s", [{"kind": "observation", "text": "x"}], text="y")
+    # What cannot be JSON is refused naming the argument, embedded or not.
+    with pytest.raises(InvalidRequest) as unsendable:
+        memory.recall("s", "x", kinds=[object()])  # type: ignore[list-item]
+    assert unsendable.value.code == "invalid_kinds" and "`kinds`" in unsendable.value.message
 
 
 def test_an_idempotency_key_stores_a_write_once(memory: Memory) -> None:
