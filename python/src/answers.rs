@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use shadowbrain::api;
 
-use crate::native_error;
+use crate::raised;
 
 /// `value` (JSON) as Python data: objects as dicts, arrays as lists.
 fn data<'py>(py: Python<'py>, value: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
@@ -51,15 +51,7 @@ pub(crate) fn parsed<T: DeserializeOwned>(py: Python<'_>, answer: &[u8]) -> PyRe
 /// The package's own `ShadowbrainError` (code `unexpected_answer`): a caller of
 /// `Recall.from_json` catches the one error class every other call raises.
 fn unexpected(py: Python<'_>, message: String) -> PyErr {
-    let error = py
-        .import("shadowbrain.errors")
-        .and_then(|m| m.getattr("error_from"))
-        .and_then(|make| make.call1(("unexpected_answer", message.clone())));
-    match error {
-        Ok(error) => PyErr::from_value(error),
-        // Only when the Python half is missing (the native module imported alone).
-        Err(_) => native_error("unexpected_answer", message),
-    }
+    raised(py, "error_from", ("unexpected_answer", message))
 }
 
 /// `obj`'s class and `from_json`, and its JSON: what `pickle` calls to make it again.

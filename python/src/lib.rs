@@ -34,7 +34,7 @@ create_exception!(
 );
 
 /// The error for Python: the contract's code and a message saying how to fix it.
-pub(crate) fn native_error(code: &str, message: String) -> PyErr {
+fn native_error(code: &str, message: String) -> PyErr {
     NativeError::new_err((code.to_string(), message))
 }
 
@@ -62,7 +62,11 @@ fn request_code(e: &RequestError) -> &'static str {
 
 /// The package's own error (`shadowbrain.errors`), made by its function `make` from
 /// `args`: what the Python half raises for the same refusal.
-fn raised<'py>(py: Python<'py>, make: &str, args: impl pyo3::call::PyCallArgs<'py>) -> PyErr {
+pub(crate) fn raised<'py>(
+    py: Python<'py>,
+    make: &str,
+    args: impl pyo3::call::PyCallArgs<'py>,
+) -> PyErr {
     let error = py
         .import("shadowbrain.errors")
         .and_then(|m| m.getattr(make))
