@@ -12,7 +12,9 @@
 //!
 //! The answers a client reads back into objects (a record, a recall) also deserialize: the
 //! Python package builds its answer objects from these structs, from a server's JSON or
-//! straight from the runtime in-process. Fields a server may leave out default.
+//! straight from the runtime in-process. Fields a server leaves out when empty default;
+//! no `#[serde(default)]` is added to a field the server always sends, since it would mark
+//! the field optional in `/openapi.json` and the MCP tools' output schemas.
 
 use std::collections::BTreeMap;
 
@@ -270,7 +272,6 @@ pub struct Memory {
     /// while it is current.
     pub valid_until: Option<i64>,
     /// Records it is in open conflict with (settle with `PATCH` and `resolve`).
-    #[serde(default)]
     pub conflicts: Vec<String>,
     /// Its place among the values of its fact: on `GET` and `PATCH` of one memory only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
