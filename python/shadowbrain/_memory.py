@@ -9,9 +9,9 @@ import asyncio
 import json
 import os
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 from urllib.parse import urlencode
 
 from . import _native, _transport
@@ -33,7 +33,6 @@ Outcome = Literal["success", "failure"]
 Status = Literal["active", "pinned", "obsolete", "wrong"]
 Resolution = Literal["keep", "dismiss", "reinstate"]
 When = datetime | str
-T = TypeVar("T")
 
 _DEFAULT_TIMEOUT = 30.0
 
@@ -166,7 +165,7 @@ class Memory:
         """The records of the answer to ``method path``: the list at ``field``, or the
         answer itself, one record."""
         status, answer = self._send(method, path, body)
-        return _parse(f"{method} {path}", lambda data: _native.records(data, field), status, answer)
+        return _transport.parse(f"{method} {path}", lambda data: _native.records(data, field), status, answer)
 
     def _open(self) -> None:
         if self._closed:
@@ -357,14 +356,14 @@ class Memory:
         every agent recorded."""
         path = "/v1/knowledge/search"
         status, answer = self._send("POST", path, {"query": query, "k": k})
-        return _parse(f"POST {path}", Recall.from_json, status, answer)
+        return _transport.parse(f"POST {path}", Recall.from_json, status, answer)
 
     def graph(self, around: str, *, depth: int = 2) -> Graph:
         """The knowledge graph around a record, ``depth`` links deep."""
         path = f"/v1/knowledge/graph?{urlencode({'around': around, 'depth': depth})}"
         status, answer = self._send("GET", path)
         what = f"GET {path}"
-        nodes = _parse(what, lambda data: _native.records(data, "nodes"), status, answer)
+        nodes = _transport.parse(what, lambda data: _native.records(data, "nodes"), status, answer)
         try:
             edges = [
                 Edge(from_=e["from"], to=e["to"], relation=e["relation"])
@@ -412,17 +411,6 @@ class Memory:
         imported, present, different, dangling, problems = transport.import_(os.fspath(path))
         return Imported(imported, present, different, dangling, problems)
 
-
-
-def _parse(what: str, build: Callable[[bytes], T], status: int, answer: bytes) -> T:
-    """The answer to ``what`` built by the native module (``Recall.from_json``, ...), or the
-    error it says (a refusal, or an answer of another shape)."""
-    if status >= 400:
-        raise from_answer(status, answer)
-    try:
-        return build(answer)
-    except ShadowbrainError as e:
-        raise error_from(e.code, f"the answer to {what}: {e.message}") from None
 
 
 def _event(event: Mapping[str, Any]) -> Mapping[str, Any]:

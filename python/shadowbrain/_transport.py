@@ -23,11 +23,13 @@ import threading
 import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from . import _native
 from ._native import Recall
 from .errors import ConnectionFailed, ShadowbrainError, error_from, from_answer
+
+T = TypeVar("T")
 
 
 class Transport(Protocol):
@@ -143,6 +145,17 @@ class Embedded:
         view.namespace = namespace
         view.recall = functools.partial(self._native.recall, namespace)
         return view
+
+
+def parse(what: str, build: Callable[[bytes], T], status: int, answer: bytes) -> T:
+    """The answer to ``what`` built by the native module (``Recall.from_json``, ...), or the
+    error it says (a refusal, or an answer of another shape)."""
+    if status >= 400:
+        raise from_answer(status, answer)
+    try:
+        return build(answer)
+    except ShadowbrainError as e:
+        raise error_from(e.code, f"the answer to {what}: {e.message}") from None
 
 
 def _dumps(body: dict[str, Any]) -> bytes:
@@ -278,12 +291,7 @@ class Http:
                 body[name] = value
         path = f"/v1/sessions/{segment(session_id)}/recall"
         status, answer = self.call("POST", path, _dumps(body), [])
-        if status >= 400:
-            raise from_answer(status, answer)
-        try:
-            return _native.Recall.from_json(answer)
-        except ShadowbrainError as e:
-            raise error_from(e.code, f"the answer to POST {path}: {e.message}") from None
+        return parse(f"POST {path}", _native.Recall.from_json, status, answer)
 
     def record(self, session_id: str, body: bytes, key: str) -> tuple[int, bytes]:
         path = f"/v1/sessions/{segment(session_id)}/events"
