@@ -50,7 +50,8 @@ pub(crate) enum IndexerMessage {
 /// answers whether the log holds more (see [`Substrate::index_step`]).
 fn spawn_pass(substrate: &Substrate, kind: IndexKind) -> JoinHandle<bool> {
     let substrate = substrate.clone();
-    tokio::task::spawn_blocking(move || substrate.index_step(kind))
+    // At a lower CPU priority: nobody waits on a pass (recall catches the tails up itself).
+    shadowbrain_runtime::background::spawn(move || substrate.index_step(kind))
 }
 
 /// Whether a finished pass asks for the next one at once; a pass that panicked is logged

@@ -13,7 +13,8 @@
 //! record supersedes, contradicts or repeats an older one). [`internals`] is for the few
 //! that need more — the store, the indexes, text analysis — such as benchmarks and tests.
 //!
-//! Layers, lowest first (each uses only those before it): `clock`, `error`, `model` →
+//! Layers, lowest first (each uses only those before it): `clock`, `error`, `background`
+//! (threads for work nobody waits on), `model` →
 //! `store` (the system of record; no other module builds a key) and `index` (derived) →
 //! `policy`, `retrieval`, `updates` (pure decisions) → `provider` (the one OpenAI-compatible
 //! transport) → `embed` → `engine` (the [`Substrate`] handle over all of them, and the
@@ -21,6 +22,7 @@
 //! `transfer`, `eval`.
 #![warn(missing_docs)]
 
+pub mod background;
 mod clock;
 pub mod embed;
 mod engine;

@@ -547,6 +547,8 @@ impl Substrate {
             let handle = std::thread::Builder::new()
                 .name(name.into())
                 .spawn(move || {
+                    // Nobody waits on a pass (see `crate::background`).
+                    crate::background::lower_priority();
                     loop {
                         match rx.recv_timeout(debounce) {
                             Ok(()) => while rx.try_recv().is_ok() {},

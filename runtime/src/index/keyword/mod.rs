@@ -173,19 +173,29 @@ impl KeywordIndex {
                     format!("cannot open the index in {}: {other}", dir.display()),
                 ),
             })?;
-        let writer = index
-            .writer_with_num_threads(WRITER_THREADS, WRITER_HEAP_BYTES)
-            .map_err(|e| match e {
-                tantivy::TantivyError::LockFailure(..) => Error::index(
-                    "keyword",
-                    format!(
-                        "{} is already open by another keyword index (in this process or \
+        // The writer's threads (indexing, merging) do work nobody waits on: start them from
+        // a thread at the background priority, which they inherit (`crate::background`);
+        // each commit's new indexing threads come from an index pass, already there.
+        let writer = std::thread::scope(|scope| {
+            let started = scope.spawn(|| {
+                crate::background::lower_priority();
+                index.writer_with_num_threads(WRITER_THREADS, WRITER_HEAP_BYTES)
+            });
+            started
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+        .map_err(|e| match e {
+            tantivy::TantivyError::LockFailure(..) => Error::index(
+                "keyword",
+                format!(
+                    "{} is already open by another keyword index (in this process or \
                          another one); close it first or use another data directory",
-                        dir.display()
-                    ),
+                    dir.display()
                 ),
-                other => other.into(),
-            })?;
+            ),
+            other => other.into(),
+        })?;
         let reader = index
             .reader_builder()
             .reload_policy(ReloadPolicy::Manual)

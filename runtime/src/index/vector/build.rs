@@ -389,7 +389,7 @@ impl VectorIndex {
             .num_threads(threads.max(1))
             .thread_name(|_| "shadowbrain-vector-build".to_string());
         if background {
-            builder = builder.start_handler(|_| lower_priority());
+            builder = builder.start_handler(|_| crate::background::lower_priority());
         }
         let pool = builder.build().map_err(|e| {
             Error::index(
@@ -410,14 +410,3 @@ impl VectorIndex {
 
 /// How often a running build's pages are given back (see `VectorIndex::releasing_while`).
 pub(super) const BUILD_RELEASE_INTERVAL: Duration = Duration::from_millis(100);
-
-/// Lowers the calling thread's CPU priority to `nice` 10 (Linux: per thread). Failure
-/// only means the build competes at normal priority.
-pub(super) fn lower_priority() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: plain syscalls on the calling thread's own id, no memory involved.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, 10);
-    }
-}
