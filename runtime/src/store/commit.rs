@@ -870,8 +870,11 @@ impl Worker {
         touched: &mut Vec<Vec<u8>>,
         undo: &mut Undo,
     ) -> Result<(Vec<Op>, Vec<CatalogOp>)> {
-        let mut ops = Vec::new();
-        let mut cat = Vec::new();
+        // An event's write is four mutations and eight operations (its record, vector,
+        // listings, change and audit entries): sized for that, a batch of a thousand
+        // events does not copy its operations over and over as they grow.
+        let mut ops = Vec::with_capacity(writes.0.len() * 2);
+        let mut cat = Vec::with_capacity(writes.0.len() / 4);
         let mut reinforced = ReinforcementLog::default();
         for m in writes.0 {
             match m {
