@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
@@ -201,8 +200,10 @@ class Memory:
         """Records what happened in ``session_id``: the ``events`` given (each a dict of the
         contract's event fields: ``kind``, ``text``, ``agent_id``, ``metadata``, ...; up to
         1000), or one event made of ``text`` and the keywords; ``pinned`` writes it pinned
-        (it never fades). Answers the new ids once durable. Sent again with the same ``idempotency_key`` (one is made up when none is
-        given), the write is stored once."""
+        (it never fades). Answers the new ids once durable. Sent again with the same
+        ``idempotency_key``, the write is stored once (over HTTP every call carries one,
+        made up when none is given, so a write sent again after a dropped connection is
+        stored once)."""
         if events is None:
             if text is None and content is None:
                 raise error_from(
@@ -230,9 +231,10 @@ class Memory:
                     "invalid_event", "pass either `events` or `text`/`content`, not both"
                 )
             body = {"events": [_event(e) for e in events]}
-        key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
         self._open()
-        status, data = self._transport.record(session_id, json.dumps(body).encode(), key)
+        status, data = self._transport.record(
+            session_id, json.dumps(body).encode(), idempotency_key
+        )
         answer = self._read(f"POST /v1/sessions/{session_id}/events", status, data)
         return list(answer["ids"])
 

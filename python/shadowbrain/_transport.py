@@ -21,6 +21,7 @@ import socket
 import sys
 import threading
 import urllib.parse
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -57,7 +58,7 @@ class Transport(Protocol):
         between), or the refusal raised; arguments that are ``None`` are left out."""
         ...
 
-    def record(self, session_id: str, body: bytes, key: str) -> tuple[int, bytes]: ...
+    def record(self, session_id: str, body: bytes, key: str | None) -> tuple[int, bytes]: ...
 
     def close(self) -> None: ...
 
@@ -111,7 +112,10 @@ class Embedded:
     # between: `recall` is the native method with the namespace bound.
     recall: Callable[..., Recall]
 
-    def record(self, session_id: str, body: bytes, key: str) -> tuple[int, bytes]:
+    def record(self, session_id: str, body: bytes, key: str | None) -> tuple[int, bytes]:
+        # Without the caller's key, none: nothing between here and the runtime sends a
+        # write twice, so a made-up key would protect nothing (and cost the write its
+        # digest and a stored entry).
         try:
             return self._native.record(self.namespace, session_id, body, key)
         except self._refused as e:
@@ -293,8 +297,11 @@ class Http:
         status, answer = self.call("POST", path, _dumps(body), [])
         return parse(f"POST {path}", _native.Recall.from_json, status, answer)
 
-    def record(self, session_id: str, body: bytes, key: str) -> tuple[int, bytes]:
+    def record(self, session_id: str, body: bytes, key: str | None) -> tuple[int, bytes]:
+        # Always a key over HTTP (the caller's, or a fresh one): it is what makes sending
+        # the write again after a dropped connection safe.
         path = f"/v1/sessions/{segment(session_id)}/events"
+        key = key if key is not None else str(uuid.uuid4())
         return self.call("POST", path, body, [("Idempotency-Key", key)])
 
     def close(self) -> None:
