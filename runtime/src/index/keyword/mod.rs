@@ -190,7 +190,7 @@ impl KeywordIndex {
                 "keyword",
                 format!(
                     "{} is already open by another keyword index (in this process or \
-                         another one); close it first or use another data directory",
+                     another one); close it first or use another data directory",
                     dir.display()
                 ),
             ),
