@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use shadowbrain::embed::{EmbedderConfig, EmbedderKind, build_embedder};
 use shadowbrain::{NewMemory, Runtime, RuntimeConfig};
-use shadowbrain_test_support::stats::percentile;
+use shadowbrain_test_support::stats::{fixed_sequence, percentile};
 
 // The server binary's allocator, so the figures are the server's.
 #[global_allocator]
@@ -64,14 +64,8 @@ async fn main() {
     let a = Args::parse();
     let (batch, sessions) = (a.batch.max(1), a.sessions.max(1));
     let words: Vec<&str> = WORDS.split_whitespace().collect();
-    // A fixed linear congruential sequence: every run writes the same texts.
-    let mut seed = 7u64;
-    let mut next = move || {
-        seed = seed
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (seed >> 33) as usize
-    };
+    // Every run writes the same texts.
+    let mut next = fixed_sequence(7);
     let texts: Vec<String> = (0..a.events)
         .map(|i| {
             let mut text: Vec<&str> = (0..12).map(|_| words[next() % words.len()]).collect();

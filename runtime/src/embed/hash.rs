@@ -366,13 +366,7 @@ mod tests {
             "ﬁle",
             "données",
         ];
-        let mut seed = 11u64;
-        let mut next = move || {
-            seed = seed
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (seed >> 33) as usize
-        };
+        let mut next = shadowbrain_test_support::stats::fixed_sequence(11);
         let mut digest = Fnv1a::new();
         for dims in [384, 64, 7, 1] {
             let e = HashEmbedder::new(dims).unwrap();

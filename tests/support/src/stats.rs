@@ -1,5 +1,6 @@
 //! The one percentile every example's figures are read with, so that a p99 from one tool
-//! compares with a p99 from another, and with the same tool's earlier runs.
+//! compares with a p99 from another, and with the same tool's earlier runs; and the one
+//! fixed pseudo-random sequence their workloads and pinned tests draw from.
 
 use std::cmp::Ordering;
 
@@ -17,6 +18,18 @@ pub fn percentile<T: Copy + PartialOrd>(sorted: &[T], q: f64) -> Option<T> {
     let last = sorted.len().checked_sub(1)?;
     let i = (last as f64 * q).round() as usize;
     Some(sorted[i.min(last)])
+}
+
+/// Numbers in `0..2^31` from `seed`, the same on every machine, build and version (Knuth's
+/// MMIX linear congruential step, its top bits): workloads that every run writes alike, and
+/// tests whose pinned figures a library's new random generator must not move.
+pub fn fixed_sequence(mut seed: u64) -> impl FnMut() -> usize {
+    move || {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) as usize
+    }
 }
 
 #[cfg(test)]
