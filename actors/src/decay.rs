@@ -51,11 +51,13 @@ pub(crate) enum DecayMessage {
 }
 
 impl DecayState {
-    /// Sweeps off the actor's thread (a sweep reads every record) and records when.
+    /// Sweeps off the actor's thread (a sweep reads every record), at the background
+    /// priority (housekeeping: on a busy machine it yields to writes and recalls, and on an
+    /// idle one it runs as fast as before), and records when.
     async fn sweep(&mut self) -> Result<SweepReport> {
         let substrate = self.substrate.clone();
         let now = substrate.clock().now();
-        let report = tokio::task::spawn_blocking(move || {
+        let report = shadowbrain_runtime::background::spawn(move || {
             let report = substrate.decay_sweep(BY)?;
             substrate
                 .store()

@@ -159,10 +159,16 @@ impl Substrate {
     fn uncondensed(&self, namespace: &str, session: &str) -> Result<Vec<MemoryRecord>> {
         let store = self.store();
         let upto = store.condensed_upto(namespace, session)?;
+        // Ids follow write order; condense in that order, oldest writes first. Only the
+        // listing is read whole: records are read in id order until the window is full, so
+        // a session that received thousands of events at once costs one window's reads.
+        let mut ids = store.session_ids(namespace, session, None, usize::MAX)?;
+        ids.retain(|id| upto.is_none_or(|u| *id > u));
+        ids.sort_unstable();
         let mut window = Vec::new();
-        for id in store.session_ids(namespace, session, None, usize::MAX)? {
-            if upto.is_some_and(|u| id <= u) {
-                continue;
+        for id in ids {
+            if window.len() == MAX_WINDOW {
+                break;
             }
             if let Some(r) = store.get_light(id)?
                 && r.tier == Tier::Episodic
@@ -171,9 +177,6 @@ impl Substrate {
                 window.push(r);
             }
         }
-        // Ids follow write order; condense in that order, oldest writes first.
-        window.sort_by_key(|r| r.id);
-        window.truncate(MAX_WINDOW);
         Ok(window)
     }
 
@@ -223,13 +226,14 @@ impl Substrate {
     ) -> Result<Option<Condensed>> {
         let policy = self.policy_for(namespace);
         // Reading up to 500 records with their vectors and ranking them is blocking work:
-        // off the async workers, which every request shares.
+        // off the async workers, which every request shares, and at the background
+        // priority, so a burst of writes that triggers condensations is not slowed by them.
         let prepared = {
             let sub = self.clone();
             let (namespace, session) = (namespace.to_string(), session.to_string());
             let min_events = policy.condensation.min_events as usize;
             let promotable = policy.promotion.min_importance;
-            tokio::task::spawn_blocking(move || -> Result<_> {
+            crate::background::spawn(move || -> Result<_> {
                 let window = sub.uncondensed(&namespace, &session)?;
                 if window.is_empty() || window.len() < min_events {
                     return Ok(None);

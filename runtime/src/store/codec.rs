@@ -128,29 +128,83 @@ pub fn encode_record(r: &MemoryRecord) -> Vec<u8> {
     encode_parts(r, json(&r.content), json(&r.metadata))
 }
 
-/// Encodes `r` with `content` and `metadata` as JSON text (empty for null).
+/// Encodes `r` with `content` and `metadata` as JSON text (empty for null): the header's
+/// and the body's fields borrowed from the record, written into one buffer sized for them
+/// (the commit thread encodes every record of a write, so copies and regrowth add up).
 fn encode_parts(r: &MemoryRecord, content: String, metadata: String) -> Vec<u8> {
-    let header = header_of(r);
-    let body = Body {
+    let header = HeaderRef {
+        namespace: &r.namespace,
+        session_id: &r.session_id,
+        agent_id: r.agent_id.as_deref(),
+        tier: r.tier,
+        kind: r.kind.as_str(),
+        status: r.status,
+        event_time: r.event_time,
+    };
+    let body = BodyRef {
         recorded_time: r.recorded_time,
         importance: r.importance,
         strength: r.strength,
         strength_at: r.strength_at,
         reinforcements: r.reinforcements,
-        utility: r.utility,
+        utility: &r.utility,
         status_at: r.status_at,
-        sources: r.sources.clone(),
-        policy: r.policy.clone(),
-        parent_id: r.parent_id.clone(),
-        text: r.text.clone(),
-        content,
-        metadata,
+        sources: &r.sources,
+        policy: &r.policy,
+        parent_id: r.parent_id.as_deref(),
+        text: &r.text,
+        content: &content,
+        metadata: &metadata,
     };
-    let mut out = vec![RECORD_FORMAT];
+    // Strings and ids as they are, plus room for the numbers and lengths (a few bytes each).
+    let size = 128
+        + r.namespace.len()
+        + r.session_id.len()
+        + r.agent_id.as_ref().map_or(0, String::len)
+        + r.kind.as_str().len()
+        + r.policy.name.len()
+        + r.policy.hash.len()
+        + r.parent_id.as_ref().map_or(0, String::len)
+        + r.text.len()
+        + content.len()
+        + metadata.len()
+        + 5 * r.sources.len();
+    let mut out = Vec::with_capacity(size);
+    out.push(RECORD_FORMAT);
     // Serializing plain structs into a Vec cannot fail.
-    out.extend(postcard::to_allocvec(&header).unwrap_or_default());
-    out.extend(postcard::to_allocvec(&body).unwrap_or_default());
-    out
+    let out = postcard::to_extend(&header, out).unwrap_or_default();
+    postcard::to_extend(&body, out).unwrap_or_default()
+}
+
+/// [`Header`] borrowed from a record, for writing: the same fields in the same order, so
+/// the same bytes (postcard is positional; a test holds them equal).
+#[derive(Serialize)]
+struct HeaderRef<'a> {
+    namespace: &'a str,
+    session_id: &'a str,
+    agent_id: Option<&'a str>,
+    tier: Tier,
+    kind: &'a str,
+    status: Status,
+    event_time: Timestamp,
+}
+
+/// [`Body`] borrowed from a record, for writing, as [`HeaderRef`].
+#[derive(Serialize)]
+struct BodyRef<'a> {
+    recorded_time: Timestamp,
+    importance: f32,
+    strength: f32,
+    strength_at: Timestamp,
+    reinforcements: u32,
+    utility: &'a Utility,
+    status_at: Timestamp,
+    sources: &'a [MemoryId],
+    policy: &'a PolicyStamp,
+    parent_id: Option<&'a str>,
+    text: &'a str,
+    content: &'a str,
+    metadata: &'a str,
 }
 
 fn split_format<'a>(key: &[u8], bytes: &'a [u8]) -> Result<&'a [u8]> {
@@ -256,12 +310,18 @@ const HALF_TAG: u8 = 0xf1;
 /// The length is 3 + 2d, never a multiple of 4, which tells it from the float32 layout of
 /// stores written before it (4d bytes), still read as they are.
 pub fn encode_embedding(v: &[f32]) -> Vec<u8> {
-    let (exp, halves) = half_precision(v);
+    let exp = half_exponent(v);
     let mut out = Vec::with_capacity(3 + 2 * v.len());
     out.push(HALF_TAG);
     out.extend_from_slice(&(exp as i16).to_le_bytes());
-    for h in &halves {
-        out.extend_from_slice(&h.to_bits().to_le_bytes());
+    // A block at a time through a buffer on the stack: no vector of halves in between.
+    let mut halves = [half::f16::ZERO; BLOCK];
+    for chunk in v.chunks(BLOCK) {
+        let halves = &mut halves[..chunk.len()];
+        to_halves(chunk, pow2(exp), halves);
+        for h in halves.iter() {
+            out.extend_from_slice(&h.to_bits().to_le_bytes());
+        }
     }
     out
 }
@@ -393,6 +453,41 @@ mod tests {
         r.content = serde_json::json!({"tool": "deploy", "args": [1, 2.5, "x"]});
         r.metadata = serde_json::json!({"source": "ci", "run": 41});
         r
+    }
+
+    /// The borrowed structs a record is written with give the bytes of the owned ones it is
+    /// read with, field for field (a field moved or retyped in one of them fails here).
+    #[test]
+    fn a_record_is_written_as_its_header_and_body_are_read() {
+        let mut r = with_json();
+        r.agent_id = Some("planner".into());
+        r.parent_id = Some("mem-00000003".into());
+        r.sources = vec![MemoryId(3), MemoryId(u32::MAX)];
+        r.utility = Utility {
+            successes: 2,
+            failures: 1,
+        };
+        let body = Body {
+            recorded_time: r.recorded_time,
+            importance: r.importance,
+            strength: r.strength,
+            strength_at: r.strength_at,
+            reinforcements: r.reinforcements,
+            utility: r.utility,
+            status_at: r.status_at,
+            sources: r.sources.clone(),
+            policy: r.policy.clone(),
+            parent_id: r.parent_id.clone(),
+            text: r.text.clone(),
+            content: r.content.to_string(),
+            metadata: r.metadata.to_string(),
+        };
+        let mut owned = vec![RECORD_FORMAT];
+        owned.extend(postcard::to_allocvec(&header_of(&r)).unwrap());
+        owned.extend(postcard::to_allocvec(&body).unwrap());
+        assert_eq!(encode_record(&r), owned);
+        let key = super::super::keys::record(r.id);
+        assert_eq!(decode_record(r.id, &key, &owned, None).unwrap(), r);
     }
 
     #[test]
