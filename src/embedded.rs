@@ -22,7 +22,7 @@ use axum::http::{Method, Request, StatusCode, header};
 use axum::response::{IntoResponse as _, Response};
 use tower::ServiceExt as _;
 
-use crate::api::{ApiResult, Ids, RecallOut};
+use crate::api::{ApiResult, Ids, RecallIn, RecallOut};
 use crate::auth::{Auth, Verified};
 use crate::files::{self, Exported, Imported};
 use crate::http;
@@ -92,6 +92,12 @@ impl Answer {
             Err(e) => Answer::read(e.into_response()).await,
         }
     }
+}
+
+/// A recall's body: the route's JSON, or already read into the contract's struct.
+enum RecallBody {
+    Json(Vec<u8>),
+    Read(RecallIn),
 }
 
 /// The read guard of an open handle (never `None` while held).
@@ -389,16 +395,39 @@ impl Embedded {
         session_id: &str,
         body: Vec<u8>,
     ) -> Result<Result<RecallOut, Answer>, RequestError> {
+        self.answer_recall(namespace, session_id, RecallBody::Json(body))
+    }
+
+    /// [`Embedded::recall_out`] with the body already read: a caller that holds the
+    /// request's fields as typed values (the Python package's plain arguments) skips
+    /// writing and parsing their JSON. The same checks (`k`, `token_budget`, the session
+    /// id) and the same refusals follow.
+    pub fn recall_read(
+        &self,
+        namespace: &str,
+        session_id: &str,
+        body: RecallIn,
+    ) -> Result<Result<RecallOut, Answer>, RequestError> {
+        self.answer_recall(namespace, session_id, RecallBody::Read(body))
+    }
+
+    fn answer_recall(
+        &self,
+        namespace: &str,
+        session_id: &str,
+        body: RecallBody,
+    ) -> Result<Result<RecallOut, Answer>, RequestError> {
         let open = self.enter()?;
         let answer = self.threads().block_on(async {
-            let recalled = http::recall(
-                &open.rt,
-                &open.limits,
-                namespace,
-                session_id,
-                Ok(body.into()),
-            )
-            .await;
+            let (rt, limits) = (&open.rt, &open.limits);
+            let recalled = match body {
+                RecallBody::Json(body) => {
+                    http::recall(rt, limits, namespace, session_id, Ok(body.into())).await
+                }
+                RecallBody::Read(body) => {
+                    http::recall_read(rt, limits, namespace, session_id, body).await
+                }
+            };
             match recalled {
                 Ok(recalled) => Ok(recalled),
                 Err(refused) => Err(Answer::of::<RecallOut>(StatusCode::OK, Err(refused)).await),

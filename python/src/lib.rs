@@ -21,10 +21,11 @@ use std::path::PathBuf;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBool, PyBytes, PyInt, PyString};
+use shadowbrain::api::RecallIn;
 use shadowbrain::embedded::{Answer, Embedded, RequestError};
 use shadowbrain::setup::DirectoryHeld;
-use shadowbrain::{NewMemory, RecallRequest, SessionHandle};
+use shadowbrain::{NewMemory, RecallRequest, Scope, SessionHandle};
 
 create_exception!(
     _native,
@@ -187,8 +188,7 @@ impl Native {
         token_budget: Option<&Bound<'_, PyAny>>,
         include_superseded: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<answers::Recall> {
-        let mut body = serde_json::Map::new();
-        for (name, value) in [
+        let fields = [
             ("query", Some(query)),
             ("k", k),
             ("scope", scope),
@@ -199,28 +199,16 @@ impl Native {
             ("until", until),
             ("token_budget", token_budget),
             ("include_superseded", include_superseded),
-        ] {
-            let Some(value) = value.filter(|v| !v.is_none()) else {
-                continue;
-            };
-            let json = pythonize::depythonize::<serde_json::Value>(value).map_err(|e| {
-                raised(
-                    py,
-                    "error_from",
-                    (
-                        format!("invalid_{name}"),
-                        format!(
-                            "`{name}` cannot be sent as JSON ({e}); pass a {}",
-                            kind_of(name)
-                        ),
-                    ),
-                )
-            })?;
-            body.insert(name.to_string(), json);
-        }
-        // The route reads its body as JSON: the same bytes, the same refusals, word for word.
-        let body = serde_json::to_vec(&serde_json::Value::Object(body)).unwrap_or_default();
-        let answer = py.detach(|| self.inner.recall_out(namespace, session_id, body));
+        ];
+        // Plain arguments (what nearly every call passes) are read straight into the
+        // request; anything else goes as JSON, for the route to judge in its own words.
+        let answer = match plain_recall(&fields) {
+            Some(body) => py.detach(|| self.inner.recall_read(namespace, session_id, body)),
+            None => {
+                let body = recall_json(py, &fields)?;
+                py.detach(|| self.inner.recall_out(namespace, session_id, body))
+            }
+        };
         match answer {
             Ok(Ok(recalled)) => answers::Recall::new(py, recalled),
             Ok(Err(refused)) => Err(raised(
@@ -400,6 +388,84 @@ impl Native {
         })
         .map_err(|e: String| native_error("benchmark", e))
     }
+}
+
+/// A recall's arguments, by the contract's field names (`None`: left out).
+type RecallFields<'a, 'py> = [(&'static str, Option<&'a Bound<'py, PyAny>>); 10];
+
+/// The recall's body read straight from its arguments when each is plain — a `str` query,
+/// scope and agent, an exact `int` k and token budget, `bool` flags, no kinds and no times —
+/// and `None` otherwise. Checking these types is all the JSON path would add for them; what
+/// is left (ranges, the session id) the route's own checks judge either way.
+fn plain_recall(fields: &RecallFields<'_, '_>) -> Option<RecallIn> {
+    let text =
+        |v: &Bound<'_, PyAny>| Some(v.cast_exact::<PyString>().ok()?.to_str().ok()?.to_owned());
+    let count = |v: &Bound<'_, PyAny>| v.cast_exact::<PyInt>().ok()?.extract::<usize>().ok();
+    let flag = |v: &Bound<'_, PyAny>| Some(v.cast_exact::<PyBool>().ok()?.is_true());
+    let mut query = None;
+    let mut body = RecallIn {
+        query: String::new(),
+        k: None,
+        scope: None,
+        agent_id: None,
+        kinds: None,
+        since: None,
+        until: None,
+        include_knowledge: None,
+        token_budget: None,
+        include_superseded: None,
+    };
+    for &(name, value) in fields {
+        let Some(value) = value.filter(|v| !v.is_none()) else {
+            continue;
+        };
+        match name {
+            "query" => query = Some(text(value)?),
+            "k" => body.k = Some(count(value)?),
+            "scope" => {
+                body.scope = Some(match text(value)?.as_str() {
+                    "session" => Scope::Session,
+                    "agent" => Scope::Agent,
+                    "namespace" => Scope::Namespace,
+                    _ => return None,
+                })
+            }
+            "agent_id" => body.agent_id = Some(text(value)?),
+            "include_knowledge" => body.include_knowledge = Some(flag(value)?),
+            "token_budget" => body.token_budget = Some(count(value)?),
+            "include_superseded" => body.include_superseded = Some(flag(value)?),
+            // Kinds and times: the route reads them.
+            _ => return None,
+        }
+    }
+    body.query = query?;
+    Some(body)
+}
+
+/// The recall's body as the route reads it: the arguments that are not `None`, as JSON.
+fn recall_json(py: Python<'_>, fields: &RecallFields<'_, '_>) -> PyResult<Vec<u8>> {
+    let mut body = serde_json::Map::new();
+    for &(name, value) in fields {
+        let Some(value) = value.filter(|v| !v.is_none()) else {
+            continue;
+        };
+        let json = pythonize::depythonize::<serde_json::Value>(value).map_err(|e| {
+            raised(
+                py,
+                "error_from",
+                (
+                    format!("invalid_{name}"),
+                    format!(
+                        "`{name}` cannot be sent as JSON ({e}); pass a {}",
+                        kind_of(name)
+                    ),
+                ),
+            )
+        })?;
+        body.insert(name.to_string(), json);
+    }
+    // The route reads its body as JSON: the same bytes, the same refusals, word for word.
+    Ok(serde_json::to_vec(&serde_json::Value::Object(body)).unwrap_or_default())
 }
 
 #[pymodule]

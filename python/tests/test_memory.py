@@ -203,6 +203,40 @@ def test_errors_carry_the_contracts_code(memory: Memory, call, code: str, status
     assert isinstance(error, NotFound if status == 404 else InvalidRequest)
 
 
+class _Count(int):
+    """An ``int`` that is not exactly one: it takes the JSON path, not the plain one."""
+
+
+@pytest.mark.parametrize(
+    ("arguments", "code"),
+    [
+        ({"k": True}, "invalid_recall"),
+        ({"k": -1}, "invalid_recall"),
+        ({"k": 2.5}, "invalid_recall"),
+        ({"scope": "everywhere"}, "invalid_recall"),
+        ({"agent_id": 5}, "invalid_recall"),
+        ({"include_knowledge": "yes"}, "invalid_recall"),
+        ({"token_budget": 10**6}, "invalid_token_budget"),
+        ({"scope": "agent"}, "invalid_scope"),
+    ],
+)
+def test_recall_arguments_are_judged_as_the_route_judges_them(
+    memory: Memory, arguments: dict[str, object], code: str
+) -> None:
+    # Embedded, plain arguments skip the JSON: odd ones must still get the route's words.
+    with pytest.raises(InvalidRequest) as raised:
+        memory.recall("s", "q", **arguments)  # type: ignore[arg-type]
+    assert raised.value.code == code, raised.value
+
+
+def test_plain_and_json_recalls_answer_alike(memory: Memory) -> None:
+    memory.record("s5", [{"kind": "observation", "text": f"deploy step {i} failed"} for i in range(6)])
+    plain = memory.recall("s5", "deploy failed", k=3, scope="session", include_knowledge=False)
+    judged = memory.recall("s5", "deploy failed", k=_Count(3), scope="session", include_knowledge=False)
+    assert len(plain.memories) == len(judged.memories) == 3
+    assert {m.id for m in plain.memories} == {m.id for m in judged.memories}
+
+
 def test_bad_arguments_are_refused_before_sending(memory: Memory) -> None:
     with pytest.raises(InvalidRequest) as raised:
         memory.recall("s", "q", since=datetime(2026, 1, 1))

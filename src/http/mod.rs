@@ -56,7 +56,7 @@ pub use events::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use openapi::ApiDoc;
 #[cfg(feature = "cluster")]
 pub(crate) use openapi::get_openapi;
-pub(crate) use sessions::recall;
+pub(crate) use sessions::{recall, recall_read};
 #[cfg(feature = "cluster")]
 pub(crate) use state::{ClusterNode, InCluster, NodeFuture};
 

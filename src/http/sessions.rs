@@ -46,6 +46,18 @@ pub(crate) async fn recall(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<RecallOut> {
     let body: RecallIn = from_json("recall", body)?;
+    recall_read(rt, limits, namespace, session_id, body).await
+}
+
+/// [`recall`] with its body already read (the embedded handle reads plain arguments
+/// straight into one): the same checks and answer from there on.
+pub(crate) async fn recall_read(
+    rt: &crate::Runtime,
+    limits: &crate::Limits,
+    namespace: &str,
+    session_id: &str,
+    body: RecallIn,
+) -> ApiResult<RecallOut> {
     let session = rt.session(namespace, session_id)?;
     let request = recall_request(limits, namespace, session_id, body)?;
     Ok(session.recall_with(request).await?.into())
