@@ -27,7 +27,7 @@ use crate::auth::{Auth, Verified};
 use crate::files::{self, Exported, Imported};
 use crate::http;
 use crate::setup::{HOLDER, SERVE_URL, refuse_if_held, server_config};
-use crate::{Limits, Runtime, Substrate, SubstrateOptions};
+use crate::{Limits, NewMemory, Runtime, Substrate, SubstrateOptions};
 
 /// An open data directory answering the HTTP contract in-process; closed by
 /// [`Embedded::close`] or when dropped.
@@ -455,6 +455,26 @@ impl Embedded {
                     ids: r.ids.iter().map(ToString::to_string).collect(),
                 });
             Answer::of(StatusCode::CREATED, recorded).await
+        });
+        drop(open);
+        Ok(answer)
+    }
+
+    /// [`Embedded::record`] with the events already read and no idempotency key (the
+    /// Python package reads plain events straight into them): the ids once durable, or the
+    /// route's refusal.
+    pub fn record_read(
+        &self,
+        namespace: &str,
+        session_id: &str,
+        events: Vec<NewMemory>,
+    ) -> Result<Result<Vec<String>, Answer>, RequestError> {
+        let open = self.enter()?;
+        let answer = self.threads().block_on(async {
+            match http::record_read(&open.rt, namespace, session_id, events, None).await {
+                Ok(recorded) => Ok(recorded.ids.iter().map(ToString::to_string).collect()),
+                Err(refused) => Err(Answer::of::<Ids>(StatusCode::CREATED, Err(refused)).await),
+            }
         });
         drop(open);
         Ok(answer)

@@ -224,16 +224,19 @@ class Memory:
                     event[name] = value
             if pinned:
                 event["pinned"] = True
-            body: dict[str, Any] = {"events": [event]}
+            sent: list[Mapping[str, Any]] = [event]
         else:
             if text is not None or content is not None:
                 raise error_from(
                     "invalid_event", "pass either `events` or `text`/`content`, not both"
                 )
-            body = {"events": [_event(e) for e in events]}
+            sent = [_event(e) for e in events]
         self._open()
+        ids = self._transport.record_plain(session_id, sent, idempotency_key)
+        if ids is not None:
+            return ids
         status, data = self._transport.record(
-            session_id, json.dumps(body).encode(), idempotency_key
+            session_id, json.dumps({"events": sent}).encode(), idempotency_key
         )
         answer = self._read(f"POST /v1/sessions/{session_id}/events", status, data)
         return list(answer["ids"])

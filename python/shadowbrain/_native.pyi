@@ -1,7 +1,7 @@
 """The native module (Rust, PyO3): a data directory opened in this process, and the
 answers' objects."""
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 class NativeError(Exception):
@@ -44,6 +44,9 @@ class Native:
     def record(
         self, namespace: str, session_id: str, body: bytes, key: str | None = None
     ) -> tuple[int, bytes]: ...
+    def record_plain(
+        self, namespace: str, session_id: str, events: list[Mapping[str, Any]]
+    ) -> list[str] | None: ...
     def _facade_recall(
         self, namespace: str, session_id: str, query: str, k: int, repeats: int
     ) -> list[int]: ...

@@ -22,7 +22,7 @@ import sys
 import threading
 import urllib.parse
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -59,6 +59,13 @@ class Transport(Protocol):
         ...
 
     def record(self, session_id: str, body: bytes, key: str | None) -> tuple[int, bytes]: ...
+
+    def record_plain(
+        self, session_id: str, events: list[Mapping[str, Any]], key: str | None
+    ) -> list[str] | None:
+        """The new ids, when the transport wrote ``events`` as they are (embedded, plain
+        events, no key); ``None`` when they must be sent as JSON with ``record``."""
+        ...
 
     def close(self) -> None: ...
 
@@ -118,6 +125,19 @@ class Embedded:
         # digest and a stored entry).
         try:
             return self._native.record(self.namespace, session_id, body, key)
+        except self._refused as e:
+            raise _error(e) from None
+
+    def record_plain(
+        self, session_id: str, events: list[Mapping[str, Any]], key: str | None
+    ) -> list[str] | None:
+        # Plain events (str, numbers and bools in the contract's fields) are read straight
+        # into the runtime's: no JSON written here and parsed there. With a key, JSON: the
+        # key's digest is of the request's bytes, the same however the write is sent.
+        if key is not None:
+            return None
+        try:
+            return self._native.record_plain(self.namespace, session_id, events)
         except self._refused as e:
             raise _error(e) from None
 
@@ -303,6 +323,12 @@ class Http:
         path = f"/v1/sessions/{segment(session_id)}/events"
         key = key if key is not None else str(uuid.uuid4())
         return self.call("POST", path, body, [("Idempotency-Key", key)])
+
+    def record_plain(
+        self, session_id: str, events: list[Mapping[str, Any]], key: str | None
+    ) -> list[str] | None:
+        # Over HTTP every write is JSON.
+        return None
 
     def close(self) -> None:
         with self._lock:

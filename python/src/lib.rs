@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyInt, PyString};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString};
 use shadowbrain::api::RecallIn;
 use shadowbrain::embedded::{Answer, Embedded, RequestError};
 use shadowbrain::setup::DirectoryHeld;
@@ -236,6 +236,38 @@ impl Native {
         answered(py, answer)
     }
 
+    /// `POST /v1/sessions/{session_id}/events` without a key, for `events` that are plain
+    /// (see [`plain_event`]), read straight into the runtime's events: the new ids, or the
+    /// route's refusal raised. `None` when one of them is not plain: send them as JSON.
+    fn record_plain(
+        &self,
+        py: Python<'_>,
+        namespace: &str,
+        session_id: &str,
+        events: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<Vec<String>>> {
+        let Ok(list) = events.cast_exact::<PyList>() else {
+            return Ok(None);
+        };
+        let Some(events) = list
+            .iter()
+            .map(|e| plain_event(&e))
+            .collect::<Option<Vec<_>>>()
+            .filter(|events| !events.is_empty())
+        else {
+            return Ok(None);
+        };
+        match py.detach(|| self.inner.record_read(namespace, session_id, events)) {
+            Ok(Ok(ids)) => Ok(Some(ids)),
+            Ok(Err(refused)) => Err(raised(
+                py,
+                "from_answer",
+                (refused.status, PyBytes::new(py, &refused.body)),
+            )),
+            Err(e) => Err(raised(py, "error_from", (request_code(&e), e.to_string()))),
+        }
+    }
+
     /// The benchmark's anchor: `repeats` recalls of `query` in `session_id` through the
     /// Rust facade (`SessionHandle::recall_with`, no JSON, no router), as `recall` asks
     /// them (scope session, the knowledge pool included); each one's nanoseconds.
@@ -440,6 +472,52 @@ fn plain_recall(fields: &RecallFields<'_, '_>) -> Option<RecallIn> {
     }
     body.query = query?;
     Some(body)
+}
+
+/// One event read straight from a plain `dict`: `str` keys among `kind` (required),
+/// `text`, `agent_id` and `parent_id` (each a `str` or `None`), `importance` (a finite
+/// `float` or an `int`, or `None`) and `pinned` (a `bool`). `None` for anything else —
+/// content, metadata, times, vectors, other types — which goes as JSON, so the route reads
+/// it (and refuses it) in its own words. What it reads is what the JSON would have carried.
+fn plain_event(event: &Bound<'_, PyAny>) -> Option<NewMemory> {
+    let text = |v: &Bound<'_, PyAny>| -> Option<Option<String>> {
+        if v.is_none() {
+            return Some(None);
+        }
+        Some(Some(
+            v.cast_exact::<PyString>().ok()?.to_str().ok()?.to_owned(),
+        ))
+    };
+    let mut out = NewMemory::default();
+    let mut kind = None;
+    for (key, value) in event.cast_exact::<PyDict>().ok()?.iter() {
+        match key.cast_exact::<PyString>().ok()?.to_str().ok()? {
+            "kind" => kind = Some(text(&value)??),
+            "text" => out.text = text(&value)?,
+            "agent_id" => out.agent_id = text(&value)?,
+            "parent_id" => out.parent_id = text(&value)?,
+            "importance" if value.is_none() => out.importance = None,
+            "importance" => {
+                let number = if let Ok(f) = value.cast_exact::<PyFloat>() {
+                    f.value()
+                } else {
+                    // Exact in every float type; larger ones (refused as importance
+                    // anyway) go as JSON, whose words name them as sent.
+                    let n = value.cast_exact::<PyInt>().ok()?.extract::<i32>().ok()?;
+                    f64::from(n)
+                        .abs()
+                        .le(&16_777_216.0)
+                        .then_some(f64::from(n))?
+                };
+                // JSON has no NaN or infinity: the route refuses the body that holds one.
+                out.importance = Some(number.is_finite().then_some(number as f32)?);
+            }
+            "pinned" => out.pinned = value.cast_exact::<PyBool>().ok()?.is_true(),
+            _ => return None,
+        }
+    }
+    out.kind = kind?;
+    Some(out)
 }
 
 /// The recall's body as the route reads it: the arguments that are not `None`, as JSON.

@@ -12,6 +12,7 @@ import sys
 import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -235,6 +236,49 @@ def test_plain_and_json_recalls_answer_alike(memory: Memory) -> None:
     judged = memory.recall("s5", "deploy failed", k=_Count(3), scope="session", include_knowledge=False)
     assert len(plain.memories) == len(judged.memories) == 3
     assert {m.id for m in plain.memories} == {m.id for m in judged.memories}
+
+
+@pytest.mark.parametrize(
+    ("event", "code"),
+    [
+        ({"kind": "observation", "text": "x", "importance": float("nan")}, "malformed_json"),
+        ({"kind": None, "text": "x"}, "invalid_event"),
+        ({"kind": "observation", "text": "x", "pinned": None}, "invalid_event"),
+        ({"kind": "observation", "text": "x", "importance": True}, "invalid_event"),
+        ({"kind": "observation", "text": "x", "extra": 1}, "invalid_event"),
+        ({"text": "x"}, "invalid_event"),
+        ({"kind": "observation", "text": "x", "importance": 11}, "invalid_importance"),
+        ({"kind": "observation", "text": "x", "importance": 10**30}, "invalid_importance"),
+        ({"kind": "observation", "text": ""}, "invalid_text"),
+        ({"kind": "observation", "text": "x", "agent_id": "bad agent!"}, "invalid_agent_id"),
+        ({"kind": "observation", "text": "x", "parent_id": "mem-ffffffff"}, "invalid_parent_id"),
+    ],
+)
+def test_events_are_judged_as_the_route_judges_them(
+    memory: Memory, event: dict[str, object], code: str
+) -> None:
+    # Embedded, plain events skip the JSON: odd ones must still get the route's words.
+    with pytest.raises(InvalidRequest) as raised:
+        memory.record("s", [event])
+    assert raised.value.code == code, raised.value
+
+
+def test_plain_and_json_events_are_stored_alike(memory: Memory) -> None:
+    event: dict[str, Any] = {
+        "kind": "decision",
+        "text": "use rack 4",
+        "agent_id": "ops",
+        "importance": 7,
+        "pinned": True,
+        "parent_id": None,
+    }
+    (plain,) = memory.record("s6", [event])
+    # Metadata sends the write as JSON, embedded too.
+    (judged,) = memory.record("s6", [{**event, "importance": 7.0, "metadata": {"ticket": 12}}])
+    a, b = memory.get(plain), memory.get(judged)
+    fields = [(r.kind, r.text, r.agent_id, r.importance, r.status) for r in (a, b)]
+    assert fields == [("decision", "use rack 4", "ops", 7.0, "pinned")] * 2
+    assert b.metadata == {"ticket": 12} and a.metadata is None
 
 
 def test_bad_arguments_are_refused_before_sending(memory: Memory) -> None:

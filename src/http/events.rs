@@ -87,6 +87,18 @@ pub(crate) async fn record(
         fingerprint: hex(&Sha256::digest(&body)),
     });
     let events = events_from(parse_json(Ok(body))?)?;
+    record_read(rt, namespace, session_id, events, idempotency).await
+}
+
+/// [`record`] with the events already read (the embedded handle reads plain ones straight
+/// from Python): the same write and refusals from there on.
+pub(crate) async fn record_read(
+    rt: &crate::Runtime,
+    namespace: &str,
+    session_id: &str,
+    events: Vec<crate::NewMemory>,
+    idempotency: Option<crate::Idempotency>,
+) -> ApiResult<crate::Recorded> {
     let session = rt.session(namespace, session_id)?;
     Ok(session.record_idempotent(events, idempotency).await?)
 }

@@ -51,8 +51,8 @@ mod state;
 #[cfg(feature = "cluster")]
 pub(crate) use auth::client_ip_in;
 pub use connections::{Client, Drained, Proxies, ServerConfig, ServerLimits, raise_to_realtime};
-pub(crate) use events::record;
 pub use events::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+pub(crate) use events::{record, record_read};
 pub use openapi::ApiDoc;
 #[cfg(feature = "cluster")]
 pub(crate) use openapi::get_openapi;
