@@ -80,7 +80,18 @@ impl Actor for Condenser {
             CondenserMessage::Condense { key, reply } => {
                 let (ns, session) = (&key.namespace, &key.session);
                 let summarizer = state.summarizer.as_deref();
-                let written = state.substrate.condense_with(ns, session, BY, summarizer);
+                // Asked for, a client waits on it; triggered, nobody does.
+                let written = if reply.is_some() {
+                    state
+                        .substrate
+                        .condense_with(ns, session, BY, summarizer)
+                        .boxed()
+                } else {
+                    state
+                        .substrate
+                        .condense_triggered(ns, session, BY, summarizer)
+                        .boxed()
+                };
                 let result = match AssertUnwindSafe(written).catch_unwind().await {
                     Ok(result) => result,
                     Err(payload) => {

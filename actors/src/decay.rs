@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use shadowbrain_runtime::background::{self, Priority};
 use shadowbrain_runtime::internals::{Mutation, WriteSet};
 use shadowbrain_runtime::{Error, Result, Substrate, SweepReport, Timestamp};
 use tokio::task::JoinHandle;
@@ -51,13 +52,13 @@ pub(crate) enum DecayMessage {
 }
 
 impl DecayState {
-    /// Sweeps off the actor's thread (a sweep reads every record), at the background
-    /// priority (housekeeping: on a busy machine it yields to writes and recalls, and on an
-    /// idle one it runs as fast as before), and records when.
-    async fn sweep(&mut self) -> Result<SweepReport> {
+    /// Sweeps off the actor's thread (a sweep reads every record) and records when. A
+    /// scheduled sweep runs at the background priority (on a busy machine it yields to
+    /// writes and recalls; on an idle one it runs as fast), one asked for at the client's.
+    async fn sweep(&mut self, priority: Priority) -> Result<SweepReport> {
         let substrate = self.substrate.clone();
         let now = substrate.clock().now();
-        let report = shadowbrain_runtime::background::spawn(move || {
+        let report = background::spawn_at(priority, move || {
             let report = substrate.decay_sweep(BY)?;
             substrate
                 .store()
@@ -134,13 +135,13 @@ impl Actor for Decay {
                 };
                 let now = state.substrate.clock().now();
                 if now.saturating_sub(state.last_sweep) >= interval.as_millis() as i64
-                    && let Err(e) = state.sweep().await
+                    && let Err(e) = state.sweep(Priority::Background).await
                 {
                     tracing::warn!(error = %e, "decay sweep failed; the next tick tries again");
                 }
             }
             DecayMessage::SweepNow { reply } => {
-                let _ = reply.send(state.sweep().await);
+                let _ = reply.send(state.sweep(Priority::Client).await);
             }
             #[cfg(feature = "failpoints")]
             DecayMessage::Panic => panic!("fault injected into the decay actor"),

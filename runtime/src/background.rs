@@ -62,6 +62,32 @@ pub fn spawn<R: Send + 'static>(
     }
 }
 
+/// Who waits on a piece of blocking work, and so the priority it runs at: the same work
+/// (a condensation, a decay sweep) is background work when a trigger or a schedule starts
+/// it, and a client's when the client asked for it and waits for the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// A client waits on it: the current runtime's blocking pool, at normal priority.
+    Client,
+    /// Nobody waits on it: [`spawn`]'s lowered threads.
+    Background,
+}
+
+/// Runs blocking `work` at `priority`.
+///
+/// # Panics
+///
+/// Outside a tokio runtime, as [`spawn`] and `tokio::task::spawn_blocking`.
+pub fn spawn_at<R: Send + 'static>(
+    priority: Priority,
+    work: impl FnOnce() -> R + Send + 'static,
+) -> tokio::task::JoinHandle<R> {
+    match priority {
+        Priority::Client => tokio::task::spawn_blocking(work),
+        Priority::Background => spawn(work),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 
 use super::{Substrate, recall_number};
+use crate::background::Priority;
 use crate::clock::{Timestamp, to_human};
 use crate::error::{Error, Result};
 use crate::model::{AuditAction, AuditEntry, Kind, MemoryId, MemoryRecord, Status, Tier};
@@ -224,16 +225,41 @@ impl Substrate {
         by: &str,
         summarizer: Option<&dyn Summarizer>,
     ) -> Result<Option<Condensed>> {
+        self.condense_at(namespace, session, by, summarizer, Priority::Client)
+            .await
+    }
+
+    /// [`Substrate::condense_with`] for a condensation nobody waits on (a policy trigger
+    /// fired): its reading and ranking run at the background priority, so a burst of
+    /// writes that fires triggers is not slowed by them.
+    pub async fn condense_triggered(
+        &self,
+        namespace: &str,
+        session: &str,
+        by: &str,
+        summarizer: Option<&dyn Summarizer>,
+    ) -> Result<Option<Condensed>> {
+        self.condense_at(namespace, session, by, summarizer, Priority::Background)
+            .await
+    }
+
+    async fn condense_at(
+        &self,
+        namespace: &str,
+        session: &str,
+        by: &str,
+        summarizer: Option<&dyn Summarizer>,
+        priority: Priority,
+    ) -> Result<Option<Condensed>> {
         let policy = self.policy_for(namespace);
         // Reading up to 500 records with their vectors and ranking them is blocking work:
-        // off the async workers, which every request shares, and at the background
-        // priority, so a burst of writes that triggers condensations is not slowed by them.
+        // off the async workers, which every request shares.
         let prepared = {
             let sub = self.clone();
             let (namespace, session) = (namespace.to_string(), session.to_string());
             let min_events = policy.condensation.min_events as usize;
             let promotable = policy.promotion.min_importance;
-            crate::background::spawn(move || -> Result<_> {
+            crate::background::spawn_at(priority, move || -> Result<_> {
                 let window = sub.uncondensed(&namespace, &session)?;
                 if window.is_empty() || window.len() < min_events {
                     return Ok(None);
