@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use shadowbrain_runtime::background::Priority;
 use shadowbrain_runtime::{Condensed, Result, Substrate, Summarizer, panic_message};
 
 use crate::directory::Directory;
@@ -81,17 +82,13 @@ impl Actor for Condenser {
                 let (ns, session) = (&key.namespace, &key.session);
                 let summarizer = state.summarizer.as_deref();
                 // Asked for, a client waits on it; triggered, nobody does.
-                let written = if reply.is_some() {
-                    state
-                        .substrate
-                        .condense_with(ns, session, BY, summarizer)
-                        .boxed()
-                } else {
-                    state
-                        .substrate
-                        .condense_triggered(ns, session, BY, summarizer)
-                        .boxed()
+                let priority = match reply {
+                    Some(_) => Priority::Client,
+                    None => Priority::Background,
                 };
+                let written = state
+                    .substrate
+                    .condense_at(ns, session, BY, summarizer, priority);
                 let result = match AssertUnwindSafe(written).catch_unwind().await {
                     Ok(result) => result,
                     Err(payload) => {

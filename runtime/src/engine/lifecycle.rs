@@ -229,21 +229,10 @@ impl Substrate {
             .await
     }
 
-    /// [`Substrate::condense_with`] for a condensation nobody waits on (a policy trigger
-    /// fired): its reading and ranking run at the background priority, so a burst of
-    /// writes that fires triggers is not slowed by them.
-    pub async fn condense_triggered(
-        &self,
-        namespace: &str,
-        session: &str,
-        by: &str,
-        summarizer: Option<&dyn Summarizer>,
-    ) -> Result<Option<Condensed>> {
-        self.condense_at(namespace, session, by, summarizer, Priority::Background)
-            .await
-    }
-
-    async fn condense_at(
+    /// [`Substrate::condense_with`] with its blocking part (reading and ranking the window)
+    /// at `priority`: [`Priority::Background`] for a condensation nobody waits on (a policy
+    /// trigger fired), so a burst of writes that fires triggers is not slowed by them.
+    pub async fn condense_at(
         &self,
         namespace: &str,
         session: &str,
