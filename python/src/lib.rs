@@ -48,6 +48,20 @@ fn answered<'py>(
     Ok((answer.status, PyBytes::new(py, &answer.body)))
 }
 
+/// A route's work run without the router: its value, or its refusal raised as the
+/// package's error (the route's code and message), or the request refused before it ran.
+fn ran<T>(py: Python<'_>, answer: Result<Result<T, Answer>, RequestError>) -> PyResult<T> {
+    match answer {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(refused)) => Err(raised(
+            py,
+            "from_answer",
+            (refused.status, PyBytes::new(py, &refused.body)),
+        )),
+        Err(e) => Err(raised(py, "error_from", (request_code(&e), e.to_string()))),
+    }
+}
+
 /// A request refused before it ran, as Python sees it.
 fn unanswered(e: RequestError) -> PyErr {
     native_error(request_code(&e), e.to_string())
@@ -209,15 +223,7 @@ impl Native {
                 py.detach(|| self.inner.recall_out(namespace, session_id, body))
             }
         };
-        match answer {
-            Ok(Ok(recalled)) => answers::Recall::new(py, recalled),
-            Ok(Err(refused)) => Err(raised(
-                py,
-                "from_answer",
-                (refused.status, PyBytes::new(py, &refused.body)),
-            )),
-            Err(e) => Err(raised(py, "error_from", (request_code(&e), e.to_string()))),
-        }
+        answers::Recall::new(py, ran(py, answer)?)
     }
 
     /// `POST /v1/sessions/{session_id}/events` with the `Idempotency-Key` `key`, without
@@ -257,15 +263,8 @@ impl Native {
         else {
             return Ok(None);
         };
-        match py.detach(|| self.inner.record_read(namespace, session_id, events)) {
-            Ok(Ok(ids)) => Ok(Some(ids)),
-            Ok(Err(refused)) => Err(raised(
-                py,
-                "from_answer",
-                (refused.status, PyBytes::new(py, &refused.body)),
-            )),
-            Err(e) => Err(raised(py, "error_from", (request_code(&e), e.to_string()))),
-        }
+        let answer = py.detach(|| self.inner.record_read(namespace, session_id, events));
+        ran(py, answer).map(Some)
     }
 
     /// The benchmark's anchor: `repeats` recalls of `query` in `session_id` through the
@@ -422,6 +421,11 @@ impl Native {
     }
 }
 
+/// A `str` exactly (not a subclass, which the JSON path judges), as Rust's.
+fn plain_str(v: &Bound<'_, PyAny>) -> Option<String> {
+    Some(v.cast_exact::<PyString>().ok()?.to_str().ok()?.to_owned())
+}
+
 /// A recall's arguments, by the contract's field names (`None`: left out).
 type RecallFields<'a, 'py> = [(&'static str, Option<&'a Bound<'py, PyAny>>); 10];
 
@@ -430,8 +434,6 @@ type RecallFields<'a, 'py> = [(&'static str, Option<&'a Bound<'py, PyAny>>); 10]
 /// and `None` otherwise. Checking these types is all the JSON path would add for them; what
 /// is left (ranges, the session id) the route's own checks judge either way.
 fn plain_recall(fields: &RecallFields<'_, '_>) -> Option<RecallIn> {
-    let text =
-        |v: &Bound<'_, PyAny>| Some(v.cast_exact::<PyString>().ok()?.to_str().ok()?.to_owned());
     let count = |v: &Bound<'_, PyAny>| v.cast_exact::<PyInt>().ok()?.extract::<usize>().ok();
     let flag = |v: &Bound<'_, PyAny>| Some(v.cast_exact::<PyBool>().ok()?.is_true());
     let mut query = None;
@@ -452,17 +454,14 @@ fn plain_recall(fields: &RecallFields<'_, '_>) -> Option<RecallIn> {
             continue;
         };
         match name {
-            "query" => query = Some(text(value)?),
+            "query" => query = Some(plain_str(value)?),
             "k" => body.k = Some(count(value)?),
+            // The scope's names as the route reads them (an unknown one goes as JSON).
             "scope" => {
-                body.scope = Some(match text(value)?.as_str() {
-                    "session" => Scope::Session,
-                    "agent" => Scope::Agent,
-                    "namespace" => Scope::Namespace,
-                    _ => return None,
-                })
+                let name = serde_json::Value::String(plain_str(value)?);
+                body.scope = Some(serde_json::from_value::<Scope>(name).ok()?);
             }
-            "agent_id" => body.agent_id = Some(text(value)?),
+            "agent_id" => body.agent_id = Some(plain_str(value)?),
             "include_knowledge" => body.include_knowledge = Some(flag(value)?),
             "token_budget" => body.token_budget = Some(count(value)?),
             "include_superseded" => body.include_superseded = Some(flag(value)?),
@@ -480,19 +479,18 @@ fn plain_recall(fields: &RecallFields<'_, '_>) -> Option<RecallIn> {
 /// content, metadata, times, vectors, other types — which goes as JSON, so the route reads
 /// it (and refuses it) in its own words. What it reads is what the JSON would have carried.
 fn plain_event(event: &Bound<'_, PyAny>) -> Option<NewMemory> {
-    let text = |v: &Bound<'_, PyAny>| -> Option<Option<String>> {
+    let text = |v: &Bound<'_, PyAny>| {
         if v.is_none() {
-            return Some(None);
+            Some(None)
+        } else {
+            plain_str(v).map(Some)
         }
-        Some(Some(
-            v.cast_exact::<PyString>().ok()?.to_str().ok()?.to_owned(),
-        ))
     };
     let mut out = NewMemory::default();
     let mut kind = None;
     for (key, value) in event.cast_exact::<PyDict>().ok()?.iter() {
         match key.cast_exact::<PyString>().ok()?.to_str().ok()? {
-            "kind" => kind = Some(text(&value)??),
+            "kind" => kind = Some(plain_str(&value)?),
             "text" => out.text = text(&value)?,
             "agent_id" => out.agent_id = text(&value)?,
             "parent_id" => out.parent_id = text(&value)?,
