@@ -22,7 +22,7 @@ use axum::http::{Method, Request, StatusCode, header};
 use axum::response::{IntoResponse as _, Response};
 use tower::ServiceExt as _;
 
-use crate::api::{ApiResult, Ids, RecallIn, RecallOut};
+use crate::api::{ApiResult, Ids, RecallIn, RecallOut, from_json};
 use crate::auth::{Auth, Verified};
 use crate::files::{self, Exported, Imported};
 use crate::http;
@@ -92,12 +92,6 @@ impl Answer {
             Err(e) => Answer::read(e.into_response()).await,
         }
     }
-}
-
-/// A recall's body: the route's JSON, or already read into the contract's struct.
-enum RecallBody {
-    Json(Vec<u8>),
-    Read(RecallIn),
 }
 
 /// The read guard of an open handle (never `None` while held).
@@ -395,7 +389,15 @@ impl Embedded {
         session_id: &str,
         body: Vec<u8>,
     ) -> Result<Result<RecallOut, Answer>, RequestError> {
-        self.answer_recall(namespace, session_id, RecallBody::Json(body))
+        // The route's own reading of the body, then its work as for a body already read.
+        match from_json::<RecallIn>("recall", Ok(body.into())) {
+            Ok(body) => self.recall_read(namespace, session_id, body),
+            Err(refused) => {
+                drop(self.enter()?);
+                let answer = Answer::of::<RecallOut>(StatusCode::OK, Err(refused));
+                Ok(Err(self.threads().block_on(answer)))
+            }
+        }
     }
 
     /// [`Embedded::recall_out`] with the body already read: a caller that holds the
@@ -408,26 +410,9 @@ impl Embedded {
         session_id: &str,
         body: RecallIn,
     ) -> Result<Result<RecallOut, Answer>, RequestError> {
-        self.answer_recall(namespace, session_id, RecallBody::Read(body))
-    }
-
-    fn answer_recall(
-        &self,
-        namespace: &str,
-        session_id: &str,
-        body: RecallBody,
-    ) -> Result<Result<RecallOut, Answer>, RequestError> {
         let open = self.enter()?;
         let answer = self.threads().block_on(async {
-            let (rt, limits) = (&open.rt, &open.limits);
-            let recalled = match body {
-                RecallBody::Json(body) => {
-                    http::recall(rt, limits, namespace, session_id, Ok(body.into())).await
-                }
-                RecallBody::Read(body) => {
-                    http::recall_read(rt, limits, namespace, session_id, body).await
-                }
-            };
+            let recalled = http::recall(&open.rt, &open.limits, namespace, session_id, body).await;
             match recalled {
                 Ok(recalled) => Ok(recalled),
                 Err(refused) => Err(Answer::of::<RecallOut>(StatusCode::OK, Err(refused)).await),

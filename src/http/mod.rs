@@ -56,7 +56,7 @@ pub(crate) use events::{record, record_read};
 pub use openapi::ApiDoc;
 #[cfg(feature = "cluster")]
 pub(crate) use openapi::get_openapi;
-pub(crate) use sessions::{recall, recall_read};
+pub(crate) use sessions::recall;
 #[cfg(feature = "cluster")]
 pub(crate) use state::{ClusterNode, InCluster, NodeFuture};
 

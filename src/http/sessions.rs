@@ -31,27 +31,15 @@ pub(super) async fn post_recall(
     Path(session_id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<RecallOut>> {
+    let body: RecallIn = from_json("recall", body)?;
     let answer = recall(&s.rt, &s.limits, &ns.0, &session_id, body).await?;
     s.metrics.recall();
     Ok(Json(answer))
 }
 
-/// A recall's work, from the request's body to the answer: the route's, and the embedded
-/// handle's without the router ([`crate::embedded`]), so both answer alike.
+/// A recall's work, from the request's body (read) to the answer: the route's, and the
+/// embedded handle's without the router ([`crate::embedded`]), so both answer alike.
 pub(crate) async fn recall(
-    rt: &crate::Runtime,
-    limits: &crate::Limits,
-    namespace: &str,
-    session_id: &str,
-    body: Result<Bytes, BytesRejection>,
-) -> ApiResult<RecallOut> {
-    let body: RecallIn = from_json("recall", body)?;
-    recall_read(rt, limits, namespace, session_id, body).await
-}
-
-/// [`recall`] with its body already read (the embedded handle reads plain arguments
-/// straight into one): the same checks and answer from there on.
-pub(crate) async fn recall_read(
     rt: &crate::Runtime,
     limits: &crate::Limits,
     namespace: &str,
