@@ -49,7 +49,8 @@ pub(crate) enum IndexerMessage {
 /// Runs one pass of `kind` off the async workers (builds and commits block for seconds);
 /// answers whether the log holds more (see [`Substrate::index_step`]).
 fn spawn_pass(substrate: &Substrate, kind: IndexKind) -> JoinHandle<bool> {
-    let substrate = substrate.clone();
+    // Lent: closing waits for the pass to let go of the store and the indexes.
+    let substrate = substrate.lend();
     // At a lower CPU priority: nobody waits on a pass (recall catches the tails up itself).
     shadowbrain_runtime::background::spawn(move || substrate.index_step(kind))
 }

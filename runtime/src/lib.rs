@@ -45,7 +45,7 @@ pub use clock::{
 pub use engine::{
     Chain, Condensed, Counted, EnrichWake, EvaluationReport, Fading, FeedbackReport,
     FeedbackTarget, Graph, IDEMPOTENCY_WINDOW, Idempotency, IndexKind, IndexPass, IndexingOptions,
-    Insights, Judge, JudgeBatch, JudgeItem, Judgement, KNOWLEDGE_SESSION, MAX_REASON_BYTES,
+    Insights, Judge, JudgeBatch, JudgeItem, Judgement, KNOWLEDGE_SESSION, Lent, MAX_REASON_BYTES,
     MAX_STRIKES, Outcome, PROMOTE_ROUND, PairBatch, PairItem, PairVerdict, PassageHit, Policies,
     Promotion, RecallRequest, RecallResult, Recalled, Recorded, Resolution, Substrate,
     SubstrateOptions, Summarizer, Summary, SummaryRequest, Superseded, SweepReport, UpdateJudge,

@@ -31,7 +31,7 @@ mod updates;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -237,6 +237,9 @@ struct Inner {
     promoting: tokio::sync::Mutex<()>,
     enricher: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
+    /// Handles lent to work on another runtime's threads ([`Substrate::lend`]), counted
+    /// apart from the handle so the count falls only once the handle is gone.
+    lent: Arc<AtomicUsize>,
     /// A cluster standby (see [`SubstrateOptions::standby`]).
     standby: bool,
     /// Recalls ranking at once: two per core. Without a bound, 32 concurrent recalls would be
@@ -353,6 +356,7 @@ impl Substrate {
             promoting: tokio::sync::Mutex::new(()),
             enricher: Mutex::new(None),
             closed: AtomicBool::new(false),
+            lent: Arc::new(AtomicUsize::new(0)),
             standby: opts.standby,
             ranking: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |n| n.get()) * 2,
@@ -477,6 +481,18 @@ impl Substrate {
         self.inner.rebuilds.load(Ordering::Relaxed)
     }
 
+    /// A handle for work that runs where closing does not reach (the background threads'
+    /// index passes): [`Substrate::close`] waits until every lent handle is dropped, since
+    /// one still alive keeps the store and the indexes open and the directory could not be
+    /// opened again in this process.
+    pub fn lend(&self) -> Lent {
+        self.inner.lent.fetch_add(1, Ordering::SeqCst);
+        Lent {
+            substrate: Some(self.clone()),
+            count: self.inner.lent.clone(),
+        }
+    }
+
     /// Stops the background threads and commits the keyword index; the vector trees are
     /// built too when little is staged ([`CLOSE_BUILD_LIMIT`]). Whatever is left (a large
     /// vector tail, or what a full disk kept the indexes from saving) stays in the store's
@@ -507,6 +523,12 @@ impl Substrate {
         for h in threads {
             let _ = h.join();
         }
+        // A lent handle's work sees `closed` and stops soon; a minute covers a pass starved
+        // at the background priority on a loaded machine.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while self.inner.lent.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         self.inner.vectors.cancel_builds();
         // Nothing acknowledged depends on the indexes (they are derived), so failing to
         // save them does not fail the close.
@@ -535,5 +557,30 @@ impl Drop for Inner {
         // Closing the wake channels ends the background threads.
         self.wake.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.enrich_wake.set(None);
+    }
+}
+
+/// A [`Substrate`] lent to background work ([`Substrate::lend`]); dereferences to it.
+pub struct Lent {
+    substrate: Option<Substrate>,
+    count: Arc<AtomicUsize>,
+}
+
+impl std::ops::Deref for Lent {
+    type Target = Substrate;
+
+    fn deref(&self) -> &Substrate {
+        // Present until the drop.
+        self.substrate
+            .as_ref()
+            .expect("a lent handle until it is dropped")
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        // The handle first: the count says it is gone only once it is.
+        drop(self.substrate.take());
+        self.count.fetch_sub(1, Ordering::SeqCst);
     }
 }
