@@ -7,13 +7,19 @@
 //! - the epochs stamped on each partition's log never go backwards;
 //! - every session accepts writes again within 15 s of the fault (of its end, for faults
 //!   that last: a pause, an outage; CI allows 60 s, see [`recovery_limit`]);
-//! - scenario 7: no lease changes hands.
+//! - scenario 7: no lease changes hands;
+//! - once settled, every partition is kept by exactly its replica set (the first
+//!   `copies` nodes rendezvous hashing ranks for it among the live members), and no live
+//!   node keeps a directory for a partition it does not keep.
 //!
 //! Scenarios: 1 `kill -9` of the node owning most partitions; 2 `kill -9` of the NATS
 //! server leading most streams; 3 `SIGSTOP` of an owner for twice the lease TTL, then
 //! `SIGCONT` (the paused node must not write); 4 the killed node back, partitions moving
 //! back to it; 5 all three NATS servers killed, restarted after 5 s; 6 a third of the
-//! publish acknowledgements dropped (the nodes retry); 7 a CPU hog on both cores.
+//! publish acknowledgements dropped (the nodes retry); 7 a CPU hog on both cores; on four
+//! nodes keeping three copies of each partition: 8 `kill -9` of two of a partition's three
+//! nodes at once (its owner and a standby); 9 a fifth node joins and, while it catches up,
+//! another node leaves (SIGTERM).
 //!
 //! CI runs scenarios 1–3 once (the README's test command). All seven, twenty times:
 //! `SHADOWBRAIN_CLUSTER_RUNS=20 SHADOWBRAIN_CLUSTER_SCENARIOS=1,2,3,4,5,6,7 cargo test
@@ -29,7 +35,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use harness::{Harness, LEASE_TTL, NODES, PARTITIONS, Written};
+use harness::{Harness, LEASE_TTL, NODES, PARTITIONS, Shape, Written};
 
 use crate::common::python::{python_client, python_sdk};
 use crate::common::serve;
@@ -62,9 +68,11 @@ enum Scenario {
     NatsOutage = 5,
     DroppedAcks = 6,
     CpuHog = 7,
+    KillReplicas = 8,
+    JoinAndLeave = 9,
 }
 
-const ALL: [Scenario; 7] = [
+const ALL: [Scenario; 9] = [
     Scenario::KillOwner,
     Scenario::KillStreamLeader,
     Scenario::PauseOwner,
@@ -72,6 +80,8 @@ const ALL: [Scenario; 7] = [
     Scenario::NatsOutage,
     Scenario::DroppedAcks,
     Scenario::CpuHog,
+    Scenario::KillReplicas,
+    Scenario::JoinAndLeave,
 ];
 
 fn run(nats: &std::path::Path, scenario: Scenario, tokio: &tokio::runtime::Runtime) -> String {
@@ -79,13 +89,30 @@ fn run(nats: &std::path::Path, scenario: Scenario, tokio: &tokio::runtime::Runti
         Scenario::DroppedAcks => &[("SHADOWBRAIN_FAULT_DROP_ACKS", "0.33")],
         _ => &[],
     };
-    let mut h = Harness::start(nats, env!("CARGO_BIN_EXE_shadowbrain").as_ref(), env);
+    // More nodes than copies: each node keeps only its replica sets' partitions.
+    let shape = match scenario {
+        Scenario::KillReplicas | Scenario::JoinAndLeave => Shape {
+            nodes: 5,
+            started: 4,
+            copies: 3,
+        },
+        _ => Shape::default(),
+    };
+    let mut h = Harness::start_shaped(
+        harness::Security::Secured,
+        nats,
+        env!("CARGO_BIN_EXE_shadowbrain").as_ref(),
+        env,
+        &[],
+        shape,
+    );
+    h.wait_copies_settled(Duration::from_secs(90));
     let live = Arc::new(Mutex::new(h.alive_nodes()));
     let stop = Arc::new(AtomicBool::new(false));
     let writers = harness::load(live.clone(), stop.clone(), WRITERS, PACE, 1);
     std::thread::sleep(Duration::from_secs(3));
     let owned = h.owned();
-    let busiest = (0..NODES).max_by_key(|i| owned[*i]).unwrap();
+    let busiest = (0..h.nodes.len()).max_by_key(|i| owned[*i]).unwrap();
     let owners_before = h.owners();
     // When the fault ended: recovery is measured from here.
     let fault_end = match scenario {
@@ -137,6 +164,35 @@ fn run(nats: &std::path::Path, scenario: Scenario, tokio: &tokio::runtime::Runti
             Instant::now()
         }
         Scenario::DroppedAcks => Instant::now(),
+        Scenario::KillReplicas => {
+            // The first writer's partition: its owner and one of its two standbys.
+            let p = shadowbrain::cluster::partition_of(&harness::keys()[0].0, PARTITIONS);
+            let set = h.replica_sets().expect("the members agree")[&p].clone();
+            let owner = owners_before[&p].clone();
+            let standby = set.iter().find(|n| **n != owner).unwrap().clone();
+            for name in [owner, standby] {
+                let i = h.nodes.iter().position(|n| n.name == name).unwrap();
+                h.kill_node(i);
+            }
+            *live.lock().unwrap() = h.alive_nodes();
+            Instant::now()
+        }
+        Scenario::JoinAndLeave => {
+            let joining = h.nodes.iter().position(|n| n.served.is_none()).unwrap();
+            h.start_node(joining);
+            std::thread::sleep(LEASE_TTL);
+            // While it catches up, the busiest node hands its partitions over and leaves.
+            let pid = h.node_pid(busiest);
+            h.signal(pid, "-TERM");
+            let stopped = h.nodes[busiest]
+                .served
+                .take()
+                .unwrap()
+                .exit_within(Duration::from_secs(60));
+            assert!(stopped.is_some(), "the leaving node did not stop");
+            *live.lock().unwrap() = h.alive_nodes();
+            Instant::now()
+        }
         Scenario::CpuHog => {
             let hogs: Vec<_> = (0..4)
                 .map(|_| {
@@ -159,6 +215,7 @@ fn run(nats: &std::path::Path, scenario: Scenario, tokio: &tokio::runtime::Runti
     stop.store(true, Ordering::SeqCst);
     let written: Vec<Written> = writers.into_iter().map(|t| t.join().unwrap()).collect();
     h.wait_settled(Duration::from_secs(60));
+    h.wait_copies_settled(Duration::from_secs(90));
     if scenario == Scenario::CpuHog {
         assert_eq!(
             h.owners(),

@@ -13,7 +13,7 @@
 // Each includer uses a part of it.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -28,6 +28,28 @@ use shadowbrain_test_support::serve::{Serve, Served};
 
 pub const NODES: usize = 3;
 pub const PARTITIONS: u16 = 8;
+/// Nodes keeping a copy of each partition (`[cluster] copies`, its default).
+pub const COPIES: usize = 3;
+
+/// How big a harness is: the nodes configured (`cluster init` makes keys for all), how
+/// many of them start with it (the rest can join later with [`Harness::start_node`]), and
+/// each node's `copies`. Partitions are [`PARTITIONS`].
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub nodes: usize,
+    pub started: usize,
+    pub copies: usize,
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Shape {
+            nodes: NODES,
+            started: NODES,
+            copies: COPIES,
+        }
+    }
+}
 pub const LEASE_TTL: Duration = Duration::from_secs(3);
 /// Namespaces with a key each: writers use the first ones.
 pub const TENANTS: usize = 16;
@@ -242,6 +264,7 @@ pub struct Harness {
     pub nats_bin: PathBuf,
     pub nats: Vec<Nats>,
     pub nodes: Vec<NodeProc>,
+    pub shape: Shape,
 }
 
 /// Three NATS servers' configurations on fresh ports (routes, clients, monitoring), in
@@ -387,6 +410,19 @@ impl Harness {
         env: &[(&str, &str)],
         args: &[&str],
     ) -> Harness {
+        Harness::start_shaped(security, nats_bin, bin, env, args, Shape::default())
+    }
+
+    /// [`Harness::start_as`] with `shape.nodes` nodes configured, the first
+    /// `shape.started` of them started.
+    pub fn start_shaped(
+        security: Security,
+        nats_bin: &Path,
+        bin: &Path,
+        env: &[(&str, &str)],
+        args: &[&str],
+        shape: Shape,
+    ) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         if security == Security::Secured {
             let made = Command::new("sh")
@@ -400,13 +436,26 @@ impl Harness {
                  installs): {}",
                 String::from_utf8_lossy(&made.stderr)
             );
-            std::fs::copy(
-                cluster_doc("shadowbrain.conf"),
+            // The example names three nodes and says to add one line per node.
+            let example = std::fs::read_to_string(cluster_doc("shadowbrain.conf")).unwrap();
+            let last = "      {nkey: $SB_NODE2_NKEY, permissions: $NODE}\n";
+            assert!(example.contains(last), "the example's node lines changed");
+            let more: String = (3..shape.nodes)
+                .map(|i| format!("      {{nkey: $SB_NODE{i}_NKEY, permissions: $NODE}}\n"))
+                .collect();
+            std::fs::write(
                 dir.path().join("shadowbrain.conf"),
+                example.replace(last, &format!("{last}{more}")),
             )
             .unwrap();
             let init = Command::new(bin)
-                .args(["cluster", "init", "--nodes", &NODES.to_string(), "--dir"])
+                .args([
+                    "cluster",
+                    "init",
+                    "--nodes",
+                    &shape.nodes.to_string(),
+                    "--dir",
+                ])
                 .arg(dir.path().join("keys"))
                 .output()
                 .expect("shadowbrain cluster init runs");
@@ -450,7 +499,7 @@ impl Harness {
                 dir.path().display()
             );
         }
-        let mut ports = free_ports(NODES).into_iter();
+        let mut ports = free_ports(shape.nodes).into_iter();
         let scheme = match security {
             Security::Secured => "tls",
             Security::InsecureLoopback => "nats",
@@ -472,7 +521,7 @@ impl Harness {
             sha256_hex(ADMIN)
         ));
         let mut nodes = Vec::new();
-        for i in 0..NODES {
+        for i in 0..shape.nodes {
             let name = format!("node{i}");
             let config = dir.path().join(format!("{name}.toml"));
             let cluster = match security {
@@ -504,7 +553,8 @@ impl Harness {
                 &config,
                 format!(
                     "[embedder]\nkind = \"hash\"\n\n{auth}\n{cluster}\npartitions = {PARTITIONS}\n\
-                     lease_ttl = \"{}s\"\n",
+                     copies = {}\nlease_ttl = \"{}s\"\n",
+                    shape.copies,
                     LEASE_TTL.as_secs()
                 ),
             )
@@ -545,8 +595,9 @@ impl Harness {
             nats_bin: nats_bin.to_path_buf(),
             nats,
             nodes,
+            shape,
         };
-        for i in 0..NODES {
+        for i in 0..shape.started {
             h.start_node(i);
         }
         h.wait_ready();
@@ -558,7 +609,10 @@ impl Harness {
     /// took its port between our choosing and its binding) is started again on a new port.
     fn wait_ready(&mut self) {
         let until = Instant::now() + Duration::from_secs(90);
-        for i in 0..NODES {
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].served.is_none() {
+                continue;
+            }
             loop {
                 let left = until.saturating_duration_since(Instant::now());
                 let served = self.nodes[i].served.as_mut().unwrap();
@@ -638,7 +692,7 @@ impl Harness {
 
     /// Partitions each node owns.
     pub fn owned(&self) -> Vec<usize> {
-        (0..NODES)
+        (0..self.nodes.len())
             .map(|i| {
                 self.status(i).map_or(0, |s| {
                     s["partitions"]
@@ -686,8 +740,17 @@ impl Harness {
     /// The owner rendezvous hashing picks for each partition among the members the live
     /// nodes agree on (`None` while they do not agree, or one does not answer).
     fn rendezvous_owners(&self) -> Option<BTreeMap<u16, String>> {
+        let members = self.agreed_members()?;
+        (0..PARTITIONS)
+            .map(|p| Some((p, shadowbrain::cluster::rendezvous(p, &members)?.clone())))
+            .collect()
+    }
+
+    /// The members the live nodes agree on, sorted (`None` while they do not agree, or one
+    /// does not answer).
+    pub fn agreed_members(&self) -> Option<Vec<String>> {
         let mut agreed: Option<Vec<String>> = None;
-        for i in 0..NODES {
+        for i in 0..self.nodes.len() {
             if self.nodes[i].served.is_none() {
                 continue;
             }
@@ -703,10 +766,87 @@ impl Harness {
                 _ => agreed = Some(members),
             }
         }
-        let members = agreed?;
-        (0..PARTITIONS)
-            .map(|p| Some((p, shadowbrain::cluster::rendezvous(p, &members)?.clone())))
-            .collect()
+        agreed
+    }
+
+    /// Each partition's replica set among the agreed members: the first `copies` nodes
+    /// rendezvous hashing ranks for it.
+    pub fn replica_sets(&self) -> Option<BTreeMap<u16, BTreeSet<String>>> {
+        let members = self.agreed_members()?;
+        Some(
+            (0..PARTITIONS)
+                .map(|p| {
+                    let set = shadowbrain::cluster::ranked(p, &members)
+                        .into_iter()
+                        .take(self.shape.copies)
+                        .cloned()
+                        .collect();
+                    (p, set)
+                })
+                .collect(),
+        )
+    }
+
+    /// Which live nodes keep a copy of each partition (owner or standby), as they say, and
+    /// which nodes (live or not) have a copy's directory on disk.
+    pub fn copies(
+        &self,
+    ) -> (
+        BTreeMap<u16, BTreeSet<String>>,
+        BTreeMap<u16, BTreeSet<String>>,
+    ) {
+        let mut kept: BTreeMap<u16, BTreeSet<String>> = BTreeMap::new();
+        let mut on_disk: BTreeMap<u16, BTreeSet<String>> = BTreeMap::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            for p in 0..PARTITIONS {
+                if n.partition_dir(p).exists() {
+                    on_disk.entry(p).or_default().insert(n.name.clone());
+                }
+            }
+            if n.served.is_none() {
+                continue;
+            }
+            if let Some(s) = self.status(i) {
+                for part in s["partitions"].as_array().unwrap() {
+                    if part["role"] == "owner" || part["role"] == "standby" {
+                        let p = part["partition"].as_u64().unwrap() as u16;
+                        kept.entry(p).or_default().insert(n.name.clone());
+                    }
+                }
+            }
+        }
+        (kept, on_disk)
+    }
+
+    /// Until every partition is kept by exactly its replica set among the live members,
+    /// and no live node has a directory for a partition it does not keep.
+    pub fn wait_copies_settled(&self, limit: Duration) {
+        let until = Instant::now() + limit;
+        loop {
+            let sets = self.replica_sets();
+            let (kept, on_disk) = self.copies();
+            let live: BTreeSet<String> = self
+                .nodes
+                .iter()
+                .filter(|n| n.served.is_some())
+                .map(|n| n.name.clone())
+                .collect();
+            let live_on_disk: BTreeMap<u16, BTreeSet<String>> = on_disk
+                .iter()
+                .map(|(p, nodes)| (*p, nodes.intersection(&live).cloned().collect()))
+                .filter(|(_, nodes): &(u16, BTreeSet<String>)| !nodes.is_empty())
+                .collect();
+            if sets.as_ref() == Some(&kept) && kept == live_on_disk {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "the copies did not settle: replica sets {sets:?}, kept {kept:?}, on disk \
+                 {live_on_disk:?}; logs in {}",
+                self.dir.path().display()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
     }
 
     /// [`Harness::start`] with every node's `serve --policy` reading one file that first
@@ -1070,7 +1210,7 @@ impl Harness {
     /// Which node owns each partition, as the live nodes say.
     pub fn owners(&self) -> BTreeMap<u16, String> {
         let mut out = BTreeMap::new();
-        for i in 0..NODES {
+        for i in 0..self.nodes.len() {
             if self.nodes[i].served.is_none() {
                 continue;
             }

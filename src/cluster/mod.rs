@@ -10,8 +10,10 @@
 //! - **Ownership** is a lease in a replicated KV bucket with a short TTL; rendezvous hashing
 //!   over the live nodes ([`rendezvous`]) says who should own a partition, the lease says who
 //!   does, and its revision is the fencing epoch stamped on every log entry ([`node`]).
-//! - Every other node keeps a **warm standby** copy of the partition's store by applying the
-//!   stream, so a takeover replays only the tail.
+//! - Each partition has a **replica set** of `copies` nodes, the first ones rendezvous
+//!   hashing ranks for it ([`ranked`]): the owner and warm standbys, which keep the
+//!   partition's store by applying the stream, so a takeover replays only the tail. A node
+//!   keeps copies of its replica sets' partitions only.
 //! - Any node accepts any request and forwards it to the owner over NATS request/reply
 //!   ([`forward`]); a policy reload goes to every node ([`policy`]). The dashboard's
 //!   sign-ins are kept in a KV bucket every node reads ([`signins`]), so its pages are
@@ -47,6 +49,10 @@ pub struct ClusterConfig {
     /// JetStream replicas of each partition's stream and of the lease buckets (1 or 3 on a
     /// three-server NATS cluster).
     pub replicas: usize,
+    /// Nodes that keep a copy of each partition: its owner and `copies - 1` warm standbys
+    /// (fewer while the cluster has fewer nodes). A node stores only the partitions whose
+    /// replica set it is in, so each holds about `copies / nodes` of the data.
+    pub copies: usize,
     /// How long a lease lives without a refresh (`"3s"`): a node that stops refreshing
     /// loses its partitions after it.
     pub lease_ttl: String,
@@ -94,6 +100,7 @@ impl Default for ClusterConfig {
             node: None,
             partitions: 16,
             replicas: 3,
+            copies: 3,
             lease_ttl: "3s".into(),
             forward_timeout: "15s".into(),
             prefix: "sb".into(),
@@ -132,6 +139,8 @@ pub struct Cluster {
     pub partitions: u16,
     /// Replicas of streams and buckets.
     pub replicas: usize,
+    /// Nodes keeping a copy of each partition.
+    pub copies: usize,
     /// Lease TTL.
     pub lease_ttl: Duration,
     /// Forwarding deadline.
@@ -169,6 +178,13 @@ impl ClusterConfig {
         }
         if !(1..=5).contains(&self.replicas) {
             problems.push(format!("replicas is {}; use 1, 3 or 5", self.replicas));
+        }
+        if !(1..=16).contains(&self.copies) {
+            problems.push(format!(
+                "copies is {}; use 1 to 16 (the owner and copies - 1 standbys; 3 keeps a \
+                 partition served with two of its nodes lost)",
+                self.copies
+            ));
         }
         let duration =
             |name: &str, text: &str, problems: &mut Vec<String>| match humantime::parse_duration(
@@ -341,6 +357,7 @@ impl ClusterConfig {
             node,
             partitions: self.partitions,
             replicas: self.replicas,
+            copies: self.copies,
             lease_ttl,
             forward_timeout,
             prefix: self.prefix.clone(),
@@ -430,15 +447,23 @@ pub fn partition_of(namespace: &str, partitions: u16) -> u16 {
     (mix(fnv1a(&[namespace.as_bytes()])) % u64::from(partitions)) as u16
 }
 
-/// Which of `nodes` should own `partition` (rendezvous hashing): the node with the
-/// highest score. A node joining or leaving moves only the partitions it wins or held.
+/// `nodes` ranked for `partition` by rendezvous hashing, best first: the first owns it
+/// when its copy is caught up, and the first `copies` keep it (its replica set). A node
+/// joining or leaving moves only the partitions it wins or held, one rank each.
+pub fn ranked(partition: u16, nodes: &[String]) -> Vec<&String> {
+    let mut scored: Vec<(u64, &String)> = nodes
+        .iter()
+        .map(|n| (mix(fnv1a(&[n.as_bytes(), &partition.to_be_bytes()])), n))
+        .collect();
+    // Highest score first; the name breaks a tie so every node ranks alike.
+    scored.sort_unstable_by(|a, b| b.cmp(a));
+    scored.into_iter().map(|(_, n)| n).collect()
+}
+
+/// Which of `nodes` should own `partition` when every copy is caught up: the first of
+/// [`ranked`].
 pub fn rendezvous(partition: u16, nodes: &[String]) -> Option<&String> {
-    nodes.iter().max_by_key(|n| {
-        (
-            mix(fnv1a(&[n.as_bytes(), &partition.to_be_bytes()])),
-            n.as_str(),
-        )
-    })
+    ranked(partition, nodes).into_iter().next()
 }
 
 #[cfg(test)]
@@ -489,10 +514,33 @@ mod tests {
     }
 
     #[test]
+    fn replica_sets_spread_and_move_one_rank_at_a_time() {
+        let six: Vec<String> = (0..6).map(|i| format!("node{i}")).collect();
+        let mut held = [0usize; 6];
+        for p in 0..32u16 {
+            let order = ranked(p, &six);
+            assert_eq!(order.len(), 6);
+            assert_eq!(Some(order[0]), rendezvous(p, &six));
+            for n in &order[..3] {
+                held[six.iter().position(|m| m == *n).unwrap()] += 1;
+            }
+            // A node leaving takes itself out of the order and moves nothing else: the
+            // partitions it kept gain the next node as their last copy.
+            let five: Vec<String> = six.iter().filter(|n| *n != "node2").cloned().collect();
+            let without: Vec<&String> = order.iter().copied().filter(|n| *n != "node2").collect();
+            assert_eq!(ranked(p, &five), without, "partition {p}");
+        }
+        // 32 partitions × 3 copies over 6 nodes: 16 each on average.
+        assert_eq!(held.iter().sum::<usize>(), 96);
+        assert!(held.iter().all(|&n| (8..=24).contains(&n)), "{held:?}");
+    }
+
+    #[test]
     fn the_section_says_what_is_wrong() {
         let bad = ClusterConfig {
             urls: vec![],
             partitions: 0,
+            copies: 0,
             lease_ttl: "soon".into(),
             node: Some("a b".into()),
             user: Some("u".into()),
@@ -502,6 +550,7 @@ mod tests {
         for part in [
             "urls is empty",
             "partitions is 0",
+            "copies is 0",
             "lease_ttl `soon`",
             "node `a b`",
             "user and password_env",

@@ -1,5 +1,6 @@
-//! One cluster node: its partitions (owned, or kept as warm standbys), the lease keeper and
-//! role task of each, the membership heartbeat, and the front router every request enters.
+//! One cluster node: its partitions (owned, kept as warm standbys, or not kept here), the
+//! lease keeper and role task of each, the membership heartbeat, and the front router every
+//! request enters.
 //!
 //! Per partition two tasks cooperate. The **keeper** holds the lease: every quarter TTL it
 //! refreshes a held lease (compare-and-set on its revision) or, when the lease is vacant and
@@ -7,8 +8,11 @@
 //! **role** task follows the keeper: with a lease it catches the standby up to the stream's
 //! end and opens the partition's runtime on it, logging to JetStream; without one (or when
 //! its log was fenced) it closes the runtime and goes back to following the stream. A node
-//! that should no longer own a partition (its rendezvous winner is back) hands it over: it
-//! closes the runtime first (its last writes logged), then deletes the lease.
+//! that should no longer own a partition (a better-ranked node's copy is caught up) hands it
+//! over: it closes the runtime first (its last writes logged), then deletes the lease. The
+//! role task also keeps a copy only where the partition's replica set names this node:
+//! it opens one when the set gains the node and deletes it once the set has gone on
+//! without the node for a while and every node in it is caught up.
 //!
 //! By job: this file starts a node (NATS, the buckets, membership, the tasks of each
 //! partition, the front's listener); `state` is what a node and its partitions are made of;
@@ -222,9 +226,11 @@ async fn run_node(
             router: RwLock::new(None),
             vacant_since: Mutex::new(None),
             closed: Mutex::new(None),
+            warm: Arc::new(AtomicBool::new(false)),
+            unwanted_since: Mutex::new(None),
         }));
     }
-    let (live_tx, live) = watch::channel(Vec::new());
+    let (live_tx, live) = watch::channel(Members::default());
     let node = Arc::new_cyclic(|me| Node {
         me: me.clone(),
         front_ui: crate::http::dashboard::front(door.clone()),
@@ -252,9 +258,16 @@ async fn run_node(
         rt_config,
         cfg,
     });
+    // The copies this node kept are followed again at once (a restart serves its share
+    // soonest); the role tasks open the ones its replica sets name once the members are
+    // known, and delete those they no longer name.
     for part in &node.partitions {
-        let standby = node.open_standby(part).await?;
-        *part.role.lock().await = Role::Standby(node.follow(part, standby));
+        if part.dir.exists() {
+            let standby = node.open_standby(part).await?;
+            *part.role.lock().await = Role::Standby(node.follow(part, standby));
+        } else {
+            *part.role.lock().await = Role::Absent;
+        }
     }
     let asks = client
         .subscribe(format!("{}.policy", node.cfg.prefix))
@@ -398,34 +411,69 @@ async fn ensure_name_free(members: &kv::Store, node: &str, ttl: Duration) -> any
     Ok(())
 }
 
-/// Heartbeats this node into the members bucket and publishes who is live.
-async fn membership(node: Arc<Node>, live: watch::Sender<Vec<String>>, stop: CancellationToken) {
+/// Heartbeats this node into the members bucket (with the partitions it holds caught-up
+/// copies of) and publishes who is live and what they hold.
+async fn membership(node: Arc<Node>, live: watch::Sender<Members>, stop: CancellationToken) {
     let period = node.cfg.lease_ttl / 4;
     loop {
-        if let Err(e) = node.members.put(&node.cfg.node, "up".into()).await {
+        let beat = Heartbeat {
+            warm: node
+                .partitions
+                .iter()
+                .filter(|p| p.is_warm())
+                .map(|p| p.id)
+                .collect(),
+        };
+        let beat = serde_json::to_vec(&beat).expect("a heartbeat serializes");
+        if let Err(e) = node.members.put(&node.cfg.node, beat.into()).await {
             tracing::warn!(error = %e, "cannot heartbeat into the members bucket");
         }
-        match node.members.keys().await {
-            Ok(keys) => {
-                let mut names: Vec<String> = keys.filter_map(|k| async { k.ok() }).collect().await;
-                if !names.contains(&node.cfg.node) {
-                    names.push(node.cfg.node.clone());
+        match read_members(&node.members).await {
+            Ok(mut members) => {
+                if !members.names.contains(&node.cfg.node) {
+                    members.names.push(node.cfg.node.clone());
+                    members.names.sort();
                 }
-                names.sort();
                 live.send_if_modified(|old| {
-                    let changed = *old != names;
+                    let changed = *old != members;
                     if changed {
-                        tracing::info!(live = ?names, "cluster members");
-                        *old = names;
+                        if old.names != members.names {
+                            tracing::info!(live = ?members.names, "cluster members");
+                        }
+                        *old = members;
                     }
                     changed
                 });
             }
-            Err(e) => tracing::warn!(error = %e, "cannot list the cluster members"),
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot list the cluster members"),
         }
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(period) => {}
         }
     }
+}
+
+/// Every member's heartbeat. One that cannot be read as a [`Heartbeat`] (a node of an
+/// earlier version wrote `up`) is live with no caught-up copies.
+async fn read_members(bucket: &kv::Store) -> anyhow::Result<Members> {
+    let names: Vec<String> = bucket
+        .keys()
+        .await?
+        .filter_map(|k| async { k.ok() })
+        .collect()
+        .await;
+    let mut members = Members::default();
+    for name in names {
+        let Ok(Some(value)) = bucket.get(&name).await else {
+            continue;
+        };
+        let beat: Heartbeat = serde_json::from_slice(&value).unwrap_or_default();
+        members
+            .warm
+            .insert(name.clone(), beat.warm.into_iter().collect());
+        members.names.push(name);
+    }
+    members.names.sort();
+    Ok(members)
 }

@@ -177,20 +177,25 @@ impl Node {
                 }
                 Ok(Role::Standby(f)) => ("standby", None, Some(*f.applied.borrow()), None),
                 Ok(Role::Idle) => ("idle", None, None, None),
+                Ok(Role::Absent) => ("none", None, None, None),
                 Err(_) => ("moving", None, None, None),
             };
             parts.push(json!({
                 "partition": part.id,
                 "role": name,
+                "caught_up": part.is_warm(),
                 "epoch": epoch,
                 "applied": applied,
                 "unbuilt": unbuilt,
             }));
         }
         let counters = &self.counters;
+        let members = self.live.borrow().clone();
         json!({
             "node": self.cfg.node,
-            "members": *self.live.borrow(),
+            "members": members.names,
+            "copies": self.cfg.copies,
+            "caught_up": members.warm,
             "partitions": parts,
             "log": {
                 "entries": counters.entries.load(Ordering::Relaxed),
@@ -225,10 +230,11 @@ impl Node {
                 }
                 Ok(Role::Standby(_)) => figures.standby += 1,
                 Ok(Role::Idle) | Err(_) => figures.moving += 1,
+                Ok(Role::Absent) => {}
             }
         }
         let counters = &self.counters;
-        figures.members = self.live.borrow().len() as u64;
+        figures.members = self.live.borrow().names.len() as u64;
         figures.log_entries = counters.entries.load(Ordering::Relaxed);
         figures.log_bytes = counters.bytes.load(Ordering::Relaxed);
         figures.log_retries = counters.retries.load(Ordering::Relaxed);
@@ -248,7 +254,7 @@ impl Node {
     /// The check and the apply of a reload on every live node (see [`policy`]).
     pub(super) async fn reload_everywhere(&self) -> Result<(), ApiError> {
         let subject = format!("{}.policy", self.cfg.prefix);
-        let members = self.live.borrow().clone();
+        let members = self.live.borrow().names.clone();
         let patience = self.cfg.forward_timeout;
         let checked = policy::ask_all(
             &self.client,
@@ -276,7 +282,7 @@ impl Node {
     /// Every live node's [`Node::status`], gathered over NATS; a member that did not
     /// answer in time is listed with `"answered": false`.
     pub(super) async fn statuses(&self) -> Result<Vec<serde_json::Value>, ApiError> {
-        let members = self.live.borrow().clone();
+        let members = self.live.borrow().names.clone();
         let got = forward::gather(
             &self.client,
             &self.sealer,

@@ -1,10 +1,11 @@
 //! Each partition's two tasks: the **keeper** holds (refreshes, takes, releases) the lease,
 //! and the **role** task follows it — a standby catching up to the stream and applying it,
 //! a takeover opening the runtime over the caught-up store, a step-down or hand-over closing
-//! it (its last writes logged) before the lease goes.
+//! it (its last writes logged) before the lease goes — and keeps a copy here only while the
+//! partition's replica set names this node.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -17,7 +18,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::forward::{self};
 use super::super::log::{self, JetStreamLog, Lease};
-use super::super::rendezvous;
 use super::super::seal::Sealer;
 use super::operations::NodeHandle;
 use super::state::*;
@@ -58,12 +58,17 @@ pub(super) async fn keeper(node: Arc<Node>, part: Arc<Partition>, stop: Cancella
                 continue;
             }
         };
-        let live = node.live.borrow().clone();
-        let desired = rendezvous(part.id, &live).cloned();
+        let members = node.live.borrow().clone();
+        let desired = members.owner_of(part.id).cloned();
         let held = part.held.lock().unwrap_or_else(|p| p.into_inner()).clone();
         match held {
             Some(h) if holder.as_ref() == Some(&(me.clone(), h.revision)) => {
-                if desired.as_ref().is_some_and(|d| *d != me) {
+                // Only to a node whose copy is caught up: one that just joined (or came
+                // back) catches up first, so its takeover stays within the bound.
+                if desired
+                    .as_ref()
+                    .is_some_and(|d| *d != me && members.is_warm(d, part.id))
+                {
                     part.hand_over.store(true, Ordering::SeqCst);
                     part.changed.notify_one();
                 }
@@ -102,7 +107,11 @@ pub(super) async fn keeper(node: Arc<Node>, part: Arc<Partition>, stop: Cancella
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .get_or_insert_with(Instant::now);
-                let mine = desired.as_ref() == Some(&me) || since.elapsed() > ttl * 3;
+                // Nobody took it: after three TTLs a node with a caught-up copy does, after
+                // six any node (it catches up from the stream).
+                let mine = desired.as_ref() == Some(&me)
+                    || (since.elapsed() > ttl * 3 && part.is_warm())
+                    || since.elapsed() > ttl * 6;
                 if !mine {
                     continue;
                 }
@@ -130,7 +139,29 @@ pub(super) async fn role_task(node: Arc<Node>, part: Arc<Partition>, stop: Cance
         }
         let held = part.held.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut role = part.role.lock().await;
+        let wanted = node.wants_copy(&part, held.is_some());
         match (&*role, held) {
+            (Role::Absent, held) => {
+                if held.is_some() || wanted == Some(true) {
+                    match node.open_standby_patiently(&part).await {
+                        Ok(standby) => {
+                            tracing::info!(
+                                partition = part.id,
+                                "keeping a copy of the partition: its replica set names this node"
+                            );
+                            *role = Role::Standby(node.follow(&part, standby));
+                            // Held: take it over at once.
+                            part.changed.notify_one();
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %format!("{e:#}"), partition = part.id, "cannot open the standby store")
+                        }
+                    }
+                } else if node.may_drop(&part) && part.dir.exists() {
+                    // A copy left by an earlier run that the replica set no longer names.
+                    node.delete_copy(&part).await;
+                }
+            }
             (Role::Standby(_), Some(h)) => {
                 if let Err(e) = node.take(&part, &mut role, &h).await {
                     tracing::warn!(error = %format!("{e:#}"), partition = part.id, "could not take the partition over; giving the lease back");
@@ -186,7 +217,17 @@ pub(super) async fn role_task(node: Arc<Node>, part: Arc<Partition>, stop: Cance
                     tracing::error!(error = %format!("{e:#}"), partition = part.id, "cannot open the standby store")
                 }
             },
-            (Role::Standby(_), None) => {}
+            (Role::Standby(_), None) => {
+                if node.may_drop(&part) {
+                    let Role::Standby(follower) = std::mem::replace(&mut *role, Role::Absent)
+                    else {
+                        unreachable!()
+                    };
+                    part.set_warm(false);
+                    stop_following(follower).await;
+                    node.delete_copy(&part).await;
+                }
+            }
         }
     }
 }
@@ -194,6 +235,10 @@ pub(super) async fn role_task(node: Arc<Node>, part: Arc<Partition>, stop: Cance
 /// Applies the stream to `standby` from its applied position on, in batches, until stopped;
 /// returns the standby. An ordered consumer delivers every entry once and in order (it
 /// restarts itself on a gap); a broken one is recreated from the applied position.
+///
+/// `warm` is set once the standby reaches where the stream ended when it began following:
+/// from then on it can take the partition over within the takeover bound.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn follow(
     js: jetstream::Context,
     sealer: Arc<Sealer>,
@@ -201,12 +246,23 @@ pub(super) async fn follow(
     partition: u16,
     standby: Substrate,
     applied: watch::Sender<u64>,
+    warm: Arc<AtomicBool>,
     stop: CancellationToken,
 ) -> Substrate {
+    // Where the stream ended when this standby began following (known once asked).
+    let mut end_at_start: Option<u64> = None;
+    let caught_up = |position: u64, target: Option<u64>| {
+        if target.is_some_and(|t| position >= t) && !warm.swap(true, Ordering::Relaxed) {
+            tracing::info!(partition, position, "the standby caught up with the stream");
+        }
+    };
     'outer: while !stop.is_cancelled() {
         let start = *applied.borrow() + 1;
         let messages = async {
-            let s = js.get_stream(&stream).await?;
+            let mut s = js.get_stream(&stream).await?;
+            if end_at_start.is_none() {
+                end_at_start = Some(s.info().await?.state.last_sequence);
+            }
             let c = s
                 .create_consumer(consumer::pull::OrderedConfig {
                     deliver_policy: consumer::DeliverPolicy::ByStartSequence {
@@ -217,16 +273,18 @@ pub(super) async fn follow(
                 .await?;
             anyhow::Ok(c.messages().await?)
         };
-        let mut messages = tokio::select! {
+        let messages = tokio::select! {
             _ = stop.cancelled() => break,
-            m = messages => match m {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::debug!(error = %format!("{e:#}"), partition, "cannot follow the stream yet");
-                    tokio::select! {
-                        _ = stop.cancelled() => break,
-                        _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
-                    }
+            m = messages => m,
+        };
+        caught_up(*applied.borrow(), end_at_start);
+        let mut messages = match messages {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(error = %format!("{e:#}"), partition, "cannot follow the stream yet");
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
                 }
             }
         };
@@ -247,6 +305,9 @@ pub(super) async fn follow(
                         .is_ok_and(|i| i.state.last_sequence > applied_now),
                     Err(_) => true,
                 };
+                if !ahead {
+                    caught_up(applied_now, Some(applied_now));
+                }
                 if ahead {
                     tracing::debug!(
                         partition,
@@ -282,6 +343,7 @@ pub(super) async fn follow(
             match done {
                 Ok(Ok(position)) => {
                     applied.send_replace(position);
+                    caught_up(position, end_at_start);
                 }
                 Ok(Err(e)) => {
                     tracing::error!(error = %e, partition, "cannot apply the stream to the standby store");
@@ -413,6 +475,69 @@ impl Node {
         }
     }
 
+    /// Whether this node should keep a copy of the partition: it holds the lease, or the
+    /// partition's replica set among the live members names it (`None` while the members
+    /// are not known yet). Notes since when it has not been wanted.
+    pub(super) fn wants_copy(&self, part: &Partition, holding: bool) -> Option<bool> {
+        let members = self.live.borrow();
+        let wanted = if members.names.is_empty() {
+            None
+        } else {
+            Some(
+                holding
+                    || members
+                        .replica_set(part.id, self.cfg.copies)
+                        .contains(&&self.cfg.node),
+            )
+        };
+        let mut since = part
+            .unwanted_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match wanted {
+            Some(false) => {
+                since.get_or_insert_with(Instant::now);
+            }
+            _ => *since = None,
+        }
+        wanted
+    }
+
+    /// Whether this node may delete its copy of the partition: the replica set has gone on
+    /// without it for [`DROP_AFTER`] and every node in the set says its copy is caught up,
+    /// so the partition keeps its copies (and its owner a caught-up successor) without
+    /// this one.
+    pub(super) fn may_drop(&self, part: &Partition) -> bool {
+        let unwanted = *part
+            .unwanted_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if unwanted.is_none_or(|since| since.elapsed() < DROP_AFTER) {
+            return false;
+        }
+        let members = self.live.borrow();
+        let set = members.replica_set(part.id, self.cfg.copies);
+        !set.is_empty() && set.iter().all(|n| members.is_warm(n, part.id))
+    }
+
+    /// Deletes this node's (closed) copy of the partition.
+    pub(super) async fn delete_copy(&self, part: &Partition) {
+        let dir = part.dir.clone();
+        match tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await {
+            Ok(Ok(())) => tracing::info!(
+                partition = part.id,
+                "deleted this node's copy: the partition's replica set goes on without it"
+            ),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, partition = part.id, "cannot delete this node's copy")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, partition = part.id, "cannot delete this node's copy")
+            }
+        }
+    }
+
     /// Opens the partition's files as a standby: its store written only from the stream,
     /// its indexes built as the entries arrive by threads of its own, so that a takeover
     /// builds only the last changes (building all of a big partition's took a minute).
@@ -491,6 +616,7 @@ impl Node {
             }
         };
         let (tx, applied) = watch::channel(position);
+        part.set_warm(false);
         let task = tokio::spawn(follow(
             self.js.clone(),
             self.sealer.clone(),
@@ -498,6 +624,7 @@ impl Node {
             part.id,
             standby,
             tx,
+            part.warm.clone(),
             stop.clone(),
         ));
         Follower {
@@ -604,6 +731,7 @@ impl Node {
             took_ms = started.elapsed().as_millis() as u64,
             "owning the partition"
         );
+        part.set_warm(true);
         *role = Role::Owner(Owned {
             rt,
             log,
@@ -641,6 +769,7 @@ impl Node {
         let Role::Owner(owned) = std::mem::replace(role, Role::Idle) else {
             return false;
         };
+        part.set_warm(false);
         *part.router.write().unwrap_or_else(|p| p.into_inner()) = None;
         owned.rpc.abort();
         owned.closing.cancel();

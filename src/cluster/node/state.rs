@@ -1,9 +1,10 @@
 //! What a node is made of: its partitions (the lease it holds on each, its role there —
-//! a warm standby following the log, or the owner with a runtime), the node itself, and the
-//! timings they keep.
+//! no copy, a warm standby following the log, or the owner with a runtime), the live
+//! members as their heartbeats describe them, the node itself, and the timings they keep.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,55 @@ pub(super) const RELEASE_WAIT: Duration = Duration::from_secs(30);
 /// How long a takeover waits for the standby to reach the stream's end.
 pub(super) const CATCH_UP_LIMIT: Duration = Duration::from_secs(60);
 
+/// How long a partition must stay out of a node's replica sets before the node deletes its
+/// copy: a member whose heartbeat lapses for a moment (a loaded machine) must not make the
+/// others drop and rebuild copies.
+pub(super) const DROP_AFTER: Duration = Duration::from_secs(15);
+
+/// The live members, as their heartbeats in the members bucket say.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Members {
+    /// Their names, sorted.
+    pub(super) names: Vec<String>,
+    /// The partitions each holds a caught-up copy of (owned, or a standby that reached the
+    /// stream's end since it opened).
+    pub(super) warm: BTreeMap<String, BTreeSet<u16>>,
+}
+
+/// What a node writes into the members bucket: that it is live, and its caught-up copies.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub(super) struct Heartbeat {
+    #[serde(default)]
+    pub(super) warm: Vec<u16>,
+}
+
+impl Members {
+    /// The nodes that should keep `partition`: the first `copies` of its rendezvous
+    /// ranking (all of them in a smaller cluster).
+    pub(super) fn replica_set(&self, partition: u16, copies: usize) -> Vec<&String> {
+        let mut order = super::super::ranked(partition, &self.names);
+        order.truncate(copies);
+        order
+    }
+
+    /// Whether `node` said it holds a caught-up copy of `partition`.
+    pub(super) fn is_warm(&self, node: &str, partition: u16) -> bool {
+        self.warm.get(node).is_some_and(|w| w.contains(&partition))
+    }
+
+    /// Who should own `partition`: the best-ranked live node whose copy is caught up, so a
+    /// partition moves only to a node that can serve it within the takeover bound (a node
+    /// that just joined is caught up first); the first of its replica set when no copy is.
+    pub(super) fn owner_of(&self, partition: u16) -> Option<&String> {
+        let order = super::super::ranked(partition, &self.names);
+        order
+            .iter()
+            .find(|n| self.is_warm(n, partition))
+            .or(order.first())
+            .copied()
+    }
+}
+
 /// The lease a node holds, as its keeper knows it.
 #[derive(Debug, Clone)]
 pub(super) struct HeldLease {
@@ -68,6 +118,8 @@ pub(super) struct Owned {
 }
 
 pub(super) enum Role {
+    /// No copy here: the partition's replica set does not name this node.
+    Absent,
     Standby(Follower),
     Owner(Owned),
     /// Between the two (only while the role lock is held), or after a failure.
@@ -94,6 +146,21 @@ pub(super) struct Partition {
     /// The runtime this node last closed here: who still holds it when its files are
     /// not free yet.
     pub(super) closed: Mutex<Option<WeakRuntime>>,
+    /// This node's copy is caught up: owned, or a standby that reached the stream's end
+    /// since it opened (told the others in the heartbeat).
+    pub(super) warm: Arc<AtomicBool>,
+    /// Since when the partition's replica set has not named this node (role task only).
+    pub(super) unwanted_since: Mutex<Option<Instant>>,
+}
+
+impl Partition {
+    pub(super) fn is_warm(&self) -> bool {
+        self.warm.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn set_warm(&self, warm: bool) {
+        self.warm.store(warm, Ordering::Relaxed);
+    }
 }
 
 pub(super) struct Node {
@@ -105,7 +172,7 @@ pub(super) struct Node {
     pub(super) js: jetstream::Context,
     pub(super) leases: kv::Store,
     pub(super) members: kv::Store,
-    pub(super) live: watch::Receiver<Vec<String>>,
+    pub(super) live: watch::Receiver<Members>,
     pub(super) partitions: Vec<Arc<Partition>>,
     pub(super) rt_config: RuntimeConfig,
     pub(super) limits: Limits,
