@@ -33,12 +33,13 @@ pub const COPIES: usize = 3;
 
 /// How big a harness is: the nodes configured (`cluster init` makes keys for all), how
 /// many of them start with it (the rest can join later with [`Harness::start_node`]), and
-/// each node's `copies`. Partitions are [`PARTITIONS`].
+/// each node's `copies`, and the cluster's partitions.
 #[derive(Debug, Clone, Copy)]
 pub struct Shape {
     pub nodes: usize,
     pub started: usize,
     pub copies: usize,
+    pub partitions: u16,
 }
 
 impl Default for Shape {
@@ -47,6 +48,7 @@ impl Default for Shape {
             nodes: NODES,
             started: NODES,
             copies: COPIES,
+            partitions: PARTITIONS,
         }
     }
 }
@@ -552,8 +554,9 @@ impl Harness {
             std::fs::write(
                 &config,
                 format!(
-                    "[embedder]\nkind = \"hash\"\n\n{auth}\n{cluster}\npartitions = {PARTITIONS}\n\
+                    "[embedder]\nkind = \"hash\"\n\n{auth}\n{cluster}\npartitions = {}\n\
                      copies = {}\nlease_ttl = \"{}s\"\n",
+                    shape.partitions,
                     shape.copies,
                     LEASE_TTL.as_secs()
                 ),
@@ -720,7 +723,7 @@ impl Harness {
             if owners != last {
                 last = owners;
                 since = Instant::now();
-            } else if last.len() == PARTITIONS as usize
+            } else if last.len() == self.shape.partitions as usize
                 && self.rendezvous_owners().as_ref() == Some(&last)
                 && since.elapsed() >= LEASE_TTL / 2
             {
@@ -741,7 +744,7 @@ impl Harness {
     /// nodes agree on (`None` while they do not agree, or one does not answer).
     fn rendezvous_owners(&self) -> Option<BTreeMap<u16, String>> {
         let members = self.agreed_members()?;
-        (0..PARTITIONS)
+        (0..self.shape.partitions)
             .map(|p| Some((p, shadowbrain::cluster::rendezvous(p, &members)?.clone())))
             .collect()
     }
@@ -774,7 +777,7 @@ impl Harness {
     pub fn replica_sets(&self) -> Option<BTreeMap<u16, BTreeSet<String>>> {
         let members = self.agreed_members()?;
         Some(
-            (0..PARTITIONS)
+            (0..self.shape.partitions)
                 .map(|p| {
                     let set = shadowbrain::cluster::ranked(p, &members)
                         .into_iter()
@@ -798,7 +801,7 @@ impl Harness {
         let mut kept: BTreeMap<u16, BTreeSet<String>> = BTreeMap::new();
         let mut on_disk: BTreeMap<u16, BTreeSet<String>> = BTreeMap::new();
         for (i, n) in self.nodes.iter().enumerate() {
-            for p in 0..PARTITIONS {
+            for p in 0..self.shape.partitions {
                 if n.partition_dir(p).exists() {
                     on_disk.entry(p).or_default().insert(n.name.clone());
                 }
@@ -1123,6 +1126,58 @@ pub fn load(
         .collect()
 }
 
+/// Bulk writes of `records` events to the nodes in turn, spread evenly over the first
+/// `tenants` tenants (a writer thread each) and `sessions` sessions in all, in requests of
+/// up to 100 events (one session's), each under an Idempotency-Key and retried until
+/// acknowledged.
+pub fn fill(nodes: &[SocketAddr], records: u64, tenants: usize, sessions: u64) {
+    let started = Instant::now();
+    let per_tenant = records / tenants as u64;
+    let per_session = (records / sessions.max(1)).max(1);
+    let batch = per_session.min(100);
+    let threads: Vec<_> = (0..tenants)
+        .map(|t| {
+            let (_, key) = keys()[t].clone();
+            let nodes = nodes.to_vec();
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while n < per_tenant {
+                    let events: Vec<String> = (n..n + batch)
+                        .map(|i| format!(r#"{{"kind":"observation","text":"bulk {t} record {i} about topic {}"}}"#, i % 997))
+                        .collect();
+                    let body = format!(r#"{{"events":[{}]}}"#, events.join(","));
+                    let idem = format!("bulk-{t}-{n}");
+                    let addr = nodes[(n / batch) as usize % nodes.len()];
+                    let path = format!("/v1/sessions/bulk-{t}-{}/events", n / per_session);
+                    match request(addr, "POST", &path, Some(&key), Some(&body), Some(&idem)) {
+                        Ok((201, _, _)) => n += batch,
+                        _ => std::thread::sleep(Duration::from_millis(100)),
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let total = per_tenant * tenants as u64;
+    eprintln!(
+        "wrote {total} records in {:.0} s ({:.0}/s)",
+        started.elapsed().as_secs_f64(),
+        total as f64 / started.elapsed().as_secs_f64()
+    );
+}
+
+/// Resident memory of a process, from `/proc/PID/status` (0 when it is gone).
+pub fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
 /// The sequence numbers of a session's events as stored, oldest first.
 pub fn stored(h: &Harness, w: &Written) -> Vec<u64> {
     for addr in h.alive_nodes() {
@@ -1309,6 +1364,59 @@ pub fn contents(store: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
         })
         .unwrap();
     all
+}
+
+/// Where each partition's log begins and ends (its stream's first and last sequence): a
+/// snapshot truncates the stream beneath it.
+pub async fn log_spans(nats: &NatsAccess, partitions: u16) -> BTreeMap<u16, (u64, u64)> {
+    let js = async_nats::jetstream::new(nats.connect().await.unwrap());
+    let mut out = BTreeMap::new();
+    for p in 0..partitions {
+        let mut stream = js.get_stream(format!("SB_P{p:03}")).await.unwrap();
+        let state = &stream.info().await.unwrap().state;
+        out.insert(p, (state.first_sequence, state.last_sequence));
+    }
+    out
+}
+
+/// The log position of each partition's stored snapshot, where one is stored.
+pub async fn snapshot_positions(nats: &NatsAccess, partitions: u16) -> BTreeMap<u16, u64> {
+    let js = async_nats::jetstream::new(nats.connect().await.unwrap());
+    let mut out = BTreeMap::new();
+    let Ok(store) = js.get_object_store("sb_snapshots").await else {
+        return out;
+    };
+    for p in 0..partitions {
+        if let Ok(info) = store.info(format!("SB_P{p:03}")).await
+            && let Some(position) = info.metadata.get("position")
+        {
+            out.insert(p, position.parse().unwrap());
+        }
+    }
+    out
+}
+
+/// Checks what a writer saw against what the cluster stored: every acknowledged event
+/// present once, and the session's events in the order sent.
+pub fn check_stored(h: &Harness, w: &Written, what: &str) {
+    let seqs = stored(h, w);
+    // In order and each once: strictly increasing.
+    for pair in seqs.windows(2) {
+        assert!(
+            pair[0] < pair[1],
+            "{what}: {} holds event {} before {} (order or a duplicate): {seqs:?}",
+            w.session,
+            pair[0],
+            pair[1]
+        );
+    }
+    for (seq, _) in &w.acked {
+        assert!(
+            seqs.binary_search(seq).is_ok(),
+            "{what}: {} lost acknowledged event {seq}",
+            w.session
+        );
+    }
 }
 
 /// Where each partition's log ends (its stream's last sequence), from the streams' state

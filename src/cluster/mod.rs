@@ -14,6 +14,9 @@
 //!   hashing ranks for it ([`ranked`]): the owner and warm standbys, which keep the
 //!   partition's store by applying the stream, so a takeover replays only the tail. A node
 //!   keeps copies of its replica sets' partitions only.
+//! - A standby of each partition periodically writes a **snapshot** of it to the JetStream
+//!   object store and truncates the stream beneath it ([`snapshot`]); a new copy restores
+//!   the latest snapshot and replays only the tail.
 //! - Any node accepts any request and forwards it to the owner over NATS request/reply
 //!   ([`forward`]); a policy reload goes to every node ([`policy`]). The dashboard's
 //!   sign-ins are kept in a KV bucket every node reads ([`signins`]), so its pages are
@@ -28,6 +31,7 @@ mod node;
 mod policy;
 mod seal;
 mod signins;
+mod snapshot;
 
 use std::time::Duration;
 
@@ -53,6 +57,9 @@ pub struct ClusterConfig {
     /// (fewer while the cluster has fewer nodes). A node stores only the partitions whose
     /// replica set it is in, so each holds about `copies / nodes` of the data.
     pub copies: usize,
+    /// A partition's stream holding this many MiB is snapshotted (by a standby, into the
+    /// JetStream object store) and truncated beneath the snapshot; 0: never.
+    pub snapshot_tail_mib: u64,
     /// How long a lease lives without a refresh (`"3s"`): a node that stops refreshing
     /// loses its partitions after it.
     pub lease_ttl: String,
@@ -101,6 +108,7 @@ impl Default for ClusterConfig {
             partitions: 16,
             replicas: 3,
             copies: 3,
+            snapshot_tail_mib: 64,
             lease_ttl: "3s".into(),
             forward_timeout: "15s".into(),
             prefix: "sb".into(),
@@ -141,6 +149,8 @@ pub struct Cluster {
     pub replicas: usize,
     /// Nodes keeping a copy of each partition.
     pub copies: usize,
+    /// Stream bytes past which a partition is snapshotted (0: never).
+    pub snapshot_tail: u64,
     /// Lease TTL.
     pub lease_ttl: Duration,
     /// Forwarding deadline.
@@ -178,6 +188,12 @@ impl ClusterConfig {
         }
         if !(1..=5).contains(&self.replicas) {
             problems.push(format!("replicas is {}; use 1, 3 or 5", self.replicas));
+        }
+        if self.snapshot_tail_mib > 1024 * 1024 {
+            problems.push(format!(
+                "snapshot_tail_mib is {}; use 0 (never) to 1048576",
+                self.snapshot_tail_mib
+            ));
         }
         if !(1..=16).contains(&self.copies) {
             problems.push(format!(
@@ -358,6 +374,7 @@ impl ClusterConfig {
             partitions: self.partitions,
             replicas: self.replicas,
             copies: self.copies,
+            snapshot_tail: self.snapshot_tail_mib * 1024 * 1024,
             lease_ttl,
             forward_timeout,
             prefix: self.prefix.clone(),

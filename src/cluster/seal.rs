@@ -2,7 +2,7 @@
 //! HMAC-SHA256 (RFC 2104, ring's implementation) under a secret only the nodes hold, so a
 //! NATS user that is not a node — or one that stole a node's NATS credential but not the
 //! secret — can neither forge nor alter a forwarded identity, an answer, a log entry, a
-//! sign-in or a policy ask. NATS's own TLS and permissions keep the traffic private and
+//! sign-in, a policy ask or a partition's snapshot. NATS's own TLS and permissions keep the traffic private and
 //! decide who may publish where; the seals decide what a node believes.
 //!
 //! Every seal names its kind (a domain such as `request` or `log`) and the context it is
@@ -38,6 +38,8 @@ pub(super) enum Kind {
     Ask,
     /// A node's answer to an ask.
     Reply,
+    /// A partition's snapshot in the object store.
+    Snapshot,
 }
 
 impl Kind {
@@ -49,6 +51,7 @@ impl Kind {
             Kind::SignIn => b"shadowbrain/cluster/sign-in/v1",
             Kind::Ask => b"shadowbrain/cluster/ask/v1",
             Kind::Reply => b"shadowbrain/cluster/reply/v1",
+            Kind::Snapshot => b"shadowbrain/cluster/snapshot/v1",
         }
     }
 }

@@ -16,7 +16,8 @@
 //!
 //! By job: this file starts a node (NATS, the buckets, membership, the tasks of each
 //! partition, the front's listener); `state` is what a node and its partitions are made of;
-//! `roles` the keeper and role tasks; `front` the router every request enters;
+//! `roles` the keeper and role tasks; `copies` which partitions a node keeps, restoring,
+//! snapshotting and deleting its copies; `front` the router every request enters;
 //! `operations` what acts on or shows the whole cluster.
 
 use std::path::Path;
@@ -36,6 +37,7 @@ use super::Cluster;
 use super::log::LogCounters;
 use super::seal::{Sealer, SeenNonces};
 use super::signins::{self, KvSignIns};
+use super::snapshot::Snapshots;
 use crate::auth::AuthThrottle;
 use crate::config::ConfigFile;
 use crate::http::Drained;
@@ -46,6 +48,7 @@ use operations::{answer_policy_asks, answer_status_asks};
 use roles::{keeper, role_task, stop_following};
 use state::*;
 
+mod copies;
 mod front;
 mod operations;
 mod roles;
@@ -180,6 +183,36 @@ async fn run_node(
     })
     .await?;
     let sealer = Arc::new(Sealer::new(&cfg.secret));
+    let snapshots = patiently(setup, || async {
+        let name = format!("{}_snapshots", cfg.prefix);
+        let store = match js.get_object_store(&name).await {
+            Ok(store) => store,
+            Err(_) => js
+                .create_object_store(jetstream::object_store::Config {
+                    bucket: name.clone(),
+                    description: Some("shadowbrain: the partitions' latest snapshots".into()),
+                    num_replicas: cfg.replicas,
+                    storage: stream::StorageType::File,
+                    ..Default::default()
+                })
+                .await
+                .or(js
+                    .get_object_store(&name)
+                    .await
+                    .map_err(anyhow::Error::from))
+                .with_context(|| format!("creating the object store {name}"))?,
+        };
+        anyhow::Ok(store)
+    })
+    .await?;
+    let snapshots = Arc::new(Snapshots {
+        store: snapshots,
+        sealer: sealer.clone(),
+    });
+    let scratch = data.join("snapshots");
+    // Archives a run stopped in the middle of are of no use.
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
     let door = DashboardAccess::new(
         Arc::new(file.auth.clone()),
         Arc::new(AuthThrottle::default()),
@@ -228,6 +261,9 @@ async fn run_node(
             closed: Mutex::new(None),
             warm: Arc::new(AtomicBool::new(false)),
             unwanted_since: Mutex::new(None),
+            behind: Arc::new(AtomicBool::new(false)),
+            snapshot_clock: Mutex::new((None, None)),
+            storing: Arc::new(AtomicBool::new(false)),
         }));
     }
     let (live_tx, live) = watch::channel(Members::default());
@@ -257,6 +293,8 @@ async fn run_node(
         applying: tokio::sync::Mutex::new(()),
         rt_config,
         cfg,
+        snapshots,
+        scratch,
     });
     // The copies this node kept are followed again at once (a restart serves its share
     // soonest); the role tasks open the ones its replica sets name once the members are

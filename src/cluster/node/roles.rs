@@ -140,10 +140,14 @@ pub(super) async fn role_task(node: Arc<Node>, part: Arc<Partition>, stop: Cance
         let held = part.held.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut role = part.role.lock().await;
         let wanted = node.wants_copy(&part, held.is_some());
+        if matches!(*role, Role::Standby(_)) && part.behind.load(Ordering::SeqCst) {
+            node.catch_up_from_snapshot(&part, &mut role).await;
+            continue;
+        }
         match (&*role, held) {
             (Role::Absent, held) => {
                 if held.is_some() || wanted == Some(true) {
-                    match node.open_standby_patiently(&part).await {
+                    match node.open_copy(&part).await {
                         Ok(standby) => {
                             tracing::info!(
                                 partition = part.id,
@@ -211,7 +215,7 @@ pub(super) async fn role_task(node: Arc<Node>, part: Arc<Partition>, stop: Cance
                 }
             }
             (Role::Owner(_), None) => node.step_down(&part, &mut role, false).await,
-            (Role::Idle, _) => match node.open_standby_patiently(&part).await {
+            (Role::Idle, _) => match node.open_copy(&part).await {
                 Ok(standby) => *role = Role::Standby(node.follow(&part, standby)),
                 Err(e) => {
                     tracing::error!(error = %format!("{e:#}"), partition = part.id, "cannot open the standby store")
@@ -226,6 +230,8 @@ pub(super) async fn role_task(node: Arc<Node>, part: Arc<Partition>, stop: Cance
                     part.set_warm(false);
                     stop_following(follower).await;
                     node.delete_copy(&part).await;
+                } else if node.snapshot_due(&part).await {
+                    node.snapshot(&part, &mut role).await;
                 }
             }
         }
@@ -237,7 +243,9 @@ pub(super) async fn role_task(node: Arc<Node>, part: Arc<Partition>, stop: Cance
 /// restarts itself on a gap); a broken one is recreated from the applied position.
 ///
 /// `warm` is set once the standby reaches where the stream ended when it began following:
-/// from then on it can take the partition over within the takeover bound.
+/// from then on it can take the partition over within the takeover bound. `behind` is set
+/// (and the standby returned) when the stream no longer holds the entries after its
+/// position: a snapshot truncated them, and the copy must restore one.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn follow(
     js: jetstream::Context,
@@ -247,6 +255,7 @@ pub(super) async fn follow(
     standby: Substrate,
     applied: watch::Sender<u64>,
     warm: Arc<AtomicBool>,
+    behind: Arc<AtomicBool>,
     stop: CancellationToken,
 ) -> Substrate {
     // Where the stream ended when this standby began following (known once asked).
@@ -260,8 +269,13 @@ pub(super) async fn follow(
         let start = *applied.borrow() + 1;
         let messages = async {
             let mut s = js.get_stream(&stream).await?;
-            if end_at_start.is_none() {
-                end_at_start = Some(s.info().await?.state.last_sequence);
+            let (first, last) = {
+                let state = &s.info().await?.state;
+                (state.first_sequence, state.last_sequence)
+            };
+            end_at_start.get_or_insert(last);
+            if first > start {
+                return Ok(None);
             }
             let c = s
                 .create_consumer(consumer::pull::OrderedConfig {
@@ -271,7 +285,7 @@ pub(super) async fn follow(
                     ..Default::default()
                 })
                 .await?;
-            anyhow::Ok(c.messages().await?)
+            anyhow::Ok(Some(c.messages().await?))
         };
         let messages = tokio::select! {
             _ = stop.cancelled() => break,
@@ -279,7 +293,16 @@ pub(super) async fn follow(
         };
         caught_up(*applied.borrow(), end_at_start);
         let mut messages = match messages {
-            Ok(m) => m,
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                tracing::warn!(
+                    partition,
+                    applied = start - 1,
+                    "the stream was truncated beyond this copy; it restores the latest snapshot"
+                );
+                behind.store(true, Ordering::SeqCst);
+                break;
+            }
             Err(e) => {
                 tracing::debug!(error = %format!("{e:#}"), partition, "cannot follow the stream yet");
                 tokio::select! {
@@ -338,6 +361,19 @@ pub(super) async fn follow(
                     Some((position, log::checked_entry(&sealer, m, position)))
                 })
                 .collect();
+            if entries
+                .first()
+                .is_some_and(|(position, _)| *position > *applied.borrow() + 1)
+            {
+                // The consumer skipped what a truncation removed while it was created.
+                tracing::warn!(
+                    partition,
+                    applied = *applied.borrow(),
+                    "the stream was truncated beyond this copy; it restores the latest snapshot"
+                );
+                behind.store(true, Ordering::SeqCst);
+                break 'outer;
+            }
             let target = standby.clone();
             let done = tokio::task::spawn_blocking(move || target.apply_logged(entries)).await;
             match done {
@@ -475,69 +511,6 @@ impl Node {
         }
     }
 
-    /// Whether this node should keep a copy of the partition: it holds the lease, or the
-    /// partition's replica set among the live members names it (`None` while the members
-    /// are not known yet). Notes since when it has not been wanted.
-    pub(super) fn wants_copy(&self, part: &Partition, holding: bool) -> Option<bool> {
-        let members = self.live.borrow();
-        let wanted = if members.names.is_empty() {
-            None
-        } else {
-            Some(
-                holding
-                    || members
-                        .replica_set(part.id, self.cfg.copies)
-                        .contains(&&self.cfg.node),
-            )
-        };
-        let mut since = part
-            .unwanted_since
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        match wanted {
-            Some(false) => {
-                since.get_or_insert_with(Instant::now);
-            }
-            _ => *since = None,
-        }
-        wanted
-    }
-
-    /// Whether this node may delete its copy of the partition: the replica set has gone on
-    /// without it for [`DROP_AFTER`] and every node in the set says its copy is caught up,
-    /// so the partition keeps its copies (and its owner a caught-up successor) without
-    /// this one.
-    pub(super) fn may_drop(&self, part: &Partition) -> bool {
-        let unwanted = *part
-            .unwanted_since
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if unwanted.is_none_or(|since| since.elapsed() < DROP_AFTER) {
-            return false;
-        }
-        let members = self.live.borrow();
-        let set = members.replica_set(part.id, self.cfg.copies);
-        !set.is_empty() && set.iter().all(|n| members.is_warm(n, part.id))
-    }
-
-    /// Deletes this node's (closed) copy of the partition.
-    pub(super) async fn delete_copy(&self, part: &Partition) {
-        let dir = part.dir.clone();
-        match tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await {
-            Ok(Ok(())) => tracing::info!(
-                partition = part.id,
-                "deleted this node's copy: the partition's replica set goes on without it"
-            ),
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, partition = part.id, "cannot delete this node's copy")
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, partition = part.id, "cannot delete this node's copy")
-            }
-        }
-    }
-
     /// Opens the partition's files as a standby: its store written only from the stream,
     /// its indexes built as the entries arrive by threads of its own, so that a takeover
     /// builds only the last changes (building all of a big partition's took a minute).
@@ -617,6 +590,7 @@ impl Node {
         };
         let (tx, applied) = watch::channel(position);
         part.set_warm(false);
+        part.behind.store(false, Ordering::SeqCst);
         let task = tokio::spawn(follow(
             self.js.clone(),
             self.sealer.clone(),
@@ -625,6 +599,7 @@ impl Node {
             standby,
             tx,
             part.warm.clone(),
+            part.behind.clone(),
             stop.clone(),
         ));
         Follower {

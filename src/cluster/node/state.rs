@@ -19,6 +19,7 @@ use super::super::Cluster;
 use super::super::log::{JetStreamLog, Lease, LogCounters};
 use super::super::policy;
 use super::super::seal::{Sealer, SeenNonces};
+use super::super::snapshot::Snapshots;
 use crate::auth::Auth;
 use crate::http::ServerLimits;
 use crate::http::dashboard::DashboardAccess;
@@ -45,6 +46,14 @@ pub(super) const CATCH_UP_LIMIT: Duration = Duration::from_secs(60);
 /// copy: a member whose heartbeat lapses for a moment (a loaded machine) must not make the
 /// others drop and rebuild copies.
 pub(super) const DROP_AFTER: Duration = Duration::from_secs(15);
+
+/// How often the node that snapshots a partition asks how big its stream's tail is.
+pub(super) const SNAPSHOT_ASK_EVERY: Duration = Duration::from_secs(10);
+
+/// The least time between two snapshots of a partition by one node: under a write load
+/// heavier than a snapshot's pace, the stream's tail grows instead of the node doing
+/// nothing but snapshots.
+pub(super) const SNAPSHOT_GAP: Duration = Duration::from_secs(30);
 
 /// The live members, as their heartbeats in the members bucket say.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -151,6 +160,14 @@ pub(super) struct Partition {
     pub(super) warm: Arc<AtomicBool>,
     /// Since when the partition's replica set has not named this node (role task only).
     pub(super) unwanted_since: Mutex<Option<Instant>>,
+    /// The stream was truncated beyond this node's copy (set by its standby): the copy
+    /// must restore the latest snapshot before it can follow again.
+    pub(super) behind: Arc<AtomicBool>,
+    /// When this node last asked whether the partition needs a snapshot, and last took
+    /// one (role task only).
+    pub(super) snapshot_clock: Mutex<(Option<Instant>, Option<Instant>)>,
+    /// A snapshot of this node's is being stored and the stream truncated.
+    pub(super) storing: Arc<AtomicBool>,
 }
 
 impl Partition {
@@ -202,6 +219,11 @@ pub(super) struct Node {
     /// What the runtimes this node closed had counted (`/metrics` counters never go back
     /// when a partition moves away).
     pub(super) retired: Mutex<Totals>,
+    /// The partitions' snapshots in the object store.
+    pub(super) snapshots: Arc<Snapshots>,
+    /// Where this node writes and reads snapshot archives (`snapshots/` in its data
+    /// directory).
+    pub(super) scratch: PathBuf,
 }
 
 pub(super) fn partition_dir(data: &Path, p: u16) -> PathBuf {

@@ -1,0 +1,311 @@
+//! Which partitions a node keeps and how it gets and lets go of a copy: a copy is kept
+//! while the partition's replica set names the node (or it holds the lease); a new copy
+//! restores the partition's latest snapshot and replays the stream's tail; a copy the
+//! stream was truncated beyond restores one again; the standby a snapshot falls to takes
+//! it and truncates the stream beneath it; a copy no longer named is deleted.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use anyhow::Context as _;
+use async_nats::jetstream;
+use shadowbrain_runtime::Substrate;
+
+use super::super::snapshot::{self, Snapshots};
+use super::roles::stop_following;
+use super::state::*;
+
+impl Node {
+    /// Whether this node should keep a copy of the partition: it holds the lease, or the
+    /// partition's replica set among the live members names it (`None` while the members
+    /// are not known yet). Notes since when it has not been wanted.
+    pub(super) fn wants_copy(&self, part: &Partition, holding: bool) -> Option<bool> {
+        let members = self.live.borrow();
+        let wanted = if members.names.is_empty() {
+            None
+        } else {
+            Some(
+                holding
+                    || members
+                        .replica_set(part.id, self.cfg.copies)
+                        .contains(&&self.cfg.node),
+            )
+        };
+        let mut since = part
+            .unwanted_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match wanted {
+            Some(false) => {
+                since.get_or_insert_with(Instant::now);
+            }
+            _ => *since = None,
+        }
+        wanted
+    }
+
+    /// Whether this node may delete its copy of the partition: the replica set has gone on
+    /// without it for [`DROP_AFTER`] and every node in the set says its copy is caught up,
+    /// so the partition keeps its copies (and its owner a caught-up successor) without
+    /// this one.
+    pub(super) fn may_drop(&self, part: &Partition) -> bool {
+        let unwanted = *part
+            .unwanted_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if unwanted.is_none_or(|since| since.elapsed() < DROP_AFTER) {
+            return false;
+        }
+        let members = self.live.borrow();
+        let set = members.replica_set(part.id, self.cfg.copies);
+        !set.is_empty() && set.iter().all(|n| members.is_warm(n, part.id))
+    }
+
+    /// Deletes this node's (closed) copy of the partition.
+    pub(super) async fn delete_copy(&self, part: &Partition) {
+        let dir = part.dir.clone();
+        match tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await {
+            Ok(Ok(())) => tracing::info!(
+                partition = part.id,
+                "deleted this node's copy: the partition's replica set goes on without it"
+            ),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, partition = part.id, "cannot delete this node's copy")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, partition = part.id, "cannot delete this node's copy")
+            }
+        }
+    }
+
+    /// Opens this node's copy of the partition as a standby. Without one on disk, the
+    /// partition's latest snapshot is restored first (when one is stored), so only the
+    /// stream's tail is replayed.
+    pub(super) async fn open_copy(&self, part: &Partition) -> anyhow::Result<Substrate> {
+        if !part.dir.exists() {
+            self.restore(part).await?;
+        }
+        self.open_standby_patiently(part).await
+    }
+
+    /// Restores the partition's latest snapshot into its directory (which must not
+    /// exist); its log position, or `None` when no snapshot is stored.
+    async fn restore(&self, part: &Partition) -> anyhow::Result<Option<u64>> {
+        let file = self.scratch.join(format!("{}.restore.tar", part.stream));
+        let started = Instant::now();
+        let Some(position) = self.snapshots.download(&part.stream, &file).await? else {
+            return Ok(None);
+        };
+        let downloaded = started.elapsed();
+        let bytes = std::fs::metadata(&file).map_or(0, |m| m.len());
+        let (archive, dir) = (file.clone(), part.dir.clone());
+        let unpacked = tokio::task::spawn_blocking(move || {
+            if let Some(parent) = dir.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            snapshot::unpack(&archive, &dir)
+        })
+        .await
+        .context("unpacking the snapshot")?;
+        let _ = std::fs::remove_file(&file);
+        unpacked.with_context(|| format!("unpacking the snapshot into {}", part.dir.display()))?;
+        tracing::info!(
+            partition = part.id,
+            position,
+            bytes,
+            downloaded_ms = downloaded.as_millis() as u64,
+            took_ms = started.elapsed().as_millis() as u64,
+            "restored the partition's latest snapshot"
+        );
+        Ok(Some(position))
+    }
+
+    /// This node's copy fell behind a truncated stream: it is deleted and the latest
+    /// snapshot restored in its place, then followed.
+    pub(super) async fn catch_up_from_snapshot(&self, part: &Partition, role: &mut Role) {
+        let Role::Standby(follower) = std::mem::replace(role, Role::Idle) else {
+            return;
+        };
+        part.set_warm(false);
+        stop_following(follower).await;
+        self.delete_copy(part).await;
+        match self.open_copy(part).await {
+            Ok(standby) => *role = Role::Standby(self.follow(part, standby)),
+            // Idle: the role task tries again.
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), partition = part.id, "cannot restore the partition's snapshot")
+            }
+        }
+    }
+
+    /// Whether this node should snapshot the partition now: it keeps a caught-up standby,
+    /// it is the best-ranked node of the replica set after the owner, its last snapshot
+    /// is [`SNAPSHOT_GAP`] old, and the stream holds at least `snapshot_tail_mib` (asked
+    /// every [`SNAPSHOT_ASK_EVERY`]).
+    pub(super) async fn snapshot_due(&self, part: &Partition) -> bool {
+        if self.cfg.snapshot_tail == 0 || !part.is_warm() || part.storing.load(Ordering::SeqCst) {
+            return false;
+        }
+        {
+            let members = self.live.borrow();
+            let owner = members.owner_of(part.id);
+            let taker = members
+                .replica_set(part.id, self.cfg.copies)
+                .into_iter()
+                .find(|n| Some(*n) != owner);
+            if taker != Some(&self.cfg.node) {
+                return false;
+            }
+        }
+        {
+            let mut clock = part
+                .snapshot_clock
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let (asked, taken) = &mut *clock;
+            if asked.is_some_and(|t| t.elapsed() < SNAPSHOT_ASK_EVERY)
+                || taken.is_some_and(|t| t.elapsed() < SNAPSHOT_GAP)
+            {
+                return false;
+            }
+            *asked = Some(Instant::now());
+        }
+        match self.js.get_stream(&part.stream).await {
+            Ok(mut stream) => stream
+                .info()
+                .await
+                .is_ok_and(|i| i.state.bytes >= self.cfg.snapshot_tail),
+            Err(_) => false,
+        }
+    }
+
+    /// Snapshots the partition from this node's standby: the standby is closed (its
+    /// indexes saved), its directory packed into an archive and the standby reopened; the
+    /// archive is then stored and the stream truncated beneath it in the background.
+    pub(super) async fn snapshot(&self, part: &Partition, role: &mut Role) {
+        let Role::Standby(follower) = std::mem::replace(role, Role::Idle) else {
+            return;
+        };
+        part.snapshot_clock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1 = Some(Instant::now());
+        let started = Instant::now();
+        follower.stop.cancel();
+        let packed = match follower.task.await {
+            Ok(standby) => self.pack(part, standby).await,
+            Err(e) => Err(anyhow::anyhow!("the standby's task failed: {e}")),
+        };
+        let paused = started.elapsed();
+        match self.open_standby_patiently(part).await {
+            Ok(standby) => *role = Role::Standby(self.follow(part, standby)),
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), partition = part.id, "cannot open the standby store")
+            }
+        }
+        let (position, file, digest, bytes) = match packed {
+            Ok(packed) => packed,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), partition = part.id, "could not snapshot the partition");
+                return;
+            }
+        };
+        tracing::info!(
+            partition = part.id,
+            position,
+            bytes,
+            paused_ms = paused.as_millis() as u64,
+            "packed a snapshot of the partition; storing it"
+        );
+        part.storing.store(true, Ordering::SeqCst);
+        tokio::spawn(store_snapshot(
+            self.snapshots.clone(),
+            self.js.clone(),
+            part.stream.clone(),
+            part.id,
+            (position, file, digest),
+            part.storing.clone(),
+        ));
+    }
+
+    /// Closes `standby` and packs the partition's directory: its position, the archive,
+    /// its SHA-256 and size.
+    async fn pack(
+        &self,
+        part: &Partition,
+        standby: Substrate,
+    ) -> anyhow::Result<(u64, std::path::PathBuf, [u8; 32], u64)> {
+        let position = standby.store().log_applied()?;
+        tokio::task::spawn_blocking(move || standby.close())
+            .await
+            .context("closing the standby")??;
+        let file = self.scratch.join(format!("{}.tar", part.stream));
+        let (dir, archive) = (part.dir.clone(), file.clone());
+        let (digest, bytes) = tokio::task::spawn_blocking(move || snapshot::pack(&dir, &archive))
+            .await
+            .context("packing the snapshot")?
+            .with_context(|| format!("packing {}", part.dir.display()))?;
+        Ok((position, file, digest, bytes))
+    }
+}
+
+/// Stores a packed snapshot and truncates the stream beneath it (entries at or before its
+/// position); the archive is deleted either way.
+async fn store_snapshot(
+    snapshots: Arc<Snapshots>,
+    js: jetstream::Context,
+    stream: String,
+    partition: u16,
+    (position, file, digest): (u64, std::path::PathBuf, [u8; 32]),
+    storing: Arc<AtomicBool>,
+) {
+    let started = Instant::now();
+    let stored = snapshots.upload(&stream, position, &file, digest).await;
+    let _ = tokio::fs::remove_file(&file).await;
+    let outcome = match stored {
+        Ok(true) => {
+            let uploaded = started.elapsed();
+            // Only beneath what is stored now: a newer snapshot another node stored
+            // meanwhile covers more, an older one must not lose its tail.
+            let truncated = async {
+                let latest = snapshots.latest(&stream).await?;
+                anyhow::ensure!(
+                    latest.is_some_and(|s| s.position == position),
+                    "another snapshot replaced this one"
+                );
+                let stream = js.get_stream(&stream).await?;
+                let purged = stream.purge().sequence(position + 1).await?;
+                anyhow::Ok(purged.purged)
+            }
+            .await;
+            match truncated {
+                Ok(purged) => {
+                    tracing::info!(
+                        partition,
+                        position,
+                        purged,
+                        stored_ms = uploaded.as_millis() as u64,
+                        "stored the snapshot and truncated the stream beneath it"
+                    );
+                    Ok(())
+                }
+                Err(e) => Err(e.context("truncating the stream")),
+            }
+        }
+        Ok(false) => {
+            tracing::info!(
+                partition,
+                position,
+                "a snapshot at or past this one is stored already"
+            );
+            Ok(())
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = outcome {
+        tracing::warn!(error = %format!("{e:#}"), partition, "could not store the snapshot");
+    }
+    storing.store(false, Ordering::SeqCst);
+}
