@@ -12,7 +12,12 @@
 //! on one partition, so the tenants spread the data over the partitions. Once every copy has
 //! applied its partition's log and built its indexes (a standby builds every 30 s), it
 //! reports each node's data directory on disk, its resident memory and the partitions it
-//! keeps, beside the anchor's. Progress on stderr; last, one JSON line.
+//! keeps, beside the anchor's. Then, once the streams are truncated beneath their snapshots
+//! (`[cluster] snapshot_tail_mib`, default 64), one more node with an empty data directory
+//! joins the larger cluster: the time until it owns its share (its partitions' ownership
+//! moves only to a caught-up copy) and until every copy it keeps has caught up, each
+//! restored from a snapshot and the stream's tail. Progress on stderr; last, one JSON
+//! line.
 
 #[path = "../tests/cluster_harness.rs"]
 mod harness;
@@ -108,10 +113,11 @@ fn embedded(a: &Args) -> Value {
     out
 }
 
-/// A cluster of `nodes` nodes holding the records: each node's disk, memory and copies.
-fn cluster(a: &Args, nats: &Path, nodes: usize) -> Value {
+/// A cluster of `nodes` nodes holding the records: each node's disk, memory and copies;
+/// with `join`, then a node joining it with an empty data directory.
+fn cluster(a: &Args, nats: &Path, nodes: usize, join: bool) -> Value {
     let shape = Shape {
-        nodes,
+        nodes: nodes + usize::from(join),
         started: nodes,
         copies: a.copies,
         partitions: a.partitions,
@@ -135,7 +141,7 @@ fn cluster(a: &Args, nats: &Path, nodes: usize) -> Value {
     h.wait_copies_settled(Duration::from_secs(120));
     let (kept, _) = h.copies();
     let mut per_node = Vec::new();
-    for (i, n) in h.nodes.iter().enumerate() {
+    for (i, n) in h.nodes.iter().enumerate().take(nodes) {
         let partitions: Vec<u16> = kept
             .iter()
             .filter(|(_, holders)| holders.contains(&n.name))
@@ -149,6 +155,7 @@ fn cluster(a: &Args, nats: &Path, nodes: usize) -> Value {
         }));
     }
     let entries: BTreeMap<u16, u64> = ends;
+    let joined = join.then(|| cold_join(&h, a, nodes, &tokio));
     let out = json!({
         "nodes": nodes,
         "copies": a.copies,
@@ -156,9 +163,125 @@ fn cluster(a: &Args, nats: &Path, nodes: usize) -> Value {
         "fill_secs": fill_secs,
         "log_entries": entries.values().sum::<u64>(),
         "per_node": per_node,
+        "cold_join": joined,
     });
     eprintln!("{nodes} nodes: {out}");
     out
+}
+
+/// Node `i`, configured but not started, joins with an empty data directory once the
+/// streams are truncated beneath their snapshots: how long until it owns its share, and
+/// until every copy it keeps has caught up.
+fn cold_join(h: &Harness, a: &Args, i: usize, tokio: &tokio::runtime::Runtime) -> Value {
+    let access = h.nats_access();
+    let tail = 64 * 1024 * 1024;
+    let waited = Instant::now();
+    let spans = loop {
+        let spans = tokio.block_on(harness::log_spans(&access, a.partitions));
+        if spans.values().all(|(_, _, bytes)| *bytes < tail) {
+            break spans;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(600),
+            "the streams were not truncated beneath snapshots: {spans:?}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    let snapshots = tokio.block_on(harness::snapshot_positions(&access, a.partitions));
+    let truncated: u64 = spans
+        .values()
+        .map(|(first, _, _)| first.saturating_sub(1))
+        .sum();
+    let tail_entries: u64 = spans
+        .values()
+        .map(|(first, last, _)| (last + 1).saturating_sub(*first))
+        .sum();
+    let tail_bytes: u64 = spans.values().map(|(_, _, b)| *b).sum();
+    eprintln!(
+        "streams truncated beneath {} snapshots: {truncated} entries gone, {tail_entries} left ({tail_bytes} B)",
+        snapshots.len()
+    );
+    let ends = tokio.block_on(harness::log_ends(&access, a.partitions));
+    let started = Instant::now();
+    // Started like the others (its keys, its config), with an empty data directory.
+    let node = &h.nodes[i];
+    assert!(!node.data.exists());
+    let mut served = node.serve.clone().spawn();
+    served
+        .wait_ready(Duration::from_secs(120))
+        .expect("the joining node starts");
+    let ready = started.elapsed();
+    let mut caught = None;
+    let mut owning = None;
+    let status = |h: &Harness| -> Option<Value> {
+        let (code, body, _) = harness::request(
+            h.nodes[i].addr,
+            "GET",
+            "/cluster",
+            Some(harness::ADMIN),
+            None,
+            None,
+        )
+        .ok()?;
+        (code == 200).then_some(body)
+    };
+    while caught.is_none() || owning.is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(1800),
+            "the joining node did not catch up"
+        );
+        if let Some(s) = status(h) {
+            let parts = s["partitions"].as_array().unwrap();
+            let kept: Vec<&Value> = parts.iter().filter(|p| p["role"] != "none").collect();
+            let members: Vec<String> = s["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m.as_str().unwrap().to_string())
+                .collect();
+            let name = &h.nodes[i].name;
+            let share: Vec<u16> = (0..a.partitions)
+                .filter(|p| shadowbrain::cluster::rendezvous(*p, &members) == Some(name))
+                .collect();
+            let all_caught = !kept.is_empty()
+                && members.contains(name)
+                && kept.iter().all(|p| {
+                    p["role"] == "owner"
+                        || p["applied"].as_u64().unwrap_or(0)
+                            >= ends[&(p["partition"].as_u64().unwrap() as u16)]
+                });
+            if caught.is_none() && all_caught {
+                caught = Some((started.elapsed(), kept.len()));
+            }
+            let owned: usize = parts.iter().filter(|p| p["role"] == "owner").count();
+            if owning.is_none() && members.contains(name) && owned >= share.len() {
+                owning = Some((started.elapsed(), owned));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (caught_up, kept) = caught.unwrap();
+    let (owning_after, owned) = owning.unwrap();
+    let disk = disk_bytes(&h.nodes[i].data);
+    eprintln!(
+        "cold join: ready after {:.1} s, owning its {owned} partitions after {:.1} s, its {kept} copies caught up after {:.1} s ({disk} B on disk)",
+        ready.as_secs_f64(),
+        owning_after.as_secs_f64(),
+        caught_up.as_secs_f64()
+    );
+    served.kill();
+    json!({
+        "snapshots": snapshots.len(),
+        "entries_truncated": truncated,
+        "tail_entries": tail_entries,
+        "tail_bytes": tail_bytes,
+        "ready_secs": ready.as_secs_f64(),
+        "owning_secs": owning_after.as_secs_f64(),
+        "partitions_owned": owned,
+        "caught_up_secs": caught_up.as_secs_f64(),
+        "copies_kept": kept,
+        "disk_bytes": disk,
+    })
 }
 
 /// Until every standby of node `i` has applied its partition's log to `ends`.
@@ -187,8 +310,8 @@ fn main() {
         a.copies
     );
     let anchor = embedded(&a);
-    let three = cluster(&a, &nats, 3);
-    let many = cluster(&a, &nats, a.nodes);
+    let three = cluster(&a, &nats, 3, false);
+    let many = cluster(&a, &nats, a.nodes, true);
     let line = json!({
         "records": a.records,
         "sessions": a.sessions,

@@ -711,7 +711,8 @@ fn scenarios_keep_every_acknowledged_event() {
 }
 
 /// Snapshots: with a small `snapshot_tail_mib`, each written partition is snapshotted into
-/// the object store and its stream truncated beneath the snapshot; a fourth node joining
+/// the object store and its stream truncated beneath the snapshot (a forged snapshot stored
+/// by a thief of a node's nkey is passed over and replaced); a fourth node joining
 /// under load restores the snapshots of its new partitions instead of replaying them, every
 /// acknowledged write is kept, and after the nodes stop every copy that reached a
 /// partition's end equals every other key for key, the restored ones included.
@@ -734,13 +735,35 @@ fn a_new_copy_restores_the_latest_snapshot_and_replays_only_the_tail() {
         &[],
         shape,
     );
-    // About 3 MiB of log for each of the first eight tenants' partitions.
-    harness::fill(&h.alive_nodes(), 16_000, WRITERS, 160);
     let access = h.nats_access();
     let written_to: std::collections::BTreeSet<u16> = harness::keys()[..WRITERS]
         .iter()
         .map(|(ns, _)| shadowbrain::cluster::partition_of(ns, PARTITIONS))
         .collect();
+    // A thief holding a node's nkey (not the cluster secret) stores a snapshot of its own
+    // for a written partition, claiming a position past the stream's end: the nodes pass
+    // over it, and the partition's real snapshot replaces it.
+    let forged = *written_to.first().unwrap();
+    tokio.block_on(async {
+        let thief = access.with_nkey(&h.node_seed(3)).connect().await.unwrap();
+        let store = async_nats::jetstream::new(thief)
+            .get_object_store("sb_snapshots")
+            .await
+            .unwrap();
+        let meta = async_nats::jetstream::object_store::ObjectMetadata {
+            name: format!("SB_P{forged:03}"),
+            metadata: [
+                ("position".to_string(), "1000000".to_string()),
+                ("sha256".to_string(), "00".repeat(32)),
+                ("seal".to_string(), "11".repeat(32)),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        store.put(meta, &mut &b"not a snapshot"[..]).await.unwrap();
+    });
+    // About 3 MiB of log for each of the first eight tenants' partitions.
+    harness::fill(&h.alive_nodes(), 16_000, WRITERS, 160);
     let until = Instant::now() + Duration::from_secs(120);
     loop {
         let spans = tokio.block_on(harness::log_spans(&access, PARTITIONS));

@@ -1366,15 +1366,15 @@ pub fn contents(store: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
     all
 }
 
-/// Where each partition's log begins and ends (its stream's first and last sequence): a
-/// snapshot truncates the stream beneath it.
-pub async fn log_spans(nats: &NatsAccess, partitions: u16) -> BTreeMap<u16, (u64, u64)> {
+/// Where each partition's log begins and ends (its stream's first and last sequence: a
+/// snapshot truncates the stream beneath it) and the bytes it holds.
+pub async fn log_spans(nats: &NatsAccess, partitions: u16) -> BTreeMap<u16, (u64, u64, u64)> {
     let js = async_nats::jetstream::new(nats.connect().await.unwrap());
     let mut out = BTreeMap::new();
     for p in 0..partitions {
         let mut stream = js.get_stream(format!("SB_P{p:03}")).await.unwrap();
         let state = &stream.info().await.unwrap().state;
-        out.insert(p, (state.first_sequence, state.last_sequence));
+        out.insert(p, (state.first_sequence, state.last_sequence, state.bytes));
     }
     out
 }

@@ -157,7 +157,8 @@ impl Sealer {
     }
 }
 
-fn unhex(text: &str) -> Option<Vec<u8>> {
+/// 32 bytes (a tag, a SHA-256) from 64 hex digits.
+pub(super) fn unhex(text: &str) -> Option<Vec<u8>> {
     let text = text.as_bytes();
     if text.len() != 2 * TAG {
         return None;

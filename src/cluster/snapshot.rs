@@ -4,12 +4,13 @@
 //!
 //! A snapshot is a partition's closed data directory — its store at a log position, with
 //! the indexes its standby had built and the change log they still lack — as one tar
-//! archive, stored as the object named after the partition's stream. Its position and a
-//! seal under the cluster secret over the stream, the position and the archive's SHA-256
-//! are the object's metadata: the object store is writable by every NATS user with a
-//! node's permissions, so a node restores only an archive a node sealed, as it applies
-//! only sealed log entries. Once the snapshot is stored, the stream is purged beneath its
-//! position.
+//! archive, stored as the object named after the partition's stream. Its position, the
+//! archive's SHA-256 and a seal under the cluster secret over the stream, the position and
+//! the SHA-256 are the object's metadata: the object store is writable by every NATS user
+//! with a node's permissions, so a node believes only a snapshot a node sealed — as it
+//! applies only sealed log entries —, restores only an archive whose SHA-256 is the sealed
+//! one, and overwrites an unsealed object as if there were none. Once the snapshot is
+//! stored, the stream is purged beneath its position.
 
 use std::io::Write;
 use std::path::Path;
@@ -20,10 +21,11 @@ use async_nats::jetstream::object_store::{ObjectMetadata, ObjectStore};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::seal::{Kind, Sealer};
+use super::seal::{Kind, Sealer, unhex};
 
 /// The metadata keys of a snapshot object.
 const POSITION: &str = "position";
+const SHA256: &str = "sha256";
 const SEAL: &str = "seal";
 
 /// Chunks of the object store's messages: larger than its default 128 KiB, so a big
@@ -44,7 +46,8 @@ pub(super) struct Snapshots {
 }
 
 impl Snapshots {
-    /// The latest snapshot of `stream`'s partition, if one is stored (and sealed).
+    /// The latest snapshot of `stream`'s partition, if one is stored and sealed (an
+    /// object without a valid seal is not a snapshot: it is overwritten by the next one).
     pub(super) async fn latest(&self, stream: &str) -> anyhow::Result<Option<Stored>> {
         let info = match self.store.info(stream).await {
             Ok(info) if !info.deleted => info,
@@ -54,17 +57,42 @@ impl Snapshots {
             }
             Err(e) => return Err(e).context("reading the snapshot's description"),
         };
-        let Some(position) = info
-            .metadata
+        match self.sealed(stream, &info.metadata) {
+            Ok((position, _)) => Ok(Some(Stored {
+                position,
+                bytes: info.size as u64,
+            })),
+            Err(e) => {
+                tracing::warn!(error = %e, stream, "passing over an object that is not a sealed snapshot");
+                Ok(None)
+            }
+        }
+    }
+
+    /// The position and SHA-256 a snapshot's metadata names, if a node sealed them.
+    fn sealed(
+        &self,
+        stream: &str,
+        metadata: &std::collections::HashMap<String, String>,
+    ) -> anyhow::Result<(u64, [u8; 32])> {
+        let position: u64 = metadata
             .get(POSITION)
-            .and_then(|p| p.parse::<u64>().ok())
-        else {
-            return Ok(None);
-        };
-        Ok(Some(Stored {
-            position,
-            bytes: info.size as u64,
-        }))
+            .and_then(|p| p.parse().ok())
+            .context("it names no log position")?;
+        let digest: [u8; 32] = metadata
+            .get(SHA256)
+            .and_then(|d| unhex(d)?.try_into().ok())
+            .context("it names no SHA-256")?;
+        let seal = metadata.get(SEAL).context("it carries no seal")?;
+        self.sealer
+            .verify_hex(
+                Kind::Snapshot,
+                &[stream.as_bytes(), &position.to_be_bytes()],
+                &digest,
+                seal,
+            )
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok((position, digest))
     }
 
     /// Stores the archive `file` (its SHA-256 `digest`) as `stream`'s snapshot at
@@ -92,6 +120,7 @@ impl Snapshots {
             chunk_size: Some(CHUNK),
             metadata: [
                 (POSITION.to_string(), position.to_string()),
+                (SHA256.to_string(), crate::auth::hex(&digest)),
                 (SEAL.to_string(), seal),
             ]
             .into(),
@@ -117,18 +146,9 @@ impl Snapshots {
             }
             Err(e) => return Err(e).context("reading the snapshot"),
         };
-        let position: u64 = object
-            .info
-            .metadata
-            .get(POSITION)
-            .and_then(|p| p.parse().ok())
-            .context("the snapshot names no log position")?;
-        let seal = object
-            .info
-            .metadata
-            .get(SEAL)
-            .cloned()
-            .context("the snapshot carries no seal")?;
+        let (position, sealed) = self
+            .sealed(stream, &object.info.metadata)
+            .map_err(|e| anyhow::anyhow!("the snapshot of {stream} was refused: {e}"))?;
         let mut out = tokio::fs::File::create(file)
             .await
             .with_context(|| format!("creating {}", file.display()))?;
@@ -147,14 +167,10 @@ impl Snapshots {
         }
         out.sync_all().await?;
         let digest: [u8; 32] = hash.finalize().into();
-        self.sealer
-            .verify_hex(
-                Kind::Snapshot,
-                &[stream.as_bytes(), &position.to_be_bytes()],
-                &digest,
-                &seal,
-            )
-            .map_err(|e| anyhow::anyhow!("the snapshot of {stream} was refused: {e}"))?;
+        anyhow::ensure!(
+            digest == sealed,
+            "the snapshot of {stream} was refused: its archive is not the one its seal names"
+        );
         Ok(Some(position))
     }
 }

@@ -142,8 +142,9 @@ impl Node {
 
     /// Whether this node should snapshot the partition now: it keeps a caught-up standby,
     /// it is the best-ranked node of the replica set after the owner, its last snapshot
-    /// is [`SNAPSHOT_GAP`] old, and the stream holds at least `snapshot_tail_mib` (asked
-    /// every [`SNAPSHOT_ASK_EVERY`]).
+    /// is [`SNAPSHOT_GAP`] old, and the stream holds at least `snapshot_tail_mib` or was
+    /// truncated beneath a snapshot that is no longer stored (asked every
+    /// [`SNAPSHOT_ASK_EVERY`]).
     pub(super) async fn snapshot_due(&self, part: &Partition) -> bool {
         if self.cfg.snapshot_tail == 0 || !part.is_warm() || part.storing.load(Ordering::SeqCst) {
             return false;
@@ -172,13 +173,20 @@ impl Node {
             }
             *asked = Some(Instant::now());
         }
-        match self.js.get_stream(&part.stream).await {
-            Ok(mut stream) => stream
-                .info()
-                .await
-                .is_ok_and(|i| i.state.bytes >= self.cfg.snapshot_tail),
-            Err(_) => false,
+        let state = match self.js.get_stream(&part.stream).await {
+            Ok(mut stream) => match stream.info().await {
+                Ok(info) => info.state.clone(),
+                Err(_) => return false,
+            },
+            Err(_) => return false,
+        };
+        if state.bytes >= self.cfg.snapshot_tail {
+            return true;
         }
+        // A truncated stream needs a snapshot beneath it, or a new copy has nothing to
+        // start from: one deleted or spoiled (by whoever holds a node's NATS credential)
+        // is taken again.
+        state.first_sequence > 1 && matches!(self.snapshots.latest(&part.stream).await, Ok(None))
     }
 
     /// Snapshots the partition from this node's standby: the standby is closed (its
