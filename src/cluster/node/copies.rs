@@ -66,10 +66,7 @@ impl Node {
     pub(super) async fn delete_copy(&self, part: &Partition) {
         let dir = part.dir.clone();
         match tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await {
-            Ok(Ok(())) => tracing::info!(
-                partition = part.id,
-                "deleted this node's copy: the partition's replica set goes on without it"
-            ),
+            Ok(Ok(())) => tracing::info!(partition = part.id, "deleted this node's copy"),
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, partition = part.id, "cannot delete this node's copy")
@@ -151,7 +148,7 @@ impl Node {
         }
         {
             let members = self.live.borrow();
-            let owner = members.owner_of(part.id);
+            let owner = members.owner_for(part.id, &self.cfg.node, false);
             let taker = members
                 .replica_set(part.id, self.cfg.copies)
                 .into_iter()

@@ -59,12 +59,16 @@ pub(super) async fn keeper(node: Arc<Node>, part: Arc<Partition>, stop: Cancella
             }
         };
         let members = node.live.borrow().clone();
-        let desired = members.owner_of(part.id).cloned();
         let held = part.held.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        // An owner's copy is caught up by definition; a standby's as its follower says.
+        let desired = members
+            .owner_for(part.id, &me, held.is_some() || part.is_warm())
+            .cloned();
         match held {
             Some(h) if holder.as_ref() == Some(&(me.clone(), h.revision)) => {
-                // Only to a node whose copy is caught up: one that just joined (or came
-                // back) catches up first, so its takeover stays within the bound.
+                // Only to a better-ranked node whose copy is caught up (one that just
+                // joined, or came back, catches up first, so its takeover stays within the
+                // bound): a partition only ever moves up its ranking, never back and forth.
                 if desired
                     .as_ref()
                     .is_some_and(|d| *d != me && members.is_warm(d, part.id))
@@ -229,6 +233,10 @@ pub(super) async fn role_task(node: Arc<Node>, part: Arc<Partition>, stop: Cance
                     };
                     part.set_warm(false);
                     stop_following(follower).await;
+                    tracing::info!(
+                        partition = part.id,
+                        "the partition's replica set goes on without this node"
+                    );
                     node.delete_copy(&part).await;
                 } else if node.snapshot_due(&part).await {
                     node.snapshot(&part, &mut role).await;

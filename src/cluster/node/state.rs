@@ -86,14 +86,21 @@ impl Members {
         self.warm.get(node).is_some_and(|w| w.contains(&partition))
     }
 
-    /// Who should own `partition`: the best-ranked live node whose copy is caught up, so a
-    /// partition moves only to a node that can serve it within the takeover bound (a node
-    /// that just joined is caught up first); the first of its replica set when no copy is.
-    pub(super) fn owner_of(&self, partition: u16) -> Option<&String> {
+    /// Who should own `partition`, as node `me` sees it: the best-ranked live node whose
+    /// copy is caught up, so a partition moves only to a node that can serve it within the
+    /// takeover bound (a node that just joined is caught up first); the first of its
+    /// replica set when no copy is. Whether `me`'s own copy is caught up is `me_warm`, not
+    /// what its last heartbeat said: a node that just took a partition over, judged by its
+    /// heartbeat of a moment before, would hand it on to a worse-ranked node, which would
+    /// hand it back once that heartbeat caught up, and so on.
+    pub(super) fn owner_for(&self, partition: u16, me: &str, me_warm: bool) -> Option<&String> {
         let order = super::super::ranked(partition, &self.names);
         order
             .iter()
-            .find(|n| self.is_warm(n, partition))
+            .find(|n| match n.as_str() == me {
+                true => me_warm,
+                false => self.is_warm(n, partition),
+            })
             .or(order.first())
             .copied()
     }
@@ -228,4 +235,37 @@ pub(super) struct Node {
 
 pub(super) fn partition_dir(data: &Path, p: u16) -> PathBuf {
     data.join("partitions").join(format!("p{p:03}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partition_moves_only_up_its_ranking_to_a_caught_up_copy() {
+        let names: Vec<String> = (0..4).map(|i| format!("node{i}")).collect();
+        let p = 5;
+        let order: Vec<String> = super::super::super::ranked(p, &names)
+            .into_iter()
+            .cloned()
+            .collect();
+        let (first, second, third) = (&order[0], &order[1], &order[2]);
+        let mut members = Members {
+            names: names.clone(),
+            warm: BTreeMap::new(),
+        };
+        // Nobody caught up: the first of the ranking.
+        assert_eq!(members.owner_for(p, third, false), Some(first));
+        // The second and third caught up: the second, whoever asks.
+        for n in [second, third] {
+            members.warm.entry(n.clone()).or_default().insert(p);
+        }
+        assert_eq!(members.owner_for(p, third, true), Some(second));
+        assert_eq!(members.owner_for(p, first, false), Some(second));
+        // The first, which just took the partition, counts its own copy as caught up
+        // whatever its last heartbeat said: it keeps the partition.
+        assert_eq!(members.owner_for(p, first, true), Some(first));
+        assert_eq!(members.replica_set(p, 3), vec![first, second, third]);
+        assert!(members.is_warm(second, p) && !members.is_warm(first, p));
+    }
 }
