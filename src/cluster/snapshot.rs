@@ -32,13 +32,6 @@ const SEAL: &str = "seal";
 /// partition takes fewer messages, and well under a NATS message's 1 MiB default limit.
 const CHUNK: usize = 512 * 1024;
 
-/// A snapshot as stored: the log position its store applied, and its archive's size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Stored {
-    pub(super) position: u64,
-    pub(super) bytes: u64,
-}
-
 /// The cluster's snapshots, in one object-store bucket.
 pub(super) struct Snapshots {
     pub(super) store: ObjectStore,
@@ -46,9 +39,10 @@ pub(super) struct Snapshots {
 }
 
 impl Snapshots {
-    /// The latest snapshot of `stream`'s partition, if one is stored and sealed (an
-    /// object without a valid seal is not a snapshot: it is overwritten by the next one).
-    pub(super) async fn latest(&self, stream: &str) -> anyhow::Result<Option<Stored>> {
+    /// The log position of `stream`'s partition's latest snapshot, if one is stored and
+    /// sealed (an object without a valid seal is not a snapshot: the next one overwrites
+    /// it).
+    pub(super) async fn latest(&self, stream: &str) -> anyhow::Result<Option<u64>> {
         let info = match self.store.info(stream).await {
             Ok(info) if !info.deleted => info,
             Ok(_) => return Ok(None),
@@ -58,10 +52,7 @@ impl Snapshots {
             Err(e) => return Err(e).context("reading the snapshot's description"),
         };
         match self.sealed(stream, &info.metadata) {
-            Ok((position, _)) => Ok(Some(Stored {
-                position,
-                bytes: info.size as u64,
-            })),
+            Ok((position, _)) => Ok(Some(position)),
             Err(e) => {
                 tracing::warn!(error = %e, stream, "passing over an object that is not a sealed snapshot");
                 Ok(None)
@@ -107,7 +98,7 @@ impl Snapshots {
         if self
             .latest(stream)
             .await?
-            .is_some_and(|s| s.position >= position)
+            .is_some_and(|stored| stored >= position)
         {
             return Ok(false);
         }

@@ -88,12 +88,25 @@ impl Node {
     }
 
     /// Restores the partition's latest snapshot into its directory (which must not
-    /// exist); its log position, or `None` when no snapshot is stored.
+    /// exist); its log position, or `None` when no sealed snapshot is stored or the one
+    /// stored is refused — the copy then follows the stream from its start, which works
+    /// while the stream was never truncated and otherwise says the copy is behind, to be
+    /// restored again once a snapshot is stored (a truncated stream without one is
+    /// snapshotted again, see [`Node::snapshot_due`]).
     async fn restore(&self, part: &Partition) -> anyhow::Result<Option<u64>> {
+        if self.snapshots.latest(&part.stream).await?.is_none() {
+            return Ok(None);
+        }
         let file = self.scratch.join(format!("{}.restore.tar", part.stream));
         let started = Instant::now();
-        let Some(position) = self.snapshots.download(&part.stream, &file).await? else {
-            return Ok(None);
+        let position = match self.snapshots.download(&part.stream, &file).await {
+            Ok(Some(position)) => position,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                let _ = std::fs::remove_file(&file);
+                tracing::warn!(error = %format!("{e:#}"), partition = part.id, "cannot restore the partition's snapshot; following its stream from the start");
+                return Ok(None);
+            }
         };
         let downloaded = started.elapsed();
         let bytes = std::fs::metadata(&file).map_or(0, |m| m.len());
@@ -277,7 +290,7 @@ async fn store_snapshot(
             let truncated = async {
                 let latest = snapshots.latest(&stream).await?;
                 anyhow::ensure!(
-                    latest.is_some_and(|s| s.position == position),
+                    latest == Some(position),
                     "another snapshot replaced this one"
                 );
                 let stream = js.get_stream(&stream).await?;
