@@ -31,7 +31,6 @@ use std::time::{Duration, Instant};
 use clap::{CommandFactory, Parser};
 use harness::{Harness, NODES, PARTITIONS, Security, Written, cpu_time, disk_bytes, keys, request};
 use serde_json::{Value, json};
-use shadowbrain_test_support::serve::Serve;
 use shadowbrain_test_support::stats::percentile;
 
 /// What cluster mode costs against one embedded `serve` under the same load, then
@@ -116,20 +115,7 @@ fn summary(written: &[Written]) -> (u64, Vec<Duration>) {
 
 /// The anchor: one embedded `serve`, the same keys, the same load.
 fn embedded(a: &Args) -> Value {
-    let dir = tempfile::tempdir().unwrap();
-    let mut auth = String::new();
-    for (ns, key) in keys() {
-        auth.push_str(&format!(
-            "[[auth.keys]]\nsha256 = \"{}\"\nnamespace = \"{ns}\"\n",
-            harness::sha256_hex(&key)
-        ));
-    }
-    let config = dir.path().join("serve.toml");
-    std::fs::write(&config, format!("[embedder]\nkind = \"hash\"\n\n{auth}")).unwrap();
-    let served = Serve::new(&a.bin)
-        .data(dir.path().join("data"))
-        .config_file(&config)
-        .start();
+    let (_dir, served) = harness::embedded_serve(&a.bin);
     let cpu0 = cpu_time(served.pid());
     let written = drive(vec![served.addr], a);
     let cpu = cpu_time(served.pid()) - cpu0;
@@ -283,19 +269,6 @@ fn recall_after_takeover(h: &Harness, tenants: &[usize]) -> Value {
     })
 }
 
-/// Until node `i`'s standbys have applied every partition's log to its end.
-fn caught_up(h: &Harness, i: usize, ends: &std::collections::BTreeMap<u16, u64>) -> bool {
-    let Some(s) = h.status(i) else { return false };
-    s["partitions"].as_array().unwrap().iter().all(|p| {
-        let id = p["partition"].as_u64().unwrap() as u16;
-        // A partition this node keeps no copy of (its replica set does not name it) is
-        // not waited for.
-        p["role"] == "owner"
-            || p["role"] == "none"
-            || p["applied"].as_u64().unwrap_or(0) >= ends[&id]
-    })
-}
-
 fn main() {
     let a = args();
     let Some(nats) = harness::nats_server() else {
@@ -336,7 +309,7 @@ fn main() {
     let ends = tokio.block_on(harness::log_ends(&h.nats_access(), PARTITIONS));
     h.start_node(victim);
     let back = Instant::now();
-    while !caught_up(&h, victim, &ends) {
+    while !h.caught_up(victim, &ends) {
         assert!(
             back.elapsed() < Duration::from_secs(600),
             "the restarted node did not catch up"
@@ -379,7 +352,7 @@ fn main() {
     std::fs::remove_dir_all(&h.nodes[victim].data).unwrap();
     h.start_node(victim);
     let cold = Instant::now();
-    while !caught_up(&h, victim, &ends) {
+    while !h.caught_up(victim, &ends) {
         assert!(
             cold.elapsed() < Duration::from_secs(3600),
             "the cold node did not catch up"

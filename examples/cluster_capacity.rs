@@ -27,9 +27,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::{CommandFactory, Parser};
-use harness::{Harness, Security, Shape, disk_bytes, keys, rss_bytes};
+use harness::{Harness, Security, Shape, disk_bytes, rss_bytes};
 use serde_json::{Value, json};
-use shadowbrain_test_support::serve::Serve;
 
 /// What each node of a three- and a six-node cluster holds, against one embedded `serve`
 /// holding the same records; one JSON line, last.
@@ -85,20 +84,7 @@ const BUILT_AFTER: Duration = Duration::from_secs(35);
 
 /// The anchor: one embedded `serve` holding the same records.
 fn embedded(a: &Args) -> Value {
-    let dir = tempfile::tempdir().unwrap();
-    let mut auth = String::new();
-    for (ns, key) in keys() {
-        auth.push_str(&format!(
-            "[[auth.keys]]\nsha256 = \"{}\"\nnamespace = \"{ns}\"\n",
-            harness::sha256_hex(&key)
-        ));
-    }
-    let config = dir.path().join("serve.toml");
-    std::fs::write(&config, format!("[embedder]\nkind = \"hash\"\n\n{auth}")).unwrap();
-    let served = Serve::new(&a.bin)
-        .data(dir.path().join("data"))
-        .config_file(&config)
-        .start();
+    let (_dir, served) = harness::embedded_serve(&a.bin);
     let started = Instant::now();
     harness::fill(&[served.addr], a.records, harness::TENANTS, a.sessions);
     let fill_secs = started.elapsed().as_secs_f64();
@@ -130,7 +116,7 @@ fn cluster(a: &Args, nats: &Path, nodes: usize, join: bool) -> Value {
     let tokio = tokio::runtime::Runtime::new().unwrap();
     let ends = tokio.block_on(harness::log_ends(&h.nats_access(), a.partitions));
     let waited = Instant::now();
-    while !(0..nodes).all(|i| caught_up(&h, i, &ends)) {
+    while !(0..nodes).all(|i| h.caught_up(i, &ends)) {
         assert!(
             waited.elapsed() < Duration::from_secs(1800),
             "the standbys did not catch up"
@@ -281,17 +267,6 @@ fn cold_join(h: &Harness, a: &Args, i: usize, tokio: &tokio::runtime::Runtime) -
         "caught_up_secs": caught_up.as_secs_f64(),
         "copies_kept": kept,
         "disk_bytes": disk,
-    })
-}
-
-/// Until every standby of node `i` has applied its partition's log to `ends`.
-fn caught_up(h: &Harness, i: usize, ends: &BTreeMap<u16, u64>) -> bool {
-    let Some(s) = h.status(i) else { return false };
-    s["partitions"].as_array().unwrap().iter().all(|p| {
-        let id = p["partition"].as_u64().unwrap() as u16;
-        p["role"] == "owner"
-            || p["role"] == "none"
-            || p["applied"].as_u64().unwrap_or(0) >= ends[&id]
     })
 }
 

@@ -298,22 +298,14 @@ fn same_as_the_log(h: &mut Harness, tokio: &tokio::runtime::Runtime, probe: &Wri
         replica.close();
         let expected = harness::contents(&rebuilt.join("store"));
         let mut whole = 0;
-        for node in &h.nodes {
-            let store = node.partition_dir(p).join("store");
-            if !store.exists() {
-                continue;
-            }
-            let copy = harness::contents(&store);
-            let applied = copy
-                .get(&[&[0u8][..], b"log_applied"].concat())
-                .map_or(0, |v| u64::from_be_bytes(v[..8].try_into().unwrap()));
-            if applied != end {
+        for copy in harness::copies_on_disk(h, p) {
+            if copy.applied != end {
                 continue;
             }
             assert!(
-                copy == expected,
+                copy.contents == expected,
                 "{}'s copy of partition {p} differs from the store rebuilt from its log",
-                node.name
+                copy.node
             );
             whole += 1;
         }
@@ -821,29 +813,20 @@ fn a_new_copy_restores_the_latest_snapshot_and_replays_only_the_tail() {
     h.stop_nodes();
     let ends = tokio.block_on(harness::log_ends(&access, PARTITIONS));
     for p in 0..PARTITIONS {
-        let mut whole = Vec::new();
-        for node in &h.nodes {
-            let store = node.partition_dir(p).join("store");
-            if !store.exists() {
-                continue;
-            }
-            let copy = harness::contents(&store);
-            let applied = copy
-                .get(&[&[0u8][..], b"log_applied"].concat())
-                .map_or(0, |v| u64::from_be_bytes(v[..8].try_into().unwrap()));
-            if applied == ends[&p] {
-                whole.push((node.name.clone(), copy));
-            }
-        }
+        let whole: Vec<_> = harness::copies_on_disk(&h, p)
+            .into_iter()
+            .filter(|copy| copy.applied == ends[&p])
+            .collect();
         assert!(
             !whole.is_empty(),
             "no copy of partition {p} reached its end"
         );
-        for (name, copy) in &whole[1..] {
+        for copy in &whole[1..] {
             assert!(
-                *copy == whole[0].1,
-                "{name}'s copy of partition {p} differs from {}'s",
-                whole[0].0
+                copy.contents == whole[0].contents,
+                "{}'s copy of partition {p} differs from {}'s",
+                copy.node,
+                whole[0].node
             );
         }
     }

@@ -1366,6 +1366,72 @@ pub fn contents(store: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
     all
 }
 
+/// A node's copy of a partition, as found on disk.
+pub struct DiskCopy {
+    pub node: String,
+    /// Its logged keys and values ([`contents`]).
+    pub contents: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// The log position it applied.
+    pub applied: u64,
+}
+
+/// Every node's copy of partition `p` found on disk.
+pub fn copies_on_disk(h: &Harness, p: u16) -> Vec<DiskCopy> {
+    let mut out = Vec::new();
+    for node in &h.nodes {
+        let store = node.partition_dir(p).join("store");
+        if !store.exists() {
+            continue;
+        }
+        let copy = contents(&store);
+        let applied = copy
+            .get(&[&[0u8][..], b"log_applied"].concat())
+            .map_or(0, |v| u64::from_be_bytes(v[..8].try_into().unwrap()));
+        out.push(DiskCopy {
+            node: node.name.clone(),
+            contents: copy,
+            applied,
+        });
+    }
+    out
+}
+
+/// One embedded (single-node) `serve` of `bin` with the harness's tenants' keys and the
+/// `hash` embedder, on a fresh data directory (kept with the returned directory).
+pub fn embedded_serve(bin: &Path) -> (tempfile::TempDir, Served) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut auth = String::new();
+    for (ns, key) in keys() {
+        auth.push_str(&format!(
+            "[[auth.keys]]\nsha256 = \"{}\"\nnamespace = \"{ns}\"\n",
+            sha256_hex(&key)
+        ));
+    }
+    let config = dir.path().join("serve.toml");
+    std::fs::write(&config, format!("[embedder]\nkind = \"hash\"\n\n{auth}")).unwrap();
+    let served = Serve::new(bin)
+        .data(dir.path().join("data"))
+        .config_file(&config)
+        .start();
+    (dir, served)
+}
+
+impl Harness {
+    /// Whether every standby of node `i` has applied its partition's log to `ends` (a
+    /// partition it keeps no copy of is not waited for).
+    pub fn caught_up(&self, i: usize, ends: &BTreeMap<u16, u64>) -> bool {
+        let Some(s) = self.status(i) else {
+            return false;
+        };
+        s["partitions"].as_array().unwrap().iter().all(|p| {
+            let id = p["partition"].as_u64().unwrap() as u16;
+            p["role"] == "owner"
+                || p["role"] == "none"
+                || p["applied"].as_u64().unwrap_or(0) >= ends[&id]
+        })
+    }
+}
+
 /// Where each partition's log begins and ends (its stream's first and last sequence: a
 /// snapshot truncates the stream beneath it) and the bytes it holds.
 pub async fn log_spans(nats: &NatsAccess, partitions: u16) -> BTreeMap<u16, (u64, u64, u64)> {
