@@ -259,7 +259,14 @@ fn per_line(text: &str, mark: &str, values: &[(&str, String)]) -> String {
     out
 }
 
+/// One cluster at a time in a test process: each is three NATS servers and three to seven
+/// nodes, and two at once on two cores (with the rest of the suite) made servers miss
+/// their start and timings meaningless.
+static ONE_CLUSTER_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 pub struct Harness {
+    /// This harness's turn ([`ONE_CLUSTER_AT_A_TIME`]), given back when it is dropped.
+    _turn: std::sync::MutexGuard<'static, ()>,
     pub dir: tempfile::TempDir,
     pub security: Security,
     pub bin: PathBuf,
@@ -370,7 +377,9 @@ impl Nats {
     /// Whether this server runs and is the one its ports were chosen for: its monitoring
     /// port names it and its cluster, and its client port answers.
     fn is_ours(&mut self, cluster: &str) -> bool {
-        let until = Instant::now() + Duration::from_secs(10);
+        // Generous: with other cluster tests and the Python package's build sharing two
+        // cores, a server with JetStream has been seen to take seconds to answer.
+        let until = Instant::now() + Duration::from_secs(30);
         let http: SocketAddr = format!("127.0.0.1:{}", self.http).parse().unwrap();
         while Instant::now() < until {
             if self
@@ -425,6 +434,10 @@ impl Harness {
         args: &[&str],
         shape: Shape,
     ) -> Harness {
+        // A test that failed with its cluster up poisoned nothing of ours.
+        let turn = ONE_CLUSTER_AT_A_TIME
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let dir = tempfile::tempdir().unwrap();
         if security == Security::Secured {
             let made = Command::new("sh")
@@ -495,11 +508,26 @@ impl Harness {
                     let _ = c.wait();
                 }
             }
-            assert!(
-                attempt < 5,
-                "the NATS servers did not start on free ports; logs in {}",
-                dir.path().display()
-            );
+            if attempt == 5 {
+                // What the servers said, since the directory goes with the panic.
+                let said: String = nats
+                    .iter()
+                    .map(|n| {
+                        let log =
+                            std::fs::read_to_string(dir.path().join(format!("{}.log", n.name)))
+                                .unwrap_or_default();
+                        let tail: Vec<&str> = log.lines().rev().take(8).collect();
+                        format!(
+                            "\n{}:\n{}",
+                            n.name,
+                            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                        )
+                    })
+                    .collect();
+                panic!(
+                    "the NATS servers did not start on free ports in 5 attempts; the last lines of their logs:{said}"
+                );
+            }
         }
         let mut ports = free_ports(shape.nodes).into_iter();
         let scheme = match security {
@@ -592,6 +620,7 @@ impl Harness {
             });
         }
         let mut h = Harness {
+            _turn: turn,
             dir,
             security,
             bin: bin.to_path_buf(),
