@@ -62,6 +62,21 @@ impl Node {
         !set.is_empty() && set.iter().all(|n| members.is_warm(n, part.id))
     }
 
+    /// Standby → absent: stops following, closes the standby and deletes its copy;
+    /// whether there was a standby.
+    pub(super) async fn drop_copy(&self, part: &Partition, role: &mut Role) -> bool {
+        if !matches!(role, Role::Standby(_)) {
+            return false;
+        }
+        let Role::Standby(follower) = std::mem::replace(role, Role::Absent) else {
+            unreachable!("checked above")
+        };
+        part.set_warm(false);
+        stop_following(follower).await;
+        self.delete_copy(part).await;
+        true
+    }
+
     /// Deletes this node's (closed) copy of the partition.
     pub(super) async fn delete_copy(&self, part: &Partition) {
         let dir = part.dir.clone();
@@ -135,12 +150,9 @@ impl Node {
     /// This node's copy fell behind a truncated stream: it is deleted and the latest
     /// snapshot restored in its place, then followed.
     pub(super) async fn catch_up_from_snapshot(&self, part: &Partition, role: &mut Role) {
-        let Role::Standby(follower) = std::mem::replace(role, Role::Idle) else {
+        if !self.drop_copy(part, role).await {
             return;
-        };
-        part.set_warm(false);
-        stop_following(follower).await;
-        self.delete_copy(part).await;
+        }
         match self.open_copy(part).await {
             Ok(standby) => *role = Role::Standby(self.follow(part, standby)),
             // Idle: the role task tries again.
@@ -203,8 +215,11 @@ impl Node {
     /// indexes saved), its directory packed into an archive and the standby reopened; the
     /// archive is then stored and the stream truncated beneath it in the background.
     pub(super) async fn snapshot(&self, part: &Partition, role: &mut Role) {
-        let Role::Standby(follower) = std::mem::replace(role, Role::Idle) else {
+        if !matches!(role, Role::Standby(_)) {
             return;
+        }
+        let Role::Standby(follower) = std::mem::replace(role, Role::Idle) else {
+            unreachable!("checked above")
         };
         part.snapshot_clock
             .lock()
@@ -269,8 +284,10 @@ impl Node {
     }
 }
 
-/// Stores a packed snapshot and truncates the stream beneath it (entries at or before its
-/// position); the archive is deleted either way.
+/// Stores a packed snapshot (unless one at or past it is stored already) and truncates
+/// the stream beneath the snapshot stored then, whichever node stored it: a truncation
+/// that failed after an earlier upload is done by the next attempt. The archive is
+/// deleted either way.
 async fn store_snapshot(
     snapshots: Arc<Snapshots>,
     js: jetstream::Context,
@@ -280,50 +297,37 @@ async fn store_snapshot(
     storing: Arc<AtomicBool>,
 ) {
     let started = Instant::now();
-    let stored = snapshots.upload(&stream, position, &file, digest).await;
+    let outcome = async {
+        let uploaded = snapshots.upload(&stream, position, &file, digest).await?;
+        // Beneath what is stored now: this snapshot, or a newer one covering more.
+        let stored = snapshots
+            .latest(&stream)
+            .await?
+            .context("the stored snapshot is not visible yet; truncating at the next one")?;
+        let purged = js
+            .get_stream(&stream)
+            .await?
+            .purge()
+            .sequence(stored + 1)
+            .await?
+            .purged;
+        anyhow::Ok((uploaded, stored, purged))
+    }
+    .await;
     let _ = tokio::fs::remove_file(&file).await;
-    let outcome = match stored {
-        Ok(true) => {
-            let uploaded = started.elapsed();
-            // Only beneath what is stored now: a newer snapshot another node stored
-            // meanwhile covers more, an older one must not lose its tail.
-            let truncated = async {
-                let latest = snapshots.latest(&stream).await?;
-                anyhow::ensure!(
-                    latest == Some(position),
-                    "another snapshot replaced this one"
-                );
-                let stream = js.get_stream(&stream).await?;
-                let purged = stream.purge().sequence(position + 1).await?;
-                anyhow::Ok(purged.purged)
-            }
-            .await;
-            match truncated {
-                Ok(purged) => {
-                    tracing::info!(
-                        partition,
-                        position,
-                        purged,
-                        stored_ms = uploaded.as_millis() as u64,
-                        "stored the snapshot and truncated the stream beneath it"
-                    );
-                    Ok(())
-                }
-                Err(e) => Err(e.context("truncating the stream")),
-            }
+    match outcome {
+        Ok((uploaded, stored, purged)) => tracing::info!(
+            partition,
+            position,
+            uploaded,
+            stored,
+            purged,
+            took_ms = started.elapsed().as_millis() as u64,
+            "stored the snapshot (unless one at or past it was) and truncated the stream beneath it"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), partition, "could not store the snapshot or truncate the stream")
         }
-        Ok(false) => {
-            tracing::info!(
-                partition,
-                position,
-                "a snapshot at or past this one is stored already"
-            );
-            Ok(())
-        }
-        Err(e) => Err(e),
-    };
-    if let Err(e) = outcome {
-        tracing::warn!(error = %format!("{e:#}"), partition, "could not store the snapshot");
     }
     storing.store(false, Ordering::SeqCst);
 }

@@ -227,17 +227,11 @@ pub(super) async fn role_task(node: Arc<Node>, part: Arc<Partition>, stop: Cance
             },
             (Role::Standby(_), None) => {
                 if node.may_drop(&part) {
-                    let Role::Standby(follower) = std::mem::replace(&mut *role, Role::Absent)
-                    else {
-                        unreachable!()
-                    };
-                    part.set_warm(false);
-                    stop_following(follower).await;
                     tracing::info!(
                         partition = part.id,
                         "the partition's replica set goes on without this node"
                     );
-                    node.delete_copy(&part).await;
+                    node.drop_copy(&part, &mut role).await;
                 } else if node.snapshot_due(&part).await {
                     node.snapshot(&part, &mut role).await;
                 }
