@@ -340,6 +340,50 @@ async fn breakdown_follows_the_policy() {
     sub.close().unwrap();
 }
 
+/// `scoring.recency_basis = "last_access"`: recall counts a record's age from its last
+/// reinforcement, so a record recalled lately is as recent as a new one.
+#[tokio::test]
+async fn recency_counts_from_the_last_access_when_the_policy_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(VirtualClock::new(T0));
+    let mut o = opts(clock.clone());
+    o.policy = Policy::from_toml(
+        "access.toml",
+        "[scoring]\nrecency_basis = \"last_access\"\n",
+    )
+    .unwrap();
+    let sub = Substrate::open(dir.path(), o).unwrap();
+    let id = rec(
+        &sub,
+        "default",
+        "s",
+        "observation",
+        "the deploy key rotates monthly",
+    )
+    .await;
+    let ask = || RecallRequest::new("default", "s", "deploy key rotation");
+    // Six days on (two half-lives), a recall reinforces it...
+    clock.advance(Duration::from_millis(6 * DAY_MS as u64));
+    let first = sub.recall(&ask()).await.unwrap();
+    assert!(
+        (first.memories[0].why.recency - 0.5 * 0.25).abs() < 1e-3,
+        "{:?}",
+        first.memories[0].why
+    );
+    sub.store().sync().await.unwrap();
+    assert_eq!(sub.get("default", id).unwrap().strength_at, T0 + 6 * DAY_MS);
+    // ...so, asked again at once, it is as recent as a record just written; by its event
+    // time it would still be two half-lives old.
+    let again = sub.recall(&ask()).await.unwrap();
+    assert_eq!(ids(&again), vec![id]);
+    assert!(
+        (again.memories[0].why.recency - 0.5).abs() < 1e-3,
+        "{:?}",
+        again.memories[0].why
+    );
+    sub.close().unwrap();
+}
+
 #[tokio::test]
 async fn mmr_diversifies() {
     let dir = tempfile::tempdir().unwrap();

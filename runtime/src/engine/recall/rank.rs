@@ -258,7 +258,7 @@ impl Substrate {
             .map(|(i, (r, _))| {
                 let b = policy.score(&ScoreInput {
                     relevance: relevance.get(&r.id).copied().unwrap_or(0.0),
-                    age_ms: now - r.event_time,
+                    age_ms: policy.recency_age(r, now),
                     importance: r.importance,
                     utility: r.utility.mean(),
                     strength: policy.strength_at(r, now),
