@@ -50,6 +50,10 @@ struct Args {
     /// Copies of each partition (`[cluster] copies`).
     #[arg(long, default_value_t = 3)]
     copies: usize,
+    /// Only the larger cluster and the cold join (no anchor, no three-node cluster): the
+    /// join's figures alone, in half the time.
+    #[arg(long)]
+    join_only: bool,
     /// The `shadowbrain` binary the nodes run.
     #[arg(long, value_name = "PATH",
           default_value_os_t = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/shadowbrain"))]
@@ -189,6 +193,7 @@ fn cold_join(h: &Harness, a: &Args, i: usize, tokio: &tokio::runtime::Runtime) -
     );
     let ends = tokio.block_on(harness::log_ends(&access, a.partitions));
     let started = Instant::now();
+    let wall = std::time::SystemTime::now();
     // Started like the others (its keys, its config), with an empty data directory.
     let node = &h.nodes[i];
     assert!(!node.data.exists());
@@ -249,6 +254,10 @@ fn cold_join(h: &Harness, a: &Args, i: usize, tokio: &tokio::runtime::Runtime) -
     let (caught_up, kept) = caught.unwrap();
     let (owning_after, owned) = owning.unwrap();
     let disk = disk_bytes(&h.nodes[i].data);
+    let log = std::fs::read_to_string(h.dir.path().join(format!("{}.log", h.nodes[i].name)))
+        .unwrap_or_default();
+    let phases = phases(&log, wall);
+    eprintln!("cold join, per partition (seconds after the start): {phases}");
     eprintln!(
         "cold join: ready after {:.1} s, owning its {owned} partitions after {:.1} s, its {kept} copies caught up after {:.1} s ({disk} B on disk)",
         ready.as_secs_f64(),
@@ -267,7 +276,50 @@ fn cold_join(h: &Harness, a: &Args, i: usize, tokio: &tokio::runtime::Runtime) -
         "caught_up_secs": caught_up.as_secs_f64(),
         "copies_kept": kept,
         "disk_bytes": disk,
+        "phases": phases,
     })
+}
+
+/// Where a joining node's time went, from its log: per partition, when its snapshot was
+/// restored (and how long that took, and its size), when its standby caught up with the
+/// stream and when it began owning the partition, in seconds after `start`.
+fn phases(log: &str, start: std::time::SystemTime) -> Value {
+    let mut parts: BTreeMap<u64, serde_json::Map<String, Value>> = BTreeMap::new();
+    let field = |line: &str, name: &str| -> Option<u64> {
+        let at = line.find(&format!(" {name}="))? + name.len() + 2;
+        line[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    };
+    for line in log.lines() {
+        let phase = [
+            ("restored the partition's latest snapshot", "restored"),
+            ("the standby caught up with the stream", "caught_up"),
+            ("owning the partition", "owning"),
+        ]
+        .into_iter()
+        .find(|(said, _)| line.contains(said));
+        let (Some((_, phase)), Some(p)) = (phase, field(line, "partition")) else {
+            continue;
+        };
+        let Some(at) = line
+            .split_whitespace()
+            .next()
+            .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+            .and_then(|t| t.duration_since(start).ok())
+        else {
+            continue;
+        };
+        let entry = parts.entry(p).or_default();
+        entry.insert(format!("{phase}_secs"), json!(at.as_secs_f64()));
+        if phase == "restored" {
+            entry.insert("restore_ms".into(), json!(field(line, "took_ms")));
+            entry.insert("restore_bytes".into(), json!(field(line, "bytes")));
+        }
+    }
+    json!(parts)
 }
 
 fn main() {
@@ -284,8 +336,10 @@ fn main() {
         a.partitions,
         a.copies
     );
-    let anchor = embedded(&a);
-    let three = cluster(&a, &nats, 3, false);
+    let (anchor, three) = match a.join_only {
+        true => (Value::Null, Value::Null),
+        false => (embedded(&a), cluster(&a, &nats, 3, false)),
+    };
     let many = cluster(&a, &nats, a.nodes, true);
     let line = json!({
         "records": a.records,

@@ -19,7 +19,7 @@
 //! publish acknowledgements dropped (the nodes retry); 7 a CPU hog on both cores; on four
 //! nodes keeping three copies of each partition: 8 `kill -9` of two of a partition's three
 //! nodes at once (its owner and a standby); 9 a fifth node joins and, while it catches up,
-//! another node leaves (SIGTERM).
+//! another node leaves (SIGTERM), handing its partitions and copies on first.
 //!
 //! CI runs scenarios 1–3 and 9 once (the README's test command). All nine, twenty times:
 //! `SHADOWBRAIN_CLUSTER_RUNS=20 SHADOWBRAIN_CLUSTER_SCENARIOS=1,2,3,4,5,6,7,8,9 cargo test
@@ -181,15 +181,32 @@ fn run(nats: &std::path::Path, scenario: Scenario, tokio: &tokio::runtime::Runti
             let joining = h.nodes.iter().position(|n| n.served.is_none()).unwrap();
             h.start_node(joining);
             std::thread::sleep(LEASE_TTL);
-            // While it catches up, the busiest node hands its partitions over and leaves.
+            // While it catches up, the busiest node hands its partitions and copies on and
+            // leaves: it stops once the nodes replacing its copies have caught up, within
+            // its leave_timeout (60 s).
             let pid = h.node_pid(busiest);
             h.signal(pid, "-TERM");
             let stopped = h.nodes[busiest]
                 .served
                 .take()
                 .unwrap()
-                .exit_within(Duration::from_secs(60));
+                .exit_within(Duration::from_secs(90));
             assert!(stopped.is_some(), "the leaving node did not stop");
+            let name = &h.nodes[busiest].name;
+            let log = std::fs::read_to_string(h.dir.path().join(format!("{name}.log"))).unwrap();
+            let handed = log
+                .lines()
+                .find(|l| l.contains("handed every partition and copy on"))
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{name} left before its copies were kept elsewhere: {}",
+                        log.lines().rev().take(5).collect::<Vec<_>>().join(" | ")
+                    )
+                });
+            eprintln!(
+                "scenario 9: {name} {}",
+                handed.rsplit(": ").next().unwrap_or(handed)
+            );
             *live.lock().unwrap() = h.alive_nodes();
             Instant::now()
         }

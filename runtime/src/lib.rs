@@ -43,13 +43,13 @@ pub use clock::{
     Clock, DAY_MS, SystemClock, Timestamp, VirtualClock, parse_rfc3339, to_human, to_rfc3339,
 };
 pub use engine::{
-    Chain, Condensed, Counted, EnrichWake, EvaluationReport, Fading, FeedbackReport,
-    FeedbackTarget, Graph, IDEMPOTENCY_WINDOW, Idempotency, IndexKind, IndexPass, IndexingOptions,
-    Insights, Judge, JudgeBatch, JudgeItem, Judgement, KNOWLEDGE_SESSION, Lent, MAX_REASON_BYTES,
-    MAX_STRIKES, Outcome, PROMOTE_ROUND, PairBatch, PairItem, PairVerdict, PassageHit, Policies,
-    Promotion, RecallRequest, RecallResult, Recalled, Recorded, Resolution, Substrate,
-    SubstrateOptions, Summarizer, Summary, SummaryRequest, Superseded, SweepReport, UpdateJudge,
-    UpdatesRound, Verdict, WeakSubstrate, Why, panic_message, quarantined_error,
+    CLOSE_BUILD_LIMIT, Chain, Condensed, Counted, EnrichWake, EvaluationReport, Fading,
+    FeedbackReport, FeedbackTarget, Graph, IDEMPOTENCY_WINDOW, Idempotency, IndexKind, IndexPass,
+    IndexingOptions, Insights, Judge, JudgeBatch, JudgeItem, Judgement, KNOWLEDGE_SESSION, Lent,
+    MAX_REASON_BYTES, MAX_STRIKES, Outcome, PROMOTE_ROUND, PairBatch, PairItem, PairVerdict,
+    PassageHit, Policies, Promotion, RecallRequest, RecallResult, Recalled, Recorded, Resolution,
+    Substrate, SubstrateOptions, Summarizer, Summary, SummaryRequest, Superseded, SweepReport,
+    UpdateJudge, UpdatesRound, Verdict, WeakSubstrate, Why, panic_message, quarantined_error,
 };
 pub use error::{Error, PolicyErrors, PolicyIssue, Result};
 pub use model::{

@@ -66,6 +66,9 @@ pub struct ClusterConfig {
     /// How long a forwarded request may wait for its partition's owner, through a
     /// takeover (`"15s"`).
     pub forward_timeout: String,
+    /// How long a node told to stop keeps serving while the others take over its
+    /// partitions and its copies catch up elsewhere (`"60s"`); past it, it stops anyway.
+    pub leave_timeout: String,
     /// Prefix of the streams, buckets and subjects, so several clusters can share NATS.
     pub prefix: String,
     /// NATS user name (with `password_env`).
@@ -111,6 +114,7 @@ impl Default for ClusterConfig {
             snapshot_tail_mib: 64,
             lease_ttl: "3s".into(),
             forward_timeout: "15s".into(),
+            leave_timeout: "60s".into(),
             prefix: "sb".into(),
             user: None,
             password_env: None,
@@ -155,6 +159,8 @@ pub struct Cluster {
     pub lease_ttl: Duration,
     /// Forwarding deadline.
     pub forward_timeout: Duration,
+    /// How long a graceful stop hands on at most.
+    pub leave_timeout: Duration,
     /// Name prefix.
     pub prefix: String,
     /// User and password.
@@ -220,6 +226,7 @@ impl ClusterConfig {
             };
         let lease_ttl = duration("lease_ttl", &self.lease_ttl, &mut problems);
         let forward_timeout = duration("forward_timeout", &self.forward_timeout, &mut problems);
+        let leave_timeout = duration("leave_timeout", &self.leave_timeout, &mut problems);
         let name_ok = |s: &str| {
             !s.is_empty()
                 && s.len() <= 64
@@ -377,6 +384,7 @@ impl ClusterConfig {
             snapshot_tail: self.snapshot_tail_mib * 1024 * 1024,
             lease_ttl,
             forward_timeout,
+            leave_timeout,
             prefix: self.prefix.clone(),
             user_password,
             token,
@@ -559,6 +567,7 @@ mod tests {
             partitions: 0,
             copies: 0,
             lease_ttl: "soon".into(),
+            leave_timeout: "100ms".into(),
             node: Some("a b".into()),
             user: Some("u".into()),
             ..ClusterConfig::default()
@@ -569,6 +578,7 @@ mod tests {
             "partitions is 0",
             "copies is 0",
             "lease_ttl `soon`",
+            "leave_timeout `100ms` is under 500ms",
             "node `a b`",
             "user and password_env",
         ] {
@@ -581,6 +591,7 @@ mod tests {
         };
         let c = good.check().unwrap();
         assert_eq!(c.lease_ttl, Duration::from_secs(3));
+        assert_eq!(c.leave_timeout, Duration::from_secs(60));
         assert_eq!(c.partitions, 16);
         assert!(c.tls.is_none() && c.insecure_loopback);
     }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use async_nats::jetstream::object_store::{ObjectMetadata, ObjectStore};
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 use super::seal::{Kind, Sealer, unhex};
 
@@ -127,9 +127,15 @@ impl Snapshots {
         Ok(true)
     }
 
-    /// Downloads `stream`'s latest snapshot into `file` and checks its seal; its position,
-    /// or `None` when there is no snapshot.
-    pub(super) async fn download(&self, stream: &str, file: &Path) -> anyhow::Result<Option<u64>> {
+    /// Restores `stream`'s latest snapshot into `dir` (which must not exist), unpacking
+    /// the archive as it arrives — no copy of it lands on disk first — into a directory
+    /// beside `dir` that is renamed into place only once the whole archive has the sealed
+    /// SHA-256; its position and the archive's size, or `None` when there is no snapshot.
+    pub(super) async fn restore(
+        &self,
+        stream: &str,
+        dir: &Path,
+    ) -> anyhow::Result<Option<(u64, u64)>> {
         let mut object = match self.store.get(stream).await {
             Ok(object) => object,
             Err(e) if e.kind() == async_nats::jetstream::object_store::GetErrorKind::NotFound => {
@@ -140,29 +146,54 @@ impl Snapshots {
         let (position, sealed) = self
             .sealed(stream, &object.info.metadata)
             .map_err(|e| anyhow::anyhow!("the snapshot of {stream} was refused: {e}"))?;
-        let mut out = tokio::fs::File::create(file)
-            .await
-            .with_context(|| format!("creating {}", file.display()))?;
-        let mut hash = Sha256::new();
-        let mut buffer = vec![0u8; CHUNK];
-        loop {
-            let n = object
-                .read(&mut buffer)
-                .await
-                .context("reading the snapshot")?;
-            if n == 0 {
-                break;
+        // The archive goes chunk by chunk to a blocking thread that unpacks it; a few
+        // chunks in flight keep both sides busy.
+        let (chunks, arriving) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+        let target = dir.to_path_buf();
+        let unpacking = tokio::task::spawn_blocking(move || {
+            unpack_from(
+                Hashing {
+                    inner: Arriving {
+                        chunks: arriving,
+                        chunk: Vec::new(),
+                        at: 0,
+                    },
+                    hash: Sha256::new(),
+                    bytes: 0,
+                },
+                &target,
+                sealed,
+            )
+        });
+        let mut read = async {
+            loop {
+                let mut buffer = vec![0u8; CHUNK];
+                let n = object
+                    .read(&mut buffer)
+                    .await
+                    .context("reading the snapshot")?;
+                if n == 0 {
+                    return anyhow::Ok(());
+                }
+                buffer.truncate(n);
+                if chunks.send(buffer).await.is_err() {
+                    // The unpacking stopped (its error says why).
+                    return Ok(());
+                }
             }
-            hash.update(&buffer[..n]);
-            out.write_all(&buffer[..n]).await?;
         }
-        out.sync_all().await?;
-        let digest: [u8; 32] = hash.finalize().into();
-        anyhow::ensure!(
-            digest == sealed,
-            "the snapshot of {stream} was refused: its archive is not the one its seal names"
-        );
-        Ok(Some(position))
+        .await;
+        drop(chunks);
+        let unpacked = unpacking.await.context("unpacking the snapshot")?;
+        let bytes = match unpacked {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                read = Err(e.into());
+                0
+            }
+        };
+        read.with_context(|| format!("restoring the snapshot of {stream}"))?;
+        Ok(Some((position, bytes)))
     }
 }
 
@@ -193,21 +224,91 @@ pub(super) fn pack(dir: &Path, file: &Path) -> std::io::Result<([u8; 32], u64)> 
     Ok((hash.finalize().into(), bytes))
 }
 
-/// Unpacks the archive `file` into `dir`, which must not exist: into a directory beside
-/// it first, renamed into place once whole, so a crash never leaves half a copy.
-pub(super) fn unpack(file: &Path, dir: &Path) -> std::io::Result<()> {
+/// Unpacks the archive `file` into `dir`, which must not exist (tests; a node restores
+/// with [`Snapshots::restore`]).
+#[cfg(test)]
+fn unpack(file: &Path, dir: &Path) -> std::io::Result<()> {
+    let digest = sha256_of(file)?;
+    let reader = Hashing {
+        inner: std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(file)?),
+        hash: Sha256::new(),
+        bytes: 0,
+    };
+    unpack_from(reader, dir, digest).map(|_| ())
+}
+
+/// Unpacks the archive `reader` reads into `dir`, which must not exist: into a directory
+/// beside it first, renamed into place only once the archive is whole and has the SHA-256
+/// `sealed`, so neither a crash nor a forged archive leaves a copy behind; the archive's
+/// size.
+fn unpack_from<R: std::io::Read>(
+    reader: Hashing<R>,
+    dir: &Path,
+    sealed: [u8; 32],
+) -> std::io::Result<u64> {
+    if dir.exists() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!("{} exists already", dir.display()),
+        ));
+    }
     let partial = dir.with_extension("restoring");
     if partial.exists() {
         std::fs::remove_dir_all(&partial)?;
     }
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
     std::fs::create_dir_all(&partial)?;
-    let reader = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(file)?);
-    // `unpack` refuses entries that would land outside `partial` (`..`, absolute paths).
-    tar::Archive::new(reader).unpack(&partial)?;
-    std::fs::rename(&partial, dir)
+    let whole = (|| {
+        // `unpack` refuses entries that would land outside `partial` (`..`, absolute
+        // paths).
+        let mut archive = tar::Archive::new(reader);
+        archive.unpack(&partial)?;
+        // The archive's end (its padding) is hashed too.
+        let mut reader = archive.into_inner();
+        std::io::copy(&mut reader, &mut std::io::sink())?;
+        let digest: [u8; 32] = reader.hash.finalize().into();
+        if digest != sealed {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "its archive is not the one its seal names",
+            ));
+        }
+        Ok(reader.bytes)
+    })();
+    match whole {
+        Ok(bytes) => std::fs::rename(&partial, dir).map(|()| bytes),
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&partial);
+            Err(e)
+        }
+    }
 }
 
-/// A writer that hashes and counts what passes through it.
+/// The chunks of an archive arriving from the object store, read as one stream.
+struct Arriving {
+    chunks: tokio::sync::mpsc::Receiver<Vec<u8>>,
+    chunk: Vec<u8>,
+    at: usize,
+}
+
+impl std::io::Read for Arriving {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.at == self.chunk.len() {
+            match self.chunks.blocking_recv() {
+                Some(chunk) => (self.chunk, self.at) = (chunk, 0),
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.chunk.len() - self.at);
+        buf[..n].copy_from_slice(&self.chunk[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+/// A writer or reader that hashes and counts what passes through it.
 struct Hashing<W> {
     inner: W,
     hash: Sha256,
@@ -224,6 +325,15 @@ impl<W: Write> Write for Hashing<W> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
     }
 }
 
@@ -273,5 +383,18 @@ mod tests {
         assert!(!restored.with_extension("restoring").exists());
         // Into a directory that exists: refused, nothing overwritten.
         assert!(unpack(&file, &dir).is_err());
+        // An archive that is not the sealed one: unpacked beside, then thrown away.
+        let forged = scratch.path().join("forged/p003");
+        let reader = Hashing {
+            inner: std::fs::File::open(&file).unwrap(),
+            hash: Sha256::new(),
+            bytes: 0,
+        };
+        let mut other = digest;
+        other[0] ^= 1;
+        let refused = unpack_from(reader, &forged, other).unwrap_err();
+        assert!(refused.to_string().contains("not the one its seal names"));
+        assert!(!forged.exists());
+        assert!(!forged.with_extension("restoring").exists());
     }
 }

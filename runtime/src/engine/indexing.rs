@@ -62,16 +62,14 @@ impl Substrate {
             Some(t) => wm < t,
             None => wm < last && first.is_none_or(|f| wm + 1 < f),
         };
-        let vec_stale = stale(vec_wm)
-            || (vec_wm == 0
-                && !store.is_empty()
-                && self.inner.vectors.len()? == 0
-                && first != Some(1));
-        let kw_stale = stale(kw_wm)
-            || (kw_wm == 0
-                && !store.is_empty()
-                && self.inner.keywords.len()? == 0
-                && first != Some(1));
+        // Without the mark, an empty index over records is judged by the first kept
+        // change too; with it (every store made since) the mark alone says whether the log
+        // still holds every change an index lacks — a copy whose vector index was never
+        // built, over a whole log, takes the log instead of a rebuild.
+        let unmarked = truncated.is_none() && !store.is_empty() && first != Some(1);
+        let vec_stale =
+            stale(vec_wm) || (unmarked && vec_wm == 0 && self.inner.vectors.len()? == 0);
+        let kw_stale = stale(kw_wm) || (unmarked && kw_wm == 0 && self.inner.keywords.len()? == 0);
         if vec_stale || kw_stale {
             tracing::warn!(
                 vec_wm,
@@ -512,6 +510,17 @@ impl Substrate {
     pub fn flush_indexes(&self) -> Result<()> {
         self.index_pass(true)?;
         Ok(())
+    }
+
+    /// Changes the store has logged that the slower of the two indexes has not built.
+    pub fn unbuilt(&self) -> Result<u64> {
+        let last = self.inner.store.next_seq().saturating_sub(1);
+        let built = self
+            .inner
+            .vectors
+            .watermark()?
+            .min(self.inner.keywords.watermark()?);
+        Ok(last.saturating_sub(built))
     }
 
     /// Whether both indexes have built everything the store has logged.

@@ -611,11 +611,21 @@ fn check_format(kv: &dyn Kv) -> Result<()> {
             expected: FORMAT_VERSION,
         }),
         Some(_) | None => {
-            let op = kv::Op::Put(
+            let mut ops = vec![kv::Op::Put(
                 keys::meta(meta::FORMAT_VERSION),
                 FORMAT_VERSION.to_be_bytes().to_vec(),
-            );
-            kv.commit(&[&[op]])
+            )];
+            if read_u64(kv, meta::NEXT_SEQ)?.is_none()
+                && read_u64(kv, meta::CHANGES_TRUNCATED)?.is_none()
+            {
+                // A new store: its change log is whole, as the truncation mark says, so an
+                // index it opens with can always be caught up from it (see `reconcile`).
+                ops.push(kv::Op::Put(
+                    keys::meta(meta::CHANGES_TRUNCATED),
+                    0u64.to_be_bytes().to_vec(),
+                ));
+            }
+            kv.commit(&[&ops])
         }
     }
 }
@@ -631,6 +641,23 @@ mod tests {
             version.to_be_bytes().to_vec(),
         );
         kv.commit(&[&[op]]).unwrap();
+    }
+
+    #[test]
+    fn a_new_store_marks_its_change_log_whole_and_an_old_one_is_left_unmarked() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        assert_eq!(store.changes_truncated().unwrap(), Some(0));
+        drop(store);
+        // A store from before the mark (it has written, nothing says how far its log was
+        // truncated): opening it does not claim a whole log.
+        let old = tempfile::tempdir().unwrap();
+        let kv = kv::open(Backend::default(), old.path()).unwrap();
+        let op = kv::Op::Put(keys::meta(meta::NEXT_SEQ), 40u64.to_be_bytes().to_vec());
+        kv.commit(&[&[op]]).unwrap();
+        drop(kv);
+        let store = Store::open(old.path(), StoreOptions::default()).unwrap();
+        assert_eq!(store.changes_truncated().unwrap(), None);
     }
 
     #[test]

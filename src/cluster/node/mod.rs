@@ -21,7 +21,7 @@
 //! `operations` what acts on or shows the whole cluster.
 
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -264,6 +264,7 @@ async fn run_node(
             behind: Arc::new(AtomicBool::new(false)),
             snapshot_clock: Mutex::new((None, None)),
             storing: Arc::new(AtomicBool::new(false)),
+            unbuilt: Arc::new(AtomicU64::new(0)),
         }));
     }
     let (live_tx, live) = watch::channel(Members::default());
@@ -295,6 +296,8 @@ async fn run_node(
         cfg,
         snapshots,
         scratch,
+        restores: tokio::sync::Semaphore::new(RESTORES_AT_ONCE),
+        leaving: AtomicBool::new(false),
     });
     // The copies this node kept are followed again at once (a restart serves its share
     // soonest); the role tasks open the ones its replica sets name once the members are
@@ -343,6 +346,13 @@ async fn run_node(
         .fallback(front)
         .with_state(node.clone());
     let counts = node.metrics.connections();
+    // Told to stop, the node first hands on what it keeps, serving meanwhile (its front
+    // forwards to the new owners); then the server drains.
+    let leaving = node.clone();
+    let shutdown = async move {
+        shutdown.await;
+        leaving.hand_on().await;
+    };
     let drained = crate::http::serve_app(
         listener,
         app,
@@ -461,6 +471,7 @@ async fn membership(node: Arc<Node>, live: watch::Sender<Members>, stop: Cancell
                 .filter(|p| p.is_warm())
                 .map(|p| p.id)
                 .collect(),
+            leaving: node.leaving.load(Ordering::SeqCst),
         };
         let beat = serde_json::to_vec(&beat).expect("a heartbeat serializes");
         if let Err(e) = node.members.put(&node.cfg.node, beat.into()).await {
@@ -510,6 +521,9 @@ async fn read_members(bucket: &kv::Store) -> anyhow::Result<Members> {
         members
             .warm
             .insert(name.clone(), beat.warm.into_iter().collect());
+        if beat.leaving {
+            members.leaving.insert(name.clone());
+        }
         members.names.push(name);
     }
     members.names.sort();

@@ -5,7 +5,7 @@
 //! partition's replica set names this node.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -69,10 +69,10 @@ pub(super) async fn keeper(node: Arc<Node>, part: Arc<Partition>, stop: Cancella
                 // Only to a better-ranked node whose copy is caught up (one that just
                 // joined, or came back, catches up first, so its takeover stays within the
                 // bound): a partition only ever moves up its ranking, never back and forth.
-                if desired
-                    .as_ref()
-                    .is_some_and(|d| *d != me && members.is_warm(d, part.id))
-                {
+                // Never to a node that is leaving itself (the whole cluster stopping).
+                if desired.as_ref().is_some_and(|d| {
+                    *d != me && members.is_warm(d, part.id) && !members.leaving.contains(d)
+                }) {
                     part.hand_over.store(true, Ordering::SeqCst);
                     part.changed.notify_one();
                 }
@@ -182,8 +182,12 @@ pub(super) async fn role_task(node: Arc<Node>, part: Arc<Partition>, stop: Cance
                         partition = part.id,
                         "handing the partition over to its rendezvous owner"
                     );
-                    node.step_down(&part, &mut role, true).await;
-                    node.give_back(&part, &h).await;
+                    // The lease goes back as soon as the runtime is closed, before this
+                    // node reopens its copy as a standby: the taker waits for nothing else.
+                    if node.close_owned(&part, &mut role, true).await {
+                        node.give_back(&part, &h).await;
+                        node.follow_again(&part, &mut role).await;
+                    }
                     continue;
                 }
                 let fenced = o.log.fenced();
@@ -258,8 +262,14 @@ pub(super) async fn follow(
     applied: watch::Sender<u64>,
     warm: Arc<AtomicBool>,
     behind: Arc<AtomicBool>,
+    unbuilt: Arc<AtomicU64>,
     stop: CancellationToken,
 ) -> Substrate {
+    let note_unbuilt = |standby: &Substrate| {
+        if let Ok(n) = standby.unbuilt() {
+            unbuilt.store(n, Ordering::SeqCst);
+        }
+    };
     // Where the stream ended when this standby began following (known once asked).
     let mut end_at_start: Option<u64> = None;
     let caught_up = |position: u64, target: Option<u64>| {
@@ -333,6 +343,7 @@ pub(super) async fn follow(
                 if !ahead {
                     caught_up(applied_now, Some(applied_now));
                 }
+                note_unbuilt(&standby);
                 if ahead {
                     tracing::debug!(
                         partition,
@@ -382,6 +393,7 @@ pub(super) async fn follow(
                 Ok(Ok(position)) => {
                     applied.send_replace(position);
                     caught_up(position, end_at_start);
+                    note_unbuilt(&standby);
                 }
                 Ok(Err(e)) => {
                     tracing::error!(error = %e, partition, "cannot apply the stream to the standby store");
@@ -602,6 +614,7 @@ impl Node {
             tx,
             part.warm.clone(),
             part.behind.clone(),
+            part.unbuilt.clone(),
             stop.clone(),
         ));
         Follower {
@@ -722,9 +735,13 @@ impl Node {
 
     /// Owner → standby: [`Node::close_owned`], then follow the stream again.
     pub(super) async fn step_down(&self, part: &Partition, role: &mut Role, graceful: bool) {
-        if !self.close_owned(part, role, graceful).await {
-            return;
+        if self.close_owned(part, role, graceful).await {
+            self.follow_again(part, role).await;
         }
+    }
+
+    /// Idle after owning → standby: reopens this node's copy and follows the stream.
+    pub(super) async fn follow_again(&self, part: &Partition, role: &mut Role) {
         tracing::info!(partition = part.id, "following the partition as a standby");
         match self.open_standby_patiently(part).await {
             Ok(standby) => *role = Role::Standby(self.follow(part, standby)),

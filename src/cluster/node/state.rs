@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,18 @@ pub(super) const SNAPSHOT_ASK_EVERY: Duration = Duration::from_secs(10);
 /// nothing but snapshots.
 pub(super) const SNAPSHOT_GAP: Duration = Duration::from_secs(30);
 
+/// Changes a standby's indexes may lack for it to be snapshotted (below four times the
+/// stream's threshold): what a close builds anyway.
+pub(super) const SNAPSHOT_UNBUILT: u64 = shadowbrain_runtime::CLOSE_BUILD_LIMIT as u64;
+
+/// Snapshots a node restores at once: a joining node's copies arrive a few at a time, so
+/// those it is to own (restored first) are not slowed by all the others.
+pub(super) const RESTORES_AT_ONCE: usize = 2;
+
+/// How long a copy a node will keep only as a standby waits for the copies it is to own to
+/// catch up before it is restored.
+pub(super) const OWNED_FIRST_FOR: Duration = Duration::from_secs(60);
+
 /// The live members, as their heartbeats in the members bucket say.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct Members {
@@ -63,6 +75,9 @@ pub(super) struct Members {
     /// The partitions each holds a caught-up copy of (owned, or a standby that reached the
     /// stream's end since it opened).
     pub(super) warm: BTreeMap<String, BTreeSet<u16>>,
+    /// The members leaving the cluster (stopping gracefully): ranked after every other
+    /// member, so the others take their partitions and copies while they still serve.
+    pub(super) leaving: BTreeSet<String>,
 }
 
 /// What a node writes into the members bucket: that it is live, and its caught-up copies.
@@ -70,14 +85,27 @@ pub(super) struct Members {
 pub(super) struct Heartbeat {
     #[serde(default)]
     pub(super) warm: Vec<u16>,
+    /// The node is stopping and hands its partitions and copies on first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) leaving: bool,
 }
 
 impl Members {
     /// The nodes that should keep `partition`: the first `copies` of its rendezvous
     /// ranking (all of them in a smaller cluster).
     pub(super) fn replica_set(&self, partition: u16, copies: usize) -> Vec<&String> {
-        let mut order = super::super::ranked(partition, &self.names);
+        let mut order = self.ranking(partition);
         order.truncate(copies);
+        order
+    }
+
+    /// The members in the order they should keep `partition`: its rendezvous ranking,
+    /// with the members that are leaving moved to its end (in the same order), so their
+    /// copies fall out of replica sets that have other nodes to take them, and they own a
+    /// partition only while no other copy of it has caught up.
+    pub(super) fn ranking(&self, partition: u16) -> Vec<&String> {
+        let mut order = super::super::ranked(partition, &self.names);
+        order.sort_by_key(|n| self.leaving.contains(*n));
         order
     }
 
@@ -94,7 +122,7 @@ impl Members {
     /// heartbeat of a moment before, would hand it on to a worse-ranked node, which would
     /// hand it back once that heartbeat caught up, and so on.
     pub(super) fn owner_for(&self, partition: u16, me: &str, me_warm: bool) -> Option<&String> {
-        let order = super::super::ranked(partition, &self.names);
+        let order = self.ranking(partition);
         order
             .iter()
             .find(|n| match n.as_str() == me {
@@ -175,6 +203,9 @@ pub(super) struct Partition {
     pub(super) snapshot_clock: Mutex<(Option<Instant>, Option<Instant>)>,
     /// A snapshot of this node's is being stored and the stream truncated.
     pub(super) storing: Arc<AtomicBool>,
+    /// Changes this node's standby has applied that its indexes have not built yet (set
+    /// by the standby as it applies the stream).
+    pub(super) unbuilt: Arc<AtomicU64>,
 }
 
 impl Partition {
@@ -231,6 +262,11 @@ pub(super) struct Node {
     /// Where this node writes and reads snapshot archives (`snapshots/` in its data
     /// directory).
     pub(super) scratch: PathBuf,
+    /// Turns to restore a snapshot ([`RESTORES_AT_ONCE`]).
+    pub(super) restores: tokio::sync::Semaphore,
+    /// This node is stopping: its heartbeat says so, and it hands its partitions and
+    /// copies on before it stops serving.
+    pub(super) leaving: AtomicBool,
 }
 
 pub(super) fn partition_dir(data: &Path, p: u16) -> PathBuf {
@@ -252,7 +288,7 @@ mod tests {
         let (first, second, third) = (&order[0], &order[1], &order[2]);
         let mut members = Members {
             names: names.clone(),
-            warm: BTreeMap::new(),
+            ..Members::default()
         };
         // Nobody caught up: the first of the ranking.
         assert_eq!(members.owner_for(p, third, false), Some(first));
@@ -267,5 +303,43 @@ mod tests {
         assert_eq!(members.owner_for(p, first, true), Some(first));
         assert_eq!(members.replica_set(p, 3), vec![first, second, third]);
         assert!(members.is_warm(second, p) && !members.is_warm(first, p));
+    }
+
+    #[test]
+    fn a_leaving_member_hands_its_copies_on_and_owns_only_until_another_caught_up() {
+        let names: Vec<String> = (0..5).map(|i| format!("node{i}")).collect();
+        let p = 9;
+        let order: Vec<String> = super::super::super::ranked(p, &names)
+            .into_iter()
+            .cloned()
+            .collect();
+        let mut members = Members {
+            names: names.clone(),
+            ..Members::default()
+        };
+        members.warm.entry(order[0].clone()).or_default().insert(p);
+        // The owner leaves: it falls out of the replica set, the fourth-ranked node joins it.
+        members.leaving.insert(order[0].clone());
+        assert_eq!(
+            members.replica_set(p, 3),
+            vec![&order[1], &order[2], &order[3]]
+        );
+        // It keeps owning while no other copy has caught up...
+        assert_eq!(members.owner_for(p, &order[0], true), Some(&order[0]));
+        assert_eq!(members.owner_for(p, &order[1], false), Some(&order[0]));
+        // ...and hands the partition to the best-ranked one that has.
+        members.warm.entry(order[2].clone()).or_default().insert(p);
+        assert_eq!(members.owner_for(p, &order[0], true), Some(&order[2]));
+        // In a cluster with no one else to take a copy, a leaving node stays in the set,
+        // last.
+        let three = Members {
+            names: order[..3].to_vec(),
+            leaving: [order[0].clone()].into(),
+            ..Members::default()
+        };
+        assert_eq!(
+            three.replica_set(p, 3),
+            vec![&order[1], &order[2], &order[0]]
+        );
     }
 }
