@@ -7,6 +7,21 @@
 //! cargo run --release --example cluster_bench -- --secs 30 --records 1000000
 //! ```
 //!
+//! In the configuration users run, the local model (what `serve` embeds with once
+//! `scripts/setup` installed it), at a load the model keeps up with, the cost alone:
+//!
+//! ```text
+//! cargo run --release --example cluster_bench -- --embedder default --cost-only \
+//!     --writers 4 --batch 1 --pace-ms 200 --secs 60
+//! ```
+//!
+//! Each setup gets two seconds of the load first (a model loaded, caches warm); its CPU
+//! time then counts from the load's start until every embedding is made and, in the
+//! cluster, every copy has applied the log. The processes' CPU time with no load (20 s,
+//! just before) is reported per second beside it, and what an event costs beyond it: at a
+//! light load, what a cluster spends anyway (heartbeats, leases, consumers) is most of
+//! what an event seems to cost.
+//!
 //! The cluster runs secured as `docs/cluster/` says (TLS, a NATS user per node, sealed
 //! messages) and, for the cost of that, once more in plain text on loopback
 //! (`insecure_loopback`) with the same load in the same run.
@@ -53,6 +68,15 @@ struct Args {
     /// Records the cluster holds for the failover and the cold rebuild.
     #[arg(long, default_value_t = 1_000_000)]
     records: u64,
+    /// The embedder every `serve` runs: `hash`, or `default` for `serve`'s own default
+    /// (the local model once `scripts/setup` installed it: the configuration users run).
+    #[arg(long, default_value = "hash", value_parser = ["hash", "default"])]
+    embedder: String,
+    /// Only what an event costs, embedded and on the secured cluster (no plain-text run,
+    /// forwarding, catch-up, failover or cold rebuild): with `--embedder default`, where
+    /// filling the cluster for the failover would take hours.
+    #[arg(long)]
+    cost_only: bool,
     /// The `shadowbrain` binary the nodes run.
     #[arg(long, value_name = "PATH",
           default_value_os_t = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/shadowbrain"))]
@@ -113,11 +137,61 @@ fn summary(written: &[Written]) -> (u64, Vec<Duration>) {
     (events, lat)
 }
 
+/// Waits until no node at `addrs` has a record waiting for its embedding (the load's
+/// embeddings are part of what it costs: with a model they are most of it); how long
+/// that took after the load.
+fn drained(addrs: &[SocketAddr]) -> Duration {
+    let started = Instant::now();
+    while !addrs.iter().all(|a| harness::enrich_backlog(*a) == Some(0)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(1800),
+            "the embeddings did not catch up"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    started.elapsed()
+}
+
+/// Two seconds of the load, its embeddings made: a model loaded, caches warm, before the
+/// CPU time counts.
+fn warm_up(addrs: &[SocketAddr], a: &Args) {
+    drive(
+        addrs.to_vec(),
+        &Args {
+            secs: 2,
+            ..a.clone()
+        },
+    );
+    drained(addrs);
+}
+
+/// How long the processes' CPU time is read with no load: what they spend anyway
+/// (heartbeats, leases, consumers, timers), per second — at a light load, much of what an
+/// event seems to cost.
+const IDLE: Duration = Duration::from_secs(20);
+
+/// CPU time per second that `cpu` grows by with no load, over [`IDLE`].
+fn idle_rate(cpu: impl Fn() -> Duration) -> f64 {
+    let before = cpu();
+    std::thread::sleep(IDLE);
+    (cpu() - before).as_secs_f64() / IDLE.as_secs_f64()
+}
+
+/// CPU µs per event beyond the idle rate, over `took`.
+fn marginal(cpu: Duration, idle_per_s: f64, took: Duration, events: u64) -> f64 {
+    (cpu.as_secs_f64() - idle_per_s * took.as_secs_f64()).max(0.0) * 1e6 / events as f64
+}
+
 /// The anchor: one embedded `serve`, the same keys, the same load.
 fn embedded(a: &Args) -> Value {
     let (_dir, served) = harness::embedded_serve(&a.bin);
+    warm_up(&[served.addr], a);
+    let idle = idle_rate(|| cpu_time(served.pid()));
     let cpu0 = cpu_time(served.pid());
+    let started = Instant::now();
     let written = drive(vec![served.addr], a);
+    let drain = drained(&[served.addr]);
+    let took = started.elapsed();
     let cpu = cpu_time(served.pid()) - cpu0;
     let (events, lat) = summary(&written);
     let disk = disk_bytes(&served.data);
@@ -132,16 +206,42 @@ fn embedded(a: &Args) -> Value {
         "shadowbrain_cpu_us_per_event": cpu.as_secs_f64() * 1e6 / events as f64,
         "disk_bytes_per_event": disk as f64 / events as f64,
         "ack": percentiles(lat),
+        "embeddings_drained_secs": drain.as_secs_f64(),
+        "idle_cpu_us_per_s": idle * 1e6,
+        "shadowbrain_marginal_cpu_us_per_event": marginal(cpu, idle, took, events),
     })
 }
 
 fn cluster(h: &Harness, a: &Args) -> Value {
+    warm_up(&h.alive_nodes(), a);
     let (nodes, nats) = h.pids();
     let cpu = |pids: &[u32]| pids.iter().map(|p| cpu_time(*p)).sum::<Duration>();
+    let (idle_nodes, idle_nats) = {
+        let (n, s) = (cpu(&nodes), cpu(&nats));
+        std::thread::sleep(IDLE);
+        let per_s = |d: Duration| d.as_secs_f64() / IDLE.as_secs_f64();
+        (per_s(cpu(&nodes) - n), per_s(cpu(&nats) - s))
+    };
+    let started = Instant::now();
     let (n0, s0, b0) = (cpu(&nodes), cpu(&nats), h.nats_bytes());
     let disk0 = disk_bytes(h.dir.path());
     let written = drive(h.alive_nodes(), a);
+    // Every embedding made and every copy caught up with the log, the embeddings' log
+    // entries included: a standby's share of the cost is counted too.
+    let drain = drained(&h.alive_nodes());
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let ends = tokio.block_on(harness::log_ends(&h.nats_access(), PARTITIONS));
+    let waited = Instant::now();
+    while !(0..h.nodes.len()).all(|i| h.nodes[i].served.is_none() || h.caught_up(i, &ends)) {
+        assert!(
+            waited.elapsed() < Duration::from_secs(600),
+            "the standbys did not catch up"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let drain = drain + waited.elapsed();
     let (n1, s1, b1) = (cpu(&nodes), cpu(&nats), h.nats_bytes());
+    let took = started.elapsed();
     let (events, lat) = summary(&written);
     let disk = disk_bytes(h.dir.path()) - disk0;
     let per = |d: Duration| d.as_secs_f64() * 1e6 / events as f64;
@@ -159,6 +259,11 @@ fn cluster(h: &Harness, a: &Args) -> Value {
         "loopback_bytes_per_event": (b1 - b0) as f64 / events as f64,
         "ack": percentiles(lat),
         "retried_attempts": written.iter().map(|w| w.failures.values().sum::<u64>()).sum::<u64>(),
+        "embeddings_and_copies_drained_secs": drain.as_secs_f64(),
+        "idle_cpu_us_per_s": idle_nodes * 1e6,
+        "nats_idle_cpu_us_per_s": idle_nats * 1e6,
+        "shadowbrain_marginal_cpu_us_per_event": marginal(n1 - n0, idle_nodes, took, events),
+        "nats_marginal_cpu_us_per_event": marginal(s1 - s0, idle_nats, took, events),
     })
 }
 
@@ -282,7 +387,24 @@ fn main() {
         (a.writers * a.batch) as f64 * 1000.0 / a.pace_ms as f64,
         a.secs
     );
+    harness::use_embedder(match a.embedder.as_str() {
+        "default" => None,
+        _ => Some("hash"),
+    });
     let anchor = embedded(&a);
+    if a.cost_only {
+        eprintln!("cluster secured as docs/cluster/ says (TLS, an nkey per node, seals):");
+        let h = Harness::start(&nats, &a.bin, &[]);
+        let clustered = cluster(&h, &a);
+        let line = json!({
+            "load": {"writers": a.writers, "batch": a.batch, "pace_ms": a.pace_ms, "secs": a.secs},
+            "embedder": a.embedder,
+            "embedded": anchor,
+            "cluster": clustered,
+        });
+        println!("{line}");
+        return;
+    }
     eprintln!("cluster in plain text on loopback (insecure_loopback):");
     let plain = {
         let h = Harness::start_as(Security::InsecureLoopback, &nats, &a.bin, &[], &[]);

@@ -16,8 +16,10 @@
 //! (`[cluster] snapshot_tail_mib`, default 64), one more node with an empty data directory
 //! joins the larger cluster: the time until it owns its share (its partitions' ownership
 //! moves only to a caught-up copy) and until every copy it keeps has caught up, each
-//! restored from a snapshot and the stream's tail. Progress on stderr; last, one JSON
-//! line.
+//! restored from a snapshot and the stream's tail, with where its time went per copy (when
+//! restored, how long the restore took and its size, when caught up, when owning; read
+//! from the node's log). `--join-only` runs the larger cluster and the join alone. Progress
+//! on stderr; last, one JSON line.
 
 #[path = "../tests/cluster_harness.rs"]
 mod harness;

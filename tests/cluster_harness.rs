@@ -137,6 +137,39 @@ pub fn keys() -> Vec<(String, String)> {
 }
 pub const ADMIN: &str = "the-admin-key";
 
+/// The `[[auth.keys]]` of every tenant and of the admin key.
+fn auth_keys() -> String {
+    let mut auth = String::new();
+    for (ns, key) in keys() {
+        auth.push_str(&format!(
+            "[[auth.keys]]\nsha256 = \"{}\"\nnamespace = \"{ns}\"\n",
+            sha256_hex(&key)
+        ));
+    }
+    auth.push_str(&format!(
+        "[[auth.keys]]\nsha256 = \"{}\"\nnamespace = \"ops\"\nrole = \"admin\"\n",
+        sha256_hex(ADMIN)
+    ));
+    auth
+}
+
+/// The `[embedder]` section every node and [`embedded_serve`] is given: `hash` unless
+/// [`use_embedder`] said otherwise.
+static EMBEDDER: Mutex<Option<&'static str>> = Mutex::new(Some("hash"));
+
+/// The embedder the harness's `serve` processes run from now on: `Some(kind)`, or `None`
+/// for no `[embedder]` section — `serve`'s default (the local model once installed).
+pub fn use_embedder(kind: Option<&'static str>) {
+    *EMBEDDER.lock().unwrap_or_else(|p| p.into_inner()) = kind;
+}
+
+fn embedder_section() -> String {
+    match *EMBEDDER.lock().unwrap_or_else(|p| p.into_inner()) {
+        Some(kind) => format!("[embedder]\nkind = \"{kind}\"\n\n"),
+        None => String::new(),
+    }
+}
+
 /// How the harness's NATS servers and nodes are configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Security {
@@ -539,17 +572,7 @@ impl Harness {
             .map(|n| format!("\"{scheme}://127.0.0.1:{}\"", n.port))
             .collect::<Vec<_>>()
             .join(", ");
-        let mut auth = String::new();
-        for (ns, key) in keys() {
-            auth.push_str(&format!(
-                "[[auth.keys]]\nsha256 = \"{}\"\nnamespace = \"{ns}\"\n",
-                sha256_hex(&key)
-            ));
-        }
-        auth.push_str(&format!(
-            "[[auth.keys]]\nsha256 = \"{}\"\nnamespace = \"ops\"\nrole = \"admin\"\n",
-            sha256_hex(ADMIN)
-        ));
+        let auth = auth_keys();
         let mut nodes = Vec::new();
         for i in 0..shape.nodes {
             let name = format!("node{i}");
@@ -582,8 +605,9 @@ impl Harness {
             std::fs::write(
                 &config,
                 format!(
-                    "[embedder]\nkind = \"hash\"\n\n{auth}\n{cluster}\npartitions = {}\n\
+                    "{}{auth}\n{cluster}\npartitions = {}\n\
                      copies = {}\nlease_ttl = \"{}s\"\n",
+                    embedder_section(),
                     shape.partitions,
                     shape.copies,
                     LEASE_TTL.as_secs()
@@ -987,6 +1011,23 @@ pub fn request(
     body: Option<&str>,
     idempotency: Option<&str>,
 ) -> std::io::Result<(u16, Value, String)> {
+    let (code, body, node) = request_text(addr, method, path, key, body, idempotency)?;
+    Ok((
+        code,
+        serde_json::from_str(&body).unwrap_or(Value::Null),
+        node,
+    ))
+}
+
+/// [`request`], with the body as text.
+pub fn request_text(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: Option<&str>,
+    idempotency: Option<&str>,
+) -> std::io::Result<(u16, String, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     stream.set_read_timeout(Some(Duration::from_secs(20)))?;
     let body = body.unwrap_or("");
@@ -1028,11 +1069,22 @@ pub fn request(
     } else {
         rest.to_string()
     };
-    Ok((
-        code,
-        serde_json::from_str(&body).unwrap_or(Value::Null),
-        node,
-    ))
+    Ok((code, body, node))
+}
+
+/// The records waiting for their embedding on the node at `addr` (its owned runtimes'
+/// `enrich` work queues, from `/metrics`); `None` when it does not answer.
+pub fn enrich_backlog(addr: SocketAddr) -> Option<u64> {
+    let (code, body, _) = request_text(addr, "GET", "/metrics", Some(ADMIN), None, None).ok()?;
+    if code != 200 {
+        return None;
+    }
+    Some(
+        body.lines()
+            .filter(|l| l.starts_with("shadowbrain_work_queue_depth{") && l.contains("\"enrich\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64,
+    )
 }
 
 fn dechunk(mut rest: &str) -> String {
@@ -1425,19 +1477,12 @@ pub fn copies_on_disk(h: &Harness, p: u16) -> Vec<DiskCopy> {
     out
 }
 
-/// One embedded (single-node) `serve` of `bin` with the harness's tenants' keys and the
-/// `hash` embedder, on a fresh data directory (kept with the returned directory).
+/// One embedded (single-node) `serve` of `bin` with the harness's keys and embedder (see
+/// [`use_embedder`]), on a fresh data directory (kept with the returned directory).
 pub fn embedded_serve(bin: &Path) -> (tempfile::TempDir, Served) {
     let dir = tempfile::tempdir().unwrap();
-    let mut auth = String::new();
-    for (ns, key) in keys() {
-        auth.push_str(&format!(
-            "[[auth.keys]]\nsha256 = \"{}\"\nnamespace = \"{ns}\"\n",
-            sha256_hex(&key)
-        ));
-    }
     let config = dir.path().join("serve.toml");
-    std::fs::write(&config, format!("[embedder]\nkind = \"hash\"\n\n{auth}")).unwrap();
+    std::fs::write(&config, format!("{}{}", embedder_section(), auth_keys())).unwrap();
     let served = Serve::new(bin)
         .data(dir.path().join("data"))
         .config_file(&config)

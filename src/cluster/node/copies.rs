@@ -298,7 +298,7 @@ impl Node {
             // on a loaded machine), the snapshot waits for them: closing the standby
             // would cancel the build under way, so a partition snapshotted every gap
             // would never hold a vector index and every copy restored would build it
-            // whole (19 s for 90 MB seen). Past four times the threshold it goes ahead.
+            // whole before it opens. Past four times the threshold it goes ahead.
             let unbuilt = part.unbuilt.load(Ordering::SeqCst);
             if unbuilt > SNAPSHOT_UNBUILT && state.bytes < self.cfg.snapshot_tail * 4 {
                 tracing::debug!(
