@@ -165,7 +165,7 @@ impl Snapshots {
                 sealed,
             )
         });
-        let mut read = async {
+        let read = async {
             loop {
                 let mut buffer = vec![0u8; CHUNK];
                 let n = object
@@ -184,15 +184,13 @@ impl Snapshots {
         }
         .await;
         drop(chunks);
+        // The unpacking's error first: a read that stopped early only shows there as an
+        // archive cut short.
         let unpacked = unpacking.await.context("unpacking the snapshot")?;
-        let bytes = match unpacked {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                read = Err(e.into());
-                0
-            }
-        };
-        read.with_context(|| format!("restoring the snapshot of {stream}"))?;
+        let bytes = unpacked
+            .map_err(anyhow::Error::from)
+            .and_then(|bytes| read.map(|()| bytes))
+            .with_context(|| format!("restoring the snapshot of {stream}"))?;
         Ok(Some((position, bytes)))
     }
 }
