@@ -44,7 +44,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::{CommandFactory, Parser};
-use harness::{Harness, NODES, PARTITIONS, Security, Written, cpu_time, disk_bytes, keys, request};
+use harness::{
+    Harness, NODES, PARTITIONS, Security, Shape, Written, cpu_time, disk_bytes, keys, request,
+};
 use serde_json::{Value, json};
 use shadowbrain_test_support::stats::percentile;
 
@@ -77,6 +79,10 @@ struct Args {
     /// filling the cluster for the failover would take hours.
     #[arg(long)]
     cost_only: bool,
+    /// Copies of each partition (`[cluster] copies`) in the `--cost-only` cluster: what a
+    /// copy costs per event, 1 (no standby) to 3 (the default, every node).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=3))]
+    copies: u8,
     /// The `shadowbrain` binary the nodes run.
     #[arg(long, value_name = "PATH",
           default_value_os_t = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/shadowbrain"))]
@@ -394,11 +400,16 @@ fn main() {
     let anchor = embedded(&a);
     if a.cost_only {
         eprintln!("cluster secured as docs/cluster/ says (TLS, an nkey per node, seals):");
-        let h = Harness::start(&nats, &a.bin, &[]);
+        let shape = Shape {
+            copies: usize::from(a.copies),
+            ..Shape::default()
+        };
+        let h = Harness::start_shaped(Security::Secured, &nats, &a.bin, &[], &[], shape);
         let clustered = cluster(&h, &a);
         let line = json!({
             "load": {"writers": a.writers, "batch": a.batch, "pace_ms": a.pace_ms, "secs": a.secs},
             "embedder": a.embedder,
+            "copies": a.copies,
             "embedded": anchor,
             "cluster": clustered,
         });

@@ -361,9 +361,21 @@ pub(super) async fn follow(
                 }
                 None => continue 'outer,
             };
+            // What else arrives within the linger joins this transaction: a standby's
+            // commits then come at most once per linger whatever the event rate (an event
+            // and its embedding are two entries a few ms apart), and each commit's flush
+            // is a cost of its own besides its entries'.
+            let linger = tokio::time::Instant::now() + STANDBY_LINGER;
             while batch.len() < APPLY_BATCH {
-                match messages.next().now_or_never() {
-                    Some(Some(Ok(m))) => batch.push(m),
+                let next = match messages.next().now_or_never() {
+                    Some(next) => next,
+                    None => tokio::select! {
+                        _ = stop.cancelled() => None,
+                        next = tokio::time::timeout_at(linger, messages.next()) => next.ok().flatten(),
+                    },
+                };
+                match next {
+                    Some(Ok(m)) => batch.push(m),
                     _ => break,
                 }
             }
@@ -538,6 +550,9 @@ impl Node {
         // build has a cost of its own besides its items'), and what it has not built when
         // it takes over is built in the background after the takeover.
         opts.indexing.max_delay = STANDBY_BUILD_DELAY;
+        // Nor does a quiet moment make a build worth its cost: a partition written every
+        // few hundred ms would otherwise build after each write.
+        opts.indexing.debounce = STANDBY_QUIET;
         let dir = part.dir.clone();
         tokio::task::spawn_blocking(move || Substrate::open(&dir, opts))
             .await?

@@ -35,6 +35,14 @@ pub(super) const IDLE_CHECK: Duration = Duration::from_secs(2);
 /// How old a standby's oldest unbuilt change may get before its indexes are built.
 pub(super) const STANDBY_BUILD_DELAY: Duration = Duration::from_secs(30);
 
+/// How long a standby's indexes wait after the last change before they are built.
+pub(super) const STANDBY_QUIET: Duration = Duration::from_secs(5);
+
+/// How long a standby waits for more entries before it applies what it has received in
+/// one transaction. A takeover first catches the copy up, so this bounds what the linger
+/// adds to one.
+pub(super) const STANDBY_LINGER: Duration = Duration::from_millis(100);
+
 /// How long a node waits for a partition's files to be released before it says it cannot
 /// open them (the role task tries again later).
 pub(super) const RELEASE_WAIT: Duration = Duration::from_secs(30);
