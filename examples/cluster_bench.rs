@@ -81,7 +81,8 @@ struct Args {
     cost_only: bool,
     /// Copies of each partition (`[cluster] copies`) in the `--cost-only` cluster: what a
     /// copy costs per event, 1 (no standby) to 3 (the default, every node).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=3))]
+    #[arg(long, requires = "cost_only", default_value_t = harness::COPIES as u8,
+          value_parser = clap::value_parser!(u8).range(1..=3))]
     copies: u8,
     /// The `shadowbrain` binary the nodes run.
     #[arg(long, value_name = "PATH",
@@ -176,11 +177,12 @@ fn warm_up(addrs: &[SocketAddr], a: &Args) {
 /// event seems to cost.
 const IDLE: Duration = Duration::from_secs(20);
 
-/// CPU time per second that `cpu` grows by with no load, over [`IDLE`].
-fn idle_rate(cpu: impl Fn() -> Duration) -> f64 {
+/// CPU time per second that each of `cpu`'s readings grows by with no load, over [`IDLE`].
+fn idle_rate<const N: usize>(cpu: impl Fn() -> [Duration; N]) -> [f64; N] {
     let before = cpu();
     std::thread::sleep(IDLE);
-    (cpu() - before).as_secs_f64() / IDLE.as_secs_f64()
+    let after = cpu();
+    std::array::from_fn(|i| (after[i] - before[i]).as_secs_f64() / IDLE.as_secs_f64())
 }
 
 /// CPU µs per event beyond the idle rate, over `took`.
@@ -192,7 +194,7 @@ fn marginal(cpu: Duration, idle_per_s: f64, took: Duration, events: u64) -> f64 
 fn embedded(a: &Args) -> Value {
     let (_dir, served) = harness::embedded_serve(&a.bin);
     warm_up(&[served.addr], a);
-    let idle = idle_rate(|| cpu_time(served.pid()));
+    let [idle] = idle_rate(|| [cpu_time(served.pid())]);
     let cpu0 = cpu_time(served.pid());
     let started = Instant::now();
     let written = drive(vec![served.addr], a);
@@ -222,12 +224,7 @@ fn cluster(h: &Harness, a: &Args) -> Value {
     warm_up(&h.alive_nodes(), a);
     let (nodes, nats) = h.pids();
     let cpu = |pids: &[u32]| pids.iter().map(|p| cpu_time(*p)).sum::<Duration>();
-    let (idle_nodes, idle_nats) = {
-        let (n, s) = (cpu(&nodes), cpu(&nats));
-        std::thread::sleep(IDLE);
-        let per_s = |d: Duration| d.as_secs_f64() / IDLE.as_secs_f64();
-        (per_s(cpu(&nodes) - n), per_s(cpu(&nats) - s))
-    };
+    let [idle_nodes, idle_nats] = idle_rate(|| [cpu(&nodes), cpu(&nats)]);
     let started = Instant::now();
     let (n0, s0, b0) = (cpu(&nodes), cpu(&nats), h.nats_bytes());
     let disk0 = disk_bytes(h.dir.path());
