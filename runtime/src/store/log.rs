@@ -89,7 +89,8 @@ pub struct Replica {
 impl Replica {
     /// Opens (or creates) the store files in `dir` as a replica.
     pub fn open(dir: &Path, backend: Backend) -> Result<Replica> {
-        let kv = kv::open(backend, dir)?;
+        // Durable in the log it copies.
+        let kv = kv::open(backend, dir, kv::Durability::Logged)?;
         let applied = applied(kv.as_ref())?;
         Ok(Replica { kv, applied })
     }

@@ -317,6 +317,18 @@ pub struct StoreOptions {
     pub standby: bool,
 }
 
+impl StoreOptions {
+    /// A cluster's copy (a log, or a standby of one) is durable in its log: a machine crash
+    /// may undo its last commits, which it reads from the log again.
+    fn durability(&self) -> kv::Durability {
+        if self.log.is_some() || self.standby {
+            kv::Durability::Logged
+        } else {
+            kv::Durability::Full
+        }
+    }
+}
+
 /// The system of record. Cheap to clone; every clone talks to the same commit thread.
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -382,7 +394,7 @@ impl Store {
                 ),
             ));
         }
-        let kv: Arc<dyn Kv> = Arc::from(kv::open(opts.backend, dir)?);
+        let kv: Arc<dyn Kv> = Arc::from(kv::open(opts.backend, dir, opts.durability())?);
         check_format(kv.as_ref())?;
 
         let mut catalog = Catalog::default();
@@ -634,8 +646,19 @@ fn check_format(kv: &dyn Kv) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// Only a cluster's copies — durable in their log — give up the meta page's flush.
+    #[test]
+    fn only_a_copy_of_a_log_gives_up_a_flush() {
+        let standby = StoreOptions {
+            standby: true,
+            ..StoreOptions::default()
+        };
+        assert_eq!(standby.durability(), kv::Durability::Logged);
+        assert_eq!(StoreOptions::default().durability(), kv::Durability::Full);
+    }
+
     fn set_format(dir: &Path, version: u32) {
-        let kv = kv::open(Backend::default(), dir).unwrap();
+        let kv = kv::open(Backend::default(), dir, kv::Durability::Full).unwrap();
         let op = kv::Op::Put(
             keys::meta(meta::FORMAT_VERSION),
             version.to_be_bytes().to_vec(),
@@ -652,7 +675,7 @@ mod tests {
         // A store from before the mark (it has written, nothing says how far its log was
         // truncated): opening it does not claim a whole log.
         let old = tempfile::tempdir().unwrap();
-        let kv = kv::open(Backend::default(), old.path()).unwrap();
+        let kv = kv::open(Backend::default(), old.path(), kv::Durability::Full).unwrap();
         let op = kv::Op::Put(keys::meta(meta::NEXT_SEQ), 40u64.to_be_bytes().to_vec());
         kv.commit(&[&[op]]).unwrap();
         drop(kv);
@@ -667,7 +690,7 @@ mod tests {
         for older in 1..FORMAT_VERSION {
             set_format(dir.path(), older);
             drop(Store::open(dir.path(), StoreOptions::default()).unwrap());
-            let kv = kv::open(Backend::default(), dir.path()).unwrap();
+            let kv = kv::open(Backend::default(), dir.path(), kv::Durability::Full).unwrap();
             assert_eq!(
                 read_u32(kv.as_ref(), meta::FORMAT_VERSION).unwrap(),
                 Some(FORMAT_VERSION)

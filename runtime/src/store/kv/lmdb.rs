@@ -1,6 +1,6 @@
 //! The LMDB backend of [`Kv`](super::Kv), through heed. LMDB is a copy-on-write B-tree:
 //! a commit is durable when it returns (fsync), and a crash at any moment leaves the last
-//! committed state. The memory map grows on demand — `MDB_MAP_FULL` aborts the transaction,
+//! committed state (opened [`Durability::Logged`], a machine crash may leave an earlier one). The memory map grows on demand — `MDB_MAP_FULL` aborts the transaction,
 //! doubles the map and retries — so a growing store never crashes on size.
 //!
 //! **One table per key family.** Keys start with a family byte (`store::keys`), and most
@@ -20,9 +20,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use heed::types::Bytes;
-use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, PutFlags, RwTxn, WithoutTls};
+use heed::{CommitOrAbort, Database, Env, EnvFlags, EnvOpenOptions, PutFlags, RwTxn, WithoutTls};
 
-use super::{Backend, Kv, Op, Range, ValueVisitor, Visit, Visitor};
+use super::{Backend, Durability, Kv, Op, Range, ValueVisitor, Visit, Visitor};
 use crate::error::{Error, Result};
 use crate::pages::MapRelease;
 
@@ -57,26 +57,38 @@ pub struct LmdbKv {
 }
 
 impl LmdbKv {
-    /// Opens (or creates) an LMDB environment in `dir`.
+    /// Opens (or creates) an LMDB environment in `dir`, flushing everything.
+    #[cfg(test)]
     pub fn open(dir: &Path) -> Result<Self> {
-        Self::open_with_map_size(dir, INITIAL_MAP_SIZE)
+        Self::open_as(dir, Durability::Full)
+    }
+
+    /// Opens (or creates) an LMDB environment in `dir`, with the given durability.
+    pub fn open_as(dir: &Path, durability: Durability) -> Result<Self> {
+        Self::open_with(dir, INITIAL_MAP_SIZE, durability)
     }
 
     /// Opens with a given initial map size (tests use a tiny one to exercise growth).
+    #[cfg(test)]
     pub fn open_with_map_size(dir: &Path, map_size: usize) -> Result<Self> {
+        Self::open_with(dir, map_size, Durability::Full)
+    }
+
+    fn open_with(dir: &Path, map_size: usize, durability: Durability) -> Result<Self> {
         let file_len = std::fs::metadata(dir.join("data.mdb"))
             .map(|m| m.len() as usize)
             .unwrap_or(0);
         let map_size = round_to_page(map_size.max(file_len.saturating_mul(2)));
+        let mut options = EnvOpenOptions::new().read_txn_without_tls();
+        options.map_size(map_size).max_dbs(TABLES as u32 + 1);
+        if durability == Durability::Logged {
+            // SAFETY: NOMETASYNC keeps the database whole through any crash; what it gives
+            // up (a machine crash may undo the last commits) is what `Logged` allows.
+            unsafe { options.flags(EnvFlags::NO_META_SYNC) };
+        }
         // SAFETY: the environment is opened once per directory by this process (the store
         // takes a lock file first), and its files are never touched by anything else.
-        let env = unsafe {
-            EnvOpenOptions::new()
-                .read_txn_without_tls()
-                .map_size(map_size)
-                .max_dbs(TABLES as u32 + 1)
-                .open(dir)?
-        };
+        let env = unsafe { options.open(dir)? };
         let wtxn = env.write_txn()?;
         let (tables, legacy): ([Table; TABLES], Option<Table>) = env
             .create_databases_and_commit(wtxn, |opener, wtxn| -> heed::Result<_> {
@@ -570,5 +582,30 @@ mod tests {
             mapped < 1 << 20,
             "the release thread left {mapped} bytes mapped"
         );
+    }
+
+    /// A logged copy skips only the meta page's flush; what it committed reads back whole
+    /// when opened again, by either durability.
+    #[test]
+    fn a_logged_copy_leaves_its_meta_page_to_the_next_flush_and_reopens_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let no_meta_sync = |kv: &LmdbKv| {
+            let flags = kv.env.flags().unwrap().unwrap();
+            flags.contains(EnvFlags::NO_META_SYNC)
+        };
+        {
+            let kv = LmdbKv::open_as(dir.path(), Durability::Logged).unwrap();
+            assert!(no_meta_sync(&kv));
+            for i in 0u32..50 {
+                let op = Op::Put([&[0x01], &i.to_be_bytes()[..]].concat(), vec![i as u8; 100]);
+                kv.commit(&[&[op]]).unwrap();
+            }
+        }
+        let kv = LmdbKv::open(dir.path()).unwrap();
+        assert!(!no_meta_sync(&kv));
+        for i in 0u32..50 {
+            let got = kv.get(&[&[0x01], &i.to_be_bytes()[..]].concat()).unwrap();
+            assert_eq!(got, Some(vec![i as u8; 100]));
+        }
     }
 }
