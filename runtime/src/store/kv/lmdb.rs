@@ -1,7 +1,8 @@
 //! The LMDB backend of [`Kv`](super::Kv), through heed. LMDB is a copy-on-write B-tree:
 //! a commit is durable when it returns (fsync), and a crash at any moment leaves the last
-//! committed state (opened [`Durability::Logged`], a machine crash may leave an earlier one). The memory map grows on demand — `MDB_MAP_FULL` aborts the transaction,
-//! doubles the map and retries — so a growing store never crashes on size.
+//! committed state (opened [`Durability::Logged`], a machine crash may leave an earlier
+//! one). The memory map grows on demand — `MDB_MAP_FULL` aborts the transaction, doubles
+//! the map and retries — so a growing store never crashes on size.
 //!
 //! **One table per key family.** Keys start with a family byte (`store::keys`), and most
 //! families grow at their end (ids and sequence numbers are handed out in order). In one
