@@ -70,11 +70,6 @@ impl LmdbKv {
     }
 
     /// Opens with a given initial map size (tests use a tiny one to exercise growth).
-    #[cfg(test)]
-    pub fn open_with_map_size(dir: &Path, map_size: usize) -> Result<Self> {
-        Self::open_with(dir, map_size, Durability::Full)
-    }
-
     fn open_with(dir: &Path, map_size: usize, durability: Durability) -> Result<Self> {
         let file_len = std::fs::metadata(dir.join("data.mdb"))
             .map(|m| m.len() as usize)
@@ -503,7 +498,7 @@ mod tests {
     #[test]
     fn the_map_grows_instead_of_failing() {
         let dir = tempfile::tempdir().unwrap();
-        let kv = LmdbKv::open_with_map_size(dir.path(), 64 * 1024).unwrap();
+        let kv = LmdbKv::open_with(dir.path(), 64 * 1024, Durability::Full).unwrap();
         let value = vec![7u8; 2000];
         for round in 0u32..20 {
             let ops: Vec<Op> = (0u32..100)
