@@ -113,7 +113,7 @@ impl VectorIndex {
             self.release.release_now();
         }
         // Before the tail lets go of what the build wrote, so a search sees it either way.
-        self.shards.store(shards, Ordering::Relaxed);
+        self.set_shards(shards);
 
         {
             let mut tail = self.tail_write();
@@ -156,12 +156,12 @@ impl VectorIndex {
         seed: u64,
         record: Option<u64>,
         read_back: &mut HashMap<u32, Arc<StagedVector>>,
-    ) -> arroy::Result<Result<(u64, usize, u32)>> {
+    ) -> arroy::Result<Result<(u64, usize, Vec<u16>)>> {
         let mut read_back_bytes = 0;
         let (mut items, mut n_trees) = (0, 0);
         // The batch is sorted by id, so each shard's changes are one run of it.
         let mut rest = batch;
-        let mut shards = u64::from(self.shards.load(Ordering::Relaxed));
+        let mut shards: std::collections::BTreeSet<u16> = self.shards().iter().copied().collect();
         while let Some((first, _)) = rest.first() {
             let shard = self.shard_of(*first);
             let end = rest
@@ -239,13 +239,15 @@ impl VectorIndex {
                 builder.cancel(|| self.cancelled.load(Ordering::Relaxed));
                 builder.build(wtxn)?;
             }
-            shards = shards.max(u64::from(shard) + 1);
+            shards.insert(shard);
         }
-        write_u64(self.meta, wtxn, META_SHARDS, shards)?;
+        // The count bounds the shard numbers a later open probes for forests.
+        let bound = shards.last().map_or(1, |&s| u64::from(s) + 1);
+        write_u64(self.meta, wtxn, META_SHARDS, bound)?;
         if let Some(watermark) = record {
             write_u64(self.meta, wtxn, META_WATERMARK, watermark)?;
         }
-        for shard in 0..u16::try_from(shards).unwrap_or(u16::MAX) {
+        for &shard in &shards {
             match Reader::<Cosine>::open(wtxn, shard, self.arroy) {
                 Ok(reader) => {
                     items += reader.n_items();
@@ -255,11 +257,7 @@ impl VectorIndex {
                 Err(e) => return Err(e),
             }
         }
-        Ok(Ok((
-            items,
-            n_trees,
-            u32::try_from(shards).unwrap_or(u32::MAX),
-        )))
+        Ok(Ok((items, n_trees, shards.into_iter().collect())))
     }
 
     /// Runs `work` in a write transaction and commits it, growing the map and retrying on

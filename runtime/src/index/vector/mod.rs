@@ -41,16 +41,18 @@
 //! of the forest it changes, so with one forest every build would read, and map, the whole
 //! index (2.4 GB at 1M 384-dimensional vectors); ids are handed out in order, so new
 //! records land in the last shard and a build reads that one. A search walks each shard
-//! that can hold a candidate and keeps the best `k` of all. An index of the format before
-//! shards opens as one shard holding every id; `shadowbrain reindex` rebuilds it in
-//! shards.
+//! that holds a forest and can hold a candidate, and keeps the best `k` of all: the
+//! shards with a forest are found once at open, so ids that start high (a cluster
+//! partition's block, `store::IdBlock`) cost no walk over the empty shards beneath them.
+//! An index of the format before shards opens as one shard holding every id;
+//! `shadowbrain reindex` rebuilds it in shards.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
@@ -233,8 +235,9 @@ pub struct VectorIndex {
     release: MapRelease,
     /// Ids per shard, as recorded in the meta table.
     shard_items: AtomicU64,
-    /// Shards that may hold built items: `0..shards`.
-    shards: AtomicU32,
+    /// The shards that hold a forest, ascending: found at open (below the recorded
+    /// count) and added to by builds.
+    shards: RwLock<Arc<[u16]>>,
     /// Grow the map before a big build instead of discovering `MDB_MAP_FULL` halfway;
     /// tests turn it off to exercise the abort-grow-retry path.
     grow_ahead: bool,
@@ -343,7 +346,7 @@ impl VectorIndex {
             release: MapRelease::new(dir, gate.clone()),
             gate,
             shard_items: AtomicU64::new(ONE_SHARD),
-            shards: AtomicU32::new(1),
+            shards: RwLock::new(Arc::from([])),
             grow_ahead: true,
             build_pool: OnceLock::new(),
             background_pool: OnceLock::new(),
@@ -407,12 +410,27 @@ impl VectorIndex {
         let _shared = self.gate_read();
         let rtxn = self.env.read_txn()?;
         let shard_items = read_u64(self.meta, &rtxn, META_SHARD_ITEMS)?.unwrap_or(ONE_SHARD);
-        let shards = read_u64(self.meta, &rtxn, META_SHARDS)?.unwrap_or(1);
+        let bound = read_u64(self.meta, &rtxn, META_SHARDS)?.unwrap_or(1);
         self.shard_items
             .store(shard_items.max(1), Ordering::Relaxed);
-        self.shards
-            .store(u32::try_from(shards).unwrap_or(u32::MAX), Ordering::Relaxed);
+        // The recorded count bounds the shard numbers; which of them hold a forest is
+        // probed once here (a missing forest is one lookup), not on every search.
+        let mut present = Vec::new();
+        for shard in 0..bound.min(u64::from(u16::MAX) + 1) {
+            let shard = u16::try_from(shard).unwrap_or(u16::MAX);
+            match Reader::<Cosine>::open(&rtxn, shard, self.arroy) {
+                Ok(_) => present.push(shard),
+                Err(arroy::Error::MissingMetadata(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.set_shards(present);
         Ok(())
+    }
+
+    /// Records which shards hold a forest (ascending).
+    fn set_shards(&self, shards: Vec<u16>) {
+        *self.shards.write().unwrap_or_else(|p| p.into_inner()) = Arc::from(shards);
     }
 
     /// The shard (arroy index number) that holds `id`. Ids past the last number arroy
@@ -422,10 +440,12 @@ impl VectorIndex {
         u16::try_from(shard).unwrap_or(u16::MAX)
     }
 
-    /// The shards that may hold built items.
-    fn shard_range(&self) -> impl Iterator<Item = u16> + Clone {
-        let shards = self.shards.load(Ordering::Relaxed);
-        (0..shards.min(u32::from(u16::MAX) + 1)).map(|s| u16::try_from(s).unwrap_or(u16::MAX))
+    /// The shards that hold a forest, ascending.
+    fn shards(&self) -> Arc<[u16]> {
+        self.shards
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The ids of `shard`.
@@ -462,7 +482,7 @@ impl VectorIndex {
         let _shared = self.gate_read();
         let rtxn = self.env.read_txn()?;
         let mut items = 0;
-        for shard in self.shard_range() {
+        for &shard in self.shards().iter() {
             match Reader::<Cosine>::open(&rtxn, shard, self.arroy) {
                 Ok(reader) => items += reader.n_items(),
                 Err(arroy::Error::MissingMetadata(_)) => {}
@@ -490,7 +510,7 @@ impl VectorIndex {
             write_u64(self.meta, wtxn, META_SHARDS, 1)?;
             Ok(Ok(()))
         })?;
-        self.shards.store(1, Ordering::Relaxed);
+        self.set_shards(Vec::new());
         tail.reset();
         Ok(())
     }

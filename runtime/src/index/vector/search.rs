@@ -196,7 +196,7 @@ impl VectorIndex {
         let unshadowed: Option<RoaringBitmap> = candidates
             .filter(|_| !shadowed.is_empty())
             .map(|c| c - shadowed);
-        for shard in self.shard_range() {
+        for &shard in self.shards().iter() {
             if candidates.is_some_and(|c| c.range_cardinality(self.shard_ids(shard)) == 0) {
                 continue;
             }

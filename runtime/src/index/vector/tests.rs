@@ -489,12 +489,12 @@ fn shards_answer_like_one_index_and_survive_a_reopen() {
     for index in &indexes {
         index.build(1_000).unwrap();
         assert_eq!(index.len().unwrap(), truth.len() as u64);
-        let shards = index.shards.load(Ordering::Relaxed);
-        assert!(shards >= 6, "ids 0..100 in shards of 16");
+        let shards = index.shards();
+        assert!(shards.len() >= 6, "ids 0..100 in shards of 16");
         // Removing an id of an empty shard creates no forest there.
         index.remove(&[50_000]);
         index.build(1_001).unwrap();
-        assert_eq!(index.shards.load(Ordering::Relaxed), shards);
+        assert_eq!(index.shards(), shards);
     }
 }
 
@@ -968,4 +968,48 @@ fn a_stored_vector_is_held_at_half_precision_and_scores_with_the_same_bits() {
         );
         assert_eq!(halved.bytes() * 2, full.bytes());
     }
+}
+
+/// Ids that start high (a cluster partition's block) make forests only where they are:
+/// builds and a reopen know those shards and no empty one beneath them, and a search
+/// finds the items.
+#[test]
+fn ids_that_start_high_make_only_their_own_shards() {
+    let dims = 8;
+    let dir = tempdir().unwrap();
+    let opts = VectorOptions {
+        exact_threshold: 0,
+        shard_items: 1 << 16,
+        build_threads: 1,
+        ..VectorOptions::default()
+    };
+    let first = 3u32 << 29;
+    let mut rng = StdRng::seed_from_u64(5);
+    let vectors: Vec<(u32, Vec<f32>)> = (0..40u32)
+        .map(|i| (first + i * 4_000, gaussian(&mut rng, dims, 1.0)))
+        .collect();
+    let index = VectorIndex::open(dir.path(), dims, opts.clone()).unwrap();
+    index.upsert(&vectors);
+    index.build(1).unwrap();
+    let want: Vec<u16> = vec![
+        (first >> 16) as u16,
+        (first >> 16) as u16 + 1,
+        (first >> 16) as u16 + 2,
+    ];
+    assert_eq!(
+        index.shards().to_vec(),
+        want,
+        "40 ids 4,000 apart from {first}"
+    );
+    drop(index);
+    let index = VectorIndex::open(dir.path(), dims, opts).unwrap();
+    assert_eq!(
+        index.shards().to_vec(),
+        want,
+        "the same shards found at open"
+    );
+    assert_eq!(index.len().unwrap(), 40);
+    let (id, v) = &vectors[17];
+    let got = index.search(v, 1, None).unwrap();
+    assert_eq!(got.first().map(|h| h.0), Some(*id));
 }
