@@ -59,7 +59,7 @@ pub use model::{
 pub use policy::Policy;
 pub use retrieval::Scope;
 pub use store::{
-    Backend, Census, CommitLog, QuarantineEntry, Replica, SessionStats, Strikes, Validity,
+    Backend, Census, CommitLog, IdBlock, QuarantineEntry, Replica, SessionStats, Strikes, Validity,
     ValidityChange,
 };
 

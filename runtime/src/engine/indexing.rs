@@ -130,6 +130,7 @@ impl Substrate {
                     backend: opts.backend,
                     log: opts.log.clone(),
                     standby: false,
+                    ids: opts.ids,
                 },
             )?;
             let total = store.len();

@@ -57,7 +57,7 @@ use crate::error::Result;
 use crate::index::{KeywordIndex, VectorIndex, VectorOptions, VectorSource};
 use crate::model::{Limits, MemoryId};
 use crate::policy::Policy;
-use crate::store::{Backend, CommitLog, Store, StoreOptions};
+use crate::store::{Backend, CommitLog, IdBlock, Store, StoreOptions};
 use indexing::StagedTimes;
 
 /// When the indexer builds.
@@ -125,6 +125,9 @@ pub struct SubstrateOptions {
     /// ([`Substrate::apply_logged`]), and the background threads keep the indexes up with
     /// it (no enricher, no update detection: the owner's log carries their results).
     pub standby: bool,
+    /// The ids the store hands out ([`StoreOptions::ids`]): a cluster partition's block;
+    /// `None` on a single node.
+    pub ids: Option<IdBlock>,
 }
 
 impl Default for SubstrateOptions {
@@ -141,6 +144,7 @@ impl Default for SubstrateOptions {
             recent_n: 8,
             log: None,
             standby: false,
+            ids: None,
         }
     }
 }
@@ -318,6 +322,7 @@ impl Substrate {
                 backend: opts.backend,
                 log: opts.log.clone(),
                 standby: opts.standby,
+                ids: opts.ids,
             },
         )?;
         let dims = opts.embedder.dimensions();

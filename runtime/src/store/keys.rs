@@ -60,17 +60,22 @@ pub mod meta {
     /// The position of the last cluster log entry applied to this store (u64 BE; see
     /// `store/log.rs`), written in the same transaction as the entry.
     pub const LOG_APPLIED: &str = "log_applied";
+    /// The ids this store hands out (`store::IdBlock`: first and last, u32 BE each),
+    /// recorded when a cluster partition's store first opens.
+    pub const ID_BLOCK: &str = "id_block";
 
     /// The keys each copy of a store writes for itself, so never in a cluster's log: the
     /// format version, the embedder's dimension and name, the text analyzer the local
-    /// keyword index was built with, and how far the local indexes let the change log be
-    /// truncated (with the change log itself: see [`family::CHANGE`]).
-    pub const NODE_LOCAL: [&str; 5] = [
+    /// keyword index was built with, how far the local indexes let the change log be
+    /// truncated (with the change log itself: see [`family::CHANGE`]), and the id block
+    /// (the same on every copy of a partition, written by each when it opens).
+    pub const NODE_LOCAL: [&str; 6] = [
         FORMAT_VERSION,
         DIMENSION,
         EMBEDDER,
         ANALYZER,
         CHANGES_TRUNCATED,
+        ID_BLOCK,
     ];
 }
 

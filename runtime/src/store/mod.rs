@@ -17,6 +17,7 @@ mod catalog;
 pub(crate) mod codec;
 mod commit;
 mod families;
+mod ids;
 mod keys;
 pub(crate) mod kv;
 mod listings;
@@ -38,6 +39,7 @@ pub use commit::CommitStats;
 pub use families::{
     Idempotent, QuarantineEntry, RememberedRecall, Strikes, Validity, ValidityChange,
 };
+pub use ids::IdBlock;
 pub use kv::{Backend, Op, Visit, dir_disk_bytes};
 pub use listings::neighbours_in;
 pub use log::{CommitLog, Replica, decode_entry, encode_entry};
@@ -315,6 +317,10 @@ pub struct StoreOptions {
     /// A cluster standby's copy: written only through [`Store::apply_logged`] (its
     /// owner's log) and its own indexes' bookkeeping; any other write is refused.
     pub standby: bool,
+    /// The ids and recall numbers the store hands out: a cluster partition's block
+    /// ([`IdBlock::of_partition`]), recorded on first open and refused if it differs
+    /// later. `None`: the recorded block, else every id.
+    pub ids: Option<IdBlock>,
 }
 
 impl StoreOptions {
@@ -342,6 +348,7 @@ struct Inner {
     catalog: Arc<RwLock<Catalog>>,
     next_id: Arc<AtomicU32>,
     next_recall: Arc<AtomicU32>,
+    ids: IdBlock,
     committer: commit::Committer,
     _lock: File,
 }
@@ -430,12 +437,19 @@ impl Store {
             }
             Ok(Visit::Continue)
         })?;
+        let ids = ids::settle(kv.as_ref(), dir, opts.ids)?;
         let stored_next = read_u32(kv.as_ref(), meta::NEXT_ID)?.unwrap_or(0);
-        let next_id = stored_next.max(max_id.map_or(0, |m| m + 1));
+        // A cluster store from before blocks keeps the ids it gave out and hands out new
+        // ones from its block.
+        let next_id = stored_next
+            .max(max_id.map_or(0, |m| m.saturating_add(1)))
+            .max(ids.first);
         let next_seq = read_u64(kv.as_ref(), meta::NEXT_SEQ)?.unwrap_or(1);
         // Stores from before recalls had their own counter drew recall numbers from the
         // record ids: starting at `next_id` reuses none of them.
-        let next_recall = read_u32(kv.as_ref(), meta::NEXT_RECALL)?.unwrap_or(next_id);
+        let next_recall = read_u32(kv.as_ref(), meta::NEXT_RECALL)?
+            .unwrap_or(next_id)
+            .max(ids.first);
 
         let catalog = Arc::new(RwLock::new(catalog));
         let next_id = Arc::new(AtomicU32::new(next_id));
@@ -459,10 +473,16 @@ impl Store {
                 catalog,
                 next_id,
                 next_recall,
+                ids,
                 committer,
                 _lock: lock,
             }),
         })
+    }
+
+    /// The ids and recall numbers this store hands out.
+    pub fn id_block(&self) -> IdBlock {
+        self.inner.ids
     }
 
     /// The backend in use.
@@ -655,6 +675,100 @@ mod tests {
         };
         assert_eq!(standby.durability(), kv::Durability::Logged);
         assert_eq!(StoreOptions::default().durability(), kv::Durability::Full);
+    }
+
+    fn ids_of(store: &Store, n: usize) -> Vec<u32> {
+        store
+            .allocate_ids(n)
+            .unwrap()
+            .into_iter()
+            .map(|id| id.0)
+            .collect()
+    }
+
+    /// A partition's store hands out ids and recall numbers from its block only, keeps the
+    /// block across reopens (asked for again or not), and refuses another block.
+    #[test]
+    fn a_store_hands_out_ids_from_its_block_and_keeps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let block = IdBlock::of_partition(5, 8);
+        let with = |ids| StoreOptions {
+            ids,
+            ..StoreOptions::default()
+        };
+        let store = Store::open(dir.path(), with(Some(block))).unwrap();
+        assert_eq!(
+            ids_of(&store, 3),
+            [block.first, block.first + 1, block.first + 2]
+        );
+        assert_eq!(store.allocate_recall().unwrap(), block.first);
+        store.write(WriteSet::new()).unwrap();
+        drop(store);
+        let store = Store::open(dir.path(), with(None)).unwrap();
+        assert_eq!(store.id_block(), block, "the recorded block, unasked");
+        assert_eq!(ids_of(&store, 1), [block.first + 3]);
+        assert_eq!(store.allocate_recall().unwrap(), block.first + 1);
+        drop(store);
+        let err = Store::open(dir.path(), with(Some(IdBlock::of_partition(5, 16)))).unwrap_err();
+        assert!(err.to_string().contains("partition count"), "{err}");
+        assert_eq!(
+            Store::open(dir.path(), with(Some(block)))
+                .unwrap()
+                .id_block(),
+            block
+        );
+    }
+
+    /// The block's end is a hard end: a batch that would cross it is refused whole, and an
+    /// id outside the block is never reserved (an import of another partition's ids).
+    #[test]
+    fn a_block_ends_where_it_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let block = IdBlock {
+            first: 10,
+            last: 12,
+        };
+        let store = Store::open(
+            dir.path(),
+            StoreOptions {
+                ids: Some(block),
+                ..StoreOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(ids_of(&store, 2), [10, 11]);
+        let err = store.allocate_ids(2).unwrap_err();
+        assert!(err.to_string().contains("0000000a…0000000c"), "{err}");
+        assert_eq!(ids_of(&store, 1), [12]);
+        assert!(store.allocate_ids(1).is_err());
+        assert!(store.reserve_ids_through(MemoryId(9)).is_err());
+        assert!(store.reserve_recalls_through(13).is_err());
+        store.reserve_recalls_through(11).unwrap();
+        assert_eq!(store.allocate_recall().unwrap(), 12);
+        assert!(store.allocate_recall().is_err());
+    }
+
+    /// A cluster store from before blocks keeps the ids it handed out and hands out new
+    /// ones from the block it is given.
+    #[test]
+    fn a_store_from_before_blocks_takes_its_block_for_new_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        assert_eq!(store.id_block(), IdBlock::WHOLE);
+        assert_eq!(ids_of(&store, 2), [0, 1]);
+        store.write(WriteSet::new()).unwrap();
+        drop(store);
+        let block = IdBlock::of_partition(1, 4);
+        let store = Store::open(
+            dir.path(),
+            StoreOptions {
+                ids: Some(block),
+                ..StoreOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(ids_of(&store, 1), [block.first]);
+        assert_eq!(store.allocate_recall().unwrap(), block.first);
     }
 
     fn set_format(dir: &Path, version: u32) {

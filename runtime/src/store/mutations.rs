@@ -1,7 +1,7 @@
 //! Writing: ids and recall numbers handed out, write sets sent to the commit thread (and
 //! log entries a standby applies), tombstones of archived-then-forgotten records.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::keys::{self, family};
 use super::kv::{Range, Visit};
@@ -10,24 +10,53 @@ use crate::error::{Error, Result};
 use crate::model::MemoryId;
 
 impl Store {
-    /// Hands out `n` fresh record ids. Ids of writes that never commit are skipped, never
-    /// reused.
+    /// Hands out `n` fresh record ids, consecutive, from the store's block
+    /// ([`Store::id_block`]). Ids of writes that never commit are skipped, never reused.
     pub fn allocate_ids(&self, n: usize) -> Result<Vec<MemoryId>> {
         let n32 = u32::try_from(n).map_err(|_| Error::invalid("batch", "too many records"))?;
-        let first = self
-            .inner
-            .next_id
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
-                cur.checked_add(n32)
-            })
-            .map_err(|_| Error::storage(self.backend().as_str(), "record ids exhausted (2^32)"))?;
+        let first = self.take(&self.inner.next_id, n32, "record ids")?;
         Ok((first..first + n32).map(MemoryId).collect())
+    }
+
+    /// Takes `n` numbers from `counter`, all within the store's block.
+    fn take(&self, counter: &AtomicU32, n: u32, what: &str) -> Result<u32> {
+        // The counter holds the next number to hand out, so it may reach one past the
+        // block's last id; as a u32 it stops at u32::MAX, which is then never handed out.
+        let end = (u64::from(self.inner.ids.last) + 1).min(u64::from(u32::MAX));
+        counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
+                let next = u64::from(cur) + u64::from(n);
+                (next <= end).then_some(next as u32)
+            })
+            .map_err(|_| {
+                Error::storage(
+                    self.backend().as_str(),
+                    format!("{what} exhausted: this store hands out {}", self.inner.ids),
+                )
+            })
+    }
+
+    /// Refuses an id outside the store's block: another partition's.
+    fn check_in_block(&self, id: u32, what: &str) -> Result<()> {
+        if self.inner.ids.contains(id) {
+            Ok(())
+        } else {
+            Err(Error::invalid(
+                "id",
+                format!(
+                    "{what} is outside the ids this store hands out ({}): it belongs to \
+                     another cluster partition's store",
+                    self.inner.ids
+                ),
+            ))
+        }
     }
 
     /// Makes sure ids up to and including `id` are never handed out by
     /// [`Store::allocate_ids`]: for writers that bring their own ids (an import). The next
     /// commit persists the counter.
     pub fn reserve_ids_through(&self, id: MemoryId) -> Result<()> {
+        self.check_in_block(id.0, &id.to_string())?;
         let next = id.0.checked_add(1).ok_or_else(|| {
             Error::storage(
                 self.backend().as_str(),
@@ -49,10 +78,7 @@ impl Store {
     /// Hands out a recall number (the `n` of `rcl-n`), never one handed out before: the
     /// counter is persisted with every commit, as the record ids' is.
     pub fn allocate_recall(&self) -> Result<u32> {
-        self.inner
-            .next_recall
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| cur.checked_add(1))
-            .map_err(|_| Error::storage(self.backend().as_str(), "recall numbers exhausted (2^32)"))
+        self.take(&self.inner.next_recall, 1, "recall numbers")
     }
 
     /// The next recall number [`Store::allocate_recall`] would hand out.
@@ -63,6 +89,7 @@ impl Store {
     /// Makes sure recall numbers up to and including `n` are never handed out (an import
     /// brings its own). The next commit persists the counter.
     pub fn reserve_recalls_through(&self, n: u32) -> Result<()> {
+        self.check_in_block(n, &format!("rcl-{n:08x}"))?;
         let next = n.checked_add(1).ok_or_else(|| {
             Error::storage(
                 self.backend().as_str(),

@@ -12,7 +12,7 @@ use anyhow::Context as _;
 use async_nats::jetstream::{self, consumer, kv};
 use futures::{FutureExt, StreamExt};
 use shadowbrain_actors::Runtime;
-use shadowbrain_runtime::{Backend, Substrate};
+use shadowbrain_runtime::{Backend, IdBlock, Substrate};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -537,6 +537,12 @@ impl Node {
         }
     }
 
+    /// The ids the partition's store hands out: its own block, so that an id names its
+    /// partition (docs/cluster-placement.md).
+    fn id_block(&self, part: &Partition) -> IdBlock {
+        IdBlock::of_partition(part.id, self.cfg.partitions)
+    }
+
     /// Opens the partition's files as a standby: its store written only from the stream,
     /// its indexes built as the entries arrive by threads of its own, so that a takeover
     /// builds only the last changes (building all of a big partition's took a minute).
@@ -545,6 +551,7 @@ impl Node {
         opts.backend = Backend::Lmdb;
         opts.log = None;
         opts.standby = true;
+        opts.ids = Some(self.id_block(part));
         opts.indexing.background = true;
         // Nobody searches a standby: it builds three times less often than an owner (each
         // build has a cost of its own besides its items'), and what it has not built when
@@ -688,6 +695,7 @@ impl Node {
         config.data_dir = part.dir.clone();
         config.substrate.backend = Backend::Lmdb;
         config.substrate.log = Some(log.clone());
+        config.substrate.ids = Some(self.id_block(part));
         let rt = match Runtime::open(config).await {
             Ok(rt) => rt,
             Err(e) => {
