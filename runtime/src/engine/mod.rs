@@ -47,7 +47,10 @@ pub use lifecycle::{
     SummaryRequest, SweepReport,
 };
 pub use quarantine::{MAX_STRIKES, panic_message, quarantined_error};
-pub use recall::{PassageHit, RecallRequest, RecallResult, Recalled, Why};
+pub use recall::{
+    PartHits, PartRecord, PartScope, PassageHit, PathHit, Plan, RecallPart, RecallRequest,
+    RecallResult, Recalled, Why, recall_across,
+};
 pub(crate) use recall::{recall_id, recall_number};
 pub use updates::{Chain, PairBatch, PairItem, PairVerdict, Resolution, UpdateJudge, UpdatesRound};
 

@@ -11,7 +11,7 @@ pub(crate) mod passage;
 pub(crate) mod text;
 pub(crate) mod vector;
 
-pub use keyword::{KeywordIndex, QueryStats, ScopeCounts, TermCounts};
+pub use keyword::{CorpusStats, KeywordIndex, QueryStats, ScopeCounts, TermCounts};
 pub use vector::{BuildStats, VectorIndex, VectorOptions, VectorSource};
 
 /// Cosine similarity of two vectors (0 when either is all zero). Recall's exact

@@ -9,5 +9,6 @@ mod local_model;
 mod log;
 mod passages;
 mod recall;
+mod scatter;
 mod store_model;
 mod updates;

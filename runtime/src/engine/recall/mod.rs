@@ -18,17 +18,21 @@ use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 use crate::index::passage::is_long;
 use crate::index::text::analyze;
-use crate::index::{ScopeCounts, TermCounts, cosine};
+use crate::index::{QueryStats, ScopeCounts, TermCounts, cosine};
 use crate::model::{
     MemoryId, MemoryRecord, Passage, PolicyStamp, Reinforce, Tier, validate_embedding, validate_id,
 };
 use crate::policy::{Fusion, Policy, ScoreInput};
 use crate::retrieval::{self, Candidates, FusionMethod, Scope};
 use crate::store::{
-    Filter, Mutation, RawJson, Reinforcement, RememberedRecall, Store, WriteSet, neighbours_in,
+    Filter, Mutation, RawJson, Reinforcement, RememberedRecall, Store, Validity, WriteSet,
+    neighbours_in,
 };
 
 mod rank;
+mod scatter;
+
+pub use scatter::{PartHits, PartRecord, PartScope, Plan, RecallPart, recall_across};
 
 /// A recall question.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -348,30 +352,45 @@ impl Substrate {
     /// other hits keep their scores. Returns the best `cx.depth`, best first, as the keyword
     /// path's new ranking.
     fn keyword_in_context(&self, cx: &Context<'_>, hits: &[(u32, f32)]) -> Result<Vec<(u32, f32)>> {
-        let Context {
-            query,
-            allowed,
-            counts,
-            window,
-            weight,
-            depth,
-            session,
-        } = *cx;
-        let store = &self.inner.store;
         // A session's search read every turn's counts already; a wider scope asks again.
-        let stats = match counts {
+        let stats = match cx.counts {
             Some(c) => c.stats.clone(),
-            None => self.inner.keywords.query_stats(query)?,
+            None => self.inner.keywords.query_stats(cx.query)?,
         };
-        // One run of the session around each hit, `2 × window` each side, holds every member
-        // within `window` of it together with that member's own neighbours.
-        let mut runs: Vec<(usize, Vec<(Timestamp, MemoryId)>)> = Vec::new();
-        let mut members: Vec<u32> = Vec::new();
         let first: Vec<MemoryId> = hits
             .iter()
             .take(CONTEXT_HITS)
             .map(|&(id, _)| MemoryId(id))
             .collect();
+        let scores = self.context_scores(cx, &stats, &first)?;
+        let mut ranked = context_ranking(scores, hits);
+        settle(&self.inner.store, &mut ranked, cx.depth)?;
+        Ok(ranked)
+    }
+
+    /// The neighbouring-turn scores of `first` (keyword hits) and of their neighbours in
+    /// their sessions, under `stats`: what [`Substrate::keyword_in_context`] ranks by, and
+    /// what each part of a scattered recall answers for its own hits (a session's records
+    /// are all in one part).
+    fn context_scores(
+        &self,
+        cx: &Context<'_>,
+        stats: &QueryStats,
+        first: &[MemoryId],
+    ) -> Result<HashMap<MemoryId, f32>> {
+        let Context {
+            allowed,
+            counts,
+            window,
+            weight,
+            session,
+            ..
+        } = *cx;
+        let store = &self.inner.store;
+        // One run of the session around each hit, `2 × window` each side, holds every member
+        // within `window` of it together with that member's own neighbours.
+        let mut runs: Vec<(usize, Vec<(Timestamp, MemoryId)>)> = Vec::new();
+        let mut members: Vec<u32> = Vec::new();
         // A session's hits (a session-scoped recall's all are) find their neighbours in
         // one read of the session when it is small, not in two scans each. A session-scoped
         // recall reads their times there too, not from each record.
@@ -392,7 +411,7 @@ impl Substrate {
                     .collect()
             }
             _ => {
-                read = store.places(&first)?;
+                read = store.places(first)?;
                 read.iter()
                     .map(|p| p.as_ref().map(|(n, s, t)| (n.as_str(), s.as_str(), *t)))
                     .collect()
@@ -443,7 +462,7 @@ impl Substrate {
         // lend words.
         let member_counts = match counts {
             Some(c) => c.term_counts(&members),
-            None => self.inner.keywords.term_counts(&stats, &members)?,
+            None => self.inner.keywords.term_counts(stats, &members)?,
         };
         let profiles: HashMap<MemoryId, (TermCounts, bool)> = member_counts
             .into_iter()
@@ -451,7 +470,7 @@ impl Substrate {
                 let document = docs.len() > 1;
                 let best = docs
                     .into_iter()
-                    .map(|c| (retrieval::context_bm25(&stats, &c, &[], 0.0, 0), c))
+                    .map(|c| (retrieval::context_bm25(stats, &c, &[], 0.0, 0), c))
                     .max_by(|a, b| a.0.total_cmp(&b.0))
                     .map(|(_, c)| c)
                     .unwrap_or_default();
@@ -470,7 +489,7 @@ impl Substrate {
                 }
                 let own = profiles.get(&id).map_or(&none, |p| &p.0);
                 if is_document(&id) {
-                    scores.insert(id, retrieval::context_bm25(&stats, own, &[], 0.0, 0));
+                    scores.insert(id, retrieval::context_bm25(stats, own, &[], 0.0, 0));
                     continue;
                 }
                 let neighbours: Vec<&TermCounts> = run
@@ -480,24 +499,11 @@ impl Substrate {
                     .filter(|(_, n)| !is_document(n))
                     .filter_map(|(_, n)| profiles.get(n).map(|p| &p.0))
                     .collect();
-                let score =
-                    retrieval::context_bm25(&stats, own, &neighbours, weight, window as u32);
+                let score = retrieval::context_bm25(stats, own, &neighbours, weight, window as u32);
                 scores.insert(id, score);
             }
         }
-        // Hits past the first CONTEXT_HITS keep their own BM25 score, so a recall asking for
-        // many memories still gets every keyword hit.
-        for &(id, score) in hits.iter().skip(CONTEXT_HITS) {
-            scores.entry(MemoryId(id)).or_insert(score);
-        }
-        let mut scored: Vec<(u32, f32)> = scores
-            .into_iter()
-            .filter(|(_, s)| *s > 0.0)
-            .map(|(id, s)| (id.0, s))
-            .collect();
-        scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        scored.truncate(depth);
-        Ok(scored)
+        Ok(scores)
     }
 
     fn window_ids(
@@ -600,6 +606,99 @@ impl Substrate {
 }
 
 /// The id a client is given for recall number `n`: `rcl-` and 8 hex digits.
+/// Best first by score, then lower id, each id once at its best.
+fn sort_hits(hits: &mut Vec<(u32, f32)>) {
+    hits.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut seen = HashSet::new();
+    hits.retain(|(id, _)| seen.insert(*id));
+}
+
+/// Orders a path's hits best first, records of the same score by their event time (older
+/// first), then id, and keeps the best `depth`. Ties are common (short turns with the same
+/// query-term counts score the same BM25), and broken by time they fall the same way in
+/// one store and in a namespace spread over several, whose ids differ ([`merge_hits`]).
+/// Only tied records' times are read.
+fn settle(store: &Store, hits: &mut Vec<(u32, f32)>, depth: usize) -> Result<()> {
+    sort_hits(hits);
+    let mut i = 0;
+    while i < hits.len().min(depth) {
+        let j = i + hits[i..].iter().take_while(|h| h.1 == hits[i].1).count();
+        if j - i > 1 {
+            let ids: Vec<MemoryId> = hits[i..j].iter().map(|h| MemoryId(h.0)).collect();
+            let times = store.places(&ids)?;
+            let mut run: Vec<(Timestamp, (u32, f32))> = times
+                .into_iter()
+                .zip(&hits[i..j])
+                .map(|(p, h)| (p.map_or(Timestamp::MAX, |p| p.2), *h))
+                .collect();
+            run.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.0.cmp(&b.1.0)));
+            for (slot, (_, h)) in hits[i..j].iter_mut().zip(run) {
+                *slot = h;
+            }
+        }
+        i = j;
+    }
+    hits.truncate(depth);
+    Ok(())
+}
+
+/// One hit of a path with its record's event time, as a part of a scattered recall
+/// answers it, so the coordinator orders ties as [`settle`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PathHit {
+    /// The record.
+    pub id: u32,
+    /// Its score on the path.
+    pub score: f32,
+    /// Its event time.
+    pub time: Timestamp,
+}
+
+/// `hits` with each record's event time.
+fn with_times(store: &Store, hits: &[(u32, f32)]) -> Result<Vec<PathHit>> {
+    let ids: Vec<MemoryId> = hits.iter().map(|h| MemoryId(h.0)).collect();
+    Ok(store
+        .places(&ids)?
+        .into_iter()
+        .zip(hits)
+        .map(|(p, &(id, score))| PathHit {
+            id,
+            score,
+            time: p.map_or(Timestamp::MAX, |p| p.2),
+        })
+        .collect())
+}
+
+/// Several parts' hits of one path merged as [`settle`] orders one store's: best first,
+/// then older, then lower id, the best `depth`.
+fn merge_hits(mut hits: Vec<PathHit>, depth: usize) -> Vec<PathHit> {
+    hits.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then(a.time.cmp(&b.time))
+            .then(a.id.cmp(&b.id))
+    });
+    let mut seen = HashSet::new();
+    hits.retain(|h| seen.insert(h.id));
+    hits.truncate(depth);
+    hits
+}
+
+/// The keyword path's hits after the neighbouring-turn step, unordered: the `scores` it
+/// gave the first hits and their neighbours; hits past the first [`CONTEXT_HITS`] keep
+/// their own BM25 score, so a recall asking for many memories still gets every keyword
+/// hit. Records scoring nothing are dropped.
+fn context_ranking(mut scores: HashMap<MemoryId, f32>, hits: &[(u32, f32)]) -> Vec<(u32, f32)> {
+    for &(id, score) in hits.iter().skip(CONTEXT_HITS) {
+        scores.entry(MemoryId(id)).or_insert(score);
+    }
+    scores
+        .into_iter()
+        .filter(|(_, s)| *s > 0.0)
+        .map(|(id, s)| (id.0, s))
+        .collect()
+}
+
 pub(crate) fn recall_id(n: u32) -> String {
     format!("rcl-{n:08x}")
 }
@@ -670,6 +769,37 @@ impl PassageCache {
     /// `id`'s passages (empty when it has none: not long, or not embedded yet).
     fn of(&mut self, store: &Store, id: MemoryId) -> Result<&[Passage]> {
         Ok(&self.entry(store, id)?.0)
+    }
+
+    /// The passage a long record `r` is shown by: its best for the query vector, else the
+    /// one with most query words; `None` for a record that is not long (or has no passages
+    /// yet).
+    fn hit(
+        &mut self,
+        store: &Store,
+        r: &MemoryRecord,
+        query_vec: Option<&[f32]>,
+        query_terms: &[String],
+    ) -> Result<Option<PassageHit>> {
+        if !is_long(&r.text) {
+            return Ok(None);
+        }
+        let best = match query_vec {
+            Some(q) => self.best(store, r.id, q)?.map(|b| b.0),
+            None => None,
+        };
+        let all = self.of(store, r.id)?;
+        if all.is_empty() {
+            return Ok(None);
+        }
+        let index = best.unwrap_or_else(|| best_by_terms(&r.text, all, query_terms));
+        let p = &all[index];
+        Ok(Some(PassageHit {
+            index: index as u32,
+            of: all.len() as u32,
+            start: p.start,
+            end: p.end,
+        }))
     }
 
     /// `id`'s best passage for `query` as (index, cosine); `None` when it has none.

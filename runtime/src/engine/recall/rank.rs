@@ -23,9 +23,12 @@ impl Substrate {
         let mut passages = PassageCache::default();
         let mut gathered = self.gather(req, query_vec, policy, &allowed, &mut passages)?;
         let loaded = self.load(req, query_vec, policy, &mut gathered, &mut passages)?;
-        let relevance = relevance(req, policy, &gathered.cands, &loaded);
-        let scored = self.score(req, policy, &loaded, &relevance)?;
-        let order = order(req, policy, &scored, &loaded);
+        let records: Vec<&MemoryRecord> = loaded.records.iter().map(|(r, _)| r).collect();
+        let relevance = relevance(req, policy, &gathered.cands, &records);
+        let scored = self.score(req, policy, &records, &relevance)?;
+        let embeddings: Vec<Option<&[f32]>> =
+            loaded.records.iter().map(|(_, e)| e.as_deref()).collect();
+        let order = order(req, policy, &scored.rows, &embeddings);
         self.present(
             req,
             query_vec,
@@ -42,7 +45,7 @@ impl Substrate {
 
     /// The records `req` may see: its scope's episodic and condensed records (and the
     /// namespace's knowledge when asked), of the kinds asked, within its time window.
-    fn scope_of(&self, req: &RecallRequest) -> Result<RoaringBitmap> {
+    pub(super) fn scope_of(&self, req: &RecallRequest) -> Result<RoaringBitmap> {
         let store = &self.inner.store;
         let episodic = [Tier::Episodic, Tier::Condensed];
         let (session, agent) = match req.scope {
@@ -92,59 +95,39 @@ impl Substrate {
         allowed: &RoaringBitmap,
         passages: &mut PassageCache,
     ) -> Result<Gathered> {
-        let store = &self.inner.store;
         let depth = (req.k * 4).max(50);
         let mut gathered = Gathered::default();
         if allowed.is_empty() {
             return Ok(gathered);
         }
+        let store = &self.inner.store;
         if let Some(q) = query_vec {
             // A scope the vector index scores exactly (a session) is scored whole: those
             // are the candidates' similarities too, so their embeddings need not be read
             // again.
             let mut hits = if allowed.len() <= self.inner.vectors.options().exact_threshold {
-                let mut all =
-                    self.inner
-                        .vectors
-                        .search(q, allowed.len() as usize, Some(allowed))?;
+                let all = self
+                    .inner
+                    .vectors
+                    .search(q, allowed.len() as usize, Some(allowed))?;
                 gathered.exact = Some(all.iter().copied().collect());
-                all.truncate(depth);
                 all
             } else {
                 self.inner.vectors.search(q, depth, Some(allowed))?
             };
             if allowed.len() <= PASSAGE_SCAN_MAX {
-                // A long record's detail lives in one passage, which its mean vector
-                // blurs: score each passage and let the best stand for the record.
-                let mut scanned = 0;
-                let long = store.with_passages(allowed);
-                for id in long.iter().rev() {
-                    if scanned >= PASSAGE_SCAN_BUDGET {
-                        gathered.notes.push(format!(
-                            "only the newest long records' passages were compared with \
-                             the query ({scanned} passages, the limit of one recall); \
-                             older long records were found by their keywords and overall \
-                             meaning only — narrow the scope or the time window to reach \
-                             their passages"
-                        ));
-                        break;
-                    }
-                    if let Some(best) = passages.best(store, MemoryId(id), q)? {
-                        scanned += passages.of(store, MemoryId(id))?.len();
-                        hits.push((id, best.1));
-                    }
-                }
-                hits.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-                let mut seen = HashSet::new();
-                hits.retain(|(id, _)| seen.insert(*id));
-                hits.truncate(depth);
+                gathered
+                    .notes
+                    .extend(self.scan_passages(q, allowed, passages, &mut hits)?);
             }
+            settle(store, &mut hits, depth)?;
             gathered.cands.add_vector(&hits);
         }
-        let (hits, counts) = self
+        let (mut hits, counts) = self
             .inner
             .keywords
             .search_with_counts(&req.query, depth, allowed)?;
+        settle(store, &mut hits, depth)?;
         let window = policy.scoring.context_window as usize;
         let weight = policy.scoring.context_weight;
         if window > 0 && weight > 0.0 && !hits.is_empty() {
@@ -165,20 +148,39 @@ impl Substrate {
             gathered.cands.add_keyword(&hits);
         }
         if req.scope == Scope::Session {
-            let recent: Vec<MemoryId> = store
-                .session_ids(
-                    &req.namespace,
-                    &req.session_id,
-                    None,
-                    self.inner.recent_n * 4,
-                )?
-                .into_iter()
-                .filter(|id| allowed.contains(id.0))
-                .take(self.inner.recent_n)
-                .collect();
-            gathered.cands.add_recent(&recent);
+            gathered.cands.add_recent(&self.recent_of(req, allowed)?);
         }
         Ok(gathered)
+    }
+
+    /// Adds to `hits` each long record of `allowed` by its best passage for `q`, newest
+    /// records first, until [`PASSAGE_SCAN_BUDGET`] passages were scored; says so when the
+    /// budget stopped it. A long record's detail lives in one passage, which its mean
+    /// vector blurs: the best passage stands for the record.
+    pub(super) fn scan_passages(
+        &self,
+        q: &[f32],
+        allowed: &RoaringBitmap,
+        passages: &mut PassageCache,
+        hits: &mut Vec<(u32, f32)>,
+    ) -> Result<Option<String>> {
+        let store = &self.inner.store;
+        let mut scanned = 0;
+        for id in store.with_passages(allowed).iter().rev() {
+            if scanned >= PASSAGE_SCAN_BUDGET {
+                return Ok(Some(format!(
+                    "only the newest long records' passages were compared with the query \
+                     ({scanned} passages, the limit of one recall); older long records were \
+                     found by their keywords and overall meaning only — narrow the scope or \
+                     the time window to reach their passages"
+                )));
+            }
+            if let Some(best) = passages.best(store, MemoryId(id), q)? {
+                scanned += passages.of(store, MemoryId(id))?.len();
+                hits.push((id, best.1));
+            }
+        }
+        Ok(None)
     }
 
     /// Loads the candidates and their exact similarity to the query: the exact scope's
@@ -239,57 +241,17 @@ impl Substrate {
         &self,
         req: &RecallRequest,
         policy: &Policy,
-        loaded: &Loaded,
+        records: &[&MemoryRecord],
         relevance: &HashMap<MemoryId, f32>,
     ) -> Result<Scored> {
-        let records = &loaded.records;
         let now = self.inner.clock.now();
         // What is known against the candidates (few have an entry).
-        let ids: Vec<MemoryId> = records.iter().map(|(r, _)| r.id).collect();
+        let ids: Vec<MemoryId> = records.iter().map(|r| r.id).collect();
         let validity = self.validity_of(&ids)?;
-        let as_history = !req.include_superseded && !retrieval::asks_about_past(&req.query);
-        let demote = match as_history {
-            true => policy.updates.superseded_weight,
-            false => 1.0,
-        };
-        let mut rows: Vec<(f32, Why, usize)> = records
-            .iter()
-            .enumerate()
-            .map(|(i, (r, _))| {
-                let b = policy.score(&ScoreInput {
-                    relevance: relevance.get(&r.id).copied().unwrap_or(0.0),
-                    age_ms: policy.recency_age(r, now),
-                    importance: r.importance,
-                    utility: r.utility.mean(),
-                    strength: policy.strength_at(r, now),
-                });
-                let v = validity.get(&r.id);
-                let why = Why {
-                    relevance: b.relevance,
-                    recency: b.recency,
-                    importance: b.importance,
-                    utility: b.utility,
-                    passage: None,
-                    superseded_by: v.and_then(|v| v.superseded_by),
-                    valid_until: v.and_then(|v| v.valid_until),
-                    conflicts_with: v.map(|v| v.conflicts.clone()).unwrap_or_default(),
-                };
-                let total = match why.superseded_by {
-                    Some(_) => b.total * demote,
-                    None => b.total,
-                };
-                (total, why, i)
-            })
-            .collect();
-        if as_history {
-            lift_successors(&mut rows, |i| records[i].0.id);
-        }
-        rows.sort_by(|a, b| {
-            b.0.total_cmp(&a.0)
-                .then_with(|| records[b.2].0.event_time.cmp(&records[a.2].0.event_time))
-                .then_with(|| records[a.2].0.id.cmp(&records[b.2].0.id))
-        });
-        Ok(Scored { rows, now })
+        Ok(Scored {
+            rows: score_rows(req, policy, records, &validity, relevance, now),
+            now,
+        })
     }
 
     /// What is returned of the ranking: the records in order, a long one by its best
@@ -325,83 +287,80 @@ impl Substrate {
         let mut hit_of: HashMap<MemoryId, PassageHit> = HashMap::new();
         for &i in &order {
             let r = &loaded[i].0;
-            if !is_long(&r.text) {
-                continue;
+            if let Some(hit) = passages.hit(store, r, query_vec, &query_terms)? {
+                hit_of.insert(r.id, hit);
             }
-            let hit = match query_vec {
-                Some(q) => passages.best(store, r.id, q)?.map(|b| b.0),
-                None => None,
-            };
-            let all = passages.of(store, r.id)?;
-            if all.is_empty() {
-                continue;
-            }
-            let index = match hit {
-                Some(index) => index,
-                None => best_by_terms(&r.text, all, &query_terms),
-            };
-            let p = &all[index];
-            hit_of.insert(
-                r.id,
-                PassageHit {
-                    index: index as u32,
-                    of: all.len() as u32,
-                    start: p.start,
-                    end: p.end,
-                },
-            );
         }
-        let shown: Vec<Cow<'_, MemoryRecord>> = order
-            .iter()
-            .map(|&i| {
-                let r = &loaded[i].0;
-                match hit_of.get(&r.id) {
-                    Some(h) => Cow::Owned(passage_view(r, h)),
-                    None => Cow::Borrowed(r),
-                }
-            })
-            .collect();
-        let ranked: Vec<&MemoryRecord> = shown.iter().map(|r| r.as_ref()).collect();
-        let keep = retrieval::fit_budget(&ranked, req.token_budget);
-        let context = retrieval::render_context(&ranked[..keep]);
         let why_of = |i: usize| {
             scored
                 .rows
                 .iter()
                 .find(|s| s.2 == i)
                 .map(|s| (s.0, s.1.clone()))
+                .expect("ordered from scored")
         };
-        let mut memories = Vec::with_capacity(keep);
-        let mut reinforce = WriteSet::new();
-        let amount = policy.scoring.reinforce_on_recall;
-        for &i in order.iter().take(keep) {
-            let (score, mut why) = why_of(i).expect("ordered from scored");
-            let record = loaded[i].0.clone();
-            why.passage = hit_of.get(&record.id).copied();
-            if amount > 0.0 {
-                reinforce.push(Mutation::Reinforce {
-                    id: record.id,
-                    reinforcement: Reinforcement {
-                        curve: Arc::clone(policy) as Arc<dyn Reinforce>,
-                        at: scored.now,
-                        amount,
-                    },
-                    by: "recall".into(),
-                });
-            }
-            memories.push(Recalled { record, score, why });
-        }
-        Ok((
-            RecallResult {
-                policy: policy.stamp(),
-                memories,
-                context,
-                recall_id: None,
-                notes,
-            },
-            reinforce,
-        ))
+        let ordered = order
+            .iter()
+            .map(|&i| {
+                let (score, mut why) = why_of(i);
+                let record = loaded[i].0.clone();
+                why.passage = hit_of.get(&record.id).copied();
+                (record, score, why)
+            })
+            .collect();
+        Ok(finish(req, policy, ordered, scored.now, notes))
     }
+}
+
+/// What is returned of `ordered` (records best first, each with its score and why, a
+/// long one's best passage in `why.passage`): as many as fit the token budget, a long
+/// record shown by that passage, rendered as the context; and the reinforcement of each
+/// returned record at `now`.
+pub(super) fn finish(
+    req: &RecallRequest,
+    policy: &Arc<Policy>,
+    ordered: Vec<(MemoryRecord, f32, Why)>,
+    now: Timestamp,
+    notes: Vec<String>,
+) -> (RecallResult, WriteSet) {
+    let shown: Vec<Cow<'_, MemoryRecord>> = ordered
+        .iter()
+        .map(|(r, _, why)| match &why.passage {
+            Some(h) => Cow::Owned(passage_view(r, h)),
+            None => Cow::Borrowed(r),
+        })
+        .collect();
+    let ranked: Vec<&MemoryRecord> = shown.iter().map(|r| r.as_ref()).collect();
+    let keep = retrieval::fit_budget(&ranked, req.token_budget);
+    let context = retrieval::render_context(&ranked[..keep]);
+    drop(shown);
+    let mut memories = Vec::with_capacity(keep);
+    let mut reinforce = WriteSet::new();
+    let amount = policy.scoring.reinforce_on_recall;
+    for (record, score, why) in ordered.into_iter().take(keep) {
+        if amount > 0.0 {
+            reinforce.push(Mutation::Reinforce {
+                id: record.id,
+                reinforcement: Reinforcement {
+                    curve: Arc::clone(policy) as Arc<dyn Reinforce>,
+                    at: now,
+                    amount,
+                },
+                by: "recall".into(),
+            });
+        }
+        memories.push(Recalled { record, score, why });
+    }
+    (
+        RecallResult {
+            policy: policy.stamp(),
+            memories,
+            context,
+            recall_id: None,
+            notes,
+        },
+        reinforce,
+    )
 }
 
 /// The candidates of a recall's paths, before any is read ([`Substrate::gather`]).
@@ -439,11 +398,11 @@ struct Ranked {
 /// names a speaker or a time, what that speaker said and what happened then come first: the
 /// others' relevance is divided by 1 + boost (dividing keeps relevance within 0..=1). A
 /// query naming nothing any candidate fits changes nothing.
-fn relevance(
+pub(super) fn relevance(
     req: &RecallRequest,
     policy: &Policy,
     cands: &Candidates,
-    loaded: &Loaded,
+    records: &[&MemoryRecord],
 ) -> HashMap<MemoryId, f32> {
     let fusion = match policy.scoring.fusion {
         Fusion::Rrf => FusionMethod::Rrf,
@@ -452,12 +411,7 @@ fn relevance(
     };
     let mut relevance = retrieval::fuse(cands, fusion, policy.scoring.vector_weight);
     let mut prefer = |boost: f32, fits: &dyn Fn(&MemoryRecord) -> bool| {
-        let fitting: HashSet<MemoryId> = loaded
-            .records
-            .iter()
-            .filter(|(r, _)| fits(r))
-            .map(|(r, _)| r.id)
-            .collect();
+        let fitting: HashSet<MemoryId> = records.iter().filter(|r| fits(r)).map(|r| r.id).collect();
         if boost > 0.0 && !fitting.is_empty() {
             for (id, v) in relevance.iter_mut() {
                 if !fitting.contains(id) {
@@ -483,22 +437,82 @@ fn relevance(
     relevance
 }
 
+/// Each record's score by the policy at `now`, best first (ties: newer first, then lower
+/// id), as (score, why, index into `records`): its relevance, recency, importance, utility
+/// and strength, a superseded record demoted unless the query asks about the past, and
+/// what is known against it (`validity`, by id; a record without an entry is current).
+pub(super) fn score_rows(
+    req: &RecallRequest,
+    policy: &Policy,
+    records: &[&MemoryRecord],
+    validity: &HashMap<MemoryId, Validity>,
+    relevance: &HashMap<MemoryId, f32>,
+    now: Timestamp,
+) -> Vec<(f32, Why, usize)> {
+    let as_history = !req.include_superseded && !retrieval::asks_about_past(&req.query);
+    let demote = match as_history {
+        true => policy.updates.superseded_weight,
+        false => 1.0,
+    };
+    let mut rows: Vec<(f32, Why, usize)> = records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let b = policy.score(&ScoreInput {
+                relevance: relevance.get(&r.id).copied().unwrap_or(0.0),
+                age_ms: policy.recency_age(r, now),
+                importance: r.importance,
+                utility: r.utility.mean(),
+                strength: policy.strength_at(r, now),
+            });
+            let v = validity.get(&r.id);
+            let why = Why {
+                relevance: b.relevance,
+                recency: b.recency,
+                importance: b.importance,
+                utility: b.utility,
+                passage: None,
+                superseded_by: v.and_then(|v| v.superseded_by),
+                valid_until: v.and_then(|v| v.valid_until),
+                conflicts_with: v.map(|v| v.conflicts.clone()).unwrap_or_default(),
+            };
+            let total = match why.superseded_by {
+                Some(_) => b.total * demote,
+                None => b.total,
+            };
+            (total, why, i)
+        })
+        .collect();
+    if as_history {
+        lift_successors(&mut rows, |i| records[i].id);
+    }
+    rows.sort_by(|a, b| {
+        b.0.total_cmp(&a.0)
+            .then_with(|| records[b.2].event_time.cmp(&records[a.2].event_time))
+            .then_with(|| records[a.2].id.cmp(&records[b.2].id))
+    });
+    rows
+}
+
 /// The order returned: the best `k` by score, or, when the policy diversifies
 /// (`mmr_lambda` < 1), maximal marginal relevance over the best `4k`.
-fn order(req: &RecallRequest, policy: &Policy, scored: &Scored, loaded: &Loaded) -> Vec<usize> {
+/// `embeddings` holds each scored record's embedding, by its index.
+pub(super) fn order(
+    req: &RecallRequest,
+    policy: &Policy,
+    rows: &[(f32, Why, usize)],
+    embeddings: &[Option<&[f32]>],
+) -> Vec<usize> {
     let lambda = policy.scoring.mmr_lambda;
     if lambda < 1.0 {
-        let pool = &scored.rows[..scored.rows.len().min(req.k * 4)];
+        let pool = &rows[..rows.len().min(req.k * 4)];
         let scores: Vec<f32> = pool.iter().map(|s| s.0).collect();
-        let embs: Vec<Option<&[f32]>> = pool
-            .iter()
-            .map(|s| loaded.records[s.2].1.as_deref())
-            .collect();
+        let embs: Vec<Option<&[f32]>> = pool.iter().map(|s| embeddings[s.2]).collect();
         retrieval::mmr(&scores, &embs, lambda, req.k)
             .into_iter()
             .map(|i| pool[i].2)
             .collect()
     } else {
-        scored.rows.iter().take(req.k).map(|s| s.2).collect()
+        rows.iter().take(req.k).map(|s| s.2).collect()
     }
 }

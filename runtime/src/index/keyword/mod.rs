@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use roaring::RoaringBitmap;
+use serde::{Deserialize, Serialize};
 use tantivy::collector::Count;
 use tantivy::directory::MmapDirectory;
 use tantivy::fieldnorm::FieldNormReader;
@@ -354,7 +355,7 @@ impl KeywordIndex {
         k: usize,
         candidates: Option<&RoaringBitmap>,
     ) -> Result<Vec<(u32, f32)>> {
-        Ok(self.run(query, k, candidates, false)?.0)
+        Ok(self.run(query, k, candidates, false, None, false)?.0)
     }
 
     /// [`search`](Self::search) within `scope`, and, when the scope is small enough to be
@@ -362,13 +363,50 @@ impl KeywordIndex {
     /// the way: every scope document's query-term counts and length, and the query's
     /// statistics. Recall's neighbouring-turn step needs exactly those for the turns around
     /// each hit, all of them in the scope, and would otherwise walk the same postings again.
+    /// Records scoring the same as the `k`-th are returned too, so recall breaks those ties
+    /// by time rather than by id.
     pub fn search_with_counts(
         &self,
         query: &str,
         k: usize,
         scope: &RoaringBitmap,
     ) -> Result<Counted> {
-        self.run(query, k, Some(scope), true)
+        self.run(query, k, Some(scope), true, None, true)
+    }
+
+    /// [`search`](Self::search) within `scope`, scored with `corpus` (statistics summed
+    /// over several indexes by [`CorpusStats::add`]) instead of this index's own: each
+    /// part of a namespace spread over several stores then scores its documents as one
+    /// index holding all of them would. Records tied with the `k`-th are returned too.
+    pub fn search_in_corpus(
+        &self,
+        query: &str,
+        k: usize,
+        scope: &RoaringBitmap,
+        corpus: &CorpusStats,
+    ) -> Result<Vec<(u32, f32)>> {
+        Ok(self
+            .run(query, k, Some(scope), false, Some(corpus), true)?
+            .0)
+    }
+
+    /// This index's BM25 statistics for `query` (committed and staged documents): what
+    /// [`search_in_corpus`](Self::search_in_corpus) needs summed over every part.
+    pub fn corpus_stats(&self, query: &str) -> Result<CorpusStats> {
+        let tail = self.read_tail();
+        let searcher = self.reader.searcher();
+        let stats = Stats::new(&searcher, &tail, self.text_field, None)?;
+        let words = query_words(query);
+        let doc_freq = words
+            .iter()
+            .map(|w| stats.doc_freq(&Term::from_field_text(self.text_field, w)))
+            .collect::<tantivy::Result<Vec<_>>>()?;
+        Ok(CorpusStats {
+            docs: stats.docs,
+            tokens: stats.tokens,
+            words,
+            doc_freq,
+        })
     }
 
     fn run(
@@ -377,6 +415,8 @@ impl KeywordIndex {
         k: usize,
         candidates: Option<&RoaringBitmap>,
         count: bool,
+        corpus: Option<&CorpusStats>,
+        ties: bool,
     ) -> Result<Counted> {
         if k == 0 || candidates.is_some_and(RoaringBitmap::is_empty) {
             return Ok((Vec::new(), None));
@@ -388,11 +428,11 @@ impl KeywordIndex {
 
         let tail = self.read_tail();
         let searcher = self.reader.searcher();
-        let stats = Stats::new(&searcher, &tail, self.text_field)?;
+        let stats = Stats::new(&searcher, &tail, self.text_field, corpus)?;
         if stats.docs == 0 {
             return Ok((Vec::new(), None));
         }
-        let mut top = TopK::new(k, stats.docs);
+        let mut top = TopK::new(k, stats.docs, ties);
         let terms: Vec<Term> = words
             .iter()
             .map(|w| Term::from_field_text(self.text_field, w))
@@ -534,7 +574,7 @@ impl KeywordIndex {
     pub fn query_stats(&self, query: &str) -> Result<QueryStats> {
         let tail = self.read_tail();
         let searcher = self.reader.searcher();
-        let stats = Stats::new(&searcher, &tail, self.text_field)?;
+        let stats = Stats::new(&searcher, &tail, self.text_field, None)?;
         query_stats_of(&stats, query_words(query))
     }
 
@@ -700,6 +740,60 @@ pub struct QueryStats {
     pub terms: Vec<(String, f32)>,
 }
 
+/// BM25's corpus statistics for one query, from one index ([`KeywordIndex::corpus_stats`])
+/// or summed over several ([`CorpusStats::add`]): what scores a document the same in
+/// whichever index holds it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CorpusStats {
+    /// Documents (tantivy counts deleted ones until a merge).
+    pub docs: u64,
+    /// Tokens of the text field.
+    pub tokens: u64,
+    /// The query's distinct analysed terms, sorted.
+    pub words: Vec<String>,
+    /// Each word's document frequency.
+    pub doc_freq: Vec<u64>,
+}
+
+impl CorpusStats {
+    /// Adds another index's statistics for the same query.
+    pub fn add(&mut self, other: &CorpusStats) {
+        if self.words.is_empty() && self.docs == 0 {
+            self.words.clone_from(&other.words);
+            self.doc_freq = vec![0; other.words.len()];
+        }
+        self.docs += other.docs;
+        self.tokens += other.tokens;
+        for (mine, theirs) in self.doc_freq.iter_mut().zip(&other.doc_freq) {
+            *mine += theirs;
+        }
+    }
+
+    /// The [`QueryStats`] these statistics give: what recall's neighbouring-turn step
+    /// scores with.
+    pub fn query_stats(&self) -> QueryStats {
+        QueryStats {
+            docs: self.docs,
+            mean_len: if self.docs == 0 {
+                0.0
+            } else {
+                self.tokens as f32 / self.docs as f32
+            },
+            terms: self
+                .words
+                .iter()
+                .zip(&self.doc_freq)
+                .map(|(w, &n)| (w.clone(), bm25_idf(n, self.docs)))
+                .collect(),
+        }
+    }
+
+    fn doc_freq_of(&self, word: &str) -> Option<u64> {
+        let i = self.words.binary_search_by(|w| w.as_str().cmp(word)).ok()?;
+        self.doc_freq.get(i).copied()
+    }
+}
+
 /// What [`KeywordIndex::search_with_counts`] read of a small scope besides its hits.
 #[derive(Debug, Clone, Default)]
 pub struct ScopeCounts {
@@ -758,11 +852,13 @@ pub fn bm25_idf(doc_freq: u64, docs: u64) -> f32 {
     (1.0 + (docs as f32 - n + 0.5) / (n + 0.5)).ln()
 }
 
-/// BM25 statistics of the committed index plus the staged tail, so both are scored alike.
+/// BM25 statistics of the committed index plus the staged tail, so both are scored alike;
+/// or, when a corpus is given, that corpus's (several indexes' sums).
 struct Stats<'a> {
     searcher: &'a Searcher,
     tail: &'a Tail,
     text_field: Field,
+    corpus: Option<&'a CorpusStats>,
     /// Committed documents (tantivy counts deleted ones until a merge) plus staged ones.
     docs: u64,
     /// Tokens of the text field, committed plus staged.
@@ -770,14 +866,25 @@ struct Stats<'a> {
 }
 
 impl<'a> Stats<'a> {
-    fn new(searcher: &'a Searcher, tail: &'a Tail, text_field: Field) -> Result<Self> {
-        let docs = Bm25StatisticsProvider::total_num_docs(searcher)? + tail.live_docs();
-        let tokens =
-            Bm25StatisticsProvider::total_num_tokens(searcher, text_field)? + tail.total_tokens();
+    fn new(
+        searcher: &'a Searcher,
+        tail: &'a Tail,
+        text_field: Field,
+        corpus: Option<&'a CorpusStats>,
+    ) -> Result<Self> {
+        let (docs, tokens) = match corpus {
+            Some(c) => (c.docs, c.tokens),
+            None => (
+                Bm25StatisticsProvider::total_num_docs(searcher)? + tail.live_docs(),
+                Bm25StatisticsProvider::total_num_tokens(searcher, text_field)?
+                    + tail.total_tokens(),
+            ),
+        };
         Ok(Stats {
             searcher,
             tail,
             text_field,
+            corpus,
             docs,
             tokens,
         })
@@ -798,6 +905,12 @@ impl Bm25StatisticsProvider for Stats<'_> {
     }
 
     fn doc_freq(&self, term: &Term) -> tantivy::Result<u64> {
+        if let Some(c) = self.corpus
+            && term.field() == self.text_field
+            && let Some(n) = term.value().as_str().and_then(|t| c.doc_freq_of(t))
+        {
+            return Ok(n);
+        }
         let committed = self.searcher.doc_freq(term)?;
         let staged = if term.field() == self.text_field {
             term.value().as_str().map_or(0, |t| self.tail.doc_freq(t))
@@ -933,28 +1046,36 @@ impl Eq for Hit {}
 
 /// The `k` best records seen so far, each once at its best score (a long record has a
 /// document per passage), ordered so the worst is the one to beat: it gives block-WAND an
-/// exact threshold after every push.
+/// exact threshold after every push. With `ties`, records scoring the same as the `k`-th
+/// are kept too, so a caller can break the tie by something other than the id (recall
+/// breaks it by time, the same in one store and in several).
 struct TopK {
     k: usize,
     hits: BTreeSet<Hit>,
     best: HashMap<u32, Score>,
+    /// Records left out of `hits` that score the same as its worst (with `ties`).
+    tied: Option<HashMap<u32, Score>>,
 }
 
 impl TopK {
-    fn new(k: usize, docs: u64) -> Self {
+    fn new(k: usize, docs: u64, ties: bool) -> Self {
         // `k` comes from the caller and may be huge; never reserve more than can be found.
         let capacity = k.min(usize::try_from(docs).unwrap_or(usize::MAX));
         TopK {
             k,
             hits: BTreeSet::new(),
             best: HashMap::with_capacity(capacity),
+            tied: ties.then(HashMap::new),
         }
     }
 
-    /// The score a new hit must exceed to enter.
+    /// The score a new hit must exceed to enter (keeping ties: to equal).
     fn threshold(&self) -> Score {
         match self.hits.first() {
-            Some(worst) if self.hits.len() >= self.k => worst.score,
+            Some(worst) if self.hits.len() >= self.k => match self.tied {
+                Some(_) => worst.score.next_down(),
+                None => worst.score,
+            },
             _ => Score::MIN,
         }
     }
@@ -963,7 +1084,16 @@ impl TopK {
         if self.k == 0 {
             return;
         }
+        if let Some(tied) = &mut self.tied
+            && let Some(&old) = tied.get(&id)
+        {
+            if score <= old {
+                return;
+            }
+            tied.remove(&id);
+        }
         let hit = Hit { score, id };
+        let mut out = None;
         if let Some(&old) = self.best.get(&id) {
             if score <= old {
                 return;
@@ -975,20 +1105,41 @@ impl TopK {
                     let worst = *worst;
                     self.hits.remove(&worst);
                     self.best.remove(&worst.id);
+                    out = Some(worst);
+                }
+                Some(worst) if score == worst.score => {
+                    if let Some(tied) = &mut self.tied {
+                        tied.insert(id, score);
+                    }
+                    return;
                 }
                 _ => return,
             }
         }
         self.hits.insert(hit);
         self.best.insert(id, score);
+        // Ties are kept only with the set's worst: what left the set for a better hit, or
+        // was tied with a worst that rose, stays only while it scores the same.
+        if let Some(tied) = &mut self.tied
+            && self.hits.len() >= self.k
+            && let Some(worst) = self.hits.first().map(|w| w.score)
+        {
+            if let Some(out) = out {
+                tied.insert(out.id, out.score);
+            }
+            tied.retain(|_, s| *s == worst);
+        }
     }
 
-    /// Best first.
+    /// Best first (ties: lower id first), with the records tied with the `k`-th.
     fn into_sorted(self) -> Vec<(u32, f32)> {
-        self.hits
+        let mut out: Vec<(u32, f32)> = self
+            .hits
             .into_iter()
-            .rev()
             .map(|hit| (hit.id, hit.score))
-            .collect()
+            .chain(self.tied.into_iter().flatten())
+            .collect();
+        out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        out
     }
 }

@@ -615,7 +615,7 @@ fn a_long_record_is_one_document_per_passage_and_scores_as_its_best() {
 
 #[test]
 fn the_top_k_holds_each_record_once_at_its_best() {
-    let mut top = super::TopK::new(2, 10);
+    let mut top = super::TopK::new(2, 10, false);
     top.push(1.0, 7);
     top.push(3.0, 7);
     top.push(2.0, 8);
@@ -624,6 +624,48 @@ fn the_top_k_holds_each_record_once_at_its_best() {
     assert_eq!(top.threshold(), 2.0);
     top.push(2.5, 9);
     assert_eq!(top.into_sorted(), vec![(7, 3.0), (9, 2.5)]);
+}
+
+/// Keeping ties, records scoring the same as the `k`-th stay (a record tied then beaten
+/// goes), whichever order they came in, and a record's better passage leaves the ties.
+#[test]
+fn the_top_k_keeps_the_records_tied_with_its_last() {
+    let mut top = super::TopK::new(2, 10, true);
+    top.push(2.0, 5);
+    top.push(1.0, 6);
+    top.push(1.0, 4);
+    top.push(1.0, 8);
+    assert_eq!(
+        top.threshold(),
+        1.0f32.next_down(),
+        "a tie must still enter"
+    );
+    top.push(0.5, 9);
+    assert_eq!(
+        top.into_sorted(),
+        vec![(5, 2.0), (4, 1.0), (6, 1.0), (8, 1.0)]
+    );
+    let mut top = super::TopK::new(2, 10, true);
+    for (score, id) in [(1.0, 1), (1.0, 2), (1.0, 3), (1.5, 4), (1.0, 5)] {
+        top.push(score, id);
+    }
+    // 4 pushed one of the three tied out of the set: all of them stay as ties.
+    assert_eq!(
+        top.into_sorted(),
+        vec![(4, 1.5), (1, 1.0), (2, 1.0), (3, 1.0), (5, 1.0)]
+    );
+    let mut top = super::TopK::new(1, 10, true);
+    for (score, id) in [(1.0, 1), (1.0, 2), (2.0, 3), (1.5, 2)] {
+        top.push(score, id);
+    }
+    // 3 beat the tie of 1 and 2; then 2's better passage is still below 3.
+    assert_eq!(top.into_sorted(), vec![(3, 2.0)]);
+    let mut top = super::TopK::new(2, 10, true);
+    for (score, id) in [(2.0, 1), (1.0, 2), (1.0, 3), (1.5, 2)] {
+        top.push(score, id);
+    }
+    // 2's better passage raised the worst: 3 is no longer tied with it.
+    assert_eq!(top.into_sorted(), vec![(1, 2.0), (2, 1.5)]);
 }
 
 #[test]

@@ -1,0 +1,188 @@
+//! A namespace spread over several stores by session, recalled with `recall_across`, ranks
+//! as one store holding every record does: the same texts in the same order, the same
+//! scores and the same rendered context, for many queries, every scope and two policies
+//! (one diversifying, so embeddings cross the merge too).
+
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use shadowbrain_runtime::embed::{Embedder, HashEmbedder};
+use shadowbrain_runtime::policy::Policy;
+use shadowbrain_runtime::{
+    IdBlock, IndexingOptions, NewMemory, RecallRequest, RecallResult, Scope, Substrate,
+    SubstrateOptions, VirtualClock, recall_across,
+};
+
+const T0: i64 = 1_780_000_000_000;
+
+const WORDS: [&str; 48] = [
+    "deploy",
+    "staging",
+    "invoice",
+    "garden",
+    "tomato",
+    "python",
+    "rust",
+    "vacation",
+    "paris",
+    "budget",
+    "meeting",
+    "report",
+    "painting",
+    "guitar",
+    "concert",
+    "marathon",
+    "recipe",
+    "pasta",
+    "library",
+    "novel",
+    "camera",
+    "mountain",
+    "river",
+    "kayak",
+    "puppy",
+    "school",
+    "exam",
+    "chemistry",
+    "bakery",
+    "bread",
+    "piano",
+    "lesson",
+    "museum",
+    "ticket",
+    "flight",
+    "airport",
+    "coffee",
+    "laptop",
+    "battery",
+    "server",
+    "database",
+    "index",
+    "friend",
+    "birthday",
+    "cake",
+    "sister",
+    "brother",
+    "weekend",
+];
+
+fn open(dir: &std::path::Path, ids: Option<IdBlock>) -> Substrate {
+    let opts = SubstrateOptions {
+        clock: Arc::new(VirtualClock::new(T0)),
+        indexing: IndexingOptions {
+            background: false,
+            ..IndexingOptions::default()
+        },
+        ids,
+        ..SubstrateOptions::default()
+    };
+    Substrate::open(dir, opts).unwrap()
+}
+
+fn sentence(rng: &mut StdRng, n: usize) -> String {
+    (0..n)
+        .map(|_| WORDS[rng.random_range(0..WORDS.len())])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn view(r: &RecallResult) -> Vec<(String, i64)> {
+    r.memories
+        .iter()
+        .map(|m| (m.record.text.clone(), m.record.event_time))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_namespace_spread_by_session_ranks_as_one_store() {
+    const PARTS: u16 = 3;
+    let dirs: Vec<_> = (0..=PARTS).map(|_| tempfile::tempdir().unwrap()).collect();
+    let whole = open(dirs[0].path(), None);
+    let parts: Vec<Substrate> = (0..PARTS)
+        .map(|p| {
+            open(
+                dirs[p as usize + 1].path(),
+                Some(IdBlock::of_partition(p, PARTS)),
+            )
+        })
+        .collect();
+    let mut rng = StdRng::seed_from_u64(49);
+    // Twelve sessions of two agents, 30 turns each, a turn a minute and sessions a day
+    // apart; every seventh turn is a long record (passages), each text unique.
+    let mut time = T0 - 30 * 86_400_000;
+    for s in 0..12u16 {
+        let session = format!("s{s}");
+        let part = &parts[usize::from(s % PARTS)];
+        for t in 0..30 {
+            time += 60_000;
+            let speaker = if t % 2 == 0 { "Alice" } else { "Bob" };
+            let words = if t % 7 == 3 { 900 } else { 12 };
+            let text = format!("{speaker}: {} (turn {s}.{t})", sentence(&mut rng, words));
+            let mut m = NewMemory::new("message", &text);
+            m.timestamp = Some(time);
+            m.agent_id = Some(format!("agent-{}", s % 2));
+            whole.record("ns", &session, vec![m.clone()]).await.unwrap();
+            part.record("ns", &session, vec![m]).await.unwrap();
+        }
+        time += 86_400_000;
+    }
+    let embedder = HashEmbedder::default();
+    let default = Arc::new(Policy::default_policy());
+    let mut diverse = Policy::default_policy();
+    diverse.scoring.mmr_lambda = 0.7;
+    let diverse = Arc::new(diverse);
+    let mut compared = 0;
+    for q in 0..24 {
+        let query = sentence(&mut rng, 1 + q % 4);
+        let vector = embedder
+            .embed(std::slice::from_ref(&query))
+            .await
+            .unwrap()
+            .pop();
+        for scope in [Scope::Namespace, Scope::Agent, Scope::Session] {
+            for policy in [&default, &diverse] {
+                let mut req = RecallRequest::new("ns", &format!("s{}", q % 12), &query);
+                req.scope = scope;
+                req.agent_id = Some(format!("agent-{}", q % 2));
+                req.k = 8;
+                let (one, _) = whole.rank(&req, vector.as_deref(), policy).unwrap();
+                let (spread, writes) = recall_across(&parts, &req, vector.as_deref(), policy, T0)
+                    .await
+                    .unwrap();
+                let at = format!(
+                    "query {q} {query:?}, {scope:?}, mmr {}",
+                    policy.scoring.mmr_lambda
+                );
+                assert_eq!(view(&spread), view(&one), "{at}");
+                for (a, b) in spread.memories.iter().zip(&one.memories) {
+                    assert!(
+                        (a.score - b.score).abs() <= 1e-5,
+                        "{at}: {} vs {}",
+                        a.score,
+                        b.score
+                    );
+                    assert_eq!(a.why.passage, b.why.passage, "{at}");
+                }
+                assert_eq!(spread.context, one.context, "{at}");
+                // Each part is sent the reinforcement of its own returned records.
+                let sent: usize = writes.iter().map(|w| w.0.len()).sum();
+                assert_eq!(sent, spread.memories.len(), "{at}");
+                for (p, w) in writes.iter().enumerate() {
+                    let block = IdBlock::of_partition(p as u16, PARTS);
+                    let theirs = spread
+                        .memories
+                        .iter()
+                        .filter(|m| block.contains(m.record.id.0));
+                    assert_eq!(w.0.len(), theirs.count(), "{at}, part {p}");
+                }
+                compared += usize::from(!one.memories.is_empty());
+            }
+        }
+    }
+    assert!(compared > 100, "only {compared} recalls found anything");
+    whole.close().unwrap();
+    for p in parts {
+        p.close().unwrap();
+    }
+}
