@@ -1,7 +1,8 @@
 //! A namespace spread over several stores by session, recalled with `recall_across`, ranks
 //! as one store holding every record does: the same texts in the same order, the same
 //! scores and the same rendered context, for many queries, every scope and two policies
-//! (one diversifying, so embeddings cross the merge too).
+//! (one diversifying, so embeddings cross the merge too); and on LoCoMo's ten
+//! conversations, one session each, spread over three stores and asked namespace-wide.
 
 use std::sync::Arc;
 
@@ -68,7 +69,7 @@ const WORDS: [&str; 48] = [
 ];
 
 fn open(dir: &std::path::Path, ids: Option<IdBlock>) -> Substrate {
-    let opts = SubstrateOptions {
+    let mut opts = SubstrateOptions {
         clock: Arc::new(VirtualClock::new(T0)),
         indexing: IndexingOptions {
             background: false,
@@ -77,6 +78,8 @@ fn open(dir: &std::path::Path, ids: Option<IdBlock>) -> Substrate {
         ids,
         ..SubstrateOptions::default()
     };
+    // Every scope here is searched exactly, as the equivalence needs (module docs).
+    opts.vector.exact_threshold = 10_000;
     Substrate::open(dir, opts).unwrap()
 }
 
@@ -181,6 +184,98 @@ async fn a_namespace_spread_by_session_ranks_as_one_store() {
         }
     }
     assert!(compared > 100, "only {compared} recalls found anything");
+    whole.close().unwrap();
+    for p in parts {
+        p.close().unwrap();
+    }
+}
+
+/// LoCoMo's conversations (the sibling `shared/data/locomo/`, or `SHADOWBRAIN_LOCOMO`);
+/// without them the test says so and passes, unless `SHADOWBRAIN_REQUIRE_LOCOMO` is set.
+fn locomo() -> Option<Vec<shadowbrain_runtime::eval::Conversation>> {
+    let path = std::env::var_os("SHADOWBRAIN_LOCOMO").map_or_else(
+        || {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../shared/data/locomo/locomo10.json")
+        },
+        std::path::PathBuf::from,
+    );
+    if !path.is_file() {
+        assert!(
+            std::env::var_os("SHADOWBRAIN_REQUIRE_LOCOMO").is_none(),
+            "the LoCoMo data is missing at {}; set SHADOWBRAIN_LOCOMO to locomo10.json",
+            path.display()
+        );
+        eprintln!("skipped: no LoCoMo data at {}", path.display());
+        return None;
+    }
+    Some(shadowbrain_runtime::eval::locomo::load(&path).unwrap())
+}
+
+/// LoCoMo's ten conversations, one session each, in one store and spread over three; every
+/// fifth question asked of the whole namespace ranks the same in both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locomo_spread_over_three_stores_ranks_as_one() {
+    let Some(conversations) = locomo() else {
+        return;
+    };
+    const PARTS: u16 = 3;
+    let dirs: Vec<_> = (0..=PARTS).map(|_| tempfile::tempdir().unwrap()).collect();
+    let whole = open(dirs[0].path(), None);
+    shadowbrain_runtime::eval::ingest(&whole, &conversations, |_, _| {})
+        .await
+        .unwrap();
+    let mut parts = Vec::new();
+    for p in 0..PARTS {
+        let part = open(
+            dirs[p as usize + 1].path(),
+            Some(IdBlock::of_partition(p, PARTS)),
+        );
+        let mine: Vec<_> = conversations
+            .iter()
+            .filter(|c| c.index % usize::from(PARTS) == usize::from(p))
+            .cloned()
+            .collect();
+        shadowbrain_runtime::eval::ingest(&part, &mine, |_, _| {})
+            .await
+            .unwrap();
+        parts.push(part);
+    }
+    let embedder = HashEmbedder::default();
+    let policy = Arc::new(Policy::default_policy());
+    let mut asked = 0;
+    for conv in &conversations {
+        for q in conv.questions.iter().step_by(5) {
+            let mut req = RecallRequest::new("default", &conv.sample_id, &q.question);
+            req.scope = Scope::Namespace;
+            req.include_knowledge = false;
+            req.reinforce = false;
+            let vector = embedder
+                .embed(std::slice::from_ref(&q.question))
+                .await
+                .unwrap()
+                .pop();
+            let (one, _) = whole.rank(&req, vector.as_deref(), &policy).unwrap();
+            let (spread, _) = recall_across(&parts, &req, vector.as_deref(), &policy, T0)
+                .await
+                .unwrap();
+            let at = format!(
+                "{} question {}: {:?}",
+                conv.sample_id, q.qa_index, q.question
+            );
+            assert_eq!(view(&spread), view(&one), "{at}");
+            for (a, b) in spread.memories.iter().zip(&one.memories) {
+                assert!(
+                    (a.score - b.score).abs() <= 1e-5,
+                    "{at}: {} vs {}",
+                    a.score,
+                    b.score
+                );
+            }
+            asked += 1;
+        }
+    }
+    assert!(asked > 350, "only {asked} questions asked");
     whole.close().unwrap();
     for p in parts {
         p.close().unwrap();
