@@ -1,8 +1,9 @@
 //! A namespace spread over several stores by session, recalled with `recall_across`, ranks
 //! as one store holding every record does: the same texts in the same order, the same
 //! scores and the same rendered context, for many queries, every scope and two policies
-//! (one diversifying, so embeddings cross the merge too); and on LoCoMo's ten
-//! conversations, one session each, spread over three stores and asked namespace-wide.
+//! (one diversifying, so embeddings cross the merge too, and reading more neighbours); and
+//! on LoCoMo's ten conversations, one session each, spread over three stores and asked
+//! namespace-wide.
 
 use std::sync::Arc;
 
@@ -132,8 +133,11 @@ async fn a_namespace_spread_by_session_ranks_as_one_store() {
     }
     let embedder = HashEmbedder::default();
     let default = Arc::new(Policy::default_policy());
+    // Diversifying, and with a wider neighbouring-turn window than the parts' own policy:
+    // every round follows the coordinator's.
     let mut diverse = Policy::default_policy();
     diverse.scoring.mmr_lambda = 0.7;
+    diverse.scoring.context_window += 2;
     let diverse = Arc::new(diverse);
     let mut compared = 0;
     for q in 0..24 {

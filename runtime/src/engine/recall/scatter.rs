@@ -53,6 +53,9 @@ pub struct Plan {
     pub allowed: u64,
     /// The keyword statistics summed over every part.
     pub corpus: CorpusStats,
+    /// The coordinator's policy's neighbouring-turn window and weight (`scoring.
+    /// context_window`, `scoring.context_weight`), which round three scores with.
+    pub context: (u32, f32),
 }
 
 /// Round two's answer: a part's candidates on each path, best first.
@@ -228,14 +231,13 @@ impl Substrate {
         plan: &Plan,
         hits: &[MemoryId],
     ) -> Result<Vec<PathHit>> {
-        let policy = self.policy_for(&req.namespace);
         let allowed = self.scope_of(req)?;
         let cx = Context {
             query: &req.query,
             allowed: &allowed,
             counts: None,
-            window: policy.scoring.context_window as usize,
-            weight: policy.scoring.context_weight,
+            window: plan.context.0 as usize,
+            weight: plan.context.1,
             depth: depth(req),
             session: (req.scope == Scope::Session)
                 .then_some((req.namespace.as_str(), req.session_id.as_str())),
@@ -343,7 +345,10 @@ pub async fn recall_across<P: RecallPart + Sync>(
 ) -> Result<(RecallResult, Vec<WriteSet>)> {
     let depth = depth(req);
     let scopes = futures::future::try_join_all(parts.iter().map(|p| p.scope(req))).await?;
-    let mut plan = Plan::default();
+    let mut plan = Plan {
+        context: (policy.scoring.context_window, policy.scoring.context_weight),
+        ..Plan::default()
+    };
     for s in &scopes {
         plan.allowed += s.allowed;
         plan.corpus.add(&s.corpus);
@@ -365,7 +370,7 @@ pub async fn recall_across<P: RecallPart + Sync>(
     let vector = merge_hits(vector, depth);
     let keyword = merge_hits(keyword, depth);
     let part_of = |id: u32| parts.iter().position(|p| p.ids().contains(id));
-    let (window, weight) = (policy.scoring.context_window, policy.scoring.context_weight);
+    let (window, weight) = plan.context;
     let keyword: Vec<PathHit> = if window > 0 && weight > 0.0 && !keyword.is_empty() {
         let mut first: BTreeMap<usize, Vec<MemoryId>> = BTreeMap::new();
         for h in keyword.iter().take(CONTEXT_HITS) {
