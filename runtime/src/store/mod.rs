@@ -677,6 +677,13 @@ mod tests {
         assert_eq!(StoreOptions::default().durability(), kv::Durability::Full);
     }
 
+    fn with(ids: Option<IdBlock>) -> StoreOptions {
+        StoreOptions {
+            ids,
+            ..StoreOptions::default()
+        }
+    }
+
     fn ids_of(store: &Store, n: usize) -> Vec<u32> {
         store
             .allocate_ids(n)
@@ -692,10 +699,6 @@ mod tests {
     fn a_store_hands_out_ids_from_its_block_and_keeps_it() {
         let dir = tempfile::tempdir().unwrap();
         let block = IdBlock::of_partition(5, 8);
-        let with = |ids| StoreOptions {
-            ids,
-            ..StoreOptions::default()
-        };
         let store = Store::open(dir.path(), with(Some(block))).unwrap();
         assert_eq!(
             ids_of(&store, 3),
@@ -759,14 +762,7 @@ mod tests {
         store.write(WriteSet::new()).unwrap();
         drop(store);
         let block = IdBlock::of_partition(1, 4);
-        let store = Store::open(
-            dir.path(),
-            StoreOptions {
-                ids: Some(block),
-                ..StoreOptions::default()
-            },
-        )
-        .unwrap();
+        let store = Store::open(dir.path(), with(Some(block))).unwrap();
         assert_eq!(ids_of(&store, 1), [block.first]);
         assert_eq!(store.allocate_recall().unwrap(), block.first);
     }

@@ -98,6 +98,22 @@ fn view(r: &RecallResult) -> Vec<(String, i64)> {
         .collect()
 }
 
+/// The spread recall's answer is the one store's: the same texts and times in the same
+/// order, the same scores (to rounding), passages and rendered context.
+fn assert_same(spread: &RecallResult, one: &RecallResult, at: &str) {
+    assert_eq!(view(spread), view(one), "{at}");
+    for (a, b) in spread.memories.iter().zip(&one.memories) {
+        assert!(
+            (a.score - b.score).abs() <= 1e-5,
+            "{at}: {} vs {}",
+            a.score,
+            b.score
+        );
+        assert_eq!(a.why.passage, b.why.passage, "{at}");
+    }
+    assert_eq!(spread.context, one.context, "{at}");
+}
+
 #[tokio::test]
 async fn a_namespace_spread_by_session_ranks_as_one_store() {
     const PARTS: u16 = 3;
@@ -161,17 +177,7 @@ async fn a_namespace_spread_by_session_ranks_as_one_store() {
                     "query {q} {query:?}, {scope:?}, mmr {}",
                     policy.scoring.mmr_lambda
                 );
-                assert_eq!(view(&spread), view(&one), "{at}");
-                for (a, b) in spread.memories.iter().zip(&one.memories) {
-                    assert!(
-                        (a.score - b.score).abs() <= 1e-5,
-                        "{at}: {} vs {}",
-                        a.score,
-                        b.score
-                    );
-                    assert_eq!(a.why.passage, b.why.passage, "{at}");
-                }
-                assert_eq!(spread.context, one.context, "{at}");
+                assert_same(&spread, &one, &at);
                 // Each part is sent the reinforcement of its own returned records.
                 let sent: usize = writes.iter().map(|w| w.0.len()).sum();
                 assert_eq!(sent, spread.memories.len(), "{at}");
@@ -267,15 +273,7 @@ async fn locomo_spread_over_three_stores_ranks_as_one() {
                 "{} question {}: {:?}",
                 conv.sample_id, q.qa_index, q.question
             );
-            assert_eq!(view(&spread), view(&one), "{at}");
-            for (a, b) in spread.memories.iter().zip(&one.memories) {
-                assert!(
-                    (a.score - b.score).abs() <= 1e-5,
-                    "{at}: {} vs {}",
-                    a.score,
-                    b.score
-                );
-            }
+            assert_same(&spread, &one, &at);
             asked += 1;
         }
     }
