@@ -605,7 +605,6 @@ impl Substrate {
     }
 }
 
-/// The id a client is given for recall number `n`: `rcl-` and 8 hex digits.
 /// Best first by score, then lower id, each id once at its best.
 fn sort_hits(hits: &mut Vec<(u32, f32)>) {
     hits.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -699,6 +698,7 @@ fn context_ranking(mut scores: HashMap<MemoryId, f32>, hits: &[(u32, f32)]) -> V
         .collect()
 }
 
+/// The id a client is given for recall number `n`: `rcl-` and 8 hex digits.
 pub(crate) fn recall_id(n: u32) -> String {
     format!("rcl-{n:08x}")
 }

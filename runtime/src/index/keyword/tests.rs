@@ -773,3 +773,49 @@ fn a_scoped_search_counts_what_term_counts_reads_and_scores_as_the_full_search()
     assert!(none.is_none());
     assert!(!wide_hits.is_empty());
 }
+
+/// Two indexes that share their statistics score each document as one index holding both
+/// does, committed or staged: what lets a namespace spread over several stores rank as one.
+#[test]
+fn summed_corpus_statistics_score_as_one_index() {
+    let all = corpus();
+    let (_a, one) = open();
+    let (_b, left) = open();
+    let (_c, right) = open();
+    one.upsert(&all);
+    let (l, r) = all.split_at(all.len() / 2);
+    left.upsert(l);
+    right.upsert(r);
+    for stage in ["staged", "committed"] {
+        let everything: RoaringBitmap = all.iter().map(|(id, _)| *id).collect();
+        for query in ["database migration", "weather paris", "the deploy failed"] {
+            let mut corpus = left.corpus_stats(query).unwrap();
+            corpus.add(&right.corpus_stats(query).unwrap());
+            assert_eq!(corpus, one.corpus_stats(query).unwrap(), "{stage} {query}");
+            let want = one.search(query, 50, Some(&everything)).unwrap();
+            let mut got = left
+                .search_in_corpus(query, 50, &everything, &corpus)
+                .unwrap();
+            got.extend(
+                right
+                    .search_in_corpus(query, 50, &everything, &corpus)
+                    .unwrap(),
+            );
+            got.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            assert_eq!(got, want, "{stage} {query}");
+            // Alone, a half scores with its own statistics, which differ.
+            let alone = left.search(query, 50, Some(&everything)).unwrap();
+            let shared: Vec<_> = got
+                .iter()
+                .filter(|h| alone.iter().any(|a| a.0 == h.0))
+                .collect();
+            assert!(
+                alone.iter().zip(shared).any(|(a, s)| a.1 != s.1),
+                "{stage} {query}: the statistics made no difference"
+            );
+        }
+        for (i, index) in [&one, &left, &right].into_iter().enumerate() {
+            index.commit(10 + i as u64).unwrap();
+        }
+    }
+}
