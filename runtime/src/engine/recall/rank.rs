@@ -291,21 +291,18 @@ impl Substrate {
                 hit_of.insert(r.id, hit);
             }
         }
-        let why_of = |i: usize| {
-            scored
-                .rows
-                .iter()
-                .find(|s| s.2 == i)
-                .map(|s| (s.0, s.1.clone()))
-                .expect("ordered from scored")
-        };
+        // Each returned record is moved out once (`order` names an index at most once).
+        let mut why_of: HashMap<usize, (f32, Why)> =
+            scored.rows.into_iter().map(|s| (s.2, (s.0, s.1))).collect();
+        let mut records: Vec<Option<MemoryRecord>> =
+            loaded.into_iter().map(|(r, _)| Some(r)).collect();
         let ordered = order
             .iter()
-            .map(|&i| {
-                let (score, mut why) = why_of(i);
-                let record = loaded[i].0.clone();
+            .filter_map(|&i| {
+                let (score, mut why) = why_of.remove(&i)?;
+                let record = records[i].take()?;
                 why.passage = hit_of.get(&record.id).copied();
-                (record, score, why)
+                Some((record, score, why))
             })
             .collect();
         Ok(finish(req, policy, ordered, scored.now, notes))

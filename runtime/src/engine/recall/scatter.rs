@@ -437,14 +437,17 @@ pub async fn recall_across<P: RecallPart + Sync>(
     let rows = score_rows(req, policy, &records, &validity, &relevance, now);
     let embeddings: Vec<Option<&[f32]>> = loaded.iter().map(|r| r.embedding.as_deref()).collect();
     let order = order(req, policy, &rows, &embeddings);
-    let why_of: HashMap<usize, (f32, &Why)> = rows.iter().map(|r| (r.2, (r.0, &r.1))).collect();
+    // Each returned record is moved out once (`order` names an index at most once).
+    let mut why_of: HashMap<usize, (f32, Why)> =
+        rows.into_iter().map(|r| (r.2, (r.0, r.1))).collect();
+    let mut loaded: Vec<Option<PartRecord>> = loaded.into_iter().map(Some).collect();
     let ordered = order
         .iter()
-        .filter_map(|i| {
-            let (score, why) = why_of.get(i)?;
-            let mut why = (*why).clone();
-            why.passage = loaded[*i].passage;
-            Some((loaded[*i].record.clone(), *score, why))
+        .filter_map(|&i| {
+            let (score, mut why) = why_of.remove(&i)?;
+            let part = loaded[i].take()?;
+            why.passage = part.passage;
+            Some((part.record, score, why))
         })
         .collect();
     let (result, reinforce) = finish(req, policy, ordered, now, notes);
