@@ -47,10 +47,11 @@ pub use engine::{
     FeedbackReport, FeedbackTarget, Graph, IDEMPOTENCY_WINDOW, Idempotency, IndexKind, IndexPass,
     IndexingOptions, Insights, Judge, JudgeBatch, JudgeItem, Judgement, KNOWLEDGE_SESSION, Lent,
     MAX_REASON_BYTES, MAX_STRIKES, Outcome, PROMOTE_ROUND, PairBatch, PairItem, PairVerdict,
-    PartHits, PartRecord, PartScope, PassageHit, PathHit, Plan, Policies, Promotion, RecallPart,
-    RecallRequest, RecallResult, Recalled, Recorded, Resolution, Substrate, SubstrateOptions,
-    Summarizer, Summary, SummaryRequest, Superseded, SweepReport, UpdateJudge, UpdatesRound,
-    Verdict, WeakSubstrate, Why, panic_message, quarantined_error, recall_across,
+    PartAsk, PartFuture, PartHits, PartLink, PartRecord, PartScope, PassageHit, PathHit, Plan,
+    Policies, Promotion, RecallPart, RecallRequest, RecallResult, Recalled, Recorded, Resolution,
+    Spread, Substrate, SubstrateOptions, Summarizer, Summary, SummaryRequest, Superseded,
+    SweepReport, UpdateJudge, UpdatesRound, Verdict, WeakSubstrate, Why, panic_message,
+    quarantined_error, recall_across,
 };
 pub use error::{Error, PolicyErrors, PolicyIssue, Result};
 pub use index::CorpusStats;

@@ -48,8 +48,8 @@ pub use lifecycle::{
 };
 pub use quarantine::{MAX_STRIKES, panic_message, quarantined_error};
 pub use recall::{
-    PartHits, PartRecord, PartScope, PassageHit, PathHit, Plan, RecallPart, RecallRequest,
-    RecallResult, Recalled, Why, recall_across,
+    PartAsk, PartFuture, PartHits, PartLink, PartRecord, PartScope, PassageHit, PathHit, Plan,
+    RecallPart, RecallRequest, RecallResult, Recalled, Spread, Why, recall_across,
 };
 pub(crate) use recall::{recall_id, recall_number};
 pub use updates::{Chain, PairBatch, PairItem, PairVerdict, Resolution, UpdateJudge, UpdatesRound};
@@ -131,6 +131,9 @@ pub struct SubstrateOptions {
     /// The ids the store hands out ([`StoreOptions::ids`]): a cluster partition's block;
     /// `None` on a single node.
     pub ids: Option<IdBlock>,
+    /// In a cluster placed by session, the other stores holding the namespaces' records:
+    /// recall asks them too ([`Spread`]); `None` when this store holds them all.
+    pub spread: Option<Arc<dyn Spread>>,
 }
 
 impl Default for SubstrateOptions {
@@ -148,6 +151,7 @@ impl Default for SubstrateOptions {
             log: None,
             standby: false,
             ids: None,
+            spread: None,
         }
     }
 }
@@ -206,6 +210,8 @@ struct Inner {
     limits: Limits,
     indexing: IndexingOptions,
     recent_n: usize,
+    /// The other stores recall asks ([`SubstrateOptions::spread`]).
+    spread: Option<Arc<dyn Spread>>,
     /// Highest change sequence applied to both indexes' tails.
     applied: AtomicU64,
     /// When the oldest and the newest change not yet built were applied, per index.
@@ -346,6 +352,7 @@ impl Substrate {
             limits: opts.limits,
             indexing: opts.indexing,
             recent_n: opts.recent_n,
+            spread: opts.spread,
             applied: AtomicU64::new(0),
             staged_times: Mutex::new([StagedTimes::default(); 2]),
             apply_lock: Mutex::new(()),

@@ -18,7 +18,7 @@ pub(crate) mod codec;
 mod commit;
 mod families;
 mod ids;
-mod keys;
+pub(crate) mod keys;
 pub(crate) mod kv;
 mod listings;
 mod log;

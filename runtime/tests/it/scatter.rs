@@ -12,8 +12,8 @@ use rand::{RngExt, SeedableRng};
 use shadowbrain_runtime::embed::{Embedder, HashEmbedder};
 use shadowbrain_runtime::policy::Policy;
 use shadowbrain_runtime::{
-    IdBlock, IndexingOptions, NewMemory, RecallRequest, RecallResult, Scope, Substrate,
-    SubstrateOptions, VirtualClock, recall_across,
+    IdBlock, IndexingOptions, NewMemory, PartFuture, PartLink, RecallRequest, RecallResult, Scope,
+    Spread, Substrate, SubstrateOptions, VirtualClock, recall_across,
 };
 
 const T0: i64 = 1_780_000_000_000;
@@ -125,6 +125,29 @@ fn assert_same(spread: &RecallResult, one: &RecallResult, at: &str) {
     assert_eq!(spread.context, one.context, "{at}");
 }
 
+/// Twelve sessions of two agents, 30 turns each, a turn a minute and sessions a day
+/// apart, every seventh turn a long record (passages), each text unique: all of them in
+/// `whole`, and session `s` in `parts[s mod len]`.
+async fn write_sessions(rng: &mut StdRng, whole: &Substrate, parts: &[Substrate]) {
+    let mut time = T0 - 30 * 86_400_000;
+    for s in 0..12usize {
+        let session = format!("s{s}");
+        let part = &parts[s % parts.len()];
+        for t in 0..30 {
+            time += 60_000;
+            let speaker = if t % 2 == 0 { "Alice" } else { "Bob" };
+            let words = if t % 7 == 3 { 900 } else { 12 };
+            let text = format!("{speaker}: {} (turn {s}.{t})", sentence(rng, words));
+            let mut m = NewMemory::new("message", &text);
+            m.timestamp = Some(time);
+            m.agent_id = Some(format!("agent-{}", s % 2));
+            whole.record("ns", &session, vec![m.clone()]).await.unwrap();
+            part.record("ns", &session, vec![m]).await.unwrap();
+        }
+        time += 86_400_000;
+    }
+}
+
 #[tokio::test]
 async fn a_namespace_spread_by_session_ranks_as_one_store() {
     const PARTS: u16 = 3;
@@ -139,25 +162,7 @@ async fn a_namespace_spread_by_session_ranks_as_one_store() {
         })
         .collect();
     let mut rng = StdRng::seed_from_u64(49);
-    // Twelve sessions of two agents, 30 turns each, a turn a minute and sessions a day
-    // apart; every seventh turn is a long record (passages), each text unique.
-    let mut time = T0 - 30 * 86_400_000;
-    for s in 0..12u16 {
-        let session = format!("s{s}");
-        let part = &parts[usize::from(s % PARTS)];
-        for t in 0..30 {
-            time += 60_000;
-            let speaker = if t % 2 == 0 { "Alice" } else { "Bob" };
-            let words = if t % 7 == 3 { 900 } else { 12 };
-            let text = format!("{speaker}: {} (turn {s}.{t})", sentence(&mut rng, words));
-            let mut m = NewMemory::new("message", &text);
-            m.timestamp = Some(time);
-            m.agent_id = Some(format!("agent-{}", s % 2));
-            whole.record("ns", &session, vec![m.clone()]).await.unwrap();
-            part.record("ns", &session, vec![m]).await.unwrap();
-        }
-        time += 86_400_000;
-    }
+    write_sessions(&mut rng, &whole, &parts).await;
     let embedder = HashEmbedder::default();
     let default = Arc::new(Policy::default_policy());
     // Diversifying, and with a wider neighbouring-turn window than the parts' own policy:
@@ -205,6 +210,127 @@ async fn a_namespace_spread_by_session_ranks_as_one_store() {
         }
     }
     assert!(compared > 100, "only {compared} recalls found anything");
+    whole.close().unwrap();
+    for p in parts {
+        p.close().unwrap();
+    }
+}
+
+/// Another store reached as the cluster reaches one: each round as bytes, answered by
+/// [`Substrate::answer_part`] on a blocking thread.
+#[derive(Debug)]
+struct Link(Substrate);
+
+impl PartLink for Link {
+    fn ids(&self) -> IdBlock {
+        self.0.store().id_block()
+    }
+
+    fn ask(&self, ask: Vec<u8>) -> PartFuture<'_> {
+        let sub = self.0.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || sub.answer_part(&ask))
+                .await
+                .map_err(|e| shadowbrain_runtime::Error::internal("a part", e))
+        })
+    }
+}
+
+#[derive(Debug)]
+struct Others(Vec<Substrate>);
+
+impl Spread for Others {
+    fn others(&self, _namespace: &str) -> Vec<Arc<dyn PartLink>> {
+        self.0
+            .iter()
+            .map(|s| Arc::new(Link(s.clone())) as Arc<dyn PartLink>)
+            .collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_with_a_spread_recalls_over_the_wire_as_one_store() {
+    const PARTS: u16 = 3;
+    let dirs: Vec<_> = (0..=PARTS).map(|_| tempfile::tempdir().unwrap()).collect();
+    let whole = open(dirs[0].path(), None);
+    let others: Vec<Substrate> = (1..PARTS)
+        .map(|p| {
+            open(
+                dirs[p as usize + 1].path(),
+                Some(IdBlock::of_partition(p, PARTS)),
+            )
+        })
+        .collect();
+    // The coordinator is the store a request reaches: the asking session's.
+    let mut opts = SubstrateOptions {
+        clock: Arc::new(VirtualClock::new(T0)),
+        indexing: IndexingOptions {
+            background: false,
+            ..IndexingOptions::default()
+        },
+        ids: Some(IdBlock::of_partition(0, PARTS)),
+        spread: Some(Arc::new(Others(others.clone()))),
+        ..SubstrateOptions::default()
+    };
+    opts.vector.exact_threshold = 10_000;
+    let here = Substrate::open(dirs[1].path(), opts).unwrap();
+    let mut parts = vec![here.clone()];
+    parts.extend(others.iter().cloned());
+    let mut rng = StdRng::seed_from_u64(7);
+    write_sessions(&mut rng, &whole, &parts).await;
+    let mut compared = 0;
+    for q in 0..12 {
+        let query = sentence(&mut rng, 1 + q % 3);
+        for scope in [Scope::Namespace, Scope::Agent, Scope::Session] {
+            // Sessions 0, 3, 6 and 9 are the coordinator's own.
+            let mut req = RecallRequest::new("ns", &format!("s{}", 3 * (q % 4)), &query);
+            req.scope = scope;
+            req.agent_id = Some(format!("agent-{}", q % 2));
+            req.k = 8;
+            // Reinforcement would change the next query's scores on each side at its own
+            // pace; it is checked below.
+            req.reinforce = false;
+            let one = whole.recall(&req).await.unwrap();
+            let spread = here.recall(&req).await.unwrap();
+            assert_same(&spread, &one, &format!("query {q} {query:?}, {scope:?}"));
+            assert!(spread.recall_id.is_some());
+            compared += usize::from(!one.memories.is_empty());
+        }
+    }
+    assert!(compared > 24, "only {compared} recalls found anything");
+    // A recall's reinforcement reaches the parts holding what it returned.
+    let mut req = RecallRequest::new("ns", "s0", "deploy staging invoice garden");
+    req.scope = Scope::Namespace;
+    req.k = 20;
+    let got = here.recall(&req).await.unwrap();
+    let elsewhere: Vec<_> = got
+        .memories
+        .iter()
+        .filter(|m| !here.store().id_block().contains(m.record.id.0))
+        .map(|m| m.record.id)
+        .collect();
+    assert!(
+        !elsewhere.is_empty(),
+        "the recall returned only its own records"
+    );
+    let reinforced = |id| {
+        others.iter().any(|o| {
+            o.store()
+                .get(id)
+                .unwrap()
+                .is_some_and(|r| r.reinforcements > 0)
+        })
+    };
+    for _ in 0..200 {
+        for o in &others {
+            o.store().sync().await.unwrap();
+        }
+        if elsewhere.iter().all(|&id| reinforced(id)) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(elsewhere.iter().all(|&id| reinforced(id)), "{elsewhere:?}");
     whole.close().unwrap();
     for p in parts {
         p.close().unwrap();

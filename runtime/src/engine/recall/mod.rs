@@ -30,8 +30,10 @@ use crate::store::{
 };
 
 mod rank;
+mod remote;
 mod scatter;
 
+pub use remote::{PartAsk, PartFuture, PartLink, Spread};
 pub use scatter::{PartHits, PartRecord, PartScope, Plan, RecallPart, recall_across};
 
 /// A recall question.
@@ -300,10 +302,21 @@ impl Substrate {
             .acquire()
             .await
             .map_err(|_| Error::Closed)?;
-        let (mut result, mut writes) =
-            tokio::task::spawn_blocking(move || sub.rank(&req2, query_vec.as_deref(), &policy))
-                .await
-                .map_err(|e| Error::internal("recall ranking", e))??;
+        let others = match &self.inner.spread {
+            Some(spread) => spread.others(&req.namespace),
+            None => Vec::new(),
+        };
+        let (mut result, mut writes) = match others.is_empty() {
+            true => {
+                tokio::task::spawn_blocking(move || sub.rank(&req2, query_vec.as_deref(), &policy))
+                    .await
+                    .map_err(|e| Error::internal("recall ranking", e))??
+            }
+            false => {
+                self.recall_spread(others, req, query_vec.as_deref(), &policy)
+                    .await?
+            }
+        };
         if !req.reinforce {
             writes.0.clear();
         }

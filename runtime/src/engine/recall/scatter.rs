@@ -353,8 +353,15 @@ pub async fn recall_across<P: RecallPart + Sync>(
         plan.allowed += s.allowed;
         plan.corpus.add(&s.corpus);
     }
-    let answers =
-        futures::future::try_join_all(parts.iter().map(|p| p.hits(req, query_vec, &plan))).await?;
+    // A part whose scope is empty has no candidate (nor the session's latest records).
+    let answers = futures::future::try_join_all(
+        parts
+            .iter()
+            .zip(&scopes)
+            .filter(|(_, s)| s.allowed > 0)
+            .map(|(p, _)| p.hits(req, query_vec, &plan)),
+    )
+    .await?;
     let (mut vector, mut keyword, mut recent, mut notes) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for a in answers {

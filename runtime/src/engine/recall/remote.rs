@@ -1,0 +1,377 @@
+//! Parts of a scattered recall held elsewhere — in a cluster placed by session, the other
+//! partitions' stores, at the nodes that own them (docs/cluster-placement.md). A round
+//! crosses as bytes ([`PartAsk`] in, an answer out) over a [`PartLink`] the host provides
+//! (the cluster's sealed requests); the store that holds the part answers it with
+//! [`Substrate::answer_part`]. A substrate given a [`Spread`] recalls over its own store
+//! and every part the spread names, through [`recall_across`], so the ranking is the one
+//! one store holding every record gives.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+use serde::{Deserialize, Serialize};
+
+use super::*;
+use crate::store::IdBlock;
+use crate::store::codec::{decode_record, encode_record};
+
+/// A future a [`PartLink`] answers.
+pub type PartFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<u8>>> + Send + 'a>>;
+
+/// The way to a part held elsewhere: its id block, and a round sent as bytes and answered
+/// as bytes (what [`Substrate::answer_part`] answers, there).
+pub trait PartLink: Send + Sync + fmt::Debug {
+    /// The ids the part's store hands out.
+    fn ids(&self) -> IdBlock;
+    /// Sends one round and waits for its answer.
+    fn ask(&self, ask: Vec<u8>) -> PartFuture<'_>;
+}
+
+/// What a substrate whose namespaces are spread over several stores recalls across: the
+/// other parts (this store is always one).
+pub trait Spread: Send + Sync + fmt::Debug {
+    /// Every other part that may hold records of `namespace`.
+    fn others(&self, namespace: &str) -> Vec<Arc<dyn PartLink>>;
+}
+
+/// A round as it is sent to a part.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum PartAsk {
+    /// Round one.
+    Scope(RecallRequest),
+    /// Round two.
+    Hits(RecallRequest, Option<Vec<f32>>, Plan),
+    /// Round three.
+    Context(RecallRequest, Plan, Vec<MemoryId>),
+    /// Round four (`bool`: with embeddings).
+    Load(RecallRequest, Option<Vec<f32>>, Plan, Vec<MemoryId>, bool),
+    /// After the ranking: reinforce these records of `namespace` by `amount` at `at`, under
+    /// the part's own policy for the namespace (every node runs the same policies).
+    Reinforce {
+        /// The records' namespace.
+        namespace: String,
+        /// The recall's instant.
+        at: Timestamp,
+        /// The policy's `reinforce_on_recall`.
+        amount: f32,
+        /// The part's returned records.
+        ids: Vec<MemoryId>,
+    },
+}
+
+/// A record as round four sends it: the store's own encoding (which carries the JSON
+/// fields as text, so the wire's format needs nothing self-describing).
+#[derive(Debug, Serialize, Deserialize)]
+struct WireRecord {
+    id: MemoryId,
+    record: Vec<u8>,
+    embedding: Option<Vec<f32>>,
+    similarity: Option<f32>,
+    validity: Option<Validity>,
+    passage: Option<PassageHit>,
+}
+
+/// A part's answer to one round.
+#[derive(Debug, Serialize, Deserialize)]
+enum PartReply {
+    Scope(PartScope),
+    Hits(PartHits),
+    Context(Vec<PathHit>),
+    Load(Vec<WireRecord>),
+    Done,
+    /// The round failed there; why, as the part's error said it.
+    Failed(String),
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    postcard::to_stdvec(v).expect("a round serialises")
+}
+
+fn unreadable(what: &str, e: impl fmt::Display) -> Error {
+    Error::Unavailable {
+        what: "a part of a scattered recall".into(),
+        message: format!(
+            "{what} was unreadable ({e}); is every node on the same shadowbrain version?"
+        ),
+    }
+}
+
+impl Substrate {
+    /// Answers one round of a scattered recall for this store's records (the bytes a
+    /// [`PartLink`] carried): blocking work, for a blocking thread. A failure is answered
+    /// as such, for the coordinator to report.
+    pub fn answer_part(&self, ask: &[u8]) -> Vec<u8> {
+        let reply = match postcard::from_bytes::<PartAsk>(ask) {
+            Ok(ask) => self
+                .answer(ask)
+                .unwrap_or_else(|e| PartReply::Failed(e.to_string())),
+            Err(e) => PartReply::Failed(unreadable("the round", e).to_string()),
+        };
+        encode(&reply)
+    }
+
+    fn answer(&self, ask: PartAsk) -> Result<PartReply> {
+        Ok(match ask {
+            PartAsk::Scope(req) => PartReply::Scope(self.part_scope(&req)?),
+            PartAsk::Hits(req, q, plan) => {
+                PartReply::Hits(self.part_hits(&req, q.as_deref(), &plan)?)
+            }
+            PartAsk::Context(req, plan, hits) => {
+                PartReply::Context(self.part_context(&req, &plan, &hits)?)
+            }
+            PartAsk::Load(req, q, plan, ids, embeddings) => PartReply::Load(
+                self.part_load(&req, q.as_deref(), &plan, &ids, embeddings)?
+                    .into_iter()
+                    .map(|r| WireRecord {
+                        id: r.record.id,
+                        record: encode_record(&r.record),
+                        embedding: r.embedding,
+                        similarity: r.similarity,
+                        validity: r.validity,
+                        passage: r.passage,
+                    })
+                    .collect(),
+            ),
+            PartAsk::Reinforce {
+                namespace,
+                at,
+                amount,
+                ids,
+            } => {
+                let policy = self.policy_for(&namespace);
+                let block = self.inner.store.id_block();
+                let writes = ids
+                    .into_iter()
+                    .filter(|id| block.contains(id.0))
+                    .map(|id| Mutation::Reinforce {
+                        id,
+                        reinforcement: Reinforcement {
+                            curve: Arc::clone(&policy) as Arc<dyn Reinforce>,
+                            at,
+                            amount,
+                        },
+                        by: "recall".into(),
+                    })
+                    .collect();
+                self.inner.store.write_detached(WriteSet(writes))?;
+                PartReply::Done
+            }
+        })
+    }
+}
+
+/// A part of a scattered recall: this store (its rounds on a blocking thread) or one
+/// reached through a [`PartLink`].
+#[derive(Debug, Clone)]
+pub(super) enum AnyPart {
+    Here(Substrate),
+    There(Arc<dyn PartLink>),
+}
+
+impl AnyPart {
+    async fn ask(&self, ask: PartAsk) -> Result<PartReply> {
+        let reply = match self {
+            AnyPart::Here(sub) => {
+                let sub = sub.clone();
+                tokio::task::spawn_blocking(move || sub.answer(ask))
+                    .await
+                    .map_err(|e| Error::internal("a recall's part", e))??
+            }
+            AnyPart::There(link) => {
+                let bytes = link.ask(encode(&ask)).await?;
+                postcard::from_bytes::<PartReply>(&bytes)
+                    .map_err(|e| unreadable("a part's answer", e))?
+            }
+        };
+        match reply {
+            PartReply::Failed(why) => Err(Error::Unavailable {
+                what: format!("the part holding ids {}", self.ids()),
+                message: why,
+            }),
+            reply => Ok(reply),
+        }
+    }
+}
+
+fn unexpected(round: &str) -> Error {
+    Error::internal(
+        "a scattered recall",
+        format!("a part answered {round} with another round's answer"),
+    )
+}
+
+impl RecallPart for AnyPart {
+    fn ids(&self) -> IdBlock {
+        match self {
+            AnyPart::Here(sub) => sub.inner.store.id_block(),
+            AnyPart::There(link) => link.ids(),
+        }
+    }
+
+    async fn scope(&self, req: &RecallRequest) -> Result<PartScope> {
+        match self.ask(PartAsk::Scope(req.clone())).await? {
+            PartReply::Scope(s) => Ok(s),
+            _ => Err(unexpected("round one")),
+        }
+    }
+
+    async fn hits(
+        &self,
+        req: &RecallRequest,
+        query_vec: Option<&[f32]>,
+        plan: &Plan,
+    ) -> Result<PartHits> {
+        let ask = PartAsk::Hits(req.clone(), query_vec.map(<[f32]>::to_vec), plan.clone());
+        match self.ask(ask).await? {
+            PartReply::Hits(h) => Ok(h),
+            _ => Err(unexpected("round two")),
+        }
+    }
+
+    async fn context(
+        &self,
+        req: &RecallRequest,
+        plan: &Plan,
+        hits: &[MemoryId],
+    ) -> Result<Vec<PathHit>> {
+        match self
+            .ask(PartAsk::Context(req.clone(), plan.clone(), hits.to_vec()))
+            .await?
+        {
+            PartReply::Context(c) => Ok(c),
+            _ => Err(unexpected("round three")),
+        }
+    }
+
+    async fn load(
+        &self,
+        req: &RecallRequest,
+        query_vec: Option<&[f32]>,
+        plan: &Plan,
+        ids: &[MemoryId],
+        embeddings: bool,
+    ) -> Result<Vec<PartRecord>> {
+        let ask = PartAsk::Load(
+            req.clone(),
+            query_vec.map(<[f32]>::to_vec),
+            plan.clone(),
+            ids.to_vec(),
+            embeddings,
+        );
+        let PartReply::Load(records) = self.ask(ask).await? else {
+            return Err(unexpected("round four"));
+        };
+        records
+            .into_iter()
+            .map(|w| {
+                let key = crate::store::keys::record(w.id);
+                Ok(PartRecord {
+                    record: decode_record(w.id, &key, &w.record, None)?,
+                    embedding: w.embedding,
+                    similarity: w.similarity,
+                    validity: w.validity,
+                    passage: w.passage,
+                })
+            })
+            .collect()
+    }
+}
+
+impl Substrate {
+    /// Recall over this store and the parts `spread` names (module docs): ranked at
+    /// `now` by the coordinator, this store's reinforcement returned with the answer (to be
+    /// written with the recall's memory), the others' sent to their parts without waiting
+    /// (best effort, as a single store's are).
+    pub(super) async fn recall_spread(
+        &self,
+        others: Vec<Arc<dyn PartLink>>,
+        req: &RecallRequest,
+        query_vec: Option<&[f32]>,
+        policy: &Arc<Policy>,
+    ) -> Result<(RecallResult, WriteSet)> {
+        let now = self.clock().now();
+        let mut parts = vec![AnyPart::Here(self.clone())];
+        parts.extend(others.into_iter().map(AnyPart::There));
+        let (result, mut per_part) = recall_across(&parts, req, query_vec, policy, now).await?;
+        let own = std::mem::take(&mut per_part[0]);
+        if req.reinforce && policy.scoring.reinforce_on_recall > 0.0 {
+            for (part, writes) in parts.into_iter().zip(per_part).skip(1) {
+                let ids: Vec<MemoryId> = writes
+                    .0
+                    .iter()
+                    .filter_map(|m| match m {
+                        Mutation::Reinforce { id, .. } => Some(*id),
+                        _ => None,
+                    })
+                    .collect();
+                if ids.is_empty() {
+                    continue;
+                }
+                let ask = PartAsk::Reinforce {
+                    namespace: req.namespace.clone(),
+                    at: now,
+                    amount: policy.scoring.reinforce_on_recall,
+                    ids,
+                };
+                tokio::spawn(async move {
+                    if let Err(e) = part.ask(ask).await {
+                        tracing::warn!(error = %e, "a recall's reinforcement did not reach its part");
+                    }
+                });
+            }
+        }
+        Ok((result, own))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_round_and_its_answers_cross_the_wire() {
+        let mut req = RecallRequest::new("acme", "s-1", "what broke the deploy?");
+        req.scope = Scope::Namespace;
+        req.since = Some(5);
+        let plan = Plan {
+            allowed: 7,
+            context: (2, 0.5),
+            ..Plan::default()
+        };
+        let ask = encode(&PartAsk::Hits(req, Some(vec![0.5, -1.0]), plan));
+        let PartAsk::Hits(req, q, plan) = postcard::from_bytes(&ask).unwrap() else {
+            panic!("another round")
+        };
+        assert_eq!(
+            (req.namespace.as_str(), req.scope),
+            ("acme", Scope::Namespace)
+        );
+        assert_eq!(req.since, Some(5));
+        assert_eq!(
+            (q, plan.allowed, plan.context),
+            (Some(vec![0.5, -1.0]), 7, (2, 0.5))
+        );
+
+        let kind = crate::model::Kind::new("tool_result").unwrap();
+        let mut record =
+            MemoryRecord::episodic(MemoryId(3), "acme", "s-1", kind, "the deploy broke", 9);
+        record.content = serde_json::json!({"tool": "deploy", "exit": 1});
+        let reply = encode(&PartReply::Load(vec![WireRecord {
+            id: record.id,
+            record: encode_record(&record),
+            embedding: None,
+            similarity: Some(0.25),
+            validity: None,
+            passage: None,
+        }]));
+        let PartReply::Load(got) = postcard::from_bytes(&reply).unwrap() else {
+            panic!("another answer")
+        };
+        let key = crate::store::keys::record(got[0].id);
+        assert_eq!(
+            decode_record(got[0].id, &key, &got[0].record, None).unwrap(),
+            record
+        );
+    }
+}
