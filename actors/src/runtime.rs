@@ -436,9 +436,8 @@ impl Runtime {
     /// Every session of a namespace that has records (live actor or not), by session id.
     pub async fn sessions(&self, namespace: &str) -> Result<Vec<SessionStats>> {
         validate_id("namespace", namespace)?;
-        let namespace = namespace.to_string();
-        self.blocking("the session list", move |s| s.store().sessions(&namespace))
-            .await
+        // In a cluster placed by session, the other partitions' sessions too.
+        self.inner.substrate.sessions(namespace).await
     }
 
     /// The active policy of the namespaces without one of their own.

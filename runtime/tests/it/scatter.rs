@@ -298,6 +298,10 @@ async fn a_store_with_a_spread_recalls_over_the_wire_as_one_store() {
         }
     }
     assert!(compared > 24, "only {compared} recalls found anything");
+    // The namespace's sessions are listed from every part.
+    let listed = here.sessions("ns").await.unwrap();
+    assert_eq!(listed.len(), 12);
+    assert_eq!(listed, whole.sessions("ns").await.unwrap());
     // A recall's reinforcement reaches the parts holding what it returned.
     let mut req = RecallRequest::new("ns", "s0", "deploy staging invoice garden");
     req.scope = Scope::Namespace;

@@ -6,6 +6,7 @@
 //! and every part the spread names, through [`recall_across`], so the ranking is the one
 //! one store holding every record gives.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -13,8 +14,8 @@ use std::pin::Pin;
 use serde::{Deserialize, Serialize};
 
 use super::*;
-use crate::store::IdBlock;
 use crate::store::codec::{decode_record, encode_record};
+use crate::store::{IdBlock, SessionStats};
 
 /// A future a [`PartLink`] answers.
 pub type PartFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<u8>>> + Send + 'a>>;
@@ -58,6 +59,8 @@ pub enum PartAsk {
         /// The part's returned records.
         ids: Vec<MemoryId>,
     },
+    /// The sessions of a namespace the part holds records of.
+    Sessions(String),
 }
 
 /// A record as round four sends it: the store's own encoding (which carries the JSON
@@ -79,6 +82,7 @@ enum PartReply {
     Hits(PartHits),
     Context(Vec<PathHit>),
     Load(Vec<WireRecord>),
+    Sessions(Vec<SessionStats>),
     Done,
     /// The round failed there; why, as the part's error said it.
     Failed(String),
@@ -156,6 +160,9 @@ impl Substrate {
                     .collect();
                 self.inner.store.write_detached(WriteSet(writes))?;
                 PartReply::Done
+            }
+            PartAsk::Sessions(namespace) => {
+                PartReply::Sessions(self.inner.store.sessions(&namespace)?)
             }
         })
     }
@@ -279,6 +286,45 @@ impl RecallPart for AnyPart {
 }
 
 impl Substrate {
+    /// Every session of `namespace` that has records, by session id: this store's and,
+    /// with a [`Spread`], every other part's (a session whose records are in several parts
+    /// — the knowledge pool's — counted once, over all of them).
+    pub async fn sessions(&self, namespace: &str) -> Result<Vec<SessionStats>> {
+        let others = match &self.inner.spread {
+            Some(spread) => spread.others(namespace),
+            None => Vec::new(),
+        };
+        let mut parts = vec![AnyPart::Here(self.clone())];
+        parts.extend(others.into_iter().map(AnyPart::There));
+        let answers = futures::future::try_join_all(
+            parts
+                .iter()
+                .map(|p| p.ask(PartAsk::Sessions(namespace.to_string()))),
+        )
+        .await?;
+        let mut merged: BTreeMap<String, SessionStats> = BTreeMap::new();
+        for answer in answers {
+            let PartReply::Sessions(sessions) = answer else {
+                return Err(unexpected("a session list"));
+            };
+            for s in sessions {
+                match merged.entry(s.session_id.clone()) {
+                    std::collections::btree_map::Entry::Vacant(v) => {
+                        v.insert(s);
+                    }
+                    std::collections::btree_map::Entry::Occupied(mut o) => {
+                        let m = o.get_mut();
+                        m.events += s.events;
+                        m.memories += s.memories;
+                        m.first_active = m.first_active.min(s.first_active);
+                        m.last_active = m.last_active.max(s.last_active);
+                    }
+                }
+            }
+        }
+        Ok(merged.into_values().collect())
+    }
+
     /// Recall over this store and the parts `spread` names (module docs): ranked at
     /// `now` by the coordinator, this store's reinforcement returned with the answer (to be
     /// written with the recall's memory), the others' sent to their parts without waiting
