@@ -118,17 +118,7 @@ pub(super) async fn forward(
     let (parts, body) = request.into_parts();
     let body = match axum::body::to_bytes(body, max_body).await {
         Ok(b) => b,
-        Err(_) => {
-            return ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                format!(
-                    "the body is over limits.max_body_bytes ({max_body} bytes); send fewer \
-                     or smaller events per call"
-                ),
-            )
-            .into_response();
-        }
+        Err(_) => return too_large(max_body),
     };
     let mut headers = parts.headers;
     for name in CREDENTIALS {
@@ -237,6 +227,19 @@ pub(super) async fn forward(
             ));
         }
     }
+}
+
+/// The answer to a body over `limits.max_body_bytes`.
+pub(super) fn too_large(max_body: usize) -> Response<Body> {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        format!(
+            "the body is over limits.max_body_bytes ({max_body} bytes); send fewer or smaller \
+             events per call"
+        ),
+    )
+    .into_response()
 }
 
 /// Whether a request may be sent again when an attempt goes unanswered (its owner may have

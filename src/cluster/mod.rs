@@ -28,6 +28,7 @@ mod forward;
 pub mod init;
 mod log;
 mod node;
+mod parts;
 mod policy;
 mod seal;
 mod signins;
@@ -50,6 +51,12 @@ pub struct ClusterConfig {
     /// Partitions namespaces are spread over. Fixed for the cluster's life: every node
     /// must say the same, and changing it moves namespaces (a new cluster).
     pub partitions: u16,
+    /// What a partition holds: whole namespaces (`"namespace"`, the default) or sessions
+    /// (`"session"`: a namespace's sessions spread over every partition, its recall and
+    /// listings gathered from all of them; docs/cluster-placement.md). Fixed for the
+    /// cluster's life, like `partitions`: the first node records both and a node that says
+    /// otherwise is refused.
+    pub placement: Placement,
     /// JetStream replicas of each partition's stream and of the lease buckets (1 or 3 on a
     /// three-server NATS cluster).
     pub replicas: usize,
@@ -109,6 +116,7 @@ impl Default for ClusterConfig {
             urls: vec!["nats://127.0.0.1:4222".into()],
             node: None,
             partitions: 16,
+            placement: Placement::Namespace,
             replicas: 3,
             copies: 3,
             snapshot_tail_mib: 64,
@@ -130,6 +138,17 @@ impl Default for ClusterConfig {
     }
 }
 
+/// What a partition holds ([`ClusterConfig::placement`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    /// Whole namespaces: `hash(namespace)`.
+    #[default]
+    Namespace,
+    /// Sessions: `hash(namespace, session)`.
+    Session,
+}
+
 /// TLS to NATS: the servers' certificate authority and, optionally, this node's client
 /// certificate and key.
 #[derive(Debug, Clone)]
@@ -149,6 +168,8 @@ pub struct Cluster {
     pub node: String,
     /// Partitions.
     pub partitions: u16,
+    /// What a partition holds.
+    pub placement: Placement,
     /// Replicas of streams and buckets.
     pub replicas: usize,
     /// Nodes keeping a copy of each partition.
@@ -379,6 +400,7 @@ impl ClusterConfig {
             urls: self.urls.clone(),
             node,
             partitions: self.partitions,
+            placement: self.placement,
             replicas: self.replicas,
             copies: self.copies,
             snapshot_tail: self.snapshot_tail_mib * 1024 * 1024,
@@ -470,6 +492,11 @@ fn mix(mut h: u64) -> u64 {
 /// The partition a namespace lives in.
 pub fn partition_of(namespace: &str, partitions: u16) -> u16 {
     (mix(fnv1a(&[namespace.as_bytes()])) % u64::from(partitions)) as u16
+}
+
+/// The partition a session lives in when sessions are placed ([`Placement::Session`]).
+pub fn session_partition(namespace: &str, session: &str, partitions: u16) -> u16 {
+    (mix(fnv1a(&[namespace.as_bytes(), session.as_bytes()])) % u64::from(partitions)) as u16
 }
 
 /// `nodes` ranked for `partition` by rendezvous hashing, best first: the first owns it

@@ -12,7 +12,7 @@ use serde_json::json;
 use tower::ServiceExt;
 
 use super::super::forward::{self, ANSWERED_BY};
-use super::super::partition_of;
+use super::route::Layout;
 use super::state::*;
 use crate::api::ApiError;
 use crate::auth::Verified;
@@ -92,8 +92,36 @@ pub(super) async fn dashboard(node: &Node, request: Request) -> Response {
 
 /// Answers `caller`'s `request` with this node's runtime of the caller's partition, or
 /// forwards it to the partition's owner.
-pub(super) async fn to_partition(node: &Node, caller: Verified, mut request: Request) -> Response {
-    let part = &node.partitions[partition_of(&caller.namespace, node.cfg.partitions) as usize];
+pub(super) async fn to_partition(node: &Node, caller: Verified, request: Request) -> Response {
+    let layout = Layout {
+        partitions: node.cfg.partitions,
+        placement: node.cfg.placement,
+    };
+    // Placed by session, an MCP message says in its body what it acts on.
+    let (mut request, body) = match layout.needs_body(request.method(), request.uri().path()) {
+        true => {
+            let max = node.limits.max_body_bytes;
+            let (parts, body) = request.into_parts();
+            let Ok(bytes) = axum::body::to_bytes(body, max).await else {
+                return forward::too_large(max);
+            };
+            (
+                Request::from_parts(parts, Body::from(bytes.clone())),
+                Some(bytes),
+            )
+        }
+        false => (request, None),
+    };
+    let p = match layout.partition(
+        &caller.namespace,
+        request.uri().path(),
+        request.headers(),
+        body.as_deref(),
+    ) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let part = &node.partitions[usize::from(p)];
     let local = part
         .router
         .read()

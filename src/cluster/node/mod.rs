@@ -17,8 +17,8 @@
 //! By job: this file starts a node (NATS, the buckets, membership, the tasks of each
 //! partition, the front's listener); `state` is what a node and its partitions are made of;
 //! `roles` the keeper and role tasks; `copies` which partitions a node keeps, restoring,
-//! snapshotting and deleting its copies; `front` the router every request enters;
-//! `operations` what acts on or shows the whole cluster.
+//! snapshotting and deleting its copies; `front` the router every request enters and
+//! `route` the partition it goes to; `operations` what acts on or shows the whole cluster.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Cluster;
 use super::log::LogCounters;
+use super::parts::Asker;
 use super::seal::{Sealer, SeenNonces};
 use super::signins::{self, KvSignIns};
 use super::snapshot::Snapshots;
@@ -52,6 +53,7 @@ mod copies;
 mod front;
 mod operations;
 mod roles;
+mod route;
 mod state;
 
 /// `serve --cluster`: joins the cluster, serves `listener` until `shutdown`, then hands
@@ -169,6 +171,17 @@ async fn run_node(
         storage: stream::StorageType::File,
         ..Default::default()
     };
+    let layout = patiently(setup, || {
+        create_bucket(
+            &js,
+            kv::Config {
+                max_age: Duration::ZERO,
+                ..bucket("layout")
+            },
+        )
+    })
+    .await?;
+    agree_layout(&layout, &cfg).await?;
     let leases = patiently(setup, || create_bucket(&js, bucket("leases"))).await?;
     let members = patiently(setup, || create_bucket(&js, bucket("nodes"))).await?;
     let sign_ins = patiently(setup, || {
@@ -268,12 +281,20 @@ async fn run_node(
         }));
     }
     let (live_tx, live) = watch::channel(Members::default());
+    let asker = Arc::new(Asker {
+        client: client.clone(),
+        sealer: sealer.clone(),
+        prefix: cfg.prefix.clone(),
+        partitions: cfg.partitions,
+        deadline: cfg.forward_timeout,
+    });
     let node = Arc::new_cyclic(|me| Node {
         me: me.clone(),
         front_ui: crate::http::dashboard::front(door.clone()),
         door,
         sealer,
         seen: Arc::new(SeenNonces::default()),
+        asker,
         client: client.clone(),
         js,
         leases,
@@ -418,6 +439,55 @@ async fn create_bucket(js: &jetstream::Context, config: kv::Config) -> anyhow::R
             .await
             .or(js.get_key_value(&name).await.map_err(anyhow::Error::from))
             .with_context(|| format!("creating the KV bucket {name}")),
+    }
+}
+
+/// What every node of a cluster must say alike: how its data is cut into partitions.
+#[derive(Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Layout {
+    partitions: u16,
+    placement: super::Placement,
+}
+
+/// Records the cluster's layout (`[cluster] partitions` and `placement`) when it has none
+/// yet, and refuses a node that says otherwise: its requests would go to other partitions
+/// than the data's, and its stores would hand out other ids.
+async fn agree_layout(bucket: &kv::Store, cfg: &Cluster) -> anyhow::Result<()> {
+    let mine = Layout {
+        partitions: cfg.partitions,
+        placement: cfg.placement,
+    };
+    let bytes = serde_json::to_vec(&mine).expect("a layout serialises");
+    // `create` writes only where nothing is: the first node's layout stays.
+    if bucket.create("layout", bytes.into()).await.is_ok() {
+        return Ok(());
+    }
+    let recorded = bucket
+        .get("layout")
+        .await
+        .context("reading the cluster's layout")?
+        .context("the cluster's layout is neither writable nor readable; is NATS healthy?")?;
+    let theirs: Layout = serde_json::from_slice(&recorded)
+        .context("the cluster's recorded layout is unreadable; is every node the same version?")?;
+    anyhow::ensure!(
+        theirs == mine,
+        "this cluster (prefix `{}`) was made with partitions = {} and placement = \"{}\", and \
+         this node's [cluster] section says partitions = {} and placement = \"{}\"; both are \
+         fixed for a cluster's life: use the cluster's values, or another prefix for a new \
+         cluster",
+        cfg.prefix,
+        theirs.partitions,
+        placement_name(theirs.placement),
+        mine.partitions,
+        placement_name(mine.placement),
+    );
+    Ok(())
+}
+
+fn placement_name(p: super::Placement) -> &'static str {
+    match p {
+        super::Placement::Namespace => "namespace",
+        super::Placement::Session => "session",
     }
 }
 

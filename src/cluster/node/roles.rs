@@ -16,8 +16,10 @@ use shadowbrain_runtime::{Backend, IdBlock, Substrate};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::super::Placement;
 use super::super::forward::{self};
 use super::super::log::{self, JetStreamLog, Lease};
+use super::super::parts::{OtherPartitions, answer_parts, parts_subject};
 use super::super::seal::Sealer;
 use super::operations::NodeHandle;
 use super::state::*;
@@ -696,6 +698,13 @@ impl Node {
         config.substrate.backend = Backend::Lmdb;
         config.substrate.log = Some(log.clone());
         config.substrate.ids = Some(self.id_block(part));
+        let spread = self.cfg.placement == Placement::Session;
+        if spread {
+            config.substrate.spread = Some(Arc::new(OtherPartitions {
+                asker: self.asker.clone(),
+                me: part.id,
+            }));
+        }
         let rt = match Runtime::open(config).await {
             Ok(rt) => rt,
             Err(e) => {
@@ -734,6 +743,23 @@ impl Node {
             requests,
             router.clone(),
         ));
+        // Placed by session, the other partitions' owners ask this one for its records.
+        let parts = match spread {
+            true => {
+                let asks = self
+                    .client
+                    .queue_subscribe(parts_subject(&self.cfg.prefix, part.id), "owners".into())
+                    .await?;
+                Some(tokio::spawn(answer_parts(
+                    self.client.clone(),
+                    self.sealer.clone(),
+                    self.seen.clone(),
+                    asks,
+                    rt.substrate().clone(),
+                )))
+            }
+            false => None,
+        };
         *part.router.write().unwrap_or_else(|p| p.into_inner()) = Some(router);
         tracing::info!(
             partition = part.id,
@@ -750,6 +776,7 @@ impl Node {
             log,
             lease: held.lease.clone(),
             rpc,
+            parts,
             closing,
             epoch: held.revision,
         });
@@ -789,6 +816,9 @@ impl Node {
         part.set_warm(false);
         *part.router.write().unwrap_or_else(|p| p.into_inner()) = None;
         owned.rpc.abort();
+        if let Some(parts) = &owned.parts {
+            parts.abort();
+        }
         owned.closing.cancel();
         if !graceful {
             owned

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::Cluster;
 use super::super::log::{JetStreamLog, Lease, LogCounters};
+use super::super::parts::Asker;
 use super::super::policy;
 use super::super::seal::{Sealer, SeenNonces};
 use super::super::snapshot::Snapshots;
@@ -164,6 +165,8 @@ pub(super) struct Owned {
     /// The lease the log appends under.
     pub(super) lease: Arc<Lease>,
     pub(super) rpc: tokio::task::JoinHandle<()>,
+    /// Answers the other partitions' rounds (placed by session).
+    pub(super) parts: Option<tokio::task::JoinHandle<()>>,
     /// Cancelled when the node steps down: the runtime's open MCP sessions end with it.
     pub(super) closing: CancellationToken,
     pub(super) epoch: u64,
@@ -260,6 +263,8 @@ pub(super) struct Node {
     pub(super) sealer: Arc<Sealer>,
     /// The forwarded requests answered lately (each is answered once).
     pub(super) seen: Arc<SeenNonces>,
+    /// How this node's runtimes ask the other partitions (placed by session).
+    pub(super) asker: Arc<Asker>,
     /// The dashboard pages the front answers itself: signing in and out, the assets.
     pub(super) front_ui: Router,
     /// What the runtimes this node closed had counted (`/metrics` counters never go back
