@@ -8,8 +8,10 @@
 //! cargo run --release --example cluster_capacity -- --records 200000
 //! ```
 //!
-//! The records go to 16 tenants (namespaces) and 10,000 sessions in all. A namespace lives
-//! on one partition, so the tenants spread the data over the partitions. Once every copy has
+//! The records go to 16 tenants (namespaces, `--tenants`) and 10,000 sessions in all. A
+//! namespace lives on one partition, so the tenants spread the data over the partitions;
+//! with `--placement session` (`[cluster] placement`) sessions are spread, and one
+//! namespace (`--tenants 1`) uses every partition. Once every copy has
 //! applied its partition's log and built its indexes (a standby builds every 30 s), it
 //! reports each node's data directory on disk, its resident memory and the partitions it
 //! keeps, beside the anchor's. Then, once the streams are truncated beneath their snapshots
@@ -52,6 +54,13 @@ struct Args {
     /// Copies of each partition (`[cluster] copies`).
     #[arg(long, default_value_t = 3)]
     copies: usize,
+    /// What a partition holds (`[cluster] placement`): `namespace` or `session`.
+    #[arg(long, default_value = "namespace", value_parser = ["namespace", "session"])]
+    placement: String,
+    /// Namespaces the records are written to (one: a single organisation, which only
+    /// `--placement session` spreads over the partitions).
+    #[arg(long, default_value_t = harness::TENANTS)]
+    tenants: usize,
     /// Only the larger cluster and the cold join (no anchor, no three-node cluster): the
     /// join's figures alone, in half the time.
     #[arg(long)]
@@ -78,6 +87,9 @@ fn args() -> Args {
     if a.nodes < 3 {
         invalid("--nodes must be at least 3 (the smaller cluster has three)".into());
     }
+    if !(1..=harness::TENANTS).contains(&a.tenants) {
+        invalid(format!("--tenants must be 1 to {}", harness::TENANTS));
+    }
     if a.records < a.sessions {
         invalid("--records must be at least --sessions".into());
     }
@@ -92,7 +104,7 @@ const BUILT_AFTER: Duration = Duration::from_secs(35);
 fn embedded(a: &Args) -> Value {
     let (_dir, served) = harness::embedded_serve(&a.bin);
     let started = Instant::now();
-    harness::fill(&[served.addr], a.records, harness::TENANTS, a.sessions);
+    harness::fill(&[served.addr], a.records, a.tenants, a.sessions);
     let fill_secs = started.elapsed().as_secs_f64();
     std::thread::sleep(BUILT_AFTER);
     let out = json!({
@@ -113,11 +125,16 @@ fn cluster(a: &Args, nats: &Path, nodes: usize, join: bool) -> Value {
         started: nodes,
         copies: a.copies,
         partitions: a.partitions,
+        placement: if a.placement == "session" {
+            "session"
+        } else {
+            "namespace"
+        },
     };
     let h = Harness::start_shaped(Security::Secured, nats, &a.bin, &[], &[], shape);
     h.wait_copies_settled(Duration::from_secs(120));
     let started = Instant::now();
-    harness::fill(&h.alive_nodes(), a.records, harness::TENANTS, a.sessions);
+    harness::fill(&h.alive_nodes(), a.records, a.tenants, a.sessions);
     let fill_secs = started.elapsed().as_secs_f64();
     let tokio = tokio::runtime::Runtime::new().unwrap();
     let ends = tokio.block_on(harness::log_ends(&h.nats_access(), a.partitions));
@@ -330,13 +347,8 @@ fn main() {
         std::process::exit(2);
     };
     eprintln!(
-        "{} records over {} tenants and {} sessions; clusters of 3 and {} nodes, {} partitions, {} copies",
-        a.records,
-        harness::TENANTS,
-        a.sessions,
-        a.nodes,
-        a.partitions,
-        a.copies
+        "{} records over {} tenants and {} sessions; clusters of 3 and {} nodes, {} partitions, {} copies, placed by {}",
+        a.records, a.tenants, a.sessions, a.nodes, a.partitions, a.copies, a.placement
     );
     let (anchor, three) = match a.join_only {
         true => (Value::Null, Value::Null),
@@ -346,6 +358,8 @@ fn main() {
     let line = json!({
         "records": a.records,
         "sessions": a.sessions,
+        "tenants": a.tenants,
+        "placement": a.placement,
         "embedded": anchor,
         "three_nodes": three,
         "more_nodes": many,

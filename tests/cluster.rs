@@ -1396,3 +1396,193 @@ fn load_against_capacity() {
         100.0 * paced / single
     );
 }
+
+/// A namespace's sessions placed over every partition (`placement = "session"`) are
+/// recalled, namespace- and agent-wide, with the very ranking one `serve` holding the same
+/// records gives; sessions are listed from every partition; a memory is read by its id
+/// through any node. Both sides run with recall's reinforcement off (a policy file), so
+/// each query's scores do not depend on when the one before it was written back.
+#[test]
+fn a_namespace_placed_by_session_recalls_as_one_server() {
+    let Some(nats) = harness::nats_server() else {
+        return;
+    };
+    let bin = env!("CARGO_BIN_EXE_shadowbrain");
+    let files = tempfile::tempdir().unwrap();
+    let policy = files.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        "name = \"no-reinforce\"\n[scoring]\nreinforce_on_recall = 0.0\n",
+    )
+    .unwrap();
+    let policy = policy.to_str().unwrap();
+    let shape = Shape {
+        placement: "session",
+        ..Shape::default()
+    };
+    let h = Harness::start_shaped(
+        harness::Security::Secured,
+        &nats,
+        bin.as_ref(),
+        &[],
+        &["--policy", policy],
+        shape,
+    );
+    let (_one_dir, one) = harness::embedded_serve_with(bin.as_ref(), &["--policy", policy]);
+    let (_, key) = harness::keys().into_iter().next().unwrap();
+    let words = [
+        "deploy", "staging", "invoice", "garden", "tomato", "python", "rust", "paris", "budget",
+        "meeting", "report", "guitar", "concert", "recipe", "pasta", "library", "camera", "river",
+        "kayak", "puppy", "exam", "bakery", "piano", "museum", "flight", "coffee", "laptop",
+        "server", "database", "birthday",
+    ];
+    let mut seed: u64 = 49;
+    let mut word = || {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        words[(seed >> 33) as usize % words.len()]
+    };
+    // Twenty-four sessions of two agents, twelve turns each, written through the three
+    // nodes in turn and to the one server.
+    const SESSIONS: usize = 24;
+    let mut ids = Vec::new();
+    for s in 0..SESSIONS {
+        let events: Vec<serde_json::Value> = (0..12)
+            .map(|t| {
+                let text: Vec<&str> = (0..8).map(|_| word()).collect();
+                serde_json::json!({
+                    "kind": "message",
+                    "text": format!("{} (turn {s}.{t})", text.join(" ")),
+                    "agent_id": format!("agent-{}", s % 2),
+                    "timestamp": format!("2026-06-{:02}T10:{t:02}:00Z", 1 + s),
+                })
+            })
+            .collect();
+        let body = serde_json::json!({ "events": events }).to_string();
+        let path = format!("/v1/sessions/s{s}/events");
+        let node = h.nodes[s % NODES].addr;
+        let (code, got, _) =
+            harness::request(node, "POST", &path, Some(&key), Some(&body), None).unwrap();
+        assert_eq!(code, 201, "{got}");
+        ids.extend(
+            got["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string()),
+        );
+        let (code, got, _) =
+            harness::request(one.addr, "POST", &path, Some(&key), Some(&body), None).unwrap();
+        assert_eq!(code, 201, "{got}");
+    }
+    // The namespace is spread: its ids come from most partitions' blocks.
+    let used: std::collections::BTreeSet<u16> = ids
+        .iter()
+        .map(|id| {
+            let id: shadowbrain_runtime::MemoryId = id.parse().unwrap();
+            shadowbrain_runtime::IdBlock::partition_of(id.0, PARTITIONS)
+        })
+        .collect();
+    assert!(
+        used.len() >= 5,
+        "the sessions went to partitions {used:?} only"
+    );
+    // Any node reads any memory, by the partition its id names.
+    for (i, id) in ids.iter().step_by(41).enumerate() {
+        let node = h.nodes[i % NODES].addr;
+        let (code, got, _) = harness::request(
+            node,
+            "GET",
+            &format!("/v1/memories/{id}"),
+            Some(&key),
+            None,
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            (code, got["id"].as_str()),
+            (200, Some(id.as_str())),
+            "{got}"
+        );
+    }
+    // The session list gathers every partition's.
+    let listed = |addr| {
+        let (code, got, _) =
+            harness::request(addr, "GET", "/v1/sessions", Some(&key), None, None).unwrap();
+        assert_eq!(code, 200, "{got}");
+        let mut sessions: Vec<(String, u64)> = got["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["session_id"].as_str().unwrap().to_string(),
+                    s["events"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        sessions.sort();
+        sessions
+    };
+    let expected = listed(one.addr);
+    assert_eq!(expected.len(), SESSIONS);
+    for node in &h.nodes {
+        assert_eq!(listed(node.addr), expected, "through {}", node.name);
+    }
+    // Recall, through every node, as the one server answers.
+    let texts = |got: &serde_json::Value| -> Vec<String> {
+        got["memories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["text"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let mut compared = 0;
+    for q in 0..18 {
+        let query: Vec<&str> = (0..1 + q % 3).map(|_| word()).collect();
+        let scope = ["namespace", "agent", "session"][q % 3];
+        let body = serde_json::json!({
+            "query": query.join(" "),
+            "k": 8,
+            "scope": scope,
+            "agent_id": format!("agent-{}", q % 2),
+        })
+        .to_string();
+        let path = format!("/v1/sessions/s{}/recall", (5 * q) % SESSIONS);
+        let (code, want, _) =
+            harness::request(one.addr, "POST", &path, Some(&key), Some(&body), None).unwrap();
+        assert_eq!(code, 200, "{want}");
+        let node = h.nodes[q % NODES].addr;
+        let (code, got, _) =
+            harness::request(node, "POST", &path, Some(&key), Some(&body), None).unwrap();
+        assert_eq!(code, 200, "{got}");
+        assert_eq!(texts(&got), texts(&want), "query {q} {query:?} ({scope})");
+        assert_eq!(got["context"], want["context"], "query {q}");
+        compared += usize::from(!texts(&want).is_empty());
+    }
+    assert!(compared >= 12, "only {compared} recalls found anything");
+    // A node that would place by namespace is refused by this cluster.
+    let config = std::fs::read_to_string(h.dir.path().join("node0.toml"))
+        .unwrap()
+        .replace("node = \"node0\"", "node = \"node9\"")
+        .replace("placement = \"session\"", "placement = \"namespace\"");
+    assert!(config.contains("node9") && config.contains("\"namespace\""));
+    let path = h.dir.path().join("node9.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut other = serve::Serve::new(bin)
+        .cluster()
+        .data(h.dir.path().join("node9"))
+        .config_file(&path)
+        .envs(h.node_env(0))
+        .spawn();
+    let stopped = other.exit_within(Duration::from_secs(60));
+    assert!(stopped.is_some_and(|s| !s.success()), "{}", other.said());
+    let said = other.said();
+    assert!(
+        said.contains("placement = \"session\"") && said.contains("another prefix"),
+        "{said}"
+    );
+    drop(h);
+}

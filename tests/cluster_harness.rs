@@ -40,6 +40,8 @@ pub struct Shape {
     pub started: usize,
     pub copies: usize,
     pub partitions: u16,
+    /// `[cluster] placement`: `namespace` or `session`.
+    pub placement: &'static str,
 }
 
 impl Default for Shape {
@@ -49,6 +51,7 @@ impl Default for Shape {
             started: NODES,
             copies: COPIES,
             partitions: PARTITIONS,
+            placement: "namespace",
         }
     }
 }
@@ -605,10 +608,11 @@ impl Harness {
             std::fs::write(
                 &config,
                 format!(
-                    "{}{auth}\n{cluster}\npartitions = {}\n\
+                    "{}{auth}\n{cluster}\npartitions = {}\nplacement = \"{}\"\n\
                      copies = {}\nlease_ttl = \"{}s\"\n",
                     embedder_section(),
                     shape.partitions,
+                    shape.placement,
                     shape.copies,
                     LEASE_TTL.as_secs()
                 ),
@@ -1480,12 +1484,18 @@ pub fn copies_on_disk(h: &Harness, p: u16) -> Vec<DiskCopy> {
 /// One embedded (single-node) `serve` of `bin` with the harness's keys and embedder (see
 /// [`use_embedder`]), on a fresh data directory (kept with the returned directory).
 pub fn embedded_serve(bin: &Path) -> (tempfile::TempDir, Served) {
+    embedded_serve_with(bin, &[])
+}
+
+/// [`embedded_serve`] with `args` added to its `serve` command.
+pub fn embedded_serve_with(bin: &Path, args: &[&str]) -> (tempfile::TempDir, Served) {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("serve.toml");
     std::fs::write(&config, format!("{}{}", embedder_section(), auth_keys())).unwrap();
     let served = Serve::new(bin)
         .data(dir.path().join("data"))
         .config_file(&config)
+        .args(args)
         .start();
     (dir, served)
 }

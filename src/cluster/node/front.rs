@@ -12,7 +12,6 @@ use serde_json::json;
 use tower::ServiceExt;
 
 use super::super::forward::{self, ANSWERED_BY};
-use super::route::Layout;
 use super::state::*;
 use crate::api::ApiError;
 use crate::auth::Verified;
@@ -93,10 +92,7 @@ pub(super) async fn dashboard(node: &Node, request: Request) -> Response {
 /// Answers `caller`'s `request` with this node's runtime of the caller's partition, or
 /// forwards it to the partition's owner.
 pub(super) async fn to_partition(node: &Node, caller: Verified, request: Request) -> Response {
-    let layout = Layout {
-        partitions: node.cfg.partitions,
-        placement: node.cfg.placement,
-    };
+    let layout = Layout::of(&node.cfg);
     // Placed by session, an MCP message says in its body what it acts on.
     let (mut request, body) = match layout.needs_body(request.method(), request.uri().path()) {
         true => {

@@ -171,17 +171,6 @@ async fn run_node(
         storage: stream::StorageType::File,
         ..Default::default()
     };
-    let layout = patiently(setup, || {
-        create_bucket(
-            &js,
-            kv::Config {
-                max_age: Duration::ZERO,
-                ..bucket("layout")
-            },
-        )
-    })
-    .await?;
-    agree_layout(&layout, &cfg).await?;
     let leases = patiently(setup, || create_bucket(&js, bucket("leases"))).await?;
     let members = patiently(setup, || create_bucket(&js, bucket("nodes"))).await?;
     let sign_ins = patiently(setup, || {
@@ -235,6 +224,7 @@ async fn run_node(
         }))),
     );
     ensure_name_free(&members, &cfg.node, cfg.lease_ttl).await?;
+    agree_layout(&members, &cfg).await?;
     let mut partitions = Vec::with_capacity(cfg.partitions as usize);
     for p in 0..cfg.partitions {
         let stream = format!("{}_P{p:03}", cfg.prefix.to_uppercase());
@@ -442,53 +432,37 @@ async fn create_bucket(js: &jetstream::Context, config: kv::Config) -> anyhow::R
     }
 }
 
-/// What every node of a cluster must say alike: how its data is cut into partitions.
-#[derive(Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-struct Layout {
-    partitions: u16,
-    placement: super::Placement,
-}
-
-/// Records the cluster's layout (`[cluster] partitions` and `placement`) when it has none
-/// yet, and refuses a node that says otherwise: its requests would go to other partitions
-/// than the data's, and its stores would hand out other ids.
-async fn agree_layout(bucket: &kv::Store, cfg: &Cluster) -> anyhow::Result<()> {
-    let mine = Layout {
-        partitions: cfg.partitions,
-        placement: cfg.placement,
-    };
-    let bytes = serde_json::to_vec(&mine).expect("a layout serialises");
-    // `create` writes only where nothing is: the first node's layout stays.
-    if bucket.create("layout", bytes.into()).await.is_ok() {
-        return Ok(());
-    }
-    let recorded = bucket
-        .get("layout")
+/// Refuses to join a cluster whose live members say another layout (`[cluster]
+/// partitions` or `placement`) in their heartbeats: this node's requests would go to other
+/// partitions than the data's, and its stores would hand out other ids. (Every node's
+/// stores also record their id block, which refuses another number of partitions.)
+async fn agree_layout(members: &kv::Store, cfg: &Cluster) -> anyhow::Result<()> {
+    let mine = Layout::of(cfg);
+    let mut names = members
+        .keys()
         .await
-        .context("reading the cluster's layout")?
-        .context("the cluster's layout is neither writable nor readable; is NATS healthy?")?;
-    let theirs: Layout = serde_json::from_slice(&recorded)
-        .context("the cluster's recorded layout is unreadable; is every node the same version?")?;
-    anyhow::ensure!(
-        theirs == mine,
-        "this cluster (prefix `{}`) was made with partitions = {} and placement = \"{}\", and \
-         this node's [cluster] section says partitions = {} and placement = \"{}\"; both are \
-         fixed for a cluster's life: use the cluster's values, or another prefix for a new \
-         cluster",
-        cfg.prefix,
-        theirs.partitions,
-        placement_name(theirs.placement),
-        mine.partitions,
-        placement_name(mine.placement),
-    );
-    Ok(())
-}
-
-fn placement_name(p: super::Placement) -> &'static str {
-    match p {
-        super::Placement::Namespace => "namespace",
-        super::Placement::Session => "session",
+        .context("listing the cluster's members")?;
+    while let Some(name) = names.next().await {
+        let Ok(name) = name else { continue };
+        let Ok(Some(beat)) = members.get(&name).await else {
+            continue;
+        };
+        let Ok(Heartbeat {
+            layout: Some(theirs),
+            ..
+        }) = serde_json::from_slice::<Heartbeat>(&beat)
+        else {
+            continue;
+        };
+        anyhow::ensure!(
+            theirs == mine,
+            "node `{name}` of this cluster (prefix `{}`) runs with {theirs}, and this node's \
+             [cluster] section says {mine}; both are fixed for a cluster's life: use the \
+             cluster's values, or another prefix for a new cluster",
+            cfg.prefix,
+        );
     }
+    Ok(())
 }
 
 /// The revision of `node`'s heartbeat when one is in the members bucket (`None`: none, or
@@ -542,6 +516,7 @@ async fn membership(node: Arc<Node>, live: watch::Sender<Members>, stop: Cancell
                 .map(|p| p.id)
                 .collect(),
             leaving: node.leaving.load(Ordering::SeqCst),
+            layout: Some(Layout::of(&node.cfg)),
         };
         let beat = serde_json::to_vec(&beat).expect("a heartbeat serializes");
         if let Err(e) = node.members.put(&node.cfg.node, beat.into()).await {

@@ -11,14 +11,8 @@ use serde_json::Value;
 use shadowbrain_runtime::{IdBlock, KNOWLEDGE_SESSION, MemoryId};
 
 use super::super::{Placement, partition_of, session_partition};
+use super::state::Layout;
 use crate::api::ApiError;
-
-/// What routing needs of the cluster's layout.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Layout {
-    pub(super) partitions: u16,
-    pub(super) placement: Placement,
-}
 
 impl Layout {
     fn session(&self, namespace: &str, session: &str) -> u16 {

@@ -97,6 +97,40 @@ pub(super) struct Heartbeat {
     /// The node is stopping and hands its partitions and copies on first.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(super) leaving: bool,
+    /// How the node cuts the data into partitions (absent from nodes of before it was
+    /// said): a node that says otherwise is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) layout: Option<Layout>,
+}
+
+/// What every node of a cluster must say alike: `[cluster] partitions` and `placement`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(super) struct Layout {
+    pub(super) partitions: u16,
+    pub(super) placement: super::super::Placement,
+}
+
+impl Layout {
+    pub(super) fn of(cfg: &Cluster) -> Layout {
+        Layout {
+            partitions: cfg.partitions,
+            placement: cfg.placement,
+        }
+    }
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let placement = match self.placement {
+            super::super::Placement::Namespace => "namespace",
+            super::super::Placement::Session => "session",
+        };
+        write!(
+            f,
+            "partitions = {} and placement = \"{placement}\"",
+            self.partitions
+        )
+    }
 }
 
 impl Members {
