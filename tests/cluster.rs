@@ -1400,7 +1400,8 @@ fn load_against_capacity() {
 /// A namespace's sessions placed over every partition (`placement = "session"`) are
 /// recalled, namespace- and agent-wide, with the very ranking one `serve` holding the same
 /// records gives; sessions are listed from every partition; a memory is read by its id
-/// through any node. Both sides run with recall's reinforcement off (a policy file), so
+/// through any node; feedback on a recall reaches every partition holding what it
+/// returned; a node configured to place by namespace is refused. Both sides run with recall's reinforcement off (a policy file), so
 /// each query's scores do not depend on when the one before it was written back.
 #[test]
 fn a_namespace_placed_by_session_recalls_as_one_server() {
@@ -1563,6 +1564,63 @@ fn a_namespace_placed_by_session_recalls_as_one_server() {
         compared += usize::from(!texts(&want).is_empty());
     }
     assert!(compared >= 12, "only {compared} recalls found anything");
+    // Feedback on a namespace-wide recall reaches each returned memory's partition.
+    let body = r#"{"query":"deploy server database","k":10,"scope":"namespace"}"#;
+    let (code, got, _) = harness::request(
+        h.nodes[1].addr,
+        "POST",
+        "/v1/sessions/s3/recall",
+        Some(&key),
+        Some(body),
+        None,
+    )
+    .unwrap();
+    assert_eq!(code, 200, "{got}");
+    let returned: Vec<String> = got["memories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect();
+    let partitions: std::collections::BTreeSet<u16> = returned
+        .iter()
+        .map(|id| {
+            let id: shadowbrain_runtime::MemoryId = id.parse().unwrap();
+            shadowbrain_runtime::IdBlock::partition_of(id.0, PARTITIONS)
+        })
+        .collect();
+    assert!(partitions.len() >= 2, "{partitions:?}");
+    let feedback = format!(
+        r#"{{"recall_id":"{}","outcome":"success"}}"#,
+        got["recall_id"].as_str().unwrap()
+    );
+    let (code, got, _) = harness::request(
+        h.nodes[2].addr,
+        "POST",
+        "/v1/sessions/s3/feedback",
+        Some(&key),
+        Some(&feedback),
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        (code, got["updated"].as_u64()),
+        (200, Some(returned.len() as u64)),
+        "{got}"
+    );
+    for id in &returned {
+        let (code, got, _) = harness::request(
+            h.nodes[0].addr,
+            "GET",
+            &format!("/v1/memories/{id}"),
+            Some(&key),
+            None,
+            None,
+        )
+        .unwrap();
+        assert_eq!(code, 200, "{got}");
+        assert_eq!(got["utility"]["successes"], 1, "{id}: {got}");
+    }
     // A node that would place by namespace is refused by this cluster.
     let config = std::fs::read_to_string(h.dir.path().join("node0.toml"))
         .unwrap()

@@ -156,8 +156,8 @@ impl Spread for OtherPartitions {
     }
 }
 
-/// Answers the rounds sent to `asks`' subject with `substrate` (the owned partition's),
-/// each on a blocking thread, until the subscription ends (dropped with the partition).
+/// Answers what is sent to `asks`' subject with `substrate` (the owned partition's), each
+/// on a task of its own, until the subscription ends (dropped with the partition).
 pub(super) async fn answer_parts(
     client: async_nats::Client,
     sealer: Arc<Sealer>,
@@ -194,16 +194,8 @@ pub(super) async fn answer_parts(
                 });
             let payload = match opened {
                 Ok(wire) => {
-                    let nonce = wire.nonce;
-                    let answer =
-                        tokio::task::spawn_blocking(move || substrate.answer_part(&wire.ask)).await;
-                    match answer {
-                        Ok(body) => sealer.seal(Kind::Answer, &[&nonce], &body),
-                        Err(e) => {
-                            tracing::error!(error = %e, "answering a part's round failed");
-                            return;
-                        }
-                    }
+                    let body = substrate.answer_part(wire.ask).await;
+                    sealer.seal(Kind::Answer, &[&wire.nonce], &body)
                 }
                 Err(why) => {
                     tracing::warn!(subject = %message.subject, why, "refusing a part's round");

@@ -628,7 +628,10 @@ impl Substrate {
     /// Records how using some memories went: a success or failure is added to each one's
     /// utility, a success also reinforces its strength (by the policy's
     /// `reinforce_on_recall`), and both are audited. Unknown ids (or a recall of another
-    /// namespace) are an error and change nothing.
+    /// namespace) are an error and change nothing. With a spread (a cluster placed by
+    /// session), the memories other parts hold are sent to them; each part applies all of
+    /// its memories or none, and this store's are checked before any part is sent its own
+    /// and written after every part applied its own.
     pub async fn feedback(
         &self,
         namespace: &str,
@@ -647,6 +650,38 @@ impl Substrate {
             FeedbackTarget::Recall(recall_id) => recall_number(recall_id),
             FeedbackTarget::Memories(_) => None,
         };
+        let (ids, elsewhere) = self.held_here(namespace, ids);
+        if elsewhere.is_empty() {
+            return self
+                .feedback_on(namespace, ids, recall, outcome, by, &source)
+                .await;
+        }
+        for &id in &ids {
+            self.get(namespace, id)?;
+        }
+        let mut report = self
+            .feedback_elsewhere(namespace, elsewhere, outcome, by, &source)
+            .await?;
+        let here = self
+            .feedback_on(namespace, ids, recall, outcome, by, &source)
+            .await?;
+        report.updated += here.updated;
+        report.promotable.extend(here.promotable);
+        Ok(report)
+    }
+
+    /// Feedback on memories this store holds (every one of them checked before anything is
+    /// written): [`Substrate::feedback`]'s work in one store, and what a part asked by
+    /// another does with its share.
+    pub(super) async fn feedback_on(
+        &self,
+        namespace: &str,
+        ids: Vec<MemoryId>,
+        recall: Option<u32>,
+        outcome: Outcome,
+        by: &str,
+        source: &str,
+    ) -> Result<FeedbackReport> {
         let policy = self.policy_for(namespace);
         let now = self.clock().now();
         // Read what recalls have queued (their reinforcement) before deciding on top of it.

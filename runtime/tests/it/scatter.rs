@@ -12,8 +12,8 @@ use rand::{RngExt, SeedableRng};
 use shadowbrain_runtime::embed::{Embedder, HashEmbedder};
 use shadowbrain_runtime::policy::Policy;
 use shadowbrain_runtime::{
-    IdBlock, IndexingOptions, NewMemory, PartFuture, PartLink, RecallRequest, RecallResult, Scope,
-    Spread, Substrate, SubstrateOptions, VirtualClock, recall_across,
+    IdBlock, IndexingOptions, MemoryId, NewMemory, PartFuture, PartLink, RecallRequest,
+    RecallResult, Scope, Spread, Substrate, SubstrateOptions, VirtualClock, recall_across,
 };
 
 const T0: i64 = 1_780_000_000_000;
@@ -217,7 +217,7 @@ async fn a_namespace_spread_by_session_ranks_as_one_store() {
 }
 
 /// Another store reached as the cluster reaches one: each round as bytes, answered by
-/// [`Substrate::answer_part`] on a blocking thread.
+/// [`Substrate::answer_part`].
 #[derive(Debug)]
 struct Link(Substrate);
 
@@ -227,12 +227,7 @@ impl PartLink for Link {
     }
 
     fn ask(&self, ask: Vec<u8>) -> PartFuture<'_> {
-        let sub = self.0.clone();
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || sub.answer_part(&ask))
-                .await
-                .map_err(|e| shadowbrain_runtime::Error::internal("a part", e))
-        })
+        Box::pin(async move { Ok(self.0.answer_part(ask).await) })
     }
 }
 
@@ -335,6 +330,43 @@ async fn a_store_with_a_spread_recalls_over_the_wire_as_one_store() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert!(elsewhere.iter().all(|&id| reinforced(id)), "{elsewhere:?}");
+    // Feedback on that recall reaches every part holding what it returned.
+    let target = shadowbrain_runtime::FeedbackTarget::Recall(got.recall_id.clone().unwrap());
+    let report = here
+        .feedback("ns", &target, shadowbrain_runtime::Outcome::Success, "s0")
+        .await
+        .unwrap();
+    assert_eq!(report.updated, got.memories.len());
+    for m in &got.memories {
+        let holder = parts
+            .iter()
+            .find(|p| p.store().id_block().contains(m.record.id.0))
+            .unwrap();
+        holder.store().sync().await.unwrap();
+        let now = holder.get("ns", m.record.id).unwrap();
+        assert_eq!(now.utility.successes, 1, "{}", m.record.id);
+    }
+    // An unknown id another part would hold is refused, and nothing is written here.
+    let unknown = MemoryId(IdBlock::of_partition(2, PARTS).first + 99_999);
+    let mine = got
+        .memories
+        .iter()
+        .map(|m| m.record.id)
+        .find(|id| here.store().id_block().contains(id.0))
+        .unwrap();
+    let target = shadowbrain_runtime::FeedbackTarget::Memories(vec![mine, unknown]);
+    let refused = here
+        .feedback("ns", &target, shadowbrain_runtime::Outcome::Failure, "s0")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            shadowbrain_runtime::Error::NotFound { what: "memory", .. }
+        ),
+        "{refused}"
+    );
+    assert_eq!(here.get("ns", mine).unwrap().utility.failures, 0);
     whole.close().unwrap();
     for p in parts {
         p.close().unwrap();

@@ -14,6 +14,7 @@ use std::pin::Pin;
 use serde::{Deserialize, Serialize};
 
 use super::*;
+use crate::engine::{FeedbackReport, Outcome};
 use crate::store::codec::{decode_record, encode_record};
 use crate::store::{IdBlock, SessionStats};
 
@@ -61,6 +62,19 @@ pub enum PartAsk {
     },
     /// The sessions of a namespace the part holds records of.
     Sessions(String),
+    /// Feedback on memories of `namespace` the part holds ([`Substrate::feedback`]).
+    Feedback {
+        /// Their namespace.
+        namespace: String,
+        /// The memories.
+        ids: Vec<MemoryId>,
+        /// How it went.
+        outcome: Outcome,
+        /// Who, for the audit log.
+        by: String,
+        /// Where the feedback came from (a recall id, or memory ids), for the audit log.
+        source: String,
+    },
 }
 
 /// A record as round four sends it: the store's own encoding (which carries the JSON
@@ -83,9 +97,55 @@ enum PartReply {
     Context(Vec<PathHit>),
     Load(Vec<WireRecord>),
     Sessions(Vec<SessionStats>),
+    /// What feedback changed: memories updated, and those now promotable.
+    Feedback(usize, Vec<MemoryId>),
     Done,
-    /// The round failed there; why, as the part's error said it.
-    Failed(String),
+    /// It failed there.
+    Failed(WireError),
+}
+
+/// A part's error as it crosses: what the asker's client must be told alike (an unknown
+/// memory, a bad input) keeps its kind; anything else is the part being unavailable.
+#[derive(Debug, Serialize, Deserialize)]
+enum WireError {
+    NotFound { what: String, id: String },
+    Invalid { field: String, reason: String },
+    Other(String),
+}
+
+impl From<Error> for WireError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::NotFound { what, id } => WireError::NotFound {
+                what: what.into(),
+                id,
+            },
+            Error::Invalid { field, reason } => WireError::Invalid { field, reason },
+            e => WireError::Other(e.to_string()),
+        }
+    }
+}
+
+impl WireError {
+    fn into_error(self, part: IdBlock) -> Error {
+        match self {
+            WireError::NotFound { what, id } => Error::NotFound {
+                // The kinds a part reports (the error's field is a static name).
+                what: match what.as_str() {
+                    "memory" => "memory",
+                    "recall" => "recall",
+                    "session" => "session",
+                    _ => "record",
+                },
+                id,
+            },
+            WireError::Invalid { field, reason } => Error::Invalid { field, reason },
+            WireError::Other(message) => Error::Unavailable {
+                what: format!("the part holding ids {part}"),
+                message,
+            },
+        }
+    }
 }
 
 fn encode<T: Serialize>(v: &T) -> Vec<u8> {
@@ -102,17 +162,105 @@ fn unreadable(what: &str, e: impl fmt::Display) -> Error {
 }
 
 impl Substrate {
-    /// Answers one round of a scattered recall for this store's records (the bytes a
-    /// [`PartLink`] carried): blocking work, for a blocking thread. A failure is answered
-    /// as such, for the coordinator to report.
-    pub fn answer_part(&self, ask: &[u8]) -> Vec<u8> {
-        let reply = match postcard::from_bytes::<PartAsk>(ask) {
-            Ok(ask) => self
-                .answer(ask)
-                .unwrap_or_else(|e| PartReply::Failed(e.to_string())),
-            Err(e) => PartReply::Failed(unreadable("the round", e).to_string()),
+    /// Answers what another part asked of this store's records (the bytes a [`PartLink`]
+    /// carried): a round of a scattered recall or a session list (on a blocking thread),
+    /// or feedback. A failure is answered as such, for the asker to report.
+    pub async fn answer_part(&self, ask: Vec<u8>) -> Vec<u8> {
+        let reply = match postcard::from_bytes::<PartAsk>(&ask) {
+            Ok(PartAsk::Feedback {
+                namespace,
+                ids,
+                outcome,
+                by,
+                source,
+            }) => match self
+                .feedback_on(&namespace, ids, None, outcome, &by, &source)
+                .await
+            {
+                Ok(report) => {
+                    if !report.promotable.is_empty() {
+                        // They are queued (the feedback's commit put them there); the
+                        // owner's knowledge actor drains the queue when woken, or at its
+                        // next start.
+                        self.inner.promotion_wake.fire();
+                    }
+                    PartReply::Feedback(report.updated, report.promotable)
+                }
+                Err(e) => PartReply::Failed(e.into()),
+            },
+            Ok(ask) => {
+                let sub = self.clone();
+                match tokio::task::spawn_blocking(move || sub.answer(ask)).await {
+                    Ok(Ok(reply)) => reply,
+                    Ok(Err(e)) => PartReply::Failed(e.into()),
+                    Err(e) => PartReply::Failed(Error::internal("a part's round", e).into()),
+                }
+            }
+            Err(e) => PartReply::Failed(unreadable("the round", e).into()),
         };
         encode(&reply)
+    }
+
+    /// `ids` split into those this store holds (or that no part does: reading them says
+    /// they are unknown) and, per other part of the spread, those it holds.
+    pub(in crate::engine) fn held_here(
+        &self,
+        namespace: &str,
+        ids: Vec<MemoryId>,
+    ) -> (Vec<MemoryId>, Vec<(Arc<dyn PartLink>, Vec<MemoryId>)>) {
+        let own = self.inner.store.id_block();
+        let others = match &self.inner.spread {
+            Some(spread) if ids.iter().any(|id| !own.contains(id.0)) => spread.others(namespace),
+            _ => return (ids, Vec::new()),
+        };
+        let mut here = Vec::new();
+        let mut there: Vec<(Arc<dyn PartLink>, Vec<MemoryId>)> = Vec::new();
+        for id in ids {
+            match others.iter().find(|o| o.ids().contains(id.0)) {
+                Some(part) if !own.contains(id.0) => {
+                    match there.iter_mut().find(|(p, _)| Arc::ptr_eq(p, part)) {
+                        Some((_, theirs)) => theirs.push(id),
+                        None => there.push((part.clone(), vec![id])),
+                    }
+                }
+                _ => here.push(id),
+            }
+        }
+        (here, there)
+    }
+
+    /// Sends each part its share of a feedback, all at once: the parts' reports summed.
+    pub(in crate::engine) async fn feedback_elsewhere(
+        &self,
+        namespace: &str,
+        shares: Vec<(Arc<dyn PartLink>, Vec<MemoryId>)>,
+        outcome: Outcome,
+        by: &str,
+        source: &str,
+    ) -> Result<FeedbackReport> {
+        let asks = shares.into_iter().map(|(part, ids)| async move {
+            let part = AnyPart::There(part);
+            let ask = PartAsk::Feedback {
+                namespace: namespace.to_string(),
+                ids,
+                outcome,
+                by: by.to_string(),
+                source: source.to_string(),
+            };
+            match part.ask(ask).await? {
+                PartReply::Feedback(updated, promotable) => Ok(FeedbackReport {
+                    updated,
+                    promotable,
+                }),
+                _ => Err(unexpected("feedback")),
+            }
+        });
+        let mut report = FeedbackReport::default();
+        for r in futures::future::try_join_all(asks).await? {
+            report.updated += r.updated;
+            report.promotable.extend(r.promotable);
+        }
+        Ok(report)
     }
 
     fn answer(&self, ask: PartAsk) -> Result<PartReply> {
@@ -164,6 +312,12 @@ impl Substrate {
             PartAsk::Sessions(namespace) => {
                 PartReply::Sessions(self.inner.store.sessions(&namespace)?)
             }
+            PartAsk::Feedback { .. } => {
+                return Err(Error::internal(
+                    "a part",
+                    "feedback is answered by answer_part, not on a blocking thread",
+                ));
+            }
         })
     }
 }
@@ -192,10 +346,7 @@ impl AnyPart {
             }
         };
         match reply {
-            PartReply::Failed(why) => Err(Error::Unavailable {
-                what: format!("the part holding ids {}", self.ids()),
-                message: why,
-            }),
+            PartReply::Failed(e) => Err(e.into_error(self.ids())),
             reply => Ok(reply),
         }
     }
