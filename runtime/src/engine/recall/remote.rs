@@ -18,6 +18,9 @@ use crate::engine::{FeedbackReport, Outcome};
 use crate::store::codec::{decode_record, encode_record};
 use crate::store::{IdBlock, SessionStats};
 
+/// Another part, and the memories of a request it holds.
+pub(in crate::engine) type Share = (Arc<dyn PartLink>, Vec<MemoryId>);
+
 /// A future a [`PartLink`] answers.
 pub type PartFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<u8>>> + Send + 'a>>;
 
@@ -207,14 +210,14 @@ impl Substrate {
         &self,
         namespace: &str,
         ids: Vec<MemoryId>,
-    ) -> (Vec<MemoryId>, Vec<(Arc<dyn PartLink>, Vec<MemoryId>)>) {
+    ) -> (Vec<MemoryId>, Vec<Share>) {
         let own = self.inner.store.id_block();
         let others = match &self.inner.spread {
             Some(spread) if ids.iter().any(|id| !own.contains(id.0)) => spread.others(namespace),
             _ => return (ids, Vec::new()),
         };
         let mut here = Vec::new();
-        let mut there: Vec<(Arc<dyn PartLink>, Vec<MemoryId>)> = Vec::new();
+        let mut there: Vec<Share> = Vec::new();
         for id in ids {
             match others.iter().find(|o| o.ids().contains(id.0)) {
                 Some(part) if !own.contains(id.0) => {
@@ -233,7 +236,7 @@ impl Substrate {
     pub(in crate::engine) async fn feedback_elsewhere(
         &self,
         namespace: &str,
-        shares: Vec<(Arc<dyn PartLink>, Vec<MemoryId>)>,
+        shares: Vec<Share>,
         outcome: Outcome,
         by: &str,
         source: &str,
