@@ -27,12 +27,14 @@
 mod harness;
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::{CommandFactory, Parser};
 use harness::{Harness, Security, Shape, disk_bytes, rss_bytes};
 use serde_json::{Value, json};
+use shadowbrain_test_support::serve::Served;
 
 /// What each node of a three- and a six-node cluster holds, against one embedded `serve`
 /// holding the same records; one JSON line, last.
@@ -61,6 +63,9 @@ struct Args {
     /// `--placement session` spreads over the partitions).
     #[arg(long, default_value_t = harness::TENANTS)]
     tenants: usize,
+    /// Namespace-wide recalls compared between the anchor and each cluster.
+    #[arg(long, default_value_t = 40)]
+    compare: usize,
     /// Only the larger cluster and the cold join (no anchor, no three-node cluster): the
     /// join's figures alone, in half the time.
     #[arg(long)]
@@ -100,9 +105,10 @@ fn args() -> Args {
 /// at the latest 30 s after its oldest unbuilt change.
 const BUILT_AFTER: Duration = Duration::from_secs(35);
 
-/// The anchor: one embedded `serve` holding the same records.
-fn embedded(a: &Args) -> Value {
-    let (_dir, served) = harness::embedded_serve(&a.bin);
+/// The anchor: one embedded `serve` holding the same records, kept running (with its
+/// directory) for the comparison of rankings.
+fn embedded(a: &Args) -> (Value, tempfile::TempDir, Served) {
+    let (dir, served) = harness::embedded_serve(&a.bin);
     let started = Instant::now();
     harness::fill(&[served.addr], a.records, a.tenants, a.sessions);
     let fill_secs = started.elapsed().as_secs_f64();
@@ -113,13 +119,60 @@ fn embedded(a: &Args) -> Value {
         "fill_secs": fill_secs,
     });
     eprintln!("embedded: {out}");
-    served.kill();
+    (out, dir, served)
+}
+
+/// `queries` namespace-wide recalls of the first tenant (k = 10), asked of the anchor and
+/// of a cluster holding the same records (through its nodes in turn): how many rank the
+/// same records in the same order, and the mean share of the anchor's ten the cluster
+/// returned. A scope past the vector index's exact threshold is searched approximately
+/// on both sides, by one index there and by each partition's here, so only exact search
+/// promises the same ranking (docs/cluster-placement.md).
+fn compare(anchor: SocketAddr, nodes: &[SocketAddr], queries: usize) -> Value {
+    let (_, key) = harness::keys()[0].clone();
+    let words = harness::BULK_WORDS;
+    let (mut identical, mut overlap, mut asked) = (0, 0.0, 0);
+    for q in 0..queries {
+        let query: Vec<&str> = (0..2 + q % 2)
+            .map(|k| words[(q * 7 + k * 13) % words.len()])
+            .collect();
+        let body = json!({"query": query.join(" "), "k": 10, "scope": "namespace"}).to_string();
+        let path = format!("/v1/sessions/bulk-0-{q}/recall");
+        let texts = |addr| -> Vec<String> {
+            let (code, got, _) =
+                harness::request(addr, "POST", &path, Some(&key), Some(&body), None)
+                    .expect("a recall is answered");
+            assert_eq!(code, 200, "{got}");
+            got["memories"]
+                .as_array()
+                .map(|m| {
+                    m.iter()
+                        .map(|m| m["text"].as_str().unwrap_or_default().to_string())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let want = texts(anchor);
+        let got = texts(nodes[q % nodes.len()]);
+        if want.is_empty() {
+            continue;
+        }
+        asked += 1;
+        identical += usize::from(got == want);
+        overlap += want.iter().filter(|t| got.contains(t)).count() as f64 / want.len() as f64;
+    }
+    let out = json!({
+        "queries": asked,
+        "identical": identical,
+        "mean_overlap_at_10": if asked > 0 { overlap / asked as f64 } else { 0.0 },
+    });
+    eprintln!("rankings against the anchor: {out}");
     out
 }
 
 /// A cluster of `nodes` nodes holding the records: each node's disk, memory and copies;
 /// with `join`, then a node joining it with an empty data directory.
-fn cluster(a: &Args, nats: &Path, nodes: usize, join: bool) -> Value {
+fn cluster(a: &Args, nats: &Path, nodes: usize, join: bool, anchor: Option<SocketAddr>) -> Value {
     let shape = Shape {
         nodes: nodes + usize::from(join),
         started: nodes,
@@ -164,6 +217,7 @@ fn cluster(a: &Args, nats: &Path, nodes: usize, join: bool) -> Value {
         }));
     }
     let entries: BTreeMap<u16, u64> = ends;
+    let rankings = anchor.map(|anchor| compare(anchor, &h.alive_nodes(), a.compare));
     let joined = join.then(|| cold_join(&h, a, nodes, &tokio));
     let out = json!({
         "nodes": nodes,
@@ -172,6 +226,7 @@ fn cluster(a: &Args, nats: &Path, nodes: usize, join: bool) -> Value {
         "fill_secs": fill_secs,
         "log_entries": entries.values().sum::<u64>(),
         "per_node": per_node,
+        "rankings": rankings,
         "cold_join": joined,
     });
     eprintln!("{nodes} nodes: {out}");
@@ -350,11 +405,18 @@ fn main() {
         "{} records over {} tenants and {} sessions; clusters of 3 and {} nodes, {} partitions, {} copies, placed by {}",
         a.records, a.tenants, a.sessions, a.nodes, a.partitions, a.copies, a.placement
     );
-    let (anchor, three) = match a.join_only {
-        true => (Value::Null, Value::Null),
-        false => (embedded(&a), cluster(&a, &nats, 3, false)),
+    let (anchor, served, three) = match a.join_only {
+        true => (Value::Null, None, Value::Null),
+        false => {
+            let (anchor, dir, served) = embedded(&a);
+            let three = cluster(&a, &nats, 3, false, Some(served.addr));
+            (anchor, Some((dir, served)), three)
+        }
     };
-    let many = cluster(&a, &nats, a.nodes, true);
+    let many = cluster(&a, &nats, a.nodes, true, served.as_ref().map(|s| s.1.addr));
+    if let Some((_dir, served)) = served {
+        served.kill();
+    }
     let line = json!({
         "records": a.records,
         "sessions": a.sessions,

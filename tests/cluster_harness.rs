@@ -1212,23 +1212,36 @@ pub fn load(
 }
 
 /// Bulk writes of `records` events to the nodes in turn, spread evenly over the first
-/// `tenants` tenants (a writer thread each) and `sessions` sessions in all, in requests of
-/// up to 100 events (one session's), each under an Idempotency-Key and retried until
-/// acknowledged.
+/// `tenants` tenants and `sessions` sessions in all, by at least eight writer threads
+/// (each tenant's sessions split between its writers), in requests of up to 100 events
+/// (one session's), each under an Idempotency-Key and retried until acknowledged.
 pub fn fill(nodes: &[SocketAddr], records: u64, tenants: usize, sessions: u64) {
     let started = Instant::now();
     let per_tenant = records / tenants as u64;
     let per_session = (records / sessions.max(1)).max(1);
     let batch = per_session.min(100);
+    // A tenant's writers, each a share of its sessions (whole sessions, in order).
+    let shares = 8usize.div_ceil(tenants) as u64;
     let threads: Vec<_> = (0..tenants)
-        .map(|t| {
+        .flat_map(|t| (0..shares).map(move |w| (t, w)))
+        .map(|(t, w)| {
             let (_, key) = keys()[t].clone();
             let nodes = nodes.to_vec();
+            let tenant_sessions = per_tenant.div_ceil(per_session);
+            let first = tenant_sessions * w / shares * per_session;
+            let end = (tenant_sessions * (w + 1) / shares * per_session).min(per_tenant);
             std::thread::spawn(move || {
-                let mut n = 0;
-                while n < per_tenant {
+                let mut n = first;
+                while n < end {
                     let events: Vec<String> = (n..n + batch)
-                        .map(|i| format!(r#"{{"kind":"observation","text":"bulk {t} record {i} about topic {}"}}"#, i % 997))
+                        .map(|i| {
+                            format!(
+                                r#"{{"kind":"observation","text":"bulk {t} record {i}: {} about topic {}","timestamp":"{}"}}"#,
+                                bulk_words(t, i),
+                                i % 997,
+                                bulk_time(i)
+                            )
+                        })
                         .collect();
                     let body = format!(r#"{{"events":[{}]}}"#, events.join(","));
                     let idem = format!("bulk-{t}-{n}");
@@ -1251,6 +1264,82 @@ pub fn fill(nodes: &[SocketAddr], records: u64, tenants: usize, sessions: u64) {
         started.elapsed().as_secs_f64(),
         total as f64 / started.elapsed().as_secs_f64()
     );
+}
+
+/// The words [`fill`] puts in record `i` of tenant `t`, and a query of `n` of them: the
+/// same on every run, so two setups holding the same records can be asked alike.
+pub const BULK_WORDS: [&str; 48] = [
+    "deploy",
+    "staging",
+    "invoice",
+    "garden",
+    "tomato",
+    "python",
+    "rust",
+    "vacation",
+    "paris",
+    "budget",
+    "meeting",
+    "report",
+    "painting",
+    "guitar",
+    "concert",
+    "marathon",
+    "recipe",
+    "pasta",
+    "library",
+    "novel",
+    "camera",
+    "mountain",
+    "river",
+    "kayak",
+    "puppy",
+    "school",
+    "exam",
+    "chemistry",
+    "bakery",
+    "bread",
+    "piano",
+    "lesson",
+    "museum",
+    "ticket",
+    "flight",
+    "airport",
+    "coffee",
+    "laptop",
+    "battery",
+    "server",
+    "database",
+    "index",
+    "friend",
+    "birthday",
+    "cake",
+    "sister",
+    "brother",
+    "weekend",
+];
+
+fn bulk_mix(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+/// Six words of [`BULK_WORDS`] for record `i` of tenant `t`.
+pub fn bulk_words(t: usize, i: u64) -> String {
+    let h = bulk_mix((t as u64) << 40 ^ i);
+    (0..6)
+        .map(|k| BULK_WORDS[((h >> (k * 6)) % BULK_WORDS.len() as u64) as usize])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Record `i`'s event time: a second apart from 2026-11-01, the same on every run.
+pub fn bulk_time(i: u64) -> String {
+    let at = std::time::UNIX_EPOCH + Duration::from_secs(1_793_491_200 + i);
+    humantime::format_rfc3339_seconds(at).to_string()
 }
 
 /// Resident memory of a process, from `/proc/PID/status` (0 when it is gone).
