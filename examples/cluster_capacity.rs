@@ -128,21 +128,46 @@ fn embedded(a: &Args) -> (Value, tempfile::TempDir, Served) {
 /// returned. A scope past the vector index's exact threshold is searched approximately
 /// on both sides, by one index there and by each partition's here, so only exact search
 /// promises the same ranking (docs/cluster-placement.md).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
 fn compare(anchor: SocketAddr, nodes: &[SocketAddr], queries: usize) -> Value {
     let (_, key) = harness::keys()[0].clone();
     let words = harness::BULK_WORDS;
     let (mut identical, mut overlap, mut asked) = (0, 0.0, 0);
+    let (mut anchor_ms, mut cluster_ms) = (Vec::new(), Vec::new());
     for q in 0..queries {
         let query: Vec<&str> = (0..2 + q % 2)
             .map(|k| words[(q * 7 + k * 13) % words.len()])
             .collect();
         let body = json!({"query": query.join(" "), "k": 10, "scope": "namespace"}).to_string();
         let path = format!("/v1/sessions/bulk-0-{q}/recall");
-        let texts = |addr| -> Vec<String> {
-            let (code, got, _) =
-                harness::request(addr, "POST", &path, Some(&key), Some(&body), None)
-                    .expect("a recall is answered");
-            assert_eq!(code, 200, "{got}");
+        let texts = |addr, took: &mut Vec<f64>| -> Vec<String> {
+            // A partition moving (a lease lost under this load) answers 503 meanwhile.
+            let started = Instant::now();
+            let got = loop {
+                let (code, got, _) = harness::request_within(
+                    addr,
+                    "POST",
+                    &path,
+                    Some(&key),
+                    Some(&body),
+                    None,
+                    Duration::from_secs(120),
+                )
+                .expect("a recall is answered");
+                match code {
+                    200 => break got,
+                    503 if started.elapsed() < Duration::from_secs(120) => {
+                        std::thread::sleep(Duration::from_millis(500))
+                    }
+                    _ => panic!("a recall answered {code}: {got}"),
+                }
+            };
+            took.push(started.elapsed().as_secs_f64() * 1000.0);
+            let got: Value = serde_json::from_str(&got).unwrap_or(Value::Null);
             got["memories"]
                 .as_array()
                 .map(|m| {
@@ -152,8 +177,8 @@ fn compare(anchor: SocketAddr, nodes: &[SocketAddr], queries: usize) -> Value {
                 })
                 .unwrap_or_default()
         };
-        let want = texts(anchor);
-        let got = texts(nodes[q % nodes.len()]);
+        let want = texts(anchor, &mut anchor_ms);
+        let got = texts(nodes[q % nodes.len()], &mut cluster_ms);
         if want.is_empty() {
             continue;
         }
@@ -165,6 +190,8 @@ fn compare(anchor: SocketAddr, nodes: &[SocketAddr], queries: usize) -> Value {
         "queries": asked,
         "identical": identical,
         "mean_overlap_at_10": if asked > 0 { overlap / asked as f64 } else { 0.0 },
+        "anchor_ms_median": median(&mut anchor_ms),
+        "cluster_ms_median": median(&mut cluster_ms),
     });
     eprintln!("rankings against the anchor: {out}");
     out

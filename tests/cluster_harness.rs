@@ -1032,8 +1032,21 @@ pub fn request_text(
     body: Option<&str>,
     idempotency: Option<&str>,
 ) -> std::io::Result<(u16, String, String)> {
+    request_within(addr, method, path, key, body, idempotency, Duration::from_secs(20))
+}
+
+/// [`request_text`], waiting `patience` for the answer.
+pub fn request_within(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: Option<&str>,
+    idempotency: Option<&str>,
+    patience: Duration,
+) -> std::io::Result<(u16, String, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    stream.set_read_timeout(Some(Duration::from_secs(20)))?;
+    stream.set_read_timeout(Some(patience))?;
     let body = body.unwrap_or("");
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\

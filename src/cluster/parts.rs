@@ -12,9 +12,12 @@ use std::time::{Duration, Instant};
 use async_nats::client::RequestErrorKind;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use shadowbrain_runtime::{Error, IdBlock, PartFuture, PartLink, Spread, Substrate};
+use shadowbrain_runtime::{
+    Error, IdBlock, KNOWLEDGE_SESSION, PartFuture, PartLink, Spread, Substrate,
+};
 
 use super::seal::{self, Kind, Sealer, SeenNonces};
+use super::session_partition;
 
 /// How long one attempt waits for its answer before it is sent again (every round is a
 /// read, and a recall's reinforcement is best effort: see `forward::safe_to_resend`).
@@ -141,18 +144,27 @@ pub(super) struct OtherPartitions {
     pub(super) me: u16,
 }
 
+impl OtherPartitions {
+    fn part(&self, p: u16) -> Arc<dyn PartLink> {
+        Arc::new(NatsPart {
+            asker: self.asker.clone(),
+            partition: p,
+            subject: parts_subject(&self.asker.prefix, p),
+        })
+    }
+}
+
 impl Spread for OtherPartitions {
     fn others(&self, _namespace: &str) -> Vec<Arc<dyn PartLink>> {
         (0..self.asker.partitions)
             .filter(|&p| p != self.me)
-            .map(|p| {
-                Arc::new(NatsPart {
-                    asker: self.asker.clone(),
-                    partition: p,
-                    subject: parts_subject(&self.asker.prefix, p),
-                }) as Arc<dyn PartLink>
-            })
+            .map(|p| self.part(p))
             .collect()
+    }
+
+    fn home(&self, namespace: &str) -> Option<Arc<dyn PartLink>> {
+        let home = session_partition(namespace, KNOWLEDGE_SESSION, self.asker.partitions);
+        (home != self.me).then(|| self.part(home))
     }
 }
 

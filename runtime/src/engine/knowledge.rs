@@ -40,6 +40,7 @@ use petgraph::graphmap::DiGraphMap;
 
 use super::Substrate;
 use super::updates::{clear_order, is_newer};
+use crate::clock::Timestamp;
 use crate::error::Result;
 use crate::model::{AuditAction, AuditEntry, Edge, Kind, MemoryId, MemoryRecord, Relation, Tier};
 use crate::policy::Policy;
@@ -61,7 +62,7 @@ const MERGE_CANDIDATES: usize = 5;
 pub const PROMOTE_ROUND: usize = 1024;
 
 /// What a promotion did.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Promotion {
     /// A new knowledge record.
     Created {
@@ -332,6 +333,52 @@ impl Substrate {
                     .into(),
             ));
         };
+        // A person who settled a conflict of this candidate by hand decided about it: it
+        // is not held again for the same knowledge.
+        let settled = store
+            .audit_entries(id)?
+            .iter()
+            .any(|e| e.action == AuditAction::Resolved);
+        if let Some(home) = self.knowledge_home(namespace) {
+            // Placed by session, the namespace's pool lives in one partition: it decides
+            // and writes the pool's side; this store writes the candidate's.
+            let (outcome, conflicts) = self
+                .promote_at(home, namespace, &candidate, embedding, settled, by)
+                .await?;
+            let writes = candidate_side(id, &outcome, &conflicts, by, self.clock().now());
+            if !writes.0.is_empty() {
+                store.write_async(writes).await?;
+            }
+            return Ok(outcome);
+        }
+        let (outcome, mut writes, conflicts) =
+            self.into_pool(namespace, &candidate, embedding, settled, by)?;
+        writes
+            .0
+            .extend(candidate_side(id, &outcome, &conflicts, by, self.clock().now()).0);
+        if !writes.0.is_empty() {
+            store.write_async(writes).await?;
+            self.after_write(false);
+        }
+        Ok(outcome)
+    }
+
+    /// The pool's side of promoting `candidate` (with its `embedding`) into this store's
+    /// knowledge pool: what became of it, the writes on the pool (knowledge records,
+    /// edges, their audits and validity), and the lessons it contradicts with why. The
+    /// candidate's own side (its audit, marker, dequeue, conflicts) is
+    /// [`candidate_side`]'s, written where the candidate lives.
+    pub(super) fn into_pool(
+        &self,
+        namespace: &str,
+        candidate: &MemoryRecord,
+        embedding: Vec<f32>,
+        settled: bool,
+        by: &str,
+    ) -> Result<(Promotion, WriteSet, Vec<(MemoryId, String)>)> {
+        let store = self.store();
+        let id = candidate.id;
+        let policy = self.policy_for(namespace);
         // The indexes must hold every knowledge record written so far.
         self.catch_up()?;
         let pool = store.candidates(&Filter {
@@ -354,11 +401,10 @@ impl Substrate {
             detail,
         };
         let mut writes = WriteSet::new();
-        let against = self.against_knowledge(&policy, &candidate, &near)?;
+        let against = self.against_knowledge(&policy, candidate, &near, settled)?;
         if let Some((k, reason)) = against.older_than {
-            return Ok(Promotion::NotEligible(format!(
-                "it states an older value than knowledge {k} ({reason})"
-            )));
+            let why = format!("it states an older value than knowledge {k} ({reason})");
+            return Ok((Promotion::NotEligible(why), writes, Vec::new()));
         }
         if !against.contradicts.is_empty() {
             let mut edges = Vec::new();
@@ -372,30 +418,27 @@ impl Substrate {
                 writes.push(edge_write(namespace, e));
                 edges.push(e);
                 ids.push(*k);
-                for (a, b) in [(id, *k), (*k, id)] {
-                    writes.push(Mutation::Validity(
-                        a,
-                        ValidityChange::Conflict {
-                            with: b,
-                            open: true,
-                        },
-                    ));
-                    writes.push(Mutation::Audit(
-                        a,
-                        audit(
-                            AuditAction::Contradicted,
-                            format!("in conflict with {b}, held for review ({reason})"),
-                        ),
-                    ));
-                }
+                writes.push(Mutation::Validity(
+                    *k,
+                    ValidityChange::Conflict {
+                        with: id,
+                        open: true,
+                    },
+                ));
+                writes.push(Mutation::Audit(
+                    *k,
+                    audit(
+                        AuditAction::Contradicted,
+                        format!("in conflict with {id}, held for review ({reason})"),
+                    ),
+                ));
             }
-            store.write_async(writes).await?;
-            self.after_write(false);
-            return Ok(Promotion::Held {
+            let held = Promotion::Held {
                 reason: held_reason(id, &ids),
                 against: ids,
                 edges,
-            });
+            };
+            return Ok((held, writes, against.contradicts));
         }
         let superseding = !against.supersedes.is_empty() || !against.kept_against.is_empty();
         let outcome = match near.first() {
@@ -415,13 +458,6 @@ impl Substrate {
                         format!("merged {id} (similarity {similarity:.3}); support {support}"),
                     ),
                 ));
-                writes.push(Mutation::Audit(
-                    id,
-                    audit(
-                        AuditAction::Promoted,
-                        format!("merged into {}", knowledge.id),
-                    ),
-                ));
                 writes.push(edge_write(
                     namespace,
                     Edge {
@@ -430,8 +466,6 @@ impl Substrate {
                         relation: Relation::DerivedFrom,
                     },
                 ));
-                writes.push(marker(id, knowledge.id));
-                writes.push(Mutation::Dequeue(Queue::Promote, id));
                 let k = knowledge.id;
                 writes.push(Mutation::Update {
                     record: Box::new(knowledge),
@@ -543,15 +577,9 @@ impl Substrate {
                     k,
                     audit(AuditAction::Created, format!("promoted from {id}")),
                 ));
-                writes.push(Mutation::Audit(
-                    id,
-                    audit(AuditAction::Promoted, format!("into {k}")),
-                ));
                 for e in &edges {
                     writes.push(edge_write(namespace, *e));
                 }
-                writes.push(marker(id, k));
-                writes.push(Mutation::Dequeue(Queue::Promote, id));
                 writes.push(Mutation::Insert(Box::new(record)));
                 Promotion::Created {
                     knowledge: k,
@@ -559,10 +587,58 @@ impl Substrate {
                 }
             }
         };
-        store.write_async(writes).await?;
-        self.after_write(false);
-        Ok(outcome)
+        Ok((outcome, writes, Vec::new()))
     }
+}
+
+/// The candidate's side of a promotion decided by [`Substrate::into_pool`] (here or at
+/// the namespace's pool's home): its audit, the marker saying where it went and its
+/// dequeue, or the conflicts it is held in (`conflicts`: each lesson, and why).
+pub(super) fn candidate_side(
+    id: MemoryId,
+    outcome: &Promotion,
+    conflicts: &[(MemoryId, String)],
+    by: &str,
+    now: Timestamp,
+) -> WriteSet {
+    let audit = |action, detail: String| AuditEntry {
+        at: now,
+        action,
+        by: by.to_string(),
+        detail,
+    };
+    let mut writes = WriteSet::new();
+    match outcome {
+        Promotion::Created { knowledge, .. } | Promotion::Merged { knowledge, .. } => {
+            let detail = match outcome {
+                Promotion::Merged { .. } => format!("merged into {knowledge}"),
+                _ => format!("into {knowledge}"),
+            };
+            writes.push(Mutation::Audit(id, audit(AuditAction::Promoted, detail)));
+            writes.push(marker(id, *knowledge));
+            writes.push(Mutation::Dequeue(Queue::Promote, id));
+        }
+        Promotion::Held { .. } => {
+            for (k, reason) in conflicts {
+                writes.push(Mutation::Validity(
+                    id,
+                    ValidityChange::Conflict {
+                        with: *k,
+                        open: true,
+                    },
+                ));
+                writes.push(Mutation::Audit(
+                    id,
+                    audit(
+                        AuditAction::Contradicted,
+                        format!("in conflict with {k}, held for review ({reason})"),
+                    ),
+                ));
+            }
+        }
+        _ => {}
+    }
+    writes
 }
 
 impl Substrate {
@@ -573,6 +649,7 @@ impl Substrate {
         policy: &Policy,
         candidate: &MemoryRecord,
         near: &[(u32, f32)],
+        settled: bool,
     ) -> Result<Against> {
         let u = &policy.updates;
         let mut against = Against::default();
@@ -580,12 +657,6 @@ impl Substrate {
             return Ok(against);
         }
         let store = self.store();
-        // A person who settled a conflict of this candidate by hand decided about it: it
-        // is not held again for the same knowledge.
-        let settled = store
-            .audit_entries(candidate.id)?
-            .iter()
-            .any(|e| e.action == AuditAction::Resolved);
         let claims = Claims::of(&candidate.text);
         for &(n, similarity) in near {
             if similarity < u.min_similarity {

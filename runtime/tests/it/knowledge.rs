@@ -266,3 +266,94 @@ fn a_neighbourhood_past_its_cap_is_refused_without_walking_the_rest() {
     let (nodes, _) = graph.neighbourhood_within(MemoryId(7), 1, 500).unwrap();
     assert_eq!(nodes, vec![MemoryId(7), MemoryId(0)]);
 }
+
+/// Placed by session, a namespace's knowledge pool lives in one store (its home): a lesson
+/// proven in another store is promoted there — the pool's side written at the home, the
+/// candidate's (its marker, its dequeue) where it lives — merged there with the same
+/// lesson proven in a third store, recalled by a session of the first through the home,
+/// and a promotion asked again answers where the lesson went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lesson_proven_elsewhere_is_promoted_into_the_namespace_pool_at_its_home() {
+    use shadowbrain_runtime::IdBlock;
+
+    use crate::scatter::Others;
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let open_part = |p: u16, spread: Option<Others>| {
+        let opts = SubstrateOptions {
+            clock: Arc::new(VirtualClock::new(1_780_000_000_000)),
+            policy: Policy::from_toml("<test>", POLICY).unwrap(),
+            indexing: IndexingOptions {
+                background: false,
+                ..IndexingOptions::default()
+            },
+            ids: Some(IdBlock::of_partition(p, 3)),
+            spread: spread.map(|s| Arc::new(s) as Arc<dyn shadowbrain_runtime::Spread>),
+            ..SubstrateOptions::default()
+        };
+        Substrate::open(dirs[usize::from(p)].path(), opts).unwrap()
+    };
+    let home = open_part(2, None);
+    let spread = |parts: Vec<Substrate>| Others {
+        parts,
+        home: Some(home.clone()),
+    };
+    let a = open_part(0, Some(spread(vec![home.clone()])));
+    let b = open_part(1, Some(spread(vec![home.clone(), a.clone()])));
+    let lesson = "retry the bank gateway with exponential backoff and jitter";
+    let mut promoted = Vec::new();
+    for (part, session) in [(&a, "agent-a"), (&b, "agent-b")] {
+        let c = condensed_lesson(part, "acme", session, lesson).await;
+        let report = part
+            .feedback(
+                "acme",
+                &FeedbackTarget::Memories(vec![c]),
+                Outcome::Success,
+                session,
+            )
+            .await
+            .unwrap();
+        assert_eq!(report.promotable, vec![c]);
+        promoted.push((c, part.promote("acme", c, "kg").await.unwrap()));
+    }
+    let [(c1, first), (c2, second)] = promoted.try_into().unwrap();
+    let Promotion::Created { knowledge, .. } = first else {
+        panic!("expected a new knowledge record: {first:?}");
+    };
+    assert_eq!(
+        second,
+        Promotion::Merged {
+            knowledge,
+            support: 2
+        }
+    );
+    // The pool is at the home only, its record in the home's block, sourced from both.
+    assert!(home.store().id_block().contains(knowledge.0));
+    let k = home.get("acme", knowledge).unwrap();
+    assert_eq!((k.tier, k.sources.clone()), (Tier::Knowledge, vec![c1, c2]));
+    assert_eq!(a.store().tier_len(Tier::Knowledge), 0);
+    assert_eq!(b.store().tier_len(Tier::Knowledge), 0);
+    // Each candidate's side where it lives: marked, off the queue, counted there.
+    for (part, c) in [(&a, c1), (&b, c2)] {
+        assert_eq!(part.store().promoted_into(c).unwrap(), Some(knowledge));
+        assert!(!part.store().is_queued(shadowbrain_runtime::internals::Queue::Promote, c).unwrap());
+        assert_eq!(part.promotions(), 1);
+        assert_eq!(
+            part.promote("acme", c, "kg").await.unwrap(),
+            Promotion::AlreadyPromoted { knowledge }
+        );
+    }
+    // The graph is the home's: the lesson derived from both candidates.
+    let (nodes, _) = home
+        .knowledge_graph("acme")
+        .unwrap()
+        .neighbourhood(knowledge, 1);
+    assert_eq!(nodes, vec![knowledge, c1, c2]);
+    // A new session of the first store recalls the lesson from the home.
+    let mut ask = RecallRequest::new("acme", "agent-new", "how to call the bank gateway reliably");
+    ask.scope = Scope::Session;
+    let found = a.recall(&ask).await.unwrap();
+    assert_eq!(found.memories.first().map(|m| m.record.id), Some(knowledge));
+    for s in [a, b, home] {
+        s.close().unwrap();
+    }
+}

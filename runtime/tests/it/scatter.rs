@@ -216,10 +216,10 @@ async fn a_namespace_spread_by_session_ranks_as_one_store() {
     }
 }
 
-/// Another store reached as the cluster reaches one: each round as bytes, answered by
-/// [`Substrate::answer_part`].
+/// Another store reached as the cluster reaches one: what is asked of it as bytes,
+/// answered by [`Substrate::answer_part`].
 #[derive(Debug)]
-struct Link(Substrate);
+pub(crate) struct Link(pub(crate) Substrate);
 
 impl PartLink for Link {
     fn ids(&self) -> IdBlock {
@@ -231,15 +231,25 @@ impl PartLink for Link {
     }
 }
 
+/// The other stores of a spread, and the one holding the knowledge pool (`None`: the
+/// store given this spread).
 #[derive(Debug)]
-struct Others(Vec<Substrate>);
+pub(crate) struct Others {
+    pub(crate) parts: Vec<Substrate>,
+    pub(crate) home: Option<Substrate>,
+}
 
 impl Spread for Others {
     fn others(&self, _namespace: &str) -> Vec<Arc<dyn PartLink>> {
-        self.0
+        self.parts
             .iter()
             .map(|s| Arc::new(Link(s.clone())) as Arc<dyn PartLink>)
             .collect()
+    }
+
+    fn home(&self, _namespace: &str) -> Option<Arc<dyn PartLink>> {
+        let home = self.home.clone()?;
+        Some(Arc::new(Link(home)))
     }
 }
 
@@ -264,7 +274,10 @@ async fn a_store_with_a_spread_recalls_over_the_wire_as_one_store() {
             ..IndexingOptions::default()
         },
         ids: Some(IdBlock::of_partition(0, PARTS)),
-        spread: Some(Arc::new(Others(others.clone()))),
+        spread: Some(Arc::new(Others {
+            parts: others.clone(),
+            home: None,
+        })),
         ..SubstrateOptions::default()
     };
     opts.vector.exact_threshold = 10_000;

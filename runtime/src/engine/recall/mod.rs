@@ -302,6 +302,10 @@ impl Substrate {
             .acquire()
             .await
             .map_err(|_| Error::Closed)?;
+        // Spread by session, every scope asks every store: a session's records are here
+        // and its knowledge at the namespace's home, but keyword scores take the
+        // statistics of every store (as one store holding every record would), and a
+        // store whose scope is empty is asked nothing more.
         let others = match &self.inner.spread {
             Some(spread) => spread.others(&req.namespace),
             None => Vec::new(),

@@ -14,7 +14,7 @@ use std::pin::Pin;
 use serde::{Deserialize, Serialize};
 
 use super::*;
-use crate::engine::{FeedbackReport, Outcome};
+use crate::engine::{FeedbackReport, Outcome, Promotion};
 use crate::store::codec::{decode_record, encode_record};
 use crate::store::{IdBlock, SessionStats};
 
@@ -34,10 +34,13 @@ pub trait PartLink: Send + Sync + fmt::Debug {
 }
 
 /// What a substrate whose namespaces are spread over several stores recalls across: the
-/// other parts (this store is always one).
+/// other parts (this store is always one), and where each namespace's knowledge pool is.
 pub trait Spread: Send + Sync + fmt::Debug {
     /// Every other part that may hold records of `namespace`.
     fn others(&self, namespace: &str) -> Vec<Arc<dyn PartLink>>;
+    /// The part holding `namespace`'s knowledge pool, when it is not this store: promotion
+    /// happens there, and a session's recall asks it for knowledge. `None`: this store.
+    fn home(&self, namespace: &str) -> Option<Arc<dyn PartLink>>;
 }
 
 /// A round as it is sent to a part.
@@ -78,6 +81,22 @@ pub enum PartAsk {
         /// Where the feedback came from (a recall id, or memory ids), for the audit log.
         source: String,
     },
+    /// Promote a candidate of another part into this part's knowledge pool (the
+    /// namespace's home), deciding and writing the pool's side only.
+    Promote {
+        /// Its namespace.
+        namespace: String,
+        /// The candidate, in the store's encoding.
+        candidate: Vec<u8>,
+        /// Its id.
+        id: MemoryId,
+        /// Its embedding.
+        embedding: Vec<f32>,
+        /// A person settled a conflict of it by hand (its history says so).
+        settled: bool,
+        /// Who, for the audit log.
+        by: String,
+    },
 }
 
 /// A record as round four sends it: the store's own encoding (which carries the JSON
@@ -102,6 +121,8 @@ enum PartReply {
     Sessions(Vec<SessionStats>),
     /// What feedback changed: memories updated, and those now promotable.
     Feedback(usize, Vec<MemoryId>),
+    /// What became of a promotion, and the lessons the candidate is held against (why).
+    Promoted(Promotion, Vec<(MemoryId, String)>),
     Done,
     /// It failed there.
     Failed(WireError),
@@ -191,6 +212,20 @@ impl Substrate {
                 }
                 Err(e) => PartReply::Failed(e.into()),
             },
+            Ok(PartAsk::Promote {
+                namespace,
+                candidate,
+                id,
+                embedding,
+                settled,
+                by,
+            }) => match self
+                .promote_here(&namespace, &candidate, id, embedding, settled, &by)
+                .await
+            {
+                Ok((promotion, conflicts)) => PartReply::Promoted(promotion, conflicts),
+                Err(e) => PartReply::Failed(e.into()),
+            },
             Ok(ask) => {
                 let sub = self.clone();
                 match tokio::task::spawn_blocking(move || sub.answer(ask)).await {
@@ -230,6 +265,79 @@ impl Substrate {
             }
         }
         (here, there)
+    }
+
+    /// The part holding `namespace`'s knowledge pool, when it is not this store.
+    pub(in crate::engine) fn knowledge_home(&self, namespace: &str) -> Option<Arc<dyn PartLink>> {
+        self.inner.spread.as_ref()?.home(namespace)
+    }
+
+    /// Promotes `candidate` (of this store) at `home`, the namespace's pool: what became
+    /// of it and the lessons it is held against. The home decides and writes the pool's
+    /// side, and remembers the candidate it promoted, so asking again (after a crash
+    /// before this store wrote the candidate's side) answers where it went.
+    pub(in crate::engine) async fn promote_at(
+        &self,
+        home: Arc<dyn PartLink>,
+        namespace: &str,
+        candidate: &MemoryRecord,
+        embedding: Vec<f32>,
+        settled: bool,
+        by: &str,
+    ) -> Result<(Promotion, Vec<(MemoryId, String)>)> {
+        let ask = PartAsk::Promote {
+            namespace: namespace.to_string(),
+            candidate: encode_record(candidate),
+            id: candidate.id,
+            embedding,
+            settled,
+            by: by.to_string(),
+        };
+        match AnyPart::There(home).ask(ask).await? {
+            PartReply::Promoted(promotion, conflicts) => Ok((promotion, conflicts)),
+            _ => Err(unexpected("a promotion")),
+        }
+    }
+
+    /// The home's side of [`Substrate::promote_at`]: one promotion at a time, as here.
+    async fn promote_here(
+        &self,
+        namespace: &str,
+        candidate: &[u8],
+        id: MemoryId,
+        embedding: Vec<f32>,
+        settled: bool,
+        by: &str,
+    ) -> Result<(Promotion, Vec<(MemoryId, String)>)> {
+        let key = crate::store::keys::record(id);
+        let candidate = decode_record(id, &key, candidate, None)?;
+        if candidate.namespace != namespace {
+            return Err(Error::invalid(
+                "candidate",
+                "is of another namespace than the promotion names",
+            ));
+        }
+        let _one = self.inner.promoting.lock().await;
+        let store = self.store();
+        if let Some(knowledge) = store.promoted_into(id)? {
+            return Ok((Promotion::AlreadyPromoted { knowledge }, Vec::new()));
+        }
+        let (outcome, mut writes, conflicts) =
+            self.into_pool(namespace, &candidate, embedding, settled, by)?;
+        if let Promotion::Created { knowledge, .. } | Promotion::Merged { knowledge, .. } =
+            &outcome
+        {
+            // The home remembers it too: a repeated ask answers where it went.
+            writes.push(Mutation::MarkPromoted {
+                condensed: id,
+                knowledge: *knowledge,
+            });
+        }
+        if !writes.0.is_empty() {
+            store.write_async(writes).await?;
+            self.after_write(false);
+        }
+        Ok((outcome, conflicts))
     }
 
     /// Sends each part its share of a feedback, all at once: the parts' reports summed.
@@ -315,10 +423,11 @@ impl Substrate {
             PartAsk::Sessions(namespace) => {
                 PartReply::Sessions(self.inner.store.sessions(&namespace)?)
             }
-            PartAsk::Feedback { .. } => {
+            PartAsk::Feedback { .. } | PartAsk::Promote { .. } => {
                 return Err(Error::internal(
                     "a part",
-                    "feedback is answered by answer_part, not on a blocking thread",
+                    "feedback and promotion are answered by answer_part, not on a blocking \
+                     thread",
                 ));
             }
         })
