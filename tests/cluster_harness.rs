@@ -1032,7 +1032,15 @@ pub fn request_text(
     body: Option<&str>,
     idempotency: Option<&str>,
 ) -> std::io::Result<(u16, String, String)> {
-    request_within(addr, method, path, key, body, idempotency, Duration::from_secs(20))
+    request_within(
+        addr,
+        method,
+        path,
+        key,
+        body,
+        idempotency,
+        Duration::from_secs(20),
+    )
 }
 
 /// [`request_text`], waiting `patience` for the answer.

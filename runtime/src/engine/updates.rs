@@ -682,6 +682,29 @@ impl Substrate {
             }
             Resolution::Keep => {
                 for &other in &validity.conflicts {
+                    if let Some(part) = self.holder_of(namespace, other) {
+                        // Placed by session, the other side lives in another store: it
+                        // settles its own side first, then this one is written.
+                        self.settle_at(part, namespace, other, &record, true, by, &because, now)?;
+                        writes.0.extend(contradiction(id, other));
+                        writes.push(Mutation::PutEdge(
+                            namespace.to_string(),
+                            Edge {
+                                from: id,
+                                to: other,
+                                relation: Relation::Supersedes,
+                            },
+                        ));
+                        writes.push(Mutation::Validity(
+                            id,
+                            ValidityChange::Conflict {
+                                with: other,
+                                open: false,
+                            },
+                        ));
+                        writes.push(audit(id, format!("kept against {other}")));
+                        continue;
+                    }
                     let Some(loser) = store.get_light(other)? else {
                         continue;
                     };
@@ -719,6 +742,19 @@ impl Substrate {
             }
             Resolution::Dismiss => {
                 for &other in &validity.conflicts {
+                    if let Some(part) = self.holder_of(namespace, other) {
+                        self.settle_at(part, namespace, other, &record, false, by, &because, now)?;
+                        writes.0.extend(contradiction(id, other));
+                        writes.push(Mutation::Validity(
+                            id,
+                            ValidityChange::Conflict {
+                                with: other,
+                                open: false,
+                            },
+                        ));
+                        writes.push(audit(id, format!("conflict with {other} dismissed")));
+                        continue;
+                    }
                     writes.0.extend(contradiction(id, other));
                     for (a, b) in [(id, other), (other, id)] {
                         writes.push(Mutation::Validity(
@@ -749,6 +785,74 @@ impl Substrate {
         }
         store.write(writes)?;
         self.chain(namespace, id)
+    }
+}
+
+impl Substrate {
+    /// This store's side of a conflict settled by hand in another store (placed by
+    /// session): `id` (here) against `with` (there, made at `with_time`); with `keep`,
+    /// `with` was kept, so `id` is superseded by it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn settle_here(
+        &self,
+        namespace: &str,
+        id: MemoryId,
+        with: MemoryId,
+        with_time: Timestamp,
+        keep: bool,
+        by: &str,
+        because: &str,
+        at: Timestamp,
+    ) -> Result<()> {
+        let record = self.inner.store.get_in(namespace, id)?;
+        let audit = |detail: String| {
+            Mutation::Audit(
+                id,
+                AuditEntry {
+                    at,
+                    action: AuditAction::Resolved,
+                    by: by.to_string(),
+                    detail: format!("{detail}{because}"),
+                },
+            )
+        };
+        let mut writes = WriteSet::new();
+        for (from, to) in [(id, with), (with, id)] {
+            writes.push(Mutation::DeleteEdge(
+                namespace.to_string(),
+                Edge {
+                    from,
+                    to,
+                    relation: Relation::Contradicts,
+                },
+            ));
+        }
+        writes.push(Mutation::Validity(
+            id,
+            ValidityChange::Conflict { with, open: false },
+        ));
+        if keep {
+            writes.push(Mutation::PutEdge(
+                namespace.to_string(),
+                Edge {
+                    from: with,
+                    to: id,
+                    relation: Relation::Supersedes,
+                },
+            ));
+            writes.push(Mutation::Validity(
+                id,
+                ValidityChange::SupersededBy {
+                    by: with,
+                    until: with_time.max(record.event_time),
+                    at,
+                },
+            ));
+            writes.push(audit(format!("superseded by {with}, kept by hand")));
+        } else {
+            writes.push(audit(format!("conflict with {with} dismissed")));
+        }
+        self.inner.store.write(writes)
     }
 }
 

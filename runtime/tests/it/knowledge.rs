@@ -335,7 +335,12 @@ async fn a_lesson_proven_elsewhere_is_promoted_into_the_namespace_pool_at_its_ho
     // Each candidate's side where it lives: marked, off the queue, counted there.
     for (part, c) in [(&a, c1), (&b, c2)] {
         assert_eq!(part.store().promoted_into(c).unwrap(), Some(knowledge));
-        assert!(!part.store().is_queued(shadowbrain_runtime::internals::Queue::Promote, c).unwrap());
+        assert!(
+            !part
+                .store()
+                .is_queued(shadowbrain_runtime::internals::Queue::Promote, c)
+                .unwrap()
+        );
         assert_eq!(part.promotions(), 1);
         assert_eq!(
             part.promote("acme", c, "kg").await.unwrap(),

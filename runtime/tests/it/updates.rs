@@ -177,6 +177,17 @@ fn open_with_updates(dir: &std::path::Path, updates: &str) -> Substrate {
 
 /// [`open_with_updates`] with other policy sections (`before`) too.
 fn open_with_policy(dir: &std::path::Path, before: &str, updates: &str) -> Substrate {
+    open_spread(dir, before, updates, None, None)
+}
+
+/// [`open_with_policy`], as partition `part` of three (its id block) with `spread`.
+fn open_spread(
+    dir: &std::path::Path,
+    before: &str,
+    updates: &str,
+    part: Option<u16>,
+    spread: Option<crate::scatter::Others>,
+) -> Substrate {
     let (embedder, floor): (Arc<dyn Embedder>, f32) = match crate::local_model::model() {
         Some(dir) => (Arc::new(LocalEmbedder::open(&dir, None).unwrap()), 0.5),
         None => (Arc::new(HashEmbedder::new(384).unwrap()), 0.2),
@@ -192,6 +203,8 @@ fn open_with_policy(dir: &std::path::Path, before: &str, updates: &str) -> Subst
                 background: false,
                 ..IndexingOptions::default()
             },
+            ids: part.map(|p| shadowbrain_runtime::IdBlock::of_partition(p, 3)),
+            spread: spread.map(|s| Arc::new(s) as Arc<dyn shadowbrain_runtime::Spread>),
             ..SubstrateOptions::default()
         },
     )
@@ -904,4 +917,73 @@ async fn with_scope_agent_each_agent_keeps_its_own_value_and_its_own_update_supe
     );
     // Another agent's value is neither superseded by a's update nor superseding a's.
     assert!(sub.store().validity(b_own).unwrap().is_clear());
+}
+
+/// Placed by session, a lesson held against the pool at the namespace's home (another
+/// store) is settled by hand where it lives: the home's side follows (the lesson kept
+/// against supersedes the pool's, both conflicts closed), and the promotion that follows
+/// makes it the pool's current value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflict_with_the_pool_at_another_store_is_settled_on_both_sides() {
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let promotion = "[condensation]\nevery_events = 50\nmin_events = 3\n\
+                     [promotion]\nmin_importance = 6\nmin_utility = 0.6\nmin_successes = 1\n";
+    let updates = "mode = \"rules\"\nscope = \"session\"";
+    let home = open_spread(dirs[0].path(), promotion, updates, Some(2), None);
+    let spread = crate::scatter::Others {
+        parts: vec![home.clone()],
+        home: Some(home.clone()),
+    };
+    let a = open_spread(dirs[1].path(), promotion, updates, Some(0), Some(spread));
+    let t0 = 1_770_000_000_000;
+    let c1 = proven_lesson(
+        &a,
+        "a",
+        t0,
+        "the deploy runner for production moved to eu-2",
+    )
+    .await;
+    let Promotion::Created { knowledge: k1, .. } = a.promote("acme", c1, "kg").await.unwrap()
+    else {
+        panic!("the first lesson is created at the home");
+    };
+    assert!(home.store().id_block().contains(k1.0));
+    let c3 = proven_lesson(
+        &a,
+        "c",
+        t0,
+        "the deploy runner for production moved to eu-3",
+    )
+    .await;
+    let held = a.promote("acme", c3, "kg").await.unwrap();
+    assert!(
+        matches!(&held, Promotion::Held { against, .. } if against == &vec![k1]),
+        "{held:?}"
+    );
+    // Open on both sides, each in its own store.
+    assert_eq!(a.store().validity(c3).unwrap().conflicts, vec![k1]);
+    assert_eq!(home.store().validity(k1).unwrap().conflicts, vec![c3]);
+    // Kept by hand where the candidate lives: the home's side follows.
+    a.resolve("acme", c3, Resolution::Keep, Some("eu-3 is right"), "ops")
+        .unwrap();
+    assert!(a.store().validity(c3).unwrap().conflicts.is_empty());
+    let v1 = home.store().validity(k1).unwrap();
+    assert!(v1.conflicts.is_empty());
+    assert_eq!(v1.superseded_by, Some(c3));
+    assert!(
+        home.history("acme", k1)
+            .unwrap()
+            .iter()
+            .any(|e| e.action == AuditAction::Resolved && e.detail.contains("eu-3 is right")),
+        "the home's side says who settled it and why"
+    );
+    // Settled, it is promoted, and its knowledge takes the old lesson's place.
+    let after = a.promote("acme", c3, "kg").await.unwrap();
+    let Promotion::Created { knowledge: k3, .. } = after else {
+        panic!("settled, it is promoted: {after:?}");
+    };
+    assert_eq!(home.store().validity(k1).unwrap().superseded_by, Some(k3));
+    for s in [a, home] {
+        s.close().unwrap();
+    }
 }

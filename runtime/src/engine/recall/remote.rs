@@ -81,6 +81,27 @@ pub enum PartAsk {
         /// Where the feedback came from (a recall id, or memory ids), for the audit log.
         source: String,
     },
+    /// Settle, on this part's side, a conflict between its record `id` and another part's
+    /// record `with` (made at `with_time`) that a person resolved there: `keep` (the other
+    /// is kept, so this one is superseded by it) or dismiss.
+    Settle {
+        /// Their namespace.
+        namespace: String,
+        /// This part's record.
+        id: MemoryId,
+        /// The other part's record, settled by hand.
+        with: MemoryId,
+        /// Its event time.
+        with_time: Timestamp,
+        /// Kept against this part's record (else the conflict is dismissed).
+        keep: bool,
+        /// Who, for the audit log.
+        by: String,
+        /// The reason given, as the audit shows it (`: …`, or empty).
+        because: String,
+        /// When it was settled.
+        at: Timestamp,
+    },
     /// Promote a candidate of another part into this part's knowledge pool (the
     /// namespace's home), deciding and writing the pool's side only.
     Promote {
@@ -267,6 +288,67 @@ impl Substrate {
         (here, there)
     }
 
+    /// The other part holding `id`, when a spread names one (`None`: this store, or no
+    /// part holds it).
+    pub(in crate::engine) fn holder_of(
+        &self,
+        namespace: &str,
+        id: MemoryId,
+    ) -> Option<Arc<dyn PartLink>> {
+        let spread = self.inner.spread.as_ref()?;
+        if self.inner.store.id_block().contains(id.0) {
+            return None;
+        }
+        spread
+            .others(namespace)
+            .into_iter()
+            .find(|p| p.ids().contains(id.0))
+    }
+
+    /// Asks `part` to settle its record `theirs`'s side of a conflict with this store's
+    /// `ours` (see [`PartAsk::Settle`]), waiting for it: from a blocking thread.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::engine) fn settle_at(
+        &self,
+        part: Arc<dyn PartLink>,
+        namespace: &str,
+        theirs: MemoryId,
+        ours: &MemoryRecord,
+        keep: bool,
+        by: &str,
+        because: &str,
+        at: Timestamp,
+    ) -> Result<()> {
+        let ask = PartAsk::Settle {
+            namespace: namespace.to_string(),
+            id: theirs,
+            with: ours.id,
+            with_time: ours.event_time,
+            keep,
+            by: by.to_string(),
+            because: because.to_string(),
+            at,
+        };
+        // Asked from a blocking thread (the actor runtime's) or a worker of a multi-thread
+        // runtime, which hands its other tasks on while this one waits.
+        let no_runtime = || {
+            Error::invalid(
+                "resolve",
+                "settling a conflict with another store's record waits for that store: call \
+                 it inside a multi-thread tokio runtime",
+            )
+        };
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| no_runtime())?;
+        if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+            return Err(no_runtime());
+        }
+        let reply = tokio::task::block_in_place(|| handle.block_on(AnyPart::There(part).ask(ask)));
+        match reply? {
+            PartReply::Done => Ok(()),
+            _ => Err(unexpected("a settlement")),
+        }
+    }
+
     /// The part holding `namespace`'s knowledge pool, when it is not this store.
     pub(in crate::engine) fn knowledge_home(&self, namespace: &str) -> Option<Arc<dyn PartLink>> {
         self.inner.spread.as_ref()?.home(namespace)
@@ -324,8 +406,7 @@ impl Substrate {
         }
         let (outcome, mut writes, conflicts) =
             self.into_pool(namespace, &candidate, embedding, settled, by)?;
-        if let Promotion::Created { knowledge, .. } | Promotion::Merged { knowledge, .. } =
-            &outcome
+        if let Promotion::Created { knowledge, .. } | Promotion::Merged { knowledge, .. } = &outcome
         {
             // The home remembers it too: a repeated ask answers where it went.
             writes.push(Mutation::MarkPromoted {
@@ -422,6 +503,19 @@ impl Substrate {
             }
             PartAsk::Sessions(namespace) => {
                 PartReply::Sessions(self.inner.store.sessions(&namespace)?)
+            }
+            PartAsk::Settle {
+                namespace,
+                id,
+                with,
+                with_time,
+                keep,
+                by,
+                because,
+                at,
+            } => {
+                self.settle_here(&namespace, id, with, with_time, keep, &by, &because, at)?;
+                PartReply::Done
             }
             PartAsk::Feedback { .. } | PartAsk::Promote { .. } => {
                 return Err(Error::internal(
