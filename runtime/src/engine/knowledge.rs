@@ -100,16 +100,19 @@ pub enum Promotion {
     Waiting(String),
 }
 
+/// The lessons a candidate is held against, each with why.
+pub(super) type Conflicts = Vec<(MemoryId, String)>;
+
 /// What the candidate is to the knowledge near it (see the module docs).
 #[derive(Default)]
 struct Against {
     /// Current lessons it states a newer value of, with the reason.
-    supersedes: Vec<(MemoryId, String)>,
+    supersedes: Conflicts,
     /// Lessons a person already took as superseded by the candidate itself (kept by hand):
     /// the new knowledge record takes the candidate's place in their chain.
     kept_against: Vec<MemoryId>,
     /// Lessons it contradicts, with the reason.
-    contradicts: Vec<(MemoryId, String)>,
+    contradicts: Conflicts,
     /// A lesson it states an older value of, with the reason.
     older_than: Option<(MemoryId, String)>,
 }
@@ -352,7 +355,7 @@ impl Substrate {
             return Ok(outcome);
         }
         let (outcome, mut writes, conflicts) =
-            self.into_pool(namespace, &candidate, embedding, settled, by)?;
+            self.pool_side(namespace, &candidate, embedding, settled, by)?;
         writes
             .0
             .extend(candidate_side(id, &outcome, &conflicts, by, self.clock().now()).0);
@@ -368,14 +371,14 @@ impl Substrate {
     /// edges, their audits and validity), and the lessons it contradicts with why. The
     /// candidate's own side (its audit, marker, dequeue, conflicts) is
     /// [`candidate_side`]'s, written where the candidate lives.
-    pub(super) fn into_pool(
+    pub(super) fn pool_side(
         &self,
         namespace: &str,
         candidate: &MemoryRecord,
         embedding: Vec<f32>,
         settled: bool,
         by: &str,
-    ) -> Result<(Promotion, WriteSet, Vec<(MemoryId, String)>)> {
+    ) -> Result<(Promotion, WriteSet, Conflicts)> {
         let store = self.store();
         let id = candidate.id;
         let policy = self.policy_for(namespace);
@@ -591,7 +594,7 @@ impl Substrate {
     }
 }
 
-/// The candidate's side of a promotion decided by [`Substrate::into_pool`] (here or at
+/// The candidate's side of a promotion decided by [`Substrate::pool_side`] (here or at
 /// the namespace's pool's home): its audit, the marker saying where it went and its
 /// dequeue, or the conflicts it is held in (`conflicts`: each lesson, and why).
 pub(super) fn candidate_side(

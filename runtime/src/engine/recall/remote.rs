@@ -14,6 +14,7 @@ use std::pin::Pin;
 use serde::{Deserialize, Serialize};
 
 use super::*;
+use crate::engine::knowledge::Conflicts;
 use crate::engine::{FeedbackReport, Outcome, Promotion};
 use crate::store::codec::{decode_record, encode_record};
 use crate::store::{IdBlock, SessionStats};
@@ -143,7 +144,7 @@ enum PartReply {
     /// What feedback changed: memories updated, and those now promotable.
     Feedback(usize, Vec<MemoryId>),
     /// What became of a promotion, and the lessons the candidate is held against (why).
-    Promoted(Promotion, Vec<(MemoryId, String)>),
+    Promoted(Promotion, Conflicts),
     Done,
     /// It failed there.
     Failed(WireError),
@@ -366,7 +367,7 @@ impl Substrate {
         embedding: Vec<f32>,
         settled: bool,
         by: &str,
-    ) -> Result<(Promotion, Vec<(MemoryId, String)>)> {
+    ) -> Result<(Promotion, Conflicts)> {
         let ask = PartAsk::Promote {
             namespace: namespace.to_string(),
             candidate: encode_record(candidate),
@@ -390,7 +391,7 @@ impl Substrate {
         embedding: Vec<f32>,
         settled: bool,
         by: &str,
-    ) -> Result<(Promotion, Vec<(MemoryId, String)>)> {
+    ) -> Result<(Promotion, Conflicts)> {
         let key = crate::store::keys::record(id);
         let candidate = decode_record(id, &key, candidate, None)?;
         if candidate.namespace != namespace {
@@ -405,7 +406,7 @@ impl Substrate {
             return Ok((Promotion::AlreadyPromoted { knowledge }, Vec::new()));
         }
         let (outcome, mut writes, conflicts) =
-            self.into_pool(namespace, &candidate, embedding, settled, by)?;
+            self.pool_side(namespace, &candidate, embedding, settled, by)?;
         if let Promotion::Created { knowledge, .. } | Promotion::Merged { knowledge, .. } = &outcome
         {
             // The home remembers it too: a repeated ask answers where it went.
