@@ -107,7 +107,7 @@ pub(super) type Conflicts = Vec<(MemoryId, String)>;
 #[derive(Default)]
 struct Against {
     /// Current lessons it states a newer value of, with the reason.
-    supersedes: Conflicts,
+    supersedes: Vec<(MemoryId, String)>,
     /// Lessons a person already took as superseded by the candidate itself (kept by hand):
     /// the new knowledge record takes the candidate's place in their chain.
     kept_against: Vec<MemoryId>,
