@@ -1401,7 +1401,8 @@ fn load_against_capacity() {
 /// recalled, namespace- and agent-wide, with the very ranking one `serve` holding the same
 /// records gives; sessions are listed from every partition; a memory is read by its id
 /// through any node; feedback on a recall reaches every partition holding what it
-/// returned; a node configured to place by namespace is refused. Both sides run with recall's reinforcement off (a policy file), so
+/// returned; a lesson proven away from the namespace's home is promoted into the pool
+/// there; a node configured to place by namespace is refused. Both sides run with recall's reinforcement off (a policy file), so
 /// each query's scores do not depend on when the one before it was written back.
 #[test]
 fn a_namespace_placed_by_session_recalls_as_one_server() {
@@ -1413,7 +1414,9 @@ fn a_namespace_placed_by_session_recalls_as_one_server() {
     let policy = files.path().join("policy.toml");
     std::fs::write(
         &policy,
-        "name = \"no-reinforce\"\n[scoring]\nreinforce_on_recall = 0.0\n",
+        "name = \"no-reinforce\"\n[scoring]\nreinforce_on_recall = 0.0\n\
+         [condensation]\nevery_events = 50\nmin_events = 3\n\
+         [promotion]\nmin_importance = 6\nmin_utility = 0.6\nmin_successes = 1\n",
     )
     .unwrap();
     let policy = policy.to_str().unwrap();
@@ -1430,7 +1433,7 @@ fn a_namespace_placed_by_session_recalls_as_one_server() {
         shape,
     );
     let (_one_dir, one) = harness::embedded_serve_with(bin.as_ref(), &["--policy", policy]);
-    let (_, key) = harness::keys().into_iter().next().unwrap();
+    let (ns, key) = harness::keys().into_iter().next().unwrap();
     let words = [
         "deploy", "staging", "invoice", "garden", "tomato", "python", "rust", "paris", "budget",
         "meeting", "report", "guitar", "concert", "recipe", "pasta", "library", "camera", "river",
@@ -1621,6 +1624,72 @@ fn a_namespace_placed_by_session_recalls_as_one_server() {
         assert_eq!(code, 200, "{got}");
         assert_eq!(got["utility"]["successes"], 1, "{id}: {got}");
     }
+    // A lesson proven in a session away from the namespace's home is promoted into the
+    // pool there, and found by knowledge search through any node.
+    let home = shadowbrain::cluster::session_partition(&ns, "_knowledge", PARTITIONS);
+    let session = (0..100)
+        .map(|i| format!("lesson-{i}"))
+        .find(|s| shadowbrain::cluster::session_partition(&ns, s, PARTITIONS) != home)
+        .unwrap();
+    let lesson = "retry the bank gateway with exponential backoff and jitter";
+    let events: Vec<serde_json::Value> = ["tried it", "it worked", "note for next time"]
+        .iter()
+        .map(|what| serde_json::json!({"kind": "observation", "text": format!("{what}: {lesson}"), "importance": 8}))
+        .collect();
+    let through = |i: usize, method: &str, path: &str, body: Option<&str>| {
+        let (code, got, _) = harness::request(
+            h.nodes[i % NODES].addr,
+            method,
+            path,
+            Some(&key),
+            body,
+            None,
+        )
+        .unwrap();
+        assert!((200..300).contains(&code), "{method} {path}: {code} {got}");
+        got
+    };
+    let body = serde_json::json!({ "events": events }).to_string();
+    through(
+        0,
+        "POST",
+        &format!("/v1/sessions/{session}/events"),
+        Some(&body),
+    );
+    let condensed = through(1, "POST", &format!("/v1/sessions/{session}/condense"), None);
+    let condensed = condensed["memory_id"].as_str().unwrap().to_string();
+    let feedback = format!(r#"{{"memory_ids":["{condensed}"],"outcome":"success"}}"#);
+    through(
+        2,
+        "POST",
+        &format!("/v1/sessions/{session}/feedback"),
+        Some(&feedback),
+    );
+    let search = serde_json::json!({"query": lesson, "k": 5}).to_string();
+    let waited = Instant::now();
+    let knowledge = loop {
+        let found = through(0, "POST", "/v1/knowledge/search", Some(&search));
+        let lesson = found["memories"].as_array().and_then(|m| {
+            m.iter()
+                .find(|m| m["tier"] == "knowledge")
+                .map(|m| (m["id"].as_str().unwrap().to_string(), m["sources"].clone()))
+        });
+        if let Some(lesson) = lesson {
+            break lesson;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(60),
+            "the lesson was not promoted: {found}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let id: shadowbrain_runtime::MemoryId = knowledge.0.parse().unwrap();
+    assert_eq!(
+        shadowbrain_runtime::IdBlock::partition_of(id.0, PARTITIONS),
+        home,
+        "the pool is at the namespace's home"
+    );
+    assert_eq!(knowledge.1, serde_json::json!([condensed]));
     // A node that would place by namespace is refused by this cluster.
     let config = std::fs::read_to_string(h.dir.path().join("node0.toml"))
         .unwrap()
