@@ -19,8 +19,8 @@ use shadowbrain_runtime::{
 use super::seal::{self, Kind, Sealer, SeenNonces};
 use super::session_partition;
 
-/// How long one attempt waits for its answer before it is sent again (every round is a
-/// read, and a recall's reinforcement is best effort: see `forward::safe_to_resend`).
+/// How long one attempt of a repeatable ask waits for its answer before it is sent again
+/// (as `forward::safe_to_resend` does for whole requests).
 const ATTEMPT: Duration = Duration::from_secs(3);
 
 /// A round on the wire.
@@ -63,8 +63,8 @@ impl PartLink for NatsPart {
         IdBlock::of_partition(self.partition, self.asker.partitions)
     }
 
-    fn ask(&self, ask: Vec<u8>) -> PartFuture<'_> {
-        Box::pin(self.send(ask))
+    fn ask(&self, ask: Vec<u8>, repeatable: bool) -> PartFuture<'_> {
+        Box::pin(self.send(ask, repeatable))
     }
 }
 
@@ -76,9 +76,9 @@ impl NatsPart {
         }
     }
 
-    /// Sends `ask` to the partition's owner, again when an attempt goes unanswered or
-    /// nobody owns the partition yet, until the deadline.
-    async fn send(&self, ask: Vec<u8>) -> Result<Vec<u8>, Error> {
+    /// Sends `ask` to the partition's owner, again when nobody owns the partition yet or
+    /// (`repeatable`) an attempt goes unanswered, until the deadline.
+    async fn send(&self, ask: Vec<u8>, repeatable: bool) -> Result<Vec<u8>, Error> {
         let Asker {
             client,
             sealer,
@@ -102,7 +102,10 @@ impl NatsPart {
             );
             let request = async_nats::Request::new()
                 .payload(payload.into())
-                .timeout(Some(left.min(ATTEMPT).max(Duration::from_millis(1))));
+                .timeout(Some(match repeatable {
+                    true => left.min(ATTEMPT).max(Duration::from_millis(1)),
+                    false => left.max(Duration::from_millis(1)),
+                }));
             match client.send_request(self.subject.clone(), request).await {
                 Ok(message) => {
                     return sealer
@@ -119,7 +122,10 @@ impl NatsPart {
                     // Between owners: the new one subscribes once it caught up.
                     tokio::time::sleep(Duration::from_millis(50).min(left)).await;
                 }
-                Err(e) if e.kind() == RequestErrorKind::TimedOut && !left.is_zero() => {}
+                Err(e)
+                    if e.kind() == RequestErrorKind::TimedOut
+                        && repeatable
+                        && Instant::now() < until => {}
                 Err(e) => {
                     return Err(self.unavailable(format!(
                         "its owner did not answer within {} ({e}); retry shortly",

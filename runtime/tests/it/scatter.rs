@@ -226,7 +226,7 @@ impl PartLink for Link {
         self.0.store().id_block()
     }
 
-    fn ask(&self, ask: Vec<u8>) -> PartFuture<'_> {
+    fn ask(&self, ask: Vec<u8>, _repeatable: bool) -> PartFuture<'_> {
         Box::pin(async move { Ok(self.0.answer_part(ask).await) })
     }
 }

@@ -30,8 +30,10 @@ pub type PartFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<u8>>> + Send + 
 pub trait PartLink: Send + Sync + fmt::Debug {
     /// The ids the part's store hands out.
     fn ids(&self) -> IdBlock;
-    /// Sends one round and waits for its answer.
-    fn ask(&self, ask: Vec<u8>) -> PartFuture<'_>;
+    /// Sends one ask and waits for its answer. `repeatable`: sending it again when an
+    /// attempt goes unanswered stores nothing twice (every recall round, a promotion,
+    /// which the home remembers, a settlement); feedback is not, and gets one attempt.
+    fn ask(&self, ask: Vec<u8>, repeatable: bool) -> PartFuture<'_>;
 }
 
 /// What a substrate whose namespaces are spread over several stores recalls across: the
@@ -547,7 +549,8 @@ impl AnyPart {
                     .map_err(|e| Error::internal("a recall's part", e))??
             }
             AnyPart::There(link) => {
-                let bytes = link.ask(encode(&ask)).await?;
+                let repeatable = !matches!(ask, PartAsk::Feedback { .. });
+                let bytes = link.ask(encode(&ask), repeatable).await?;
                 postcard::from_bytes::<PartReply>(&bytes)
                     .map_err(|e| unreadable("a part's answer", e))?
             }
