@@ -1287,58 +1287,9 @@ pub fn fill(nodes: &[SocketAddr], records: u64, tenants: usize, sessions: u64) {
     );
 }
 
-/// The words [`fill`] puts in record `i` of tenant `t`, and a query of `n` of them: the
-/// same on every run, so two setups holding the same records can be asked alike.
-pub const BULK_WORDS: [&str; 48] = [
-    "deploy",
-    "staging",
-    "invoice",
-    "garden",
-    "tomato",
-    "python",
-    "rust",
-    "vacation",
-    "paris",
-    "budget",
-    "meeting",
-    "report",
-    "painting",
-    "guitar",
-    "concert",
-    "marathon",
-    "recipe",
-    "pasta",
-    "library",
-    "novel",
-    "camera",
-    "mountain",
-    "river",
-    "kayak",
-    "puppy",
-    "school",
-    "exam",
-    "chemistry",
-    "bakery",
-    "bread",
-    "piano",
-    "lesson",
-    "museum",
-    "ticket",
-    "flight",
-    "airport",
-    "coffee",
-    "laptop",
-    "battery",
-    "server",
-    "database",
-    "index",
-    "friend",
-    "birthday",
-    "cake",
-    "sister",
-    "brother",
-    "weekend",
-];
+/// The words [`fill`]'s records are made of (the same on every run, so two setups holding
+/// the same records can be asked alike).
+pub use shadowbrain_test_support::words::WORDS as BULK_WORDS;
 
 fn bulk_mix(mut h: u64) -> u64 {
     h ^= h >> 33;

@@ -661,6 +661,15 @@ impl Substrate {
                 )
             })
         };
+        let close = |a: MemoryId, b: MemoryId| {
+            Mutation::Validity(
+                a,
+                ValidityChange::Conflict {
+                    with: b,
+                    open: false,
+                },
+            )
+        };
         match resolution {
             Resolution::Keep | Resolution::Dismiss if validity.conflicts.is_empty() => {
                 return Err(Error::invalid(
@@ -682,31 +691,27 @@ impl Substrate {
             }
             Resolution::Keep => {
                 for &other in &validity.conflicts {
-                    if let Some(part) = self.holder_of(namespace, other) {
-                        // Placed by session, the other side lives in another store: it
-                        // settles its own side first, then this one is written.
-                        self.settle_at(part, namespace, other, &record, true, by, &because, now)?;
-                        writes.0.extend(contradiction(id, other));
-                        writes.push(Mutation::PutEdge(
-                            namespace.to_string(),
-                            Edge {
-                                from: id,
-                                to: other,
-                                relation: Relation::Supersedes,
-                            },
-                        ));
-                        writes.push(Mutation::Validity(
-                            id,
-                            ValidityChange::Conflict {
-                                with: other,
-                                open: false,
-                            },
-                        ));
-                        writes.push(audit(id, format!("kept against {other}")));
-                        continue;
-                    }
-                    let Some(loser) = store.get_light(other)? else {
-                        continue;
+                    // Placed by session, the other record may live in another store: that
+                    // store settles its side first, and only this one's is written here.
+                    let elsewhere = self.holder_of(namespace, other);
+                    let loser = match &elsewhere {
+                        Some(part) => {
+                            self.settle_at(
+                                part.clone(),
+                                namespace,
+                                other,
+                                &record,
+                                true,
+                                by,
+                                &because,
+                                now,
+                            )?;
+                            None
+                        }
+                        None => match store.get_light(other)? {
+                            Some(loser) => Some(loser),
+                            None => continue,
+                        },
                     };
                     writes.0.extend(contradiction(id, other));
                     writes.push(Mutation::PutEdge(
@@ -717,54 +722,45 @@ impl Substrate {
                             relation: Relation::Supersedes,
                         },
                     ));
-                    writes.push(Mutation::Validity(
-                        other,
-                        ValidityChange::SupersededBy {
-                            by: id,
-                            // It stopped holding when the kept claim was made, or never
-                            // held if it came later.
-                            until: record.event_time.max(loser.event_time),
-                            at: now,
-                        },
-                    ));
-                    for (a, b) in [(id, other), (other, id)] {
+                    writes.push(close(id, other));
+                    writes.push(audit(id, format!("kept against {other}")));
+                    if let Some(loser) = loser {
                         writes.push(Mutation::Validity(
-                            a,
-                            ValidityChange::Conflict {
-                                with: b,
-                                open: false,
+                            other,
+                            ValidityChange::SupersededBy {
+                                by: id,
+                                // It stopped holding when the kept claim was made, or never
+                                // held if it came later.
+                                until: record.event_time.max(loser.event_time),
+                                at: now,
                             },
                         ));
+                        writes.push(close(other, id));
+                        writes.push(audit(other, format!("superseded by {id}, kept by hand")));
                     }
-                    writes.push(audit(id, format!("kept against {other}")));
-                    writes.push(audit(other, format!("superseded by {id}, kept by hand")));
                 }
             }
             Resolution::Dismiss => {
                 for &other in &validity.conflicts {
-                    if let Some(part) = self.holder_of(namespace, other) {
-                        self.settle_at(part, namespace, other, &record, false, by, &because, now)?;
-                        writes.0.extend(contradiction(id, other));
-                        writes.push(Mutation::Validity(
-                            id,
-                            ValidityChange::Conflict {
-                                with: other,
-                                open: false,
-                            },
-                        ));
-                        writes.push(audit(id, format!("conflict with {other} dismissed")));
-                        continue;
+                    let elsewhere = self.holder_of(namespace, other);
+                    if let Some(part) = &elsewhere {
+                        self.settle_at(
+                            part.clone(),
+                            namespace,
+                            other,
+                            &record,
+                            false,
+                            by,
+                            &because,
+                            now,
+                        )?;
                     }
                     writes.0.extend(contradiction(id, other));
-                    for (a, b) in [(id, other), (other, id)] {
-                        writes.push(Mutation::Validity(
-                            a,
-                            ValidityChange::Conflict {
-                                with: b,
-                                open: false,
-                            },
-                        ));
-                        writes.push(audit(a, format!("conflict with {b} dismissed")));
+                    writes.push(close(id, other));
+                    writes.push(audit(id, format!("conflict with {other} dismissed")));
+                    if elsewhere.is_none() {
+                        writes.push(close(other, id));
+                        writes.push(audit(other, format!("conflict with {id} dismissed")));
                     }
                 }
             }

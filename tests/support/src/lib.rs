@@ -19,6 +19,7 @@ pub mod concepts;
 pub mod flags;
 pub mod serve;
 pub mod stats;
+pub mod words;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
