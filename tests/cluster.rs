@@ -98,6 +98,15 @@ fn run(nats: &std::path::Path, scenario: Scenario, tokio: &tokio::runtime::Runti
         },
         _ => Shape::default(),
     };
+    // `SHADOWBRAIN_CLUSTER_PLACEMENT=session`: the same faults on a cluster placed by
+    // session.
+    let shape = Shape {
+        placement: match std::env::var("SHADOWBRAIN_CLUSTER_PLACEMENT").as_deref() {
+            Ok("session") => "session",
+            _ => "namespace",
+        },
+        ..shape
+    };
     let mut h = Harness::start_shaped(
         harness::Security::Secured,
         nats,
@@ -336,7 +345,10 @@ fn same_as_the_log(h: &mut Harness, tokio: &tokio::runtime::Runtime, probe: &Wri
     // Recall, one process each: the last owner's copy and the rebuilt store.
     let (ns, key) = harness::keys().into_iter().next().unwrap();
     assert_eq!(key, probe.key);
-    let p = shadowbrain::cluster::partition_of(&ns, PARTITIONS);
+    let p = match h.shape.placement {
+        "session" => shadowbrain::cluster::session_partition(&ns, &probe.session, PARTITIONS),
+        _ => shadowbrain::cluster::partition_of(&ns, PARTITIONS),
+    };
     let config = h.nodes[0].config.clone();
     let recall = |data: &std::path::Path| -> Vec<String> {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_shadowbrain"))
