@@ -142,89 +142,129 @@ pub(super) async fn forward(
     // NATS drops it) or died holding it, while a new owner answers. Any other request gets
     // one attempt of the whole deadline, so it is never stored twice.
     let retry_unanswered = safe_to_resend(&parts.method, parts.uri.path(), &headers, &body);
-    let until = Instant::now() + deadline;
-    loop {
-        let left = until.saturating_duration_since(Instant::now());
-        let attempt = if retry_unanswered {
-            left.min(ATTEMPT)
-        } else {
-            left
-        };
-        // Each attempt is a new request to the owner: its own nonce and time.
-        wire.nonce = seal::nonce();
-        wire.issued = seal::now_ms();
-        let payload = sealer.seal(
-            Kind::Request,
-            &[subject.as_bytes()],
-            &postcard::to_stdvec(&wire).expect("a request serialises"),
-        );
-        let ask = async_nats::Request::new()
-            .payload(payload.into())
-            .timeout(Some(attempt.max(Duration::from_millis(1))));
-        match client.send_request(subject.clone(), ask).await {
-            Ok(message) => match sealer
-                .open(Kind::Answer, &[&wire.nonce], &message.payload)
-                .map_err(|e| e.to_string())
-                .and_then(|body| {
-                    postcard::from_bytes::<WireAnswer>(body).map_err(|e| {
-                        format!(
-                            "the partition's owner answered something unreadable ({e}); is \
-                             every node on the same shadowbrain version?"
-                        )
-                    })
-                }) {
-                Ok(answer) => {
-                    let mut response = Response::new(Body::from(answer.body));
-                    *response.status_mut() =
-                        StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
-                    *response.headers_mut() = answer_headers(answer.headers);
-                    return response;
-                }
-                Err(why) => {
-                    tracing::warn!(subject, why, "refusing the answer to a forwarded request");
-                    return ApiError::new(
-                        StatusCode::BAD_GATEWAY,
-                        "bad_forward_answer",
-                        format!(
-                            "{why}; the answer was not handed on. Check that every node has \
-                             the same cluster secret (secret_env) and version, and that only \
-                             nodes may answer on the cluster's subjects (docs/cluster.md, \
-                             \"Securing the cluster\")"
-                        ),
-                    )
-                    .into_response();
-                }
-            },
-            Err(e) if e.kind() == RequestErrorKind::NoResponders && !left.is_zero() => {
-                // The partition is between owners: the new one subscribes once it caught up.
-                tokio::time::sleep(Duration::from_millis(50).min(left)).await;
-            }
-            Err(e)
-                if e.kind() == RequestErrorKind::TimedOut
-                    && retry_unanswered
-                    && Instant::now() < until => {}
-            Err(e) if e.kind() == RequestErrorKind::MaxPayloadExceeded => {
-                return ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "body_too_large",
-                    "the request is larger than the NATS servers' max_payload, so it cannot \
-                     be forwarded to its partition's owner; send fewer or smaller events per \
-                     call, or raise max_payload on the NATS servers",
-                )
-                .into_response();
-            }
-            Err(e) => {
-                return unavailable(format!(
-                    "the partition's owner did not answer within {} ({e})",
-                    humantime::format_duration(deadline)
-                ));
-            }
+    let asked = ask_owner(
+        client,
+        &subject,
+        deadline,
+        retry_unanswered,
+        |nonce, issued| {
+            wire.nonce = nonce;
+            wire.issued = issued;
+            sealer.seal(
+                Kind::Request,
+                &[subject.as_bytes()],
+                &postcard::to_stdvec(&wire).expect("a request serialises"),
+            )
+        },
+    )
+    .await;
+    let (message, nonce) = match asked {
+        Ok(answered) => answered,
+        Err(Unanswered::Failed(e)) if e.kind() == RequestErrorKind::MaxPayloadExceeded => {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                "the request is larger than the NATS servers' max_payload, so it cannot be \
+                 forwarded to its partition's owner; send fewer or smaller events per call, \
+                 or raise max_payload on the NATS servers",
+            )
+            .into_response();
         }
-        if Instant::now() >= until {
+        Err(Unanswered::Failed(e)) => {
+            return unavailable(format!(
+                "the partition's owner did not answer within {} ({e})",
+                humantime::format_duration(deadline)
+            ));
+        }
+        Err(Unanswered::NoOwner) => {
             return unavailable(format!(
                 "no node took the partition over within {}",
                 humantime::format_duration(deadline)
             ));
+        }
+    };
+    let opened = sealer
+        .open(Kind::Answer, &[&nonce], &message.payload)
+        .map_err(|e| e.to_string())
+        .and_then(|body| {
+            postcard::from_bytes::<WireAnswer>(body).map_err(|e| {
+                format!(
+                    "the partition's owner answered something unreadable ({e}); is every \
+                     node on the same shadowbrain version?"
+                )
+            })
+        });
+    match opened {
+        Ok(answer) => {
+            let mut response = Response::new(Body::from(answer.body));
+            *response.status_mut() =
+                StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
+            *response.headers_mut() = answer_headers(answer.headers);
+            response
+        }
+        Err(why) => {
+            tracing::warn!(subject, why, "refusing the answer to a forwarded request");
+            ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "bad_forward_answer",
+                format!(
+                    "{why}; the answer was not handed on. Check that every node has the same \
+                     cluster secret (secret_env) and version, and that only nodes may answer \
+                     on the cluster's subjects (docs/cluster.md, \"Securing the cluster\")"
+                ),
+            )
+            .into_response()
+        }
+    }
+}
+
+/// Why [`ask_owner`] got no answer.
+pub(super) enum Unanswered {
+    /// NATS said why (the owner did not answer in time, the payload is too large …).
+    Failed(async_nats::RequestError),
+    /// Nobody answered on the subject until the deadline: no node owned the partition.
+    NoOwner,
+}
+
+/// Sends a sealed request to whoever answers `subject` (a partition's owner), waiting
+/// through a takeover until `deadline`: the answer and the nonce it must be sealed to.
+/// Each attempt is a new request — `sealed(nonce, issued)` makes its payload with a fresh
+/// nonce and time. While nobody answers on the subject (the partition is between owners:
+/// the new one subscribes once it caught up) it is sent again; an attempt that goes
+/// unanswered is sent again only when `repeatable` (the owner may have stopped, or died
+/// holding it, while a new owner answers), else it has the whole deadline, so it is never
+/// stored twice.
+pub(super) async fn ask_owner(
+    client: &async_nats::Client,
+    subject: &str,
+    deadline: Duration,
+    repeatable: bool,
+    mut sealed: impl FnMut([u8; 16], u64) -> Vec<u8>,
+) -> Result<(async_nats::Message, [u8; 16]), Unanswered> {
+    let until = Instant::now() + deadline;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        let attempt = match repeatable {
+            true => left.min(ATTEMPT),
+            false => left,
+        };
+        let nonce = seal::nonce();
+        let request = async_nats::Request::new()
+            .payload(sealed(nonce, seal::now_ms()).into())
+            .timeout(Some(attempt.max(Duration::from_millis(1))));
+        match client.send_request(subject.to_string(), request).await {
+            Ok(message) => return Ok((message, nonce)),
+            Err(e) if e.kind() == RequestErrorKind::NoResponders && !left.is_zero() => {
+                tokio::time::sleep(Duration::from_millis(50).min(left)).await;
+            }
+            Err(e)
+                if e.kind() == RequestErrorKind::TimedOut
+                    && repeatable
+                    && Instant::now() < until => {}
+            Err(e) => return Err(Unanswered::Failed(e)),
+        }
+        if Instant::now() >= until {
+            return Err(Unanswered::NoOwner);
         }
     }
 }

@@ -7,21 +7,17 @@
 //! is not answered.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use async_nats::client::RequestErrorKind;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use shadowbrain_runtime::{
     Error, IdBlock, KNOWLEDGE_SESSION, PartFuture, PartLink, Spread, Substrate,
 };
 
+use super::forward::{Unanswered, ask_owner};
 use super::seal::{self, Kind, Sealer, SeenNonces};
 use super::session_partition;
-
-/// How long one attempt of a repeatable ask waits for its answer before it is sent again
-/// (as `forward::safe_to_resend` does for whole requests).
-const ATTEMPT: Duration = Duration::from_secs(3);
 
 /// A round on the wire.
 #[derive(Debug, Serialize, Deserialize)]
@@ -76,8 +72,8 @@ impl NatsPart {
         }
     }
 
-    /// Sends `ask` to the partition's owner, again when nobody owns the partition yet or
-    /// (`repeatable`) an attempt goes unanswered, until the deadline.
+    /// Sends `ask` to the partition's owner through a takeover (`forward::ask_owner`), again
+    /// when an attempt goes unanswered only if `repeatable`.
     async fn send(&self, ask: Vec<u8>, repeatable: bool) -> Result<Vec<u8>, Error> {
         let Asker {
             client,
@@ -90,56 +86,46 @@ impl NatsPart {
             nonce: [0; 16],
             issued: 0,
         };
-        let until = Instant::now() + *deadline;
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            wire.nonce = seal::nonce();
-            wire.issued = seal::now_ms();
-            let payload = sealer.seal(
-                Kind::Request,
-                &[self.subject.as_bytes()],
-                &postcard::to_stdvec(&wire).expect("an ask serialises"),
-            );
-            let request = async_nats::Request::new()
-                .payload(payload.into())
-                .timeout(Some(match repeatable {
-                    true => left.min(ATTEMPT).max(Duration::from_millis(1)),
-                    false => left.max(Duration::from_millis(1)),
-                }));
-            match client.send_request(self.subject.clone(), request).await {
-                Ok(message) => {
-                    return sealer
-                        .open(Kind::Answer, &[&wire.nonce], &message.payload)
-                        .map(<[u8]>::to_vec)
-                        .map_err(|e| {
-                            self.unavailable(format!(
-                                "its answer was refused ({e}); check that every node has the \
-                                 same cluster secret (secret_env) and version"
-                            ))
-                        });
-                }
-                Err(e) if e.kind() == RequestErrorKind::NoResponders && !left.is_zero() => {
-                    // Between owners: the new one subscribes once it caught up.
-                    tokio::time::sleep(Duration::from_millis(50).min(left)).await;
-                }
-                Err(e)
-                    if e.kind() == RequestErrorKind::TimedOut
-                        && repeatable
-                        && Instant::now() < until => {}
-                Err(e) => {
-                    return Err(self.unavailable(format!(
-                        "its owner did not answer within {} ({e}); retry shortly",
-                        humantime::format_duration(*deadline)
-                    )));
-                }
+        let asked = ask_owner(
+            client,
+            &self.subject,
+            *deadline,
+            repeatable,
+            |nonce, issued| {
+                wire.nonce = nonce;
+                wire.issued = issued;
+                sealer.seal(
+                    Kind::Request,
+                    &[self.subject.as_bytes()],
+                    &postcard::to_stdvec(&wire).expect("an ask serialises"),
+                )
+            },
+        )
+        .await;
+        let (message, nonce) = match asked {
+            Ok(answered) => answered,
+            Err(Unanswered::Failed(e)) => {
+                return Err(self.unavailable(format!(
+                    "its owner did not answer within {} ({e}); retry shortly",
+                    humantime::format_duration(*deadline)
+                )));
             }
-            if Instant::now() >= until {
+            Err(Unanswered::NoOwner) => {
                 return Err(self.unavailable(format!(
                     "no node owned it within {}; retry shortly",
                     humantime::format_duration(*deadline)
                 )));
             }
-        }
+        };
+        sealer
+            .open(Kind::Answer, &[&nonce], &message.payload)
+            .map(<[u8]>::to_vec)
+            .map_err(|e| {
+                self.unavailable(format!(
+                    "its answer was refused ({e}); check that every node has the same cluster \
+                     secret (secret_env) and version"
+                ))
+            })
     }
 }
 
