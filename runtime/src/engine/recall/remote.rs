@@ -211,8 +211,9 @@ fn unreadable(what: &str, e: impl fmt::Display) -> Error {
 
 impl Substrate {
     /// Answers what another part asked of this store's records (the bytes a [`PartLink`]
-    /// carried): a round of a scattered recall or a session list (on a blocking thread),
-    /// or feedback. A failure is answered as such, for the asker to report.
+    /// carried): a round of a scattered recall, a session list or a settlement (on a
+    /// blocking thread), feedback, or a promotion into this store's pool. A failure is
+    /// answered as such, for the asker to report.
     pub async fn answer_part(&self, ask: Vec<u8>) -> Vec<u8> {
         let reply = match postcard::from_bytes::<PartAsk>(&ask) {
             Ok(PartAsk::Feedback {
@@ -270,22 +271,16 @@ impl Substrate {
         namespace: &str,
         ids: Vec<MemoryId>,
     ) -> (Vec<MemoryId>, Vec<Share>) {
-        let own = self.inner.store.id_block();
-        let others = match &self.inner.spread {
-            Some(spread) if ids.iter().any(|id| !own.contains(id.0)) => spread.others(namespace),
-            _ => return (ids, Vec::new()),
-        };
         let mut here = Vec::new();
         let mut there: Vec<Share> = Vec::new();
         for id in ids {
-            match others.iter().find(|o| o.ids().contains(id.0)) {
-                Some(part) if !own.contains(id.0) => {
-                    match there.iter_mut().find(|(p, _)| Arc::ptr_eq(p, part)) {
-                        Some((_, theirs)) => theirs.push(id),
-                        None => there.push((part.clone(), vec![id])),
-                    }
-                }
-                _ => here.push(id),
+            let Some(part) = self.holder_of(namespace, id) else {
+                here.push(id);
+                continue;
+            };
+            match there.iter_mut().find(|(p, _)| p.ids() == part.ids()) {
+                Some((_, theirs)) => theirs.push(id),
+                None => there.push((part, vec![id])),
             }
         }
         (here, there)
