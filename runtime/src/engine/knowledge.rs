@@ -337,11 +337,12 @@ impl Substrate {
             ));
         };
         // A person who settled a conflict of this candidate by hand decided about it: it
-        // is not held again for the same knowledge.
-        let settled = store
-            .audit_entries(id)?
-            .iter()
-            .any(|e| e.action == AuditAction::Resolved);
+        // is not held again for the same knowledge (read only when updates are compared).
+        let settled = policy.updates.on()
+            && store
+                .audit_entries(id)?
+                .iter()
+                .any(|e| e.action == AuditAction::Resolved);
         if let Some(home) = self.knowledge_home(namespace) {
             // Placed by session, the namespace's pool lives in one partition: it decides
             // and writes the pool's side; this store writes the candidate's.
