@@ -1702,6 +1702,43 @@ fn a_namespace_placed_by_session_recalls_as_one_server() {
         "the pool is at the namespace's home"
     );
     assert_eq!(knowledge.1, serde_json::json!([condensed]));
+    // The Python MCP SDK through a node: the handshake and listings at the home, each tool
+    // call where its session lives, recall and feedback across partitions.
+    if let Some(python) = python_sdk() {
+        let url = format!("http://{}/mcp", h.nodes[1].addr);
+        for answer in python_client(&python, &["http", &url, &key]) {
+            assert_eq!(answer["tools"], 10, "{answer}");
+            assert!(answer["recalled"].as_u64().unwrap() >= 1, "{answer}");
+        }
+    }
+    // An MCP batch acting on two partitions is refused, saying what to do.
+    let call = |session: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"timeline","arguments":{{"session_id":"{session}"}}}}}}"#
+        )
+    };
+    let other = (0..100)
+        .map(|i| format!("s{i}"))
+        .find(|s| {
+            shadowbrain::cluster::session_partition(&ns, s, PARTITIONS)
+                != shadowbrain::cluster::session_partition(&ns, "s0", PARTITIONS)
+        })
+        .unwrap();
+    let batch = format!("[{},{}]", call("s0"), call(&other));
+    let (code, got, _) = harness::request(
+        h.nodes[0].addr,
+        "POST",
+        "/mcp",
+        Some(&key),
+        Some(&batch),
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        (code, got["error"]["code"].as_str()),
+        (400, Some("batch_spans_partitions")),
+        "{got}"
+    );
     // A node that would place by namespace is refused by this cluster.
     let config = std::fs::read_to_string(h.dir.path().join("node0.toml"))
         .unwrap()
