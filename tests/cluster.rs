@@ -1432,6 +1432,12 @@ fn a_namespace_placed_by_session_recalls_as_one_server() {
     )
     .unwrap();
     let policy = policy.to_str().unwrap();
+    // `SHADOWBRAIN_PLACEMENT_LOCAL=1`: every process embeds with `serve`'s default, the
+    // local model once installed (run by hand; the suite runs `hash`).
+    let local = std::env::var_os("SHADOWBRAIN_PLACEMENT_LOCAL").is_some();
+    if local {
+        harness::use_embedder(None);
+    }
     let shape = Shape {
         placement: "session",
         ..Shape::default()
@@ -1491,6 +1497,19 @@ fn a_namespace_placed_by_session_recalls_as_one_server() {
         let (code, got, _) =
             harness::request(one.addr, "POST", &path, Some(&key), Some(&body), None).unwrap();
         assert_eq!(code, 201, "{got}");
+    }
+    // A model embeds in the background: both sides rank once every record is embedded.
+    let waited = Instant::now();
+    while local
+        && !std::iter::once(one.addr)
+            .chain(h.nodes.iter().map(|n| n.addr))
+            .all(|a| harness::enrich_backlog(a) == Some(0))
+    {
+        assert!(
+            waited.elapsed() < Duration::from_secs(600),
+            "embedding took over 10 min"
+        );
+        std::thread::sleep(Duration::from_millis(500));
     }
     // The namespace is spread: its ids come from most partitions' blocks.
     let used: std::collections::BTreeSet<u16> = ids
@@ -1761,4 +1780,7 @@ fn a_namespace_placed_by_session_recalls_as_one_server() {
         "{said}"
     );
     drop(h);
+    if local {
+        harness::use_embedder(Some("hash"));
+    }
 }
