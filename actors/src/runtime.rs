@@ -13,11 +13,11 @@ use ractor::{Actor, ActorRef, RpcReplyPort};
 use shadowbrain_runtime::llm::cost::{Llm, LlmStats};
 use shadowbrain_runtime::policy::{EvaluationMode, Policy};
 use shadowbrain_runtime::{
-    AuditEntry, Chain, Condensed, Edge, Error, EvaluationReport, FeedbackReport, FeedbackTarget,
-    Idempotency, Judge, KNOWLEDGE_SESSION, MAX_STRIKES, MemoryId, MemoryRecord, NewMemory, Outcome,
+    AuditEntry, Census, Chain, Condensed, Edge, Error, EvaluationReport, FeedbackReport,
+    FeedbackTarget, Idempotency, Insights, Judge, KNOWLEDGE_SESSION, MAX_STRIKES, MemoryId, MemoryRecord, NewMemory, Outcome,
     Policies, PolicyErrors, Promotion, QuarantineEntry, RecallRequest, RecallResult, Recorded,
     Resolution, Result, SessionStats, Status, Substrate, SubstrateOptions, Summarizer, SweepReport,
-    UpdateJudge, quarantined_error, validate_id,
+    Timestamp, UpdateJudge, quarantined_error, validate_id,
 };
 use tokio::task::JoinHandle;
 
@@ -438,6 +438,28 @@ impl Runtime {
         validate_id("namespace", namespace)?;
         // In a cluster placed by session, the other partitions' sessions too.
         self.inner.substrate.sessions(namespace).await
+    }
+
+    /// [`Insights`] on `namespace` as of `now`, at most `limit` entries per list (in a
+    /// cluster placed by session, gathered from every partition), bounded by the call
+    /// timeout.
+    pub async fn insights(
+        &self,
+        namespace: &str,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Insights> {
+        validate_id("namespace", namespace)?;
+        let work = self.inner.substrate.insights(namespace, now, limit);
+        self.within("the insights", work).await
+    }
+
+    /// `namespace`'s records by tier and status and its sessions with records (in a
+    /// cluster placed by session, over every partition), bounded by the call timeout.
+    pub async fn census(&self, namespace: &str) -> Result<Census> {
+        validate_id("namespace", namespace)?;
+        let work = self.inner.substrate.census(namespace);
+        self.within("the census", work).await
     }
 
     /// The active policy of the namespaces without one of their own.

@@ -5,12 +5,16 @@
 //! never changes a record, so looking does not disturb what it shows.
 //!
 //! One pass over the namespace's records (headers and scores, never embeddings) and one
-//! over the remembered recalls; the dashboard runs it off the async workers and keeps the
-//! answer for a little while.
+//! over the remembered recalls, in each store that holds part of the namespace (in a
+//! cluster placed by session, every partition: each answers its share and the shares are
+//! merged); the dashboard keeps the answer for a little while.
 
 use std::collections::{HashMap, HashSet};
 
+use serde::{Deserialize, Serialize};
+
 use super::Substrate;
+use super::recall::Carried;
 use crate::clock::Timestamp;
 use crate::error::Result;
 use crate::model::{MemoryId, MemoryRecord, Relation, Status};
@@ -74,9 +78,90 @@ pub struct Insights {
     pub recalls: u64,
 }
 
+/// One store's share of a namespace's [`Insights`], in a form the shares of every part of
+/// a spread namespace merge into what one store holding every record answers: the recall
+/// counts whole (a remembered recall may name records of any part), each list's first
+/// `limit` entries with the keys it is ordered by.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(in crate::engine) struct InsightsShare {
+    recalled: Vec<(MemoryId, u64)>,
+    in_success: Vec<(MemoryId, u64)>,
+    /// Successes, their share, the record.
+    useful: Vec<(u32, f32, Carried)>,
+    /// Strength now, archive time, the record.
+    fading: Vec<(f32, Timestamp, Carried)>,
+    /// Status change time, the record.
+    retired: Vec<(Timestamp, Carried)>,
+    /// The newer record, the one it supersedes.
+    superseded: Vec<(MemoryId, Carried)>,
+    conflicts: Vec<(Carried, Vec<MemoryId>)>,
+    records: u64,
+    recalls: u64,
+}
+
 impl Substrate {
-    /// [`Insights`] on `namespace` as of `now`, at most `limit` entries per list.
-    pub fn insights(&self, namespace: &str, now: Timestamp, limit: usize) -> Result<Insights> {
+    /// [`Insights`] on `namespace` as of `now`, at most `limit` entries per list: over
+    /// this store and, with a spread (a cluster placed by session), every other part of
+    /// the namespace, with the lists one store holding every record gives.
+    pub async fn insights(&self, namespace: &str, now: Timestamp, limit: usize) -> Result<Insights> {
+        let shares = self.insight_shares(namespace, now, limit).await?;
+        let mut out = Insights::default();
+        let mut recalled: HashMap<MemoryId, u64> = HashMap::new();
+        let mut in_success: HashMap<MemoryId, u64> = HashMap::new();
+        let (mut useful, mut fading, mut retired) = (Vec::new(), Vec::new(), Vec::new());
+        for share in shares {
+            out.records += share.records;
+            out.recalls += share.recalls;
+            for (id, n) in share.recalled {
+                *recalled.entry(id).or_default() += n;
+            }
+            for (id, n) in share.in_success {
+                *in_success.entry(id).or_default() += n;
+            }
+            useful.extend(share.useful);
+            fading.extend(share.fading);
+            retired.extend(share.retired);
+            out.superseded.extend(share.superseded.into_iter().map(|(by, r)| Superseded {
+                record: r.0,
+                by,
+            }));
+            out.conflicts
+                .extend(share.conflicts.into_iter().map(|(r, with)| (r.0, with)));
+        }
+        out.most_recalled = self.top_counted(namespace, &recalled, limit).await?;
+        out.in_successful_recalls = self.top_counted(namespace, &in_success, limit).await?;
+        useful.sort_by(|a, b| {
+            (b.0.cmp(&a.0))
+                .then(b.1.total_cmp(&a.1))
+                .then(a.2.0.id.cmp(&b.2.0.id))
+        });
+        out.most_useful = useful.into_iter().take(limit).map(|u| u.2.0).collect();
+        fading.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.2.0.id.cmp(&b.2.0.id)));
+        out.fading = (fading.into_iter().take(limit))
+            .map(|(strength_now, archive_at, r)| Fading {
+                record: r.0,
+                strength_now,
+                archive_at,
+            })
+            .collect();
+        retired.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.0.id.cmp(&a.1.0.id)));
+        out.retired = retired.into_iter().take(limit).map(|r| r.1.0).collect();
+        // In a store's order: by the edge's key (the newer record, then the older).
+        out.superseded.sort_by_key(|s| (s.by, s.record.id));
+        out.superseded.truncate(limit);
+        out.conflicts.sort_by_key(|c| c.0.id);
+        out.conflicts.truncate(limit);
+        Ok(out)
+    }
+
+    /// This store's [`InsightsShare`] of `namespace` (one pass over its records' headers
+    /// and one over its remembered recalls).
+    pub(in crate::engine) fn insights_share(
+        &self,
+        namespace: &str,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<InsightsShare> {
         let store = self.store();
         let policy = self.policy_for(namespace);
         let mut successful = HashSet::new();
@@ -136,16 +221,17 @@ impl Substrate {
         fading.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         retired.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
 
-        let light = |id: MemoryId| store.get_light(id);
-        let mut out = Insights {
+        let light = |id: MemoryId| Ok::<_, crate::error::Error>(store.get_light(id)?.map(Carried));
+        let mut out = InsightsShare {
+            recalled: recalled.into_iter().collect(),
+            in_success: in_success.into_iter().collect(),
             records,
             recalls,
-            ..Insights::default()
+            ..InsightsShare::default()
         };
-        out.most_recalled = top_counted(&recalled, limit, light)?;
-        out.in_successful_recalls = top_counted(&in_success, limit, light)?;
-        for &(_, _, id) in useful.iter().take(limit) {
-            out.most_useful.extend(light(id)?);
+        for &(successes, mean, id) in useful.iter().take(limit) {
+            out.useful
+                .extend(light(id)?.map(|r| (successes, mean, r)));
         }
         for &(strength, id) in &fading {
             if out.fading.len() == limit {
@@ -153,26 +239,19 @@ impl Substrate {
             }
             let Some(record) = light(id)? else { continue };
             // Strength only falls between reinforcements: the crossing is found by halving.
-            if let Some(archive_at) = archive_time(&policy, &record, now) {
-                out.fading.push(Fading {
-                    record,
-                    strength_now: strength,
-                    archive_at,
-                });
+            if let Some(archive_at) = archive_time(&policy, &record.0, now) {
+                out.fading.push((strength, archive_at, record));
             }
         }
-        for &(_, id) in retired.iter().take(limit) {
-            out.retired.extend(light(id)?);
+        for &(at, id) in retired.iter().take(limit) {
+            out.retired.extend(light(id)?.map(|r| (at, r)));
         }
         for edge in store.edges(namespace, None)? {
             if edge.relation == Relation::Supersedes
                 && out.superseded.len() < limit
                 && let Some(record) = light(edge.to)?
             {
-                out.superseded.push(Superseded {
-                    record,
-                    by: edge.from,
-                });
+                out.superseded.push((edge.from, record));
             }
         }
         let ns = store.candidates(&Filter {
@@ -187,27 +266,40 @@ impl Substrate {
         }
         Ok(out)
     }
-}
 
-/// The `limit` ids with the highest counts (ties: the lower id first), with their records.
-fn top_counted(
-    counts: &HashMap<MemoryId, u64>,
-    limit: usize,
-    light: impl Fn(MemoryId) -> Result<Option<MemoryRecord>>,
-) -> Result<Vec<Counted>> {
-    let mut ranked: Vec<(u64, MemoryId)> = counts.iter().map(|(id, n)| (*n, *id)).collect();
-    ranked.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    let mut out = Vec::new();
-    for (times, id) in ranked {
-        if out.len() == limit {
-            break;
+    /// The `limit` ids with the highest counts (ties: the lower id first), with their
+    /// records, wherever they are held.
+    async fn top_counted(
+        &self,
+        namespace: &str,
+        counts: &HashMap<MemoryId, u64>,
+        limit: usize,
+    ) -> Result<Vec<Counted>> {
+        let mut ranked: Vec<(u64, MemoryId)> = counts.iter().map(|(id, n)| (*n, *id)).collect();
+        ranked.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut out = Vec::new();
+        // A record purged since the recall is no longer there to show: read a list's
+        // worth at a time until the list is full.
+        for chunk in ranked.chunks(limit.max(1)) {
+            if out.len() == limit {
+                break;
+            }
+            let ids = chunk.iter().map(|(_, id)| *id).collect();
+            let mut found = self.records_anywhere(namespace, ids).await?;
+            for (times, id) in chunk {
+                if out.len() == limit {
+                    break;
+                }
+                if let Some(record) = found.remove(id) {
+                    out.push(Counted {
+                        record,
+                        times: *times,
+                    });
+                }
+            }
         }
-        // A record purged since the recall is no longer there to show.
-        if let Some(record) = light(id)? {
-            out.push(Counted { record, times });
-        }
+        Ok(out)
     }
-    Ok(out)
 }
 
 /// When `record`'s strength falls below the policy's `archive_below`, within

@@ -63,7 +63,7 @@ struct Scoped {
 
 /// How many records of one namespace are in each tier and status, and its sessions: what
 /// an overview shows, counted from the bitmaps without reading a record.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Census {
     /// Records by tier (episodic, condensed, knowledge) and status ([`Status::ALL`] order).
     pub by_tier_status: [[u64; 5]; 3],
@@ -302,6 +302,20 @@ impl Catalog {
         }
         census.sessions = ns.sessions.values().filter(|s| !s.is_empty()).count();
         census
+    }
+
+    /// The sessions of one namespace with at least one record (those [`Catalog::census`]
+    /// counts), in no order.
+    pub fn sessions_with_records(&self, namespace: &str) -> Vec<String> {
+        match self.namespaces.get(namespace) {
+            Some(ns) => ns
+                .sessions
+                .iter()
+                .filter(|(_, ids)| !ids.is_empty())
+                .map(|(s, _)| s.clone())
+                .collect(),
+            None => Vec::new(),
+        }
     }
 
     /// One namespace's records in `status`.

@@ -304,6 +304,12 @@ impl Store {
         self.catalog().census(namespace)
     }
 
+    /// The sessions of one namespace with at least one record, in no order (from the
+    /// catalog).
+    pub fn sessions_with_records(&self, namespace: &str) -> Vec<String> {
+        self.catalog().sessions_with_records(namespace)
+    }
+
     /// One namespace's records in `status`.
     pub fn with_status(&self, namespace: &str, status: Status) -> roaring::RoaringBitmap {
         self.catalog().with_status(namespace, status)

@@ -422,7 +422,7 @@ async fn a_record_marked_wrong_leaves_recall_with_its_reason_and_one_failure() {
     clock.advance(Duration::from_secs(400 * 24 * 3600));
     sub.decay_sweep("decay").unwrap();
     assert_eq!(sub.get("default", wrong).unwrap().status, Status::Wrong);
-    let insights = sub.insights("default", clock.now(), 10).unwrap();
+    let insights = sub.insights("default", clock.now(), 10).await.unwrap();
     assert!(
         insights.retired.iter().any(|r| r.id == wrong),
         "{:?}",

@@ -376,7 +376,7 @@ async fn a_contradiction_without_order_is_kept_open_on_both_sides_and_a_repeat_r
             .any(|e| e.action == AuditAction::Contradicted)
     );
     // Held for review where a person looks.
-    let held = sub.insights("acme", t0, 10).unwrap().conflicts;
+    let held = sub.insights("acme", t0, 10).await.unwrap().conflicts;
     let held: Vec<(MemoryId, Vec<MemoryId>)> = held.into_iter().map(|(r, w)| (r.id, w)).collect();
     assert_eq!(held, vec![(a, vec![b]), (b, vec![a])]);
     sub.flush_indexes().unwrap();
@@ -397,7 +397,7 @@ async fn a_contradiction_without_order_is_kept_open_on_both_sides_and_a_repeat_r
         .unwrap();
     assert!(sub.store().validity(a).unwrap().conflicts.is_empty());
     assert_eq!(sub.store().validity(b).unwrap().superseded_by, Some(a));
-    assert!(sub.insights("acme", t0, 10).unwrap().conflicts.is_empty());
+    assert!(sub.insights("acme", t0, 10).await.unwrap().conflicts.is_empty());
     let err = sub
         .resolve("acme", a, Resolution::Dismiss, None, "ops")
         .unwrap_err()
@@ -573,7 +573,7 @@ async fn promotion_supersedes_an_old_lesson_and_holds_a_contradicting_one_for_re
         1,
         "nothing merged"
     );
-    let insights = sub.insights("acme", t0 + 31 * DAY, 10).unwrap();
+    let insights = sub.insights("acme", t0 + 31 * DAY, 10).await.unwrap();
     assert!(
         insights
             .conflicts
@@ -985,5 +985,194 @@ async fn a_conflict_with_the_pool_at_another_store_is_settled_on_both_sides() {
     assert_eq!(home.store().validity(k1).unwrap().superseded_by, Some(k3));
     for s in [a, home] {
         s.close().unwrap();
+    }
+}
+
+/// Placed by session, the insights and the census of a namespace asked of one of its
+/// stores are gathered from every part: the same lists (supersessions and contradictions
+/// found within sessions, retired records, recall counts, feedback, fading records) and
+/// the same figures as one store holding every record. Ids differ between the two sides
+/// (each store hands out its own), so lists are compared by text, whole, and then cut to a
+/// few entries by the keys they are ranked by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_insights_of_a_namespace_spread_by_session_are_one_stores() {
+    let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let updates = "mode = \"rules\"\nscope = \"session\"";
+    let whole = open_with_updates(dirs[0].path(), updates);
+    let others: Vec<Substrate> = (1..3u16)
+        .map(|p| open_spread(dirs[p as usize + 1].path(), "", updates, Some(p), None))
+        .collect();
+    let spread = crate::scatter::Others {
+        parts: others.clone(),
+        home: None,
+    };
+    let here = open_spread(dirs[1].path(), "", updates, Some(0), Some(spread));
+    let parts = [here.clone(), others[0].clone(), others[1].clone()];
+    let holder = |id: MemoryId| {
+        parts
+            .iter()
+            .find(|p| p.store().id_block().contains(id.0))
+            .unwrap()
+    };
+    let t0 = 1_770_000_000_000;
+    // Pairs of the labelled set, each in a session of its own (six sessions, two per
+    // store), the older statement an hour before the newer.
+    let chosen: Vec<Pair> = pairs().into_iter().take(36).collect();
+    let mut ids: Vec<(MemoryId, MemoryId)> = Vec::new();
+    for (i, p) in chosen.iter().enumerate() {
+        let session = format!("s{}", i % 6);
+        let at = t0 + i as i64 * DAY;
+        let part = &parts[i % 6 % 3];
+        for (text, at) in [(&p.older, at), (&p.newer, at + 3_600_000)] {
+            let w = write(&whole, &session, at, text).await;
+            let s = write(part, &session, at, text).await;
+            ids.push((w, s));
+        }
+    }
+    let round = settle(&whole).await;
+    for p in &parts {
+        settle(p).await;
+    }
+    assert!(
+        round.superseded > 0 && round.contradicted > 0,
+        "the pairs found something of each: {round:?}"
+    );
+    // Recalls on both sides (the same queries), feedback on some of them.
+    for (q, p) in chosen.iter().enumerate().take(12) {
+        let req = RecallRequest {
+            scope: Scope::Namespace,
+            reinforce: false,
+            k: 6,
+            ..RecallRequest::new("acme", "asker", &p.newer)
+        };
+        for side in [&whole, &here] {
+            let r = side.recall(&req).await.unwrap();
+            if q % 3 != 2 {
+                let outcome = [Outcome::Success, Outcome::Failure][q % 3];
+                let target = FeedbackTarget::Recall(r.recall_id.clone().unwrap());
+                side.feedback("acme", &target, outcome, "asker").await.unwrap();
+            }
+        }
+    }
+    // Records retired by hand, and one pinned (never fading).
+    for (n, status) in [
+        (3, shadowbrain_runtime::Status::Wrong),
+        (10, shadowbrain_runtime::Status::Archived),
+        (17, shadowbrain_runtime::Status::Obsolete),
+        (24, shadowbrain_runtime::Status::Pinned),
+    ] {
+        let (w, s) = ids[n];
+        whole.set_status("acme", w, status, "ops").unwrap();
+        holder(s).set_status("acme", s, status, "ops").unwrap();
+    }
+    for p in &parts {
+        p.store().sync().await.unwrap();
+    }
+    whole.store().sync().await.unwrap();
+
+    assert_eq!(
+        here.census("acme").await.unwrap(),
+        whole.census("acme").await.unwrap()
+    );
+    assert_eq!(here.census("acme").await.unwrap().sessions, 6);
+    let now = t0 + 40 * DAY;
+    let text_in = |subs: &[&Substrate], id: MemoryId| -> String {
+        subs.iter()
+            .find_map(|s| s.get("acme", id).ok())
+            .unwrap()
+            .text
+    };
+    let spread_subs: Vec<&Substrate> = parts.iter().collect();
+    let whole_subs = [&whole];
+    // Everything each list holds, by text: the same on both sides.
+    let everything = |i: &shadowbrain_runtime::Insights, subs: &[&Substrate]| {
+        let mut recalled: Vec<(String, u64)> = (i.most_recalled.iter())
+            .map(|c| (c.record.text.clone(), c.times))
+            .collect();
+        let mut in_success: Vec<(String, u64)> = (i.in_successful_recalls.iter())
+            .map(|c| (c.record.text.clone(), c.times))
+            .collect();
+        let mut useful: Vec<(String, u32, u32)> = (i.most_useful.iter())
+            .map(|r| (r.text.clone(), r.utility.successes, r.utility.failures))
+            .collect();
+        let mut fading: Vec<(String, i64, i64)> = (i.fading.iter())
+            .map(|f| {
+                let s = (f.strength_now * 1e4).round() as i64;
+                (f.record.text.clone(), s, f.archive_at)
+            })
+            .collect();
+        let mut retired: Vec<(String, String)> = (i.retired.iter())
+            .map(|r| (r.text.clone(), format!("{:?}", r.status)))
+            .collect();
+        let mut superseded: Vec<(String, String)> = (i.superseded.iter())
+            .map(|s| (s.record.text.clone(), text_in(subs, s.by)))
+            .collect();
+        let mut conflicts: Vec<(String, Vec<String>)> = (i.conflicts.iter())
+            .map(|(r, with)| {
+                let with = with.iter().map(|id| text_in(subs, *id)).collect();
+                (r.text.clone(), with)
+            })
+            .collect();
+        recalled.sort();
+        in_success.sort();
+        useful.sort();
+        fading.sort();
+        retired.sort();
+        superseded.sort();
+        conflicts.sort();
+        (
+            (recalled, in_success, useful),
+            (fading, retired, superseded, conflicts),
+            (i.records, i.recalls),
+        )
+    };
+    let one = whole.insights("acme", now, 1000).await.unwrap();
+    let spread = here.insights("acme", now, 1000).await.unwrap();
+    assert_eq!(
+        everything(&spread, &spread_subs),
+        everything(&one, &whole_subs)
+    );
+    assert_eq!((one.records, one.recalls), (72, 12));
+    for (what, n) in [
+        ("recalled", one.most_recalled.len()),
+        ("useful", one.most_useful.len()),
+        ("in successful recalls", one.in_successful_recalls.len()),
+        ("fading", one.fading.len()),
+        ("retired", one.retired.len()),
+        ("superseded", one.superseded.len()),
+        ("conflicts", one.conflicts.len()),
+    ] {
+        assert!(n > 0, "no {what} record: the comparison would prove nothing");
+    }
+    // Records of every store in the spread answer.
+    let from: std::collections::HashSet<_> = (spread.most_recalled.iter())
+        .map(|c| holder(c.record.id).store().id_block().first)
+        .collect();
+    assert_eq!(from.len(), 3, "the recalls returned records of every store");
+    // Cut to three entries each: the same ranking keys, in order.
+    let keys = |i: &shadowbrain_runtime::Insights| {
+        (
+            i.most_recalled.iter().map(|c| c.times).collect::<Vec<_>>(),
+            i.in_successful_recalls
+                .iter()
+                .map(|c| c.times)
+                .collect::<Vec<_>>(),
+            (i.most_useful.iter())
+                .map(|r| (r.utility.successes, r.utility.failures))
+                .collect::<Vec<_>>(),
+            // Ties (the same strength) are broken by id, which differ between the sides.
+            (i.fading.iter())
+                .map(|f| (f.archive_at, (f.strength_now * 1e4).round() as i64))
+                .collect::<Vec<_>>(),
+            (i.retired.iter()).map(|r| r.status_at).collect::<Vec<_>>(),
+            (i.superseded.len(), i.conflicts.len()),
+        )
+    };
+    let one = whole.insights("acme", now, 3).await.unwrap();
+    let spread = here.insights("acme", now, 3).await.unwrap();
+    assert_eq!(keys(&spread), keys(&one));
+    whole.close().unwrap();
+    for p in parts {
+        p.close().unwrap();
     }
 }

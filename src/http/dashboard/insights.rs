@@ -65,19 +65,12 @@ pub(super) async fn page(
     let (insights, at, took) = match cached() {
         Some(c) => c,
         None => {
-            // Admitted like a recall; the slot is held by the reading itself, which goes on
-            // if the request is abandoned, so the work never outlives its slot.
-            let slot = s.admission.enter(WorkClass::Recall).await?;
-            let ns = viewer.namespace.clone();
+            // Admitted like a recall, the slot held while the parts are read (in a cluster
+            // placed by session, every partition's share).
+            let _slot = s.admission.enter(WorkClass::Recall).await?;
             let now = s.rt.substrate().clock().now();
             let started = Instant::now();
-            let insights = Arc::new(
-                s.rt.inspect("the insights", move |sub| {
-                    let _slot = slot;
-                    sub.insights(&ns, now, TOP)
-                })
-                .await?,
-            );
+            let insights = Arc::new(s.rt.insights(&viewer.namespace, now, TOP).await?);
             let took = started.elapsed();
             s.ui.insights
                 .lock()

@@ -25,10 +25,8 @@ struct Live {
 
 /// `GET /`.
 pub(super) async fn page(State(s): State<AppState>, viewer: Viewer) -> UiResult {
-    let ns = viewer.namespace.clone();
-    let census =
-        s.rt.inspect("the overview", move |sub| Ok(sub.store().census(&ns)))
-            .await?;
+    // In a cluster placed by session, counted over every partition.
+    let census = s.rt.census(&viewer.namespace).await?;
     let policy = s.rt.policy_for(&viewer.namespace);
     let sub = s.rt.substrate();
     let embedder = sub.embedder();

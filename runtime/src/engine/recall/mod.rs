@@ -33,6 +33,7 @@ mod rank;
 mod remote;
 mod scatter;
 
+pub(in crate::engine) use remote::Carried;
 pub use remote::{PartAsk, PartFuture, PartLink, Spread};
 pub use scatter::{PartHits, PartRecord, PartScope, Plan, RecallPart, recall_across};
 

@@ -14,10 +14,11 @@ use std::pin::Pin;
 use serde::{Deserialize, Serialize};
 
 use super::*;
+use crate::engine::insights::InsightsShare;
 use crate::engine::knowledge::Conflicts;
 use crate::engine::{FeedbackReport, Outcome, Promotion};
 use crate::store::codec::{decode_record, encode_record};
-use crate::store::{IdBlock, SessionStats};
+use crate::store::{Census, IdBlock, SessionStats};
 
 /// Another part, and the memories of a request it holds.
 pub(in crate::engine) type Share = (Arc<dyn PartLink>, Vec<MemoryId>);
@@ -121,6 +122,46 @@ pub enum PartAsk {
         /// Who, for the audit log.
         by: String,
     },
+    /// The part's share of a namespace's insights ([`Substrate::insights`]).
+    Insights {
+        /// The namespace.
+        namespace: String,
+        /// As of when (the asker's clock).
+        now: Timestamp,
+        /// Entries per list.
+        limit: usize,
+    },
+    /// The part's census of a namespace, with its sessions that have records.
+    Census(String),
+    /// The records of `namespace` (without embeddings) among `ids` the part holds.
+    Records {
+        /// Their namespace.
+        namespace: String,
+        /// The memories.
+        ids: Vec<MemoryId>,
+    },
+}
+
+/// A record (without its embedding) as it crosses between parts: in the store's own
+/// encoding, which carries the JSON fields as text, so the wire's format needs nothing
+/// self-describing.
+#[derive(Debug, Clone)]
+pub(in crate::engine) struct Carried(pub MemoryRecord);
+
+impl Serialize for Carried {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        (self.0.id, encode_record(&self.0)).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Carried {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let (id, bytes) = <(MemoryId, Vec<u8>)>::deserialize(d)?;
+        let key = crate::store::keys::record(id);
+        decode_record(id, &key, &bytes, None)
+            .map(Carried)
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 /// A record as round four sends it: the store's own encoding (which carries the JSON
@@ -147,6 +188,10 @@ enum PartReply {
     Feedback(usize, Vec<MemoryId>),
     /// What became of a promotion, and the lessons the candidate is held against (why).
     Promoted(Promotion, Conflicts),
+    Insights(InsightsShare),
+    /// The census, and the sessions with records.
+    Census(Census, Vec<String>),
+    Records(Vec<Carried>),
     Done,
     /// It failed there.
     Failed(WireError),
@@ -502,6 +547,28 @@ impl Substrate {
             PartAsk::Sessions(namespace) => {
                 PartReply::Sessions(self.inner.store.sessions(&namespace)?)
             }
+            PartAsk::Insights {
+                namespace,
+                now,
+                limit,
+            } => PartReply::Insights(self.insights_share(&namespace, now, limit)?),
+            PartAsk::Census(namespace) => {
+                let store = &self.inner.store;
+                PartReply::Census(
+                    store.census(&namespace),
+                    store.sessions_with_records(&namespace),
+                )
+            }
+            PartAsk::Records { namespace, ids } => {
+                let mut records = Vec::with_capacity(ids.len());
+                for id in ids {
+                    match self.inner.store.get_light(id)? {
+                        Some(r) if r.namespace == namespace => records.push(Carried(r)),
+                        _ => {}
+                    }
+                }
+                PartReply::Records(records)
+            }
             PartAsk::Settle {
                 namespace,
                 id,
@@ -642,22 +709,28 @@ impl RecallPart for AnyPart {
 }
 
 impl Substrate {
+    /// This store and, with a [`Spread`], every other part that may hold `namespace`.
+    fn every_part(&self, namespace: &str) -> Vec<AnyPart> {
+        let mut parts = vec![AnyPart::Here(self.clone())];
+        if let Some(spread) = &self.inner.spread {
+            parts.extend(spread.others(namespace).into_iter().map(AnyPart::There));
+        }
+        parts
+    }
+
+    /// `ask` put to every part of `namespace` at once: their answers, this store's first.
+    async fn ask_every(&self, namespace: &str, ask: impl Fn() -> PartAsk) -> Result<Vec<PartReply>> {
+        let parts = self.every_part(namespace);
+        futures::future::try_join_all(parts.iter().map(|p| p.ask(ask()))).await
+    }
+
     /// Every session of `namespace` that has records, by session id: this store's and,
     /// with a [`Spread`], every other part's (a session whose records are in several parts
     /// — the knowledge pool's — counted once, over all of them).
     pub async fn sessions(&self, namespace: &str) -> Result<Vec<SessionStats>> {
-        let others = match &self.inner.spread {
-            Some(spread) => spread.others(namespace),
-            None => Vec::new(),
-        };
-        let mut parts = vec![AnyPart::Here(self.clone())];
-        parts.extend(others.into_iter().map(AnyPart::There));
-        let answers = futures::future::try_join_all(
-            parts
-                .iter()
-                .map(|p| p.ask(PartAsk::Sessions(namespace.to_string()))),
-        )
-        .await?;
+        let answers = self
+            .ask_every(namespace, || PartAsk::Sessions(namespace.to_string()))
+            .await?;
         let mut merged: BTreeMap<String, SessionStats> = BTreeMap::new();
         for answer in answers {
             let PartReply::Sessions(sessions) = answer else {
@@ -679,6 +752,90 @@ impl Substrate {
             }
         }
         Ok(merged.into_values().collect())
+    }
+
+    /// `namespace`'s records by tier and status and its sessions with records: this
+    /// store's and, with a [`Spread`], every other part's (a session with records in
+    /// several parts counted once).
+    pub async fn census(&self, namespace: &str) -> Result<Census> {
+        if self.inner.spread.is_none() {
+            return Ok(self.inner.store.census(namespace));
+        }
+        let answers = self
+            .ask_every(namespace, || PartAsk::Census(namespace.to_string()))
+            .await?;
+        let mut census = Census::default();
+        let mut sessions = std::collections::HashSet::new();
+        for answer in answers {
+            let PartReply::Census(part, theirs) = answer else {
+                return Err(unexpected("a census"));
+            };
+            for (sum, add) in census
+                .by_tier_status
+                .iter_mut()
+                .flatten()
+                .zip(part.by_tier_status.iter().flatten())
+            {
+                *sum += add;
+            }
+            sessions.extend(theirs);
+        }
+        census.sessions = sessions.len();
+        Ok(census)
+    }
+
+    /// Every part's share of `namespace`'s insights, this store's first.
+    pub(in crate::engine) async fn insight_shares(
+        &self,
+        namespace: &str,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<InsightsShare>> {
+        let ask = || PartAsk::Insights {
+            namespace: namespace.to_string(),
+            now,
+            limit,
+        };
+        let answers = self.ask_every(namespace, ask).await?;
+        answers
+            .into_iter()
+            .map(|a| match a {
+                PartReply::Insights(share) => Ok(share),
+                _ => Err(unexpected("insights")),
+            })
+            .collect()
+    }
+
+    /// The records of `namespace` among `ids` (without embeddings), wherever they are
+    /// held; an id no part holds is left out.
+    pub(in crate::engine) async fn records_anywhere(
+        &self,
+        namespace: &str,
+        ids: Vec<MemoryId>,
+    ) -> Result<HashMap<MemoryId, MemoryRecord>> {
+        let (here, there) = self.held_here(namespace, ids);
+        let mut asks = vec![(AnyPart::Here(self.clone()), here)];
+        asks.extend(there.into_iter().map(|(p, ids)| (AnyPart::There(p), ids)));
+        let answers = futures::future::try_join_all(
+            asks.into_iter()
+                .filter(|(_, ids)| !ids.is_empty())
+                .map(|(part, ids)| async move {
+                    let ask = PartAsk::Records {
+                        namespace: namespace.to_string(),
+                        ids,
+                    };
+                    part.ask(ask).await
+                }),
+        )
+        .await?;
+        let mut found = HashMap::new();
+        for answer in answers {
+            let PartReply::Records(records) = answer else {
+                return Err(unexpected("a read of records"));
+            };
+            found.extend(records.into_iter().map(|r| (r.0.id, r.0)));
+        }
+        Ok(found)
     }
 
     /// Recall over this store and the parts `spread` names (module docs): ranked at
