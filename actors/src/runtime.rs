@@ -14,10 +14,11 @@ use shadowbrain_runtime::llm::cost::{Llm, LlmStats};
 use shadowbrain_runtime::policy::{EvaluationMode, Policy};
 use shadowbrain_runtime::{
     AuditEntry, Census, Chain, Condensed, Edge, Error, EvaluationReport, FeedbackReport,
-    FeedbackTarget, Idempotency, Insights, Judge, KNOWLEDGE_SESSION, MAX_STRIKES, MemoryId, MemoryRecord, NewMemory, Outcome,
-    Policies, PolicyErrors, Promotion, QuarantineEntry, RecallRequest, RecallResult, Recorded,
-    Resolution, Result, SessionStats, Status, Substrate, SubstrateOptions, Summarizer, SweepReport,
-    Timestamp, UpdateJudge, quarantined_error, validate_id,
+    FeedbackTarget, Idempotency, Insights, Judge, KNOWLEDGE_SESSION, MAX_STRIKES, MemoryId,
+    MemoryRecord, NewMemory, Outcome, Policies, PolicyErrors, Promotion, QuarantineEntry,
+    RecallRequest, RecallResult, Recorded, Resolution, Result, SessionStats, Status, Substrate,
+    SubstrateOptions, Summarizer, SweepReport, Timestamp, UpdateJudge, quarantined_error,
+    validate_id,
 };
 use tokio::task::JoinHandle;
 

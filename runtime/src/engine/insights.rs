@@ -103,7 +103,12 @@ impl Substrate {
     /// [`Insights`] on `namespace` as of `now`, at most `limit` entries per list: over
     /// this store and, with a spread (a cluster placed by session), every other part of
     /// the namespace, with the lists one store holding every record gives.
-    pub async fn insights(&self, namespace: &str, now: Timestamp, limit: usize) -> Result<Insights> {
+    pub async fn insights(
+        &self,
+        namespace: &str,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Insights> {
         let shares = self.insight_shares(namespace, now, limit).await?;
         let mut out = Insights::default();
         let mut recalled: HashMap<MemoryId, u64> = HashMap::new();
@@ -121,10 +126,12 @@ impl Substrate {
             useful.extend(share.useful);
             fading.extend(share.fading);
             retired.extend(share.retired);
-            out.superseded.extend(share.superseded.into_iter().map(|(by, r)| Superseded {
-                record: r.0,
-                by,
-            }));
+            out.superseded.extend(
+                share
+                    .superseded
+                    .into_iter()
+                    .map(|(by, r)| Superseded { record: r.0, by }),
+            );
             out.conflicts
                 .extend(share.conflicts.into_iter().map(|(r, with)| (r.0, with)));
         }
@@ -230,8 +237,7 @@ impl Substrate {
             ..InsightsShare::default()
         };
         for &(successes, mean, id) in useful.iter().take(limit) {
-            out.useful
-                .extend(light(id)?.map(|r| (successes, mean, r)));
+            out.useful.extend(light(id)?.map(|r| (successes, mean, r)));
         }
         for &(strength, id) in &fading {
             if out.fading.len() == limit {

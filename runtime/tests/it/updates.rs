@@ -397,7 +397,13 @@ async fn a_contradiction_without_order_is_kept_open_on_both_sides_and_a_repeat_r
         .unwrap();
     assert!(sub.store().validity(a).unwrap().conflicts.is_empty());
     assert_eq!(sub.store().validity(b).unwrap().superseded_by, Some(a));
-    assert!(sub.insights("acme", t0, 10).await.unwrap().conflicts.is_empty());
+    assert!(
+        sub.insights("acme", t0, 10)
+            .await
+            .unwrap()
+            .conflicts
+            .is_empty()
+    );
     let err = sub
         .resolve("acme", a, Resolution::Dismiss, None, "ops")
         .unwrap_err()
@@ -1050,7 +1056,9 @@ async fn the_insights_of_a_namespace_spread_by_session_are_one_stores() {
             if q % 3 != 2 {
                 let outcome = [Outcome::Success, Outcome::Failure][q % 3];
                 let target = FeedbackTarget::Recall(r.recall_id.clone().unwrap());
-                side.feedback("acme", &target, outcome, "asker").await.unwrap();
+                side.feedback("acme", &target, outcome, "asker")
+                    .await
+                    .unwrap();
             }
         }
     }
@@ -1142,7 +1150,10 @@ async fn the_insights_of_a_namespace_spread_by_session_are_one_stores() {
         ("superseded", one.superseded.len()),
         ("conflicts", one.conflicts.len()),
     ] {
-        assert!(n > 0, "no {what} record: the comparison would prove nothing");
+        assert!(
+            n > 0,
+            "no {what} record: the comparison would prove nothing"
+        );
     }
     // Records of every store in the spread answer.
     let from: std::collections::HashSet<_> = (spread.most_recalled.iter())

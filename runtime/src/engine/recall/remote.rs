@@ -719,7 +719,11 @@ impl Substrate {
     }
 
     /// `ask` put to every part of `namespace` at once: their answers, this store's first.
-    async fn ask_every(&self, namespace: &str, ask: impl Fn() -> PartAsk) -> Result<Vec<PartReply>> {
+    async fn ask_every(
+        &self,
+        namespace: &str,
+        ask: impl Fn() -> PartAsk,
+    ) -> Result<Vec<PartReply>> {
         let parts = self.every_part(namespace);
         futures::future::try_join_all(parts.iter().map(|p| p.ask(ask()))).await
     }
@@ -816,18 +820,17 @@ impl Substrate {
         let (here, there) = self.held_here(namespace, ids);
         let mut asks = vec![(AnyPart::Here(self.clone()), here)];
         asks.extend(there.into_iter().map(|(p, ids)| (AnyPart::There(p), ids)));
-        let answers = futures::future::try_join_all(
-            asks.into_iter()
-                .filter(|(_, ids)| !ids.is_empty())
-                .map(|(part, ids)| async move {
+        let answers =
+            futures::future::try_join_all(asks.into_iter().filter(|(_, ids)| !ids.is_empty()).map(
+                |(part, ids)| async move {
                     let ask = PartAsk::Records {
                         namespace: namespace.to_string(),
                         ids,
                     };
                     part.ask(ask).await
-                }),
-        )
-        .await?;
+                },
+            ))
+            .await?;
         let mut found = HashMap::new();
         for answer in answers {
             let PartReply::Records(records) = answer else {
