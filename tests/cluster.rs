@@ -175,7 +175,11 @@ fn run(nats: &std::path::Path, scenario: Scenario, tokio: &tokio::runtime::Runti
         Scenario::DroppedAcks => Instant::now(),
         Scenario::KillReplicas => {
             // The first writer's partition: its owner and one of its two standbys.
-            let p = shadowbrain::cluster::partition_of(&harness::keys()[0].0, PARTITIONS);
+            let ns = &harness::keys()[0].0;
+            let p = match h.shape.placement {
+                "session" => shadowbrain::cluster::session_partition(ns, "writer-0", PARTITIONS),
+                _ => shadowbrain::cluster::partition_of(ns, PARTITIONS),
+            };
             let set = h.replica_sets().expect("the members agree")[&p].clone();
             let owner = owners_before[&p].clone();
             let standby = set.iter().find(|n| **n != owner).unwrap().clone();
