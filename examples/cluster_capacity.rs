@@ -20,8 +20,11 @@
 //! moves only to a caught-up copy) and until every copy it keeps has caught up, each
 //! restored from a snapshot and the stream's tail, with where its time went per copy (when
 //! restored, how long the restore took and its size, when caught up, when owning; read
-//! from the node's log). `--join-only` runs the larger cluster and the join alone. Progress
-//! on stderr; last, one JSON line.
+//! from the node's log). `--join-only` runs the larger cluster and the join alone. With
+//! `--history 10`, the joined node then leaves, ten times the fill's log bytes more are
+//! written as feedback on the same records (truncated away beneath new snapshots), and it
+//! joins again, empty: the join after the history beside the one before it. Progress on
+//! stderr; last, one JSON line.
 
 #[path = "../tests/cluster_harness.rs"]
 mod harness;
@@ -70,6 +73,13 @@ struct Args {
     /// join's figures alone, in half the time.
     #[arg(long)]
     join_only: bool,
+    /// After the cold join, the joined node leaves, feedback on every record is sent pass
+    /// after pass until the nodes have appended this many times the fill's log bytes
+    /// more (history the snapshots truncate away while the live records stay the same),
+    /// and the node joins again with an empty data directory: the join before and after
+    /// the history, in the same run. 0: one join.
+    #[arg(long, default_value_t = 0.0)]
+    history: f64,
     /// The `shadowbrain` binary the nodes run.
     #[arg(long, value_name = "PATH",
           default_value_os_t = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/shadowbrain"))]
@@ -244,8 +254,35 @@ fn cluster(a: &Args, nats: &Path, nodes: usize, join: bool, anchor: Option<Socke
         }));
     }
     let entries: BTreeMap<u16, u64> = ends;
+    let fill_log_bytes = log_bytes(&h);
+    let fill_log_entries = log_counter(&h, "shadowbrain_cluster_log_entries");
     let rankings = anchor.map(|anchor| compare(anchor, &h.alive_nodes(), a.compare));
-    let joined = join.then(|| cold_join(&h, a, nodes, &tokio));
+    let mut after_history = Value::Null;
+    let joined = join.then(|| {
+        let (first, mut served) = cold_join(&h, a, nodes, &tokio);
+        if a.history <= 0.0 {
+            served.kill();
+            return first;
+        }
+        // It leaves as a node does (handing its partitions and copies on), and its
+        // data directory goes: the second join starts as empty as the first.
+        let termed = std::process::Command::new("kill")
+            .args(["-TERM", &served.pid().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(termed, "the joined node could not be told to leave");
+        assert!(
+            served.exit_within(Duration::from_secs(120)).is_some(),
+            "the joined node did not leave"
+        );
+        std::fs::remove_dir_all(&h.nodes[nodes].data).unwrap();
+        h.wait_copies_settled(Duration::from_secs(300));
+        let history = churn(&h, a, fill_log_bytes);
+        let (second, served) = cold_join(&h, a, nodes, &tokio);
+        served.kill();
+        after_history = json!({ "history": history, "cold_join": second });
+        first
+    });
     let out = json!({
         "nodes": nodes,
         "copies": a.copies,
@@ -253,17 +290,141 @@ fn cluster(a: &Args, nats: &Path, nodes: usize, join: bool, anchor: Option<Socke
         "fill_secs": fill_secs,
         "log_entries": entries.values().sum::<u64>(),
         "per_node": per_node,
+        "log_bytes_after_fill": fill_log_bytes,
+        "log_entries_after_fill": fill_log_entries,
         "rankings": rankings,
         "cold_join": joined,
+        "after_history": after_history,
     });
     eprintln!("{nodes} nodes: {out}");
     out
 }
 
+/// Bytes of log entries the live nodes have appended since they started
+/// (`cluster_log_bytes` in each node's `/metrics`, summed).
+fn log_bytes(h: &Harness) -> u64 {
+    log_counter(h, "shadowbrain_cluster_log_bytes")
+}
+
+/// A log counter of every live node's `/metrics` (`name`'s lines), summed.
+fn log_counter(h: &Harness, name: &str) -> u64 {
+    let mut sum = 0.0;
+    for addr in h.alive_nodes() {
+        let (code, text, _) =
+            harness::request_text(addr, "GET", "/metrics", Some(harness::ADMIN), None, None)
+                .expect("a node answers /metrics");
+        assert_eq!(code, 200, "{text}");
+        sum += text
+            .lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    sum as u64
+}
+
+/// Feedback on every record the fill wrote (requests of up to 500 of a tenant's records,
+/// success and failure in turn), pass after pass, until the nodes have appended
+/// `--history` times `fill_bytes` more to the logs: history that the snapshots truncate
+/// away while the live records stay what they were.
+fn churn(h: &Harness, a: &Args, fill_bytes: u64) -> Value {
+    const CHUNK: usize = 500;
+    let started = Instant::now();
+    let before = log_bytes(h);
+    let entries_before = log_counter(h, "shadowbrain_cluster_log_entries");
+    let target = (a.history * fill_bytes as f64) as u64;
+    let per_tenant = a.records / a.tenants as u64;
+    let per_session = (a.records / a.sessions.max(1)).max(1);
+    let nodes = h.alive_nodes();
+    // Each tenant's memory ids, read once from its sessions' timelines.
+    let mut jobs: Vec<(String, String, Vec<String>)> = Vec::new();
+    for t in 0..a.tenants {
+        let key = harness::keys()[t].1.clone();
+        let mut ids = Vec::new();
+        for k in 0..per_tenant.div_ceil(per_session) {
+            let path = format!("/v1/sessions/bulk-{t}-{k}/timeline?limit=1000");
+            let addr = nodes[k as usize % nodes.len()];
+            let (code, got, _) = harness::request(addr, "GET", &path, Some(&key), None, None)
+                .expect("a timeline is answered");
+            assert_eq!(code, 200, "{got}");
+            ids.extend(
+                got["items"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| m["id"].as_str().unwrap().to_string()),
+            );
+        }
+        for chunk in ids.chunks(CHUNK) {
+            jobs.push((format!("bulk-{t}-0"), key.clone(), chunk.to_vec()));
+        }
+    }
+    eprintln!(
+        "history: feedback on {} records in {} requests a pass, until {target} more log bytes are appended",
+        jobs.iter().map(|j| j.2.len()).sum::<usize>(),
+        jobs.len()
+    );
+    let jobs = std::sync::Arc::new(jobs);
+    let mut passes = 0;
+    let mut requests = 0u64;
+    while log_bytes(h) - before < target {
+        let outcome = ["success", "failure"][passes % 2];
+        let writers: Vec<_> = (0..8)
+            .map(|w| {
+                let (jobs, nodes) = (jobs.clone(), nodes.clone());
+                std::thread::spawn(move || {
+                    let mut sent = 0u64;
+                    for (n, (session, key, ids)) in jobs.iter().enumerate().skip(w).step_by(8) {
+                        let body = json!({ "memory_ids": ids, "outcome": outcome }).to_string();
+                        let path = format!("/v1/sessions/{session}/feedback");
+                        let mut attempt = n;
+                        loop {
+                            let addr = nodes[attempt % nodes.len()];
+                            attempt += 1;
+                            match harness::request(
+                                addr,
+                                "POST",
+                                &path,
+                                Some(key),
+                                Some(&body),
+                                None,
+                            ) {
+                                Ok((200, _, _)) => break,
+                                Ok((503, _, _)) | Err(_) => {
+                                    std::thread::sleep(Duration::from_millis(200))
+                                }
+                                Ok((code, got, _)) => panic!("feedback answered {code}: {got}"),
+                            }
+                        }
+                        sent += 1;
+                    }
+                    sent
+                })
+            })
+            .collect();
+        requests += writers.into_iter().map(|w| w.join().unwrap()).sum::<u64>();
+        passes += 1;
+        eprintln!(
+            "history: pass {passes} done after {:.0} s, {} log bytes appended",
+            started.elapsed().as_secs_f64(),
+            log_bytes(h) - before
+        );
+    }
+    let appended = log_bytes(h) - before;
+    json!({
+        "log_entries_appended": log_counter(h, "shadowbrain_cluster_log_entries") - entries_before,
+        "passes": passes,
+        "requests": requests,
+        "log_bytes_appended": appended,
+        "times_the_fill": appended as f64 / fill_bytes.max(1) as f64,
+        "secs": started.elapsed().as_secs_f64(),
+    })
+}
+
 /// Node `i`, configured but not started, joins with an empty data directory once the
 /// streams are truncated beneath their snapshots: how long until it owns its share, and
-/// until every copy it keeps has caught up.
-fn cold_join(h: &Harness, a: &Args, i: usize, tokio: &tokio::runtime::Runtime) -> Value {
+/// until every copy it keeps has caught up (and the node, still running).
+fn cold_join(h: &Harness, a: &Args, i: usize, tokio: &tokio::runtime::Runtime) -> (Value, Served) {
     let access = h.nats_access();
     let tail = 64 * 1024 * 1024;
     let waited = Instant::now();
@@ -365,8 +526,7 @@ fn cold_join(h: &Harness, a: &Args, i: usize, tokio: &tokio::runtime::Runtime) -
         owning_after.as_secs_f64(),
         caught_up.as_secs_f64()
     );
-    served.kill();
-    json!({
+    let out = json!({
         "snapshots": snapshots.len(),
         "entries_truncated": truncated,
         "tail_entries": tail_entries,
@@ -378,7 +538,8 @@ fn cold_join(h: &Harness, a: &Args, i: usize, tokio: &tokio::runtime::Runtime) -
         "copies_kept": kept,
         "disk_bytes": disk,
         "phases": phases,
-    })
+    });
+    (out, served)
 }
 
 /// Where a joining node's time went, from its log: per partition, when its snapshot was

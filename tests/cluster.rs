@@ -1602,6 +1602,64 @@ fn a_namespace_placed_by_session_recalls_as_one_server() {
         compared += usize::from(!texts(&want).is_empty());
     }
     assert!(compared >= 12, "only {compared} recalls found anything");
+    // The dashboard's overview and insights gather every partition's share: the one
+    // server's census, record and recall counts, and recall counts in their order (ids
+    // differ between the two, and so do the records tied at a count).
+    let dash = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let seen = |addr| {
+        use crate::common::site::{Site, cookie_of};
+        let (overview, insights) = dash.block_on(async {
+            let site = Site::at(addr);
+            let login = site
+                .post("/ui/login", None, &[("key", &key), ("next", "/")])
+                .await;
+            assert_eq!(login.status, 303, "{}", login.body);
+            let cookie = cookie_of(&login);
+            let overview = site.get("/", Some(&cookie)).await;
+            let insights = site.get("/ui/insights?fresh=1", Some(&cookie)).await;
+            assert_eq!((overview.status, insights.status), (200, 200));
+            (overview.body, insights.body)
+        });
+        let start = overview
+            .find(r#"<section aria-labelledby="ns-h">"#)
+            .unwrap_or_else(|| panic!("no namespace section: {overview}"));
+        let end = start + overview[start..].find("</section>").unwrap();
+        let census = overview[start..end].to_string();
+        // "From N records and M remembered recalls".
+        let from: Vec<String> = insights[insights.find("From ").expect("the counts")..]
+            .split_whitespace()
+            .take(7)
+            .map(str::to_string)
+            .collect();
+        let from = (from[1].clone(), from[4].clone());
+        let times: Vec<String> = insights
+            .match_indices(" times returned")
+            .map(|(at, _)| {
+                let before = &insights[..at];
+                let digits = before.len()
+                    - before
+                        .chars()
+                        .rev()
+                        .take_while(char::is_ascii_digit)
+                        .count();
+                before[digits..].to_string()
+            })
+            .collect();
+        (census, from, times)
+    };
+    let want = seen(one.addr);
+    assert_eq!(
+        want.1,
+        ((SESSIONS * 12).to_string(), "18".to_string()),
+        "{want:?}"
+    );
+    assert_eq!(want.2.len(), 20, "{want:?}");
+    for node in &h.nodes {
+        assert_eq!(seen(node.addr), want, "through {}", node.name);
+    }
     // Feedback on a namespace-wide recall reaches each returned memory's partition.
     let body = r#"{"query":"deploy server database","k":10,"scope":"namespace"}"#;
     let (code, got, _) = harness::request(
