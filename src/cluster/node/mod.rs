@@ -87,6 +87,9 @@ pub async fn serve_cluster(
 /// then for JetStream to answer its set-up requests.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(30);
 
+/// How long a snapshot's upload waits for the acknowledgement of each of its chunks.
+const SNAPSHOT_ACK_WAIT: Duration = Duration::from_secs(60);
+
 async fn run_node(
     io: &tokio::runtime::Runtime,
     listener: tokio::net::TcpListener,
@@ -185,7 +188,15 @@ async fn run_node(
     })
     .await?;
     let sealer = Arc::new(Sealer::new(&cfg.secret));
+    // A snapshot is hundreds of chunks, each published and acknowledged in turn: under a
+    // write load that keeps the NATS servers busy, one acknowledgement can take longer
+    // than the context's default 5 s, and a chunk's timeout failed the whole upload (the
+    // stream then went untruncated until an upload got through). The snapshots' own
+    // context waits longer for each.
+    let mut snapshot_js = js.clone();
+    snapshot_js.set_timeout(SNAPSHOT_ACK_WAIT);
     let snapshots = patiently(setup, || async {
+        let js = &snapshot_js;
         let name = format!("{}_snapshots", cfg.prefix);
         let store = match js.get_object_store(&name).await {
             Ok(store) => store,
