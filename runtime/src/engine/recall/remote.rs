@@ -256,8 +256,9 @@ fn unreadable(what: &str, e: impl fmt::Display) -> Error {
 
 impl Substrate {
     /// Answers what another part asked of this store's records (the bytes a [`PartLink`]
-    /// carried): a round of a scattered recall, a session list or a settlement (on a
-    /// blocking thread), feedback, or a promotion into this store's pool. A failure is
+    /// carried): a round of a scattered recall, a session list, a share of the insights,
+    /// a census, records by id or a settlement (on a blocking thread), feedback, or a
+    /// promotion into this store's pool. A failure is
     /// answered as such, for the asker to report.
     pub async fn answer_part(&self, ask: Vec<u8>) -> Vec<u8> {
         let reply = match postcard::from_bytes::<PartAsk>(&ask) {
