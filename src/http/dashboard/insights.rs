@@ -65,12 +65,21 @@ pub(super) async fn page(
     let (insights, at, took) = match cached() {
         Some(c) => c,
         None => {
-            // Admitted like a recall, the slot held while the parts are read (in a cluster
-            // placed by session, every partition's share).
-            let _slot = s.admission.enter(WorkClass::Recall).await?;
+            // Admitted like a recall; the slot is held by the reading itself (in a cluster
+            // placed by session, of every partition's share), which goes on if the request
+            // is abandoned, so the work never outlives its slot.
+            let slot = s.admission.enter(WorkClass::Recall).await?;
             let now = s.rt.substrate().clock().now();
             let started = Instant::now();
-            let insights = Arc::new(s.rt.insights(&viewer.namespace, now, TOP).await?);
+            let (rt, ns) = (s.rt.clone(), viewer.namespace.clone());
+            let reading = tokio::spawn(async move {
+                let _slot = slot;
+                rt.insights(&ns, now, TOP).await
+            });
+            let insights = reading
+                .await
+                .map_err(|e| crate::Error::internal("the insights", e))??;
+            let insights = Arc::new(insights);
             let took = started.elapsed();
             s.ui.insights
                 .lock()
