@@ -260,11 +260,7 @@ impl Substrate {
                 out.superseded.push((edge.from, record));
             }
         }
-        let ns = store.candidates(&Filter {
-            namespace,
-            ..Filter::default()
-        });
-        for n in store.conflicted(&ns).iter().take(limit) {
+        for n in store.conflicted(&ids).iter().take(limit) {
             let id = MemoryId(n);
             if let Some(record) = light(id)? {
                 out.conflicts.push((record, store.validity(id)?.conflicts));
