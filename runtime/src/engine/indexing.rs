@@ -513,15 +513,18 @@ impl Substrate {
         Ok(())
     }
 
-    /// Changes the store has logged that the slower of the two indexes has not built.
-    pub fn unbuilt(&self) -> Result<u64> {
-        let last = self.inner.store.next_seq().saturating_sub(1);
+    /// Changes the store has logged that the slower of the two indexes has not built,
+    /// counted up to `at_most` (the count reads the change log that far). Not the
+    /// distance from the watermark to the last sequence: audit entries and recall
+    /// outcomes take sequences too and no index builds them, so after a burst of
+    /// feedback that distance stays large on indexes that are built.
+    pub fn unbuilt(&self, at_most: usize) -> Result<usize> {
         let built = self
             .inner
             .vectors
             .watermark()?
             .min(self.inner.keywords.watermark()?);
-        Ok(last.saturating_sub(built))
+        self.inner.store.changes_counted_after(built, at_most)
     }
 
     /// Whether both indexes have built everything the store has logged.

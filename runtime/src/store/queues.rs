@@ -85,6 +85,29 @@ impl Store {
         Ok(out)
     }
 
+    /// How many change-log entries have a sequence above `after`, counted up to
+    /// `at_most` (the scan stops there). Sequences are shared with the audit log and
+    /// recall outcomes, so a difference of sequences would count those too.
+    pub fn changes_counted_after(&self, after: u64, at_most: usize) -> Result<usize> {
+        let start = keys::change(after.saturating_add(1));
+        let end = [family::CHANGE + 1];
+        let mut counted = 0;
+        if at_most == 0 {
+            return Ok(0);
+        }
+        self.inner
+            .kv
+            .scan(Range::between(&start, &end), false, &mut |_, _| {
+                counted += 1;
+                Ok(if counted >= at_most {
+                    Visit::Stop
+                } else {
+                    Visit::Continue
+                })
+            })?;
+        Ok(counted)
+    }
+
     /// How far the change log has been truncated (`None` for a store that never truncated
     /// it, or one written before the mark existed).
     pub fn changes_truncated(&self) -> Result<Option<u64>> {

@@ -306,6 +306,80 @@ async fn a_standby_indexes_as_the_log_arrives_and_its_takeover_rebuilds_nothing(
     assert_eq!(ranked(&taken), owner_ranked);
 }
 
+/// The cluster snapshots a standby only once its indexes are nearly built, asking it how
+/// many changes they lack: feedback writes audit entries and recall outcomes, which take
+/// log sequences but no index ever builds, so a burst of it must not read as unbuilt
+/// changes (it did: counted as sequences past the watermark, an idle standby after a
+/// feedback burst was never snapshotted again).
+#[tokio::test]
+async fn a_standby_counts_only_changes_its_indexes_lack() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(MemoryLog {
+        max_entry: 1 << 20,
+        ..MemoryLog::default()
+    });
+    let clock = Arc::new(VirtualClock::new(1_780_000_000_000));
+    let owner = open(&dir.path().join("owner"), log.clone(), clock.clone());
+    let mut standby_opts = options(None, clock);
+    standby_opts.standby = true;
+    let standby = Substrate::open(&dir.path().join("standby"), standby_opts).unwrap();
+    let mut applied = 0;
+    let mut follow = |standby: &Substrate| {
+        let entries: Vec<(u64, Vec<u8>)> = log.entries.lock().unwrap()[applied..]
+            .iter()
+            .enumerate()
+            .map(|(i, e)| ((applied + i + 1) as u64, e.clone()))
+            .collect();
+        applied += entries.len();
+        standby.apply_logged(entries).unwrap();
+    };
+    let events: Vec<NewMemory> = (0..30)
+        .map(|i| NewMemory::new("observation", format!("the ferry left at {i} past nine")))
+        .collect();
+    let ids = owner.record("acme", "s0", events).await.unwrap();
+    owner.enrich_pending(usize::MAX).await.unwrap();
+    follow(&standby);
+    // One change per record (the hash embedder embeds as the record is written);
+    // counted no further than asked.
+    assert_eq!(standby.unbuilt(usize::MAX).unwrap(), 30);
+    assert_eq!(standby.unbuilt(10).unwrap(), 10);
+    standby.flush_indexes().unwrap();
+    assert_eq!(standby.unbuilt(usize::MAX).unwrap(), 0);
+
+    for round in 0..5 {
+        let outcome = if round % 2 == 0 {
+            Outcome::Success
+        } else {
+            Outcome::Failure
+        };
+        owner
+            .feedback(
+                "acme",
+                &FeedbackTarget::Memories(ids.clone()),
+                outcome,
+                "s0",
+            )
+            .await
+            .unwrap();
+    }
+    follow(&standby);
+    assert_eq!(
+        standby.unbuilt(usize::MAX).unwrap(),
+        0,
+        "feedback changes no index"
+    );
+    owner
+        .record(
+            "acme",
+            "s0",
+            vec![NewMemory::new("observation", "the ferry came back")],
+        )
+        .await
+        .unwrap();
+    follow(&standby);
+    assert_eq!(standby.unbuilt(usize::MAX).unwrap(), 1);
+}
+
 #[test]
 fn an_entry_with_nothing_to_write_still_passes_its_position() {
     // A cluster node hands its standby an empty group for an entry it will not apply (one

@@ -267,9 +267,16 @@ pub(super) async fn follow(
     unbuilt: Arc<AtomicU64>,
     stop: CancellationToken,
 ) -> Substrate {
-    let note_unbuilt = |standby: &Substrate| {
-        if let Ok(n) = standby.unbuilt() {
-            unbuilt.store(n, Ordering::SeqCst);
+    // Counted no further than the snapshot's gate asks, and after an applied batch at
+    // most once per idle check: the count reads the change log.
+    let mut noted: Option<Instant> = None;
+    let mut note_unbuilt = |standby: &Substrate, every_time: bool| {
+        if !every_time && noted.is_some_and(|t| t.elapsed() < IDLE_CHECK) {
+            return;
+        }
+        noted = Some(Instant::now());
+        if let Ok(n) = standby.unbuilt(SNAPSHOT_UNBUILT as usize + 1) {
+            unbuilt.store(n as u64, Ordering::SeqCst);
         }
     };
     // Where the stream ended when this standby began following (known once asked).
@@ -345,7 +352,7 @@ pub(super) async fn follow(
                 if !ahead {
                     caught_up(applied_now, Some(applied_now));
                 }
-                note_unbuilt(&standby);
+                note_unbuilt(&standby, true);
                 if ahead {
                     tracing::debug!(
                         partition,
@@ -407,7 +414,7 @@ pub(super) async fn follow(
                 Ok(Ok(position)) => {
                     applied.send_replace(position);
                     caught_up(position, end_at_start);
-                    note_unbuilt(&standby);
+                    note_unbuilt(&standby, false);
                 }
                 Ok(Err(e)) => {
                     tracing::error!(error = %e, partition, "cannot apply the stream to the standby store");
