@@ -22,9 +22,10 @@
 //! restored, how long the restore took and its size, when caught up, when owning; read
 //! from the node's log). `--join-only` runs the larger cluster and the join alone. With
 //! `--history 10`, the joined node then leaves, ten times the fill's log bytes more are
-//! written as feedback on the same records (truncated away beneath new snapshots), and it
-//! joins again, empty: the join after the history beside the one before it. Progress on
-//! stderr; last, one JSON line.
+//! written as records that the forgetting policy archives and purges within seconds
+//! (their log entries truncated away beneath new snapshots, while the records the fill
+//! wrote, of a protected kind, stay), and it joins again, empty: the join after the history
+//! beside the one before it. Progress on stderr; last, one JSON line.
 
 #[path = "../tests/cluster_harness.rs"]
 mod harness;
@@ -73,9 +74,9 @@ struct Args {
     /// join's figures alone, in half the time.
     #[arg(long)]
     join_only: bool,
-    /// After the cold join, the joined node leaves, feedback on every record is sent pass
-    /// after pass until the nodes have appended this many times the fill's log bytes
-    /// more (history the snapshots truncate away while the live records stay the same),
+    /// After the cold join, the joined node leaves, records that fade within seconds are
+    /// written until the nodes have appended this many times the fill's log bytes more
+    /// (history the snapshots truncate away while the live records stay about the same),
     /// and the node joins again with an empty data directory: the join before and after
     /// the history, in the same run. 0: one join.
     #[arg(long, default_value_t = 0.0)]
@@ -221,7 +222,16 @@ fn cluster(a: &Args, nats: &Path, nodes: usize, join: bool, anchor: Option<Socke
             "namespace"
         },
     };
-    let h = Harness::start_shaped(Security::Secured, nats, &a.bin, &[], &[], shape);
+    // With a history to write, its records fade by policy; the fill's are protected.
+    let policy = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(policy.path(), HISTORY_POLICY).unwrap();
+    let policy_path = policy.path().to_str().unwrap().to_string();
+    let args: &[&str] = if a.history > 0.0 && join {
+        &["--policy", &policy_path]
+    } else {
+        &[]
+    };
+    let h = Harness::start_shaped(Security::Secured, nats, &a.bin, &[], args, shape);
     h.wait_copies_settled(Duration::from_secs(120));
     let started = Instant::now();
     harness::fill(&h.alive_nodes(), a.records, a.tenants, a.sessions);
@@ -323,101 +333,99 @@ fn log_counter(h: &Harness, name: &str) -> u64 {
     sum as u64
 }
 
-/// Feedback on every record the fill wrote (requests of up to 500 of a tenant's records,
-/// success and failure in turn), pass after pass, until the nodes have appended
-/// `--history` times `fill_bytes` more to the logs: history that the snapshots truncate
-/// away while the live records stay what they were.
+/// The policy of a run with a history: the default's, but records of any kind but the
+/// fill's (`observation`) fade within seconds — archived once half as strong, purged a
+/// second later, a sweep every five seconds — so the history's records come and go, and
+/// the records the partitions hold stay about those of the fill.
+const HISTORY_POLICY: &str = r#"name = "history-fades"
+
+[forgetting]
+half_life = "5s"
+archive_below = 0.5
+purge_archived_after = "1s"
+protect_kinds = ["observation"]
+interval = "5s"
+"#;
+
+/// Records of a kind [`HISTORY_POLICY`] lets fade, written to every tenant (requests of
+/// 100, as the fill's, by eight writers) until the nodes have appended `--history` times
+/// `fill_bytes` more to the logs: history that the snapshots truncate away while the
+/// records kept stay about what they were.
 fn churn(h: &Harness, a: &Args, fill_bytes: u64) -> Value {
-    const CHUNK: usize = 500;
+    const BATCH: u64 = 100;
     let started = Instant::now();
     let before = log_bytes(h);
     let entries_before = log_counter(h, "shadowbrain_cluster_log_entries");
     let target = (a.history * fill_bytes as f64) as u64;
-    let per_tenant = a.records / a.tenants as u64;
-    let per_session = (a.records / a.sessions.max(1)).max(1);
     let nodes = h.alive_nodes();
-    // Each tenant's memory ids, read once from its sessions' timelines.
-    let mut jobs: Vec<(String, String, Vec<String>)> = Vec::new();
-    for t in 0..a.tenants {
-        let key = harness::keys()[t].1.clone();
-        let mut ids = Vec::new();
-        for k in 0..per_tenant.div_ceil(per_session) {
-            let path = format!("/v1/sessions/bulk-{t}-{k}/timeline?limit=1000");
-            let addr = nodes[k as usize % nodes.len()];
-            let (code, got, _) = harness::request(addr, "GET", &path, Some(&key), None, None)
-                .expect("a timeline is answered");
-            assert_eq!(code, 200, "{got}");
-            ids.extend(
-                got["items"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|m| m["id"].as_str().unwrap().to_string()),
+    let disk = || -> u64 {
+        (0..h.nodes.len())
+            .filter(|&i| h.nodes[i].served.is_some())
+            .map(|i| disk_bytes(&h.nodes[i].data))
+            .sum()
+    };
+    let disk_before = disk();
+    eprintln!(
+        "history: records that fade, {BATCH} a request, until {target} more log bytes are appended"
+    );
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tenants = a.tenants;
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let (done, nodes) = (done.clone(), nodes.clone());
+            std::thread::spawn(move || {
+                let mut written = 0u64;
+                let mut n = 0u64;
+                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    let t = (w + 8 * n as usize) % tenants;
+                    let key = harness::keys()[t].1.clone();
+                    let first = (w as u64) << 40 | n * BATCH;
+                    let events: Vec<String> = (first..first + BATCH)
+                        .map(|i| {
+                            format!(
+                                r#"{{"kind":"passing","text":"passing {t} record {i}: {} about topic {}"}}"#,
+                                harness::bulk_words(t, i),
+                                i % 997
+                            )
+                        })
+                        .collect();
+                    let body = format!(r#"{{"events":[{}]}}"#, events.join(","));
+                    let path = format!("/v1/sessions/passing-{t}-{w}/events");
+                    let addr = nodes[n as usize % nodes.len()];
+                    match harness::request(addr, "POST", &path, Some(&key), Some(&body), None) {
+                        Ok((201, _, _)) => written += BATCH,
+                        Ok((503, _, _)) | Err(_) => std::thread::sleep(Duration::from_millis(200)),
+                        Ok((code, got, _)) => panic!("a history write answered {code}: {got}"),
+                    }
+                    n += 1;
+                }
+                written
+            })
+        })
+        .collect();
+    let mut reported = Instant::now();
+    while log_bytes(h) - before < target {
+        std::thread::sleep(Duration::from_secs(1));
+        if reported.elapsed() >= Duration::from_secs(30) {
+            reported = Instant::now();
+            eprintln!(
+                "history: {} log bytes appended after {:.0} s",
+                log_bytes(h) - before,
+                started.elapsed().as_secs_f64()
             );
         }
-        for chunk in ids.chunks(CHUNK) {
-            jobs.push((format!("bulk-{t}-0"), key.clone(), chunk.to_vec()));
-        }
     }
-    eprintln!(
-        "history: feedback on {} records in {} requests a pass, until {target} more log bytes are appended",
-        jobs.iter().map(|j| j.2.len()).sum::<usize>(),
-        jobs.len()
-    );
-    let jobs = std::sync::Arc::new(jobs);
-    let mut passes = 0;
-    let mut requests = 0u64;
-    while log_bytes(h) - before < target {
-        let outcome = ["success", "failure"][passes % 2];
-        let writers: Vec<_> = (0..8)
-            .map(|w| {
-                let (jobs, nodes) = (jobs.clone(), nodes.clone());
-                std::thread::spawn(move || {
-                    let mut sent = 0u64;
-                    for (n, (session, key, ids)) in jobs.iter().enumerate().skip(w).step_by(8) {
-                        let body = json!({ "memory_ids": ids, "outcome": outcome }).to_string();
-                        let path = format!("/v1/sessions/{session}/feedback");
-                        let mut attempt = n;
-                        loop {
-                            let addr = nodes[attempt % nodes.len()];
-                            attempt += 1;
-                            match harness::request(
-                                addr,
-                                "POST",
-                                &path,
-                                Some(key),
-                                Some(&body),
-                                None,
-                            ) {
-                                Ok((200, _, _)) => break,
-                                Ok((503, _, _)) | Err(_) => {
-                                    std::thread::sleep(Duration::from_millis(200))
-                                }
-                                Ok((code, got, _)) => panic!("feedback answered {code}: {got}"),
-                            }
-                        }
-                        sent += 1;
-                    }
-                    sent
-                })
-            })
-            .collect();
-        requests += writers.into_iter().map(|w| w.join().unwrap()).sum::<u64>();
-        passes += 1;
-        eprintln!(
-            "history: pass {passes} done after {:.0} s, {} log bytes appended",
-            started.elapsed().as_secs_f64(),
-            log_bytes(h) - before
-        );
-    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let records: u64 = writers.into_iter().map(|w| w.join().unwrap()).sum();
     let appended = log_bytes(h) - before;
     json!({
         "log_entries_appended": log_counter(h, "shadowbrain_cluster_log_entries") - entries_before,
-        "passes": passes,
-        "requests": requests,
+        "records_written": records,
         "log_bytes_appended": appended,
         "times_the_fill": appended as f64 / fill_bytes.max(1) as f64,
         "secs": started.elapsed().as_secs_f64(),
+        "nodes_disk_bytes_before": disk_before,
+        "nodes_disk_bytes_after": disk(),
     })
 }
 

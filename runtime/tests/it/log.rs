@@ -211,32 +211,48 @@ async fn a_replica_of_the_log_equals_the_owners_store_key_for_key() {
     assert!(taken.store().session_stats("acme", "s9").unwrap().is_none());
 }
 
+/// An owner logging to memory, and a standby in `dir` that applies what the log holds
+/// whenever [`Follower::follow`] is called.
+struct Follower {
+    log: Arc<MemoryLog>,
+    applied: usize,
+}
+
+impl Follower {
+    fn start(dir: &Path) -> (Substrate, Substrate, Follower, Arc<VirtualClock>) {
+        let log = Arc::new(MemoryLog {
+            max_entry: 1 << 20,
+            ..MemoryLog::default()
+        });
+        let clock = Arc::new(VirtualClock::new(1_780_000_000_000));
+        let owner = open(&dir.join("owner"), log.clone(), clock.clone());
+        let mut standby_opts = options(None, clock.clone());
+        standby_opts.standby = true;
+        let standby = Substrate::open(&dir.join("standby"), standby_opts).unwrap();
+        (owner, standby, Follower { log, applied: 0 }, clock)
+    }
+
+    /// Applies to `standby` what the log holds past what it applied, delivered twice (a
+    /// consumer's redelivery), which must apply it once.
+    fn follow(&mut self, standby: &Substrate) {
+        let entries: Vec<(u64, Vec<u8>)> = self.log.entries.lock().unwrap()[self.applied..]
+            .iter()
+            .enumerate()
+            .map(|(i, e)| ((self.applied + i + 1) as u64, e.clone()))
+            .collect();
+        self.applied += entries.len();
+        let again = entries.clone();
+        assert_eq!(standby.apply_logged(entries).unwrap(), self.applied as u64);
+        assert_eq!(standby.apply_logged(again).unwrap(), self.applied as u64);
+    }
+}
+
 #[tokio::test]
 async fn a_standby_indexes_as_the_log_arrives_and_its_takeover_rebuilds_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Arc::new(MemoryLog {
-        max_entry: 1 << 20,
-        ..MemoryLog::default()
-    });
-    let clock = Arc::new(VirtualClock::new(1_780_000_000_000));
-    let owner = open(&dir.path().join("owner"), log.clone(), clock.clone());
-    let mut standby_opts = options(None, clock.clone());
-    standby_opts.standby = true;
-    let standby = Substrate::open(&dir.path().join("standby"), standby_opts).unwrap();
-    let mut applied = 0;
+    let (owner, standby, mut follower, clock) = Follower::start(dir.path());
     let mut ids = Vec::new();
-    let mut follow = |standby: &Substrate| {
-        let entries: Vec<(u64, Vec<u8>)> = log.entries.lock().unwrap()[applied..]
-            .iter()
-            .enumerate()
-            .map(|(i, e)| ((applied + i + 1) as u64, e.clone()))
-            .collect();
-        applied += entries.len();
-        // Delivered twice (a consumer's redelivery): applied once.
-        let again = entries.clone();
-        assert_eq!(standby.apply_logged(entries).unwrap(), applied as u64);
-        assert_eq!(standby.apply_logged(again).unwrap(), applied as u64);
-    };
+    let mut follow = |standby: &Substrate| follower.follow(standby);
     for round in 0..3 {
         for s in 0..3 {
             let events: Vec<NewMemory> = (0..20)
@@ -314,25 +330,8 @@ async fn a_standby_indexes_as_the_log_arrives_and_its_takeover_rebuilds_nothing(
 #[tokio::test]
 async fn a_standby_counts_only_changes_its_indexes_lack() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Arc::new(MemoryLog {
-        max_entry: 1 << 20,
-        ..MemoryLog::default()
-    });
-    let clock = Arc::new(VirtualClock::new(1_780_000_000_000));
-    let owner = open(&dir.path().join("owner"), log.clone(), clock.clone());
-    let mut standby_opts = options(None, clock);
-    standby_opts.standby = true;
-    let standby = Substrate::open(&dir.path().join("standby"), standby_opts).unwrap();
-    let mut applied = 0;
-    let mut follow = |standby: &Substrate| {
-        let entries: Vec<(u64, Vec<u8>)> = log.entries.lock().unwrap()[applied..]
-            .iter()
-            .enumerate()
-            .map(|(i, e)| ((applied + i + 1) as u64, e.clone()))
-            .collect();
-        applied += entries.len();
-        standby.apply_logged(entries).unwrap();
-    };
+    let (owner, standby, mut follower, _) = Follower::start(dir.path());
+    let mut follow = |standby: &Substrate| follower.follow(standby);
     let events: Vec<NewMemory> = (0..30)
         .map(|i| NewMemory::new("observation", format!("the ferry left at {i} past nine")))
         .collect();
