@@ -76,7 +76,8 @@ struct Args {
     join_only: bool,
     /// After the cold join, the joined node leaves, records that fade within seconds are
     /// written until the nodes have appended this many times the fill's log bytes more
-    /// (history the snapshots truncate away while the live records stay about the same),
+    /// (history the snapshots truncate away; the nodes' disk before and after says how
+    /// much of it the sweeps had not purged yet),
     /// and the node joins again with an empty data directory: the join before and after
     /// the history, in the same run. 0: one join.
     #[arg(long, default_value_t = 0.0)]
@@ -335,8 +336,8 @@ fn log_counter(h: &Harness, name: &str) -> u64 {
 
 /// The policy of a run with a history: the default's, but records of any kind but the
 /// fill's (`observation`) fade within seconds — archived once half as strong, purged a
-/// second later, a sweep every five seconds — so the history's records come and go, and
-/// the records the partitions hold stay about those of the fill.
+/// second later, a sweep every five seconds — so the history's records come and go while
+/// the fill's stay.
 const HISTORY_POLICY: &str = r#"name = "history-fades"
 
 [forgetting]
@@ -349,8 +350,9 @@ interval = "5s"
 
 /// Records of a kind [`HISTORY_POLICY`] lets fade, written to every tenant (requests of
 /// 100, as the fill's, by eight writers) until the nodes have appended `--history` times
-/// `fill_bytes` more to the logs: history that the snapshots truncate away while the
-/// records kept stay about what they were.
+/// `fill_bytes` more to the logs: history that the snapshots truncate away. Written
+/// faster than the sweeps purge them, they accumulate meanwhile: the nodes' disk before
+/// and after is reported.
 fn churn(h: &Harness, a: &Args, fill_bytes: u64) -> Value {
     const BATCH: u64 = 100;
     let started = Instant::now();
