@@ -381,7 +381,7 @@ fn churn(h: &Harness, a: &Args, fill_bytes: u64) -> Value {
                 while !done.load(std::sync::atomic::Ordering::SeqCst) {
                     let t = (w + 8 * n as usize) % tenants;
                     let key = harness::keys()[t].1.clone();
-                    let first = (w as u64) << 40 | n * BATCH;
+                    let first = ((w as u64) << 40) | (n * BATCH);
                     let events: Vec<String> = (first..first + BATCH)
                         .map(|i| {
                             format!(
