@@ -376,11 +376,12 @@ fn churn(h: &Harness, a: &Args, fill_bytes: u64) -> Value {
         .map(|w| {
             let (done, nodes) = (done.clone(), nodes.clone());
             std::thread::spawn(move || {
+                let keys = harness::keys();
                 let mut written = 0u64;
                 let mut n = 0u64;
                 while !done.load(std::sync::atomic::Ordering::SeqCst) {
                     let t = (w + 8 * n as usize) % tenants;
-                    let key = harness::keys()[t].1.clone();
+                    let key = &keys[t].1;
                     let first = ((w as u64) << 40) | (n * BATCH);
                     let events: Vec<String> = (first..first + BATCH)
                         .map(|i| {
@@ -394,7 +395,7 @@ fn churn(h: &Harness, a: &Args, fill_bytes: u64) -> Value {
                     let body = format!(r#"{{"events":[{}]}}"#, events.join(","));
                     let path = format!("/v1/sessions/passing-{t}-{w}/events");
                     let addr = nodes[n as usize % nodes.len()];
-                    match harness::request(addr, "POST", &path, Some(&key), Some(&body), None) {
+                    match harness::request(addr, "POST", &path, Some(key), Some(&body), None) {
                         Ok((201, _, _)) => written += BATCH,
                         Ok((503, _, _)) | Err(_) => std::thread::sleep(Duration::from_millis(200)),
                         Ok((code, got, _)) => panic!("a history write answered {code}: {got}"),

@@ -37,17 +37,23 @@ impl Store {
     pub fn queue_depth(&self, queue: Queue, cap: usize) -> Result<usize> {
         let prefix = keys::queue_prefix(queue as u8);
         let mut end = Vec::new();
+        self.count_keys(Range::prefix(&prefix, &mut end), cap)
+    }
+
+    /// Keys in `range`, counted up to `at_most` (the scan stops there).
+    fn count_keys(&self, range: Range<'_>, at_most: usize) -> Result<usize> {
         let mut n = 0;
-        self.inner
-            .kv
-            .scan(Range::prefix(&prefix, &mut end), false, &mut |_, _| {
-                n += 1;
-                Ok(if n >= cap {
-                    Visit::Stop
-                } else {
-                    Visit::Continue
-                })
-            })?;
+        if at_most == 0 {
+            return Ok(0);
+        }
+        self.inner.kv.scan(range, false, &mut |_, _| {
+            n += 1;
+            Ok(if n >= at_most {
+                Visit::Stop
+            } else {
+                Visit::Continue
+            })
+        })?;
         Ok(n)
     }
 
@@ -91,21 +97,7 @@ impl Store {
     pub fn changes_counted_after(&self, after: u64, at_most: usize) -> Result<usize> {
         let start = keys::change(after.saturating_add(1));
         let end = [family::CHANGE + 1];
-        let mut counted = 0;
-        if at_most == 0 {
-            return Ok(0);
-        }
-        self.inner
-            .kv
-            .scan(Range::between(&start, &end), false, &mut |_, _| {
-                counted += 1;
-                Ok(if counted >= at_most {
-                    Visit::Stop
-                } else {
-                    Visit::Continue
-                })
-            })?;
-        Ok(counted)
+        self.count_keys(Range::between(&start, &end), at_most)
     }
 
     /// How far the change log has been truncated (`None` for a store that never truncated
