@@ -255,7 +255,7 @@ impl Metrics {
         registry.register(
             "work_queue_depth",
             "Records waiting in a durable work queue (enrich: embedding lag; evaluate: the \
-             judge; condense)",
+             judge; condense; promote; updates: update detection)",
             queues.clone(),
         );
         let queue_age = Family::<QueueLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
@@ -684,7 +684,7 @@ impl Totals {
     }
 }
 
-/// Each work queue (`enrich`, `evaluate`, `condense`, `promote`): its depth, counted up to
+/// Each work queue (`enrich`, `evaluate`, `condense`, `promote`, `updates`): its depth, counted up to
 /// [`QUEUE_COUNT_CAP`] (`None` when the store could not count it), and the age in seconds
 /// of its oldest item (`None` when it is empty). Read from the store: call it off the async
 /// workers when the answer must not wait on a busy disk.
@@ -697,6 +697,7 @@ pub(crate) fn work_queues(
         ("evaluate", Queue::Evaluate),
         ("condense", Queue::Condense),
         ("promote", Queue::Promote),
+        ("updates", Queue::Updates),
     ]
     .into_iter()
     .map(|(name, q)| {

@@ -1413,6 +1413,193 @@ fn load_against_capacity() {
     );
 }
 
+/// Update detection over a namespace placed by session (`[updates] scope = "namespace"`)
+/// finds what one `serve` holding the same records finds: facts stated in one session and
+/// changed, contradicted or repeated in another — most of them held by another partition,
+/// at another node — mark the same records superseded, in conflict or repeated, as read
+/// through any node. Each statement is written, and compared, before the next (as a live
+/// agent's are), so both sides decide in the same order.
+#[test]
+fn facts_changed_in_sessions_of_other_partitions_are_found_as_one_server_finds_them() {
+    let Some(nats) = harness::nats_server() else {
+        return;
+    };
+    let bin = env!("CARGO_BIN_EXE_shadowbrain");
+    let local = std::env::var_os("SHADOWBRAIN_PLACEMENT_LOCAL").is_some();
+    if local {
+        harness::use_embedder(None);
+    }
+    let files = tempfile::tempdir().unwrap();
+    let policy = files.path().join("policy.toml");
+    // The hash embedder's vectors of two statements of one fact are less alike than the
+    // model's.
+    let floor = if local { 0.5 } else { 0.2 };
+    std::fs::write(
+        &policy,
+        format!(
+            "name = \"facts\"\n[scoring]\nreinforce_on_recall = 0.0\n[updates]\nmode = \
+             \"rules\"\nscope = \"namespace\"\nmin_similarity = {floor}\n"
+        ),
+    )
+    .unwrap();
+    let policy = policy.to_str().unwrap();
+    let shape = Shape {
+        placement: "session",
+        ..Shape::default()
+    };
+    let h = Harness::start_shaped(
+        harness::Security::Secured,
+        &nats,
+        bin.as_ref(),
+        &[],
+        &["--policy", policy],
+        shape,
+    );
+    let (_one_dir, one) = harness::embedded_serve_with(bin.as_ref(), &["--policy", policy]);
+    let (_, key) = harness::keys().into_iter().next().unwrap();
+    let key = key.as_str();
+    let pairs: Vec<(String, String)> = include_str!("../runtime/tests/data/updates_pairs.jsonl")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .take(20)
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let text = |k: &str| v[k]["text"].as_str().unwrap().to_string();
+            (text("older"), text("newer"))
+        })
+        .collect();
+    let everywhere: Vec<std::net::SocketAddr> = std::iter::once(one.addr)
+        .chain(h.nodes.iter().map(|n| n.addr))
+        .collect();
+    let settled = || {
+        everywhere.iter().all(|&a| {
+            harness::queue_depth(a, "enrich") == Some(0)
+                && harness::queue_depth(a, "updates") == Some(0)
+        })
+    };
+    // (text, id in the cluster, id in the one server)
+    let mut written: Vec<(String, String, String)> = Vec::new();
+    for (i, (older, newer)) in pairs.iter().enumerate() {
+        for (n, text) in [older, newer].into_iter().enumerate() {
+            let body = serde_json::json!({ "events": [{
+                "kind": "observation",
+                "text": text,
+                "timestamp": format!("2026-05-{:02}T{:02}:00:00Z", 1 + i, 8 + n),
+            }] })
+            .to_string();
+            // The older statement in one session, the newer in another.
+            let path = format!("/v1/sessions/fact{i}-{n}/events");
+            let node = h.nodes[(2 * i + n) % NODES].addr;
+            let mut ids = Vec::new();
+            for addr in [node, one.addr] {
+                let (code, got, _) =
+                    harness::request(addr, "POST", &path, Some(key), Some(&body), None).unwrap();
+                assert_eq!(code, 201, "{got}");
+                ids.push(got["ids"][0].as_str().unwrap().to_string());
+            }
+            written.push((text.clone(), ids[0].clone(), ids[1].clone()));
+            let waited = Instant::now();
+            while !settled() {
+                assert!(
+                    waited.elapsed() < Duration::from_secs(120),
+                    "statement {i}.{n} was not compared within 2 min"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    let text_of = |addr, id: &str| -> String {
+        let (code, got, _) = harness::request(
+            addr,
+            "GET",
+            &format!("/v1/memories/{id}"),
+            Some(key),
+            None,
+            None,
+        )
+        .unwrap();
+        assert_eq!(code, 200, "{got}");
+        got["text"].as_str().unwrap().to_string()
+    };
+    // What is known against a record, in words.
+    let found = |addr, id: &str| {
+        let (code, got, _) = harness::request(
+            addr,
+            "GET",
+            &format!("/v1/memories/{id}"),
+            Some(key),
+            None,
+            None,
+        )
+        .unwrap();
+        assert_eq!(code, 200, "{got}");
+        let texts = |v: &serde_json::Value| -> Vec<String> {
+            let mut t: Vec<String> = v
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|id| text_of(addr, id.as_str().unwrap()))
+                .collect();
+            t.sort();
+            t
+        };
+        (
+            got["superseded_by"].as_str().map(|id| text_of(addr, id)),
+            texts(&got["conflicts"]),
+            got["chain"]["duplicate_of"]
+                .as_str()
+                .map(|id| text_of(addr, id)),
+            got["chain"]["supersedes"].as_array().map_or(0, Vec::len),
+        )
+    };
+    let partition = |id: &str| {
+        let id: shadowbrain_runtime::MemoryId = id.parse().unwrap();
+        shadowbrain_runtime::IdBlock::partition_of(id.0, PARTITIONS)
+    };
+    let (mut marked, mut across) = (0, 0);
+    for (i, (text, in_cluster, in_one)) in written.iter().enumerate() {
+        let node = h.nodes[i % NODES].addr;
+        let (c, o) = (found(node, in_cluster), found(one.addr, in_one));
+        assert_eq!(c, o, "{text:?}: the cluster (left) and one server (right)");
+        let (code, got, _) = harness::request(
+            node,
+            "GET",
+            &format!("/v1/memories/{in_cluster}"),
+            Some(key),
+            None,
+            None,
+        )
+        .unwrap();
+        assert_eq!(code, 200, "{got}");
+        let related: Vec<&str> = got["superseded_by"]
+            .as_str()
+            .into_iter()
+            .chain(
+                got["conflicts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v.as_str()),
+            )
+            .chain(got["chain"]["duplicate_of"].as_str())
+            .collect();
+        marked += usize::from(!related.is_empty());
+        across += related
+            .iter()
+            .filter(|r| partition(r) != partition(in_cluster))
+            .count();
+    }
+    println!(
+        "{marked} of {} statements marked; {across} marks across partitions",
+        written.len()
+    );
+    assert!(
+        marked >= 10,
+        "the pairs found something: {marked} statements marked"
+    );
+    assert!(across >= 5, "findings across partitions: {across}");
+}
+
 /// A namespace's sessions placed over every partition (`placement = "session"`) are
 /// recalled, namespace- and agent-wide, with the very ranking one `serve` holding the same
 /// records gives; sessions are listed from every partition; a memory is read by its id

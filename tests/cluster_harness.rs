@@ -1100,13 +1100,20 @@ pub fn request_within(
 /// The records waiting for their embedding on the node at `addr` (its owned runtimes'
 /// `enrich` work queues, from `/metrics`); `None` when it does not answer.
 pub fn enrich_backlog(addr: SocketAddr) -> Option<u64> {
+    queue_depth(addr, "enrich")
+}
+
+/// The records waiting in `queue` (`shadowbrain_work_queue_depth`) on the node at `addr`,
+/// over the partitions it owns; `None` when its metrics do not answer.
+pub fn queue_depth(addr: SocketAddr, queue: &str) -> Option<u64> {
     let (code, body, _) = request_text(addr, "GET", "/metrics", Some(ADMIN), None, None).ok()?;
     if code != 200 {
         return None;
     }
+    let label = format!("queue=\"{queue}\"");
     Some(
         body.lines()
-            .filter(|l| l.starts_with("shadowbrain_work_queue_depth{") && l.contains("\"enrich\""))
+            .filter(|l| l.starts_with("shadowbrain_work_queue_depth{") && l.contains(&label))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>() as u64,
     )

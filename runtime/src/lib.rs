@@ -50,8 +50,8 @@ pub use engine::{
     PartAsk, PartFuture, PartHits, PartLink, PartRecord, PartScope, PassageHit, PathHit, Plan,
     Policies, Promotion, RecallPart, RecallRequest, RecallResult, Recalled, Recorded, Resolution,
     Spread, Substrate, SubstrateOptions, Summarizer, Summary, SummaryRequest, Superseded,
-    SweepReport, UpdateJudge, UpdatesRound, Verdict, WeakSubstrate, Why, panic_message,
-    quarantined_error, recall_across,
+    SweepReport, UpdateJudge, UpdateMark, UpdateProbe, UpdatesRound, Verdict, WeakSubstrate, Why,
+    panic_message, quarantined_error, recall_across,
 };
 pub use error::{Error, PolicyErrors, PolicyIssue, Result};
 pub use index::CorpusStats;

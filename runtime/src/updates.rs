@@ -34,7 +34,7 @@ use crate::index::text::for_each_token;
 use crate::retrieval::MONTHS;
 
 /// What a newer record is to an older one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Change {
     /// It states a newer value of the same fact: the older one stops being current.
     Supersedes,

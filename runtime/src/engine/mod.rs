@@ -52,7 +52,10 @@ pub use recall::{
     RecallPart, RecallRequest, RecallResult, Recalled, Spread, Why, recall_across,
 };
 pub(crate) use recall::{recall_id, recall_number};
-pub use updates::{Chain, PairBatch, PairItem, PairVerdict, Resolution, UpdateJudge, UpdatesRound};
+pub use updates::{
+    Chain, PairBatch, PairItem, PairVerdict, Resolution, UpdateJudge, UpdateMark, UpdateProbe,
+    UpdatesRound,
+};
 
 use crate::clock::{Clock, SystemClock};
 use crate::embed::Embedder;
@@ -212,6 +215,9 @@ struct Inner {
     recent_n: usize,
     /// The other stores recall asks ([`SubstrateOptions::spread`]).
     spread: Option<Arc<dyn Spread>>,
+    /// With a spread, the runtime the store was opened in: synchronous work that asks the
+    /// other stores (update detection on an indexer thread) waits for them on it.
+    runtime: Option<tokio::runtime::Handle>,
     /// Highest change sequence applied to both indexes' tails.
     applied: AtomicU64,
     /// When the oldest and the newest change not yet built were applied, per index.
@@ -352,6 +358,10 @@ impl Substrate {
             limits: opts.limits,
             indexing: opts.indexing,
             recent_n: opts.recent_n,
+            runtime: opts
+                .spread
+                .as_ref()
+                .and_then(|_| tokio::runtime::Handle::try_current().ok()),
             spread: opts.spread,
             applied: AtomicU64::new(0),
             staged_times: Mutex::new([StagedTimes::default(); 2]),

@@ -14,6 +14,13 @@
 //! - **duplicate**: the older record is reinforced, the newer is marked as its repeat.
 //!
 //! Each is audited on both records, with the reason in words, by `updates:<mode>`.
+//!
+//! A namespace spread over several stores by session (a cluster placed by session,
+//! docs/cluster-placement.md) is compared as one store holding every record: beyond the
+//! session, a record's round also asks the other parts for their nearest records recorded
+//! before it ([`PartAsk::Neighbours`](crate::PartAsk)), and sends each the sides of the
+//! pairs it found that fall on its records ([`PartAsk::Marks`](crate::PartAsk)) before
+//! writing its own. A pair across two parts is decided once, by the record recorded later.
 //! Detection runs after each keyword indexing pass ([`Substrate::index_step`]), so both
 //! schedulers — the substrate's own indexer thread and the runtime's Indexer actor — run
 //! it without knowing about it.
@@ -22,11 +29,14 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 
-use super::Substrate;
+use super::{PartLink, Substrate};
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
-use crate::model::{AuditAction, AuditEntry, Edge, MemoryId, MemoryRecord, Reinforce, Relation};
+use crate::model::{
+    AuditAction, AuditEntry, Edge, MemoryId, MemoryRecord, Reinforce, Relation, Tier,
+};
 use crate::policy::{Policy, UpdatesMode, UpdatesScope};
 use crate::store::{Filter, Mutation, Queue, Reinforcement, Validity, ValidityChange, WriteSet};
 use crate::updates::{Change, Claims, Finding, compare};
@@ -34,6 +44,14 @@ use crate::updates::{Change, Claims, Finding, compare};
 /// How many queued records one scheduled round takes: about a tenth of a second of
 /// searches and comparisons (about half a millisecond per record on BEAM).
 const ROUND: usize = 256;
+
+/// How many records waiting for an embedding a part reads to tell whether a record of
+/// another part must wait for one of them ([`Substrate::older_here`]); past it, all wait.
+const PENDING_SCAN: usize = 4096;
+
+/// Bytes of embeddings one ask to another part carries at most (a NATS message is limited
+/// to 1 MiB by default).
+const PROBE_BYTES: usize = 256 * 1024;
 
 /// What one detection round did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -100,6 +118,213 @@ struct Pair {
     similarity: f32,
     rules: Finding,
     policy: Arc<Policy>,
+    /// The part holding one of the two, when another part does (placed by session).
+    there: Option<Arc<dyn PartLink>>,
+}
+
+/// A record compared with another: the other, their similarity, and the part holding it
+/// (`None`: this store).
+type Neighbour = (MemoryRecord, f32, Option<Arc<dyn PartLink>>);
+
+/// A part's answer about one probe ([`Substrate::older_here`]): whether it waits, and its
+/// older neighbours there with their similarity.
+pub(in crate::engine) type OlderThere = (bool, Vec<(MemoryRecord, f32)>);
+
+/// A record's nearest older neighbours held by other parts ([`Substrate::older_elsewhere`]).
+#[derive(Default)]
+struct Elsewhere {
+    /// One of its part's older records in scope is still to be embedded.
+    pending: bool,
+    /// Records, their similarity and the part holding them.
+    near: Vec<Neighbour>,
+}
+
+/// A record about to be compared, as another part is asked for its older neighbours
+/// ([`PartAsk::Neighbours`](crate::PartAsk)).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UpdateProbe {
+    embedding: Vec<f32>,
+    tier: Tier,
+    /// The agent whose records are in scope (`[updates] scope = "agent"`), or the whole
+    /// namespace.
+    agent: Option<String>,
+    /// Its recorded time and id: the neighbours answered were recorded before it.
+    recorded: (Timestamp, MemoryId),
+}
+
+impl UpdateProbe {
+    /// The agent whose records `record`'s comparisons are limited to (`None`: the
+    /// namespace's), or `Err` when they are limited to its session.
+    fn agent_of(record: &MemoryRecord, policy: &Policy) -> std::result::Result<Option<String>, ()> {
+        match (policy.updates.scope, record.agent_id.as_deref()) {
+            (UpdatesScope::Namespace, _) => Ok(None),
+            (UpdatesScope::Agent, Some(agent)) => Ok(Some(agent.to_string())),
+            (UpdatesScope::Session | UpdatesScope::Agent, _) => Err(()),
+        }
+    }
+
+    fn of(record: &MemoryRecord, policy: &Policy) -> UpdateProbe {
+        UpdateProbe {
+            embedding: record.embedding.clone().unwrap_or_default(),
+            tier: record.tier,
+            agent: Self::agent_of(record, policy).ok().flatten(),
+            recorded: (record.recorded_time, record.id),
+        }
+    }
+}
+
+/// `at` (indexes into `ready`) in chunks whose embeddings stay within [`PROBE_BYTES`].
+fn probe_chunks(ready: &[(MemoryRecord, Arc<Policy>)], at: &[usize]) -> Vec<Vec<usize>> {
+    let mut chunks: Vec<Vec<usize>> = Vec::new();
+    let mut bytes = 0;
+    for &i in at {
+        let size = 4 * ready[i].0.embedding.as_ref().map_or(0, Vec::len);
+        match chunks.last_mut() {
+            Some(chunk) if bytes + size <= PROBE_BYTES => {
+                chunk.push(i);
+                bytes += size;
+            }
+            _ => {
+                chunks.push(vec![i]);
+                bytes = size;
+            }
+        }
+    }
+    chunks
+}
+
+/// One record's side of what was found about a pair: what is written on it (the newer
+/// record's side, or the older's), the pair's edge with it. A pair across two parts sends
+/// the other part its side ([`PartAsk::Marks`](crate::PartAsk)), which writes it once
+/// however often it is sent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UpdateMark {
+    change: Change,
+    newer: MemoryId,
+    /// The newer record's event time (when the older stopped being true).
+    newer_time: Timestamp,
+    older: MemoryId,
+    /// Written on the newer record (else on the older).
+    on_newer: bool,
+    by: String,
+    reason: String,
+    at: Timestamp,
+}
+
+impl UpdateMark {
+    /// The record it is written on.
+    fn on(&self) -> MemoryId {
+        if self.on_newer {
+            self.newer
+        } else {
+            self.older
+        }
+    }
+
+    /// What is audited on the record: the action and the detail, whose start up to the
+    /// reason (`"superseded by 12 ("`) says it was written already.
+    fn audit(&self) -> Option<(AuditAction, String)> {
+        let (newer, older, reason) = (self.newer, self.older, &self.reason);
+        Some(match (self.change, self.on_newer) {
+            (Change::Supersedes, false) => (
+                AuditAction::Superseded,
+                format!("superseded by {newer} ({reason})"),
+            ),
+            (Change::Supersedes, true) => (
+                AuditAction::Superseded,
+                format!("supersedes {older} ({reason})"),
+            ),
+            (Change::Contradicts, on_newer) => {
+                let with = if on_newer { older } else { newer };
+                (
+                    AuditAction::Contradicted,
+                    format!("in conflict with {with} ({reason})"),
+                )
+            }
+            (Change::Duplicate, true) => {
+                (AuditAction::Repeated, format!("repeats {older} ({reason})"))
+            }
+            (Change::Duplicate, false) => (
+                AuditAction::Repeated,
+                format!("repeated by {newer} ({reason})"),
+            ),
+            (Change::Unrelated, _) => return None,
+        })
+    }
+
+    /// What it writes in `namespace`'s store under `policy`, with the pair's edge when
+    /// `edge` (each store holding one of the two keeps it; one holding both, once).
+    fn writes(&self, namespace: &str, policy: &Arc<Policy>, edge: bool) -> Vec<Mutation> {
+        let Some((action, detail)) = self.audit() else {
+            return Vec::new();
+        };
+        let on = self.on();
+        let mut out = Vec::new();
+        let relation = match self.change {
+            Change::Supersedes => Some(Relation::Supersedes),
+            Change::Contradicts => Some(Relation::Contradicts),
+            Change::Duplicate | Change::Unrelated => None,
+        };
+        if let Some(relation) = relation.filter(|_| edge) {
+            out.push(Mutation::PutEdge(
+                namespace.to_string(),
+                Edge {
+                    from: self.newer,
+                    to: self.older,
+                    relation,
+                },
+            ));
+        }
+        let other = if self.on_newer {
+            self.older
+        } else {
+            self.newer
+        };
+        match (self.change, self.on_newer) {
+            (Change::Supersedes, false) => out.push(Mutation::Validity(
+                on,
+                ValidityChange::SupersededBy {
+                    by: self.newer,
+                    until: self.newer_time,
+                    at: self.at,
+                },
+            )),
+            (Change::Contradicts, _) => out.push(Mutation::Validity(
+                on,
+                ValidityChange::Conflict {
+                    with: other,
+                    open: true,
+                },
+            )),
+            (Change::Duplicate, true) => out.push(Mutation::Validity(
+                on,
+                ValidityChange::DuplicateOf(self.older),
+            )),
+            _ => {}
+        }
+        out.push(Mutation::Audit(
+            on,
+            AuditEntry {
+                at: self.at,
+                action,
+                by: self.by.clone(),
+                detail,
+            },
+        ));
+        if let (Change::Duplicate, false) = (self.change, self.on_newer) {
+            // Stating a fact again is evidence that it matters, as a recall is.
+            out.push(Mutation::Reinforce {
+                id: on,
+                reinforcement: Reinforcement {
+                    curve: Arc::clone(policy) as Arc<dyn Reinforce>,
+                    at: self.at,
+                    amount: policy.scoring.reinforce_on_recall,
+                },
+                by: format!("{} (repeated by {})", self.by, self.newer),
+            });
+        }
+        out
+    }
 }
 
 impl Pair {
@@ -256,6 +481,7 @@ impl Substrate {
         // Compared in this round: their queue items go with this write, so a newer record
         // later in the round must not take them for ones still waiting.
         let mut done: HashSet<MemoryId> = HashSet::new();
+        let mut ready: Vec<(MemoryRecord, Arc<Policy>)> = Vec::new();
         for id in ids {
             let Some(record) = store.get(id)? else {
                 plan.writes.push(Mutation::Dequeue(Queue::Updates, id));
@@ -263,23 +489,40 @@ impl Substrate {
             };
             let policy = self.policy_for(&record.namespace);
             let u = &policy.updates;
-            let Some(embedding) = record.embedding.as_deref() else {
+            if record.embedding.is_none() {
                 if u.on() && store.is_queued(Queue::Enrich, id)? {
                     plan.round.waiting += 1;
                 } else {
                     plan.writes.push(Mutation::Dequeue(Queue::Updates, id));
                 }
                 continue;
-            };
+            }
+            // The policy was turned off since the record was queued, or the record is too
+            // long to state one fact.
+            if !u.on() || record.text.len() > u.max_chars as usize {
+                plan.writes.push(Mutation::Dequeue(Queue::Updates, id));
+                done.insert(id);
+                plan.round.compared += 1;
+                continue;
+            }
+            ready.push((record, policy));
+        }
+        let mut elsewhere = self.older_elsewhere(&ready)?.into_iter();
+        for (record, policy) in ready {
+            let far = elsewhere.next().unwrap_or_default();
+            // An older record in scope held by another part has no embedding yet: this one
+            // waits for it, as it decides their pair (see `older_elsewhere`).
+            if far.pending {
+                plan.round.waiting += 1;
+                continue;
+            }
+            let id = record.id;
             plan.writes.push(Mutation::Dequeue(Queue::Updates, id));
             done.insert(id);
             plan.round.compared += 1;
-            // The policy was turned off since the record was queued, or the record is too
-            // long to state one fact.
+            let u = &policy.updates;
             let short = |r: &MemoryRecord| r.text.len() <= u.max_chars as usize;
-            if !u.on() || !short(&record) {
-                continue;
-            }
+            let embedding = record.embedding.as_deref().unwrap_or_default();
             // Within its tier: a condensed record restates its own sources, and knowledge
             // is checked against knowledge when it is promoted.
             let tier = [record.tier];
@@ -305,8 +548,7 @@ impl Substrate {
                 self.inner
                     .vectors
                     .search(embedding, 4 * u.candidates as usize, Some(&pool))?;
-            let mut compared = 0;
-            let claims = Claims::of(&record.text);
+            let mut near: Vec<Neighbour> = Vec::new();
             for (n, similarity) in hits {
                 let other_id = MemoryId(n);
                 if similarity < u.min_similarity {
@@ -322,10 +564,19 @@ impl Substrate {
                 if !short(&other) {
                     continue;
                 }
-                if compared == u.candidates {
+                if near.len() == u.candidates as usize {
                     break;
                 }
-                compared += 1;
+                near.push((other, similarity, None));
+            }
+            if !far.near.is_empty() {
+                // The nearest over every part, as one store holding them all finds them.
+                near.extend(far.near);
+                near.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.id.cmp(&b.0.id)));
+                near.truncate(u.candidates as usize);
+            }
+            let claims = Claims::of(&record.text);
+            for (other, similarity, there) in near {
                 let other_claims = Claims::of(&other.text);
                 let mut light = record.clone();
                 light.embedding = None;
@@ -342,10 +593,145 @@ impl Substrate {
                     similarity,
                     rules: pair.2,
                     policy: Arc::clone(&policy),
+                    there,
                 });
             }
         }
         Ok(plan)
+    }
+
+    /// For each of `ready` (records about to be compared), its nearest older records in
+    /// scope held by the other parts of a spread namespace (placed by session), asked of
+    /// every part at once; nothing without a spread, or when the scope is the session
+    /// (which one part holds whole).
+    ///
+    /// A pair across two parts is decided once, by the round of the record *recorded*
+    /// later (recorded time, then id: an order both parts agree on), which compares it with
+    /// the other part's records recorded before it. Those the other part has not embedded
+    /// yet cannot be searched, so it says so (`pending`) and this record waits for a later
+    /// round. The other part reads what lacks an embedding before it searches, so a record
+    /// embedded in between is found by the search.
+    fn older_elsewhere(&self, ready: &[(MemoryRecord, Arc<Policy>)]) -> Result<Vec<Elsewhere>> {
+        let mut out: Vec<Elsewhere> = ready.iter().map(|_| Elsewhere::default()).collect();
+        let Some(spread) = self.inner.spread.as_ref() else {
+            return Ok(out);
+        };
+        let mut by_namespace: Vec<(&str, Vec<usize>)> = Vec::new();
+        for (i, (record, policy)) in ready.iter().enumerate() {
+            if UpdateProbe::agent_of(record, policy).is_err() {
+                continue;
+            }
+            match by_namespace
+                .iter_mut()
+                .find(|(n, _)| *n == record.namespace)
+            {
+                Some((_, at)) => at.push(i),
+                None => by_namespace.push((&record.namespace, vec![i])),
+            }
+        }
+        let mut asks: Vec<(Arc<dyn PartLink>, String, Vec<UpdateProbe>)> = Vec::new();
+        let mut asked: Vec<(Arc<dyn PartLink>, Vec<usize>)> = Vec::new();
+        for (namespace, at) in by_namespace {
+            let parts = spread.others(namespace);
+            if parts.is_empty() {
+                continue;
+            }
+            // An ask carries a few hundred KiB of embeddings at most (a NATS message is
+            // limited to 1 MiB by default).
+            for chunk in probe_chunks(ready, &at) {
+                let probes: Vec<UpdateProbe> = chunk
+                    .iter()
+                    .map(|&i| UpdateProbe::of(&ready[i].0, &ready[i].1))
+                    .collect();
+                for part in &parts {
+                    asks.push((Arc::clone(part), namespace.to_string(), probes.clone()));
+                    asked.push((Arc::clone(part), chunk.clone()));
+                }
+            }
+        }
+        if asks.is_empty() {
+            return Ok(out);
+        }
+        let answers = self.neighbours_elsewhere(asks)?;
+        for ((part, at), answer) in asked.into_iter().zip(answers) {
+            for (&i, (pending, near)) in at.iter().zip(answer) {
+                out[i].pending |= pending;
+                out[i].near.extend(
+                    near.into_iter()
+                        .map(|(record, similarity)| (record, similarity, Some(Arc::clone(&part)))),
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    /// The other side of [`Substrate::older_elsewhere`]: for each probe, this store's
+    /// records in its scope recorded before it, nearest first (up to the policy's
+    /// `candidates`, each short enough and similar enough), and whether one recorded
+    /// before it still waits for its embedding (read before the search).
+    pub(in crate::engine) fn older_here(
+        &self,
+        namespace: &str,
+        probes: &[UpdateProbe],
+    ) -> Result<Vec<OlderThere>> {
+        let store = &self.inner.store;
+        let policy = self.policy_for(namespace);
+        let u = &policy.updates;
+        if !u.on() {
+            return Ok(probes.iter().map(|_| (false, Vec::new())).collect());
+        }
+        // What is still to be embedded: read first (see above). Past a few thousand, every
+        // probe waits as if one of them were in its scope: the backlog drains first.
+        let mut unembedded: Vec<(Tier, Option<String>, (Timestamp, MemoryId))> = Vec::new();
+        let queued = store.queued(Queue::Enrich, PENDING_SCAN)?;
+        let backlog = queued.len() == PENDING_SCAN;
+        if !backlog {
+            for id in queued {
+                if let Some(r) = store.get_light(id)?
+                    && r.namespace == namespace
+                {
+                    unembedded.push((r.tier, r.agent_id, (r.recorded_time, r.id)));
+                }
+            }
+        }
+        self.catch_up()?;
+        let mut out = Vec::with_capacity(probes.len());
+        for probe in probes {
+            let before = |r: &MemoryRecord| (r.recorded_time, r.id) < probe.recorded;
+            let pending = backlog
+                || unembedded.iter().any(|(tier, agent, at)| {
+                    *tier == probe.tier
+                        && *at < probe.recorded
+                        && (probe.agent.is_none() || *agent == probe.agent)
+                });
+            let tier = [probe.tier];
+            let pool = store.candidates(&Filter {
+                namespace,
+                agent: probe.agent.as_deref(),
+                tiers: Some(&tier),
+                recallable_only: true,
+                ..Filter::default()
+            });
+            let hits = self.inner.vectors.search(
+                &probe.embedding,
+                4 * u.candidates as usize,
+                Some(&pool),
+            )?;
+            let mut near = Vec::new();
+            for (n, similarity) in hits {
+                if similarity < u.min_similarity || near.len() == u.candidates as usize {
+                    continue;
+                }
+                let Some(other) = store.get_light(MemoryId(n))? else {
+                    continue;
+                };
+                if other.text.len() <= u.max_chars as usize && before(&other) {
+                    near.push((other, similarity));
+                }
+            }
+            out.push((pending, near));
+        }
+        Ok(out)
     }
 
     /// Writes what was decided about each of the plan's pairs (in order), with its queue
@@ -356,9 +742,11 @@ impl Substrate {
         decided: Vec<(Finding, Decided)>,
     ) -> Result<UpdatesRound> {
         let store = &self.inner.store;
+        let block = store.id_block();
         let now = self.inner.clock.now();
         let mut round = plan.round;
         let mut writes = std::mem::take(&mut plan.writes);
+        let mut elsewhere: Vec<(Arc<dyn PartLink>, String, Vec<UpdateMark>)> = Vec::new();
         for (pair, (finding, how)) in plan.pairs.iter().zip(decided) {
             let (newer, older, policy) = (&pair.newer, &pair.older, &pair.policy);
             let mode = policy.updates.mode.as_str();
@@ -383,82 +771,55 @@ impl Substrate {
                 Change::Supersedes if !clear_order(newer, older) => Change::Contradicts,
                 c => c,
             };
-            let audit = |id: MemoryId, action: AuditAction, detail: String| {
-                Mutation::Audit(
-                    id,
-                    AuditEntry {
-                        at: now,
-                        action,
-                        by: by.clone(),
-                        detail,
-                    },
-                )
-            };
             match change {
-                Change::Supersedes => {
-                    round.superseded += 1;
-                    writes.push(edge(newer, older, Relation::Supersedes));
-                    writes.push(Mutation::Validity(
-                        older.id,
-                        ValidityChange::SupersededBy {
-                            by: newer.id,
-                            until: newer.event_time,
-                            at: now,
-                        },
-                    ));
-                    writes.push(audit(
-                        older.id,
-                        AuditAction::Superseded,
-                        format!("superseded by {} ({reason})", newer.id),
-                    ));
-                    writes.push(audit(
-                        newer.id,
-                        AuditAction::Superseded,
-                        format!("supersedes {} ({reason})", older.id),
-                    ));
-                }
-                Change::Contradicts => {
-                    round.contradicted += 1;
-                    writes.push(edge(newer, older, Relation::Contradicts));
-                    for (a, b) in [(newer.id, older.id), (older.id, newer.id)] {
-                        writes.push(Mutation::Validity(
-                            a,
-                            ValidityChange::Conflict {
-                                with: b,
-                                open: true,
-                            },
-                        ));
-                        writes.push(audit(
-                            a,
-                            AuditAction::Contradicted,
-                            format!("in conflict with {b} ({reason})"),
-                        ));
-                    }
-                }
-                Change::Duplicate => {
-                    round.repeated += 1;
-                    writes.push(Mutation::Validity(
-                        newer.id,
-                        ValidityChange::DuplicateOf(older.id),
-                    ));
-                    writes.push(audit(
-                        newer.id,
-                        AuditAction::Repeated,
-                        format!("repeats {} ({reason})", older.id),
-                    ));
-                    // Stating a fact again is evidence that it matters, as a recall is.
-                    writes.push(Mutation::Reinforce {
-                        id: older.id,
-                        reinforcement: Reinforcement {
-                            curve: Arc::clone(policy) as Arc<dyn Reinforce>,
-                            at: now,
-                            amount: policy.scoring.reinforce_on_recall,
-                        },
-                        by: format!("{by} (repeated by {})", newer.id),
-                    });
-                }
-                Change::Unrelated => {}
+                Change::Supersedes => round.superseded += 1,
+                Change::Contradicts => round.contradicted += 1,
+                Change::Duplicate => round.repeated += 1,
+                Change::Unrelated => continue,
             }
+            let mark = |on_newer: bool| UpdateMark {
+                change,
+                newer: newer.id,
+                newer_time: newer.event_time,
+                older: older.id,
+                on_newer,
+                by: by.clone(),
+                reason: reason.clone(),
+                at: now,
+            };
+            let namespace = &newer.namespace;
+            // The newer record's side first (the older's for a supersession), the edge
+            // with the first side.
+            let first = change != Change::Supersedes;
+            let Some(part) = &pair.there else {
+                writes.0.extend(mark(first).writes(namespace, policy, true));
+                writes
+                    .0
+                    .extend(mark(!first).writes(namespace, policy, false));
+                continue;
+            };
+            let theirs = if block.contains(newer.id.0) {
+                older
+            } else {
+                newer
+            };
+            let (here, there) = match theirs.id == newer.id {
+                true => (mark(false), mark(true)),
+                false => (mark(true), mark(false)),
+            };
+            writes.0.extend(here.writes(namespace, policy, true));
+            match elsewhere
+                .iter_mut()
+                .find(|(p, n, _)| p.ids() == part.ids() && n == namespace)
+            {
+                Some((_, _, marks)) => marks.push(there),
+                None => elsewhere.push((Arc::clone(part), namespace.clone(), vec![there])),
+            }
+        }
+        // The other parts' sides first: written there once however often they are sent,
+        // so a failure here (the queue items stay) only sends them again.
+        if !elsewhere.is_empty() {
+            self.marks_elsewhere(elsewhere)?;
         }
         if !writes.0.is_empty() {
             store.write(writes)?;
@@ -785,6 +1146,44 @@ impl Substrate {
 }
 
 impl Substrate {
+    /// Writes the sides of pairs another part decided that fall on this store's records
+    /// ([`UpdateMark`]), each once: one already audited (its detail up to the reason) is
+    /// not written again, so an ask sent twice writes nothing twice. A record no longer
+    /// held (purged meanwhile) has nothing to mark.
+    pub(in crate::engine) fn mark_here(&self, namespace: &str, marks: &[UpdateMark]) -> Result<()> {
+        let store = &self.inner.store;
+        let policy = self.policy_for(namespace);
+        let mut writes = WriteSet::new();
+        for mark in marks {
+            let on = mark.on();
+            let Some((_, detail)) = mark.audit() else {
+                continue;
+            };
+            match store.get_light(on)? {
+                Some(r) if r.namespace == namespace => {}
+                _ => continue,
+            }
+            let written = detail
+                .split_once(" (")
+                .map(|(start, _)| format!("{start} ("))
+                .unwrap_or(detail);
+            if store
+                .history(on)?
+                .iter()
+                .any(|e| e.by.starts_with("updates:") && e.detail.starts_with(&written))
+            {
+                continue;
+            }
+            writes.0.extend(mark.writes(namespace, &policy, true));
+        }
+        if !writes.0.is_empty() {
+            store.write(writes)?;
+        }
+        Ok(())
+    }
+}
+
+impl Substrate {
     /// This store's side of a conflict settled by hand in another store (placed by
     /// session): `id` (here) against `with` (there, made at `with_time`); with `keep`,
     /// `with` was kept, so `id` is superseded by it.
@@ -864,15 +1263,4 @@ pub(super) fn clear_order(newer: &MemoryRecord, older: &MemoryRecord) -> bool {
     let ordered = newer.event_time != older.event_time || newer.session_id == older.session_id;
     let reinforced_since = older.reinforcements > 0 && older.strength_at > newer.recorded_time;
     ordered && !reinforced_since
-}
-
-fn edge(from: &MemoryRecord, to: &MemoryRecord, relation: Relation) -> Mutation {
-    Mutation::PutEdge(
-        from.namespace.clone(),
-        Edge {
-            from: from.id,
-            to: to.id,
-            relation,
-        },
-    )
 }

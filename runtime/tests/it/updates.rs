@@ -20,9 +20,9 @@ use shadowbrain_runtime::llm::{LlmConfig, LlmKind};
 use shadowbrain_runtime::policy::Policy;
 use shadowbrain_runtime::updates::{Change, Claims, Thresholds, compare};
 use shadowbrain_runtime::{
-    AuditAction, Edge, FeedbackTarget, IndexingOptions, MemoryId, NewMemory, Outcome, Promotion,
-    RecallRequest, Relation, Resolution, Scope, Substrate, SubstrateOptions, UpdatesRound,
-    VirtualClock,
+    AuditAction, Edge, FeedbackTarget, IndexingOptions, MemoryId, NewMemory, Outcome, PartFuture,
+    PartLink, Promotion, RecallRequest, Relation, Resolution, Scope, Spread, Substrate,
+    SubstrateOptions, UpdatesRound, VirtualClock,
 };
 use shadowbrain_runtime::{PairBatch, PairItem};
 use shadowbrain_test_support::{Endpoint, Reply};
@@ -188,15 +188,37 @@ fn open_spread(
     part: Option<u16>,
     spread: Option<crate::scatter::Others>,
 ) -> Substrate {
-    let (embedder, floor): (Arc<dyn Embedder>, f32) = match crate::local_model::model() {
+    let (embedder, floor) = embedder();
+    let spread = spread.map(|s| Arc::new(s) as Arc<dyn Spread>);
+    let clock = Arc::new(VirtualClock::new(1_780_000_000_000));
+    open_part(dir, before, updates, (embedder, floor), part, spread, clock)
+}
+
+/// The local model when it is installed (as in `serve`), else the hash embedder, with the
+/// similarity floor that suits each.
+fn embedder() -> (Arc<dyn Embedder>, f32) {
+    match crate::local_model::model() {
         Some(dir) => (Arc::new(LocalEmbedder::open(&dir, None).unwrap()), 0.5),
         None => (Arc::new(HashEmbedder::new(384).unwrap()), 0.2),
-    };
+    }
+}
+
+/// A store of one policy's `[updates]` (`updates`, other sections `before`), as partition
+/// `part` of three with `spread`, on `clock`.
+fn open_part(
+    dir: &std::path::Path,
+    before: &str,
+    updates: &str,
+    (embedder, floor): (Arc<dyn Embedder>, f32),
+    part: Option<u16>,
+    spread: Option<Arc<dyn Spread>>,
+    clock: Arc<VirtualClock>,
+) -> Substrate {
     let toml = format!("{before}[updates]\n{updates}\nmin_similarity = {floor}\n");
     Substrate::open(
         dir,
         SubstrateOptions {
-            clock: Arc::new(VirtualClock::new(1_780_000_000_000)),
+            clock,
             policy: Policy::from_toml("<test>", &toml).unwrap(),
             embedder,
             indexing: IndexingOptions {
@@ -204,7 +226,7 @@ fn open_spread(
                 ..IndexingOptions::default()
             },
             ids: part.map(|p| shadowbrain_runtime::IdBlock::of_partition(p, 3)),
-            spread: spread.map(|s| Arc::new(s) as Arc<dyn shadowbrain_runtime::Spread>),
+            spread,
             ..SubstrateOptions::default()
         },
     )
@@ -1186,4 +1208,322 @@ async fn the_insights_of_a_namespace_spread_by_session_are_one_stores() {
     for p in parts {
         p.close().unwrap();
     }
+}
+
+/// The parts of a namespace spread by session, each reaching every other as the cluster
+/// does (the asks as bytes) — and every ask delivered twice, as a link that retries an
+/// unanswered ask may: the second delivery's answer is the one returned.
+#[derive(Debug)]
+struct Ring {
+    parts: Arc<std::sync::OnceLock<Vec<Substrate>>>,
+    me: usize,
+}
+
+#[derive(Debug)]
+struct Twice(Substrate);
+
+impl PartLink for Twice {
+    fn ids(&self) -> shadowbrain_runtime::IdBlock {
+        self.0.store().id_block()
+    }
+
+    fn ask(&self, ask: Vec<u8>, _repeatable: bool) -> PartFuture<'_> {
+        Box::pin(async move {
+            self.0.answer_part(ask.clone()).await;
+            Ok(self.0.answer_part(ask).await)
+        })
+    }
+}
+
+impl Spread for Ring {
+    fn others(&self, _namespace: &str) -> Vec<Arc<dyn PartLink>> {
+        let parts = self.parts.get().expect("every part is open");
+        (0..parts.len())
+            .filter(|&i| i != self.me)
+            .map(|i| Arc::new(Twice(parts[i].clone())) as Arc<dyn PartLink>)
+            .collect()
+    }
+
+    fn home(&self, _namespace: &str) -> Option<Arc<dyn PartLink>> {
+        None
+    }
+}
+
+/// `n` stores as partitions of a namespace spread by session, each with the others as its
+/// spread, on `clock`.
+fn ring(
+    dirs: &[tempfile::TempDir],
+    updates: &str,
+    embedder: &(Arc<dyn Embedder>, f32),
+    clock: &Arc<VirtualClock>,
+) -> Vec<Substrate> {
+    let all = Arc::new(std::sync::OnceLock::new());
+    let parts: Vec<Substrate> = dirs
+        .iter()
+        .enumerate()
+        .map(|(me, dir)| {
+            let spread = Ring {
+                parts: Arc::clone(&all),
+                me,
+            };
+            open_part(
+                dir.path(),
+                "",
+                updates,
+                embedder.clone(),
+                Some(me as u16),
+                Some(Arc::new(spread)),
+                Arc::clone(clock),
+            )
+        })
+        .collect();
+    all.set(parts.clone()).unwrap();
+    parts
+}
+
+/// What detection wrote about a record, in words: what supersedes it, what it is in
+/// conflict with and what it repeats (by text), and its audit's update entries (actions).
+fn found(
+    parts: &[&Substrate],
+    id: MemoryId,
+) -> (Option<String>, Vec<String>, Option<String>, Vec<String>) {
+    let holder = |id: MemoryId| {
+        *parts
+            .iter()
+            .find(|p| p.store().id_block().contains(id.0))
+            .unwrap()
+    };
+    let text = |id: MemoryId| holder(id).store().get(id).unwrap().unwrap().text;
+    let at = holder(id);
+    let v = at.store().validity(id).unwrap();
+    let mut conflicts: Vec<String> = v.conflicts.iter().map(|&c| text(c)).collect();
+    conflicts.sort();
+    let audit = at
+        .history("acme", id)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.by.starts_with("updates:"))
+        .map(|e| format!("{:?}", e.action))
+        .collect();
+    (
+        v.superseded_by.map(text),
+        conflicts,
+        v.duplicate_of.map(text),
+        audit,
+    )
+}
+
+/// Update detection over a namespace spread by session (`[updates] scope = "namespace"`,
+/// three stores each asking the others, every ask delivered twice) finds what one store
+/// holding every record finds: the labelled pairs, some with both statements in one store
+/// and most across two, each record superseded, in conflict or repeated as in the one
+/// store, audited once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_detection_across_parts_finds_what_one_store_finds() {
+    let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let updates = "mode = \"rules\"\nscope = \"namespace\"";
+    let embedder = embedder();
+    let clock = Arc::new(VirtualClock::new(1_780_000_000_000));
+    let whole = open_part(
+        dirs[0].path(),
+        "",
+        updates,
+        embedder.clone(),
+        None,
+        None,
+        Arc::clone(&clock),
+    );
+    let parts = ring(&dirs[1..], updates, &embedder, &clock);
+    let t0 = 1_770_000_000_000;
+    let chosen: Vec<Pair> = pairs().into_iter().take(60).collect();
+    let mut ids: Vec<(MemoryId, MemoryId)> = Vec::new();
+    let (mut one, mut spread) = (UpdatesRound::default(), UpdatesRound::default());
+    let add = |total: &mut UpdatesRound, r: UpdatesRound| {
+        total.compared += r.compared;
+        total.superseded += r.superseded;
+        total.contradicted += r.contradicted;
+        total.repeated += r.repeated;
+    };
+    for (i, p) in chosen.iter().enumerate() {
+        let at = t0 + i as i64 * DAY;
+        // The older statement's part, and the newer's: one in three pairs in one part.
+        let (po, pn) = (i % 3, (i + i / 3) % 3);
+        for (text, at, part) in [(&p.older, at, po), (&p.newer, at + 3_600_000, pn)] {
+            // Recorded one after the other on both sides, as they are written.
+            clock.advance(std::time::Duration::from_millis(1));
+            let session = format!("p{part}-{}", i % 2);
+            let w = write(&whole, &session, at, text).await;
+            let s = write(&parts[part], &session, at, text).await;
+            ids.push((w, s));
+            // Compared as it arrives, as a server's rounds do under a live load (and so in
+            // the same order on both sides: a repeat's reinforcement of the older record
+            // decides whether a later supersession of it is clear).
+            add(&mut one, settle(&whole).await);
+            let p = &parts[part];
+            while p.enrich_pending(64).await.unwrap() > 0 {}
+            let r = p.detect_all_updates().unwrap();
+            assert_eq!(r.waiting, 0, "every record is embedded: {r:?}");
+            add(&mut spread, r);
+        }
+    }
+    // Nothing is left to compare anywhere.
+    for p in &parts {
+        assert_eq!(p.detect_all_updates().unwrap().compared, 0);
+    }
+    assert!(
+        one.superseded > 0 && one.contradicted > 0 && one.repeated > 0,
+        "the pairs found something of each: {one:?}"
+    );
+    assert_eq!(
+        (
+            spread.compared,
+            spread.superseded,
+            spread.contradicted,
+            spread.repeated
+        ),
+        (one.compared, one.superseded, one.contradicted, one.repeated),
+        "the same findings: spread {spread:?}, one store {one:?}"
+    );
+    let all: Vec<&Substrate> = parts.iter().collect();
+    let mut across = 0;
+    for (n, &(w, s)) in ids.iter().enumerate() {
+        let (one, spread) = (found(&[&whole], w), found(&all, s));
+        assert_eq!(
+            spread,
+            one,
+            "statement {n}: {:?}",
+            whole.store().get(w).unwrap().unwrap().text
+        );
+        let v = all
+            .iter()
+            .find(|p| p.store().id_block().contains(s.0))
+            .unwrap()
+            .store()
+            .validity(s)
+            .unwrap();
+        let others = v
+            .superseded_by
+            .into_iter()
+            .chain(v.conflicts)
+            .chain(v.duplicate_of);
+        let block = all
+            .iter()
+            .find(|p| p.store().id_block().contains(s.0))
+            .unwrap()
+            .store()
+            .id_block();
+        across += others.filter(|o| !block.contains(o.0)).count();
+    }
+    eprintln!("one store {one:?}; {across} findings across two parts");
+    assert!(across >= 10, "findings across two parts: {across}");
+}
+
+/// An embedder that embeds in the background (as the local model does) with the hash
+/// embedder's vectors: records wait in the enrichment queue until `enrich_pending`.
+#[derive(Debug)]
+struct Deferred(HashEmbedder);
+
+#[async_trait::async_trait]
+impl Embedder for Deferred {
+    fn name(&self) -> &str {
+        "deferred-hash"
+    }
+
+    fn dimensions(&self) -> usize {
+        self.0.dimensions()
+    }
+
+    fn embeds_inline(&self) -> bool {
+        false
+    }
+
+    fn is_semantic(&self) -> bool {
+        false
+    }
+
+    async fn embed(&self, texts: &[String]) -> shadowbrain_runtime::Result<Vec<Vec<f32>>> {
+        self.0.embed(texts).await
+    }
+}
+
+/// A pair across two parts is decided by the record recorded later, which waits while the
+/// other part has not embedded the older one yet; then it finds it, and the older
+/// record's own round (which does not decide pairs with records recorded after it in
+/// other parts) finds nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_waits_for_an_older_one_another_part_has_not_embedded() {
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let updates = "mode = \"rules\"\nscope = \"namespace\"";
+    let embedder: (Arc<dyn Embedder>, f32) =
+        (Arc::new(Deferred(HashEmbedder::new(384).unwrap())), 0.2);
+    let clock = Arc::new(VirtualClock::new(1_780_000_000_000));
+    let parts = ring(&dirs, updates, &embedder, &clock);
+    let (a, b) = (&parts[0], &parts[1]);
+    let t0 = 1_770_000_000_000;
+    let old = write(
+        a,
+        "ops-a",
+        t0,
+        "The deploy runner for production is in eu-1.",
+    )
+    .await;
+    clock.advance(std::time::Duration::from_millis(1));
+    let new = write(
+        b,
+        "ops-b",
+        t0 + DAY,
+        "The deploy runner for production is in eu-2 now.",
+    )
+    .await;
+    // The newer is embedded, the older not yet: the newer waits for it.
+    while b.enrich_pending(64).await.unwrap() > 0 {}
+    let r = b.detect_all_updates().unwrap();
+    assert_eq!((r.compared, r.waiting), (0, 1), "{r:?}");
+    assert!(a.store().validity(old).unwrap().is_clear());
+    // Once it is embedded, the older record's own round leaves the pair to the newer's.
+    while a.enrich_pending(64).await.unwrap() > 0 {}
+    let r = a.detect_all_updates().unwrap();
+    assert_eq!((r.compared, r.superseded), (1, 0), "{r:?}");
+    let r = b.detect_all_updates().unwrap();
+    assert_eq!((r.compared, r.superseded, r.waiting), (1, 1, 0), "{r:?}");
+    let v = a.store().validity(old).unwrap();
+    assert_eq!(v.superseded_by, Some(new));
+    assert_eq!(v.valid_until, Some(t0 + DAY));
+    // Both sides audited, once each (every ask went twice), and the edge in both stores.
+    for (sub, id, detail) in [
+        (a, old, format!("superseded by {new} (")),
+        (b, new, format!("supersedes {old} (")),
+    ] {
+        let entries: Vec<_> = sub
+            .history("acme", id)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.action == AuditAction::Superseded)
+            .collect();
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        assert!(entries[0].detail.starts_with(&detail), "{entries:?}");
+        let edge = Edge {
+            from: new,
+            to: old,
+            relation: Relation::Supersedes,
+        };
+        assert!(
+            sub.store()
+                .edges("acme", Some(new))
+                .unwrap()
+                .contains(&edge)
+        );
+    }
+    // Recall through the spread ranks the newer value first and says the older is
+    // superseded.
+    let r = b
+        .recall(&RecallRequest {
+            scope: Scope::Namespace,
+            reinforce: false,
+            ..RecallRequest::new("acme", "asker", "where is the production deploy runner")
+        })
+        .await
+        .unwrap();
+    let order: Vec<MemoryId> = r.memories.iter().map(|m| m.record.id).collect();
+    assert_eq!(order, vec![new, old], "{:?}", r.memories);
 }

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::*;
 use crate::engine::insights::InsightsShare;
 use crate::engine::knowledge::Conflicts;
+use crate::engine::updates::{OlderThere, UpdateMark, UpdateProbe};
 use crate::engine::{FeedbackReport, Outcome, Promotion};
 use crate::store::codec::{decode_record, encode_record};
 use crate::store::{Census, IdBlock, SessionStats};
@@ -140,6 +141,22 @@ pub enum PartAsk {
         /// The memories.
         ids: Vec<MemoryId>,
     },
+    /// Update detection: each probe's nearest older records in its scope the part holds,
+    /// and whether one of them still waits for its embedding.
+    Neighbours {
+        /// The probes' namespace.
+        namespace: String,
+        /// Records of another part about to be compared.
+        probes: Vec<UpdateProbe>,
+    },
+    /// Update detection: write the sides of pairs found elsewhere that fall on the part's
+    /// records (each once, however often asked).
+    Marks {
+        /// Their namespace.
+        namespace: String,
+        /// The sides.
+        marks: Vec<UpdateMark>,
+    },
 }
 
 /// A record (without its embedding) as it crosses between parts: in the store's own
@@ -192,6 +209,8 @@ enum PartReply {
     /// The census, and the sessions with records.
     Census(Census, Vec<String>),
     Records(Vec<Carried>),
+    /// Per probe: whether it waits, and its older neighbours with their similarity.
+    Neighbours(Vec<(bool, Vec<(Carried, f32)>)>),
     Done,
     /// It failed there.
     Failed(WireError),
@@ -373,24 +392,82 @@ impl Substrate {
             because: because.to_string(),
             at,
         };
-        // Asked from a blocking thread (the actor runtime's) or a worker of a multi-thread
-        // runtime, which hands its other tasks on while this one waits.
-        let no_runtime = || {
-            Error::invalid(
-                "resolve",
-                "settling a conflict with another store's record waits for that store: call \
-                 it inside a multi-thread tokio runtime",
-            )
-        };
-        let handle = tokio::runtime::Handle::try_current().map_err(|_| no_runtime())?;
-        if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
-            return Err(no_runtime());
-        }
-        let reply = tokio::task::block_in_place(|| handle.block_on(AnyPart::There(part).ask(ask)));
+        let reply = self.wait_for_parts("resolve", AnyPart::There(part).ask(ask));
         match reply? {
             PartReply::Done => Ok(()),
             _ => Err(unexpected("a settlement")),
         }
+    }
+
+    /// Waits for `answer` (asks to other parts) from synchronous code: a worker of a
+    /// multi-thread runtime hands its other tasks on meanwhile; any other thread (an
+    /// indexer's, a blocking pool's) drives it on the runtime the store was opened in,
+    /// whose timers and connections the parts' links use. `what` names the caller for the
+    /// error a current-thread runtime gets, which cannot wait there.
+    fn wait_for_parts<T>(&self, what: &str, answer: impl Future<Output = Result<T>>) -> Result<T> {
+        let current = tokio::runtime::Handle::try_current().ok();
+        if current
+            .as_ref()
+            .is_some_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
+        {
+            return Err(Error::invalid(
+                what,
+                "asking another store waits for it: call it inside a multi-thread tokio \
+                 runtime, or outside any",
+            ));
+        }
+        let Some(handle) = self.inner.runtime.clone().or(current) else {
+            return Err(Error::invalid(
+                what,
+                "asking another store needs a tokio runtime: open the store inside one",
+            ));
+        };
+        tokio::task::block_in_place(|| handle.block_on(answer))
+    }
+
+    /// [`PartAsk::Neighbours`] to each part, all at once, from synchronous code: their
+    /// answers in order (per probe: whether it waits, and its neighbours there).
+    pub(in crate::engine) fn neighbours_elsewhere(
+        &self,
+        asks: Vec<(Arc<dyn PartLink>, String, Vec<UpdateProbe>)>,
+    ) -> Result<Vec<Vec<OlderThere>>> {
+        let asks = asks
+            .into_iter()
+            .map(|(part, namespace, probes)| async move {
+                let n = probes.len();
+                match AnyPart::There(part)
+                    .ask(PartAsk::Neighbours { namespace, probes })
+                    .await?
+                {
+                    PartReply::Neighbours(answers) if answers.len() == n => Ok(answers
+                        .into_iter()
+                        .map(|(pending, near)| {
+                            let near = near.into_iter().map(|(r, s)| (r.0, s)).collect();
+                            (pending, near)
+                        })
+                        .collect()),
+                    _ => Err(unexpected("update detection's neighbours")),
+                }
+            });
+        self.wait_for_parts("updates", futures::future::try_join_all(asks))
+    }
+
+    /// [`PartAsk::Marks`] to each part, all at once, from synchronous code.
+    pub(in crate::engine) fn marks_elsewhere(
+        &self,
+        asks: Vec<(Arc<dyn PartLink>, String, Vec<UpdateMark>)>,
+    ) -> Result<()> {
+        let asks = asks.into_iter().map(|(part, namespace, marks)| async move {
+            match AnyPart::There(part)
+                .ask(PartAsk::Marks { namespace, marks })
+                .await?
+            {
+                PartReply::Done => Ok(()),
+                _ => Err(unexpected("update detection's marks")),
+            }
+        });
+        self.wait_for_parts("updates", futures::future::try_join_all(asks))
+            .map(drop)
     }
 
     /// The part holding `namespace`'s knowledge pool, when it is not this store.
@@ -581,6 +658,19 @@ impl Substrate {
                 at,
             } => {
                 self.settle_here(&namespace, id, with, with_time, keep, &by, &because, at)?;
+                PartReply::Done
+            }
+            PartAsk::Neighbours { namespace, probes } => PartReply::Neighbours(
+                self.older_here(&namespace, &probes)?
+                    .into_iter()
+                    .map(|(pending, near)| {
+                        let near = near.into_iter().map(|(r, s)| (Carried(r), s)).collect();
+                        (pending, near)
+                    })
+                    .collect(),
+            ),
+            PartAsk::Marks { namespace, marks } => {
+                self.mark_here(&namespace, &marks)?;
                 PartReply::Done
             }
             PartAsk::Feedback { .. } | PartAsk::Promote { .. } => {
