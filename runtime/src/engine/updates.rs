@@ -968,7 +968,11 @@ impl Substrate {
                 break;
             }
             newer.push(n);
-            next = store.validity(n)?.superseded_by;
+            // Placed by session, a newer value may be held by another part.
+            next = match self.holder_of(namespace, n) {
+                Some(part) => self.validity_at(part, namespace, n)?.superseded_by,
+                None => store.validity(n)?.superseded_by,
+            };
         }
         Ok(Chain {
             validity,
@@ -1137,7 +1141,23 @@ impl Substrate {
                 ));
                 writes.push(Mutation::Validity(id, ValidityChange::Reinstated));
                 writes.push(audit(id, format!("reinstated: not superseded by {by_id}")));
-                writes.push(audit(by_id, format!("no longer supersedes {id}")));
+                // Placed by session, the newer record's store writes its side first.
+                match self.holder_of(namespace, by_id) {
+                    Some(part) => {
+                        let ask = crate::PartAsk::Reinstated {
+                            namespace: namespace.to_string(),
+                            newer: by_id,
+                            older: id,
+                            by: by.to_string(),
+                            because: because.clone(),
+                            at: now,
+                        };
+                        self.reinstated_at(part, ask)?;
+                    }
+                    None => {
+                        writes.push(audit(by_id, format!("no longer supersedes {id}")));
+                    }
+                }
             }
         }
         store.write(writes)?;
@@ -1146,6 +1166,39 @@ impl Substrate {
 }
 
 impl Substrate {
+    /// This store's side of a reinstatement made in another store (placed by session):
+    /// its record `newer` no longer supersedes the other's `older`.
+    pub(in crate::engine) fn reinstated_here(
+        &self,
+        namespace: &str,
+        newer: MemoryId,
+        older: MemoryId,
+        by: &str,
+        because: &str,
+        at: Timestamp,
+    ) -> Result<()> {
+        self.inner.store.get_in(namespace, newer)?;
+        let mut writes = WriteSet::new();
+        writes.push(Mutation::DeleteEdge(
+            namespace.to_string(),
+            Edge {
+                from: newer,
+                to: older,
+                relation: Relation::Supersedes,
+            },
+        ));
+        writes.push(Mutation::Audit(
+            newer,
+            AuditEntry {
+                at,
+                action: AuditAction::Resolved,
+                by: by.to_string(),
+                detail: format!("no longer supersedes {older}{because}"),
+            },
+        ));
+        self.inner.store.write(writes)
+    }
+
     /// Writes the sides of pairs another part decided that fall on this store's records
     /// ([`UpdateMark`]), each once: one already audited (its detail up to the reason) is
     /// not written again, so an ask sent twice writes nothing twice. A record no longer

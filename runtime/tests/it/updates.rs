@@ -1526,4 +1526,45 @@ async fn a_record_waits_for_an_older_one_another_part_has_not_embedded() {
         .unwrap();
     let order: Vec<MemoryId> = r.memories.iter().map(|m| m.record.id).collect();
     assert_eq!(order, vec![new, old], "{:?}", r.memories);
+    // A third value, back in the first part: the chain of newer values is followed across
+    // the parts.
+    clock.advance(std::time::Duration::from_millis(1));
+    let third = write(
+        a,
+        "ops-a",
+        t0 + 2 * DAY,
+        "The deploy runner for production is in eu-3 now.",
+    )
+    .await;
+    while a.enrich_pending(64).await.unwrap() > 0 {}
+    let r = a.detect_all_updates().unwrap();
+    assert_eq!((r.compared, r.superseded), (1, 2), "{r:?}");
+    assert_eq!(b.store().validity(new).unwrap().superseded_by, Some(third));
+    assert_eq!(a.chain("acme", old).unwrap().newer, vec![new, third]);
+    // Reinstated by hand where it is held, the older record is no longer superseded by
+    // the other part's record, which says so.
+    a.resolve(
+        "acme",
+        old,
+        Resolution::Reinstate,
+        Some("eu-1 still runs the canary"),
+        "ops",
+    )
+    .unwrap();
+    assert!(!a.store().validity(old).unwrap().superseded());
+    let edge = Edge {
+        from: new,
+        to: old,
+        relation: Relation::Supersedes,
+    };
+    assert!(!b.store().edges("acme", Some(new)).unwrap().contains(&edge));
+    assert!(
+        b.history("acme", new)
+            .unwrap()
+            .iter()
+            .any(|e| e.action == AuditAction::Resolved
+                && e.detail == format!("no longer supersedes {old}: eu-1 still runs the canary")),
+        "{:?}",
+        b.history("acme", new).unwrap()
+    );
 }

@@ -149,6 +149,30 @@ pub enum PartAsk {
         /// Records of another part about to be compared.
         probes: Vec<UpdateProbe>,
     },
+    /// What is known against the part's record `id` of `namespace` (a chain of newer values
+    /// followed across parts).
+    Validity {
+        /// Its namespace.
+        namespace: String,
+        /// The record.
+        id: MemoryId,
+    },
+    /// A person reinstated another part's record `older`, which this part's `newer` had
+    /// superseded: `newer` no longer supersedes it (its edge removed, audited).
+    Reinstated {
+        /// Their namespace.
+        namespace: String,
+        /// This part's record.
+        newer: MemoryId,
+        /// The other part's record, current again.
+        older: MemoryId,
+        /// Who, for the audit log.
+        by: String,
+        /// The reason given, as the audit shows it (`: …`, or empty).
+        because: String,
+        /// When.
+        at: Timestamp,
+    },
     /// Update detection: write the sides of pairs found elsewhere that fall on the part's
     /// records (each once, however often asked).
     Marks {
@@ -209,6 +233,7 @@ enum PartReply {
     /// The census, and the sessions with records.
     Census(Census, Vec<String>),
     Records(Vec<Carried>),
+    Validity(Validity),
     /// Per probe: whether it waits, and its older neighbours with their similarity.
     Neighbours(Vec<(bool, Vec<(Carried, f32)>)>),
     Done,
@@ -452,6 +477,37 @@ impl Substrate {
         self.wait_for_parts("updates", futures::future::try_join_all(asks))
     }
 
+    /// What `part` knows against its record `id` ([`PartAsk::Validity`]), from synchronous
+    /// code.
+    pub(in crate::engine) fn validity_at(
+        &self,
+        part: Arc<dyn PartLink>,
+        namespace: &str,
+        id: MemoryId,
+    ) -> Result<Validity> {
+        let ask = PartAsk::Validity {
+            namespace: namespace.to_string(),
+            id,
+        };
+        match self.wait_for_parts("chain", AnyPart::There(part).ask(ask))? {
+            PartReply::Validity(v) => Ok(v),
+            _ => Err(unexpected("a record's validity")),
+        }
+    }
+
+    /// Tells `part` that its record `newer` no longer supersedes this store's `older`
+    /// ([`PartAsk::Reinstated`]), from synchronous code.
+    pub(in crate::engine) fn reinstated_at(
+        &self,
+        part: Arc<dyn PartLink>,
+        ask: PartAsk,
+    ) -> Result<()> {
+        match self.wait_for_parts("resolve", AnyPart::There(part).ask(ask))? {
+            PartReply::Done => Ok(()),
+            _ => Err(unexpected("a reinstatement")),
+        }
+    }
+
     /// [`PartAsk::Marks`] to each part, all at once, from synchronous code.
     pub(in crate::engine) fn marks_elsewhere(
         &self,
@@ -671,6 +727,21 @@ impl Substrate {
             ),
             PartAsk::Marks { namespace, marks } => {
                 self.mark_here(&namespace, &marks)?;
+                PartReply::Done
+            }
+            PartAsk::Validity { namespace, id } => {
+                self.inner.store.get_in(&namespace, id)?;
+                PartReply::Validity(self.inner.store.validity(id)?)
+            }
+            PartAsk::Reinstated {
+                namespace,
+                newer,
+                older,
+                by,
+                because,
+                at,
+            } => {
+                self.reinstated_here(&namespace, newer, older, &by, &because, at)?;
                 PartReply::Done
             }
             PartAsk::Feedback { .. } | PartAsk::Promote { .. } => {
