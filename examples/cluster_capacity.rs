@@ -82,6 +82,15 @@ struct Args {
     /// the history, in the same run. 0: one join.
     #[arg(long, default_value_t = 0.0)]
     history: f64,
+    /// Each history record carries this many KiB of structured content (stored and logged,
+    /// not embedded or indexed): the history's log bytes with fewer records, for a machine
+    /// that cannot write ten times a large fill's records. 0: text only, as the fill's.
+    #[arg(long, default_value_t = 0)]
+    history_content_kib: usize,
+    /// The history's records per second, all writers together (0: as fast as the nodes
+    /// take them).
+    #[arg(long, default_value_t = 0)]
+    history_rate: u64,
     /// The `shadowbrain` binary the nodes run.
     #[arg(long, value_name = "PATH",
           default_value_os_t = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/shadowbrain"))]
@@ -349,12 +358,36 @@ interval = "5s"
 "#;
 
 /// Records of a kind [`HISTORY_POLICY`] lets fade, written to every tenant (requests of
-/// 100, as the fill's, by eight writers) until the nodes have appended `--history` times
+/// 100, as the fill's, or of about 512 KiB with `--history-content-kib`, by eight writers
+/// at `--history-rate` in all) until the nodes have appended `--history` times
 /// `fill_bytes` more to the logs: history that the snapshots truncate away. Written
 /// faster than the sweeps purge them, they accumulate meanwhile: the nodes' disk before
 /// and after is reported.
 fn churn(h: &Harness, a: &Args, fill_bytes: u64) -> Value {
-    const BATCH: u64 = 100;
+    // Requests of 100 records, or of about 512 KiB with content (a commit group is one log
+    // entry, within a NATS message).
+    let batch: u64 = match a.history_content_kib {
+        0 => 100,
+        kib => (512 / kib as u64).clamp(1, 100),
+    };
+    // The content of each history record: `kib` KiB of words, the same for every record
+    // (what the log and the stores carry is what counts here).
+    let content: String = match a.history_content_kib {
+        0 => String::new(),
+        kib => {
+            let words = harness::bulk_words(0, 0);
+            let mut blob = String::with_capacity(kib * 1024);
+            while blob.len() < kib * 1024 {
+                blob.push_str(&words);
+                blob.push(' ');
+            }
+            blob.truncate(kib * 1024);
+            format!(r#","content":{{"notes":"{blob}"}}"#)
+        }
+    };
+    let content = std::sync::Arc::new(content);
+    // Each writer's share of the pace: the time its `n`th request may start.
+    let per_writer = a.history_rate as f64 / 8.0;
     let started = Instant::now();
     let before = log_bytes(h);
     let entries_before = log_counter(h, "shadowbrain_cluster_log_entries");
@@ -368,25 +401,37 @@ fn churn(h: &Harness, a: &Args, fill_bytes: u64) -> Value {
     };
     let disk_before = disk();
     eprintln!(
-        "history: records that fade, {BATCH} a request, until {target} more log bytes are appended"
+        "history: records that fade, {batch} a request ({} KiB of content each; {}), until \
+         {target} more log bytes are appended",
+        a.history_content_kib,
+        match a.history_rate {
+            0 => "unpaced".to_string(),
+            r => format!("{r} records/s"),
+        }
     );
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let tenants = a.tenants;
     let writers: Vec<_> = (0..8)
         .map(|w| {
-            let (done, nodes) = (done.clone(), nodes.clone());
+            let (done, nodes, content) = (done.clone(), nodes.clone(), content.clone());
             std::thread::spawn(move || {
                 let keys = harness::keys();
                 let mut written = 0u64;
                 let mut n = 0u64;
                 while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    if per_writer > 0.0 {
+                        let due = Duration::from_secs_f64((n * batch) as f64 / per_writer);
+                        if let Some(wait) = due.checked_sub(started.elapsed()) {
+                            std::thread::sleep(wait);
+                        }
+                    }
                     let t = (w + 8 * n as usize) % tenants;
                     let key = &keys[t].1;
-                    let first = ((w as u64) << 40) | (n * BATCH);
-                    let events: Vec<String> = (first..first + BATCH)
+                    let first = ((w as u64) << 40) | (n * batch);
+                    let events: Vec<String> = (first..first + batch)
                         .map(|i| {
                             format!(
-                                r#"{{"kind":"passing","text":"passing {t} record {i}: {} about topic {}"}}"#,
+                                r#"{{"kind":"passing","text":"passing {t} record {i}: {} about topic {}"{content}}}"#,
                                 harness::bulk_words(t, i),
                                 i % 997
                             )
@@ -396,7 +441,7 @@ fn churn(h: &Harness, a: &Args, fill_bytes: u64) -> Value {
                     let path = format!("/v1/sessions/passing-{t}-{w}/events");
                     let addr = nodes[n as usize % nodes.len()];
                     match harness::request(addr, "POST", &path, Some(key), Some(&body), None) {
-                        Ok((201, _, _)) => written += BATCH,
+                        Ok((201, _, _)) => written += batch,
                         Ok((503, _, _)) | Err(_) => std::thread::sleep(Duration::from_millis(200)),
                         Ok((code, got, _)) => panic!("a history write answered {code}: {got}"),
                     }
@@ -424,6 +469,8 @@ fn churn(h: &Harness, a: &Args, fill_bytes: u64) -> Value {
     json!({
         "log_entries_appended": log_counter(h, "shadowbrain_cluster_log_entries") - entries_before,
         "records_written": records,
+        "content_kib_per_record": a.history_content_kib,
+        "records_per_second_asked": a.history_rate,
         "log_bytes_appended": appended,
         "times_the_fill": appended as f64 / fill_bytes.max(1) as f64,
         "secs": started.elapsed().as_secs_f64(),

@@ -2028,6 +2028,26 @@ fn a_namespace_placed_by_session_recalls_as_one_server() {
         said.contains("placement = \"session\"") && said.contains("another prefix"),
         "{said}"
     );
+    // So is it when the whole cluster stopped and no heartbeat is left to disagree with:
+    // the layout the cluster was made with is recorded.
+    let mut h = h;
+    h.stop_nodes();
+    std::thread::sleep(2 * LEASE_TTL + Duration::from_secs(1));
+    let mut other = serve::Serve::new(bin)
+        .cluster()
+        .data(h.dir.path().join("node9"))
+        .config_file(&path)
+        .envs(h.node_env(0))
+        .spawn();
+    let stopped = other.exit_within(Duration::from_secs(60));
+    assert!(stopped.is_some_and(|s| !s.success()), "{}", other.said());
+    let said = other.said();
+    assert!(
+        said.contains(&format!(
+            "was made with partitions = {PARTITIONS} and placement = \"session\""
+        )),
+        "{said}"
+    );
     drop(h);
     if local {
         harness::use_embedder(Some("hash"));

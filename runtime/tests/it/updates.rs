@@ -1568,3 +1568,89 @@ async fn a_record_waits_for_an_older_one_another_part_has_not_embedded() {
         b.history("acme", new).unwrap()
     );
 }
+
+/// An LLM judge (a real OpenAI-compatible endpoint served by the test) decides pairs across
+/// two parts as it decides them in one store: the other part's record is marked with the
+/// judge's name, a repeat the rules would not see reinforces the older record there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_llm_judge_decides_pairs_across_parts() {
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let label = |older: &str, _newer: &str| match older.contains("lunch") {
+        true => "duplicate",
+        false => "supersedes",
+    };
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (llm, endpoint) = scripted_model(label, down, 0).await;
+    let judge = LlmUpdateJudge::new(llm, 24, 1000);
+    let clock = Arc::new(VirtualClock::new(1_780_000_000_000));
+    let updates = "mode = \"llm\"\nscope = \"namespace\"";
+    let parts = ring(&dirs, updates, &embedder(), &clock);
+    let (a, b) = (&parts[0], &parts[1]);
+    for p in &parts {
+        p.attach_update_judge();
+    }
+    let t0 = 1_770_000_000_000;
+    let old = write(
+        a,
+        "ops-a",
+        t0,
+        "The deploy runner for production is in eu-1.",
+    )
+    .await;
+    clock.advance(std::time::Duration::from_millis(1));
+    let lunch = write(a, "ops-a", t0 + 1, "The team lunch is at noon on Fridays.").await;
+    clock.advance(std::time::Duration::from_millis(1));
+    let new = write(
+        b,
+        "ops-b",
+        t0 + DAY,
+        "The deploy runner for production moved to eu-2.",
+    )
+    .await;
+    clock.advance(std::time::Duration::from_millis(1));
+    let again = write(b, "ops-b", t0 + DAY + 1, "Friday team lunch: 12:00.").await;
+    for p in &parts {
+        while p.enrich_pending(64).await.unwrap() > 0 {}
+    }
+    // The older part's records, recorded first, leave their pairs to the newer part.
+    let round = a.detect_all_updates_with(&judge).await.unwrap();
+    assert_eq!((round.compared, round.judged), (2, 0), "{round:?}");
+    let round = b.detect_all_updates_with(&judge).await.unwrap();
+    assert_eq!(round.compared, 2, "{round:?}");
+    assert!(
+        round.superseded >= 1 && round.fell_back == 0 && round.judged >= 1,
+        "{round:?}"
+    );
+    assert!(endpoint.requests() >= 1);
+    assert_eq!(a.store().validity(old).unwrap().superseded_by, Some(new));
+    let entry = a
+        .history("acme", old)
+        .unwrap()
+        .into_iter()
+        .find(|e| e.action == AuditAction::Superseded)
+        .unwrap();
+    assert_eq!(entry.by, "updates:llm:scripted");
+    assert!(
+        entry.detail.starts_with(&format!("superseded by {new} (")),
+        "{entry:?}"
+    );
+    // The lunch pair, which the rules take for unrelated: a repeat marked where the newer
+    // is, the older reinforced and audited where it is.
+    assert_eq!(
+        b.store().validity(again).unwrap().duplicate_of,
+        Some(lunch),
+        "{round:?}"
+    );
+    assert_eq!(round.repeated, 1, "{round:?}");
+    let record = a.store().get(lunch).unwrap().unwrap();
+    assert_eq!(record.reinforcements, 1);
+    assert!(
+        a.history("acme", lunch).unwrap().iter().any(|e| {
+            e.action == AuditAction::Repeated
+                && e.by == "updates:llm:scripted"
+                && e.detail.starts_with(&format!("repeated by {again} ("))
+        }),
+        "{:?}",
+        a.history("acme", lunch).unwrap()
+    );
+}

@@ -234,8 +234,23 @@ async fn run_node(
             sealer: sealer.clone(),
         }))),
     );
+    // The layout the cluster was made with, kept for its life (no expiry): a whole cluster
+    // restarted with another one would find no live heartbeat to disagree with.
+    let made = patiently(setup, || {
+        create_bucket(
+            &js,
+            kv::Config {
+                max_age: Duration::ZERO,
+                ..bucket("cluster")
+            },
+        )
+    })
+    .await?;
     ensure_name_free(&members, &cfg.node, cfg.lease_ttl).await?;
     agree_layout(&members, &cfg).await?;
+    // A bucket just made by another node may not answer for a moment.
+    let recorded = patiently(setup, || recorded_layout(&made, &cfg)).await?;
+    agree_recorded(recorded, &cfg)?;
     let mut partitions = Vec::with_capacity(cfg.partitions as usize);
     for p in 0..cfg.partitions {
         let stream = format!("{}_P{p:03}", cfg.prefix.to_uppercase());
@@ -475,6 +490,61 @@ async fn agree_layout(members: &kv::Store, cfg: &Cluster) -> anyhow::Result<()> 
     }
     Ok(())
 }
+
+/// The layout (`[cluster] partitions` and `placement`) the cluster was made with: this
+/// node's, recorded in the cluster's bucket when it is the first node of a cluster (or of
+/// one made before the layout was recorded), else the one recorded.
+async fn recorded_layout(made: &kv::Store, cfg: &Cluster) -> anyhow::Result<Layout> {
+    let mine = Layout::of(cfg);
+    let bytes = serde_json::to_vec(&mine).expect("a layout serialises");
+    match made.create(LAYOUT_KEY, bytes.into()).await {
+        Ok(_) => {
+            tracing::info!(layout = %mine, "recorded the cluster's layout");
+            return Ok(mine);
+        }
+        Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(e).with_context(|| {
+                format!(
+                    "recording the cluster's layout in `$KV.{}_cluster`; a secured cluster's \
+                     NATS servers must let nodes publish there (docs/cluster/shadowbrain.conf)",
+                    cfg.prefix
+                )
+            });
+        }
+    }
+    let recorded = made
+        .get(LAYOUT_KEY)
+        .await
+        .context("reading the cluster's layout")?
+        .context("the cluster's layout was recorded, then deleted")?;
+    serde_json::from_slice(&recorded).with_context(|| {
+        format!(
+            "the cluster's recorded layout (key `{LAYOUT_KEY}` of the bucket `{}_cluster`) is \
+             unreadable; is every node on the same shadowbrain version?",
+            cfg.prefix
+        )
+    })
+}
+
+/// Refuses to start with another layout than the one the cluster was made with
+/// ([`recorded_layout`]): the partitions' data was placed by it, and a whole cluster
+/// restarted with another (no live heartbeat left to disagree with) would route requests
+/// to other partitions than the data's.
+fn agree_recorded(recorded: Layout, cfg: &Cluster) -> anyhow::Result<()> {
+    let mine = Layout::of(cfg);
+    anyhow::ensure!(
+        recorded == mine,
+        "this cluster (prefix `{}`) was made with {recorded}, and this node's [cluster] section \
+         says {mine}; both are fixed for a cluster's life (its data is placed by them): use \
+         the cluster's values, or another prefix for a new cluster",
+        cfg.prefix,
+    );
+    Ok(())
+}
+
+/// The key of the cluster's layout in its `cluster` bucket.
+const LAYOUT_KEY: &str = "layout";
 
 /// The revision of `node`'s heartbeat when one is in the members bucket (`None`: none, or
 /// it could not be read).
