@@ -233,12 +233,13 @@ enum PartReply {
     /// The census, and the sessions with records.
     Census(Census, Vec<String>),
     Records(Vec<Carried>),
-    Validity(Validity),
-    /// Per probe: whether it waits, and its older neighbours with their similarity.
-    Neighbours(Vec<(bool, Vec<(Carried, f32)>)>),
     Done,
     /// It failed there.
     Failed(WireError),
+    // Later answers go last: the wire names a variant by its place.
+    Validity(Validity),
+    /// Per probe: whether it waits, and its older neighbours with their similarity.
+    Neighbours(Vec<(bool, Vec<(Carried, f32)>)>),
 }
 
 /// A part's error as it crosses: what the asker's client must be told alike (an unknown
