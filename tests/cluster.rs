@@ -1413,6 +1413,34 @@ fn load_against_capacity() {
     );
 }
 
+/// A secured three-node cluster placed by session and one embedded `serve` beside it, both
+/// run with the policy `toml`: the cluster, the one server, and the directories to keep
+/// while they run.
+fn by_session_beside_one_serve(
+    nats: &std::path::Path,
+    bin: &std::path::Path,
+    toml: &str,
+) -> (Harness, serve::Served, [tempfile::TempDir; 2]) {
+    let files = tempfile::tempdir().unwrap();
+    let policy = files.path().join("policy.toml");
+    std::fs::write(&policy, toml).unwrap();
+    let policy = policy.to_str().unwrap();
+    let shape = Shape {
+        placement: "session",
+        ..Shape::default()
+    };
+    let h = Harness::start_shaped(
+        harness::Security::Secured,
+        nats,
+        bin,
+        &[],
+        &["--policy", policy],
+        shape,
+    );
+    let (one_dir, one) = harness::embedded_serve_with(bin, &["--policy", policy]);
+    (h, one, [files, one_dir])
+}
+
 /// Update detection over a namespace placed by session (`[updates] scope = "namespace"`)
 /// finds what one `serve` holding the same records finds: facts stated in one session and
 /// changed, contradicted or repeated in another — most of them held by another partition,
@@ -1429,33 +1457,14 @@ fn facts_changed_in_sessions_of_other_partitions_are_found_as_one_server_finds_t
     if local {
         harness::use_embedder(None);
     }
-    let files = tempfile::tempdir().unwrap();
-    let policy = files.path().join("policy.toml");
     // The hash embedder's vectors of two statements of one fact are less alike than the
     // model's.
     let floor = if local { 0.5 } else { 0.2 };
-    std::fs::write(
-        &policy,
-        format!(
-            "name = \"facts\"\n[scoring]\nreinforce_on_recall = 0.0\n[updates]\nmode = \
-             \"rules\"\nscope = \"namespace\"\nmin_similarity = {floor}\n"
-        ),
-    )
-    .unwrap();
-    let policy = policy.to_str().unwrap();
-    let shape = Shape {
-        placement: "session",
-        ..Shape::default()
-    };
-    let h = Harness::start_shaped(
-        harness::Security::Secured,
-        &nats,
-        bin.as_ref(),
-        &[],
-        &["--policy", policy],
-        shape,
+    let policy = format!(
+        "name = \"facts\"\n[scoring]\nreinforce_on_recall = 0.0\n[updates]\nmode = \"rules\"\n\
+         scope = \"namespace\"\nmin_similarity = {floor}\n"
     );
-    let (_one_dir, one) = harness::embedded_serve_with(bin.as_ref(), &["--policy", policy]);
+    let (h, one, _dirs) = by_session_beside_one_serve(&nats, bin.as_ref(), &policy);
     let (_, key) = harness::keys().into_iter().next().unwrap();
     let key = key.as_str();
     let pairs: Vec<(String, String)> = include_str!("../runtime/tests/data/updates_pairs.jsonl")
@@ -1508,31 +1517,16 @@ fn facts_changed_in_sessions_of_other_partitions_are_found_as_one_server_finds_t
             }
         }
     }
-    let text_of = |addr, id: &str| -> String {
-        let (code, got, _) = harness::request(
-            addr,
-            "GET",
-            &format!("/v1/memories/{id}"),
-            Some(key),
-            None,
-            None,
-        )
-        .unwrap();
+    let memory = |addr, id: &str| -> serde_json::Value {
+        let path = format!("/v1/memories/{id}");
+        let (code, got, _) = harness::request(addr, "GET", &path, Some(key), None, None).unwrap();
         assert_eq!(code, 200, "{got}");
-        got["text"].as_str().unwrap().to_string()
+        got
     };
+    let text_of = |addr, id: &str| memory(addr, id)["text"].as_str().unwrap().to_string();
     // What is known against a record, in words.
     let found = |addr, id: &str| {
-        let (code, got, _) = harness::request(
-            addr,
-            "GET",
-            &format!("/v1/memories/{id}"),
-            Some(key),
-            None,
-            None,
-        )
-        .unwrap();
-        assert_eq!(code, 200, "{got}");
+        let got = memory(addr, id);
         let texts = |v: &serde_json::Value| -> Vec<String> {
             let mut t: Vec<String> = v
                 .as_array()
@@ -1561,16 +1555,7 @@ fn facts_changed_in_sessions_of_other_partitions_are_found_as_one_server_finds_t
         let node = h.nodes[i % NODES].addr;
         let (c, o) = (found(node, in_cluster), found(one.addr, in_one));
         assert_eq!(c, o, "{text:?}: the cluster (left) and one server (right)");
-        let (code, got, _) = harness::request(
-            node,
-            "GET",
-            &format!("/v1/memories/{in_cluster}"),
-            Some(key),
-            None,
-            None,
-        )
-        .unwrap();
-        assert_eq!(code, 200, "{got}");
+        let got = memory(node, in_cluster);
         let related: Vec<&str> = got["superseded_by"]
             .as_str()
             .into_iter()
@@ -1598,6 +1583,10 @@ fn facts_changed_in_sessions_of_other_partitions_are_found_as_one_server_finds_t
         "the pairs found something: {marked} statements marked"
     );
     assert!(across >= 5, "findings across partitions: {across}");
+    drop(h);
+    if local {
+        harness::use_embedder(Some("hash"));
+    }
 }
 
 /// A namespace's sessions placed over every partition (`placement = "session"`) are
@@ -1613,35 +1602,16 @@ fn a_namespace_placed_by_session_recalls_as_one_server() {
         return;
     };
     let bin = env!("CARGO_BIN_EXE_shadowbrain");
-    let files = tempfile::tempdir().unwrap();
-    let policy = files.path().join("policy.toml");
-    std::fs::write(
-        &policy,
-        "name = \"no-reinforce\"\n[scoring]\nreinforce_on_recall = 0.0\n\
-         [condensation]\nevery_events = 50\nmin_events = 3\n\
-         [promotion]\nmin_importance = 6\nmin_utility = 0.6\nmin_successes = 1\n",
-    )
-    .unwrap();
-    let policy = policy.to_str().unwrap();
     // `SHADOWBRAIN_PLACEMENT_LOCAL=1`: every process embeds with `serve`'s default, the
     // local model once installed (run by hand; the suite runs `hash`).
     let local = std::env::var_os("SHADOWBRAIN_PLACEMENT_LOCAL").is_some();
     if local {
         harness::use_embedder(None);
     }
-    let shape = Shape {
-        placement: "session",
-        ..Shape::default()
-    };
-    let h = Harness::start_shaped(
-        harness::Security::Secured,
-        &nats,
-        bin.as_ref(),
-        &[],
-        &["--policy", policy],
-        shape,
-    );
-    let (_one_dir, one) = harness::embedded_serve_with(bin.as_ref(), &["--policy", policy]);
+    let policy = "name = \"no-reinforce\"\n[scoring]\nreinforce_on_recall = 0.0\n\
+         [condensation]\nevery_events = 50\nmin_events = 3\n\
+         [promotion]\nmin_importance = 6\nmin_utility = 0.6\nmin_successes = 1\n";
+    let (h, one, _dirs) = by_session_beside_one_serve(&nats, bin.as_ref(), policy);
     let (ns, key) = harness::keys().into_iter().next().unwrap();
     let words = [
         "deploy", "staging", "invoice", "garden", "tomato", "python", "rust", "paris", "budget",
@@ -2015,15 +1985,19 @@ fn a_namespace_placed_by_session_recalls_as_one_server() {
     assert!(config.contains("node9") && config.contains("\"namespace\""));
     let path = h.dir.path().join("node9.toml");
     std::fs::write(&path, config).unwrap();
-    let mut other = serve::Serve::new(bin)
-        .cluster()
-        .data(h.dir.path().join("node9"))
-        .config_file(&path)
-        .envs(h.node_env(0))
-        .spawn();
-    let stopped = other.exit_within(Duration::from_secs(60));
-    assert!(stopped.is_some_and(|s| !s.success()), "{}", other.said());
-    let said = other.said();
+    // Node 9 started: it stops, and what it said.
+    let refused = |h: &Harness| {
+        let mut other = serve::Serve::new(bin)
+            .cluster()
+            .data(h.dir.path().join("node9"))
+            .config_file(&path)
+            .envs(h.node_env(0))
+            .spawn();
+        let stopped = other.exit_within(Duration::from_secs(60));
+        assert!(stopped.is_some_and(|s| !s.success()), "{}", other.said());
+        other.said()
+    };
+    let said = refused(&h);
     assert!(
         said.contains("placement = \"session\"") && said.contains("another prefix"),
         "{said}"
@@ -2033,15 +2007,7 @@ fn a_namespace_placed_by_session_recalls_as_one_server() {
     let mut h = h;
     h.stop_nodes();
     std::thread::sleep(2 * LEASE_TTL + Duration::from_secs(1));
-    let mut other = serve::Serve::new(bin)
-        .cluster()
-        .data(h.dir.path().join("node9"))
-        .config_file(&path)
-        .envs(h.node_env(0))
-        .spawn();
-    let stopped = other.exit_within(Duration::from_secs(60));
-    assert!(stopped.is_some_and(|s| !s.success()), "{}", other.said());
-    let said = other.said();
+    let said = refused(&h);
     assert!(
         said.contains(&format!(
             "was made with partitions = {PARTITIONS} and placement = \"session\""
