@@ -1413,6 +1413,17 @@ fn load_against_capacity() {
     );
 }
 
+/// Whether `SHADOWBRAIN_PLACEMENT_LOCAL` is set (run by hand; the suite runs `hash`): then
+/// every process the test starts embeds with `serve`'s default, the local model once
+/// installed, until the test sets `hash` back.
+fn placement_local() -> bool {
+    let local = std::env::var_os("SHADOWBRAIN_PLACEMENT_LOCAL").is_some();
+    if local {
+        harness::use_embedder(None);
+    }
+    local
+}
+
 /// A secured three-node cluster placed by session and one embedded `serve` beside it, both
 /// run with the policy `toml`: the cluster, the one server, and the directories to keep
 /// while they run.
@@ -1453,10 +1464,7 @@ fn facts_changed_in_sessions_of_other_partitions_are_found_as_one_server_finds_t
         return;
     };
     let bin = env!("CARGO_BIN_EXE_shadowbrain");
-    let local = std::env::var_os("SHADOWBRAIN_PLACEMENT_LOCAL").is_some();
-    if local {
-        harness::use_embedder(None);
-    }
+    let local = placement_local();
     // The hash embedder's vectors of two statements of one fact are less alike than the
     // model's.
     let floor = if local { 0.5 } else { 0.2 };
@@ -1602,12 +1610,7 @@ fn a_namespace_placed_by_session_recalls_as_one_server() {
         return;
     };
     let bin = env!("CARGO_BIN_EXE_shadowbrain");
-    // `SHADOWBRAIN_PLACEMENT_LOCAL=1`: every process embeds with `serve`'s default, the
-    // local model once installed (run by hand; the suite runs `hash`).
-    let local = std::env::var_os("SHADOWBRAIN_PLACEMENT_LOCAL").is_some();
-    if local {
-        harness::use_embedder(None);
-    }
+    let local = placement_local();
     let policy = "name = \"no-reinforce\"\n[scoring]\nreinforce_on_recall = 0.0\n\
          [condensation]\nevery_events = 50\nmin_events = 3\n\
          [promotion]\nmin_importance = 6\nmin_utility = 0.6\nmin_successes = 1\n";
