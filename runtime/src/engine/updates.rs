@@ -152,22 +152,25 @@ pub struct UpdateProbe {
     recorded: (Timestamp, MemoryId),
 }
 
-impl UpdateProbe {
-    /// The agent whose records `record`'s comparisons are limited to (`None`: the
-    /// namespace's), or `Err` when they are limited to its session.
-    fn agent_of(record: &MemoryRecord, policy: &Policy) -> std::result::Result<Option<String>, ()> {
-        match (policy.updates.scope, record.agent_id.as_deref()) {
-            (UpdatesScope::Namespace, _) => Ok(None),
-            (UpdatesScope::Agent, Some(agent)) => Ok(Some(agent.to_string())),
-            (UpdatesScope::Session | UpdatesScope::Agent, _) => Err(()),
+/// The session or the agent whose records `record` is compared with (`(None, None)`: the
+/// namespace's), as its policy's `[updates] scope` says: an agent's scope without an agent
+/// is its session's.
+fn scope_of<'a>(record: &'a MemoryRecord, policy: &Policy) -> (Option<&'a str>, Option<&'a str>) {
+    match (policy.updates.scope, record.agent_id.as_deref()) {
+        (UpdatesScope::Namespace, _) => (None, None),
+        (UpdatesScope::Agent, Some(agent)) => (None, Some(agent)),
+        (UpdatesScope::Session | UpdatesScope::Agent, _) => {
+            (Some(record.session_id.as_str()), None)
         }
     }
+}
 
+impl UpdateProbe {
     fn of(record: &MemoryRecord, policy: &Policy) -> UpdateProbe {
         UpdateProbe {
             embedding: record.embedding.clone().unwrap_or_default(),
             tier: record.tier,
-            agent: Self::agent_of(record, policy).ok().flatten(),
+            agent: scope_of(record, policy).1.map(str::to_string),
             recorded: (record.recorded_time, record.id),
         }
     }
@@ -526,13 +529,7 @@ impl Substrate {
             // Within its tier: a condensed record restates its own sources, and knowledge
             // is checked against knowledge when it is promoted.
             let tier = [record.tier];
-            let (session, agent) = match (u.scope, record.agent_id.as_deref()) {
-                (UpdatesScope::Namespace, _) => (None, None),
-                (UpdatesScope::Agent, Some(agent)) => (None, Some(agent)),
-                (UpdatesScope::Session | UpdatesScope::Agent, _) => {
-                    (Some(record.session_id.as_str()), None)
-                }
-            };
+            let (session, agent) = scope_of(&record, &policy);
             let mut pool = store.candidates(&Filter {
                 namespace: &record.namespace,
                 session,
@@ -618,7 +615,8 @@ impl Substrate {
         };
         let mut by_namespace: Vec<(&str, Vec<usize>)> = Vec::new();
         for (i, (record, policy)) in ready.iter().enumerate() {
-            if UpdateProbe::agent_of(record, policy).is_err() {
+            // A session is held whole by one part.
+            if scope_of(record, policy).0.is_some() {
                 continue;
             }
             match by_namespace
@@ -1144,15 +1142,7 @@ impl Substrate {
                 // Placed by session, the newer record's store writes its side first.
                 match self.holder_of(namespace, by_id) {
                     Some(part) => {
-                        let ask = crate::PartAsk::Reinstated {
-                            namespace: namespace.to_string(),
-                            newer: by_id,
-                            older: id,
-                            by: by.to_string(),
-                            because: because.clone(),
-                            at: now,
-                        };
-                        self.reinstated_at(part, ask)?;
+                        self.reinstated_at(part, namespace, by_id, id, by, &because, now)?;
                     }
                     None => {
                         writes.push(audit(by_id, format!("no longer supersedes {id}")));

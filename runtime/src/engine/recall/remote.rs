@@ -418,10 +418,15 @@ impl Substrate {
             because: because.to_string(),
             at,
         };
-        let reply = self.wait_for_parts("resolve", AnyPart::There(part).ask(ask));
-        match reply? {
+        self.done_at(part, ask, "a settlement")
+    }
+
+    /// Sends `ask` to `part` from synchronous code, which answers that it is done (`what`:
+    /// the ask, for the error of any other answer).
+    fn done_at(&self, part: Arc<dyn PartLink>, ask: PartAsk, what: &str) -> Result<()> {
+        match self.wait_for_parts("resolve", AnyPart::There(part).ask(ask))? {
             PartReply::Done => Ok(()),
-            _ => Err(unexpected("a settlement")),
+            _ => Err(unexpected(what)),
         }
     }
 
@@ -498,15 +503,26 @@ impl Substrate {
 
     /// Tells `part` that its record `newer` no longer supersedes this store's `older`
     /// ([`PartAsk::Reinstated`]), from synchronous code.
+    #[allow(clippy::too_many_arguments)]
     pub(in crate::engine) fn reinstated_at(
         &self,
         part: Arc<dyn PartLink>,
-        ask: PartAsk,
+        namespace: &str,
+        newer: MemoryId,
+        older: MemoryId,
+        by: &str,
+        because: &str,
+        at: Timestamp,
     ) -> Result<()> {
-        match self.wait_for_parts("resolve", AnyPart::There(part).ask(ask))? {
-            PartReply::Done => Ok(()),
-            _ => Err(unexpected("a reinstatement")),
-        }
+        let ask = PartAsk::Reinstated {
+            namespace: namespace.to_string(),
+            newer,
+            older,
+            by: by.to_string(),
+            because: because.to_string(),
+            at,
+        };
+        self.done_at(part, ask, "a reinstatement")
     }
 
     /// [`PartAsk::Marks`] to each part, all at once, from synchronous code.
